@@ -1,0 +1,77 @@
+/* config.json of targets (qwen3, qwen3_5, qwen3_5_text) and DFlash drafters. */
+#ifndef DFL_CONFIG_H
+#define DFL_CONFIG_H
+
+#define DFL_MAX_LAYERS 256
+#define DFL_MAX_EOS 8
+
+typedef enum dfl_arch {
+    DFL_ARCH_QWEN3,   /* dense Qwen3 (model_type qwen3) */
+    DFL_ARCH_QWEN3_5, /* hybrid Gated-DeltaNet + gated attention (qwen3_5, qwen3_5_text) */
+    DFL_ARCH_DFLASH,  /* DFlash block drafter (architectures: DFlashDraftModel) */
+} dfl_arch;
+
+typedef enum dfl_layer_type {
+    DFL_LAYER_FULL,    /* full (causal) attention */
+    DFL_LAYER_LINEAR,  /* Gated DeltaNet linear attention */
+    DFL_LAYER_SLIDING, /* sliding-window attention (drafters) */
+} dfl_layer_type;
+
+typedef struct dfl_config {
+    dfl_arch arch;
+    char model_type[64];     /* as written in config.json (top level) */
+    char architecture[96];   /* architectures[0], "" when absent */
+    int text_config;         /* 1 if the text settings came from "text_config" (VLM config) */
+
+    int hidden;              /* H */
+    int n_layers;            /* L */
+    int intermediate;        /* MLP inner size */
+    int n_heads;             /* Hq */
+    int n_kv_heads;          /* Hkv */
+    int head_dim;            /* hd */
+    int vocab;               /* V (0 for drafters: they use the target's) */
+    float rms_eps;
+    double rope_theta;
+    float partial_rotary;    /* fraction of head_dim that rotates (1 for qwen3) */
+    int rot_dim;             /* head_dim * partial_rotary, even */
+    int tie_embeddings;
+    int max_position;
+    dfl_layer_type layer_types[DFL_MAX_LAYERS];
+
+    /* Qwen3.5 linear attention (Gated DeltaNet) */
+    int lin_k_heads;         /* Hk */
+    int lin_v_heads;         /* Hv */
+    int lin_k_dim;           /* dk */
+    int lin_v_dim;           /* dv */
+    int conv_kernel;         /* K */
+
+    /* DFlash drafter */
+    int block_size;
+    int mask_token_id;
+    int n_target_layers;     /* num_target_layers (0 when absent) */
+    int target_layer_ids[DFL_MAX_LAYERS];
+    int n_target_ids;
+    int target_ids_default;  /* 1 if target_layer_ids came from the default formula */
+    int sliding_window;      /* 0 = none */
+    float input_embedding_scale;
+    float output_multiplier;
+    float final_logit_softcap; /* 0 = none */
+
+    int eos_ids[DFL_MAX_EOS]; /* from config.json eos_token_id; more added by the model loader */
+    int n_eos;
+} dfl_config;
+
+/* Load DIR/config.json. Errors name the file and field, expected vs found. */
+int config_load(dfl_config *c, const char *dir);
+/* Parse a config from JSON text; `where` names it in messages. */
+int config_parse(dfl_config *c, const char *json, const char *where);
+
+/* Default DFlash target_layer_ids for k draft layers over n target layers (SPEC §4). */
+void config_default_target_ids(int n_target_layers, int k, int *out);
+
+const char *config_arch_name(dfl_arch a);
+const char *config_layer_type_name(dfl_layer_type t);
+/* Pattern string such as "LLLFLLLF" (L linear, F full, S sliding) into buf. */
+void config_layer_pattern(const dfl_config *c, char *buf, int buflen);
+
+#endif

@@ -1,0 +1,148 @@
+/* Target models: Qwen3 dense and Qwen3.5/3.6 hybrid (Gated DeltaNet + gated attention).
+ * Weights stay in the safetensors mmap; run state (caches, scratch) is allocated once. */
+#ifndef DFL_MODEL_H
+#define DFL_MODEL_H
+
+#include <stdint.h>
+
+#include "dfl/config.h"
+#include "dfl/kernels.h"
+#include "dfl/safetensors.h"
+
+typedef enum dfl_layout {
+    DFL_LAYOUT_TEXT,    /* text-only export: model.layers.* */
+    DFL_LAYOUT_VLM,     /* vision-language checkpoint: text under model.language_model.* */
+    DFL_LAYOUT_DRAFTER, /* DFlash drafter: fc, hidden_norm, layers.* */
+} dfl_layout;
+
+/* Tensor components of a checkpoint, for the anatomy report. */
+typedef enum dfl_component {
+    DFL_COMP_TEXT, DFL_COMP_VISION, DFL_COMP_MTP, DFL_COMP_OTHER, DFL_COMP_COUNT
+} dfl_component;
+
+typedef struct dfl_layer_w {
+    dfl_layer_type type;
+    float *input_norm;   /* [H] effective multiplier (Qwen3.5: 1 + w) */
+    float *post_norm;    /* [H] */
+    /* full attention */
+    dfl_mat q_proj;      /* [Hq*hd, H], Qwen3.5: [Hq*hd*2, H] = per head [query | gate] */
+    dfl_mat k_proj;      /* [Hkv*hd, H] */
+    dfl_mat v_proj;      /* [Hkv*hd, H] */
+    dfl_mat o_proj;      /* [H, Hq*hd] */
+    float *q_norm;       /* [hd] */
+    float *k_norm;       /* [hd] */
+    /* linear attention (Gated DeltaNet) */
+    dfl_mat in_qkv;      /* [2*Hk*dk + Hv*dv, H] */
+    dfl_mat in_z;        /* [Hv*dv, H] */
+    dfl_mat in_b;        /* [Hv, H] */
+    dfl_mat in_a;        /* [Hv, H] */
+    dfl_mat out_proj;    /* [H, Hv*dv] */
+    float *conv_w;       /* [conv_dim, K] */
+    float *neg_exp_A;    /* [Hv] = -exp(A_log) */
+    float *dt_bias;      /* [Hv] */
+    float *gnorm;        /* [dv] plain multiplier of the gated RMSNorm */
+    /* MLP */
+    dfl_mat gate, up;    /* [I, H] */
+    dfl_mat down;        /* [H, I] */
+} dfl_layer_w;
+
+typedef struct dfl_model {
+    dfl_config cfg;
+    st_model st;
+    char *dir;
+    dfl_layout layout;
+    const char *prefix;          /* text tensor prefix that matched, e.g. "model.language_model." */
+    dfl_mat embed;               /* [V, H] */
+    dfl_mat lm_head;             /* [V, H]; shares embed's data when tied */
+    float *final_norm;           /* [H] */
+    dfl_layer_w *layers;         /* [L] */
+    unsigned char *used;         /* [n_tensors] 1 if the forward reads the tensor */
+    int comp_count[DFL_COMP_COUNT];
+    uint64_t comp_bytes[DFL_COMP_COUNT];
+    uint64_t weight_bytes;       /* bytes of tensors the forward reads */
+    int eos_ids[DFL_MAX_EOS];    /* config + generation_config.json + tokenizer_config.json */
+    int n_eos;
+    int conv_dim;                /* 2*Hk*dk + Hv*dv */
+} dfl_model;
+
+/* Known text-layer prefixes, tried in order; exactly one must match. */
+extern const char *const dfl_text_prefixes[];
+
+/* Open a target checkpoint directory: config, tensors, layout, shape checks.
+ * check_weights: scan every used tensor for NaN/Inf (slow on big models). */
+int model_open(dfl_model *m, const char *dir, int check_weights);
+void model_close(dfl_model *m);
+/* Component of a tensor name given the matched layout (for the anatomy report). */
+dfl_component model_component(const dfl_model *m, const char *name);
+const char *model_component_name(dfl_component c);
+const char *model_layout_name(dfl_layout l);
+
+/* Hidden-state capture: layer k = output of decoder layer k (transformers' hidden_states[k+1]). */
+typedef struct dfl_capture {
+    int n_layers;
+    const int *layers;  /* decoder layer ids */
+    float *out;         /* [n_tokens][n_layers][H]; rows written at out + t*n_layers*H */
+} dfl_capture;
+
+/* Run state of one sequence. */
+typedef struct dfl_state {
+    const dfl_model *m;
+    int max_ctx;          /* positions the caches hold */
+    int max_batch;        /* tokens per forward call */
+    int n_past;           /* committed positions in the caches */
+    float **k_cache;      /* [L] full layers: [max_ctx, Hkv*hd] (NULL for linear layers) */
+    float **v_cache;      /* [L] */
+    float **conv_state;   /* [L] linear layers: [K-1, conv_dim], oldest first */
+    float **rec_state;    /* [L] linear layers: [Hv, dk, dv] */
+    /* Rollback record of the last forward (when `record`): each linear layer's state before it,
+     * and its per-token recurrence inputs, so that the state after any prefix of the batch is
+     * recomputed exactly (same code path) without snapshotting a state per token. */
+    int record;
+    int rec_n_past;       /* n_past before the recorded forward */
+    int rec_n;            /* tokens in the recorded forward */
+    float **rec_conv0;    /* [L] [K-1, conv_dim] conv window before the forward */
+    float **rec_S0;       /* [L] [Hv, dk, dv] recurrent state before the forward */
+    float **rec_qkv;      /* [L] [max_batch, conv_dim] pre-conv projections */
+    float **rec_ab;       /* [L] [max_batch, 2*Hv] raw a | b projections */
+    /* scratch, sized for max_batch tokens */
+    float *x;             /* [B, H] residual stream */
+    float *xn;            /* [B, H] */
+    float *q;             /* [B, max(Hq*hd*2, conv_dim)] */
+    float *k;             /* [B, Hkv*hd] */
+    float *v;             /* [B, Hkv*hd] */
+    float *att;           /* [B, max(Hq*hd, Hv*dv)] */
+    float *z;             /* [B, Hv*dv] */
+    float *ab;            /* [B, 2*Hv] */
+    float *mlp1, *mlp2;   /* [B, I] */
+    float *scores;        /* [threads, max_ctx] */
+    float *rope_cos, *rope_sin; /* [B, rot/2] */
+    float *inv_freq;      /* [rot/2] */
+    uint64_t bytes;       /* memory held by this state */
+} dfl_state;
+
+/* Bytes a state of this size would hold (for the footprint check and report). */
+uint64_t state_bytes(const dfl_model *m, int max_ctx, int max_batch, int record);
+/* Allocate; fails before allocating when the footprint exceeds available memory.
+ * record: keep what state_rollback() needs (speculative decoding). */
+int state_init(dfl_state *s, const dfl_model *m, int max_ctx, int max_batch, int record);
+void state_free(dfl_state *s);
+void state_reset(dfl_state *s);
+
+/* Forward n tokens at positions n_past.. on top of the cache (prefill, decode and verification
+ * are the same call). logits: [n, V] or NULL; logits_last_only: only the last row is computed
+ * (written at logits[0]). cap: optional capture. Advances n_past by n. */
+int model_forward(dfl_state *s, const int32_t *tokens, int n, float *logits, int logits_last_only,
+                  const dfl_capture *cap);
+
+/* Roll back to n_past = keep, with keep inside the last forward's range (needs record=1).
+ * Attention KV is truncated; each linear layer's conv window and recurrent state are restored
+ * to their values right after token keep-1, by replaying the recorded recurrence inputs from
+ * the state before the forward. */
+int state_rollback(dfl_state *s, int keep);
+
+/* Embedding row of a token: out[H]. */
+void model_embed(const dfl_model *m, int32_t token, float *out);
+/* logits[V] = lm_head . x (x already final-normed). */
+void model_lm_head(const dfl_model *m, const float *x, float *logits, int n);
+
+#endif

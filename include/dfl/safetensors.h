@@ -1,0 +1,79 @@
+/* safetensors reader: mmap'd files, validated as the reference reader validates them
+ * (SPEC §1), and sharded checkpoints through model.safetensors.index.json. */
+#ifndef DFL_SAFETENSORS_H
+#define DFL_SAFETENSORS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define ST_MAX_DIMS 8
+#define ST_MAX_HEADER 100000000ull /* the reference reader's bound on the JSON header */
+
+typedef enum st_dtype {
+    ST_F32, ST_F16, ST_BF16, ST_F64,
+    ST_I64, ST_I32, ST_I16, ST_I8, ST_U8, ST_BOOL,
+    ST_F8_E4M3, ST_F8_E5M2, ST_U16, ST_U32, ST_U64,
+    ST_DTYPE_COUNT
+} st_dtype;
+
+typedef struct st_tensor {
+    char *name;
+    st_dtype dtype;
+    int ndim;
+    int64_t shape[ST_MAX_DIMS];
+    int64_t numel;
+    const uint8_t *data; /* into the mmap; may be unaligned for the element size */
+    size_t nbytes;
+    int file_index;      /* which shard (index into st_model.files) */
+} st_tensor;
+
+typedef struct st_file {
+    char *path;
+    uint8_t *map;        /* whole file, PROT_READ */
+    size_t map_size;
+    size_t data_start;   /* 8 + header length */
+} st_file;
+
+/* A set of tensors from one file or from all shards of a checkpoint. */
+typedef struct st_model {
+    st_file *files;
+    int n_files;
+    st_tensor *tensors;  /* sorted by name */
+    int n_tensors;
+} st_model;
+
+const char *st_dtype_name(st_dtype dt);
+size_t st_dtype_size(st_dtype dt);
+
+/* Open one .safetensors file. Returns DFL_OK or DFL_ERR (message names the file). */
+int st_open_file(st_model *m, const char *path);
+/* Open a checkpoint directory: model.safetensors.index.json (shards) or model.safetensors,
+ * or, failing both, the single *.safetensors file in the directory. */
+int st_open_dir(st_model *m, const char *dir);
+void st_close(st_model *m);
+
+/* Lookup by exact name; NULL if absent. */
+const st_tensor *st_find(const st_model *m, const char *name);
+
+/* Convert n elements starting at element `first` of t to float32 (F32/F16/BF16 only). */
+int st_read_f32(const st_tensor *t, int64_t first, int64_t n, float *out);
+
+/* Write tensors to a new safetensors file. Each entry: name, dtype, shape, data. */
+typedef struct st_write_entry {
+    const char *name;
+    st_dtype dtype;
+    int ndim;
+    int64_t shape[ST_MAX_DIMS];
+    const void *data;
+} st_write_entry;
+int st_write(const char *path, const st_write_entry *entries, int n);
+
+/* Half-precision conversions used by the reader and the kernels. */
+static inline float st_bf16_to_f32(uint16_t h) {
+    union { uint32_t u; float f; } v = {.u = (uint32_t)h << 16};
+    return v.f;
+}
+float st_f16_to_f32(uint16_t h);
+uint16_t st_f32_to_bf16(float f);
+
+#endif

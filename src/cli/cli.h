@@ -1,0 +1,54 @@
+/* dfl CLI: one file per subcommand (cmd_*.c), each `int cmd_NAME(int argc, char **argv)`
+ * returning the process exit status. argv[0] is the subcommand name. */
+#ifndef DFL_CLI_H
+#define DFL_CLI_H
+
+#include <stdio.h>
+
+int cmd_inspect(int argc, char **argv);
+int cmd_tokenize(int argc, char **argv);
+int cmd_generate(int argc, char **argv);
+int cmd_hidden(int argc, char **argv);
+int cmd_hidden_diff(int argc, char **argv);
+
+/* "--flag" handling helpers. cli_is_help returns 1 for -h / --help. */
+int cli_is_help(const char *arg);
+/* Value of an option that takes an argument: argv[*i+1]; exits with a message if missing. */
+const char *cli_value(int argc, char **argv, int *i);
+/* Parse integers/floats with range checks; on error print "dfl CMD: --opt: ..." and return -1. */
+int cli_parse_long(const char *cmd, const char *opt, const char *s, long lo, long hi, long *out);
+int cli_parse_double(const char *cmd, const char *opt, const char *s, double *out);
+/* Print "dfl CMD: message" to stderr and return 2 (usage error) — or 1 for cli_fail. */
+int cli_usage_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+int cli_fail(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Escape a string as a JSON string literal onto f. */
+void cli_json_string(FILE *f, const char *s);
+
+#endif
+
+/* Prompt options shared by generate and hidden:
+ *   --prompt STR | --prompt-file F | --prompt-ids "1,2,3"   [--chat MODE] [--tokenizer PATH] */
+#include <stddef.h>
+#include <stdint.h>
+
+#include "dfl/tokenizer.h"
+
+typedef struct cli_prompt {
+    const char *text, *file, *ids, *tokenizer;
+    int chat; /* dfl_chat */
+} cli_prompt;
+
+#define CLI_PROMPT_HELP                                                                         \
+    "  --prompt STR        the prompt text\n"                                                   \
+    "  --prompt-file F     read the prompt text from F\n"                                       \
+    "  --prompt-ids IDS    the prompt as token ids (\"1,2,3\"), no tokenizer needed\n"           \
+    "  --chat MODE         chatml | chatml-nothink | none (default none): wrap the prompt as one\n" \
+    "                      user turn of a ChatML conversation\n"                                \
+    "  --tokenizer PATH    tokenizer.json or directory (default: the target directory)\n"
+
+/* 1 if argv[*i] was a prompt option (consumed, *i advanced), 0 if not, -1 on a bad value. */
+int cli_prompt_option(const char *cmd, cli_prompt *p, int argc, char **argv, int *i);
+/* Resolve the prompt to token ids. *tok is opened when text is involved or want_tok is set
+ * (NULL otherwise). Returns 0 or prints the error and returns the exit status. */
+int cli_prompt_tokens(const char *cmd, const cli_prompt *p, const char *model_dir, int want_tok,
+                      dfl_tokenizer **tok, int32_t **ids, size_t *n);

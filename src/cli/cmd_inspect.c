@@ -1,0 +1,280 @@
+/* dfl inspect DIR [--json] [--target T] [--check-weights]: checkpoint anatomy. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/cli.h"
+#include "dfl/common.h"
+#include "dfl/drafter.h"
+#include "dfl/model.h"
+
+static const char *usage_text =
+    "usage: dfl inspect DIR [--json] [--check-weights]\n"
+    "       dfl inspect DRAFTER_DIR --target TARGET_DIR [--json]\n"
+    "\n"
+    "Identify a checkpoint: layout (text-only, vision-language, drafter) and the tensor prefix\n"
+    "that matched, architecture, layer types, heads, dtypes, tensors and bytes per component\n"
+    "(text / vision / mtp / other), and every tensor the forward does not read. Every expected\n"
+    "text tensor is checked for presence and shape. With --target, check a drafter against a\n"
+    "target and print the effective target_layer_ids.\n"
+    "\n"
+    "  --json           machine-readable output\n"
+    "  --target DIR     (drafters) the target model to check compatibility with\n"
+    "  --check-weights  scan every used tensor for NaN/Inf\n";
+
+static void dtype_counts(const st_model *st, const unsigned char *used, int counts[ST_DTYPE_COUNT]) {
+    memset(counts, 0, sizeof(int) * ST_DTYPE_COUNT);
+    for (int i = 0; i < st->n_tensors; i++)
+        if (!used || used[i]) counts[st->tensors[i].dtype]++;
+}
+
+static void print_dtypes_text(const int counts[ST_DTYPE_COUNT]) {
+    int first = 1;
+    for (int d = 0; d < ST_DTYPE_COUNT; d++)
+        if (counts[d]) {
+            printf("%s%s x%d", first ? "" : ", ", st_dtype_name((st_dtype)d), counts[d]);
+            first = 0;
+        }
+    printf("\n");
+}
+
+static void print_dtypes_json(const int counts[ST_DTYPE_COUNT]) {
+    printf("{");
+    int first = 1;
+    for (int d = 0; d < ST_DTYPE_COUNT; d++)
+        if (counts[d]) {
+            printf("%s\"%s\": %d", first ? "" : ", ", st_dtype_name((st_dtype)d), counts[d]);
+            first = 0;
+        }
+    printf("}");
+}
+
+static uint64_t total_bytes(const st_model *st) {
+    uint64_t b = 0;
+    for (int i = 0; i < st->n_tensors; i++) b += st->tensors[i].nbytes;
+    return b;
+}
+
+static void layer_types_json(const dfl_config *c) {
+    printf("[");
+    for (int i = 0; i < c->n_layers; i++) printf("%s\"%s\"", i ? ", " : "", config_layer_type_name(c->layer_types[i]));
+    printf("]");
+}
+
+static int inspect_target(const char *dir, int json, int check) {
+    dfl_model m;
+    if (model_open(&m, dir, check) != DFL_OK) return cli_fail("inspect", "%s", dfl_errmsg());
+    const dfl_config *c = &m.cfg;
+    char pattern[DFL_MAX_LAYERS + 1];
+    config_layer_pattern(c, pattern, sizeof pattern);
+    int n_lin = 0;
+    for (int i = 0; i < c->n_layers; i++) n_lin += c->layer_types[i] == DFL_LAYER_LINEAR;
+    int dt[ST_DTYPE_COUNT];
+    dtype_counts(&m.st, m.used, dt);
+    int n_unused[DFL_COMP_COUNT] = {0};
+    for (int i = 0; i < m.st.n_tensors; i++)
+        if (!m.used[i]) n_unused[model_component(&m, m.st.tensors[i].name)]++;
+    if (json) {
+        printf("{\"path\": ");
+        cli_json_string(stdout, dir);
+        printf(", \"layout\": \"%s\", \"prefix\": ", model_layout_name(m.layout));
+        cli_json_string(stdout, m.prefix);
+        printf(", \"architecture\": \"%s\", \"model_type\": ", config_arch_name(c->arch));
+        cli_json_string(stdout, c->model_type);
+        printf(", \"architectures\": ");
+        cli_json_string(stdout, c->architecture);
+        printf(", \"text_config\": %s, \"num_layers\": %d, \"layer_types\": ", c->text_config ? "true" : "false",
+               c->n_layers);
+        layer_types_json(c);
+        printf(", \"layer_pattern\": \"%s\", \"hidden_size\": %d, \"intermediate_size\": %d, \"vocab_size\": %d, "
+               "\"num_attention_heads\": %d, \"num_key_value_heads\": %d, \"head_dim\": %d, \"rope_theta\": %g, "
+               "\"partial_rotary_factor\": %g, \"rotary_dim\": %d, \"rms_norm_eps\": %g, \"tie_word_embeddings\": %s",
+               pattern, c->hidden, c->intermediate, c->vocab, c->n_heads, c->n_kv_heads, c->head_dim, c->rope_theta,
+               c->partial_rotary, c->rot_dim, c->rms_eps, c->tie_embeddings ? "true" : "false");
+        if (c->arch == DFL_ARCH_QWEN3_5)
+            printf(", \"linear_attention\": {\"key_heads\": %d, \"value_heads\": %d, \"key_head_dim\": %d, "
+                   "\"value_head_dim\": %d, \"conv_kernel\": %d}",
+                   c->lin_k_heads, c->lin_v_heads, c->lin_k_dim, c->lin_v_dim, c->conv_kernel);
+        printf(", \"dtypes\": ");
+        print_dtypes_json(dt);
+        printf(", \"tensors\": {");
+        for (int k = 0; k < DFL_COMP_COUNT; k++)
+            printf("%s\"%s\": %d", k ? ", " : "", model_component_name((dfl_component)k), m.comp_count[k]);
+        printf("}, \"tensor_bytes\": {");
+        for (int k = 0; k < DFL_COMP_COUNT; k++)
+            printf("%s\"%s\": %llu", k ? ", " : "", model_component_name((dfl_component)k),
+                   (unsigned long long)m.comp_bytes[k]);
+        printf("}, \"n_tensors\": %d, \"bytes\": %llu, \"used_bytes\": %llu, \"files\": %d, \"unused\": {",
+               m.st.n_tensors, (unsigned long long)total_bytes(&m.st), (unsigned long long)m.weight_bytes,
+               m.st.n_files);
+        for (int k = 0; k < DFL_COMP_COUNT; k++) {
+            printf("%s\"%s\": [", k ? ", " : "", model_component_name((dfl_component)k));
+            int first = 1;
+            for (int i = 0; i < m.st.n_tensors; i++)
+                if (!m.used[i] && model_component(&m, m.st.tensors[i].name) == (dfl_component)k) {
+                    printf("%s", first ? "" : ", ");
+                    cli_json_string(stdout, m.st.tensors[i].name);
+                    first = 0;
+                }
+            printf("]");
+        }
+        printf("}, \"eos_token_ids\": [");
+        for (int i = 0; i < m.n_eos; i++) printf("%s%d", i ? ", " : "", m.eos_ids[i]);
+        printf("]}\n");
+    } else {
+        printf("checkpoint:   %s (%d file%s)\n", dir, m.st.n_files, m.st.n_files == 1 ? "" : "s");
+        printf("layout:       %s — text tensors under '%s'%s\n", model_layout_name(m.layout), m.prefix,
+               m.layout == DFL_LAYOUT_VLM ? " (vision-language checkpoint; only the text model is loaded)" : "");
+        printf("config:       model_type %s%s%s%s\n", c->model_type, c->text_config ? ", text settings from text_config" : "",
+               c->architecture[0] ? ", architectures " : "", c->architecture);
+        printf("architecture: %s\n", c->arch == DFL_ARCH_QWEN3 ? "qwen3 dense"
+                                                                : "qwen3_5 hybrid (Gated DeltaNet + gated attention)");
+        printf("layers:       %d  %s  (%d linear_attention, %d full_attention)\n", c->n_layers, pattern, n_lin,
+               c->n_layers - n_lin);
+        printf("sizes:        hidden %d, intermediate %d, vocab %d\n", c->hidden, c->intermediate, c->vocab);
+        printf("attention:    %d q heads / %d kv heads, head_dim %d, rope theta %g, rotary %d of %d dims%s\n", c->n_heads,
+               c->n_kv_heads, c->head_dim, c->rope_theta, c->rot_dim, c->head_dim,
+               c->arch == DFL_ARCH_QWEN3_5 ? ", output gate" : "");
+        if (c->arch == DFL_ARCH_QWEN3_5)
+            printf("linear attn:  %d key heads / %d value heads, key dim %d, value dim %d, conv kernel %d\n",
+                   c->lin_k_heads, c->lin_v_heads, c->lin_k_dim, c->lin_v_dim, c->conv_kernel);
+        printf("embeddings:   %s\n", c->tie_embeddings ? "tied (lm_head = embed_tokens)" : "untied (lm_head.weight)");
+        printf("dtypes used:  ");
+        print_dtypes_text(dt);
+        printf("tensors:      %d in all, %.2f MB; used by the forward: %.2f MB\n", m.st.n_tensors,
+               total_bytes(&m.st) / 1e6, m.weight_bytes / 1e6);
+        for (int k = 0; k < DFL_COMP_COUNT; k++)
+            printf("  %-7s %6d tensors %12.2f MB%s\n", model_component_name((dfl_component)k), m.comp_count[k],
+                   m.comp_bytes[k] / 1e6, n_unused[k] ? "  (not used by the text forward)" : "");
+        for (int k = 0; k < DFL_COMP_COUNT; k++) {
+            if (!n_unused[k]) continue;
+            printf("unused %s tensors (%d):", model_component_name((dfl_component)k), n_unused[k]);
+            int shown = 0;
+            for (int i = 0; i < m.st.n_tensors && shown < 6; i++)
+                if (!m.used[i] && model_component(&m, m.st.tensors[i].name) == (dfl_component)k) {
+                    printf("%s %s", shown ? "," : "", m.st.tensors[i].name);
+                    shown++;
+                }
+            printf("%s\n", n_unused[k] > shown ? ", ... (--json lists all)" : "");
+        }
+        printf("eos ids:      ");
+        for (int i = 0; i < m.n_eos; i++) printf("%s%d", i ? ", " : "", m.eos_ids[i]);
+        printf("%s\n", m.n_eos ? "" : "(none)");
+    }
+    model_close(&m);
+    return 0;
+}
+
+static int inspect_drafter(const char *dir, const char *target_dir, int json, int check) {
+    dfl_model t;
+    int have_target = 0;
+    if (target_dir) {
+        if (model_open(&t, target_dir, check) != DFL_OK) return cli_fail("inspect", "%s", dfl_errmsg());
+        have_target = 1;
+    }
+    dfl_drafter d;
+    if (drafter_open(&d, dir, have_target ? t.cfg.n_layers : 0) != DFL_OK) {
+        if (have_target) model_close(&t);
+        return cli_fail("inspect", "%s", dfl_errmsg());
+    }
+    const dfl_config *c = &d.cfg;
+    int compat = DFL_OK;
+    const char *why = "";
+    char whybuf[4096];
+    if (have_target) {
+        compat = drafter_check_target(&d, &t);
+        snprintf(whybuf, sizeof whybuf, "%s", dfl_errmsg());
+        why = whybuf;
+    }
+    char pattern[DFL_MAX_LAYERS + 1];
+    config_layer_pattern(c, pattern, sizeof pattern);
+    int dt[ST_DTYPE_COUNT];
+    dtype_counts(&d.st, d.used, dt);
+    int n_unused = 0;
+    for (int i = 0; i < d.st.n_tensors; i++) n_unused += !d.used[i];
+    if (json) {
+        printf("{\"path\": ");
+        cli_json_string(stdout, dir);
+        printf(", \"layout\": \"drafter\", \"prefix\": ");
+        cli_json_string(stdout, d.prefix);
+        printf(", \"architecture\": \"dflash\", \"num_layers\": %d, \"layer_types\": ", c->n_layers);
+        layer_types_json(c);
+        printf(", \"layer_pattern\": \"%s\", \"sliding_window\": %d, \"hidden_size\": %d, \"intermediate_size\": %d, "
+               "\"num_attention_heads\": %d, \"num_key_value_heads\": %d, \"head_dim\": %d, \"rope_theta\": %g, "
+               "\"block_size\": %d, \"mask_token_id\": %d, \"target_layer_ids\": [",
+               pattern, c->sliding_window, c->hidden, c->intermediate, c->n_heads, c->n_kv_heads, c->head_dim,
+               c->rope_theta, c->block_size, c->mask_token_id);
+        for (int i = 0; i < c->n_target_ids; i++) printf("%s%d", i ? ", " : "", c->target_layer_ids[i]);
+        printf("], \"target_layer_ids_source\": \"%s\", \"hidden_states_indices\": [",
+               c->target_ids_default ? "default formula" : "config");
+        for (int i = 0; i < c->n_target_ids; i++) printf("%s%d", i ? ", " : "", c->target_layer_ids[i] + 1);
+        printf("], \"dtypes\": ");
+        print_dtypes_json(dt);
+        printf(", \"tensors\": {\"text\": 0, \"vision\": 0, \"mtp\": 0, \"other\": %d, \"drafter\": %d}, "
+               "\"n_tensors\": %d, \"bytes\": %llu",
+               n_unused, d.st.n_tensors - n_unused, d.st.n_tensors, (unsigned long long)total_bytes(&d.st));
+        if (have_target) {
+            printf(", \"target\": ");
+            cli_json_string(stdout, target_dir);
+            printf(", \"compatible\": %s, \"incompatibility\": ", compat == DFL_OK ? "true" : "false");
+            cli_json_string(stdout, compat == DFL_OK ? "" : why);
+        }
+        printf("}\n");
+    } else {
+        printf("checkpoint:   %s\n", dir);
+        printf("layout:       drafter (DFlash, tensors under '%s')\n", d.prefix[0] ? d.prefix : "(no prefix)");
+        printf("layers:       %d  %s%s", c->n_layers, pattern, c->sliding_window ? "" : "\n");
+        if (c->sliding_window) printf("  (sliding window %d)\n", c->sliding_window);
+        printf("sizes:        hidden %d, intermediate %d; %d q heads / %d kv heads, head_dim %d, rope theta %g\n",
+               c->hidden, c->intermediate, c->n_heads, c->n_kv_heads, c->head_dim, c->rope_theta);
+        printf("block size:   %d   mask token id: %d\n", c->block_size, c->mask_token_id);
+        printf("target layers:");
+        for (int i = 0; i < c->n_target_ids; i++) printf(" %d", c->target_layer_ids[i]);
+        printf("  (%s) = output of those decoder layers = transformers hidden_states[",
+               c->target_ids_default ? "default formula" : "from config");
+        for (int i = 0; i < c->n_target_ids; i++) printf("%s%d", i ? ", " : "", c->target_layer_ids[i] + 1);
+        printf("]\n");
+        printf("dtypes used:  ");
+        print_dtypes_text(dt);
+        printf("tensors:      %d (%.2f MB), %d not used\n", d.st.n_tensors, total_bytes(&d.st) / 1e6, n_unused);
+        if (have_target) {
+            if (compat == DFL_OK)
+                printf("target:       %s — compatible (hidden %d, vocab %d, %d layers, mask id < vocab)\n", target_dir,
+                       t.cfg.hidden, t.cfg.vocab, t.cfg.n_layers);
+            else
+                printf("target:       %s — NOT compatible: %s\n", target_dir, why);
+        }
+    }
+    drafter_close(&d);
+    if (have_target) model_close(&t);
+    return compat == DFL_OK ? 0 : 1;
+}
+
+int cmd_inspect(int argc, char **argv) {
+    const char *dir = NULL, *target = NULL;
+    int json = 0, check = 0;
+    for (int i = 1; i < argc; i++) {
+        if (cli_is_help(argv[i])) {
+            fputs(usage_text, stdout);
+            return 0;
+        } else if (strcmp(argv[i], "--json") == 0) {
+            json = 1;
+        } else if (strcmp(argv[i], "--check-weights") == 0) {
+            check = 1;
+        } else if (strcmp(argv[i], "--target") == 0) {
+            target = cli_value(argc, argv, &i);
+        } else if (argv[i][0] == '-') {
+            return cli_usage_error("inspect", "unknown option '%s' (see dfl inspect --help)", argv[i]);
+        } else if (!dir) {
+            dir = argv[i];
+        } else {
+            return cli_usage_error("inspect", "unexpected argument '%s'", argv[i]);
+        }
+    }
+    if (!dir) return cli_usage_error("inspect", "missing checkpoint directory (see dfl inspect --help)");
+    dfl_config c;
+    if (config_load(&c, dir) != DFL_OK) return cli_fail("inspect", "%s", dfl_errmsg());
+    if (c.arch == DFL_ARCH_DFLASH) return inspect_drafter(dir, target, json, check);
+    if (target) return cli_usage_error("inspect", "--target applies to drafters; %s is a target model", dir);
+    return inspect_target(dir, json, check);
+}

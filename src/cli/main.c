@@ -1,0 +1,39 @@
+/* dfl: command-line entry point; dispatches to the subcommands in cmd_*.c. */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/cli.h"
+
+struct subcommand {
+    const char *name;
+    int (*fn)(int, char **);
+    const char *summary;
+};
+
+static const struct subcommand subcommands[] = {
+    {"inspect", cmd_inspect, "identify a checkpoint's layout, tensors and config (or drafter/target fit)"},
+    {"tokenize", cmd_tokenize, "encode text to token ids, or decode ids (--decode)"},
+    {"generate", cmd_generate, "greedy generation with a target model"},
+    {"hidden", cmd_hidden, "dump hidden states of chosen decoder layers to safetensors"},
+    {"hidden-diff", cmd_hidden_diff, "compare two hidden-state dumps layer by layer"},
+};
+
+static void usage(FILE *f) {
+    fprintf(f, "usage: dfl <command> [options]   (dfl <command> --help for each)\n\ncommands:\n");
+    for (size_t i = 0; i < sizeof subcommands / sizeof subcommands[0]; i++)
+        fprintf(f, "  %-12s %s\n", subcommands[i].name, subcommands[i].summary);
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2 || cli_is_help(argv[1])) {
+        usage(argc < 2 ? stderr : stdout);
+        return argc < 2 ? 2 : 0;
+    }
+    for (size_t i = 0; i < sizeof subcommands / sizeof subcommands[0]; i++)
+        if (strcmp(argv[1], subcommands[i].name) == 0) return subcommands[i].fn(argc - 1, argv + 1);
+    fprintf(stderr, "dfl: unknown command '%s'\n", argv[1]);
+    usage(stderr);
+    return 2;
+}

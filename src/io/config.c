@@ -1,0 +1,388 @@
+/* config.json parsing for targets and drafters (SPEC §1–4). */
+#include "dfl/config.h"
+
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dfl/common.h"
+
+#define SUPPORTED \
+    "qwen3 (Qwen3ForCausalLM), qwen3_5 (Qwen3_5ForConditionalGeneration), " \
+    "qwen3_5_text (Qwen3_5ForCausalLM), DFlashDraftModel"
+
+const char *config_arch_name(dfl_arch a) {
+    switch (a) {
+    case DFL_ARCH_QWEN3: return "qwen3";
+    case DFL_ARCH_QWEN3_5: return "qwen3_5";
+    case DFL_ARCH_DFLASH: return "dflash";
+    }
+    return "?";
+}
+
+const char *config_layer_type_name(dfl_layer_type t) {
+    switch (t) {
+    case DFL_LAYER_FULL: return "full_attention";
+    case DFL_LAYER_LINEAR: return "linear_attention";
+    case DFL_LAYER_SLIDING: return "sliding_attention";
+    }
+    return "?";
+}
+
+void config_layer_pattern(const dfl_config *c, char *buf, int buflen) {
+    int n = c->n_layers < buflen - 1 ? c->n_layers : buflen - 1;
+    for (int i = 0; i < n; i++)
+        buf[i] = c->layer_types[i] == DFL_LAYER_LINEAR ? 'L' : c->layer_types[i] == DFL_LAYER_SLIDING ? 'S' : 'F';
+    buf[n < 0 ? 0 : n] = 0;
+}
+
+void config_default_target_ids(int n, int k, int *out) {
+    if (k == 1) {
+        out[0] = n / 2;
+        return;
+    }
+    /* Python's round(): ties to even, on the same double arithmetic as the reference. */
+    for (int i = 0; i < k; i++) out[i] = (int)nearbyint(1.0 + (double)(i * (n - 4)) / (double)(k - 1));
+}
+
+/* Integer field: *out set when present; required fields missing -> error. */
+static int get_int(const cJSON *o, const char *name, const char *where, int required, int *out) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, name);
+    if (!v || cJSON_IsNull(v)) {
+        if (required) return dfl_seterr("%s: missing required field '%s'", where, name);
+        return DFL_OK;
+    }
+    if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble) || fabs(v->valuedouble) > 2e9)
+        return dfl_seterr("%s: field '%s' must be an integer", where, name);
+    *out = (int)v->valuedouble;
+    return DFL_OK;
+}
+
+static int get_num(const cJSON *o, const char *name, const char *where, double *out) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, name);
+    if (!v || cJSON_IsNull(v)) return DFL_OK;
+    if (!cJSON_IsNumber(v)) return dfl_seterr("%s: field '%s' must be a number", where, name);
+    *out = v->valuedouble;
+    return DFL_OK;
+}
+
+static int get_bool(const cJSON *o, const char *name, const char *where, int *out, int *present) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, name);
+    if (present) *present = 0;
+    if (!v || cJSON_IsNull(v)) return DFL_OK;
+    if (!cJSON_IsBool(v)) return dfl_seterr("%s: field '%s' must be true or false", where, name);
+    *out = cJSON_IsTrue(v);
+    if (present) *present = 1;
+    return DFL_OK;
+}
+
+static int positive(const char *where, const char *name, int v) {
+    if (v <= 0) return dfl_seterr("%s: field '%s' must be > 0, found %d", where, name, v);
+    return DFL_OK;
+}
+
+/* Rope settings: nested rope_parameters (transformers 5) or top-level rope_theta / rope_scaling. */
+static int parse_rope(dfl_config *c, const cJSON *tc, const char *where) {
+    const cJSON *rp = cJSON_GetObjectItemCaseSensitive(tc, "rope_parameters");
+    const cJSON *rs = cJSON_GetObjectItemCaseSensitive(tc, "rope_scaling");
+    double theta = c->rope_theta, partial = c->partial_rotary;
+    if (get_num(tc, "rope_theta", where, &theta) || get_num(tc, "partial_rotary_factor", where, &partial))
+        return DFL_ERR;
+    const cJSON *src[2] = {rp, rs};
+    for (int i = 0; i < 2; i++) {
+        if (!src[i] || cJSON_IsNull(src[i])) continue;
+        if (!cJSON_IsObject(src[i]))
+            return dfl_seterr("%s: field '%s' must be an object", where, i ? "rope_scaling" : "rope_parameters");
+        if (get_num(src[i], "rope_theta", where, &theta) || get_num(src[i], "partial_rotary_factor", where, &partial))
+            return DFL_ERR;
+        const cJSON *ty = cJSON_GetObjectItemCaseSensitive(src[i], "rope_type");
+        if (!ty) ty = cJSON_GetObjectItemCaseSensitive(src[i], "type");
+        if (ty && cJSON_IsString(ty) && strcmp(ty->valuestring, "default") != 0)
+            return dfl_seterr("%s: rope_type '%s' is not supported (only 'default' rotary embeddings are)", where,
+                              ty->valuestring);
+    }
+    if (!(theta > 0)) return dfl_seterr("%s: rope_theta must be > 0, found %g", where, theta);
+    if (!(partial > 0 && partial <= 1))
+        return dfl_seterr("%s: partial_rotary_factor must be in (0, 1], found %g", where, partial);
+    c->rope_theta = theta;
+    c->partial_rotary = (float)partial;
+    return DFL_OK;
+}
+
+static int parse_layer_types(dfl_config *c, const cJSON *tc, const char *where, int full_interval) {
+    const cJSON *lt = cJSON_GetObjectItemCaseSensitive(tc, "layer_types");
+    if (lt && !cJSON_IsNull(lt)) {
+        if (!cJSON_IsArray(lt)) return dfl_seterr("%s: field 'layer_types' must be an array of strings", where);
+        int n = cJSON_GetArraySize(lt);
+        if (n != c->n_layers)
+            return dfl_seterr("%s: layer_types has %d entries, expected num_hidden_layers = %d", where, n,
+                              c->n_layers);
+        for (int i = 0; i < n; i++) {
+            const cJSON *s = cJSON_GetArrayItem(lt, i);
+            if (!cJSON_IsString(s)) return dfl_seterr("%s: layer_types[%d] is not a string", where, i);
+            const char *v = s->valuestring;
+            if (strcmp(v, "full_attention") == 0 || strcmp(v, "attention") == 0) c->layer_types[i] = DFL_LAYER_FULL;
+            else if (strcmp(v, "linear_attention") == 0) c->layer_types[i] = DFL_LAYER_LINEAR;
+            else if (strcmp(v, "sliding_attention") == 0) c->layer_types[i] = DFL_LAYER_SLIDING;
+            else
+                return dfl_seterr("%s: layer_types[%d] = '%s', expected full_attention, linear_attention or "
+                                  "sliding_attention", where, i, v);
+        }
+        return DFL_OK;
+    }
+    for (int i = 0; i < c->n_layers; i++)
+        c->layer_types[i] = full_interval > 0 && (i + 1) % full_interval != 0 ? DFL_LAYER_LINEAR : DFL_LAYER_FULL;
+    return DFL_OK;
+}
+
+static int parse_eos(dfl_config *c, const cJSON *o) {
+    const cJSON *e = cJSON_GetObjectItemCaseSensitive(o, "eos_token_id");
+    if (!e) return DFL_OK;
+    if (cJSON_IsNumber(e)) {
+        c->eos_ids[c->n_eos++] = (int)e->valuedouble;
+    } else if (cJSON_IsArray(e)) {
+        const cJSON *x;
+        cJSON_ArrayForEach(x, e) if (cJSON_IsNumber(x) && c->n_eos < DFL_MAX_EOS) c->eos_ids[c->n_eos++] =
+            (int)x->valuedouble;
+    }
+    return DFL_OK;
+}
+
+static int parse_common(dfl_config *c, const cJSON *tc, const char *where) {
+    c->head_dim = 0;
+    if (get_int(tc, "hidden_size", where, 1, &c->hidden) || get_int(tc, "num_hidden_layers", where, 1, &c->n_layers) ||
+        get_int(tc, "intermediate_size", where, 1, &c->intermediate) ||
+        get_int(tc, "num_attention_heads", where, 1, &c->n_heads) ||
+        get_int(tc, "num_key_value_heads", where, 0, &c->n_kv_heads) || get_int(tc, "head_dim", where, 0, &c->head_dim) ||
+        get_int(tc, "max_position_embeddings", where, 0, &c->max_position))
+        return DFL_ERR;
+    if (positive(where, "hidden_size", c->hidden) || positive(where, "num_hidden_layers", c->n_layers) ||
+        positive(where, "intermediate_size", c->intermediate) || positive(where, "num_attention_heads", c->n_heads))
+        return DFL_ERR;
+    if (c->n_layers > DFL_MAX_LAYERS)
+        return dfl_seterr("%s: num_hidden_layers = %d exceeds the supported maximum %d", where, c->n_layers,
+                          DFL_MAX_LAYERS);
+    if (c->n_kv_heads == 0) c->n_kv_heads = c->n_heads;
+    if (positive(where, "num_key_value_heads", c->n_kv_heads)) return DFL_ERR;
+    if (c->n_heads % c->n_kv_heads != 0)
+        return dfl_seterr("%s: num_attention_heads (%d) is not a multiple of num_key_value_heads (%d)", where,
+                          c->n_heads, c->n_kv_heads);
+    if (c->head_dim == 0) {
+        if (c->hidden % c->n_heads)
+            return dfl_seterr("%s: no head_dim and hidden_size %d is not divisible by num_attention_heads %d", where,
+                              c->hidden, c->n_heads);
+        c->head_dim = c->hidden / c->n_heads;
+    }
+    if (positive(where, "head_dim", c->head_dim)) return DFL_ERR;
+    double eps = 1e-6;
+    if (get_num(tc, "rms_norm_eps", where, &eps)) return DFL_ERR;
+    c->rms_eps = (float)eps;
+    if (parse_rope(c, tc, where)) return DFL_ERR;
+    c->rot_dim = (int)(c->head_dim * c->partial_rotary);
+    c->rot_dim -= c->rot_dim % 2;
+    if (c->rot_dim <= 0) return dfl_seterr("%s: rotary dimension is 0 (head_dim %d x %g)", where, c->head_dim,
+                                           c->partial_rotary);
+    const cJSON *act = cJSON_GetObjectItemCaseSensitive(tc, "hidden_act");
+    if (act && cJSON_IsString(act) && strcmp(act->valuestring, "silu") != 0)
+        return dfl_seterr("%s: hidden_act '%s' is not supported (silu is)", where, act->valuestring);
+    int bias = 0;
+    if (get_bool(tc, "attention_bias", where, &bias, NULL)) return DFL_ERR;
+    if (bias) return dfl_seterr("%s: attention_bias = true is not supported (Qwen3 has no biases)", where);
+    return DFL_OK;
+}
+
+static int parse_drafter(dfl_config *c, const cJSON *root, const char *where) {
+    c->arch = DFL_ARCH_DFLASH;
+    c->rope_theta = 1e6;
+    c->partial_rotary = 1.0f;
+    if (parse_common(c, root, where)) return DFL_ERR;
+    if (get_int(root, "vocab_size", where, 0, &c->vocab)) return DFL_ERR;
+    const cJSON *dc = cJSON_GetObjectItemCaseSensitive(root, "dflash_config");
+    if (dc && !cJSON_IsNull(dc) && !cJSON_IsObject(dc))
+        return dfl_seterr("%s: field 'dflash_config' must be an object", where);
+    /* dflash_config first, top-level fields as the fallback (older files). */
+    const cJSON *srcs[2] = {dc, root};
+    c->block_size = 16;
+    c->mask_token_id = -1;
+    int have_mask = 0;
+    const cJSON *ids = NULL;
+    for (int s = 1; s >= 0; s--) {
+        if (!srcs[s] || !cJSON_IsObject(srcs[s])) continue;
+        if (cJSON_GetObjectItemCaseSensitive(srcs[s], "mask_token_id")) {
+            if (get_int(srcs[s], "mask_token_id", where, 1, &c->mask_token_id)) return DFL_ERR;
+            have_mask = 1;
+        }
+        if (get_int(srcs[s], "block_size", where, 0, &c->block_size)) return DFL_ERR;
+        const cJSON *x = cJSON_GetObjectItemCaseSensitive(srcs[s], "target_layer_ids");
+        if (x && !cJSON_IsNull(x)) ids = x;
+    }
+    if (!have_mask) return dfl_seterr("%s: missing 'mask_token_id' (in dflash_config or at top level)", where);
+    if (c->mask_token_id < 0) return dfl_seterr("%s: mask_token_id must be >= 0, found %d", where, c->mask_token_id);
+    if (c->block_size < 2 || c->block_size > 256)
+        return dfl_seterr("%s: block_size must be in [2, 256], found %d", where, c->block_size);
+    if (get_int(root, "num_target_layers", where, 0, &c->n_target_layers)) return DFL_ERR;
+    if (ids) {
+        if (!cJSON_IsArray(ids) || cJSON_GetArraySize(ids) == 0 || cJSON_GetArraySize(ids) > DFL_MAX_LAYERS)
+            return dfl_seterr("%s: target_layer_ids must be a non-empty array of integers", where);
+        c->n_target_ids = cJSON_GetArraySize(ids);
+        for (int i = 0; i < c->n_target_ids; i++) {
+            const cJSON *v = cJSON_GetArrayItem(ids, i);
+            if (!cJSON_IsNumber(v) || v->valuedouble < 0 || v->valuedouble != floor(v->valuedouble))
+                return dfl_seterr("%s: target_layer_ids[%d] is not a non-negative integer", where, i);
+            c->target_layer_ids[i] = (int)v->valuedouble;
+        }
+    } else if (c->n_target_layers > 0) {
+        c->n_target_ids = c->n_layers;
+        c->target_ids_default = 1;
+        config_default_target_ids(c->n_target_layers, c->n_layers, c->target_layer_ids);
+    } /* else: resolved against the target at load time (drafter_open) */
+    if (parse_layer_types(c, root, where, 0)) return DFL_ERR;
+    if (get_int(root, "sliding_window", where, 0, &c->sliding_window)) return DFL_ERR;
+    int has_sliding = 0;
+    for (int i = 0; i < c->n_layers; i++) {
+        if (c->layer_types[i] == DFL_LAYER_LINEAR)
+            return dfl_seterr("%s: layer_types[%d] = linear_attention is not a drafter layer type", where, i);
+        has_sliding |= c->layer_types[i] == DFL_LAYER_SLIDING;
+    }
+    if (has_sliding && c->sliding_window <= 0)
+        return dfl_seterr("%s: sliding_attention layers need sliding_window > 0, found %d", where, c->sliding_window);
+    double scale = 1.0, mult = 1.0, cap = 0.0;
+    for (int s = 1; s >= 0; s--) {
+        if (!srcs[s] || !cJSON_IsObject(srcs[s])) continue;
+        if (get_num(srcs[s], "input_embedding_scale", where, &scale) ||
+            get_num(srcs[s], "output_multiplier", where, &mult) ||
+            get_num(srcs[s], "final_logit_softcapping", where, &cap))
+            return DFL_ERR;
+    }
+    c->input_embedding_scale = (float)scale;
+    c->output_multiplier = (float)mult;
+    c->final_logit_softcap = (float)cap;
+    return DFL_OK;
+}
+
+int config_parse(dfl_config *c, const char *json, const char *where) {
+    memset(c, 0, sizeof *c);
+    cJSON *root = cJSON_Parse(json);
+    if (!root) return dfl_seterr("%s: not valid JSON (near byte %ld)", where,
+                                 cJSON_GetErrorPtr() ? (long)(cJSON_GetErrorPtr() - json) : -1L);
+    int rc = DFL_ERR;
+    if (!cJSON_IsObject(root)) {
+        dfl_seterr("%s: not a JSON object", where);
+        goto done;
+    }
+    const cJSON *mt = cJSON_GetObjectItemCaseSensitive(root, "model_type");
+    const cJSON *archs = cJSON_GetObjectItemCaseSensitive(root, "architectures");
+    if (cJSON_IsArray(archs) && cJSON_IsString(cJSON_GetArrayItem(archs, 0)))
+        snprintf(c->architecture, sizeof c->architecture, "%s", cJSON_GetArrayItem(archs, 0)->valuestring);
+    if (cJSON_IsString(mt)) snprintf(c->model_type, sizeof c->model_type, "%s", mt->valuestring);
+    int is_drafter = 0;
+    if (cJSON_IsArray(archs)) {
+        const cJSON *a;
+        cJSON_ArrayForEach(a, archs) if (cJSON_IsString(a) && strcmp(a->valuestring, "DFlashDraftModel") == 0)
+            is_drafter = 1;
+    }
+    if (is_drafter) {
+        rc = parse_drafter(c, root, where);
+        goto done;
+    }
+    if (!cJSON_IsString(mt)) {
+        dfl_seterr("%s: missing 'model_type'; supported: " SUPPORTED, where);
+        goto done;
+    }
+    const cJSON *tc = root;
+    if (strcmp(c->model_type, "qwen3") == 0) {
+        c->arch = DFL_ARCH_QWEN3;
+        c->rope_theta = 1e6;
+        c->partial_rotary = 1.0f;
+    } else if (strcmp(c->model_type, "qwen3_5") == 0 || strcmp(c->model_type, "qwen3_5_text") == 0) {
+        c->arch = DFL_ARCH_QWEN3_5;
+        c->rope_theta = 1e7;
+        c->partial_rotary = 0.25f;
+        if (strcmp(c->model_type, "qwen3_5") == 0) {
+            tc = cJSON_GetObjectItemCaseSensitive(root, "text_config");
+            if (!cJSON_IsObject(tc)) {
+                dfl_seterr("%s: model_type qwen3_5 (vision-language) needs an object 'text_config'", where);
+                goto done;
+            }
+            c->text_config = 1;
+        }
+    } else {
+        dfl_seterr("%s: unsupported model_type '%s'; supported: " SUPPORTED, where, c->model_type);
+        goto done;
+    }
+    if (parse_common(c, tc, where) || get_int(tc, "vocab_size", where, 1, &c->vocab) ||
+        positive(where, "vocab_size", c->vocab))
+        goto done;
+    /* Tied embeddings: top level and text_config may both say; they must agree. */
+    int tie_top = 0, tie_text = 0, has_top = 0, has_text = 0;
+    if (get_bool(root, "tie_word_embeddings", where, &tie_top, &has_top)) goto done;
+    if (tc != root && get_bool(tc, "tie_word_embeddings", where, &tie_text, &has_text)) goto done;
+    if (has_top && has_text && tie_top != tie_text) {
+        dfl_seterr("%s: tie_word_embeddings is %s at top level but %s in text_config", where,
+                   tie_top ? "true" : "false", tie_text ? "true" : "false");
+        goto done;
+    }
+    c->tie_embeddings = has_text ? tie_text : tie_top;
+    if (c->arch == DFL_ARCH_QWEN3_5) {
+        int interval = 4;
+        c->lin_k_heads = 16, c->lin_v_heads = 32, c->lin_k_dim = 128, c->lin_v_dim = 128, c->conv_kernel = 4;
+        if (get_int(tc, "full_attention_interval", where, 0, &interval) ||
+            get_int(tc, "linear_num_key_heads", where, 0, &c->lin_k_heads) ||
+            get_int(tc, "linear_num_value_heads", where, 0, &c->lin_v_heads) ||
+            get_int(tc, "linear_key_head_dim", where, 0, &c->lin_k_dim) ||
+            get_int(tc, "linear_value_head_dim", where, 0, &c->lin_v_dim) ||
+            get_int(tc, "linear_conv_kernel_dim", where, 0, &c->conv_kernel))
+            goto done;
+        if (positive(where, "linear_num_key_heads", c->lin_k_heads) ||
+            positive(where, "linear_num_value_heads", c->lin_v_heads) ||
+            positive(where, "linear_key_head_dim", c->lin_k_dim) ||
+            positive(where, "linear_value_head_dim", c->lin_v_dim) ||
+            positive(where, "linear_conv_kernel_dim", c->conv_kernel) ||
+            positive(where, "full_attention_interval", interval))
+            goto done;
+        if (c->lin_v_heads % c->lin_k_heads) {
+            dfl_seterr("%s: linear_num_value_heads (%d) is not a multiple of linear_num_key_heads (%d)", where,
+                       c->lin_v_heads, c->lin_k_heads);
+            goto done;
+        }
+        if (c->lin_k_dim > 512 || c->lin_v_dim > 512 || c->conv_kernel > 16) {
+            dfl_seterr("%s: linear attention sizes beyond what dfl supports (key/value head dim <= 512, conv kernel "
+                       "<= 16; found %d, %d, %d)", where, c->lin_k_dim, c->lin_v_dim, c->conv_kernel);
+            goto done;
+        }
+        if (parse_layer_types(c, tc, where, interval)) goto done;
+        for (int i = 0; i < c->n_layers; i++)
+            if (c->layer_types[i] == DFL_LAYER_SLIDING) {
+                dfl_seterr("%s: layer_types[%d] = sliding_attention is not a Qwen3.5 layer type", where, i);
+                goto done;
+            }
+    } else {
+        for (int i = 0; i < c->n_layers; i++) c->layer_types[i] = DFL_LAYER_FULL;
+        const cJSON *sw = cJSON_GetObjectItemCaseSensitive(root, "use_sliding_window");
+        if (cJSON_IsTrue(sw)) {
+            dfl_seterr("%s: use_sliding_window = true is not supported for qwen3 targets", where);
+            goto done;
+        }
+    }
+    parse_eos(c, tc);
+    if (tc != root) parse_eos(c, root);
+    rc = DFL_OK;
+done:
+    cJSON_Delete(root);
+    return rc;
+}
+
+int config_load(dfl_config *c, const char *dir) {
+    char *path = dfl_path_join(dir, "config.json");
+    char *text = dfl_read_file(path, NULL);
+    if (!text) {
+        free(path);
+        return DFL_ERR;
+    }
+    int rc = config_parse(c, text, path);
+    free(text);
+    free(path);
+    return rc;
+}

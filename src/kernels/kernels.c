@@ -1,0 +1,100 @@
+/* Generic C kernels (float32 compute over F32/F16/BF16 weights), OpenMP-threaded. */
+#include "dfl/kernels.h"
+
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+void kn_mat_row(const dfl_mat *w, int row, float *out) {
+    size_t off = (size_t)row * (size_t)w->cols;
+    int n = w->cols;
+    switch (w->dtype) {
+    case ST_F32:
+        memcpy(out, (const float *)w->data + off, (size_t)n * sizeof(float));
+        break;
+    case ST_BF16: {
+        const uint16_t *p = (const uint16_t *)w->data + off;
+        for (int i = 0; i < n; i++) out[i] = st_bf16_to_f32(p[i]);
+        break;
+    }
+    case ST_F16: {
+        const uint16_t *p = (const uint16_t *)w->data + off;
+        for (int i = 0; i < n; i++) out[i] = st_f16_to_f32(p[i]);
+        break;
+    }
+    default:
+        abort(); /* the loader refuses other dtypes before any compute */
+    }
+}
+
+static float dot_f32(const float *a, const float *b, int n) {
+    float s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+    int i = 0;
+    for (; i + 4 <= n; i += 4) {
+        s0 += a[i] * b[i];
+        s1 += a[i + 1] * b[i + 1];
+        s2 += a[i + 2] * b[i + 2];
+        s3 += a[i + 3] * b[i + 3];
+    }
+    for (; i < n; i++) s0 += a[i] * b[i];
+    return (s0 + s1) + (s2 + s3);
+}
+
+void kn_matmul(float *y, const float *x, const dfl_mat *w, int n) {
+    const int rows = w->rows, cols = w->cols;
+#pragma omp parallel
+    {
+        float *row = w->dtype == ST_F32 ? NULL : malloc((size_t)cols * sizeof(float));
+#pragma omp for schedule(static)
+        for (int r = 0; r < rows; r++) {
+            const float *wr;
+            if (w->dtype == ST_F32) {
+                wr = (const float *)w->data + (size_t)r * cols;
+            } else {
+                kn_mat_row(w, r, row);
+                wr = row;
+            }
+            for (int t = 0; t < n; t++) y[(size_t)t * rows + r] = dot_f32(wr, x + (size_t)t * cols, cols);
+        }
+        free(row);
+    }
+}
+
+void kn_rmsnorm(float *y, const float *x, const float *w, int n, float eps) {
+    float ss = 0;
+    for (int i = 0; i < n; i++) ss += x[i] * x[i];
+    float r = 1.0f / sqrtf(ss / (float)n + eps);
+    for (int i = 0; i < n; i++) y[i] = w[i] * (x[i] * r);
+}
+
+void kn_swiglu(float *a, const float *b, int n) {
+    for (int i = 0; i < n; i++) a[i] = kn_silu(a[i]) * b[i];
+}
+
+void kn_rope(float *x, const float *cos, const float *sin, int rot) {
+    int half = rot / 2;
+    for (int i = 0; i < half; i++) {
+        float a = x[i], b = x[i + half];
+        x[i] = a * cos[i] - b * sin[i];
+        x[i + half] = b * cos[i] + a * sin[i];
+    }
+}
+
+void kn_softmax(float *x, int n) {
+    float m = x[0];
+    for (int i = 1; i < n; i++) m = x[i] > m ? x[i] : m;
+    float s = 0;
+    for (int i = 0; i < n; i++) {
+        x[i] = expf(x[i] - m);
+        s += x[i];
+    }
+    float inv = 1.0f / s;
+    for (int i = 0; i < n; i++) x[i] *= inv;
+}
+
+int kn_argmax(const float *x, int n) {
+    int best = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[best]) best = i;
+    return best;
+}

@@ -1,0 +1,132 @@
+/* DFlash drafter checkpoint loading and compatibility with a target. */
+#include "dfl/drafter.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dfl/common.h"
+#include "models/loader.h"
+
+static const char *const drafter_prefixes[] = {"", "model.", NULL};
+
+static int bind_dlayer(dfl_drafter *d, ld_ctx *c, int i) {
+    const dfl_config *g = &d->cfg;
+    dfl_dlayer_w *l = &d->layers[i];
+    const int H = g->hidden, hd = g->head_dim;
+    char n[512];
+#define NAME(fmt) (snprintf(n, sizeof n, "%slayers.%d." fmt, d->prefix, i), n)
+    l->type = g->layer_types[i];
+    if (!(l->input_norm = ld_vec1(c, NAME("input_layernorm.weight"), H, 0))) return DFL_ERR;
+    if (!(l->post_norm = ld_vec1(c, NAME("post_attention_layernorm.weight"), H, 0))) return DFL_ERR;
+    if (ld_mat(c, NAME("self_attn.q_proj.weight"), g->n_heads * hd, H, &l->q_proj) ||
+        ld_mat(c, NAME("self_attn.k_proj.weight"), g->n_kv_heads * hd, H, &l->k_proj) ||
+        ld_mat(c, NAME("self_attn.v_proj.weight"), g->n_kv_heads * hd, H, &l->v_proj) ||
+        ld_mat(c, NAME("self_attn.o_proj.weight"), H, g->n_heads * hd, &l->o_proj))
+        return DFL_ERR;
+    if (!(l->q_norm = ld_vec1(c, NAME("self_attn.q_norm.weight"), hd, 0))) return DFL_ERR;
+    if (!(l->k_norm = ld_vec1(c, NAME("self_attn.k_norm.weight"), hd, 0))) return DFL_ERR;
+    if (ld_mat(c, NAME("mlp.gate_proj.weight"), g->intermediate, H, &l->gate) ||
+        ld_mat(c, NAME("mlp.up_proj.weight"), g->intermediate, H, &l->up) ||
+        ld_mat(c, NAME("mlp.down_proj.weight"), H, g->intermediate, &l->down))
+        return DFL_ERR;
+#undef NAME
+    return DFL_OK;
+}
+
+int drafter_open(dfl_drafter *d, const char *dir, int n_target_layers) {
+    memset(d, 0, sizeof *d);
+    d->dir = strdup(dir);
+    if (!dfl_is_dir(dir)) {
+        dfl_seterr("%s: not a directory", dir);
+        goto fail;
+    }
+    if (config_load(&d->cfg, dir) != DFL_OK) goto fail;
+    dfl_config *g = &d->cfg;
+    if (g->arch != DFL_ARCH_DFLASH) {
+        dfl_seterr("%s: not a DFlash drafter (architectures does not list DFlashDraftModel; model_type '%s')", dir,
+                   g->model_type);
+        goto fail;
+    }
+    if (g->n_target_ids == 0) {
+        if (n_target_layers <= 0) {
+            dfl_seterr("%s: config has neither target_layer_ids nor num_target_layers; the default layer ids need "
+                       "the target's layer count", dir);
+            goto fail;
+        }
+        g->n_target_layers = n_target_layers;
+        g->n_target_ids = g->n_layers;
+        g->target_ids_default = 1;
+        config_default_target_ids(n_target_layers, g->n_layers, g->target_layer_ids);
+    }
+    if (st_open_dir(&d->st, dir) != DFL_OK) goto fail;
+    d->prefix = NULL;
+    for (int i = 0; drafter_prefixes[i]; i++) {
+        char name[64];
+        snprintf(name, sizeof name, "%sfc.weight", drafter_prefixes[i]);
+        if (st_find(&d->st, name)) {
+            d->prefix = drafter_prefixes[i];
+            break;
+        }
+    }
+    if (!d->prefix) {
+        dfl_seterr("%s: missing tensor 'fc.weight' (looked for it with prefixes '' and 'model.')", dir);
+        goto fail;
+    }
+    d->used = calloc((size_t)d->st.n_tensors + 1, 1);
+    d->layers = calloc((size_t)g->n_layers, sizeof *d->layers);
+    ld_ctx c = {.st = &d->st, .where = dir, .used = d->used};
+    char n[128];
+    snprintf(n, sizeof n, "%sfc.weight", d->prefix);
+    if (ld_mat(&c, n, g->hidden, g->n_target_ids * g->hidden, &d->fc)) goto fail;
+    snprintf(n, sizeof n, "%shidden_norm.weight", d->prefix);
+    if (!(d->hidden_norm = ld_vec1(&c, n, g->hidden, 0))) goto fail;
+    snprintf(n, sizeof n, "%snorm.weight", d->prefix);
+    if (!(d->norm = ld_vec1(&c, n, g->hidden, 0))) goto fail;
+    for (int i = 0; i < g->n_layers; i++)
+        if (bind_dlayer(d, &c, i) != DFL_OK) goto fail;
+    for (int i = 0; i < d->st.n_tensors; i++)
+        if (d->used[i]) d->weight_bytes += d->st.tensors[i].nbytes;
+    return DFL_OK;
+fail:
+    drafter_close(d);
+    return DFL_ERR;
+}
+
+void drafter_close(dfl_drafter *d) {
+    if (d->layers) {
+        for (int i = 0; i < d->cfg.n_layers; i++) {
+            dfl_dlayer_w *l = &d->layers[i];
+            free(l->input_norm), free(l->post_norm), free(l->q_norm), free(l->k_norm);
+            dfl_mat *mats[] = {&l->q_proj, &l->k_proj, &l->v_proj, &l->o_proj, &l->gate, &l->up, &l->down};
+            for (size_t k = 0; k < sizeof mats / sizeof mats[0]; k++) ld_mat_free(mats[k]);
+        }
+        free(d->layers);
+    }
+    ld_mat_free(&d->fc);
+    free(d->hidden_norm);
+    free(d->norm);
+    free(d->used);
+    st_close(&d->st);
+    free(d->dir);
+    memset(d, 0, sizeof *d);
+}
+
+int drafter_check_target(const dfl_drafter *d, const dfl_model *t) {
+    const dfl_config *g = &d->cfg, *tc = &t->cfg;
+    char msg[2048] = "";
+    size_t k = 0;
+#define WHY(...) (k += (size_t)snprintf(msg + k, k < sizeof msg ? sizeof msg - k : 0, __VA_ARGS__))
+    if (g->hidden != tc->hidden) WHY("; hidden_size %d != target hidden_size %d", g->hidden, tc->hidden);
+    if (g->mask_token_id >= tc->vocab) WHY("; mask_token_id %d >= target vocab_size %d", g->mask_token_id, tc->vocab);
+    if (g->vocab && g->vocab != tc->vocab) WHY("; vocab_size %d != target vocab_size %d", g->vocab, tc->vocab);
+    for (int i = 0; i < g->n_target_ids; i++)
+        if (g->target_layer_ids[i] >= tc->n_layers)
+            WHY("; target_layer_ids[%d] = %d but the target has layers 0..%d", i, g->target_layer_ids[i],
+                tc->n_layers - 1);
+    if (g->n_target_layers && g->n_target_layers != tc->n_layers)
+        WHY("; num_target_layers %d != target num_hidden_layers %d", g->n_target_layers, tc->n_layers);
+#undef WHY
+    if (k) return dfl_seterr("drafter %s does not fit target %s: %s", d->dir, t->dir, msg + 2);
+    return DFL_OK;
+}

@@ -1,0 +1,413 @@
+/* Target forward pass (SPEC §2–3): Qwen3 dense and Qwen3.5 hybrid layers over a batch of n
+ * new tokens on top of the cached context; run-state allocation; rollback. */
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dfl/common.h"
+#include "dfl/model.h"
+
+static uint64_t mem_available(void) {
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (!f) return UINT64_MAX;
+    char line[256];
+    uint64_t kb = 0;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "MemAvailable: %llu kB", (unsigned long long *)&kb) == 1) break;
+    fclose(f);
+    return kb ? kb * 1024 : UINT64_MAX;
+}
+
+static int max3(int a, int b, int c) { return a > b ? (a > c ? a : c) : (b > c ? b : c); }
+
+/* Scratch floats per batch token. */
+static size_t scratch_per_token(const dfl_model *m) {
+    const dfl_config *g = &m->cfg;
+    size_t qw = (size_t)max3(g->n_heads * g->head_dim * 2, m->conv_dim, 1);
+    size_t aw = (size_t)max3(g->n_heads * g->head_dim, g->lin_v_heads * g->lin_v_dim, 1);
+    return 2 * (size_t)g->hidden + qw + 2 * (size_t)g->n_kv_heads * g->head_dim + aw +
+           (size_t)g->lin_v_heads * g->lin_v_dim + 2 * (size_t)g->lin_v_heads + 2 * (size_t)g->intermediate +
+           (size_t)g->rot_dim;
+}
+
+uint64_t state_bytes(const dfl_model *m, int max_ctx, int max_batch, int record) {
+    const dfl_config *g = &m->cfg;
+    uint64_t f = 0;
+    size_t lin = (size_t)(g->conv_kernel - 1) * m->conv_dim + (size_t)g->lin_v_heads * g->lin_k_dim * g->lin_v_dim;
+    for (int i = 0; i < g->n_layers; i++) {
+        if (g->layer_types[i] == DFL_LAYER_FULL) {
+            f += 2ull * max_ctx * g->n_kv_heads * g->head_dim;
+        } else {
+            f += lin;
+            if (record) f += lin + (uint64_t)max_batch * (m->conv_dim + 2 * g->lin_v_heads);
+        }
+    }
+    f += (uint64_t)max_batch * scratch_per_token(m);
+    f += (uint64_t)omp_get_max_threads() * max_ctx + g->rot_dim;
+    return f * sizeof(float);
+}
+
+#define ALLOC(p, nfloats)                                              \
+    do {                                                               \
+        (p) = calloc((size_t)(nfloats) > 0 ? (size_t)(nfloats) : 1, sizeof(float)); \
+        if (!(p)) goto oom;                                            \
+    } while (0)
+
+int state_init(dfl_state *s, const dfl_model *m, int max_ctx, int max_batch, int record) {
+    memset(s, 0, sizeof *s);
+    const dfl_config *g = &m->cfg;
+    if (max_ctx < 1 || max_batch < 1 || max_batch > max_ctx)
+        return dfl_seterr("state: invalid sizes (max context %d, max batch %d)", max_ctx, max_batch);
+    uint64_t need = state_bytes(m, max_ctx, max_batch, record), avail = mem_available();
+    if (need > avail)
+        return dfl_seterr("context of %d tokens needs %.2f GiB of cache and scratch, but only %.2f GiB of memory is "
+                          "available; lower --max-context",
+                          max_ctx, need / 1073741824.0, avail / 1073741824.0);
+    s->m = m;
+    s->max_ctx = max_ctx;
+    s->max_batch = max_batch;
+    s->record = record;
+    s->bytes = need;
+    int L = g->n_layers;
+    s->k_cache = calloc((size_t)L, sizeof(float *));
+    s->v_cache = calloc((size_t)L, sizeof(float *));
+    s->conv_state = calloc((size_t)L, sizeof(float *));
+    s->rec_state = calloc((size_t)L, sizeof(float *));
+    s->rec_conv0 = calloc((size_t)L, sizeof(float *));
+    s->rec_S0 = calloc((size_t)L, sizeof(float *));
+    s->rec_qkv = calloc((size_t)L, sizeof(float *));
+    s->rec_ab = calloc((size_t)L, sizeof(float *));
+    if (!s->k_cache || !s->v_cache || !s->conv_state || !s->rec_state || !s->rec_conv0 || !s->rec_S0 ||
+        !s->rec_qkv || !s->rec_ab)
+        goto oom;
+    const size_t kv = (size_t)g->n_kv_heads * g->head_dim;
+    const size_t conv = (size_t)(g->conv_kernel - 1) * m->conv_dim;
+    const size_t S = (size_t)g->lin_v_heads * g->lin_k_dim * g->lin_v_dim;
+    for (int i = 0; i < L; i++) {
+        if (g->layer_types[i] == DFL_LAYER_FULL) {
+            ALLOC(s->k_cache[i], (size_t)max_ctx * kv);
+            ALLOC(s->v_cache[i], (size_t)max_ctx * kv);
+        } else {
+            ALLOC(s->conv_state[i], conv);
+            ALLOC(s->rec_state[i], S);
+            if (record) {
+                ALLOC(s->rec_conv0[i], conv);
+                ALLOC(s->rec_S0[i], S);
+                ALLOC(s->rec_qkv[i], (size_t)max_batch * m->conv_dim);
+                ALLOC(s->rec_ab[i], (size_t)max_batch * 2 * g->lin_v_heads);
+            }
+        }
+    }
+    const size_t B = (size_t)max_batch;
+    const size_t qw = (size_t)max3(g->n_heads * g->head_dim * 2, m->conv_dim, 1);
+    const size_t aw = (size_t)max3(g->n_heads * g->head_dim, g->lin_v_heads * g->lin_v_dim, 1);
+    ALLOC(s->x, B * g->hidden);
+    ALLOC(s->xn, B * g->hidden);
+    ALLOC(s->q, B * qw);
+    ALLOC(s->k, B * kv);
+    ALLOC(s->v, B * kv);
+    ALLOC(s->att, B * aw);
+    ALLOC(s->z, B * g->lin_v_heads * g->lin_v_dim);
+    ALLOC(s->ab, B * 2 * g->lin_v_heads);
+    ALLOC(s->mlp1, B * g->intermediate);
+    ALLOC(s->mlp2, B * g->intermediate);
+    ALLOC(s->scores, (size_t)omp_get_max_threads() * max_ctx);
+    ALLOC(s->rope_cos, B * g->rot_dim / 2);
+    ALLOC(s->rope_sin, B * g->rot_dim / 2);
+    ALLOC(s->inv_freq, g->rot_dim / 2);
+    /* inv_freq_i = theta^(-2i/rot), in float32 as the reference computes it */
+    for (int i = 0; i < g->rot_dim / 2; i++)
+        s->inv_freq[i] = 1.0f / powf((float)g->rope_theta, (float)(2 * i) / (float)g->rot_dim);
+    return DFL_OK;
+oom:
+    state_free(s);
+    return dfl_seterr("out of memory allocating the run state (%.2f GiB)", need / 1073741824.0);
+}
+
+void state_free(dfl_state *s) {
+    if (s->m) {
+        for (int i = 0; i < s->m->cfg.n_layers; i++) {
+            if (s->k_cache) free(s->k_cache[i]), free(s->v_cache[i]);
+            if (s->conv_state) free(s->conv_state[i]), free(s->rec_state[i]);
+            if (s->rec_conv0) free(s->rec_conv0[i]), free(s->rec_S0[i]), free(s->rec_qkv[i]), free(s->rec_ab[i]);
+        }
+    }
+    free(s->k_cache), free(s->v_cache), free(s->conv_state), free(s->rec_state);
+    free(s->rec_conv0), free(s->rec_S0), free(s->rec_qkv), free(s->rec_ab);
+    free(s->x), free(s->xn), free(s->q), free(s->k), free(s->v), free(s->att), free(s->z), free(s->ab);
+    free(s->mlp1), free(s->mlp2), free(s->scores), free(s->rope_cos), free(s->rope_sin), free(s->inv_freq);
+    memset(s, 0, sizeof *s);
+}
+
+void state_reset(dfl_state *s) {
+    const dfl_config *g = &s->m->cfg;
+    const size_t conv = (size_t)(g->conv_kernel - 1) * s->m->conv_dim;
+    const size_t S = (size_t)g->lin_v_heads * g->lin_k_dim * g->lin_v_dim;
+    for (int i = 0; i < g->n_layers; i++)
+        if (g->layer_types[i] == DFL_LAYER_LINEAR) {
+            memset(s->conv_state[i], 0, conv * sizeof(float));
+            memset(s->rec_state[i], 0, S * sizeof(float));
+        }
+    s->n_past = 0;
+    s->rec_n = 0;
+}
+
+void model_embed(const dfl_model *m, int32_t token, float *out) { kn_mat_row(&m->embed, token, out); }
+
+void model_lm_head(const dfl_model *m, const float *x, float *logits, int n) { kn_matmul(logits, x, &m->lm_head, n); }
+
+/* ---- full attention layer ---------------------------------------------------------- */
+
+static void attention_layer(dfl_state *s, int li, int n) {
+    const dfl_model *m = s->m;
+    const dfl_config *g = &m->cfg;
+    const dfl_layer_w *l = &m->layers[li];
+    const int H = g->hidden, hd = g->head_dim, Hq = g->n_heads, Hkv = g->n_kv_heads, rot = g->rot_dim;
+    const int gated = g->arch == DFL_ARCH_QWEN3_5;
+    const int qstride = Hq * hd * (gated ? 2 : 1), kvw = Hkv * hd, p0 = s->n_past;
+    for (int t = 0; t < n; t++) kn_rmsnorm(s->xn + (size_t)t * H, s->x + (size_t)t * H, l->input_norm, H, g->rms_eps);
+    kn_matmul(s->q, s->xn, &l->q_proj, n);
+    kn_matmul(s->k, s->xn, &l->k_proj, n);
+    kn_matmul(s->v, s->xn, &l->v_proj, n);
+    float *kc = s->k_cache[li], *vc = s->v_cache[li];
+    /* per-head norms and rotation; new keys/values go straight into the cache */
+    for (int t = 0; t < n; t++) {
+        const float *cs = s->rope_cos + (size_t)t * rot / 2, *sn = s->rope_sin + (size_t)t * rot / 2;
+        for (int h = 0; h < Hq; h++) {
+            float *q = s->q + (size_t)t * qstride + (size_t)h * hd * (gated ? 2 : 1);
+            kn_rmsnorm(q, q, l->q_norm, hd, g->rms_eps);
+            kn_rope(q, cs, sn, rot);
+        }
+        for (int h = 0; h < Hkv; h++) {
+            float *k = s->k + (size_t)t * kvw + (size_t)h * hd;
+            kn_rmsnorm(k, k, l->k_norm, hd, g->rms_eps);
+            kn_rope(k, cs, sn, rot);
+        }
+        memcpy(kc + (size_t)(p0 + t) * kvw, s->k + (size_t)t * kvw, (size_t)kvw * sizeof(float));
+        memcpy(vc + (size_t)(p0 + t) * kvw, s->v + (size_t)t * kvw, (size_t)kvw * sizeof(float));
+    }
+    const float scale = 1.0f / sqrtf((float)hd);
+    const int group = Hq / Hkv;
+#pragma omp parallel for collapse(2) schedule(static)
+    for (int t = 0; t < n; t++) {
+        for (int h = 0; h < Hq; h++) {
+            float *sc = s->scores + (size_t)omp_get_thread_num() * s->max_ctx;
+            const float *q = s->q + (size_t)t * qstride + (size_t)h * hd * (gated ? 2 : 1);
+            const int kvh = h / group, len = p0 + t + 1; /* causal: keys 0..p0+t */
+            for (int j = 0; j < len; j++) {
+                const float *k = kc + (size_t)j * kvw + (size_t)kvh * hd;
+                float d = 0;
+                for (int i = 0; i < hd; i++) d += q[i] * k[i];
+                sc[j] = d * scale;
+            }
+            kn_softmax(sc, len);
+            float *o = s->att + (size_t)t * Hq * hd + (size_t)h * hd;
+            memset(o, 0, (size_t)hd * sizeof(float));
+            for (int j = 0; j < len; j++) {
+                const float *v = vc + (size_t)j * kvw + (size_t)kvh * hd;
+                const float p = sc[j];
+                for (int i = 0; i < hd; i++) o[i] += p * v[i];
+            }
+            if (gated) { /* output gate: the second half of this head's q_proj rows */
+                const float *gate = q + hd;
+                for (int i = 0; i < hd; i++) o[i] *= kn_sigmoid(gate[i]);
+            }
+        }
+    }
+    kn_matmul(s->xn, s->att, &l->o_proj, n);
+    for (size_t i = 0; i < (size_t)n * H; i++) s->x[i] += s->xn[i];
+}
+
+/* ---- Gated DeltaNet layer ---------------------------------------------------------- */
+
+/* Advance one linear layer's conv window and recurrent state over n tokens.
+ * qkv: [n, conv_dim] pre-conv projections, overwritten with the conv+SiLU output.
+ * ab:  [n, 2*Hv] raw a | b projections. out: [n, Hv*dv] core output, or NULL (state only). */
+static void gated_delta(const dfl_model *m, const dfl_layer_w *l, float *conv_state, float *S, float *qkv,
+                        const float *ab, int n, float *out) {
+    const dfl_config *g = &m->cfg;
+    const int C = m->conv_dim, K = g->conv_kernel, Hk = g->lin_k_heads, Hv = g->lin_v_heads;
+    const int dk = g->lin_k_dim, dv = g->lin_v_dim, ratio = Hv / Hk;
+    /* depthwise causal conv per channel: w[K-1] multiplies the current token */
+#pragma omp parallel for schedule(static)
+    for (int c = 0; c < C; c++) {
+        float win[16];
+        const float *w = l->conv_w + (size_t)c * K;
+        for (int j = 0; j < K - 1; j++) win[j] = conv_state[(size_t)j * C + c];
+        for (int t = 0; t < n; t++) {
+            float raw = qkv[(size_t)t * C + c], acc = w[K - 1] * raw;
+            for (int j = 0; j < K - 1; j++) acc += w[j] * win[j];
+            for (int j = 0; j + 1 < K - 1; j++) win[j] = win[j + 1];
+            if (K > 1) win[K - 2] = raw;
+            qkv[(size_t)t * C + c] = kn_silu(acc);
+        }
+        for (int j = 0; j < K - 1; j++) conv_state[(size_t)j * C + c] = win[j];
+    }
+    const float qscale = 1.0f / sqrtf((float)dk);
+#pragma omp parallel for schedule(static)
+    for (int h = 0; h < Hv; h++) {
+        float qn[512], kn[512], u[512];
+        float *Sh = S + (size_t)h * dk * dv; /* [dk][dv] */
+        const int kh = h / ratio;
+        for (int t = 0; t < n; t++) {
+            const float *row = qkv + (size_t)t * C;
+            const float *q = row + (size_t)kh * dk, *k = row + (size_t)Hk * dk + (size_t)kh * dk;
+            const float *v = row + 2 * (size_t)Hk * dk + (size_t)h * dv;
+            float sq = 0, sk = 0;
+            for (int i = 0; i < dk; i++) sq += q[i] * q[i], sk += k[i] * k[i];
+            const float rq = 1.0f / sqrtf(sq + 1e-6f), rk = 1.0f / sqrtf(sk + 1e-6f);
+            for (int i = 0; i < dk; i++) qn[i] = q[i] * rq * qscale, kn[i] = k[i] * rk;
+            const float a = ab[(size_t)t * 2 * Hv + h], b = ab[(size_t)t * 2 * Hv + Hv + h];
+            const float beta = kn_sigmoid(b);
+            const float decay = expf(l->neg_exp_A[h] * kn_softplus(a + l->dt_bias[h]));
+            for (int j = 0; j < dv; j++) u[j] = 0;
+            for (int i = 0; i < dk; i++) {
+                float *Si = Sh + (size_t)i * dv;
+                for (int j = 0; j < dv; j++) {
+                    Si[j] *= decay;
+                    u[j] += Si[j] * kn[i];
+                }
+            }
+            for (int j = 0; j < dv; j++) u[j] = (v[j] - u[j]) * beta; /* delta */
+            if (out) {
+                float *o = out + (size_t)t * Hv * dv + (size_t)h * dv;
+                for (int j = 0; j < dv; j++) o[j] = 0;
+                for (int i = 0; i < dk; i++) {
+                    float *Si = Sh + (size_t)i * dv;
+                    for (int j = 0; j < dv; j++) {
+                        Si[j] += kn[i] * u[j];
+                        o[j] += Si[j] * qn[i];
+                    }
+                }
+            } else {
+                for (int i = 0; i < dk; i++) {
+                    float *Si = Sh + (size_t)i * dv;
+                    for (int j = 0; j < dv; j++) Si[j] += kn[i] * u[j];
+                }
+            }
+        }
+    }
+}
+
+static void linear_layer(dfl_state *s, int li, int n) {
+    const dfl_model *m = s->m;
+    const dfl_config *g = &m->cfg;
+    const dfl_layer_w *l = &m->layers[li];
+    const int H = g->hidden, Hv = g->lin_v_heads, dv = g->lin_v_dim, C = m->conv_dim;
+    for (int t = 0; t < n; t++) kn_rmsnorm(s->xn + (size_t)t * H, s->x + (size_t)t * H, l->input_norm, H, g->rms_eps);
+    kn_matmul(s->q, s->xn, &l->in_qkv, n);
+    kn_matmul(s->z, s->xn, &l->in_z, n);
+    /* a and b side by side: ab[t] = [a_0..a_Hv-1 | b_0..b_Hv-1] */
+    kn_matmul(s->att, s->xn, &l->in_a, n);
+    kn_matmul(s->att + (size_t)n * Hv, s->xn, &l->in_b, n);
+    for (int t = 0; t < n; t++) {
+        memcpy(s->ab + (size_t)t * 2 * Hv, s->att + (size_t)t * Hv, (size_t)Hv * sizeof(float));
+        memcpy(s->ab + (size_t)t * 2 * Hv + Hv, s->att + (size_t)n * Hv + (size_t)t * Hv, (size_t)Hv * sizeof(float));
+    }
+    if (s->record) {
+        const size_t conv = (size_t)(g->conv_kernel - 1) * C, S = (size_t)Hv * g->lin_k_dim * dv;
+        memcpy(s->rec_conv0[li], s->conv_state[li], conv * sizeof(float));
+        memcpy(s->rec_S0[li], s->rec_state[li], S * sizeof(float));
+        memcpy(s->rec_qkv[li], s->q, (size_t)n * C * sizeof(float));
+        memcpy(s->rec_ab[li], s->ab, (size_t)n * 2 * Hv * sizeof(float));
+    }
+    gated_delta(m, l, s->conv_state[li], s->rec_state[li], s->q, s->ab, n, s->att);
+    /* gated RMSNorm per (token, value head): w * norm(o) * silu(z) */
+    for (int t = 0; t < n; t++)
+        for (int h = 0; h < Hv; h++) {
+            float *o = s->att + (size_t)t * Hv * dv + (size_t)h * dv;
+            const float *z = s->z + (size_t)t * Hv * dv + (size_t)h * dv;
+            kn_rmsnorm(o, o, l->gnorm, dv, g->rms_eps);
+            for (int j = 0; j < dv; j++) o[j] *= kn_silu(z[j]);
+        }
+    kn_matmul(s->xn, s->att, &l->out_proj, n);
+    for (size_t i = 0; i < (size_t)n * H; i++) s->x[i] += s->xn[i];
+}
+
+static void mlp(dfl_state *s, int li, int n) {
+    const dfl_config *g = &s->m->cfg;
+    const dfl_layer_w *l = &s->m->layers[li];
+    const int H = g->hidden, I = g->intermediate;
+    for (int t = 0; t < n; t++) kn_rmsnorm(s->xn + (size_t)t * H, s->x + (size_t)t * H, l->post_norm, H, g->rms_eps);
+    kn_matmul(s->mlp1, s->xn, &l->gate, n);
+    kn_matmul(s->mlp2, s->xn, &l->up, n);
+    kn_swiglu(s->mlp1, s->mlp2, n * I);
+    kn_matmul(s->xn, s->mlp1, &l->down, n);
+    for (size_t i = 0; i < (size_t)n * H; i++) s->x[i] += s->xn[i];
+}
+
+int model_forward(dfl_state *s, const int32_t *tokens, int n, float *logits, int logits_last_only,
+                  const dfl_capture *cap) {
+    const dfl_model *m = s->m;
+    const dfl_config *g = &m->cfg;
+    const int H = g->hidden;
+    if (n < 1 || n > s->max_batch)
+        return dfl_seterr("forward of %d tokens: batch must be in [1, %d]", n, s->max_batch);
+    if (s->n_past + n > s->max_ctx)
+        return dfl_seterr("context full: %d cached + %d new tokens exceed the maximum context of %d", s->n_past, n,
+                          s->max_ctx);
+    for (int t = 0; t < n; t++)
+        if (tokens[t] < 0 || tokens[t] >= g->vocab)
+            return dfl_seterr("token id %d at batch position %d is outside the vocabulary [0, %d)", tokens[t], t,
+                              g->vocab);
+    if (cap)
+        for (int i = 0; i < cap->n_layers; i++)
+            if (cap->layers[i] < 0 || cap->layers[i] >= g->n_layers)
+                return dfl_seterr("capture layer %d: the model has decoder layers 0..%d", cap->layers[i],
+                                  g->n_layers - 1);
+    for (int t = 0; t < n; t++) {
+        model_embed(m, tokens[t], s->x + (size_t)t * H);
+        const float p = (float)(s->n_past + t);
+        for (int i = 0; i < g->rot_dim / 2; i++) {
+            const float f = p * s->inv_freq[i];
+            s->rope_cos[(size_t)t * g->rot_dim / 2 + i] = cosf(f);
+            s->rope_sin[(size_t)t * g->rot_dim / 2 + i] = sinf(f);
+        }
+    }
+    s->rec_n_past = s->n_past;
+    s->rec_n = s->record ? n : 0;
+    for (int li = 0; li < g->n_layers; li++) {
+        if (g->layer_types[li] == DFL_LAYER_FULL) attention_layer(s, li, n);
+        else linear_layer(s, li, n);
+        mlp(s, li, n);
+        if (cap)
+            for (int c = 0; c < cap->n_layers; c++)
+                if (cap->layers[c] == li)
+                    for (int t = 0; t < n; t++)
+                        memcpy(cap->out + ((size_t)t * cap->n_layers + c) * H, s->x + (size_t)t * H,
+                               (size_t)H * sizeof(float));
+    }
+    s->n_past += n;
+    if (logits) {
+        const int first = logits_last_only ? n - 1 : 0, rows = n - first;
+        for (int t = first; t < n; t++)
+            kn_rmsnorm(s->xn + (size_t)(t - first) * H, s->x + (size_t)t * H, m->final_norm, H, g->rms_eps);
+        model_lm_head(m, s->xn, logits, rows);
+    }
+    return DFL_OK;
+}
+
+int state_rollback(dfl_state *s, int keep) {
+    const dfl_model *m = s->m;
+    const dfl_config *g = &m->cfg;
+    if (keep == s->n_past) return DFL_OK;
+    if (!s->record || keep < s->rec_n_past || keep > s->rec_n_past + s->rec_n)
+        return dfl_seterr("rollback to %d: only positions %d..%d of the last recorded forward can be restored", keep,
+                          s->rec_n_past, s->rec_n_past + s->rec_n);
+    const int n_keep = keep - s->rec_n_past, C = m->conv_dim, Hv = g->lin_v_heads;
+    const size_t conv = (size_t)(g->conv_kernel - 1) * C, S = (size_t)Hv * g->lin_k_dim * g->lin_v_dim;
+    for (int li = 0; li < g->n_layers; li++) {
+        if (g->layer_types[li] != DFL_LAYER_LINEAR) continue;
+        memcpy(s->conv_state[li], s->rec_conv0[li], conv * sizeof(float));
+        memcpy(s->rec_state[li], s->rec_S0[li], S * sizeof(float));
+        if (n_keep > 0) {
+            memcpy(s->q, s->rec_qkv[li], (size_t)n_keep * C * sizeof(float));
+            gated_delta(m, &m->layers[li], s->conv_state[li], s->rec_state[li], s->q, s->rec_ab[li], n_keep, NULL);
+        }
+    }
+    /* attention KV beyond keep is simply overwritten by the next forward */
+    s->n_past = keep;
+    s->rec_n = n_keep;
+    return DFL_OK;
+}

@@ -1,0 +1,225 @@
+/* Target checkpoint loading: layout identification, tensor binding with shape checks,
+ * eos ids, component inventory. */
+#include "dfl/model.h"
+
+#include <cjson/cJSON.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dfl/common.h"
+#include "models/loader.h"
+
+/* Explicit table of text-trunk prefixes (never guessed). The first is the text-only export;
+ * the others are vision-language layouts. */
+const char *const dfl_text_prefixes[] = {
+    "model.",                /* Qwen3ForCausalLM, Qwen3_5ForCausalLM (text-only) */
+    "model.language_model.", /* Qwen3.5/3.6 released VLM checkpoints */
+    "language_model.model.", /* older Qwen VLM exports */
+    "model.text_model.",     /* other VLM exports */
+    NULL,
+};
+
+static const char *const vision_prefixes[] = {"model.visual.", "visual.", "model.vision_tower.", "vision_tower.",
+                                              "model.vision_model.", NULL};
+
+const char *model_layout_name(dfl_layout l) {
+    return l == DFL_LAYOUT_TEXT ? "text" : l == DFL_LAYOUT_VLM ? "vlm" : "drafter";
+}
+
+const char *model_component_name(dfl_component c) {
+    static const char *names[] = {"text", "vision", "mtp", "other"};
+    return c < DFL_COMP_COUNT ? names[c] : "?";
+}
+
+static int starts_with(const char *s, const char *p) { return strncmp(s, p, strlen(p)) == 0; }
+
+dfl_component model_component(const dfl_model *m, const char *name) {
+    for (int i = 0; vision_prefixes[i]; i++)
+        if (starts_with(name, vision_prefixes[i])) return DFL_COMP_VISION;
+    if (starts_with(name, "mtp.") || starts_with(name, "model.mtp.")) return DFL_COMP_MTP;
+    if (m->prefix && starts_with(name, m->prefix)) {
+        /* "model." also prefixes the VLM tower names handled above */
+        return DFL_COMP_TEXT;
+    }
+    if (strcmp(name, "lm_head.weight") == 0) return DFL_COMP_TEXT;
+    return DFL_COMP_OTHER;
+}
+
+/* Which known prefix holds the text trunk: exactly one must have <prefix>embed_tokens.weight
+ * and <prefix>layers.0.*; a text-only prefix "model." also matches names of VLM towers, so
+ * matching is on the embedding name. */
+static int find_prefix(dfl_model *m) {
+    int found = -1;
+    for (int i = 0; dfl_text_prefixes[i]; i++) {
+        char name[256];
+        snprintf(name, sizeof name, "%sembed_tokens.weight", dfl_text_prefixes[i]);
+        if (!st_find(&m->st, name)) continue;
+        if (found >= 0)
+            return dfl_seterr("%s: ambiguous checkpoint: both '%sembed_tokens.weight' and '%s' exist", m->dir,
+                              dfl_text_prefixes[found], name);
+        found = i;
+    }
+    if (found < 0) {
+        char tried[512] = "";
+        for (int i = 0; dfl_text_prefixes[i]; i++) {
+            strncat(tried, i ? ", " : "", sizeof tried - strlen(tried) - 1);
+            strncat(tried, dfl_text_prefixes[i], sizeof tried - strlen(tried) - 1);
+        }
+        return dfl_seterr("%s: no text embedding found: looked for <prefix>embed_tokens.weight with prefixes %s",
+                          m->dir, tried);
+    }
+    m->prefix = dfl_text_prefixes[found];
+    m->layout = found == 0 ? DFL_LAYOUT_TEXT : DFL_LAYOUT_VLM;
+    return DFL_OK;
+}
+
+static void add_eos(dfl_model *m, int id) {
+    for (int i = 0; i < m->n_eos; i++)
+        if (m->eos_ids[i] == id) return;
+    if (m->n_eos < DFL_MAX_EOS && id >= 0) m->eos_ids[m->n_eos++] = id;
+}
+
+/* eos ids from generation_config.json and tokenizer_config.json (token string mapped through
+ * its added_tokens_decoder). Both files are optional. */
+static void load_eos(dfl_model *m) {
+    for (int i = 0; i < m->cfg.n_eos; i++) add_eos(m, m->cfg.eos_ids[i]);
+    char *p = dfl_path_join(m->dir, "generation_config.json");
+    char *text = dfl_is_file(p) ? dfl_read_file(p, NULL) : NULL;
+    free(p);
+    cJSON *j = text ? cJSON_Parse(text) : NULL;
+    free(text);
+    const cJSON *e = j ? cJSON_GetObjectItemCaseSensitive(j, "eos_token_id") : NULL;
+    if (cJSON_IsNumber(e)) add_eos(m, (int)e->valuedouble);
+    else if (cJSON_IsArray(e)) {
+        const cJSON *x;
+        cJSON_ArrayForEach(x, e) if (cJSON_IsNumber(x)) add_eos(m, (int)x->valuedouble);
+    }
+    cJSON_Delete(j);
+    p = dfl_path_join(m->dir, "tokenizer_config.json");
+    text = dfl_is_file(p) ? dfl_read_file(p, NULL) : NULL;
+    free(p);
+    j = text ? cJSON_Parse(text) : NULL;
+    free(text);
+    const cJSON *tok = j ? cJSON_GetObjectItemCaseSensitive(j, "eos_token") : NULL;
+    if (cJSON_IsObject(tok)) tok = cJSON_GetObjectItemCaseSensitive(tok, "content");
+    const cJSON *dec = j ? cJSON_GetObjectItemCaseSensitive(j, "added_tokens_decoder") : NULL;
+    if (cJSON_IsString(tok) && cJSON_IsObject(dec)) {
+        const cJSON *x;
+        cJSON_ArrayForEach(x, dec) {
+            const cJSON *c = cJSON_GetObjectItemCaseSensitive(x, "content");
+            if (cJSON_IsString(c) && strcmp(c->valuestring, tok->valuestring) == 0) add_eos(m, atoi(x->string));
+        }
+    }
+    cJSON_Delete(j);
+}
+
+static int bind_layer(dfl_model *m, ld_ctx *c, int i) {
+    const dfl_config *g = &m->cfg;
+    dfl_layer_w *l = &m->layers[i];
+    const int H = g->hidden, hd = g->head_dim;
+    const float norm_add = g->arch == DFL_ARCH_QWEN3_5 ? 1.0f : 0.0f; /* Qwen3.5 norms are 1 + w */
+    char n[512];
+#define NAME(fmt) (snprintf(n, sizeof n, "%slayers.%d." fmt, m->prefix, i), n)
+    l->type = g->layer_types[i];
+    if (!(l->input_norm = ld_vec1(c, NAME("input_layernorm.weight"), H, norm_add))) return DFL_ERR;
+    if (!(l->post_norm = ld_vec1(c, NAME("post_attention_layernorm.weight"), H, norm_add))) return DFL_ERR;
+    if (l->type == DFL_LAYER_FULL) {
+        int qrows = g->n_heads * hd * (g->arch == DFL_ARCH_QWEN3_5 ? 2 : 1);
+        if (ld_mat(c, NAME("self_attn.q_proj.weight"), qrows, H, &l->q_proj) ||
+            ld_mat(c, NAME("self_attn.k_proj.weight"), g->n_kv_heads * hd, H, &l->k_proj) ||
+            ld_mat(c, NAME("self_attn.v_proj.weight"), g->n_kv_heads * hd, H, &l->v_proj) ||
+            ld_mat(c, NAME("self_attn.o_proj.weight"), H, g->n_heads * hd, &l->o_proj))
+            return DFL_ERR;
+        if (!(l->q_norm = ld_vec1(c, NAME("self_attn.q_norm.weight"), hd, norm_add))) return DFL_ERR;
+        if (!(l->k_norm = ld_vec1(c, NAME("self_attn.k_norm.weight"), hd, norm_add))) return DFL_ERR;
+    } else {
+        const int Hv = g->lin_v_heads, dv = g->lin_v_dim;
+        if (ld_mat(c, NAME("linear_attn.in_proj_qkv.weight"), m->conv_dim, H, &l->in_qkv) ||
+            ld_mat(c, NAME("linear_attn.in_proj_z.weight"), Hv * dv, H, &l->in_z) ||
+            ld_mat(c, NAME("linear_attn.in_proj_b.weight"), Hv, H, &l->in_b) ||
+            ld_mat(c, NAME("linear_attn.in_proj_a.weight"), Hv, H, &l->in_a) ||
+            ld_mat(c, NAME("linear_attn.out_proj.weight"), H, Hv * dv, &l->out_proj))
+            return DFL_ERR;
+        const int64_t conv_shape[3] = {m->conv_dim, 1, g->conv_kernel};
+        if (!(l->conv_w = ld_vec(c, NAME("linear_attn.conv1d.weight"), 3, conv_shape, 0))) return DFL_ERR;
+        if (!(l->neg_exp_A = ld_vec1(c, NAME("linear_attn.A_log"), Hv, 0))) return DFL_ERR;
+        for (int h = 0; h < Hv; h++) l->neg_exp_A[h] = -expf(l->neg_exp_A[h]);
+        if (!(l->dt_bias = ld_vec1(c, NAME("linear_attn.dt_bias"), Hv, 0))) return DFL_ERR;
+        if (!(l->gnorm = ld_vec1(c, NAME("linear_attn.norm.weight"), dv, 0))) return DFL_ERR;
+    }
+    if (ld_mat(c, NAME("mlp.gate_proj.weight"), g->intermediate, H, &l->gate) ||
+        ld_mat(c, NAME("mlp.up_proj.weight"), g->intermediate, H, &l->up) ||
+        ld_mat(c, NAME("mlp.down_proj.weight"), H, g->intermediate, &l->down))
+        return DFL_ERR;
+#undef NAME
+    return DFL_OK;
+}
+
+int model_open(dfl_model *m, const char *dir, int check_weights) {
+    memset(m, 0, sizeof *m);
+    m->dir = strdup(dir);
+    if (!dfl_is_dir(dir)) {
+        dfl_seterr("%s: not a directory", dir);
+        goto fail;
+    }
+    if (config_load(&m->cfg, dir) != DFL_OK) goto fail;
+    if (m->cfg.arch == DFL_ARCH_DFLASH) {
+        dfl_seterr("%s: this is a DFlash drafter (architectures: DFlashDraftModel), not a target model", dir);
+        goto fail;
+    }
+    if (st_open_dir(&m->st, dir) != DFL_OK) goto fail;
+    if (find_prefix(m) != DFL_OK) goto fail;
+    const dfl_config *g = &m->cfg;
+    m->conv_dim = 2 * g->lin_k_heads * g->lin_k_dim + g->lin_v_heads * g->lin_v_dim;
+    m->used = calloc((size_t)m->st.n_tensors + 1, 1);
+    m->layers = calloc((size_t)g->n_layers, sizeof *m->layers);
+    ld_ctx c = {.st = &m->st, .where = dir, .used = m->used, .check_weights = check_weights};
+    char n[256];
+    snprintf(n, sizeof n, "%sembed_tokens.weight", m->prefix);
+    if (ld_mat(&c, n, g->vocab, g->hidden, &m->embed)) goto fail;
+    snprintf(n, sizeof n, "%snorm.weight", m->prefix);
+    if (!(m->final_norm = ld_vec1(&c, n, g->hidden, g->arch == DFL_ARCH_QWEN3_5 ? 1.0f : 0.0f))) goto fail;
+    for (int i = 0; i < g->n_layers; i++)
+        if (bind_layer(m, &c, i) != DFL_OK) goto fail;
+    if (g->tie_embeddings) {
+        m->lm_head = m->embed;
+        m->lm_head.owned = NULL;
+    } else if (ld_mat(&c, "lm_head.weight", g->vocab, g->hidden, &m->lm_head)) {
+        dfl_preperr("tie_word_embeddings is false");
+        goto fail;
+    }
+    for (int i = 0; i < m->st.n_tensors; i++) {
+        const st_tensor *t = &m->st.tensors[i];
+        dfl_component k = model_component(m, t->name);
+        m->comp_count[k]++;
+        m->comp_bytes[k] += t->nbytes;
+        if (m->used[i]) m->weight_bytes += t->nbytes;
+    }
+    load_eos(m);
+    return DFL_OK;
+fail:
+    model_close(m);
+    return DFL_ERR;
+}
+
+void model_close(dfl_model *m) {
+    if (m->layers) {
+        for (int i = 0; i < m->cfg.n_layers; i++) {
+            dfl_layer_w *l = &m->layers[i];
+            free(l->input_norm), free(l->post_norm), free(l->q_norm), free(l->k_norm);
+            free(l->conv_w), free(l->neg_exp_A), free(l->dt_bias), free(l->gnorm);
+            dfl_mat *mats[] = {&l->q_proj, &l->k_proj,  &l->v_proj,     &l->o_proj, &l->in_qkv, &l->in_z,
+                               &l->in_b,   &l->in_a,    &l->out_proj,   &l->gate,   &l->up,     &l->down};
+            for (size_t k = 0; k < sizeof mats / sizeof mats[0]; k++) ld_mat_free(mats[k]);
+        }
+        free(m->layers);
+    }
+    ld_mat_free(&m->embed);
+    ld_mat_free(&m->lm_head);
+    free(m->final_norm);
+    free(m->used);
+    st_close(&m->st);
+    free(m->dir);
+    memset(m, 0, sizeof *m);
+}

@@ -1,0 +1,96 @@
+#include "dfl/common.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+static _Thread_local char errbuf[4096];
+
+int dfl_seterr(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(errbuf, sizeof errbuf, fmt, ap);
+    va_end(ap);
+    return DFL_ERR;
+}
+
+int dfl_preperr(const char *fmt, ...) {
+    char prefix[1024], old[sizeof errbuf];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(prefix, sizeof prefix, fmt, ap);
+    va_end(ap);
+    memcpy(old, errbuf, sizeof old);
+    size_t k = strlen(prefix);
+    if (k > sizeof errbuf - 3) k = sizeof errbuf - 3;
+    memcpy(errbuf, prefix, k);
+    memcpy(errbuf + k, ": ", 2);
+    size_t room = sizeof errbuf - k - 3, n = strlen(old);
+    if (n > room) n = room;
+    memcpy(errbuf + k + 2, old, n);
+    errbuf[k + 2 + n] = 0;
+    return DFL_ERR;
+}
+
+const char *dfl_errmsg(void) { return errbuf; }
+void dfl_clearerr(void) { errbuf[0] = 0; }
+
+double dfl_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+char *dfl_read_file(const char *path, size_t *len_out) {
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        dfl_seterr("%s: cannot open: %s", path, strerror(errno));
+        return NULL;
+    }
+    if (fseek(f, 0, SEEK_END) != 0) goto fail;
+    long n = ftell(f);
+    if (n < 0 || fseek(f, 0, SEEK_SET) != 0) goto fail;
+    char *buf = malloc((size_t)n + 1);
+    if (!buf) {
+        fclose(f);
+        dfl_seterr("%s: out of memory reading %ld bytes", path, n);
+        return NULL;
+    }
+    if (fread(buf, 1, (size_t)n, f) != (size_t)n) {
+        free(buf);
+        goto fail;
+    }
+    buf[n] = 0;
+    fclose(f);
+    if (len_out) *len_out = (size_t)n;
+    return buf;
+fail:
+    dfl_seterr("%s: read error: %s", path, strerror(errno));
+    fclose(f);
+    return NULL;
+}
+
+char *dfl_path_join(const char *dir, const char *name) {
+    size_t a = strlen(dir), b = strlen(name);
+    char *p = malloc(a + b + 2);
+    if (!p) return NULL;
+    memcpy(p, dir, a);
+    size_t k = a;
+    if (a > 0 && dir[a - 1] != '/') p[k++] = '/';
+    memcpy(p + k, name, b + 1);
+    return p;
+}
+
+int dfl_is_dir(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+int dfl_is_file(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISREG(st.st_mode);
+}
