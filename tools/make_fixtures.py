@@ -328,14 +328,16 @@ FIXTURES = {
 def stamp_ok(d, digest):
     try:
         with open(os.path.join(d, STAMP)) as f:
-            return json.load(f).get("hash") == digest
-    except (OSError, ValueError):
+            stamp = json.load(f)
+        return stamp.get("hash") == digest and all(os.path.exists(os.path.join(d, x)) for x in stamp["files"])
+    except (OSError, ValueError, KeyError):
         return False
 
 
 def write_stamp(d, name, digest):
+    files = sorted(os.listdir(d))
     with open(os.path.join(d, STAMP), "w") as f:
-        json.dump({"fixture": name, "hash": digest, "files": sorted(os.listdir(d))}, f)
+        json.dump({"fixture": name, "hash": digest, "files": files}, f)
         f.write("\n")
 
 

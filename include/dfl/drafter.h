@@ -43,4 +43,40 @@ void drafter_close(dfl_drafter *d);
  * size. Returns DFL_OK or DFL_ERR with every reason in the message. */
 int drafter_check_target(const dfl_drafter *d, const dfl_model *target);
 
+/* Drafter run state: context K/V per layer cached across rounds (positions 0..n_ctx-1, the
+ * committed positions whose target features were added); the block's K/V are never cached. */
+typedef struct dfl_dstate {
+    const dfl_drafter *d;
+    const dfl_model *t;   /* target: embedding and lm_head */
+    int max_ctx;          /* context positions */
+    int max_block;        /* block size B (tokens per draft forward) */
+    int n_ctx;            /* cached context positions = committed positions of the target */
+    float **k_ctx;        /* [Ld] [max_ctx, Hkv*hd] after k_norm and RoPE */
+    float **v_ctx;        /* [Ld] [max_ctx, Hkv*hd] */
+    /* scratch */
+    float *ctx;           /* [max_block, H] context vectors being added (fc + hidden_norm) */
+    float *x, *xn;        /* [B, H] */
+    float *q;             /* [B, Hq*hd] */
+    float *kb, *vb;       /* [B, Hkv*hd] block keys/values */
+    float *att;           /* [B, Hq*hd] */
+    float *mlp1, *mlp2;   /* [B, I] */
+    float *scores;        /* [threads, max_ctx + B] */
+    float *inv_freq;      /* [hd/2] */
+    uint64_t bytes;
+} dfl_dstate;
+
+int dstate_init(dfl_dstate *s, const dfl_drafter *d, const dfl_model *target, int max_ctx, int max_block);
+void dstate_free(dfl_dstate *s);
+void dstate_reset(dfl_dstate *s);
+
+/* Append context features for positions n_ctx..n_ctx+n-1: feat [n, n_feat*H] = the target's
+ * layer outputs at target_layer_ids, concatenated per position. Computes fc -> hidden_norm and
+ * every layer's context K/V. n may exceed max_block (processed in chunks). */
+int drafter_add_context(dfl_dstate *s, const float *feat, int n);
+
+/* Draft one block [anchor, MASK x (B-1)] at positions n_ctx..n_ctx+B-1 (the anchor's own
+ * position never has a feature: the context ends right before it). logits: [B-1, V], row k-1
+ * predicts the token at position n_ctx+k. */
+int drafter_draft(dfl_dstate *s, int32_t anchor, int B, float *logits);
+
 #endif

@@ -8,47 +8,94 @@
 #include "dfl/common.h"
 #include "dfl/model.h"
 #include "dfl/prompt.h"
+#include "dfl/spec.h"
 
 static const char *usage_text =
     "usage: dfl generate --target DIR (--prompt STR | --prompt-file F | --prompt-ids IDS)\n"
+    "                    [--drafter DIR [--block-size B]] [--temperature X --seed S]\n"
     "                    [--max-new N] [--chat MODE] [--max-context N] [--json] [--check-weights]\n"
     "\n"
-    "Greedy generation. Streams the text to stdout, stops at the model's eos ids (config.json,\n"
-    "generation_config.json, tokenizer_config.json) or after --max-new tokens.\n"
+    "Generate with the target, autoregressively or — with --drafter — by DFlash speculative\n"
+    "decoding with chain verification (lossless: the same tokens as without the drafter at\n"
+    "temperature 0, the same distribution when sampling). Streams the text to stdout and stops at\n"
+    "the model's eos ids (config.json, generation_config.json, tokenizer_config.json) or after\n"
+    "--max-new tokens.\n"
     "\n"
     "  --target DIR        target checkpoint (qwen3, qwen3_5 or qwen3_5_text)\n" CLI_PROMPT_HELP
+    "  --drafter DIR       DFlash drafter checkpoint (z-lab format)\n"
+    "  --block-size B      verification block (default: the drafter's block_size; 2..block_size)\n"
+    "  --temperature X     0 = greedy (default); > 0 samples (speculative sampling with a drafter)\n"
+    "  --seed S            sampling seed (default 0)\n"
     "  --max-new N         tokens to generate at most (default 128)\n"
     "  --max-context N     positions to allocate caches for (default prompt + max-new)\n"
     "  --ignore-eos        do not stop at eos ids\n"
     "  --json              print {\"tokens\": [...], \"text\": \"...\", \"stats\": {...}} at the end instead of\n"
-    "                      streaming; tokens are the generated ids only\n"
+    "                      streaming; tokens are the generated ids only. stats: prefill/decode times and\n"
+    "                      tokens/s; with a drafter also rounds, drafted, accepted, tau (mean accepted+1\n"
+    "                      per round), tau_token_weighted (tokens after the first / rounds), per_position\n"
+    "                      (acceptance rate of draft k), accept_hist, draft_s, verify_s, rollback_s\n"
     "  --check-weights     scan the weights for NaN/Inf at load\n";
 
-static int is_eos(const dfl_model *m, int id) {
-    for (int i = 0; i < m->n_eos; i++)
-        if (m->eos_ids[i] == id) return 1;
-    return 0;
-}
+typedef struct stream {
+    const dfl_tokenizer *tok;
+    int32_t *ids;
+    size_t n, printed;
+} stream;
 
 /* Print the not yet printed part of the decoded text, holding back a trailing replacement
  * character that may be an incomplete UTF-8 sequence. */
-static void stream_text(const dfl_tokenizer *tok, const int32_t *ids, size_t n, size_t *printed, int final) {
-    char *s = tok_decode(tok, ids, n, 1);
+static void stream_flush(stream *st, int final) {
+    char *s = tok_decode(st->tok, st->ids, st->n, 1);
     if (!s) return;
     size_t len = strlen(s);
     if (!final && len >= 3 && memcmp(s + len - 3, "\xef\xbf\xbd", 3) == 0) len -= 3;
-    if (len > *printed) {
-        fwrite(s + *printed, 1, len - *printed, stdout);
+    if (len > st->printed) {
+        fwrite(s + st->printed, 1, len - st->printed, stdout);
         fflush(stdout);
-        *printed = len;
+        st->printed = len;
     }
     free(s);
 }
 
+static int on_tokens(void *ud, const int32_t *toks, int n) {
+    stream *st = ud;
+    memcpy(st->ids + st->n, toks, (size_t)n * sizeof *toks);
+    st->n += (size_t)n;
+    stream_flush(st, 0);
+    return 0;
+}
+
+static void print_stats_json(const dfl_gen_stats *st, int drafting, const dfl_model *m, uint64_t state_bytes,
+                             long max_ctx, double t_load) {
+    const int gen = st->generated;
+    printf("\"stats\": {\"mode\": \"%s\", \"prompt_tokens\": %d, \"generated_tokens\": %d, \"stop\": \"%s\", "
+           "\"load_s\": %.6f, \"prefill_s\": %.6f, \"decode_s\": %.6f, \"prefill_tokens_per_s\": %.3f, "
+           "\"decode_tokens_per_s\": %.3f, \"weight_bytes\": %llu, \"state_bytes\": %llu, \"max_context\": %ld",
+           drafting ? "speculative" : "autoregressive", st->prompt_tokens, gen, st->stop, t_load, st->t_prefill,
+           st->t_decode, st->prompt_tokens / (st->t_prefill > 0 ? st->t_prefill : 1e-9),
+           (gen - 1) / (st->t_decode > 0 ? st->t_decode : 1e-9), (unsigned long long)m->weight_bytes,
+           (unsigned long long)state_bytes, max_ctx);
+    if (drafting) {
+        printf(", \"block_size\": %d, \"rounds\": %d, \"drafted\": %ld, \"accepted\": %ld, \"tau\": %.6f, "
+               "\"tau_token_weighted\": %.6f, \"draft_s\": %.6f, \"verify_s\": %.6f, \"rollback_s\": %.6f, "
+               "\"per_position\": [",
+               st->max_block, st->rounds, st->drafted, st->accepted, spec_tau(st), spec_tau_token_weighted(st),
+               st->t_draft, st->t_verify, st->t_rollback);
+        for (int k = 1; k < st->max_block; k++)
+            printf("%s%.6f", k > 1 ? ", " : "",
+                   st->pos_drafted[k] ? (double)st->pos_accepted[k] / st->pos_drafted[k] : 0.0);
+        printf("], \"accept_hist\": [");
+        for (int a = 0; a < st->max_block; a++) printf("%s%ld", a ? ", " : "", st->accept_hist[a]);
+        printf("]");
+    }
+    printf("}");
+}
+
 int cmd_generate(int argc, char **argv) {
-    const char *target = NULL;
+    const char *target = NULL, *drafter_dir = NULL;
     cli_prompt pr = {0};
-    long max_new = 128, max_ctx = 0;
+    long max_new = 128, max_ctx = 0, block = 0, seed = 0;
+    double temperature = 0;
     int json = 0, check = 0, ignore_eos = 0;
     for (int i = 1; i < argc; i++) {
         int r = cli_prompt_option("generate", &pr, argc, argv, &i);
@@ -59,6 +106,17 @@ int cmd_generate(int argc, char **argv) {
             return 0;
         } else if (strcmp(argv[i], "--target") == 0) {
             target = cli_value(argc, argv, &i);
+        } else if (strcmp(argv[i], "--drafter") == 0) {
+            drafter_dir = cli_value(argc, argv, &i);
+        } else if (strcmp(argv[i], "--block-size") == 0) {
+            if (cli_parse_long("generate", "--block-size", cli_value(argc, argv, &i), 1, DFL_MAX_BLOCK, &block))
+                return 2;
+        } else if (strcmp(argv[i], "--temperature") == 0) {
+            if (cli_parse_double("generate", "--temperature", cli_value(argc, argv, &i), &temperature)) return 2;
+            if (temperature < 0) return cli_usage_error("generate", "--temperature must be >= 0");
+        } else if (strcmp(argv[i], "--seed") == 0) {
+            if (cli_parse_long("generate", "--seed", cli_value(argc, argv, &i), 0, 0x7fffffffffffffffL, &seed))
+                return 2;
         } else if (strcmp(argv[i], "--max-new") == 0) {
             if (cli_parse_long("generate", "--max-new", cli_value(argc, argv, &i), 1, 1 << 24, &max_new)) return 2;
         } else if (strcmp(argv[i], "--max-context") == 0) {
@@ -74,91 +132,102 @@ int cmd_generate(int argc, char **argv) {
         }
     }
     if (!target) return cli_usage_error("generate", "missing --target DIR");
+    if (block && !drafter_dir) return cli_usage_error("generate", "--block-size needs --drafter");
     dfl_model m;
     double t0 = dfl_now();
     if (model_open(&m, target, check) != DFL_OK) return cli_fail("generate", "%s", dfl_errmsg());
+    dfl_drafter d;
+    int have_d = 0, rc = 0;
+    if (drafter_dir) {
+        if (drafter_open(&d, drafter_dir, m.cfg.n_layers) != DFL_OK) {
+            model_close(&m);
+            return cli_fail("generate", "%s", dfl_errmsg());
+        }
+        have_d = 1;
+        if (drafter_check_target(&d, &m) != DFL_OK) {
+            rc = cli_fail("generate", "%s", dfl_errmsg());
+            goto out0;
+        }
+        if (!block) block = d.cfg.block_size;
+        if (block < 2 || block > d.cfg.block_size) {
+            rc = cli_fail("generate", "--block-size %ld: must be in [2, %d] (the drafter's block_size)", block,
+                          d.cfg.block_size);
+            goto out0;
+        }
+    }
     double t_load = dfl_now() - t0;
     dfl_tokenizer *tok = NULL;
     int32_t *prompt = NULL;
     size_t n_prompt = 0;
-    int rc = cli_prompt_tokens("generate", &pr, target, 1, &tok, &prompt, &n_prompt);
-    if (rc) {
-        if (tok) tok_close(tok);
-        model_close(&m);
-        return rc;
-    }
+    rc = cli_prompt_tokens("generate", &pr, target, 1, &tok, &prompt, &n_prompt);
+    if (rc) goto out1;
     if (!max_ctx) max_ctx = (long)n_prompt + max_new;
     if ((long)n_prompt + max_new > max_ctx) {
         rc = cli_fail("generate", "prompt (%zu tokens) + --max-new %ld exceeds --max-context %ld", n_prompt, max_new,
                       max_ctx);
-        goto out;
+        goto out1;
     }
     if (m.cfg.max_position && max_ctx > m.cfg.max_position) {
         rc = cli_fail("generate", "context of %ld positions exceeds the model's max_position_embeddings %d", max_ctx,
                       m.cfg.max_position);
-        goto out;
+        goto out1;
     }
+    const int chunk = n_prompt < 512 ? (int)n_prompt : 512;
+    const int max_batch = chunk > block ? chunk : (int)block;
     dfl_state s;
-    if (state_init(&s, &m, (int)max_ctx, (int)n_prompt, 0) != DFL_OK) {
+    if (state_init(&s, &m, (int)max_ctx, max_batch, have_d) != DFL_OK) {
         rc = cli_fail("generate", "%s", dfl_errmsg());
-        goto out;
+        goto out1;
     }
-    const int V = m.cfg.vocab;
-    float *logits = malloc((size_t)V * sizeof(float));
-    int32_t *out = malloc((size_t)max_new * sizeof(int32_t));
-    size_t n_out = 0, printed = 0;
-    const char *stop = "max_new";
-    t0 = dfl_now();
-    if (model_forward(&s, prompt, (int)n_prompt, logits, 1, NULL) != DFL_OK) {
-        rc = cli_fail("generate", "%s", dfl_errmsg());
-        goto out2;
-    }
-    double t_prefill = dfl_now() - t0;
-    t0 = dfl_now();
-    for (;;) {
-        int32_t next = kn_argmax(logits, V);
-        out[n_out++] = next;
-        if (!ignore_eos && is_eos(&m, next)) {
-            stop = "eos";
-            break;
-        }
-        if (!json) stream_text(tok, out, n_out, &printed, 0);
-        if ((long)n_out >= max_new) break;
-        if (model_forward(&s, &next, 1, logits, 1, NULL) != DFL_OK) {
+    dfl_dstate ds;
+    int have_ds = 0;
+    if (have_d) {
+        if (dstate_init(&ds, &d, &m, (int)max_ctx, (int)block) != DFL_OK) {
             rc = cli_fail("generate", "%s", dfl_errmsg());
             goto out2;
         }
+        have_ds = 1;
     }
-    double t_decode = dfl_now() - t0;
-    char *text = tok_decode(tok, out, n_out, 1);
-    if (json) {
+    dfl_draft_if dif;
+    if (have_ds) dif = spec_dflash_drafter(&ds);
+    dfl_gen_opts o = {.max_new = (int)max_new, .block = (int)block, .temperature = (float)temperature,
+                      .seed = (uint64_t)seed, .ignore_eos = ignore_eos};
+    int32_t *out = malloc((size_t)max_new * sizeof(int32_t));
+    stream sm = {.tok = tok, .ids = malloc((size_t)max_new * sizeof(int32_t))};
+    dfl_gen_stats st;
+    if (spec_generate(&s, have_ds ? &dif : NULL, prompt, (int)n_prompt, &o, out, &st, json ? NULL : on_tokens,
+                      &sm) != DFL_OK) {
+        rc = cli_fail("generate", "%s", dfl_errmsg());
+    } else if (json) {
+        char *text = tok_decode(tok, out, (size_t)st.generated, 1);
         printf("{\"tokens\": [");
-        for (size_t i = 0; i < n_out; i++) printf("%s%d", i ? ", " : "", out[i]);
+        for (int i = 0; i < st.generated; i++) printf("%s%d", i ? ", " : "", out[i]);
         printf("], \"text\": ");
         cli_json_string(stdout, text ? text : "");
-        printf(", \"stats\": {\"mode\": \"greedy\", \"prompt_tokens\": %zu, \"generated_tokens\": %zu, "
-               "\"stop\": \"%s\", \"load_s\": %.6f, \"prefill_s\": %.6f, \"decode_s\": %.6f, "
-               "\"prefill_tokens_per_s\": %.3f, \"decode_tokens_per_s\": %.3f, \"weight_bytes\": %llu, "
-               "\"state_bytes\": %llu, \"max_context\": %ld}}\n",
-               n_prompt, n_out, stop, t_load, t_prefill, t_decode, n_prompt / (t_prefill > 0 ? t_prefill : 1e-9),
-               (n_out - 1) / (t_decode > 0 ? t_decode : 1e-9), (unsigned long long)m.weight_bytes,
-               (unsigned long long)s.bytes, max_ctx);
+        printf(", ");
+        print_stats_json(&st, have_ds, &m, s.bytes + (have_ds ? ds.bytes : 0), max_ctx, t_load);
+        printf("}\n");
+        free(text);
     } else {
-        stream_text(tok, out, n_out, &printed, 1);
+        stream_flush(&sm, 1);
         printf("\n");
-        fprintf(stderr, "[dfl] %zu prompt tokens, %zu generated (stop: %s); prefill %.1f tok/s, decode %.1f tok/s; "
-                        "weights %.1f MB mmapped, state %.1f MB\n",
-                n_prompt, n_out, stop, n_prompt / (t_prefill > 0 ? t_prefill : 1e-9),
-                (n_out - 1) / (t_decode > 0 ? t_decode : 1e-9), m.weight_bytes / 1e6, s.bytes / 1e6);
+        fprintf(stderr, "[dfl] %d prompt tokens, %d generated (stop: %s); prefill %.1f tok/s, decode %.1f tok/s",
+                st.prompt_tokens, st.generated, st.stop, st.prompt_tokens / (st.t_prefill > 0 ? st.t_prefill : 1e-9),
+                (st.generated - 1) / (st.t_decode > 0 ? st.t_decode : 1e-9));
+        if (have_ds)
+            fprintf(stderr, "; %d rounds, tau %.2f (block %ld)", st.rounds, spec_tau(&st), block);
+        fprintf(stderr, "; weights %.1f MB mmapped, state %.1f MB\n", m.weight_bytes / 1e6, s.bytes / 1e6);
     }
-    free(text);
-out2:
-    free(logits);
     free(out);
+    free(sm.ids);
+    if (have_ds) dstate_free(&ds);
+out2:
     state_free(&s);
-out:
+out1:
     free(prompt);
-    tok_close(tok);
+    if (tok) tok_close(tok);
+out0:
+    if (have_d) drafter_close(&d);
     model_close(&m);
     return rc;
 }

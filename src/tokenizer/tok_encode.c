@@ -289,22 +289,53 @@ static int encode_normalized(struct enc *e, const char *s, size_t len) {
     }
 }
 
-/* Text below U+0300 is already NFC (no character there decomposes into or composes with
- * another one below U+0300), and U+0300 and above start with a byte >= 0xCC. */
-static int may_need_nfc(const char *s, size_t len) {
-    for (size_t i = 0; i < len; i++)
-        if ((unsigned char)s[i] >= 0xCC) return 1;
-    return 0;
-}
-
+/* NFC only where it can change anything. A character below U+0300 is its own NFC and never
+ * composes with what precedes it, so only each maximal run of characters >= U+0300 (lead byte
+ * >= 0xCC), together with the character before the run, goes through utf8proc. */
 static int encode_segment(struct enc *e, const char *s, size_t len) {
-    if (!e->tok->nfc || !may_need_nfc(s, len)) return encode_normalized(e, s, len);
-    utf8proc_uint8_t *norm = NULL;
-    utf8proc_ssize_t n = utf8proc_map((const utf8proc_uint8_t *)s, (utf8proc_ssize_t)len, &norm,
-                                      UTF8PROC_STABLE | UTF8PROC_COMPOSE);
-    if (n < 0) return dfl_seterr("NFC of a %zu-byte segment: %s", len, utf8proc_errmsg(n));
-    int rc = encode_normalized(e, (const char *)norm, (size_t)n);
-    free(norm);
+    const unsigned char *u = (const unsigned char *)s;
+    size_t first = 0;
+    while (first < len && u[first] < 0xCC) first++;
+    if (!e->tok->nfc || first == len) return encode_normalized(e, s, len);
+    char *out = NULL;
+    size_t n = 0, cap = 0, done = 0, prev = 0; /* prev: start of the last character seen */
+    int rc = DFL_OK;
+    for (size_t i = 0; i < len && rc == DFL_OK;) {
+        if (u[i] < 0xCC) {
+            prev = i;
+            i += (size_t)utf8_char_len(s + i, len - i);
+            continue;
+        }
+        size_t from = i > 0 ? prev : 0;
+        while (i < len && u[i] >= 0xCC) i += (size_t)utf8_char_len(s + i, len - i);
+        utf8proc_uint8_t *norm = NULL;
+        utf8proc_ssize_t k = utf8proc_map(u + from, (utf8proc_ssize_t)(i - from), &norm,
+                                          UTF8PROC_STABLE | UTF8PROC_COMPOSE);
+        if (k < 0) {
+            rc = dfl_seterr("NFC of a %zu-byte run: %s", i - from, utf8proc_errmsg(k));
+            break;
+        }
+        size_t need = n + (from - done) + (size_t)k + (len - i);
+        if (need > cap) {
+            cap = need > 2 * cap ? need : 2 * cap;
+            char *o = realloc(out, cap);
+            if (!o) rc = dfl_seterr("out of memory (NFC of %zu bytes)", len);
+            else out = o;
+        }
+        if (rc == DFL_OK) {
+            memcpy(out + n, s + done, from - done);
+            n += from - done;
+            memcpy(out + n, norm, (size_t)k);
+            n += (size_t)k;
+            done = i;
+        }
+        free(norm);
+    }
+    if (rc == DFL_OK) {
+        memcpy(out + n, s + done, len - done);
+        rc = encode_normalized(e, out, n + len - done);
+    }
+    free(out);
     return rc;
 }
 

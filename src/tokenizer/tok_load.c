@@ -14,7 +14,7 @@
 static const char gpt2_pattern[] =
     "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
 
-#define TOK_MAX_ID (1 << 26)
+#define TOK_MAX_ID (1 << 24) /* bounds the id tables a malformed file can make us allocate */
 
 /* A short rendering of a JSON value for error messages. */
 static const char *brief(const cJSON *v, char *buf, size_t n) {
@@ -94,11 +94,13 @@ static int parse_normalizer(dfl_tokenizer *tok, const cJSON *n, const char *fiel
     return dfl_seterr("%s.type: unsupported \"%s\" (supported: NFC, Sequence of NFC, null)", field, t);
 }
 
-/* HF tokenizers runs its Split regexes with Oniguruma, whose \s is Unicode White_Space; with
- * PCRE2_UCP, \s is \p{Z} plus \t\n\v\f\r, which lacks U+0085 (NEL). Add it back. */
+/* HF tokenizers runs its Split regexes with Oniguruma, whose \s is exactly Unicode White_Space.
+ * PCRE2's \s under UCP differs (it lacks U+0085 and has U+180E), so \s and \S are spelled out. */
+#define WHITE_SPACE "\\t-\\r\\x{20}\\x{85}\\x{a0}\\x{1680}\\x{2000}-\\x{200a}\\x{2028}\\x{2029}\\x{202f}\\x{205f}\\x{3000}"
+
 static char *onig_compat(const char *p, const char *field) {
     size_t n = strlen(p);
-    char *out = malloc(6 * n + 1), *o = out;
+    char *out = malloc(sizeof "[^" WHITE_SPACE "]" * n + 1), *o = out;
     if (!out) {
         dfl_seterr("out of memory");
         return NULL;
@@ -107,14 +109,14 @@ static char *onig_compat(const char *p, const char *field) {
     for (size_t i = 0; i < n;) {
         if (p[i] == '\\' && i + 1 < n) {
             const char *rep = NULL;
-            if (p[i + 1] == 's') rep = in_class ? "\\s\\x{85}" : "[\\s\\x{85}]";
+            if (p[i + 1] == 's') rep = in_class ? WHITE_SPACE : "[" WHITE_SPACE "]";
             else if (p[i + 1] == 'S') {
                 if (in_class) {
                     free(out);
                     dfl_seterr("%s: \\S inside a character class is not supported", field);
                     return NULL;
                 }
-                rep = "[^\\s\\x{85}]";
+                rep = "[^" WHITE_SPACE "]";
             }
             if (rep) {
                 o = stpcpy(o, rep);
@@ -314,9 +316,9 @@ static int parse_merges(dfl_tokenizer *tok, const cJSON *merges) {
         }
         memcpy(cat, l, ll);
         memcpy(cat + ll, r, rl);
-        int32_t a = vocab_id(tok, l, ll, i, "left part"), bb = vocab_id(tok, r, rl, i, "right part");
-        int32_t m = vocab_id(tok, cat, ll + rl, i, "merged token");
-        if (a < 0 || bb < 0 || m < 0) {
+        int32_t a, bb, m;
+        if ((a = vocab_id(tok, l, ll, i, "left part")) < 0 || (bb = vocab_id(tok, r, rl, i, "right part")) < 0 ||
+            (m = vocab_id(tok, cat, ll + rl, i, "merged token")) < 0) {
             rc = DFL_ERR;
             break;
         }

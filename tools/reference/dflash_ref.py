@@ -25,7 +25,7 @@
 Rollback of hybrid (Qwen3.5) targets: with transformers 5.15, DynamicCache.crop() on a
 linear-attention layer trims the conv window back to the accepted prefix but leaves the recurrent
 state S at the END of the verified block, so plain dflash_generate is NOT lossless on Qwen3.5
-targets (its output drifts from greedy decoding after the first partially rejected block).
+targets (its output drifts from greedy decoding after the first block with a rejected draft).
 --rollback exact (default) fixes that without touching the package: before each verify forward
 the target cache is snapshotted; when dflash crops it, the snapshot is restored and the accepted
 tokens are replayed. For attention-only targets (Qwen3) both settings give identical results.
@@ -45,7 +45,7 @@ from transformers import AutoModelForCausalLM
 from transformers.cache_utils import LinearAttentionCacheLayerMixin
 from transformers.utils import logging as hf_logging
 
-import dflash.model as dm  # noqa: E402
+import dflash.model as dm
 from dflash.model import DFlashDraftModel, dflash_generate
 
 dm._cuda_time = time.perf_counter  # return_stats times with torch.cuda.synchronize(); none on CPU

@@ -26,6 +26,7 @@ import re
 import torch
 from safetensors.torch import save_file
 from transformers import AutoModelForCausalLM
+from transformers.utils import logging as hf_logging
 
 LAYER_PATHS = ("model.layers", "model.language_model.layers")
 
@@ -75,6 +76,7 @@ def main():
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     args = ap.parse_args()
     torch.set_num_threads(min(4, torch.get_num_threads()))
+    hf_logging.disable_progress_bar()
 
     dtype = getattr(torch, args.dtype)
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=dtype, attn_implementation="eager").eval()

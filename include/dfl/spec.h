@@ -1,0 +1,75 @@
+/* Generation: autoregressive, and DFlash speculative decoding with chain verification
+ * (SPEC §5), greedy or sampled, lossless. */
+#ifndef DFL_SPEC_H
+#define DFL_SPEC_H
+
+#include <stdint.h>
+
+#include "dfl/drafter.h"
+#include "dfl/model.h"
+
+#define DFL_MAX_BLOCK 256
+
+/* A block drafter as the loop sees it. The DFlash drafter is one (spec_dflash_drafter);
+ * tests plug in others (e.g. an oracle that proposes known continuations). */
+typedef struct dfl_draft_if {
+    void *ctx;
+    /* Append target features of newly committed positions: feat [n, n_feat*H]. */
+    int (*add_context)(void *ctx, const float *feat, int n);
+    /* Draft a block of B tokens starting with anchor: logits [B-1, V]. */
+    int (*draft)(void *ctx, int32_t anchor, int B, float *logits);
+    /* Positions whose features the drafter holds (must equal the committed length). */
+    int (*context_len)(void *ctx);
+    const int *feature_layers; /* target decoder layers whose outputs make a feature */
+    int n_feature_layers;
+} dfl_draft_if;
+
+/* Wrap a DFlash drafter state. */
+dfl_draft_if spec_dflash_drafter(dfl_dstate *ds);
+
+typedef struct dfl_gen_opts {
+    int max_new;        /* tokens to generate at most */
+    int block;          /* block size B (verification width); ignored without a drafter */
+    float temperature;  /* 0 = greedy */
+    uint64_t seed;      /* sampling seed */
+    int ignore_eos;
+} dfl_gen_opts;
+
+typedef struct dfl_gen_stats {
+    int prompt_tokens;
+    int generated;          /* tokens in the output */
+    int rounds;             /* verification rounds (speculative) or decode steps */
+    long drafted;           /* draft tokens proposed */
+    long accepted;          /* draft tokens accepted */
+    long accept_hist[DFL_MAX_BLOCK + 1];   /* rounds with a accepted drafts, a = 0..B-1 */
+    long pos_drafted[DFL_MAX_BLOCK];       /* rounds in which draft k (1-based) was proposed */
+    long pos_accepted[DFL_MAX_BLOCK];      /* ... and accepted */
+    int max_block;
+    const char *stop;       /* "eos" or "max_new" */
+    double t_prefill, t_decode, t_draft, t_verify, t_rollback;
+    int ctx_check_failures; /* rounds where the drafter's context length != committed length */
+} dfl_gen_stats;
+
+/* Called with each newly committed run of tokens (for streaming); nonzero return stops. */
+typedef int (*dfl_token_cb)(void *ud, const int32_t *tokens, int n);
+
+/* Generate from prompt. drafter NULL = autoregressive. out: [max_new] generated ids.
+ * s must have max_batch >= max(prompt length, B) and record=1 when drafting;
+ * the drafter's context must be empty (it is filled with the prompt's features). */
+int spec_generate(dfl_state *s, dfl_draft_if *drafter, const int32_t *prompt, int n_prompt,
+                  const dfl_gen_opts *o, int32_t *out, dfl_gen_stats *st, dfl_token_cb cb, void *ud);
+
+/* Model eos test (config + generation_config + tokenizer_config ids). */
+int spec_is_eos(const dfl_model *m, int32_t id);
+
+/* Derived metrics (SPEC §7): tau = mean accepted+1 per round; tau_token_weighted =
+ * tokens committed by rounds / rounds. */
+double spec_tau(const dfl_gen_stats *st);
+double spec_tau_token_weighted(const dfl_gen_stats *st);
+
+/* Small deterministic RNG (splitmix64 seeding xoshiro256**). */
+typedef struct dfl_rng { uint64_t s[4]; } dfl_rng;
+void rng_seed(dfl_rng *r, uint64_t seed);
+double rng_uniform(dfl_rng *r); /* [0, 1) */
+
+#endif

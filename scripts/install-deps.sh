@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Debian packages dfl builds against (idempotent: installs only what is missing).
+set -euo pipefail
+pkgs=(build-essential cmake pkg-config python3 python3-venv libpcre2-dev libutf8proc-dev libcjson-dev
+      libmicrohttpd-dev libcurl4-openssl-dev)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "[deps] installing: ${missing[*]}" >&2
+  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO=sudo
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
+fi

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Build dfl and run every test: the release build with the reference tests (transformers,
+# tokenizers, dflash in .venv), then an ASan+UBSan build running the unit tests.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/install-deps.sh
+bash scripts/setup-venv.sh
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
+jobs=$(nproc)
+
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build build -j"$jobs"
+echo "[test] generating fixtures (transformers save_pretrained) into build/fixtures" >&2
+.venv/bin/python tools/make_fixtures.py build/fixtures
+(cd build && ctest --output-on-failure -j"$jobs")
+
+cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDFL_SANITIZE=ON -DDFL_PYTHON_TESTS=OFF \
+  -DDFL_FIXTURES_DIR="$PWD/build/fixtures" >/dev/null
+cmake --build build-asan -j"$jobs"
+(cd build-asan && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -L unit -j"$jobs")

@@ -1,0 +1,180 @@
+/* DFlash drafter forward (SPEC §4): context K/V from target features, one block per draft. */
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dfl/common.h"
+#include "dfl/drafter.h"
+
+#define ALLOC(p, nfloats)                                                           \
+    do {                                                                            \
+        (p) = calloc((size_t)(nfloats) > 0 ? (size_t)(nfloats) : 1, sizeof(float)); \
+        if (!(p)) goto oom;                                                         \
+        s->bytes += (uint64_t)(nfloats) * sizeof(float);                            \
+    } while (0)
+
+int dstate_init(dfl_dstate *s, const dfl_drafter *d, const dfl_model *t, int max_ctx, int max_block) {
+    memset(s, 0, sizeof *s);
+    const dfl_config *g = &d->cfg;
+    if (max_block < 2 || max_block > g->block_size)
+        return dfl_seterr("block size %d: must be in [2, %d] (the drafter's block_size)", max_block, g->block_size);
+    if (max_ctx < 1) return dfl_seterr("drafter context must be >= 1");
+    s->d = d;
+    s->t = t;
+    s->max_ctx = max_ctx;
+    s->max_block = max_block;
+    const int L = g->n_layers, kv = g->n_kv_heads * g->head_dim, B = max_block;
+    s->k_ctx = calloc((size_t)L, sizeof(float *));
+    s->v_ctx = calloc((size_t)L, sizeof(float *));
+    if (!s->k_ctx || !s->v_ctx) goto oom;
+    for (int i = 0; i < L; i++) {
+        ALLOC(s->k_ctx[i], (size_t)max_ctx * kv);
+        ALLOC(s->v_ctx[i], (size_t)max_ctx * kv);
+    }
+    ALLOC(s->ctx, (size_t)B * g->hidden);
+    ALLOC(s->x, (size_t)B * g->hidden);
+    ALLOC(s->xn, (size_t)B * g->hidden);
+    ALLOC(s->q, (size_t)B * g->n_heads * g->head_dim);
+    ALLOC(s->kb, (size_t)B * kv);
+    ALLOC(s->vb, (size_t)B * kv);
+    ALLOC(s->att, (size_t)B * g->n_heads * g->head_dim);
+    ALLOC(s->mlp1, (size_t)B * g->intermediate);
+    ALLOC(s->mlp2, (size_t)B * g->intermediate);
+    ALLOC(s->scores, (size_t)omp_get_max_threads() * (max_ctx + B));
+    ALLOC(s->inv_freq, g->rot_dim / 2);
+    for (int i = 0; i < g->rot_dim / 2; i++)
+        s->inv_freq[i] = 1.0f / powf((float)g->rope_theta, (float)(2 * i) / (float)g->rot_dim);
+    return DFL_OK;
+oom:
+    dstate_free(s);
+    return dfl_seterr("out of memory allocating the drafter state");
+}
+
+void dstate_free(dfl_dstate *s) {
+    if (s->d)
+        for (int i = 0; i < s->d->cfg.n_layers; i++) {
+            if (s->k_ctx) free(s->k_ctx[i]);
+            if (s->v_ctx) free(s->v_ctx[i]);
+        }
+    free(s->k_ctx), free(s->v_ctx), free(s->ctx), free(s->x), free(s->xn), free(s->q), free(s->kb), free(s->vb);
+    free(s->att), free(s->mlp1), free(s->mlp2), free(s->scores), free(s->inv_freq);
+    memset(s, 0, sizeof *s);
+}
+
+void dstate_reset(dfl_dstate *s) { s->n_ctx = 0; }
+
+/* q/k norm then RoPE at absolute position pos, for each of nh heads of x [nh*hd]. */
+static void norm_rope(const dfl_dstate *s, float *x, int nh, const float *w, int pos) {
+    const dfl_config *g = &s->d->cfg;
+    const int hd = g->head_dim, half = g->rot_dim / 2;
+    float cs[256], sn[256];
+    for (int i = 0; i < half; i++) {
+        const float f = (float)pos * s->inv_freq[i];
+        cs[i] = cosf(f), sn[i] = sinf(f);
+    }
+    for (int h = 0; h < nh; h++) {
+        kn_rmsnorm(x + (size_t)h * hd, x + (size_t)h * hd, w, hd, g->rms_eps);
+        kn_rope(x + (size_t)h * hd, cs, sn, g->rot_dim);
+    }
+}
+
+int drafter_add_context(dfl_dstate *s, const float *feat, int n) {
+    const dfl_drafter *d = s->d;
+    const dfl_config *g = &d->cfg;
+    const int H = g->hidden, kv = g->n_kv_heads * g->head_dim, nf = g->n_target_ids * H;
+    if (s->n_ctx + n > s->max_ctx)
+        return dfl_seterr("drafter context full: %d + %d positions exceed %d", s->n_ctx, n, s->max_ctx);
+    for (int c0 = 0; c0 < n; c0 += s->max_block) {
+        const int m = n - c0 < s->max_block ? n - c0 : s->max_block;
+        kn_matmul(s->x, feat + (size_t)c0 * nf, &d->fc, m);
+        for (int t = 0; t < m; t++) kn_rmsnorm(s->ctx + (size_t)t * H, s->x + (size_t)t * H, d->hidden_norm, H, g->rms_eps);
+        for (int li = 0; li < g->n_layers; li++) {
+            const dfl_dlayer_w *l = &d->layers[li];
+            float *kc = s->k_ctx[li] + (size_t)(s->n_ctx + c0) * kv, *vc = s->v_ctx[li] + (size_t)(s->n_ctx + c0) * kv;
+            /* the context enters every layer as is (no input norm), through that layer's k/v */
+            kn_matmul(kc, s->ctx, &l->k_proj, m);
+            kn_matmul(vc, s->ctx, &l->v_proj, m);
+            for (int t = 0; t < m; t++) norm_rope(s, kc + (size_t)t * kv, g->n_kv_heads, l->k_norm, s->n_ctx + c0 + t);
+        }
+    }
+    s->n_ctx += n;
+    return DFL_OK;
+}
+
+int drafter_draft(dfl_dstate *s, int32_t anchor, int B, float *logits) {
+    const dfl_drafter *d = s->d;
+    const dfl_config *g = &d->cfg;
+    const dfl_model *t = s->t;
+    const int H = g->hidden, hd = g->head_dim, Hq = g->n_heads, Hkv = g->n_kv_heads, kv = Hkv * hd;
+    const int start = s->n_ctx, group = Hq / Hkv;
+    if (B < 2 || B > s->max_block) return dfl_seterr("draft block of %d: must be in [2, %d]", B, s->max_block);
+    if (anchor < 0 || anchor >= t->cfg.vocab) return dfl_seterr("anchor token %d outside the vocabulary", anchor);
+    /* block = [anchor, MASK x (B-1)], embedded with the target's embedding */
+    for (int i = 0; i < B; i++) {
+        model_embed(t, i == 0 ? anchor : g->mask_token_id, s->x + (size_t)i * H);
+        if (g->input_embedding_scale != 1.0f)
+            for (int j = 0; j < H; j++) s->x[(size_t)i * H + j] *= g->input_embedding_scale;
+    }
+    const float scale = 1.0f / sqrtf((float)hd);
+    for (int li = 0; li < g->n_layers; li++) {
+        const dfl_dlayer_w *l = &d->layers[li];
+        const int sliding = l->type == DFL_LAYER_SLIDING, window = g->sliding_window;
+        for (int i = 0; i < B; i++) kn_rmsnorm(s->xn + (size_t)i * H, s->x + (size_t)i * H, l->input_norm, H, g->rms_eps);
+        kn_matmul(s->q, s->xn, &l->q_proj, B);
+        kn_matmul(s->kb, s->xn, &l->k_proj, B);
+        kn_matmul(s->vb, s->xn, &l->v_proj, B);
+        for (int i = 0; i < B; i++) {
+            norm_rope(s, s->q + (size_t)i * Hq * hd, Hq, l->q_norm, start + i);
+            norm_rope(s, s->kb + (size_t)i * kv, Hkv, l->k_norm, start + i);
+        }
+        const float *kc = s->k_ctx[li], *vc = s->v_ctx[li];
+#pragma omp parallel for collapse(2) schedule(static)
+        for (int i = 0; i < B; i++) {
+            for (int h = 0; h < Hq; h++) {
+                float *sc = s->scores + (size_t)omp_get_thread_num() * (s->max_ctx + s->max_block);
+                const float *q = s->q + ((size_t)i * Hq + h) * hd;
+                const int kvh = h / group, qpos = start + i;
+                /* visible keys: context 0..start-1 then block 0..B-1 (absolute positions);
+                 * full layers see everything, sliding layers are causal within a window */
+                const int n_keys = start + B;
+                for (int j = 0; j < n_keys; j++) {
+                    if (sliding && (j > qpos || qpos - j >= window)) {
+                        sc[j] = -INFINITY;
+                        continue;
+                    }
+                    const float *k = j < start ? kc + (size_t)j * kv + (size_t)kvh * hd
+                                               : s->kb + (size_t)(j - start) * kv + (size_t)kvh * hd;
+                    float dot = 0;
+                    for (int e = 0; e < hd; e++) dot += q[e] * k[e];
+                    sc[j] = dot * scale;
+                }
+                kn_softmax(sc, n_keys);
+                float *o = s->att + ((size_t)i * Hq + h) * hd;
+                memset(o, 0, (size_t)hd * sizeof(float));
+                for (int j = 0; j < n_keys; j++) {
+                    if (sc[j] == 0.0f) continue;
+                    const float *v = j < start ? vc + (size_t)j * kv + (size_t)kvh * hd
+                                               : s->vb + (size_t)(j - start) * kv + (size_t)kvh * hd;
+                    for (int e = 0; e < hd; e++) o[e] += sc[j] * v[e];
+                }
+            }
+        }
+        kn_matmul(s->xn, s->att, &l->o_proj, B);
+        for (size_t i = 0; i < (size_t)B * H; i++) s->x[i] += s->xn[i];
+        for (int i = 0; i < B; i++) kn_rmsnorm(s->xn + (size_t)i * H, s->x + (size_t)i * H, l->post_norm, H, g->rms_eps);
+        kn_matmul(s->mlp1, s->xn, &l->gate, B);
+        kn_matmul(s->mlp2, s->xn, &l->up, B);
+        kn_swiglu(s->mlp1, s->mlp2, B * g->intermediate);
+        kn_matmul(s->xn, s->mlp1, &l->down, B);
+        for (size_t i = 0; i < (size_t)B * H; i++) s->x[i] += s->xn[i];
+    }
+    /* positions 1..B-1 predict the tokens at start+1..start+B-1 */
+    for (int i = 1; i < B; i++) kn_rmsnorm(s->xn + (size_t)(i - 1) * H, s->x + (size_t)i * H, d->norm, H, g->rms_eps);
+    model_lm_head(t, s->xn, logits, B - 1);
+    const size_t nl = (size_t)(B - 1) * t->cfg.vocab;
+    if (g->output_multiplier != 1.0f)
+        for (size_t i = 0; i < nl; i++) logits[i] *= g->output_multiplier;
+    if (g->final_logit_softcap > 0)
+        for (size_t i = 0; i < nl; i++) logits[i] = tanhf(logits[i] / g->final_logit_softcap) * g->final_logit_softcap;
+    return DFL_OK;
+}

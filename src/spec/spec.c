@@ -1,0 +1,240 @@
+/* Generation loop: autoregressive and speculative (chain) with exact rollback. */
+#include "dfl/spec.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "dfl/common.h"
+
+void rng_seed(dfl_rng *r, uint64_t seed) {
+    for (int i = 0; i < 4; i++) { /* splitmix64 */
+        uint64_t z = (seed += 0x9e3779b97f4a7c15ull);
+        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+        z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+        r->s[i] = z ^ (z >> 31);
+    }
+}
+
+static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+
+double rng_uniform(dfl_rng *r) { /* xoshiro256** */
+    uint64_t *s = r->s, result = rotl(s[1] * 5, 7) * 9, t = s[1] << 17;
+    s[2] ^= s[0], s[3] ^= s[1], s[1] ^= s[2], s[0] ^= s[3], s[2] ^= t, s[3] = rotl(s[3], 45);
+    return (double)(result >> 11) * 0x1.0p-53;
+}
+
+int spec_is_eos(const dfl_model *m, int32_t id) {
+    for (int i = 0; i < m->n_eos; i++)
+        if (m->eos_ids[i] == id) return 1;
+    return 0;
+}
+
+double spec_tau(const dfl_gen_stats *st) {
+    return st->rounds ? (double)(st->accepted + st->rounds) / st->rounds : 0.0;
+}
+
+double spec_tau_token_weighted(const dfl_gen_stats *st) {
+    /* the first token comes from the prefill, every other one from a round */
+    return st->rounds ? (double)(st->generated - 1) / st->rounds : 0.0;
+}
+
+/* probs = softmax(logits / T) */
+static void softmax_t(float *probs, const float *logits, int V, float T) {
+    for (int i = 0; i < V; i++) probs[i] = logits[i] / T;
+    kn_softmax(probs, V);
+}
+
+static int32_t sample(const float *p, int V, dfl_rng *r) {
+    double u = rng_uniform(r), acc = 0, total = 0;
+    for (int i = 0; i < V; i++) total += p[i];
+    u *= total;
+    int last = 0;
+    for (int i = 0; i < V; i++) {
+        if (p[i] <= 0) continue;
+        acc += p[i];
+        last = i;
+        if (u < acc) return i;
+    }
+    return last;
+}
+
+static int32_t pick(const float *logits, int V, const dfl_gen_opts *o, float *probs, dfl_rng *r) {
+    if (o->temperature <= 0) return kn_argmax(logits, V);
+    softmax_t(probs, logits, V, o->temperature);
+    return sample(probs, V, r);
+}
+
+static int dflash_add(void *ctx, const float *feat, int n) { return drafter_add_context(ctx, feat, n); }
+static int dflash_draft(void *ctx, int32_t anchor, int B, float *logits) { return drafter_draft(ctx, anchor, B, logits); }
+static int dflash_len(void *ctx) { return ((dfl_dstate *)ctx)->n_ctx; }
+
+dfl_draft_if spec_dflash_drafter(dfl_dstate *ds) {
+    return (dfl_draft_if){.ctx = ds, .add_context = dflash_add, .draft = dflash_draft, .context_len = dflash_len,
+                          .feature_layers = ds->d->cfg.target_layer_ids, .n_feature_layers = ds->d->cfg.n_target_ids};
+}
+
+typedef struct gen {
+    const dfl_model *m;
+    const dfl_gen_opts *o;
+    dfl_gen_stats *st;
+    int32_t *out;
+    int n_out, stopped;
+    dfl_token_cb cb;
+    void *ud;
+} gen;
+
+/* Append committed tokens, stopping after an eos or at max_new; calls the stream callback. */
+static void commit(gen *g, const int32_t *toks, int n) {
+    int k = 0;
+    while (k < n && !g->stopped) {
+        g->out[g->n_out++] = toks[k++];
+        if (!g->o->ignore_eos && spec_is_eos(g->m, toks[k - 1])) {
+            g->stopped = 1;
+            g->st->stop = "eos";
+        } else if (g->n_out >= g->o->max_new) {
+            g->stopped = 1;
+        }
+    }
+    if (g->cb && k && g->cb(g->ud, toks, k)) g->stopped = 1;
+}
+
+int spec_generate(dfl_state *s, dfl_draft_if *dr, const int32_t *prompt, int n_prompt, const dfl_gen_opts *o,
+                  int32_t *out, dfl_gen_stats *st, dfl_token_cb cb, void *ud) {
+    const dfl_model *m = s->m;
+    const int V = m->cfg.vocab, H = m->cfg.hidden;
+    const int B = dr ? o->block : 1;
+    memset(st, 0, sizeof *st);
+    st->prompt_tokens = n_prompt;
+    st->max_block = B;
+    st->stop = "max_new";
+    if (o->max_new < 1) return dfl_seterr("max_new must be >= 1");
+    if (dr && (B < 2 || B > DFL_MAX_BLOCK || B > s->max_batch))
+        return dfl_seterr("block size %d: must be in [2, %d] and fit the run state (%d)", B, DFL_MAX_BLOCK,
+                          s->max_batch);
+    if (dr && !s->record) return dfl_seterr("speculative decoding needs a run state with rollback records");
+    if (n_prompt < 1) return dfl_seterr("empty prompt");
+    if (n_prompt + o->max_new > s->max_ctx)
+        return dfl_seterr("prompt (%d tokens) + max_new %d exceed the context of %d", n_prompt, o->max_new, s->max_ctx);
+    if (dr && dr->context_len(dr->ctx) != 0) return dfl_seterr("drafter context is not empty");
+    const int chunk = s->max_batch, nf = dr ? dr->n_feature_layers : 0;
+    const int rows = chunk > B ? chunk : B;
+    float *logits = malloc((size_t)B * V * sizeof(float));
+    float *probs = malloc((size_t)V * sizeof(float));
+    float *dlogits = dr ? malloc((size_t)B * V * sizeof(float)) : NULL;
+    float *feat = dr ? malloc((size_t)rows * nf * H * sizeof(float)) : NULL;
+    int rc = DFL_ERR;
+    if (!logits || !probs || (dr && (!dlogits || !feat))) {
+        dfl_seterr("out of memory for generation buffers");
+        goto done;
+    }
+    dfl_rng rng;
+    rng_seed(&rng, o->seed);
+    gen g = {.m = m, .o = o, .st = st, .out = out, .cb = cb, .ud = ud};
+    dfl_capture cap = {.n_layers = nf, .layers = dr ? dr->feature_layers : NULL, .out = feat};
+
+    /* 1. prefill, capturing the prompt's features for the drafter */
+    double t0 = dfl_now();
+    for (int c0 = 0; c0 < n_prompt; c0 += chunk) {
+        const int n = n_prompt - c0 < chunk ? n_prompt - c0 : chunk;
+        const int last = c0 + n == n_prompt;
+        if (model_forward(s, prompt + c0, n, last ? logits : NULL, 1, dr ? &cap : NULL)) goto done;
+        if (dr && dr->add_context(dr->ctx, feat, n)) goto done;
+    }
+    int32_t first = pick(logits, V, o, probs, &rng);
+    st->t_prefill = dfl_now() - t0;
+    t0 = dfl_now();
+    commit(&g, &first, 1);
+
+    int32_t block[DFL_MAX_BLOCK], acc[DFL_MAX_BLOCK];
+    while (!g.stopped) {
+        const int32_t anchor = out[g.n_out - 1];
+        const int start = s->n_past;
+        int bs = o->max_new - g.n_out < B ? o->max_new - g.n_out : B; /* tokens this round can add */
+        if (bs < 1) bs = 1;
+        double tv = dfl_now();
+        if (bs == 1) { /* a plain decode step (also the last step of a speculative run) */
+            if (model_forward(s, &anchor, 1, logits, 1, dr ? &cap : NULL)) goto done;
+            st->t_verify += dfl_now() - tv;
+            int32_t next = pick(logits, V, o, probs, &rng);
+            if (dr) {
+                double tr = dfl_now();
+                if (dr->add_context(dr->ctx, feat, 1)) goto done;
+                st->t_draft += dfl_now() - tr;
+            }
+            st->rounds++;
+            st->accept_hist[0]++;
+            commit(&g, &next, 1);
+            continue;
+        }
+        /* 2. draft; the drafter's context must end right before the anchor */
+        double td = dfl_now();
+        if (dr->context_len(dr->ctx) != start) {
+            st->ctx_check_failures++;
+            dfl_seterr("drafter context holds %d positions but %d are committed (the anchor must not be in it)",
+                       dr->context_len(dr->ctx), start);
+            goto done;
+        }
+        if (dr->draft(dr->ctx, anchor, bs, dlogits)) goto done;
+        block[0] = anchor;
+        for (int k = 1; k < bs; k++) {
+            float *q = dlogits + (size_t)(k - 1) * V;
+            if (o->temperature > 0) {
+                softmax_t(q, q, V, o->temperature); /* keep q_k for the acceptance test */
+                block[k] = sample(q, V, &rng);
+            } else {
+                block[k] = kn_argmax(q, V);
+            }
+        }
+        st->t_draft += dfl_now() - td;
+        /* 3. verify the block in one forward on top of the cache */
+        tv = dfl_now();
+        if (model_forward(s, block, bs, logits, 0, &cap)) goto done;
+        int a = 0;
+        int32_t bonus;
+        if (o->temperature <= 0) {
+            while (a < bs - 1 && block[a + 1] == kn_argmax(logits + (size_t)a * V, V)) a++;
+            bonus = kn_argmax(logits + (size_t)a * V, V);
+        } else {
+            bonus = -1;
+            for (; a < bs - 1; a++) {
+                softmax_t(probs, logits + (size_t)a * V, V, o->temperature);
+                const float *q = dlogits + (size_t)a * V;
+                const int32_t d = block[a + 1];
+                if (rng_uniform(&rng) * q[d] < probs[d]) continue; /* accept with min(1, p/q) */
+                for (int i = 0; i < V; i++) probs[i] = probs[i] > q[i] ? probs[i] - q[i] : 0.0f;
+                bonus = sample(probs, V, &rng); /* from norm(max(0, p - q)) */
+                break;
+            }
+            if (bonus < 0) { /* every draft accepted: the bonus comes from p at the last row */
+                softmax_t(probs, logits + (size_t)a * V, V, o->temperature);
+                bonus = sample(probs, V, &rng);
+            }
+        }
+        st->t_verify += dfl_now() - tv;
+        /* 4. exact rollback to the committed positions: anchor + a accepted drafts */
+        double tr = dfl_now();
+        if (state_rollback(s, start + a + 1)) goto done;
+        st->t_rollback += dfl_now() - tr;
+        /* 5. the new committed positions' features extend the drafter's context */
+        td = dfl_now();
+        if (dr->add_context(dr->ctx, feat, a + 1)) goto done;
+        st->t_draft += dfl_now() - td;
+        st->rounds++;
+        st->drafted += bs - 1;
+        st->accepted += a;
+        st->accept_hist[a]++;
+        for (int k = 1; k < bs; k++) {
+            st->pos_drafted[k]++;
+            if (k <= a) st->pos_accepted[k]++;
+        }
+        for (int k = 0; k < a; k++) acc[k] = block[k + 1];
+        acc[a] = bonus;
+        commit(&g, acc, a + 1);
+    }
+    st->t_decode = dfl_now() - t0;
+    st->generated = g.n_out;
+    rc = DFL_OK;
+done:
+    free(logits), free(probs), free(dlogits), free(feat);
+    return rc;
+}
