@@ -33,6 +33,11 @@ typedef struct dfl_gen_opts {
     float temperature;  /* 0 = greedy */
     uint64_t seed;      /* sampling seed */
     int ignore_eos;
+    /* Optional: called after each verification round with the verified block [bs] at position
+     * start, the drafter's output [bs-1, V] (logits when greedy, its sampling probabilities when
+     * temperature > 0; NULL for a plain decode step) and the accepted draft count. */
+    void (*on_round)(void *ud, int start, const int32_t *block, int bs, const float *draft, int V, int accepted);
+    void *on_round_ud;
 } dfl_gen_opts;
 
 typedef struct dfl_gen_stats {

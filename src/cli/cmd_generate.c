@@ -8,6 +8,7 @@
 #include "dfl/common.h"
 #include "dfl/model.h"
 #include "dfl/prompt.h"
+#include "dfl/safetensors.h"
 #include "dfl/spec.h"
 
 static const char *usage_text =
@@ -33,8 +34,76 @@ static const char *usage_text =
     "                      streaming; tokens are the generated ids only. stats: prefill/decode times and\n"
     "                      tokens/s; with a drafter also rounds, drafted, accepted, tau (mean accepted+1\n"
     "                      per round), tau_token_weighted (tokens after the first / rounds), per_position\n"
-    "                      (acceptance rate of draft k), accept_hist, draft_s, verify_s, rollback_s\n"
+    "                      (acceptance rate of draft k), accept_hist, acceptance_lengths (a+1 per round),\n"
+    "                      draft_s, verify_s, rollback_s\n"
+    "  --dump-drafts F     write each drafted round r to F (safetensors): draft_logits.{r} F32 [bs-1, V]\n"
+    "                      (probabilities when sampling), block_ids.{r} I64 [bs] = the verified block,\n"
+    "                      start.{r} = the anchor's position\n"
     "  --check-weights     scan the weights for NaN/Inf at load\n";
+
+/* Per-round record: acceptance lengths for --json, drafts for --dump-drafts. */
+typedef struct rounds_log {
+    int n, cap, keep_drafts, V;
+    int *committed;   /* a + 1 per round */
+    float **drafts;   /* [bs-1, V] per drafted round */
+    int64_t **ids;    /* [bs] verified block */
+    int64_t *start;
+    int *bs;
+} rounds_log;
+
+static void on_round(void *ud, int start, const int32_t *block, int bs, const float *draft, int V, int accepted) {
+    rounds_log *d = ud;
+    if (d->n == d->cap) {
+        d->cap = d->cap ? 2 * d->cap : 64;
+        d->committed = realloc(d->committed, (size_t)d->cap * sizeof *d->committed);
+        d->drafts = realloc(d->drafts, (size_t)d->cap * sizeof *d->drafts);
+        d->ids = realloc(d->ids, (size_t)d->cap * sizeof *d->ids);
+        d->start = realloc(d->start, (size_t)d->cap * sizeof *d->start);
+        d->bs = realloc(d->bs, (size_t)d->cap * sizeof *d->bs);
+    }
+    d->committed[d->n] = accepted + 1;
+    d->drafts[d->n] = NULL;
+    d->ids[d->n] = NULL;
+    if (d->keep_drafts && draft) {
+        d->V = V;
+        d->drafts[d->n] = malloc((size_t)(bs - 1) * V * sizeof(float));
+        memcpy(d->drafts[d->n], draft, (size_t)(bs - 1) * V * sizeof(float));
+        d->ids[d->n] = malloc((size_t)bs * sizeof(int64_t));
+        for (int k = 0; k < bs; k++) d->ids[d->n][k] = block[k];
+    }
+    d->start[d->n] = start;
+    d->bs[d->n] = bs;
+    d->n++;
+}
+
+static int dump_write(const rounds_log *d, const char *path) {
+    st_write_entry *e = calloc((size_t)d->n * 3 + 1, sizeof *e);
+    char(*names)[48] = calloc((size_t)d->n * 3 + 1, sizeof *names);
+    int ne = 0, r = 0;
+    for (int i = 0; i < d->n; i++) {
+        if (!d->drafts[i]) continue; /* plain decode steps have no draft */
+        snprintf(names[ne], sizeof names[ne], "draft_logits.%d", r);
+        e[ne] = (st_write_entry){.name = names[ne], .dtype = ST_F32, .ndim = 2,
+                                 .shape = {d->bs[i] - 1, d->V}, .data = d->drafts[i]};
+        ne++;
+        snprintf(names[ne], sizeof names[ne], "block_ids.%d", r);
+        e[ne] = (st_write_entry){.name = names[ne], .dtype = ST_I64, .ndim = 1, .shape = {d->bs[i]}, .data = d->ids[i]};
+        ne++;
+        snprintf(names[ne], sizeof names[ne], "start.%d", r);
+        e[ne] = (st_write_entry){.name = names[ne], .dtype = ST_I64, .ndim = 1, .shape = {1}, .data = &d->start[i]};
+        ne++;
+        r++;
+    }
+    int rc = st_write(path, e, ne);
+    free(e);
+    free(names);
+    return rc;
+}
+
+static void rounds_free(rounds_log *d) {
+    for (int r = 0; r < d->n; r++) free(d->drafts[r]), free(d->ids[r]);
+    free(d->committed), free(d->drafts), free(d->ids), free(d->start), free(d->bs);
+}
 
 typedef struct stream {
     const dfl_tokenizer *tok;
@@ -65,8 +134,9 @@ static int on_tokens(void *ud, const int32_t *toks, int n) {
     return 0;
 }
 
-static void print_stats_json(const dfl_gen_stats *st, int drafting, const dfl_model *m, uint64_t state_bytes,
-                             long max_ctx, double t_load) {
+static void print_stats_json(const dfl_gen_stats *st, const rounds_log *rl, const dfl_model *m,
+                             uint64_t state_bytes, long max_ctx, double t_load) {
+    const int drafting = rl != NULL;
     const int gen = st->generated;
     printf("\"stats\": {\"mode\": \"%s\", \"prompt_tokens\": %d, \"generated_tokens\": %d, \"stop\": \"%s\", "
            "\"load_s\": %.6f, \"prefill_s\": %.6f, \"decode_s\": %.6f, \"prefill_tokens_per_s\": %.3f, "
@@ -86,13 +156,15 @@ static void print_stats_json(const dfl_gen_stats *st, int drafting, const dfl_mo
                    st->pos_drafted[k] ? (double)st->pos_accepted[k] / st->pos_drafted[k] : 0.0);
         printf("], \"accept_hist\": [");
         for (int a = 0; a < st->max_block; a++) printf("%s%ld", a ? ", " : "", st->accept_hist[a]);
+        printf("], \"acceptance_lengths\": [");
+        for (int r = 0; r < rl->n; r++) printf("%s%d", r ? ", " : "", rl->committed[r]);
         printf("]");
     }
     printf("}");
 }
 
 int cmd_generate(int argc, char **argv) {
-    const char *target = NULL, *drafter_dir = NULL;
+    const char *target = NULL, *drafter_dir = NULL, *dump_path = NULL;
     cli_prompt pr = {0};
     long max_new = 128, max_ctx = 0, block = 0, seed = 0;
     double temperature = 0;
@@ -123,6 +195,8 @@ int cmd_generate(int argc, char **argv) {
             if (cli_parse_long("generate", "--max-context", cli_value(argc, argv, &i), 1, 1 << 24, &max_ctx)) return 2;
         } else if (strcmp(argv[i], "--json") == 0) {
             json = 1;
+        } else if (strcmp(argv[i], "--dump-drafts") == 0) {
+            dump_path = cli_value(argc, argv, &i);
         } else if (strcmp(argv[i], "--check-weights") == 0) {
             check = 1;
         } else if (strcmp(argv[i], "--ignore-eos") == 0) {
@@ -133,6 +207,7 @@ int cmd_generate(int argc, char **argv) {
     }
     if (!target) return cli_usage_error("generate", "missing --target DIR");
     if (block && !drafter_dir) return cli_usage_error("generate", "--block-size needs --drafter");
+    if (dump_path && !drafter_dir) return cli_usage_error("generate", "--dump-drafts needs --drafter");
     dfl_model m;
     double t0 = dfl_now();
     if (model_open(&m, target, check) != DFL_OK) return cli_fail("generate", "%s", dfl_errmsg());
@@ -192,6 +267,8 @@ int cmd_generate(int argc, char **argv) {
     if (have_ds) dif = spec_dflash_drafter(&ds);
     dfl_gen_opts o = {.max_new = (int)max_new, .block = (int)block, .temperature = (float)temperature,
                       .seed = (uint64_t)seed, .ignore_eos = ignore_eos};
+    rounds_log rl = {.keep_drafts = dump_path != NULL};
+    if (have_ds) o.on_round = on_round, o.on_round_ud = &rl;
     int32_t *out = malloc((size_t)max_new * sizeof(int32_t));
     stream sm = {.tok = tok, .ids = malloc((size_t)max_new * sizeof(int32_t))};
     dfl_gen_stats st;
@@ -205,7 +282,7 @@ int cmd_generate(int argc, char **argv) {
         printf("], \"text\": ");
         cli_json_string(stdout, text ? text : "");
         printf(", ");
-        print_stats_json(&st, have_ds, &m, s.bytes + (have_ds ? ds.bytes : 0), max_ctx, t_load);
+        print_stats_json(&st, have_ds ? &rl : NULL, &m, s.bytes + (have_ds ? ds.bytes : 0), max_ctx, t_load);
         printf("}\n");
         free(text);
     } else {
@@ -218,6 +295,8 @@ int cmd_generate(int argc, char **argv) {
             fprintf(stderr, "; %d rounds, tau %.2f (block %ld)", st.rounds, spec_tau(&st), block);
         fprintf(stderr, "; weights %.1f MB mmapped, state %.1f MB\n", m.weight_bytes / 1e6, s.bytes / 1e6);
     }
+    if (dump_path && rc == 0 && dump_write(&rl, dump_path) != DFL_OK) rc = cli_fail("generate", "%s", dfl_errmsg());
+    rounds_free(&rl);
     free(out);
     free(sm.ids);
     if (have_ds) dstate_free(&ds);

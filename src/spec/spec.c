@@ -163,6 +163,7 @@ int spec_generate(dfl_state *s, dfl_draft_if *dr, const int32_t *prompt, int n_p
             }
             st->rounds++;
             st->accept_hist[0]++;
+            if (o->on_round) o->on_round(o->on_round_ud, start, &anchor, 1, NULL, V, 0);
             commit(&g, &next, 1);
             continue;
         }
@@ -227,6 +228,7 @@ int spec_generate(dfl_state *s, dfl_draft_if *dr, const int32_t *prompt, int n_p
             st->pos_drafted[k]++;
             if (k <= a) st->pos_accepted[k]++;
         }
+        if (o->on_round) o->on_round(o->on_round_ud, start, block, bs, dlogits, V, a);
         for (int k = 0; k < a; k++) acc[k] = block[k + 1];
         acc[a] = bonus;
         commit(&g, acc, a + 1);

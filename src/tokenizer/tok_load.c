@@ -61,8 +61,8 @@ static int require_bool(const cJSON *o, const char *key, int dflt, int want, con
 
 static int parse_id(const cJSON *v, int32_t *out, const char *field, const char *what) {
     char b[96];
-    if (!cJSON_IsNumber(v) || v->valuedouble != (double)(int64_t)v->valuedouble || v->valuedouble < 0 ||
-        v->valuedouble >= TOK_MAX_ID)
+    if (!cJSON_IsNumber(v) || !(v->valuedouble >= 0 && v->valuedouble < TOK_MAX_ID) ||
+        v->valuedouble != (double)(int32_t)v->valuedouble)
         return dfl_seterr("%s: %s: expected an integer id in [0, %d), found %s", field, what, TOK_MAX_ID,
                           brief(v, b, sizeof b));
     *out = (int32_t)v->valuedouble;

@@ -215,6 +215,8 @@ static void test_malformed(void) {
         {"wordpiece.json", TINY_HEAD "\"model\": {\"type\": \"WordPiece\", \"vocab\": {}}}", "WordPiece"},
         {"vocabarr.json", TINY_HEAD "\"model\": {\"type\": \"BPE\", \"vocab\": [1], \"merges\": []}}", "model.vocab"},
         {"badid.json", TINY_HEAD "\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": -1}, \"merges\": []}}", "model.vocab"},
+        {"bigid.json", TINY_HEAD "\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 1e300}, \"merges\": []}}", "model.vocab"},
+        {"fracid.json", TINY_HEAD "\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0.5}, \"merges\": []}}", "model.vocab"},
         {"dupid.json", TINY_HEAD "\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 0}, \"merges\": []}}", "id 0"},
         {"merge.json", TINY_HEAD "\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": [\"a q\"]}}", "\"q\""},
         {"merge3.json", TINY_HEAD "\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": [\"a a a\"]}}", "merges[0]"},
