@@ -2,7 +2,7 @@
 # Debian packages dfl builds against (idempotent: installs only what is missing).
 set -euo pipefail
 pkgs=(build-essential cmake pkg-config python3 python3-venv libpcre2-dev libutf8proc-dev libcjson-dev
-      libmicrohttpd-dev libcurl4-openssl-dev)
+      libmicrohttpd-dev libcurl4-openssl-dev curl)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

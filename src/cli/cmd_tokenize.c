@@ -21,7 +21,8 @@ static void usage(FILE *f) {
             "  --tokenizer PATH  tokenizer.json, or a model directory holding one\n"
             "  --text STR        the input, instead of stdin\n"
             "  --json            print a JSON array of ids (with --decode: a JSON string)\n"
-            "  --decode          read ids (whitespace/comma separated, or a JSON array) and print the text\n"
+            "  --decode          read ids (whitespace/comma separated, or a JSON array); print the text and\n"
+            "                    a newline. Bytes that are not valid UTF-8 (a cut character) print as U+FFFD\n"
             "  --skip-special    with --decode: drop special added tokens (e.g. <|im_end|>)\n"
             "  --lines           batch mode: every stdin line is a JSON string (with --decode: a list\n"
             "                    of ids); prints one JSON array (with --decode: a JSON string) per line\n");
