@@ -1,12 +1,43 @@
 /* Compute kernels. All activations are float32; weight matrices may be F32, F16 or BF16
- * and are read in place from the mmap. */
+ * and are read in place from the mmap.
+ *
+ * Instruction-set paths: every dispatched kernel (kn_matmul, kn_dot, kn_axpy, kn_gdn_*) has a
+ * generic C variant and x86-64 SIMD variants compiled with target attributes, chosen at run
+ * time from the CPU's features (the binary runs on any x86-64). DFL_ISA=generic|avx2|avx512|
+ * avx512bf16 forces a path (benchmarks, tests). Within one path each output element is
+ * computed by the same operations whatever the batch size n, so a forward over n tokens
+ * equals n single-token forwards bit for bit; different paths agree up to rounding. */
 #ifndef DFL_KERNELS_H
 #define DFL_KERNELS_H
 
 #include <math.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "dfl/safetensors.h"
+
+typedef enum kn_isa {
+    KN_ISA_GENERIC,    /* portable C */
+    KN_ISA_AVX2,       /* AVX2 + FMA + F16C */
+    KN_ISA_AVX512,     /* AVX-512 F/BW/VL/DQ + FMA: float32 FMAs over converted weights */
+    KN_ISA_AVX512BF16, /* AVX-512 BF16 dot products on BF16 weights, each activation split into a
+                        * bf16 hi + lo pair (~16 mantissa bits); other dtypes as KN_ISA_AVX512 */
+    KN_ISA_COUNT
+} kn_isa;
+
+/* 1 if this CPU (and OS) can run the path. */
+int kn_isa_supported(kn_isa isa);
+/* The default path: DFL_ISA when set (a name this CPU cannot run falls back to the best one
+ * below it, with a warning on stderr), else the fastest supported one. */
+kn_isa kn_isa_default(void);
+/* The path the kernels use now (kn_isa_default() until kn_isa_set). */
+kn_isa kn_isa_get(void);
+/* Force a path; DFL_ERR (message set) when the CPU cannot run it. Call between kernels,
+ * never while one runs. */
+int kn_isa_set(kn_isa isa);
+const char *kn_isa_name(kn_isa isa);
+/* "generic" | "avx2" | "avx512" | "avx512bf16" -> isa; DFL_ERR on other names. */
+int kn_isa_parse(const char *name, kn_isa *out);
 
 /* A weight matrix W [rows, cols], row-major, y = W x. data is element-aligned (the loader
  * copies unaligned tensors into `owned`). */
@@ -17,10 +48,16 @@ typedef struct dfl_mat {
     void *owned; /* non-NULL when data is a private aligned copy */
 } dfl_mat;
 
-/* y[n][rows] = x[n][cols] . W^T — each weight row is read once for all n inputs. */
+/* y[n][rows] = x[n][cols] . W^T — OpenMP-threaded over rows; each weight row is read once
+ * for all n inputs (register tiles of rows x tokens, x blocked to stay in cache). */
 void kn_matmul(float *y, const float *x, const dfl_mat *w, int n);
 /* One row of W as float32: out[cols]. */
 void kn_mat_row(const dfl_mat *w, int row, float *out);
+
+/* sum_i a[i] * b[i] over n floats. */
+float kn_dot(const float *a, const float *b, int n);
+/* y[i] += a * x[i] over n floats. */
+void kn_axpy(float *y, float a, const float *x, int n);
 
 /* y = x * rsqrt(mean(x^2) + eps) * w  (w already holds the effective multiplier). */
 void kn_rmsnorm(float *y, const float *x, const float *w, int n, float eps);
@@ -32,6 +69,31 @@ void kn_rope(float *x, const float *cos, const float *sin, int rot);
 void kn_softmax(float *x, int n);
 /* Index of the largest value (first on ties). */
 int kn_argmax(const float *x, int n);
+
+/* ---- Gated DeltaNet core, one value head (SPEC §3) ------------------------------------ */
+
+/* Tokens per chunk of kn_gdn_chunked. */
+#define KN_GDN_CHUNK 64
+
+/* Inputs of one value head over n tokens: token t reads q + t*ld and k + t*ld [dk] (already
+ * L2-normalised, q scaled by 1/sqrt(dk)), v + t*ld [dv], log-decay g[t] <= 0 and beta[t]. */
+typedef struct kn_gdn_io {
+    int dk, dv, n;
+    const float *q, *k, *v;
+    size_t ld;
+    const float *g, *beta;
+    float *out;  /* o_t at out + t*ldo [dv], or NULL (state only) */
+    size_t ldo;
+} kn_gdn_io;
+
+/* Token-by-token recurrence on the state S [dk][dv]:
+ *   S *= exp(g_t); d = (v_t - S^T k_t) beta_t; S += k_t d^T; o_t = S^T q_t. */
+void kn_gdn_recurrent(float *S, const kn_gdn_io *io);
+/* The same function computed by chunks of KN_GDN_CHUNK tokens in the WY/UT form (per chunk:
+ * cumulative decays, the unit lower-triangular system for the deltas solved by forward
+ * substitution, intra-chunk attention, one state update). Equal to kn_gdn_recurrent up to
+ * rounding. Without memory for its scratch (~0.1 MB) it runs kn_gdn_recurrent. */
+void kn_gdn_chunked(float *S, const kn_gdn_io *io);
 
 static inline float kn_silu(float x) { return x / (1.0f + expf(-x)); }
 static inline float kn_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }

@@ -20,4 +20,9 @@ char *prompt_format(const char *user, dfl_chat mode);
 /* Parse "1,2,3" or "1 2 3" or a JSON array into malloc'd ids. DFL_ERR on bad input. */
 int prompt_parse_ids(const char *s, int32_t **ids, size_t *n);
 
+/* Decode generated ids for display, skipping special tokens and — as HF tokenizers does — ids
+ * the tokenizer does not know (a model's vocabulary is often padded beyond the tokenizer's);
+ * *n_unknown (if not NULL) counts those. malloc'd; NULL only when out of memory. */
+char *prompt_decode(const dfl_tokenizer *tok, const int32_t *ids, size_t n, int *n_unknown);
+
 #endif

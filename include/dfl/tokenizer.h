@@ -31,6 +31,9 @@ int32_t tok_token_id(const dfl_tokenizer *tok, const char *token);
 /* Number of ids (max id + 1, added tokens included). */
 int32_t tok_vocab_size(const dfl_tokenizer *tok);
 
+/* 1 if id maps to a token (vocabulary or added token). */
+int tok_has_id(const dfl_tokenizer *tok, int32_t id);
+
 /* 1 if id is a special added token. */
 int tok_is_special(const dfl_tokenizer *tok, int32_t id);
 

@@ -10,6 +10,7 @@ int cmd_tokenize(int argc, char **argv);
 int cmd_generate(int argc, char **argv);
 int cmd_hidden(int argc, char **argv);
 int cmd_hidden_diff(int argc, char **argv);
+int cmd_serve(int argc, char **argv);
 
 /* "--flag" handling helpers. cli_is_help returns 1 for -h / --help. */
 int cli_is_help(const char *arg);

@@ -114,7 +114,7 @@ typedef struct stream {
 /* Print the not yet printed part of the decoded text, holding back a trailing replacement
  * character that may be an incomplete UTF-8 sequence. */
 static void stream_flush(stream *st, int final) {
-    char *s = tok_decode(st->tok, st->ids, st->n, 1);
+    char *s = prompt_decode(st->tok, st->ids, st->n, NULL);
     if (!s) return;
     size_t len = strlen(s);
     if (!final && len >= 3 && memcmp(s + len - 3, "\xef\xbf\xbd", 3) == 0) len -= 3;
@@ -276,12 +276,13 @@ int cmd_generate(int argc, char **argv) {
                       &sm) != DFL_OK) {
         rc = cli_fail("generate", "%s", dfl_errmsg());
     } else if (json) {
-        char *text = tok_decode(tok, out, (size_t)st.generated, 1);
+        int unknown = 0;
+        char *text = prompt_decode(tok, out, (size_t)st.generated, &unknown);
         printf("{\"tokens\": [");
         for (int i = 0; i < st.generated; i++) printf("%s%d", i ? ", " : "", out[i]);
         printf("], \"text\": ");
         cli_json_string(stdout, text ? text : "");
-        printf(", ");
+        printf(", \"unknown_ids\": %d, ", unknown);
         print_stats_json(&st, have_ds ? &rl : NULL, &m, s.bytes + (have_ds ? ds.bytes : 0), max_ctx, t_load);
         printf("}\n");
         free(text);

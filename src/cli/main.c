@@ -18,6 +18,7 @@ static const struct subcommand subcommands[] = {
     {"generate", cmd_generate, "greedy generation with a target model"},
     {"hidden", cmd_hidden, "dump hidden states of chosen decoder layers to safetensors"},
     {"hidden-diff", cmd_hidden_diff, "compare two hidden-state dumps layer by layer"},
+    {"serve", cmd_serve, "HTTP server with speculative decoding (OpenAI, SGLang /generate, /metrics)"},
 };
 
 static void usage(FILE *f) {

@@ -57,3 +57,15 @@ int prompt_parse_ids(const char *s, int32_t **ids, size_t *n) {
     *n = k;
     return DFL_OK;
 }
+
+char *prompt_decode(const dfl_tokenizer *tok, const int32_t *ids, size_t n, int *n_unknown) {
+    int32_t *known = malloc((n + 1) * sizeof *known);
+    if (!known) return NULL;
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++)
+        if (tok_has_id(tok, ids[i])) known[k++] = ids[i];
+    if (n_unknown) *n_unknown = (int)(n - k);
+    char *s = tok_decode(tok, known, k, 1);
+    free(known);
+    return s;
+}

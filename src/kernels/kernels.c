@@ -1,9 +1,10 @@
-/* Generic C kernels (float32 compute over F32/F16/BF16 weights), OpenMP-threaded. */
-#include "dfl/kernels.h"
-
+/* Generic C kernels (float32 compute over F32/F16/BF16 weights), OpenMP-threaded, and the
+ * dispatch of the kernels that have SIMD variants. */
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "kn_internal.h"
 
 void kn_mat_row(const dfl_mat *w, int row, float *out) {
     size_t off = (size_t)row * (size_t)w->cols;
@@ -27,7 +28,7 @@ void kn_mat_row(const dfl_mat *w, int row, float *out) {
     }
 }
 
-static float dot_f32(const float *a, const float *b, int n) {
+float kn_dot_generic(const float *a, const float *b, int n) {
     float s0 = 0, s1 = 0, s2 = 0, s3 = 0;
     int i = 0;
     for (; i + 4 <= n; i += 4) {
@@ -40,23 +41,85 @@ static float dot_f32(const float *a, const float *b, int n) {
     return (s0 + s1) + (s2 + s3);
 }
 
-void kn_matmul(float *y, const float *x, const dfl_mat *w, int n) {
+void kn_axpy_generic(float *y, float a, const float *x, int n) {
+    for (int i = 0; i < n; i++) y[i] += a * x[i];
+}
+
+/* One (row, token) product of the generic kernel: the row converted on the fly, four
+ * interleaved partial sums (the same order as kn_dot_generic). */
+static float dot_row(const dfl_mat *w, int row, const float *x) {
+    const size_t off = (size_t)row * (size_t)w->cols;
+    const int n = w->cols;
+    if (w->dtype == ST_F32) return kn_dot_generic((const float *)w->data + off, x, n);
+    const uint16_t *p = (const uint16_t *)w->data + off;
+    const int bf = w->dtype == ST_BF16;
+    float s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+    int i = 0;
+    for (; i + 4 <= n; i += 4) {
+        s0 += (bf ? st_bf16_to_f32(p[i]) : st_f16_to_f32(p[i])) * x[i];
+        s1 += (bf ? st_bf16_to_f32(p[i + 1]) : st_f16_to_f32(p[i + 1])) * x[i + 1];
+        s2 += (bf ? st_bf16_to_f32(p[i + 2]) : st_f16_to_f32(p[i + 2])) * x[i + 2];
+        s3 += (bf ? st_bf16_to_f32(p[i + 3]) : st_f16_to_f32(p[i + 3])) * x[i + 3];
+    }
+    for (; i < n; i++) s0 += (bf ? st_bf16_to_f32(p[i]) : st_f16_to_f32(p[i])) * x[i];
+    return (s0 + s1) + (s2 + s3);
+}
+
+void kn_matmul_generic(float *y, const float *x, const dfl_mat *w, int n) {
     const int rows = w->rows, cols = w->cols;
-#pragma omp parallel
-    {
-        float *row = w->dtype == ST_F32 ? NULL : malloc((size_t)cols * sizeof(float));
-#pragma omp for schedule(static)
-        for (int r = 0; r < rows; r++) {
-            const float *wr;
-            if (w->dtype == ST_F32) {
-                wr = (const float *)w->data + (size_t)r * cols;
-            } else {
-                kn_mat_row(w, r, row);
-                wr = row;
-            }
-            for (int t = 0; t < n; t++) y[(size_t)t * rows + r] = dot_f32(wr, x + (size_t)t * cols, cols);
-        }
-        free(row);
+    if (w->dtype != ST_F32 && w->dtype != ST_BF16 && w->dtype != ST_F16)
+        abort(); /* the loader refuses other dtypes before any compute */
+#pragma omp parallel for schedule(static)
+    for (int r = 0; r < rows; r++)
+        for (int t = 0; t < n; t++) y[(size_t)t * rows + r] = dot_row(w, r, x + (size_t)t * cols);
+}
+
+void kn_matmul(float *y, const float *x, const dfl_mat *w, int n) {
+    switch (kn_isa_get()) {
+#if KN_X86
+    case KN_ISA_AVX512BF16:
+        if (w->dtype == ST_BF16) kn_matmul_avx512bf16(y, x, w, n);
+        else kn_matmul_avx512(y, x, w, n);
+        return;
+    case KN_ISA_AVX512:
+        kn_matmul_avx512(y, x, w, n);
+        return;
+    case KN_ISA_AVX2:
+        kn_matmul_avx2(y, x, w, n);
+        return;
+#endif
+    default:
+        kn_matmul_generic(y, x, w, n);
+    }
+}
+
+float kn_dot(const float *a, const float *b, int n) {
+    switch (kn_isa_get()) {
+#if KN_X86
+    case KN_ISA_AVX512BF16:
+    case KN_ISA_AVX512:
+        return kn_dot_avx512(a, b, n);
+    case KN_ISA_AVX2:
+        return kn_dot_avx2(a, b, n);
+#endif
+    default:
+        return kn_dot_generic(a, b, n);
+    }
+}
+
+void kn_axpy(float *y, float a, const float *x, int n) {
+    switch (kn_isa_get()) {
+#if KN_X86
+    case KN_ISA_AVX512BF16:
+    case KN_ISA_AVX512:
+        kn_axpy_avx512(y, a, x, n);
+        return;
+    case KN_ISA_AVX2:
+        kn_axpy_avx2(y, a, x, n);
+        return;
+#endif
+    default:
+        kn_axpy_generic(y, a, x, n);
     }
 }
 

@@ -195,20 +195,11 @@ static void attention_layer(dfl_state *s, int li, int n) {
             float *sc = s->scores + (size_t)omp_get_thread_num() * s->max_ctx;
             const float *q = s->q + (size_t)t * qstride + (size_t)h * hd * (gated ? 2 : 1);
             const int kvh = h / group, len = p0 + t + 1; /* causal: keys 0..p0+t */
-            for (int j = 0; j < len; j++) {
-                const float *k = kc + (size_t)j * kvw + (size_t)kvh * hd;
-                float d = 0;
-                for (int i = 0; i < hd; i++) d += q[i] * k[i];
-                sc[j] = d * scale;
-            }
+            for (int j = 0; j < len; j++) sc[j] = kn_dot(q, kc + (size_t)j * kvw + (size_t)kvh * hd, hd) * scale;
             kn_softmax(sc, len);
             float *o = s->att + (size_t)t * Hq * hd + (size_t)h * hd;
             memset(o, 0, (size_t)hd * sizeof(float));
-            for (int j = 0; j < len; j++) {
-                const float *v = vc + (size_t)j * kvw + (size_t)kvh * hd;
-                const float p = sc[j];
-                for (int i = 0; i < hd; i++) o[i] += p * v[i];
-            }
+            for (int j = 0; j < len; j++) kn_axpy(o, sc[j], vc + (size_t)j * kvw + (size_t)kvh * hd, hd);
             if (gated) { /* output gate: the second half of this head's q_proj rows */
                 const float *gate = q + hd;
                 for (int i = 0; i < hd; i++) o[i] *= kn_sigmoid(gate[i]);
@@ -222,8 +213,11 @@ static void attention_layer(dfl_state *s, int li, int n) {
 /* ---- Gated DeltaNet layer ---------------------------------------------------------- */
 
 /* Advance one linear layer's conv window and recurrent state over n tokens.
- * qkv: [n, conv_dim] pre-conv projections, overwritten with the conv+SiLU output.
- * ab:  [n, 2*Hv] raw a | b projections. out: [n, Hv*dv] core output, or NULL (state only). */
+ * qkv: [n, conv_dim] pre-conv projections, overwritten with the conv+SiLU output (q and k then
+ * L2-normalised, q scaled). ab: [n, 2*Hv] raw a | b projections. out: [n, Hv*dv] core output,
+ * or NULL (state only). Batches of KN_GDN_CHUNK tokens or more with an output (prefill) use
+ * the chunked form; smaller ones (decode, verification) and state-only replays the per-token
+ * recurrence, so that a verified block and its replay follow the same operations. */
 static void gated_delta(const dfl_model *m, const dfl_layer_w *l, float *conv_state, float *S, float *qkv,
                         const float *ab, int n, float *out) {
     const dfl_config *g = &m->cfg;
@@ -244,48 +238,37 @@ static void gated_delta(const dfl_model *m, const dfl_layer_w *l, float *conv_st
         }
         for (int j = 0; j < K - 1; j++) conv_state[(size_t)j * C + c] = win[j];
     }
+    /* L2-normalise q and k per (token, key head); q also scaled by 1/sqrt(dk) */
     const float qscale = 1.0f / sqrtf((float)dk);
 #pragma omp parallel for schedule(static)
+    for (int th = 0; th < n * Hk; th++) {
+        float *q = qkv + (size_t)(th / Hk) * C + (size_t)(th % Hk) * dk, *k = q + (size_t)Hk * dk;
+        float sq = 0, sk = 0;
+        for (int i = 0; i < dk; i++) sq += q[i] * q[i], sk += k[i] * k[i];
+        const float rq = 1.0f / sqrtf(sq + 1e-6f), rk = 1.0f / sqrtf(sk + 1e-6f);
+        for (int i = 0; i < dk; i++) q[i] = q[i] * rq * qscale, k[i] = k[i] * rk;
+    }
+    const int chunked = out && n >= KN_GDN_CHUNK;
+#pragma omp parallel for schedule(static)
     for (int h = 0; h < Hv; h++) {
-        float qn[512], kn[512], u[512];
-        float *Sh = S + (size_t)h * dk * dv; /* [dk][dv] */
+        float gb[2 * KN_GDN_CHUNK]; /* log-decays | betas of up to one chunk of tokens */
         const int kh = h / ratio;
-        for (int t = 0; t < n; t++) {
-            const float *row = qkv + (size_t)t * C;
-            const float *q = row + (size_t)kh * dk, *k = row + (size_t)Hk * dk + (size_t)kh * dk;
-            const float *v = row + 2 * (size_t)Hk * dk + (size_t)h * dv;
-            float sq = 0, sk = 0;
-            for (int i = 0; i < dk; i++) sq += q[i] * q[i], sk += k[i] * k[i];
-            const float rq = 1.0f / sqrtf(sq + 1e-6f), rk = 1.0f / sqrtf(sk + 1e-6f);
-            for (int i = 0; i < dk; i++) qn[i] = q[i] * rq * qscale, kn[i] = k[i] * rk;
-            const float a = ab[(size_t)t * 2 * Hv + h], b = ab[(size_t)t * 2 * Hv + Hv + h];
-            const float beta = kn_sigmoid(b);
-            const float decay = expf(l->neg_exp_A[h] * kn_softplus(a + l->dt_bias[h]));
-            for (int j = 0; j < dv; j++) u[j] = 0;
-            for (int i = 0; i < dk; i++) {
-                float *Si = Sh + (size_t)i * dv;
-                for (int j = 0; j < dv; j++) {
-                    Si[j] *= decay;
-                    u[j] += Si[j] * kn[i];
-                }
+        for (int t0 = 0; t0 < n; t0 += KN_GDN_CHUNK) {
+            const int nt = n - t0 < KN_GDN_CHUNK ? n - t0 : KN_GDN_CHUNK;
+            for (int t = 0; t < nt; t++) {
+                const float a = ab[(size_t)(t0 + t) * 2 * Hv + h], b = ab[(size_t)(t0 + t) * 2 * Hv + Hv + h];
+                gb[t] = l->neg_exp_A[h] * kn_softplus(a + l->dt_bias[h]);
+                gb[KN_GDN_CHUNK + t] = kn_sigmoid(b);
             }
-            for (int j = 0; j < dv; j++) u[j] = (v[j] - u[j]) * beta; /* delta */
-            if (out) {
-                float *o = out + (size_t)t * Hv * dv + (size_t)h * dv;
-                for (int j = 0; j < dv; j++) o[j] = 0;
-                for (int i = 0; i < dk; i++) {
-                    float *Si = Sh + (size_t)i * dv;
-                    for (int j = 0; j < dv; j++) {
-                        Si[j] += kn[i] * u[j];
-                        o[j] += Si[j] * qn[i];
-                    }
-                }
-            } else {
-                for (int i = 0; i < dk; i++) {
-                    float *Si = Sh + (size_t)i * dv;
-                    for (int j = 0; j < dv; j++) Si[j] += kn[i] * u[j];
-                }
-            }
+            const float *row = qkv + (size_t)t0 * C;
+            const kn_gdn_io io = {.dk = dk, .dv = dv, .n = nt, .q = row + (size_t)kh * dk,
+                                  .k = row + (size_t)Hk * dk + (size_t)kh * dk,
+                                  .v = row + 2 * (size_t)Hk * dk + (size_t)h * dv, .ld = (size_t)C, .g = gb,
+                                  .beta = gb + KN_GDN_CHUNK,
+                                  .out = out ? out + (size_t)t0 * Hv * dv + (size_t)h * dv : NULL,
+                                  .ldo = (size_t)Hv * dv};
+            if (chunked) kn_gdn_chunked(S + (size_t)h * dk * dv, &io);
+            else kn_gdn_recurrent(S + (size_t)h * dk * dv, &io);
         }
     }
 }

@@ -79,6 +79,10 @@ int32_t tok_token_id(const dfl_tokenizer *tok, const char *token) {
 
 int32_t tok_vocab_size(const dfl_tokenizer *tok) { return tok->n_ids; }
 
+int tok_has_id(const dfl_tokenizer *tok, int32_t id) {
+    return id >= 0 && id < tok->n_ids && (tok->id_added[id] >= 0 || tok->id_tok[id] != NULL);
+}
+
 int tok_is_special(const dfl_tokenizer *tok, int32_t id) {
     return id >= 0 && id < tok->n_ids && tok->id_added[id] >= 0 && tok->added[tok->id_added[id]].special;
 }

@@ -1,0 +1,51 @@
+/* dfl serve: an HTTP server for speculative decoding speaking the APIs evaluation harnesses
+ * call — OpenAI /v1/completions and /v1/chat/completions, SGLang /generate, /tokenize,
+ * /detokenize, /health, Prometheus /metrics (docs/serve.md).
+ *
+ * The engine runs one sequence at a time: requests are queued and served in arrival order by a
+ * single worker thread that owns the model state (no batching). HTTP connections are handled
+ * by libmicrohttpd, one thread per connection. */
+#ifndef DFL_SERVER_H
+#define DFL_SERVER_H
+
+#include <stddef.h>
+
+typedef struct dfl_server_opts {
+    const char *target;     /* target checkpoint directory */
+    const char *drafter;    /* DFlash drafter directory; NULL = autoregressive decoding */
+    const char *tokenizer;  /* tokenizer.json or a directory holding one; NULL = the target's */
+    const char *model_name; /* the "model" of responses and metrics; NULL = target dir basename */
+    int block;              /* verification block; 0 = the drafter's block_size */
+    const char *host;       /* address to bind (numeric or a name); NULL = 127.0.0.1 */
+    int port;               /* 0 = a free port chosen by the system (see server_port) */
+    int max_queue;          /* generation requests that may wait behind the running one */
+    int max_context;        /* positions per sequence (prompt + output); 0 = default */
+    size_t max_body;        /* request body limit in bytes */
+    int check_weights;      /* scan the weights for NaN/Inf at load */
+    int log_requests;       /* one line per request on stderr */
+} dfl_server_opts;
+
+#define DFL_SERVE_DEFAULT_QUEUE 64
+#define DFL_SERVE_DEFAULT_CONTEXT 4096 /* capped by the model's max_position_embeddings */
+#define DFL_SERVE_DEFAULT_BODY (8u << 20)
+
+typedef struct dfl_server dfl_server;
+
+/* Defaults: loopback, port 0, the DFL_SERVE_DEFAULT_* limits, everything else unset. */
+void server_opts_default(dfl_server_opts *o);
+
+/* Load the models, allocate the run state, bind and start serving. NULL + dfl_errmsg() on
+ * error (bad checkpoint, drafter/target mismatch, address in use, ...). */
+dfl_server *server_start(const dfl_server_opts *o);
+
+/* The bound TCP port (the chosen one when opts.port was 0). */
+int server_port(const dfl_server *s);
+/* The context size in effect (positions per sequence). */
+int server_max_context(const dfl_server *s);
+
+/* Drain and free: new requests get 503, queued ones are answered 503 ("shutting down"), the
+ * one being generated runs to its end and is delivered; then the daemon stops and every
+ * connection is closed. */
+void server_stop(dfl_server *s);
+
+#endif

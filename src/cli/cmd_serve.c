@@ -1,0 +1,108 @@
+/* dfl serve: run the HTTP server (src/server) until SIGTERM or SIGINT, then drain and exit 0. */
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "cli/cli.h"
+#include "dfl/common.h"
+#include "dfl/server.h"
+#include "dfl/spec.h"
+
+static const char *usage_text =
+    "usage: dfl serve --target DIR [--drafter DIR [--block-size B]] [--host ADDR] [--port P]\n"
+    "                 [--max-queue N] [--max-context N] [--max-body BYTES] [--tokenizer PATH]\n"
+    "                 [--model-name NAME] [--quiet] [--check-weights]\n"
+    "\n"
+    "Serve generation over HTTP with DFlash speculative decoding (or autoregressively without a\n"
+    "drafter): OpenAI POST /v1/completions and /v1/chat/completions (streaming with \"stream\": true),\n"
+    "SGLang POST /generate (meta_info carries spec_verify_ct, spec_accept_length and per-position\n"
+    "acceptance), POST /tokenize, POST /detokenize, GET /v1/models, GET /health and Prometheus\n"
+    "GET /metrics (vllm:spec_decode_* counters). One sequence at a time: requests queue and are\n"
+    "served in arrival order by one worker (no batching); each request gives the same tokens as\n"
+    "dfl generate with the same prompt and options. See docs/serve.md.\n"
+    "\n"
+    "  --target DIR        target checkpoint (qwen3, qwen3_5 or qwen3_5_text)\n"
+    "  --drafter DIR       DFlash drafter checkpoint (z-lab format)\n"
+    "  --block-size B      verification block (default: the drafter's block_size)\n"
+    "  --host ADDR         address to bind (default 127.0.0.1, loopback only)\n"
+    "  --port P            TCP port (default 8000; 0 = a free port, printed at start)\n"
+    "  --max-queue N       requests that may wait behind the running one; more get 503 (default 64)\n"
+    "  --max-context N     positions per request, prompt + output (default min(4096,\n"
+    "                      max_position_embeddings)); longer requests get 400\n"
+    "  --max-body BYTES    request body limit; larger bodies get 413 (default 8388608)\n"
+    "  --tokenizer PATH    tokenizer.json or directory (default: the target directory)\n"
+    "  --model-name NAME   the \"model\" reported in responses (default: the target directory's name)\n"
+    "  --quiet             do not log each request on stderr\n"
+    "  --check-weights     scan the weights for NaN/Inf at load\n"
+    "\n"
+    "Prints \"dfl serve: listening on http://HOST:PORT\" on stderr once it accepts requests.\n";
+
+int cmd_serve(int argc, char **argv) {
+    dfl_server_opts o;
+    server_opts_default(&o);
+    o.port = 8000;
+    o.log_requests = 1;
+    long v;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (cli_is_help(a)) {
+            fputs(usage_text, stdout);
+            return 0;
+        } else if (strcmp(a, "--target") == 0) {
+            o.target = cli_value(argc, argv, &i);
+        } else if (strcmp(a, "--drafter") == 0) {
+            o.drafter = cli_value(argc, argv, &i);
+        } else if (strcmp(a, "--tokenizer") == 0) {
+            o.tokenizer = cli_value(argc, argv, &i);
+        } else if (strcmp(a, "--model-name") == 0) {
+            o.model_name = cli_value(argc, argv, &i);
+        } else if (strcmp(a, "--host") == 0) {
+            o.host = cli_value(argc, argv, &i);
+        } else if (strcmp(a, "--block-size") == 0) {
+            if (cli_parse_long("serve", a, cli_value(argc, argv, &i), 2, DFL_MAX_BLOCK, &v)) return 2;
+            o.block = (int)v;
+        } else if (strcmp(a, "--port") == 0) {
+            if (cli_parse_long("serve", a, cli_value(argc, argv, &i), 0, 65535, &v)) return 2;
+            o.port = (int)v;
+        } else if (strcmp(a, "--max-queue") == 0) {
+            if (cli_parse_long("serve", a, cli_value(argc, argv, &i), 0, 1 << 20, &v)) return 2;
+            o.max_queue = (int)v;
+        } else if (strcmp(a, "--max-context") == 0) {
+            if (cli_parse_long("serve", a, cli_value(argc, argv, &i), 2, 1 << 24, &v)) return 2;
+            o.max_context = (int)v;
+        } else if (strcmp(a, "--max-body") == 0) {
+            if (cli_parse_long("serve", a, cli_value(argc, argv, &i), 1, 1L << 32, &v)) return 2;
+            o.max_body = (size_t)v;
+        } else if (strcmp(a, "--quiet") == 0) {
+            o.log_requests = 0;
+        } else if (strcmp(a, "--check-weights") == 0) {
+            o.check_weights = 1;
+        } else {
+            return cli_usage_error("serve", "unknown argument '%s' (see dfl serve --help)", a);
+        }
+    }
+    if (!o.target) return cli_usage_error("serve", "missing --target DIR");
+    if (o.block && !o.drafter) return cli_usage_error("serve", "--block-size needs --drafter");
+    /* Block the signals in every thread (the server's threads inherit this mask) and take them
+     * synchronously here, so that shutdown runs in ordinary code, not in a handler. */
+    sigset_t sigs;
+    sigemptyset(&sigs);
+    sigaddset(&sigs, SIGTERM);
+    sigaddset(&sigs, SIGINT);
+    pthread_sigmask(SIG_BLOCK, &sigs, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    dfl_server *srv = server_start(&o);
+    if (!srv) return cli_fail("serve", "%s", dfl_errmsg());
+    const char *host = o.host ? o.host : "127.0.0.1";
+    const int v6 = strchr(host, ':') != NULL;
+    fprintf(stderr, "dfl serve: listening on http://%s%s%s:%d (target %s%s%s, context %d, queue %d)\n",
+            v6 ? "[" : "", host, v6 ? "]" : "", server_port(srv), o.target, o.drafter ? ", drafter " : "",
+            o.drafter ? o.drafter : "", server_max_context(srv), o.max_queue);
+    fflush(stderr);
+    int sig = 0;
+    sigwait(&sigs, &sig);
+    fprintf(stderr, "dfl serve: %s, draining\n", sig == SIGTERM ? "SIGTERM" : "SIGINT");
+    server_stop(srv);
+    fprintf(stderr, "dfl serve: stopped\n");
+    return 0;
+}

@@ -1,0 +1,143 @@
+/* Gated DeltaNet core (SPEC §3) for one value head: the token-by-token recurrence (decode,
+ * verification, rollback replay) and the chunked WY/UT form (prefill), each in a generic
+ * variant and SIMD variants instantiated from gdn_body.h. */
+#include <stdlib.h>
+
+#include "kn_internal.h"
+
+/* ---- generic: scalar "vectors" ---- */
+#define GDN_SUF generic
+#define GDN_TGT
+#define GDN_NJ 4
+#define VT float
+#define VW 1
+#define VLOAD(p) (*(p))
+#define VSTORE(p, v) (*(p) = (v))
+#define VSET1(x) (x)
+#define VZERO() 0.0f
+#define VSUB(a, b) ((a) - (b))
+#define VMUL(a, b) ((a) * (b))
+#define VFMA(a, b, c) ((a) * (b) + (c))
+#define VHSUM(v) (v)
+#include "gdn_body.h"
+#undef GDN_SUF
+#undef GDN_TGT
+#undef VT
+#undef VW
+#undef VLOAD
+#undef VSTORE
+#undef VSET1
+#undef VZERO
+#undef VSUB
+#undef VMUL
+#undef VFMA
+#undef VHSUM
+
+#if KN_X86
+#include <immintrin.h>
+
+/* ---- AVX2 + FMA ---- */
+#define GDN_SUF avx2
+#define GDN_TGT __attribute__((target("avx2,fma")))
+#define VT __m256
+#define VW 8
+#define VLOAD(p) _mm256_loadu_ps(p)
+#define VSTORE(p, v) _mm256_storeu_ps(p, v)
+#define VSET1(x) _mm256_set1_ps(x)
+#define VZERO() _mm256_setzero_ps()
+#define VSUB(a, b) _mm256_sub_ps(a, b)
+#define VMUL(a, b) _mm256_mul_ps(a, b)
+#define VFMA(a, b, c) _mm256_fmadd_ps(a, b, c)
+#define VHSUM(v) hsum8(v)
+__attribute__((target("avx2,fma"))) static inline float hsum8(__m256 v) {
+    const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    const __m128 h = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
+}
+#include "gdn_body.h"
+#undef GDN_SUF
+#undef GDN_TGT
+#undef VT
+#undef VW
+#undef VLOAD
+#undef VSTORE
+#undef VSET1
+#undef VZERO
+#undef VSUB
+#undef VMUL
+#undef VFMA
+#undef VHSUM
+
+/* ---- AVX-512 ---- */
+#define GDN_SUF avx512
+#define GDN_TGT __attribute__((target("avx2,fma,avx512f")))
+#define VT __m512
+#define VW 16
+#define VLOAD(p) _mm512_loadu_ps(p)
+#define VSTORE(p, v) _mm512_storeu_ps(p, v)
+#define VSET1(x) _mm512_set1_ps(x)
+#define VZERO() _mm512_setzero_ps()
+#define VSUB(a, b) _mm512_sub_ps(a, b)
+#define VMUL(a, b) _mm512_mul_ps(a, b)
+#define VFMA(a, b, c) _mm512_fmadd_ps(a, b, c)
+#define VHSUM(v) _mm512_reduce_add_ps(v)
+#include "gdn_body.h"
+#endif
+
+size_t kn_gdn_chunk_work(int dk, int dv) {
+    (void)dv; /* column groups reuse fixed-width buffers */
+    return 2 * (size_t)KN_GDN_CHUNK + 2 * (size_t)KN_GDN_CHUNK * KN_GDN_CHUNK + (size_t)KN_GDN_CHUNK * dk +
+           2 * (size_t)KN_GDN_CHUNK * 64;
+}
+
+/* The widest variant the active path allows for these head sizes. */
+static kn_isa gdn_path(const kn_gdn_io *io) {
+    kn_isa isa = kn_isa_get();
+    if (isa >= KN_ISA_AVX512 && io->dk % 16 == 0 && io->dv % 16 == 0) return KN_ISA_AVX512;
+    if (isa >= KN_ISA_AVX2 && io->dk % 8 == 0 && io->dv % 8 == 0) return KN_ISA_AVX2;
+    return KN_ISA_GENERIC;
+}
+
+void kn_gdn_recurrent(float *S, const kn_gdn_io *io) {
+    switch (gdn_path(io)) {
+#if KN_X86
+    case KN_ISA_AVX512:
+        kn_gdn_recurrent_avx512(S, io);
+        return;
+    case KN_ISA_AVX2:
+        kn_gdn_recurrent_avx2(S, io);
+        return;
+#endif
+    default:
+        kn_gdn_recurrent_generic(S, io);
+    }
+}
+
+void kn_gdn_chunked(float *S, const kn_gdn_io *io) {
+    float *work = malloc(kn_gdn_chunk_work(io->dk, io->dv) * sizeof(float));
+    if (!work) {
+        kn_gdn_recurrent(S, io);
+        return;
+    }
+    const kn_isa path = gdn_path(io);
+    for (int c0 = 0; c0 < io->n; c0 += KN_GDN_CHUNK) {
+        kn_gdn_io c = *io;
+        c.n = io->n - c0 < KN_GDN_CHUNK ? io->n - c0 : KN_GDN_CHUNK;
+        c.q += (size_t)c0 * io->ld, c.k += (size_t)c0 * io->ld, c.v += (size_t)c0 * io->ld;
+        c.g += c0, c.beta += c0;
+        if (c.out) c.out += (size_t)c0 * io->ldo;
+        switch (path) {
+#if KN_X86
+        case KN_ISA_AVX512:
+            kn_gdn_chunk_avx512(S, &c, work);
+            break;
+        case KN_ISA_AVX2:
+            kn_gdn_chunk_avx2(S, &c, work);
+            break;
+#endif
+        default:
+            kn_gdn_chunk_generic(S, &c, work);
+        }
+    }
+    free(work);
+}

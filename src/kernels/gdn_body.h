@@ -1,0 +1,184 @@
+/* Gated DeltaNet core for one value head, written once over a vector type and included by
+ * gdn.c for each instruction-set path. The includer defines:
+ *   GDN_SUF (name suffix), GDN_TGT (target attribute or nothing), VT (vector of VW floats),
+ *   VLOAD(p), VSTORE(p, v), VSET1(x), VZERO(), VSUB(a, b), VMUL(a, b),
+ *   VFMA(a, b, c) = a*b + c, VHSUM(v) = sum of the lanes.
+ * dk and dv must be multiples of VW. Columns of S are independent in both forms, so the work
+ * goes by groups of NJ*VW columns (NJ independent vector chains) with the group's slice of S
+ * staying in L1 across tokens. */
+
+#define GDN_CAT2(a, b) a##b
+#define GDN_CAT(a, b) GDN_CAT2(a, b)
+#define GDN_NAME(base) GDN_CAT(base, GDN_SUF)
+#define GDN_INLINE static inline __attribute__((always_inline))
+
+/* Recurrence over all tokens for the nj vectors of columns starting at j0. */
+GDN_TGT GDN_INLINE void GDN_NAME(rec_cols_)(float *S, const kn_gdn_io *io, int j0, const int nj) {
+    const int dk = io->dk, dv = io->dv;
+    for (int t = 0; t < io->n; t++) {
+        const float *q = io->q + (size_t)t * io->ld, *k = io->k + (size_t)t * io->ld, *v = io->v + (size_t)t * io->ld;
+        const VT decay = VSET1(expf(io->g[t])), beta = VSET1(io->beta[t]);
+        VT u[GDN_NJ], d[GDN_NJ], o[GDN_NJ];
+#pragma GCC unroll 8
+        for (int jj = 0; jj < nj; jj++) u[jj] = VZERO();
+        for (int i = 0; i < dk; i++) { /* S *= decay; u = S^T k */
+            float *Si = S + (size_t)i * dv + j0;
+            const VT ki = VSET1(k[i]);
+#pragma GCC unroll 8
+            for (int jj = 0; jj < nj; jj++) {
+                const VT s = VMUL(VLOAD(Si + jj * VW), decay);
+                VSTORE(Si + jj * VW, s);
+                u[jj] = VFMA(s, ki, u[jj]);
+            }
+        }
+#pragma GCC unroll 8
+        for (int jj = 0; jj < nj; jj++) {
+            d[jj] = VMUL(VSUB(VLOAD(v + j0 + jj * VW), u[jj]), beta); /* delta */
+            o[jj] = VZERO();
+        }
+        if (io->out) { /* S += k d^T; o = S^T q */
+            for (int i = 0; i < dk; i++) {
+                float *Si = S + (size_t)i * dv + j0;
+                const VT ki = VSET1(k[i]), qi = VSET1(q[i]);
+#pragma GCC unroll 8
+                for (int jj = 0; jj < nj; jj++) {
+                    const VT s = VFMA(ki, d[jj], VLOAD(Si + jj * VW));
+                    VSTORE(Si + jj * VW, s);
+                    o[jj] = VFMA(s, qi, o[jj]);
+                }
+            }
+            float *out = io->out + (size_t)t * io->ldo + j0;
+#pragma GCC unroll 8
+            for (int jj = 0; jj < nj; jj++) VSTORE(out + jj * VW, o[jj]);
+        } else {
+            for (int i = 0; i < dk; i++) {
+                float *Si = S + (size_t)i * dv + j0;
+                const VT ki = VSET1(k[i]);
+#pragma GCC unroll 8
+                for (int jj = 0; jj < nj; jj++) VSTORE(Si + jj * VW, VFMA(ki, d[jj], VLOAD(Si + jj * VW)));
+            }
+        }
+    }
+}
+
+GDN_TGT void GDN_NAME(kn_gdn_recurrent_)(float *S, const kn_gdn_io *io) {
+    int j0 = 0;
+    for (; j0 + GDN_NJ * VW <= io->dv; j0 += GDN_NJ * VW) GDN_NAME(rec_cols_)(S, io, j0, GDN_NJ);
+    for (; j0 < io->dv; j0 += VW) GDN_NAME(rec_cols_)(S, io, j0, 1);
+}
+
+GDN_TGT GDN_INLINE float GDN_NAME(dot_)(const float *a, const float *b, int n) {
+    VT s = VZERO();
+    for (int i = 0; i < n; i += VW) s = VFMA(VLOAD(a + i), VLOAD(b + i), s);
+    return VHSUM(s);
+}
+
+/* Scratch of one chunk: gam[C] cumulative log-decay, eg[C] = exp(gam), M[C][C] and P[C][C]
+ * (see below), KC[C][dk] = exp(gam_L - gam_s) k_s, and per column group D[C][64], O[C][64]. */
+#define GDN_C KN_GDN_CHUNK
+#define GDN_GROUP 64
+
+/* Chunk steps for the nj vectors of columns at j0 (S0 = the state before the chunk):
+ *   KS = K S0, QS = Q S0;
+ *   D_t = beta_t (v_t - eg_t KS_t) - sum_{s<t} M[t][s] D_s   (forward substitution);
+ *   o_t = eg_t QS_t + sum_{s<=t} P[t][s] D_s;
+ *   S = eg_L S0 + sum_s KC_s D_s^T. */
+GDN_TGT GDN_INLINE void GDN_NAME(chunk_cols_)(float *S, const kn_gdn_io *io, const float *work, float *D, float *O,
+                                              int j0, const int nj) {
+    const int dk = io->dk, dv = io->dv, L = io->n;
+    const float *eg = work + GDN_C, *M = eg + GDN_C, *P = M + GDN_C * GDN_C, *KC = P + GDN_C * GDN_C;
+    for (int t = 0; t < L; t++) {
+        const float *q = io->q + (size_t)t * io->ld, *k = io->k + (size_t)t * io->ld;
+        VT a[GDN_NJ], b[GDN_NJ];
+#pragma GCC unroll 8
+        for (int jj = 0; jj < nj; jj++) a[jj] = VZERO(), b[jj] = VZERO();
+        for (int i = 0; i < dk; i++) {
+            const float *Si = S + (size_t)i * dv + j0;
+            const VT ki = VSET1(k[i]), qi = VSET1(q[i]);
+#pragma GCC unroll 8
+            for (int jj = 0; jj < nj; jj++) {
+                const VT s = VLOAD(Si + jj * VW);
+                a[jj] = VFMA(ki, s, a[jj]);
+                b[jj] = VFMA(qi, s, b[jj]);
+            }
+        }
+        const float *v = io->v + (size_t)t * io->ld + j0;
+        const VT e = VSET1(eg[t]), beta = VSET1(io->beta[t]);
+#pragma GCC unroll 8
+        for (int jj = 0; jj < nj; jj++) {
+            a[jj] = VMUL(VSUB(VLOAD(v + jj * VW), VMUL(e, a[jj])), beta);
+            VSTORE(O + (size_t)t * GDN_GROUP + jj * VW, VMUL(e, b[jj]));
+        }
+        for (int s = 0; s < t; s++) {
+            const VT m = VSET1(-M[t * GDN_C + s]);
+#pragma GCC unroll 8
+            for (int jj = 0; jj < nj; jj++) a[jj] = VFMA(m, VLOAD(D + (size_t)s * GDN_GROUP + jj * VW), a[jj]);
+        }
+#pragma GCC unroll 8
+        for (int jj = 0; jj < nj; jj++) VSTORE(D + (size_t)t * GDN_GROUP + jj * VW, a[jj]);
+    }
+    if (io->out)
+        for (int t = 0; t < L; t++) {
+            VT o[GDN_NJ];
+#pragma GCC unroll 8
+            for (int jj = 0; jj < nj; jj++) o[jj] = VLOAD(O + (size_t)t * GDN_GROUP + jj * VW);
+            for (int s = 0; s <= t; s++) {
+                const VT p = VSET1(P[t * GDN_C + s]);
+#pragma GCC unroll 8
+                for (int jj = 0; jj < nj; jj++) o[jj] = VFMA(p, VLOAD(D + (size_t)s * GDN_GROUP + jj * VW), o[jj]);
+            }
+            float *out = io->out + (size_t)t * io->ldo + j0;
+#pragma GCC unroll 8
+            for (int jj = 0; jj < nj; jj++) VSTORE(out + jj * VW, o[jj]);
+        }
+    const VT eL = VSET1(eg[L - 1]);
+    for (int i = 0; i < dk; i++) {
+        float *Si = S + (size_t)i * dv + j0;
+        VT acc[GDN_NJ];
+#pragma GCC unroll 8
+        for (int jj = 0; jj < nj; jj++) acc[jj] = VMUL(eL, VLOAD(Si + jj * VW));
+        for (int s = 0; s < L; s++) {
+            const VT c = VSET1(KC[(size_t)s * dk + i]);
+#pragma GCC unroll 8
+            for (int jj = 0; jj < nj; jj++) acc[jj] = VFMA(c, VLOAD(D + (size_t)s * GDN_GROUP + jj * VW), acc[jj]);
+        }
+#pragma GCC unroll 8
+        for (int jj = 0; jj < nj; jj++) VSTORE(Si + jj * VW, acc[jj]);
+    }
+}
+
+/* One chunk of io->n <= KN_GDN_CHUNK tokens. */
+GDN_TGT void GDN_NAME(kn_gdn_chunk_)(float *S, const kn_gdn_io *io, float *work) {
+    const int dk = io->dk, L = io->n;
+    float *gam = work, *eg = gam + GDN_C, *M = eg + GDN_C, *P = M + GDN_C * GDN_C, *KC = P + GDN_C * GDN_C;
+    float *D = KC + (size_t)GDN_C * dk, *O = D + GDN_C * GDN_GROUP;
+    float acc = 0;
+    for (int t = 0; t < L; t++) {
+        acc += io->g[t];
+        gam[t] = acc;
+        eg[t] = expf(acc);
+    }
+    /* M[t][s] = beta_t exp(gam_t - gam_s) k_t.k_s (s < t); P[t][s] = exp(gam_t - gam_s) q_t.k_s (s <= t) */
+    for (int t = 0; t < L; t++) {
+        const float *q = io->q + (size_t)t * io->ld, *k = io->k + (size_t)t * io->ld;
+        for (int s = 0; s <= t; s++) {
+            const float *ks = io->k + (size_t)s * io->ld, e = expf(gam[t] - gam[s]);
+            if (s < t) M[t * GDN_C + s] = io->beta[t] * e * GDN_NAME(dot_)(k, ks, dk);
+            if (io->out) P[t * GDN_C + s] = e * GDN_NAME(dot_)(q, ks, dk);
+        }
+    }
+    for (int s = 0; s < L; s++) {
+        const float *k = io->k + (size_t)s * io->ld, e = expf(gam[L - 1] - gam[s]);
+        for (int i = 0; i < dk; i++) KC[(size_t)s * dk + i] = e * k[i];
+    }
+    int j0 = 0;
+    for (; j0 + GDN_NJ * VW <= io->dv; j0 += GDN_NJ * VW) GDN_NAME(chunk_cols_)(S, io, work, D, O, j0, GDN_NJ);
+    for (; j0 < io->dv; j0 += VW) GDN_NAME(chunk_cols_)(S, io, work, D, O, j0, 1);
+}
+
+#undef GDN_CAT2
+#undef GDN_CAT
+#undef GDN_NAME
+#undef GDN_INLINE
+#undef GDN_C
+#undef GDN_GROUP

@@ -1,0 +1,38 @@
+/* Kernel variants behind the public names of dfl/kernels.h (one per instruction-set path). */
+#ifndef DFL_KN_INTERNAL_H
+#define DFL_KN_INTERNAL_H
+
+#include "dfl/kernels.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#define KN_X86 1
+#else
+#define KN_X86 0
+#endif
+
+void kn_matmul_generic(float *y, const float *x, const dfl_mat *w, int n);
+float kn_dot_generic(const float *a, const float *b, int n);
+void kn_axpy_generic(float *y, float a, const float *x, int n);
+void kn_gdn_recurrent_generic(float *S, const kn_gdn_io *io);
+void kn_gdn_chunk_generic(float *S, const kn_gdn_io *io, float *work);
+
+#if KN_X86
+void kn_matmul_avx2(float *y, const float *x, const dfl_mat *w, int n);
+void kn_matmul_avx512(float *y, const float *x, const dfl_mat *w, int n);
+/* BF16 weights only (the dispatcher sends other dtypes to kn_matmul_avx512). */
+void kn_matmul_avx512bf16(float *y, const float *x, const dfl_mat *w, int n);
+float kn_dot_avx2(const float *a, const float *b, int n);
+float kn_dot_avx512(const float *a, const float *b, int n);
+void kn_axpy_avx2(float *y, float a, const float *x, int n);
+void kn_axpy_avx512(float *y, float a, const float *x, int n);
+/* SIMD Gated DeltaNet variants need dk and dv multiples of 8 (avx2) or 16 (avx512). */
+void kn_gdn_recurrent_avx2(float *S, const kn_gdn_io *io);
+void kn_gdn_recurrent_avx512(float *S, const kn_gdn_io *io);
+void kn_gdn_chunk_avx2(float *S, const kn_gdn_io *io, float *work);
+void kn_gdn_chunk_avx512(float *S, const kn_gdn_io *io, float *work);
+#endif
+
+/* Floats of scratch one chunk of kn_gdn_chunked needs. */
+size_t kn_gdn_chunk_work(int dk, int dv);
+
+#endif

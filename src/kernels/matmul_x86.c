@@ -1,0 +1,467 @@
+/* x86-64 SIMD variants of kn_matmul, kn_dot and kn_axpy: AVX2 + FMA, AVX-512 (float32 FMAs)
+ * and AVX-512 BF16 (VDPBF16PS), compiled with target attributes so that the rest of the
+ * binary stays baseline x86-64.
+ *
+ * kn_matmul: y[n][rows] = x[n][cols] . W^T. The activations are first laid out for the path
+ * (xp [n][ldx]: permuted or split as the weight loads need, zero-padded to whole vectors),
+ * then each thread takes blocks of RB rows and computes RB x TB (row, token) dot products per
+ * register tile, reading every weight vector once per tile. Tokens are processed in blocks
+ * whose activations stay in cache (one pass over a thread's rows per block). Each dot product
+ * is one vector accumulator over the columns in order, reduced the same way, so the result
+ * for a (row, token) does not depend on n or on the tile it falls in. */
+#include "kn_internal.h"
+
+#if KN_X86
+#include <immintrin.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define TGT_AVX2 __attribute__((target("avx2,fma,f16c")))
+#define TGT_AVX512 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq")))
+#define TGT_BF16 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))
+#define INLINE static inline __attribute__((always_inline))
+
+#define RB 4          /* rows per full register tile (AVX2: RB2) */
+#define RB2 2
+#define TB 6          /* tokens per register tile */
+#define XBLOCK_BYTES (256 * 1024) /* activations of one token block */
+
+/* One register tile: rows r0.. of W (w points at row r0), tokens t0.. (xp at token t0),
+ * results at y[t][r] = y + t*ldy + r. */
+typedef void (*tile_fn)(float *y, int ldy, const void *w, int cols, const void *xp, size_t ldx);
+
+typedef struct tiles {
+    tile_fn full[TB + 1]; /* rb rows, T = 1..tb tokens */
+    tile_fn one[TB + 1];  /* 1 row */
+    int rb, tb;
+} tiles;
+
+static size_t round_up(size_t a, size_t b) { return (a + b - 1) / b * b; }
+
+/* Run the tiles over all rows and tokens; xp holds ldx elements of xsize bytes per token. */
+static void mm_run(float *y, const dfl_mat *w, int n, const void *xp, size_t ldx, size_t xsize, const tiles *k) {
+    const int rows = w->rows, cols = w->cols, rb = k->rb, tb = k->tb;
+    const int nfull = rows / rb, nblk = nfull + rows % rb;
+    const size_t wrow = (size_t)cols * st_dtype_size(w->dtype), xrow = ldx * xsize;
+    int nb = (int)(XBLOCK_BYTES / xrow) / tb * tb;
+    if (nb < tb) nb = tb;
+    const char *wd = w->data, *xd = xp;
+#pragma omp parallel
+    for (int t0 = 0; t0 < n; t0 += nb) {
+        const int t1 = t0 + nb < n ? t0 + nb : n;
+#pragma omp for schedule(static) nowait
+        for (int b = 0; b < nblk; b++) {
+            const int r0 = b < nfull ? b * rb : nfull * rb + (b - nfull);
+            const tile_fn *fn = b < nfull ? k->full : k->one;
+            for (int t = t0; t < t1; t += tb) {
+                const int T = t1 - t < tb ? t1 - t : tb;
+                fn[T](y + (size_t)t * rows + r0, rows, wd + (size_t)r0 * wrow, cols, xd + (size_t)t * xrow, ldx);
+            }
+        }
+    }
+}
+
+/* Instantiate the tile functions of one kernel body IMPL(y, ldy, w, cols, xp, ldx, R, T) for
+ * R = R_FULL and R = 1, T = 1..TB (constant R and T let the compiler keep the tile in
+ * registers); the driver uses T <= T_FULL. */
+#define TILE_ARGS float *y, int ldy, const void *w, int cols, const void *xp, size_t ldx
+#define TILE_FN(TGT, NAME, IMPL, R, T) \
+    TGT static void NAME(TILE_ARGS) { IMPL(y, ldy, w, cols, xp, ldx, R, T); }
+#define DEF_TILES(TGT, KIND, IMPL, R_FULL, T_FULL)                                                         \
+    TILE_FN(TGT, KIND##_f1, IMPL, R_FULL, 1)                                                               \
+    TILE_FN(TGT, KIND##_f2, IMPL, R_FULL, 2)                                                               \
+    TILE_FN(TGT, KIND##_f3, IMPL, R_FULL, 3)                                                               \
+    TILE_FN(TGT, KIND##_f4, IMPL, R_FULL, 4)                                                               \
+    TILE_FN(TGT, KIND##_f5, IMPL, R_FULL, 5)                                                               \
+    TILE_FN(TGT, KIND##_f6, IMPL, R_FULL, 6)                                                               \
+    TILE_FN(TGT, KIND##_o1, IMPL, 1, 1)                                                                    \
+    TILE_FN(TGT, KIND##_o2, IMPL, 1, 2)                                                                    \
+    TILE_FN(TGT, KIND##_o3, IMPL, 1, 3)                                                                    \
+    TILE_FN(TGT, KIND##_o4, IMPL, 1, 4)                                                                    \
+    TILE_FN(TGT, KIND##_o5, IMPL, 1, 5)                                                                    \
+    TILE_FN(TGT, KIND##_o6, IMPL, 1, 6)                                                                    \
+    static const tiles KIND = {{NULL, KIND##_f1, KIND##_f2, KIND##_f3, KIND##_f4, KIND##_f5, KIND##_f6},   \
+                               {NULL, KIND##_o1, KIND##_o2, KIND##_o3, KIND##_o4, KIND##_o5, KIND##_o6},   \
+                               R_FULL, T_FULL};
+
+/* ---- AVX-512 (float32 FMAs) --------------------------------------------------------------- */
+
+TGT_AVX512 INLINE __m512 bf16_even_512(__m512i v) { return _mm512_castsi512_ps(_mm512_slli_epi32(v, 16)); }
+TGT_AVX512 INLINE __m512 bf16_odd_512(__m512i v) {
+    return _mm512_castsi512_ps(_mm512_and_si512(v, _mm512_set1_epi32((int)0xffff0000u)));
+}
+
+/* BF16 weights, 32 columns per step: lane i of the even (odd) vector holds column 2i (2i+1),
+ * so xp holds each 32-column block as [16 even | 16 odd] (bf16_perm). The raw weight vectors
+ * stay live for the odd half, hence 5 tokens per tile (20 accumulators). */
+#define TB_BF16_512 5
+TGT_AVX512 INLINE void step_bf16_512(__m512 (*acc)[TB], const uint16_t *w, int cols, const float *xp, size_t ldx,
+                                     int c, __mmask32 m, const int R, const int T) {
+    __m512i raw[RB];
+    __m512 wr[RB];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++) {
+        raw[r] = _mm512_maskz_loadu_epi16(m, w + (size_t)r * cols + c);
+        wr[r] = bf16_even_512(raw[r]);
+    }
+#pragma GCC unroll 8
+    for (int t = 0; t < T; t++) {
+        const __m512 xe = _mm512_loadu_ps(xp + (size_t)t * ldx + c);
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++) acc[r][t] = _mm512_fmadd_ps(wr[r], xe, acc[r][t]);
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++) wr[r] = bf16_odd_512(raw[r]);
+#pragma GCC unroll 8
+    for (int t = 0; t < T; t++) {
+        const __m512 xo = _mm512_loadu_ps(xp + (size_t)t * ldx + c + 16);
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++) acc[r][t] = _mm512_fmadd_ps(wr[r], xo, acc[r][t]);
+    }
+}
+
+TGT_AVX512 INLINE void tile_bf16_512(float *y, int ldy, const void *wv, int cols, const void *xv, size_t ldx,
+                                     const int R, const int T) {
+    const uint16_t *w = wv;
+    const float *xp = xv;
+    __m512 acc[RB][TB];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 8
+        for (int t = 0; t < T; t++) acc[r][t] = _mm512_setzero_ps();
+    int c = 0;
+    for (; c + 32 <= cols; c += 32) step_bf16_512(acc, w, cols, xp, ldx, c, 0xffffffffu, R, T);
+    if (c < cols) step_bf16_512(acc, w, cols, xp, ldx, c, (1u << (cols - c)) - 1, R, T);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 8
+        for (int t = 0; t < T; t++) y[(size_t)t * ldy + r] = _mm512_reduce_add_ps(acc[r][t]);
+}
+
+/* F16 / F32 weights, 16 columns per step, activations in natural order (masked tails). */
+TGT_AVX512 INLINE __m512 load16_512(const void *w, st_dtype dt, size_t off, __mmask16 m) {
+    if (dt == ST_F16) return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, (const uint16_t *)w + off));
+    return _mm512_maskz_loadu_ps(m, (const float *)w + off);
+}
+
+TGT_AVX512 INLINE void step_w16_512(__m512 (*acc)[TB], const void *w, int cols, const float *x, size_t ldx, int c,
+                                    __mmask16 m, const int R, const int T, const st_dtype dt) {
+    __m512 wr[RB];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++) wr[r] = load16_512(w, dt, (size_t)r * cols + c, m);
+#pragma GCC unroll 8
+    for (int t = 0; t < T; t++) {
+        const __m512 xt = _mm512_maskz_loadu_ps(m, x + (size_t)t * ldx + c);
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++) acc[r][t] = _mm512_fmadd_ps(wr[r], xt, acc[r][t]);
+    }
+}
+
+TGT_AVX512 INLINE void tile_w16_512(float *y, int ldy, const void *w, int cols, const void *xv, size_t ldx,
+                                    const int R, const int T, const st_dtype dt) {
+    const float *x = xv;
+    __m512 acc[RB][TB];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 8
+        for (int t = 0; t < T; t++) acc[r][t] = _mm512_setzero_ps();
+    int c = 0;
+    for (; c + 16 <= cols; c += 16) step_w16_512(acc, w, cols, x, ldx, c, 0xffff, R, T, dt);
+    if (c < cols) step_w16_512(acc, w, cols, x, ldx, c, (__mmask16)((1u << (cols - c)) - 1), R, T, dt);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 8
+        for (int t = 0; t < T; t++) y[(size_t)t * ldy + r] = _mm512_reduce_add_ps(acc[r][t]);
+}
+
+#define TILE_F16_512(y, ldy, w, cols, xp, ldx, R, T) tile_w16_512(y, ldy, w, cols, xp, ldx, R, T, ST_F16)
+#define TILE_F32_512(y, ldy, w, cols, xp, ldx, R, T) tile_w16_512(y, ldy, w, cols, xp, ldx, R, T, ST_F32)
+DEF_TILES(TGT_AVX512, tiles_bf16_512, tile_bf16_512, RB, TB_BF16_512)
+DEF_TILES(TGT_AVX512, tiles_f16_512, TILE_F16_512, RB, TB)
+DEF_TILES(TGT_AVX512, tiles_f32_512, TILE_F32_512, RB, TB)
+
+/* xp[t] = x[t] with each block of `blk` columns reordered [even | odd], zero-padded to ldx. */
+static void bf16_perm(float *xp, size_t ldx, const float *x, int cols, int n, int blk) {
+#pragma omp parallel for schedule(static) if ((size_t)n * ldx > 65536)
+    for (int t = 0; t < n; t++) {
+        const float *xs = x + (size_t)t * cols;
+        float *d = xp + (size_t)t * ldx;
+        for (size_t b = 0; b < ldx; b += (size_t)blk)
+            for (int i = 0; i < blk / 2; i++) {
+                const size_t e = b + 2 * (size_t)i, o = e + 1;
+                d[b + (size_t)i] = e < (size_t)cols ? xs[e] : 0.0f;
+                d[b + (size_t)(blk / 2 + i)] = o < (size_t)cols ? xs[o] : 0.0f;
+            }
+    }
+}
+
+void kn_matmul_avx512(float *y, const float *x, const dfl_mat *w, int n) {
+    if (n < 1) return;
+    if (w->dtype == ST_BF16) {
+        const size_t ldx = round_up((size_t)w->cols, 32);
+        float *xp = malloc((size_t)n * ldx * sizeof(float));
+        if (!xp) { /* no memory for the laid-out activations: the generic kernel needs none */
+            kn_matmul_generic(y, x, w, n);
+            return;
+        }
+        bf16_perm(xp, ldx, x, w->cols, n, 32);
+        mm_run(y, w, n, xp, ldx, sizeof(float), &tiles_bf16_512);
+        free(xp);
+    } else if (w->dtype == ST_F16) {
+        mm_run(y, w, n, x, (size_t)w->cols, sizeof(float), &tiles_f16_512);
+    } else if (w->dtype == ST_F32) {
+        mm_run(y, w, n, x, (size_t)w->cols, sizeof(float), &tiles_f32_512);
+    } else {
+        kn_matmul_generic(y, x, w, n); /* aborts: the loader refuses other dtypes */
+    }
+}
+
+TGT_AVX512 float kn_dot_avx512(const float *a, const float *b, int n) {
+    __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
+    int i = 0;
+    for (; i + 32 <= n; i += 32) {
+        s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), s0);
+        s1 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 16), _mm512_loadu_ps(b + i + 16), s1);
+    }
+    for (; i < n; i += 16) {
+        const __mmask16 m = n - i >= 16 ? 0xffff : (__mmask16)((1u << (n - i)) - 1);
+        s0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + i), _mm512_maskz_loadu_ps(m, b + i), s0);
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(s0, s1));
+}
+
+TGT_AVX512 void kn_axpy_avx512(float *y, float a, const float *x, int n) {
+    const __m512 va = _mm512_set1_ps(a);
+    for (int i = 0; i < n; i += 16) {
+        const __mmask16 m = n - i >= 16 ? 0xffff : (__mmask16)((1u << (n - i)) - 1);
+        const __m512 r = _mm512_fmadd_ps(va, _mm512_maskz_loadu_ps(m, x + i), _mm512_maskz_loadu_ps(m, y + i));
+        _mm512_mask_storeu_ps(y + i, m, r);
+    }
+}
+
+/* ---- AVX-512 BF16 (VDPBF16PS) -------------------------------------------------------------- */
+
+/* BF16 weights, 32 columns per step used as they are stored; xp[t] holds the activations as
+ * bf16 pairs in natural order, hi [ldx/2] then lo [ldx/2] with x = hi + lo to ~2^-17
+ * relative: acc += w.hi then acc += w.lo (products exact, sums in float32). */
+TGT_BF16 INLINE void step_bf16_dp(__m512 (*acc)[TB], const uint16_t *w, int cols, const uint16_t *xp, size_t ldx,
+                                  int c, __mmask32 m, const int R, const int T) {
+    const size_t half = ldx / 2;
+    __m512bh wr[RB];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++) wr[r] = (__m512bh)_mm512_maskz_loadu_epi16(m, w + (size_t)r * cols + c);
+#pragma GCC unroll 8
+    for (int t = 0; t < T; t++) {
+        const __m512bh hi = (__m512bh)_mm512_loadu_si512(xp + (size_t)t * ldx + c);
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++) acc[r][t] = _mm512_dpbf16_ps(acc[r][t], wr[r], hi);
+        const __m512bh lo = (__m512bh)_mm512_loadu_si512(xp + (size_t)t * ldx + half + c);
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++) acc[r][t] = _mm512_dpbf16_ps(acc[r][t], wr[r], lo);
+    }
+}
+
+TGT_BF16 INLINE void tile_bf16_dp(float *y, int ldy, const void *wv, int cols, const void *xv, size_t ldx,
+                                  const int R, const int T) {
+    const uint16_t *w = wv, *xp = xv;
+    __m512 acc[RB][TB];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 8
+        for (int t = 0; t < T; t++) acc[r][t] = _mm512_setzero_ps();
+    int c = 0;
+    for (; c + 32 <= cols; c += 32) step_bf16_dp(acc, w, cols, xp, ldx, c, 0xffffffffu, R, T);
+    if (c < cols) step_bf16_dp(acc, w, cols, xp, ldx, c, (1u << (cols - c)) - 1, R, T);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 8
+        for (int t = 0; t < T; t++) y[(size_t)t * ldy + r] = _mm512_reduce_add_ps(acc[r][t]);
+}
+
+DEF_TILES(TGT_BF16, tiles_bf16_dp, tile_bf16_dp, RB, TB)
+
+void kn_matmul_avx512bf16(float *y, const float *x, const dfl_mat *w, int n) {
+    if (n < 1) return;
+    const int cols = w->cols;
+    const size_t half = round_up((size_t)cols, 32), ldx = 2 * half;
+    uint16_t *xp = malloc((size_t)n * ldx * sizeof(uint16_t));
+    if (!xp) { /* no memory for the split activations: the generic kernel needs none */
+        kn_matmul_generic(y, x, w, n);
+        return;
+    }
+#pragma omp parallel for schedule(static) if ((size_t)n * ldx > 65536)
+    for (int t = 0; t < n; t++) {
+        uint16_t *hi = xp + (size_t)t * ldx, *lo = hi + half;
+        for (size_t c = 0; c < half; c++) {
+            const float v = c < (size_t)cols ? x[(size_t)t * cols + c] : 0.0f;
+            hi[c] = st_f32_to_bf16(v);
+            lo[c] = st_f32_to_bf16(v - st_bf16_to_f32(hi[c]));
+        }
+    }
+    mm_run(y, w, n, xp, ldx, sizeof(uint16_t), &tiles_bf16_dp);
+    free(xp);
+}
+
+/* ---- AVX2 + FMA --------------------------------------------------------------------------- */
+
+TGT_AVX2 INLINE float hsum_256(__m256 v) {
+    const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    const __m128 h = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
+}
+
+/* Lanes < k set: a maskload mask. */
+TGT_AVX2 INLINE __m256i mask8(int k) {
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32(k), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+/* BF16 weights, 16 columns per step ([8 even | 8 odd] per 16-column block of xp); wp[r] points
+ * at row r's 16 weights of this step. */
+TGT_AVX2 INLINE void step_bf16_256(__m256 (*acc)[TB], const uint16_t *const *wp, const float *xp, size_t ldx,
+                                   const int R, const int T) {
+    __m256 wr[RB2];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++)
+        wr[r] = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_loadu_si256((const __m256i *)wp[r]), 16));
+#pragma GCC unroll 8
+    for (int t = 0; t < T; t++) {
+        const __m256 xe = _mm256_loadu_ps(xp + (size_t)t * ldx);
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++) acc[r][t] = _mm256_fmadd_ps(wr[r], xe, acc[r][t]);
+    }
+    const __m256i hi_mask = _mm256_set1_epi32((int)0xffff0000u);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++)
+        wr[r] = _mm256_castsi256_ps(_mm256_and_si256(_mm256_loadu_si256((const __m256i *)wp[r]), hi_mask));
+#pragma GCC unroll 8
+    for (int t = 0; t < T; t++) {
+        const __m256 xo = _mm256_loadu_ps(xp + (size_t)t * ldx + 8);
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++) acc[r][t] = _mm256_fmadd_ps(wr[r], xo, acc[r][t]);
+    }
+}
+
+/* The tail of each row (< 16 columns) goes through a zero-padded copy. */
+TGT_AVX2 INLINE void tile_bf16_256(float *y, int ldy, const void *wv, int cols, const void *xv, size_t ldx,
+                                   const int R, const int T) {
+    const uint16_t *w = wv;
+    const float *xp = xv;
+    __m256 acc[RB2][TB];
+    const uint16_t *wp[RB2];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 8
+        for (int t = 0; t < T; t++) acc[r][t] = _mm256_setzero_ps();
+    int c = 0;
+    for (; c + 16 <= cols; c += 16) {
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++) wp[r] = w + (size_t)r * cols + c;
+        step_bf16_256(acc, wp, xp + c, ldx, R, T);
+    }
+    if (c < cols) {
+        uint16_t pad[RB2][16] = {{0}};
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++) {
+            memcpy(pad[r], w + (size_t)r * cols + c, (size_t)(cols - c) * sizeof(uint16_t));
+            wp[r] = pad[r];
+        }
+        step_bf16_256(acc, wp, xp + c, ldx, R, T);
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 8
+        for (int t = 0; t < T; t++) y[(size_t)t * ldy + r] = hsum_256(acc[r][t]);
+}
+
+/* Floats p[0..min(k,8)), zeros after. */
+TGT_AVX2 INLINE __m256 loadf8_256(const float *p, int k) {
+    return k >= 8 ? _mm256_loadu_ps(p) : _mm256_maskload_ps(p, mask8(k));
+}
+
+/* F16 / F32 weights, 8 columns per step, activations in natural order. */
+TGT_AVX2 INLINE __m256 load8_256(const void *w, st_dtype dt, size_t off, int k) {
+    if (dt == ST_F32) return loadf8_256((const float *)w + off, k);
+    const uint16_t *p = (const uint16_t *)w + off;
+    if (k >= 8) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+    uint16_t pad[8] = {0};
+    memcpy(pad, p, (size_t)k * sizeof(uint16_t));
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)pad));
+}
+
+TGT_AVX2 INLINE void tile_w8_256(float *y, int ldy, const void *w, int cols, const void *xv, size_t ldx,
+                                 const int R, const int T, const st_dtype dt) {
+    const float *x = xv;
+    __m256 acc[RB2][TB];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 8
+        for (int t = 0; t < T; t++) acc[r][t] = _mm256_setzero_ps();
+    for (int c = 0; c < cols; c += 8) {
+        const int k = cols - c;
+        __m256 wr[RB2];
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++) wr[r] = load8_256(w, dt, (size_t)r * cols + c, k);
+#pragma GCC unroll 8
+        for (int t = 0; t < T; t++) {
+            const __m256 xt = loadf8_256(x + (size_t)t * ldx + c, k);
+#pragma GCC unroll 8
+            for (int r = 0; r < R; r++) acc[r][t] = _mm256_fmadd_ps(wr[r], xt, acc[r][t]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 8
+        for (int t = 0; t < T; t++) y[(size_t)t * ldy + r] = hsum_256(acc[r][t]);
+}
+
+#define TILE_F16_256(y, ldy, w, cols, xp, ldx, R, T) tile_w8_256(y, ldy, w, cols, xp, ldx, R, T, ST_F16)
+#define TILE_F32_256(y, ldy, w, cols, xp, ldx, R, T) tile_w8_256(y, ldy, w, cols, xp, ldx, R, T, ST_F32)
+DEF_TILES(TGT_AVX2, tiles_bf16_256, tile_bf16_256, RB2, TB)
+DEF_TILES(TGT_AVX2, tiles_f16_256, TILE_F16_256, RB2, TB)
+DEF_TILES(TGT_AVX2, tiles_f32_256, TILE_F32_256, RB2, TB)
+
+void kn_matmul_avx2(float *y, const float *x, const dfl_mat *w, int n) {
+    if (n < 1) return;
+    if (w->dtype == ST_BF16) {
+        const size_t ldx = round_up((size_t)w->cols, 16);
+        float *xp = malloc((size_t)n * ldx * sizeof(float));
+        if (!xp) { /* no memory for the laid-out activations: the generic kernel needs none */
+            kn_matmul_generic(y, x, w, n);
+            return;
+        }
+        bf16_perm(xp, ldx, x, w->cols, n, 16);
+        mm_run(y, w, n, xp, ldx, sizeof(float), &tiles_bf16_256);
+        free(xp);
+    } else if (w->dtype == ST_F16) {
+        mm_run(y, w, n, x, (size_t)w->cols, sizeof(float), &tiles_f16_256);
+    } else if (w->dtype == ST_F32) {
+        mm_run(y, w, n, x, (size_t)w->cols, sizeof(float), &tiles_f32_256);
+    } else {
+        kn_matmul_generic(y, x, w, n); /* aborts: the loader refuses other dtypes */
+    }
+}
+
+TGT_AVX2 float kn_dot_avx2(const float *a, const float *b, int n) {
+    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 16 <= n; i += 16) {
+        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+        s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
+    }
+    for (; i < n; i += 8) {
+        const __m256i m = mask8(n - i);
+        s0 = _mm256_fmadd_ps(_mm256_maskload_ps(a + i, m), _mm256_maskload_ps(b + i, m), s0);
+    }
+    return hsum_256(_mm256_add_ps(s0, s1));
+}
+
+TGT_AVX2 void kn_axpy_avx2(float *y, float a, const float *x, int n) {
+    const __m256 va = _mm256_set1_ps(a);
+    for (int i = 0; i < n; i += 8) {
+        const __m256i m = mask8(n - i);
+        _mm256_maskstore_ps(y + i, m, _mm256_fmadd_ps(va, _mm256_maskload_ps(x + i, m), _mm256_maskload_ps(y + i, m)));
+    }
+}
+
+#endif

@@ -1,0 +1,683 @@
+/* dfl serve: the request and response formats of the endpoints (docs/serve.md) — OpenAI
+ * completions and chat completions, SGLang /generate, tokenize / detokenize. */
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dfl/common.h"
+#include "dfl/prompt.h"
+#include "server/server_internal.h"
+
+void api_seterr(api_err *e, int status, const char *param, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e->msg, sizeof e->msg, fmt, ap);
+    va_end(ap);
+    e->status = status;
+    snprintf(e->param, sizeof e->param, "%s", param ? param : "");
+    switch (status) {
+    case 400: e->type = "invalid_request_error"; break;
+    case 404: e->type = "not_found_error"; break;
+    case 405: e->type = "method_not_allowed_error"; break;
+    case 413: e->type = "request_too_large_error"; break;
+    case 503: e->type = "service_unavailable_error"; break;
+    default: e->type = "internal_error"; break;
+    }
+}
+
+char *api_error_body(const api_err *e) {
+    cJSON *r = cJSON_CreateObject(), *o = cJSON_AddObjectToObject(r, "error");
+    cJSON_AddStringToObject(o, "message", e->msg);
+    cJSON_AddStringToObject(o, "type", e->type);
+    if (e->param[0]) cJSON_AddStringToObject(o, "param", e->param);
+    else cJSON_AddNullToObject(o, "param");
+    cJSON_AddNumberToObject(o, "code", e->status);
+    char *s = cJSON_PrintUnformatted(r);
+    cJSON_Delete(r);
+    return s;
+}
+
+/* ---- typed field access: absent and null are the same; wrong types name the field ---- */
+
+static cJSON *field(const cJSON *obj, const char *name) {
+    cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, name);
+    return v && !cJSON_IsNull(v) ? v : NULL;
+}
+
+/* 1 = present (value in *out), 0 = absent, -1 = error */
+static int get_double(const cJSON *obj, const char *name, const char *param, double lo, double hi, double *out,
+                      api_err *e) {
+    cJSON *v = field(obj, name);
+    if (!v) return 0;
+    if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble)) {
+        api_seterr(e, 400, param, "'%s' must be a number", param);
+        return -1;
+    }
+    if (v->valuedouble < lo || v->valuedouble > hi) {
+        api_seterr(e, 400, param, "'%s' must be in [%g, %g], found %g", param, lo, hi, v->valuedouble);
+        return -1;
+    }
+    *out = v->valuedouble;
+    return 1;
+}
+
+static int get_int(const cJSON *obj, const char *name, const char *param, double lo, double hi, long long *out,
+                   api_err *e) {
+    cJSON *v = field(obj, name);
+    if (!v) return 0;
+    if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble)) {
+        api_seterr(e, 400, param, "'%s' must be an integer", param);
+        return -1;
+    }
+    if (v->valuedouble < lo || v->valuedouble > hi) {
+        api_seterr(e, 400, param, "'%s' must be in [%.0f, %.0f], found %.0f", param, lo, hi, v->valuedouble);
+        return -1;
+    }
+    *out = (long long)v->valuedouble;
+    return 1;
+}
+
+static int get_bool(const cJSON *obj, const char *name, const char *param, int *out, api_err *e) {
+    cJSON *v = field(obj, name);
+    if (!v) return 0;
+    if (!cJSON_IsBool(v)) {
+        api_seterr(e, 400, param, "'%s' must be a boolean", param);
+        return -1;
+    }
+    *out = cJSON_IsTrue(v);
+    return 1;
+}
+
+/* A list of token ids, each in [0, vocab). */
+static int get_ids(const cJSON *arr, const char *param, int vocab, int32_t **ids, int *n, api_err *e) {
+    const int k = cJSON_GetArraySize(arr);
+    int32_t *v = malloc((size_t)(k ? k : 1) * sizeof *v);
+    if (!v) {
+        api_seterr(e, 500, NULL, "out of memory");
+        return -1;
+    }
+    int i = 0;
+    for (cJSON *x = arr->child; x; x = x->next, i++) {
+        if (!cJSON_IsNumber(x) || x->valuedouble != floor(x->valuedouble) || x->valuedouble < 0 ||
+            x->valuedouble >= vocab) {
+            api_seterr(e, 400, param, "'%s' must hold token ids, integers in [0, %d); element %d is not", param,
+                       vocab, i);
+            free(v);
+            return -1;
+        }
+        v[i] = (int32_t)x->valuedouble;
+    }
+    *ids = v;
+    *n = k;
+    return 0;
+}
+
+static int is_id_list(const cJSON *v) {
+    if (!cJSON_IsArray(v) || !v->child) return 0;
+    for (cJSON *x = v->child; x; x = x->next)
+        if (!cJSON_IsNumber(x)) return 0;
+    return 1;
+}
+
+static int encode(struct dfl_server *srv, const char *text, int32_t **ids, int *n, api_err *e) {
+    size_t k = 0;
+    if (tok_encode(srv->tok, text, strlen(text), ids, &k) != DFL_OK) {
+        api_seterr(e, 500, NULL, "tokenizer: %s", dfl_errmsg());
+        return -1;
+    }
+    *n = (int)k;
+    return 0;
+}
+
+/* ---- chat ---- */
+
+typedef struct sbuf {
+    char *s;
+    size_t len, cap;
+    int oom;
+} sbuf;
+
+static void sb_add(sbuf *b, const char *s) {
+    const size_t n = strlen(s);
+    if (b->oom) return;
+    if (b->len + n + 1 > b->cap) {
+        size_t cap = b->cap ? b->cap : 256;
+        while (cap < b->len + n + 1) cap *= 2;
+        char *p = realloc(b->s, cap);
+        if (!p) {
+            b->oom = 1;
+            return;
+        }
+        b->s = p;
+        b->cap = cap;
+    }
+    memcpy(b->s + b->len, s, n + 1);
+    b->len += n;
+}
+
+/* messages -> ChatML text: <|im_start|>{role}\n{content}<|im_end|>\n per message, then the
+ * assistant header (and an empty think block when chat_template_kwargs.enable_thinking is false,
+ * as Qwen3's template does). */
+static char *chat_text(const cJSON *body, api_err *e) {
+    char param[64];
+    cJSON *msgs = cJSON_GetObjectItemCaseSensitive(body, "messages");
+    if (!msgs || cJSON_IsNull(msgs)) {
+        api_seterr(e, 400, "messages", "'messages' is required");
+        return NULL;
+    }
+    if (!cJSON_IsArray(msgs) || !msgs->child) {
+        api_seterr(e, 400, "messages", "'messages' must be a non-empty array of {role, content} objects");
+        return NULL;
+    }
+    sbuf b = {0};
+    int i = 0;
+    for (cJSON *m = msgs->child; m; m = m->next, i++) {
+        cJSON *role = cJSON_GetObjectItemCaseSensitive(m, "role");
+        cJSON *content = cJSON_GetObjectItemCaseSensitive(m, "content");
+        if (!cJSON_IsObject(m) || !cJSON_IsString(role)) {
+            snprintf(param, sizeof param, "messages[%d].role", i);
+            api_seterr(e, 400, param, "'%s' must be a string", param);
+            free(b.s);
+            return NULL;
+        }
+        sb_add(&b, "<|im_start|>");
+        sb_add(&b, role->valuestring);
+        sb_add(&b, "\n");
+        if (cJSON_IsString(content)) {
+            sb_add(&b, content->valuestring);
+        } else if (cJSON_IsArray(content)) { /* OpenAI content parts: text only */
+            for (cJSON *p = content->child; p; p = p->next) {
+                cJSON *type = cJSON_GetObjectItemCaseSensitive(p, "type");
+                cJSON *text = cJSON_GetObjectItemCaseSensitive(p, "text");
+                if (!cJSON_IsString(type) || strcmp(type->valuestring, "text") != 0 || !cJSON_IsString(text)) {
+                    snprintf(param, sizeof param, "messages[%d].content", i);
+                    api_seterr(e, 400, param, "'%s': only {\"type\": \"text\", \"text\": ...} parts are supported",
+                               param);
+                    free(b.s);
+                    return NULL;
+                }
+                sb_add(&b, text->valuestring);
+            }
+        } else if (content && !cJSON_IsNull(content)) {
+            snprintf(param, sizeof param, "messages[%d].content", i);
+            api_seterr(e, 400, param, "'%s' must be a string or an array of text parts", param);
+            free(b.s);
+            return NULL;
+        }
+        sb_add(&b, "<|im_end|>\n");
+    }
+    sb_add(&b, "<|im_start|>assistant\n");
+    cJSON *kw = field(body, "chat_template_kwargs");
+    if (kw) {
+        int think = 1;
+        if (!cJSON_IsObject(kw)) {
+            api_seterr(e, 400, "chat_template_kwargs", "'chat_template_kwargs' must be an object");
+            free(b.s);
+            return NULL;
+        }
+        if (get_bool(kw, "enable_thinking", "chat_template_kwargs.enable_thinking", &think, e) < 0) {
+            free(b.s);
+            return NULL;
+        }
+        if (!think) sb_add(&b, "<think>\n\n</think>\n\n");
+    }
+    if (b.oom) {
+        free(b.s);
+        api_seterr(e, 500, NULL, "out of memory");
+        return NULL;
+    }
+    return b.s;
+}
+
+/* ---- generation requests ---- */
+
+static int parse_stop(const cJSON *obj, const char *param, job *j, api_err *e) {
+    cJSON *v = field(obj, "stop");
+    if (!v) return 0;
+    int n = cJSON_IsString(v) ? 1 : cJSON_IsArray(v) ? cJSON_GetArraySize(v) : -1;
+    if (n < 0) {
+        api_seterr(e, 400, param, "'%s' must be a string or an array of strings", param);
+        return -1;
+    }
+    if (n > 16) {
+        api_seterr(e, 400, param, "'%s': at most 16 stop strings", param);
+        return -1;
+    }
+    j->stops = calloc((size_t)(n ? n : 1), sizeof *j->stops);
+    if (!j->stops) {
+        api_seterr(e, 500, NULL, "out of memory");
+        return -1;
+    }
+    const cJSON *x = cJSON_IsString(v) ? v : v->child;
+    for (; x; x = cJSON_IsString(v) ? NULL : x->next) {
+        if (!cJSON_IsString(x)) {
+            api_seterr(e, 400, param, "'%s' must be a string or an array of strings", param);
+            return -1;
+        }
+        if (!x->valuestring[0]) continue; /* an empty stop string would match at once */
+        if (!(j->stops[j->n_stops++] = strdup(x->valuestring))) {
+            api_seterr(e, 500, NULL, "out of memory");
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* Sampling controls dfl does not implement are accepted only at their neutral values (or with
+ * greedy decoding, where they change nothing), so that no request silently gets another
+ * distribution than it asked for. */
+static int check_unsupported(const cJSON *obj, const char *prefix, int greedy, api_err *e) {
+    static const struct {
+        const char *name;
+        double neutral, alt;   /* accepted values (alt: a second neutral spelling) */
+        int sampling_only;     /* no effect when greedy */
+    } ctl[] = {
+        {"n", 1, 1, 0}, {"best_of", 1, 1, 0}, {"top_p", 1, 1, 1}, {"top_k", -1, 0, 1}, {"min_p", 0, 0, 1},
+        {"presence_penalty", 0, 0, 0}, {"frequency_penalty", 0, 0, 0}, {"repetition_penalty", 1, 1, 0},
+    };
+    char param[64];
+    for (size_t i = 0; i < sizeof ctl / sizeof ctl[0]; i++) {
+        cJSON *v = field(obj, ctl[i].name);
+        if (!v) continue;
+        snprintf(param, sizeof param, "%s%s", prefix, ctl[i].name);
+        if (!cJSON_IsNumber(v)) {
+            api_seterr(e, 400, param, "'%s' must be a number", param);
+            return -1;
+        }
+        const double x = v->valuedouble;
+        if (x == ctl[i].neutral || x == ctl[i].alt || (greedy && ctl[i].sampling_only)) continue;
+        if (strcmp(ctl[i].name, "top_k") == 0 && x < 0) continue;
+        api_seterr(e, 400, param, "'%s' = %g is not supported (dfl samples from the full distribution, one sequence "
+                   "per request; see docs/serve.md)", param, x);
+        return -1;
+    }
+    static const char *const flags[] = {"logprobs", "echo", "return_logprob", "top_logprobs"};
+    for (size_t i = 0; i < sizeof flags / sizeof flags[0]; i++) {
+        cJSON *v = field(obj, flags[i]);
+        if (!v || cJSON_IsFalse(v) || (cJSON_IsNumber(v) && v->valuedouble == 0)) continue;
+        snprintf(param, sizeof param, "%s%s", prefix, flags[i]);
+        api_seterr(e, 400, param, "'%s' is not supported", param);
+        return -1;
+    }
+    return 0;
+}
+
+int api_parse_generation(struct dfl_server *srv, endpoint ep, cJSON *body, job *j, api_err *e) {
+    const int vocab = srv->m.cfg.vocab;
+    j->ep = ep;
+    /* the prompt */
+    if (ep == EP_COMPLETIONS) {
+        cJSON *p = cJSON_GetObjectItemCaseSensitive(body, "prompt");
+        if (cJSON_IsArray(p) && cJSON_GetArraySize(p) == 1 && !cJSON_IsNumber(p->child)) p = p->child; /* a batch of one */
+        if (cJSON_IsString(p)) {
+            if (encode(srv, p->valuestring, &j->prompt, &j->n_prompt, e)) return -1;
+        } else if (is_id_list(p)) {
+            if (get_ids(p, "prompt", vocab, &j->prompt, &j->n_prompt, e)) return -1;
+        } else if (cJSON_IsArray(p) && cJSON_GetArraySize(p) > 1) {
+            api_seterr(e, 400, "prompt", "'prompt': one prompt per request (batches are not supported)");
+            return -1;
+        } else if (!p || cJSON_IsNull(p)) {
+            api_seterr(e, 400, "prompt", "'prompt' is required");
+            return -1;
+        } else {
+            api_seterr(e, 400, "prompt", "'prompt' must be a string or an array of token ids");
+            return -1;
+        }
+    } else if (ep == EP_CHAT) {
+        char *text = chat_text(body, e);
+        if (!text) return -1;
+        int rc = encode(srv, text, &j->prompt, &j->n_prompt, e);
+        free(text);
+        if (rc) return -1;
+    } else {
+        cJSON *text = field(body, "text"), *ids = field(body, "input_ids");
+        if (!!text == !!ids) {
+            api_seterr(e, 400, text ? "input_ids" : "text", "give exactly one of 'text' and 'input_ids'");
+            return -1;
+        }
+        if (text && !cJSON_IsString(text)) {
+            api_seterr(e, 400, "text", "'text' must be a string (batches are not supported)");
+            return -1;
+        }
+        if (ids && !is_id_list(ids)) {
+            api_seterr(e, 400, "input_ids", "'input_ids' must be a non-empty array of token ids");
+            return -1;
+        }
+        if (text ? encode(srv, text->valuestring, &j->prompt, &j->n_prompt, e)
+                 : get_ids(ids, "input_ids", vocab, &j->prompt, &j->n_prompt, e))
+            return -1;
+    }
+    const char *pfield = ep == EP_COMPLETIONS ? "prompt" : ep == EP_CHAT ? "messages" : j->prompt && field(body, "text") ? "text" : "input_ids";
+    if (j->n_prompt < 1) {
+        api_seterr(e, 400, pfield, "the prompt is empty (0 tokens)");
+        return -1;
+    }
+    if (j->n_prompt >= srv->max_ctx) {
+        api_seterr(e, 400, pfield, "the prompt has %d tokens; the context holds %d positions (prompt + output)",
+                   j->n_prompt, srv->max_ctx);
+        return -1;
+    }
+    /* options */
+    const cJSON *o = body;
+    const char *pre = "";
+    const char *p_max = "max_tokens", *p_temp = "temperature", *p_seed = "seed", *p_stop = "stop",
+               *p_eos = "ignore_eos";
+    if (ep == EP_GENERATE) {
+        cJSON *sp = field(body, "sampling_params");
+        if (sp && !cJSON_IsObject(sp)) {
+            api_seterr(e, 400, "sampling_params", "'sampling_params' must be an object");
+            return -1;
+        }
+        static cJSON empty = {.type = cJSON_Object};
+        o = sp ? sp : &empty;
+        pre = "sampling_params.";
+        p_max = "sampling_params.max_new_tokens", p_temp = "sampling_params.temperature",
+        p_seed = "sampling_params.seed", p_stop = "sampling_params.stop", p_eos = "sampling_params.ignore_eos";
+    }
+    const double max_new_hi = 1 << 24;
+    long long max_new = 0, seed = 0;
+    int r = get_int(o, ep == EP_GENERATE ? "max_new_tokens" : "max_tokens", p_max, 1, max_new_hi, &max_new, e);
+    if (r < 0) return -1;
+    if (r == 0 && ep == EP_CHAT) {
+        r = get_int(o, "max_completion_tokens", "max_completion_tokens", 1, max_new_hi, &max_new, e);
+        if (r < 0) return -1;
+        if (r) p_max = "max_completion_tokens";
+    }
+    if (r == 0) max_new = ep == EP_COMPLETIONS ? 16 : ep == EP_GENERATE ? 128 : srv->max_ctx - j->n_prompt;
+    double temp = 1.0; /* the OpenAI and SGLang default */
+    if (get_double(o, "temperature", p_temp, 0, 1e6, &temp, e) < 0) return -1;
+    r = get_int(o, "seed", p_seed, 0, 9007199254740992.0, &seed, e);
+    if (r < 0) return -1;
+    if (r == 0 && ep == EP_GENERATE) {
+        r = get_int(o, "sampling_seed", "sampling_params.sampling_seed", 0, 9007199254740992.0, &seed, e);
+        if (r < 0) return -1;
+    }
+    j->seed_given = r;
+    if (get_bool(o, "ignore_eos", p_eos, &j->ignore_eos, e) < 0) return -1;
+    if (parse_stop(o, p_stop, j, e) < 0) return -1;
+    if (check_unsupported(o, pre, temp == 0, e) < 0) return -1;
+    if (ep == EP_GENERATE && check_unsupported(body, "", temp == 0, e) < 0) return -1;
+    if (get_bool(body, "stream", "stream", &j->stream, e) < 0) return -1;
+    cJSON *so = field(body, "stream_options");
+    if (so && ep != EP_GENERATE) {
+        if (!cJSON_IsObject(so)) {
+            api_seterr(e, 400, "stream_options", "'stream_options' must be an object");
+            return -1;
+        }
+        if (get_bool(so, "include_usage", "stream_options.include_usage", &j->include_usage, e) < 0) return -1;
+    }
+    if (j->n_prompt + max_new > srv->max_ctx) {
+        api_seterr(e, 400, p_max, "prompt (%d tokens) + %s %lld exceeds the context of %d positions", j->n_prompt,
+                   p_max, max_new, srv->max_ctx);
+        return -1;
+    }
+    j->max_new = (int)max_new;
+    j->temperature = (float)temp;
+    j->seed = (uint64_t)seed;
+    return 0;
+}
+
+/* ---- tokenize / detokenize ---- */
+
+static cJSON *int_array(const int32_t *v, int n) {
+    cJSON *a = cJSON_CreateArray();
+    for (int i = 0; i < n; i++) cJSON_AddItemToArray(a, cJSON_CreateNumber(v[i]));
+    return a;
+}
+
+cJSON *api_tokenize(struct dfl_server *srv, cJSON *body, api_err *e) {
+    cJSON *text = field(body, "text");
+    const char *param = "text";
+    if (!text) text = field(body, "prompt"), param = "prompt";
+    char *owned = NULL;
+    if (!text && field(body, "messages")) {
+        if (!(owned = chat_text(body, e))) return NULL;
+    } else if (!text) {
+        api_seterr(e, 400, "text", "give 'text' (or 'prompt', or chat 'messages')");
+        return NULL;
+    } else if (!cJSON_IsString(text)) {
+        api_seterr(e, 400, param, "'%s' must be a string", param);
+        return NULL;
+    }
+    int32_t *ids = NULL;
+    int n = 0;
+    int rc = encode(srv, owned ? owned : text->valuestring, &ids, &n, e);
+    free(owned);
+    if (rc) return NULL;
+    cJSON *r = cJSON_CreateObject();
+    cJSON_AddItemToObject(r, "tokens", int_array(ids, n));
+    cJSON_AddNumberToObject(r, "count", n);
+    cJSON_AddNumberToObject(r, "max_model_len", srv->max_ctx);
+    free(ids);
+    return r;
+}
+
+cJSON *api_detokenize(struct dfl_server *srv, cJSON *body, api_err *e) {
+    cJSON *t = field(body, "tokens");
+    if (!t) {
+        api_seterr(e, 400, "tokens", "'tokens' is required");
+        return NULL;
+    }
+    if (!cJSON_IsArray(t)) {
+        api_seterr(e, 400, "tokens", "'tokens' must be an array of token ids");
+        return NULL;
+    }
+    int32_t *ids = NULL;
+    int n = 0;
+    if (get_ids(t, "tokens", srv->m.cfg.vocab, &ids, &n, e)) return NULL;
+    /* as HF tokenizers' decode: ids the tokenizer does not know are dropped, specials kept */
+    int k = 0;
+    for (int i = 0; i < n; i++)
+        if (tok_has_id(srv->tok, ids[i])) ids[k++] = ids[i];
+    char *s = tok_decode(srv->tok, ids, (size_t)k, 0);
+    free(ids);
+    if (!s) {
+        api_seterr(e, 500, NULL, "tokenizer: %s", dfl_errmsg());
+        return NULL;
+    }
+    cJSON *r = cJSON_CreateObject();
+    cJSON_AddStringToObject(r, "text", s);
+    cJSON_AddStringToObject(r, "prompt", s); /* vLLM's name for it */
+    free(s);
+    return r;
+}
+
+/* ---- responses ---- */
+
+static int eos_stop(const job *j) {
+    return j->out.stop_at < 0 && j->out.n > 0 && strcmp(j->finish, "stop") == 0;
+}
+
+/* OpenAI/vLLM stop_reason: the stop string, the eos id, or null */
+static cJSON *stop_reason(const job *j) {
+    if (j->out.stop_at >= 0) return cJSON_CreateString(j->stops[j->out.stop_idx]);
+    if (eos_stop(j)) return cJSON_CreateNumber(j->out.ids[j->out.n - 1]);
+    return cJSON_CreateNull();
+}
+
+static cJSON *usage(const job *j) {
+    cJSON *u = cJSON_CreateObject();
+    cJSON_AddNumberToObject(u, "prompt_tokens", j->n_prompt);
+    cJSON_AddNumberToObject(u, "completion_tokens", j->out.n);
+    cJSON_AddNumberToObject(u, "total_tokens", j->n_prompt + j->out.n);
+    return u;
+}
+
+static cJSON *openai_head(struct dfl_server *srv, const job *j, const char *object) {
+    cJSON *r = cJSON_CreateObject();
+    cJSON_AddStringToObject(r, "id", j->id);
+    cJSON_AddStringToObject(r, "object", object);
+    cJSON_AddNumberToObject(r, "created", (double)j->created);
+    cJSON_AddStringToObject(r, "model", srv->model_name);
+    return r;
+}
+
+/* SGLang meta_info, with the speculative-decoding statistics of the request. */
+static cJSON *meta_info(const job *j, int final) {
+    const dfl_gen_stats *st = &j->st;
+    cJSON *m = cJSON_CreateObject();
+    cJSON_AddStringToObject(m, "id", j->id);
+    cJSON_AddNumberToObject(m, "prompt_tokens", j->n_prompt);
+    cJSON_AddNumberToObject(m, "completion_tokens", j->out.n);
+    if (!final) {
+        cJSON_AddNullToObject(m, "finish_reason");
+        return m;
+    }
+    cJSON *f = cJSON_AddObjectToObject(m, "finish_reason");
+    cJSON_AddStringToObject(f, "type", j->finish);
+    if (strcmp(j->finish, "length") == 0) cJSON_AddNumberToObject(f, "length", j->out.n);
+    else cJSON_AddItemToObject(f, "matched", stop_reason(j));
+    cJSON_AddNumberToObject(m, "spec_verify_ct", st->rounds);
+    cJSON_AddNumberToObject(m, "spec_accept_length", spec_tau(st));
+    cJSON_AddNumberToObject(m, "spec_accept_length_token_weighted", spec_tau_token_weighted(st));
+    cJSON_AddNumberToObject(m, "spec_block_size", st->max_block > 1 ? st->max_block : 0);
+    cJSON_AddNumberToObject(m, "spec_draft_tokens", (double)st->drafted);
+    cJSON_AddNumberToObject(m, "spec_accepted_tokens", (double)st->accepted);
+    cJSON *rate = cJSON_AddArrayToObject(m, "spec_accept_rate_per_pos");
+    for (int k = 1; k < st->max_block; k++)
+        cJSON_AddItemToArray(rate, cJSON_CreateNumber(st->pos_drafted[k] ? (double)st->pos_accepted[k] /
+                                                                               st->pos_drafted[k] : 0.0));
+    cJSON *hist = cJSON_AddArrayToObject(m, "spec_accept_histogram");
+    for (int a = 0; a < st->max_block && st->max_block > 1; a++)
+        cJSON_AddItemToArray(hist, cJSON_CreateNumber((double)st->accept_hist[a]));
+    cJSON *lens = cJSON_AddArrayToObject(m, "spec_accept_lengths");
+    for (int r = 0; r < j->n_rounds; r++) cJSON_AddItemToArray(lens, cJSON_CreateNumber(j->acc_len[r]));
+    char seed[24]; /* raw: cJSON would print large integers in exponent form */
+    snprintf(seed, sizeof seed, "%llu", (unsigned long long)j->seed);
+    cJSON_AddRawToObject(m, "seed", seed);
+    cJSON_AddNumberToObject(m, "e2e_latency", j->t_done - j->t_start);
+    return m;
+}
+
+cJSON *api_response(struct dfl_server *srv, const job *j) {
+    char *text = textout_final(&j->out);
+    if (!text) return NULL;
+    cJSON *r;
+    if (j->ep == EP_GENERATE) {
+        r = cJSON_CreateObject();
+        cJSON_AddStringToObject(r, "text", text);
+        cJSON_AddItemToObject(r, "output_ids", int_array(j->out.ids, j->out.n));
+        cJSON_AddItemToObject(r, "meta_info", meta_info(j, 1));
+    } else {
+        const int chat = j->ep == EP_CHAT;
+        r = openai_head(srv, j, chat ? "chat.completion" : "text_completion");
+        cJSON *c = cJSON_CreateObject();
+        cJSON_AddNumberToObject(c, "index", 0);
+        if (chat) {
+            cJSON *msg = cJSON_AddObjectToObject(c, "message");
+            cJSON_AddStringToObject(msg, "role", "assistant");
+            cJSON_AddStringToObject(msg, "content", text);
+        } else {
+            cJSON_AddStringToObject(c, "text", text);
+            cJSON_AddNullToObject(c, "logprobs");
+        }
+        cJSON_AddItemToObject(c, "token_ids", int_array(j->out.ids, j->out.n));
+        cJSON_AddStringToObject(c, "finish_reason", j->finish);
+        cJSON_AddItemToObject(c, "stop_reason", stop_reason(j));
+        cJSON_AddItemToArray(cJSON_AddArrayToObject(r, "choices"), c);
+        cJSON_AddItemToObject(r, "usage", usage(j));
+    }
+    free(text);
+    return r;
+}
+
+/* "data: {json}\n\n" appended to *acc (malloc'd, grown); consumes o. */
+static char *sse_add(char *acc, cJSON *o) {
+    char *js = o ? cJSON_PrintUnformatted(o) : strdup("[DONE]");
+    cJSON_Delete(o);
+    if (!js) return acc;
+    const size_t old = acc ? strlen(acc) : 0, n = strlen(js);
+    char *r = realloc(acc, old + n + 9);
+    if (r) snprintf(r + old, n + 9, "data: %s\n\n", js);
+    free(js);
+    return r ? r : acc;
+}
+
+/* One OpenAI chunk: text delta, token ids, finish_reason (NULL while streaming). */
+static cJSON *openai_chunk(struct dfl_server *srv, const job *j, const char *delta, int ids_from, int ids_to,
+                           const char *finish, int role) {
+    const int chat = j->ep == EP_CHAT;
+    cJSON *r = openai_head(srv, j, chat ? "chat.completion.chunk" : "text_completion");
+    cJSON *c = cJSON_CreateObject();
+    cJSON_AddNumberToObject(c, "index", 0);
+    if (chat) {
+        cJSON *d = cJSON_AddObjectToObject(c, "delta");
+        if (role) cJSON_AddStringToObject(d, "role", "assistant");
+        cJSON_AddStringToObject(d, "content", delta);
+    } else {
+        cJSON_AddStringToObject(c, "text", delta);
+        cJSON_AddNullToObject(c, "logprobs");
+    }
+    cJSON_AddItemToObject(c, "token_ids", int_array(j->out.ids + ids_from, ids_to - ids_from));
+    if (finish) {
+        cJSON_AddStringToObject(c, "finish_reason", finish);
+        cJSON_AddItemToObject(c, "stop_reason", stop_reason(j));
+    } else {
+        cJSON_AddNullToObject(c, "finish_reason");
+    }
+    cJSON_AddItemToArray(cJSON_AddArrayToObject(r, "choices"), c);
+    return r;
+}
+
+/* SGLang streams the cumulative text and ids in every chunk. */
+static cJSON *generate_chunk(const job *j, const char *text, int final) {
+    cJSON *r = cJSON_CreateObject();
+    cJSON_AddStringToObject(r, "text", text);
+    cJSON_AddItemToObject(r, "output_ids", int_array(j->out.ids, j->out.n));
+    cJSON_AddItemToObject(r, "meta_info", meta_info(j, final));
+    return r;
+}
+
+char *api_stream_start(struct dfl_server *srv, const job *j) {
+    if (j->ep != EP_CHAT) return NULL;
+    return sse_add(NULL, openai_chunk(srv, j, "", 0, 0, NULL, 1));
+}
+
+char *api_stream_chunk(struct dfl_server *srv, const job *j, int ids_from, size_t text_from, size_t text_to) {
+    if (ids_from == j->out.n && text_to <= text_from) return NULL;
+    if (j->ep == EP_GENERATE) {
+        char *text = strndup(j->out.text ? j->out.text : "", text_to);
+        char *r = text ? sse_add(NULL, generate_chunk(j, text, 0)) : NULL;
+        free(text);
+        return r;
+    }
+    char *delta = strndup(j->out.text ? j->out.text + text_from : "", text_to - text_from);
+    char *r = delta ? sse_add(NULL, openai_chunk(srv, j, delta, ids_from, j->out.n, NULL, 0)) : NULL;
+    free(delta);
+    return r;
+}
+
+char *api_stream_end(struct dfl_server *srv, const job *j, int ids_from, size_t text_from) {
+    char *text = textout_final(&j->out);
+    if (!text) return NULL;
+    char *r;
+    if (j->ep == EP_GENERATE) {
+        r = sse_add(NULL, generate_chunk(j, text, 1));
+    } else {
+        const size_t len = strlen(text);
+        r = sse_add(NULL, openai_chunk(srv, j, text + (text_from < len ? text_from : len), ids_from, j->out.n,
+                                       j->finish, 0));
+        if (j->include_usage) {
+            cJSON *u = openai_head(srv, j, j->ep == EP_CHAT ? "chat.completion.chunk" : "text_completion");
+            cJSON_AddArrayToObject(u, "choices");
+            cJSON_AddItemToObject(u, "usage", usage(j));
+            r = sse_add(r, u);
+        }
+    }
+    free(text);
+    return sse_add(r, NULL);
+}
+
+char *api_stream_error(const job *j) {
+    api_err e;
+    api_seterr(&e, j->err_status ? j->err_status : 500, NULL, "%s", j->err_msg);
+    char *body = api_error_body(&e);
+    if (!body) return NULL;
+    const size_t n = strlen(body) + 32;
+    char *r = malloc(n);
+    if (r) snprintf(r, n, "data: %s\n\ndata: [DONE]\n\n", body);
+    free(body);
+    return r;
+}

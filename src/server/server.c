@@ -1,0 +1,755 @@
+/* dfl serve: HTTP front end (libmicrohttpd, one thread per connection), the request queue and
+ * the worker thread that owns the model state, Prometheus metrics.
+ *
+ * A generation request is parsed and tokenized on its connection thread, then queued; the one
+ * worker runs queued jobs in arrival order (the engine decodes one sequence at a time: no
+ * batching), resetting the target and drafter states between them. A non-streamed request's
+ * connection thread waits for its job; a streamed one reads SSE bytes that the worker's token
+ * callback appends. A connection that goes away cancels its job: the token callback returns
+ * nonzero and spec_generate stops at once. */
+#include <errno.h>
+#include <netdb.h>
+#include <poll.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+
+#include <microhttpd.h>
+
+#include "dfl/common.h"
+#include "server/server_internal.h"
+
+const int server_statuses[N_STATUS] = {200, 400, 404, 405, 413, 499, 500, 503, 0};
+
+static const char *const ep_paths[EP_COUNT] = {
+    "/v1/completions", "/v1/chat/completions", "/generate", "/tokenize", "/detokenize", "/health", "/metrics",
+    "/v1/models", "other",
+};
+
+static int ep_is_post(endpoint ep) { return ep <= EP_DETOKENIZE; }
+
+static endpoint route(const char *url) {
+    for (int i = 0; i < EP_OTHER; i++)
+        if (strcmp(url, ep_paths[i]) == 0) return (endpoint)i;
+    return EP_OTHER;
+}
+
+/* Per-request context (MHD's con_cls): the body as it arrives. */
+typedef struct req {
+    endpoint ep;
+    char *body;
+    size_t len, cap, seen;
+    int too_big;
+    double t0;
+} req;
+
+void server_opts_default(dfl_server_opts *o) {
+    memset(o, 0, sizeof *o);
+    o->host = "127.0.0.1";
+    o->max_queue = DFL_SERVE_DEFAULT_QUEUE;
+    o->max_body = DFL_SERVE_DEFAULT_BODY;
+}
+
+int server_port(const dfl_server *s) { return s->port; }
+int server_max_context(const dfl_server *s) { return s->max_ctx; }
+
+/* ---- jobs ---- */
+
+void job_free(job *j) {
+    free(j->prompt);
+    for (int i = 0; i < j->n_stops; i++) free(j->stops[i]);
+    free(j->stops);
+    free(j->sb);
+    free(j->acc_len);
+    textout_free(&j->out);
+    pthread_cond_destroy(&j->cv);
+    free(j);
+}
+
+/* srv->mu held */
+static void job_unref(job *j) {
+    if (--j->refs == 0) job_free(j);
+}
+
+/* Append SSE bytes for the connection (takes s). srv->mu held. */
+static void stream_put(job *j, char *s) {
+    if (!s) return;
+    const size_t n = strlen(s);
+    if (j->sb_off == j->sb_len) j->sb_off = j->sb_len = 0;
+    if (j->sb_len + n > j->sb_cap) {
+        size_t cap = j->sb_cap ? j->sb_cap : 4096;
+        while (cap < j->sb_len + n) cap *= 2;
+        char *p = realloc(j->sb, cap);
+        if (!p) {
+            free(s);
+            return;
+        }
+        j->sb = p;
+        j->sb_cap = cap;
+    }
+    memcpy(j->sb + j->sb_len, s, n);
+    j->sb_len += n;
+    free(s);
+    pthread_cond_broadcast(&j->cv);
+}
+
+static void stream_put_locked(dfl_server *srv, job *j, char *s) {
+    pthread_mutex_lock(&srv->mu);
+    stream_put(j, s);
+    pthread_mutex_unlock(&srv->mu);
+}
+
+/* A job that will never run: answer it with an error. srv->mu held; drops the queue's ref. */
+static void job_abandon(dfl_server *srv, job *j, int status, const char *msg) {
+    job **p = &srv->head;
+    job *prev = NULL;
+    while (*p && *p != j) prev = *p, p = &(*p)->next;
+    if (*p) {
+        *p = j->next;
+        if (srv->tail == j) srv->tail = prev;
+        srv->n_waiting--;
+    }
+    j->err_status = status;
+    snprintf(j->err_msg, sizeof j->err_msg, "%s", msg);
+    if (j->stream) stream_put(j, api_stream_error(j));
+    j->state = JOB_DONE;
+    pthread_cond_broadcast(&j->cv);
+    job_unref(j);
+}
+
+/* The client went away: a queued job leaves the queue, a running one stops at its next
+ * committed tokens. srv->mu held. */
+static void job_cancel(dfl_server *srv, job *j) {
+    if (j->cancelled || j->state == JOB_DONE) return;
+    j->cancelled = 1;
+    srv->cancelled++;
+    if (j->state == JOB_QUEUED) job_abandon(srv, j, 499, "client closed the connection");
+}
+
+/* 1 when the peer has closed its side (checked while a request waits, so that a vanished
+ * client does not keep the engine busy). */
+static int client_gone(struct MHD_Connection *c) {
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    if (!ci) return 1;
+    struct pollfd pf = {.fd = ci->connect_fd, .events = POLLRDHUP};
+    return poll(&pf, 1, 0) > 0 && (pf.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL));
+}
+
+static void wait_a_bit(pthread_cond_t *cv, pthread_mutex_t *mu) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_nsec += 100 * 1000 * 1000;
+    if (ts.tv_nsec >= 1000000000) ts.tv_sec++, ts.tv_nsec -= 1000000000;
+    pthread_cond_timedwait(cv, mu, &ts);
+}
+
+/* ---- the worker ---- */
+
+static void on_round(void *ud, int start, const int32_t *block, int bs, const float *draft, int V, int accepted) {
+    (void)start, (void)block, (void)bs, (void)draft, (void)V;
+    job *j = ud;
+    if (j->n_rounds == j->cap_rounds) {
+        int cap = j->cap_rounds ? 2 * j->cap_rounds : 64;
+        int *p = realloc(j->acc_len, (size_t)cap * sizeof *p);
+        if (!p) return;
+        j->acc_len = p;
+        j->cap_rounds = cap;
+    }
+    j->acc_len[j->n_rounds++] = accepted + 1;
+}
+
+typedef struct run_ctx {
+    dfl_server *srv;
+    job *j;
+    int failed;
+} run_ctx;
+
+static int on_tokens(void *ud, const int32_t *toks, int n) {
+    run_ctx *rc = ud;
+    job *j = rc->j;
+    int stop = 0;
+    for (int i = 0; i < n && !stop; i++) {
+        int r = textout_push(&j->out, toks[i]);
+        if (r < 0) rc->failed = 1;
+        stop = r != 0;
+    }
+    if (j->stream && !rc->failed) {
+        const size_t safe = textout_safe(&j->out);
+        char *chunk = api_stream_chunk(rc->srv, j, j->stream_ids, j->stream_text, safe);
+        j->stream_ids = j->out.n;
+        j->stream_text = safe;
+        stream_put_locked(rc->srv, j, chunk);
+    }
+    pthread_mutex_lock(&rc->srv->mu);
+    stop |= j->cancelled;
+    pthread_mutex_unlock(&rc->srv->mu);
+    return stop;
+}
+
+static void run_job(dfl_server *srv, job *j) {
+    state_reset(&srv->s);
+    if (srv->have_ds) dstate_reset(&srv->ds);
+    dfl_draft_if dif;
+    if (srv->have_ds) dif = spec_dflash_drafter(&srv->ds);
+    const dfl_gen_opts o = {.max_new = j->max_new, .block = srv->block, .temperature = j->temperature,
+                            .seed = j->seed, .ignore_eos = j->ignore_eos, .on_round = on_round, .on_round_ud = j};
+    int32_t *out = malloc((size_t)j->max_new * sizeof *out);
+    run_ctx rc = {.srv = srv, .j = j};
+    if (j->stream) stream_put_locked(srv, j, api_stream_start(srv, j));
+    int r = out ? spec_generate(&srv->s, srv->have_ds ? &dif : NULL, j->prompt, j->n_prompt, &o, out, &j->st,
+                                on_tokens, &rc)
+                : dfl_seterr("out of memory for %d output tokens", j->max_new);
+    free(out);
+    j->t_done = dfl_now();
+    if (r != DFL_OK || rc.failed) {
+        j->err_status = 500;
+        snprintf(j->err_msg, sizeof j->err_msg, "generation failed: %s", r != DFL_OK ? dfl_errmsg() : "out of memory");
+        if (j->stream) stream_put_locked(srv, j, api_stream_error(j));
+        return;
+    }
+    /* a stop string, or the model's eos ending the output, is "stop"; the token budget is "length" */
+    const int eos = j->out.n > 0 && !j->ignore_eos && spec_is_eos(&srv->m, j->out.ids[j->out.n - 1]);
+    j->finish = j->out.stop_at >= 0 || eos ? "stop" : "length";
+    if (j->stream) stream_put_locked(srv, j, api_stream_end(srv, j, j->stream_ids, j->stream_text));
+}
+
+static void *worker_main(void *arg) {
+    dfl_server *srv = arg;
+    pthread_mutex_lock(&srv->mu);
+    for (;;) {
+        while (!srv->head && !srv->stopping) pthread_cond_wait(&srv->cv, &srv->mu);
+        job *j = srv->head;
+        if (!j) break; /* stopping, nothing queued */
+        srv->head = j->next;
+        if (!srv->head) srv->tail = NULL;
+        srv->n_waiting--;
+        j->state = JOB_RUNNING;
+        srv->running = 1;
+        pthread_mutex_unlock(&srv->mu);
+        run_job(srv, j);
+        pthread_mutex_lock(&srv->mu);
+        srv->running = 0;
+        if (!j->err_status && !j->cancelled) {
+            const dfl_gen_stats *st = &j->st;
+            srv->requests_ok++;
+            srv->prompt_tokens += j->n_prompt;
+            srv->gen_tokens += j->out.n;
+            srv->rounds += st->rounds;
+            if (st->max_block > 1) {
+                srv->drafts += st->pos_drafted[1];
+                srv->draft_tokens += st->drafted;
+                srv->accepted_tokens += st->accepted;
+                for (int k = 1; k < st->max_block; k++) srv->acc_pos[k - 1] += st->pos_accepted[k];
+            }
+        }
+        j->state = JOB_DONE;
+        pthread_cond_broadcast(&j->cv);
+        job_unref(j);
+    }
+    pthread_mutex_unlock(&srv->mu);
+    return NULL;
+}
+
+/* ---- responses ---- */
+
+static void record(dfl_server *srv, const req *r, const char *method, const char *url, int status) {
+    int k = N_STATUS - 1;
+    for (int i = 0; i < N_STATUS - 1; i++)
+        if (server_statuses[i] == status) k = i;
+    pthread_mutex_lock(&srv->mu);
+    srv->http[r->ep][k]++;
+    pthread_mutex_unlock(&srv->mu);
+    if (srv->log) fprintf(stderr, "dfl serve: %s %s %d %.3fs\n", method, url, status, dfl_now() - r->t0);
+}
+
+static enum MHD_Result send_body(struct MHD_Connection *c, int status, const char *ctype, char *body,
+                                 const char *allow) {
+    if (!body) return MHD_NO;
+    struct MHD_Response *resp = MHD_create_response_from_buffer(strlen(body), body, MHD_RESPMEM_MUST_FREE);
+    if (!resp) {
+        free(body);
+        return MHD_NO;
+    }
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, ctype);
+    if (allow) MHD_add_response_header(resp, MHD_HTTP_HEADER_ALLOW, allow);
+    enum MHD_Result ret = MHD_queue_response(c, (unsigned)status, resp);
+    MHD_destroy_response(resp);
+    return ret;
+}
+
+static enum MHD_Result send_json(dfl_server *srv, struct MHD_Connection *c, const req *r, const char *method,
+                                 const char *url, int status, cJSON *o) {
+    char *s = o ? cJSON_PrintUnformatted(o) : NULL;
+    cJSON_Delete(o);
+    if (!s) return MHD_NO;
+    record(srv, r, method, url, status);
+    return send_body(c, status, "application/json", s, NULL);
+}
+
+static enum MHD_Result send_error(dfl_server *srv, struct MHD_Connection *c, const req *r, const char *method,
+                                  const char *url, const api_err *e) {
+    record(srv, r, method, url, e->status);
+    return send_body(c, e->status, "application/json", api_error_body(e),
+                     e->status == 405 ? (ep_is_post(r->ep) ? "POST" : "GET, HEAD") : NULL);
+}
+
+/* ---- streaming ---- */
+
+static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
+    (void)pos;
+    job *j = cls;
+    dfl_server *srv = j->srv;
+    ssize_t n;
+    pthread_mutex_lock(&srv->mu);
+    for (;;) {
+        if (j->sb_off < j->sb_len) {
+            n = (ssize_t)(j->sb_len - j->sb_off < max ? j->sb_len - j->sb_off : max);
+            memcpy(buf, j->sb + j->sb_off, (size_t)n);
+            j->sb_off += (size_t)n;
+            break;
+        }
+        if (j->cancelled) {
+            n = MHD_CONTENT_READER_END_WITH_ERROR;
+            break;
+        }
+        if (j->state == JOB_DONE) {
+            n = MHD_CONTENT_READER_END_OF_STREAM;
+            break;
+        }
+        wait_a_bit(&j->cv, &srv->mu);
+        if (client_gone(j->conn)) job_cancel(srv, j);
+    }
+    pthread_mutex_unlock(&srv->mu);
+    return n;
+}
+
+/* MHD is done with the response (sent, or the connection failed). */
+static void stream_free(void *cls) {
+    job *j = cls;
+    dfl_server *srv = j->srv;
+    pthread_mutex_lock(&srv->mu);
+    if (j->state != JOB_DONE) job_cancel(srv, j);
+    j->conn = NULL;
+    job_unref(j);
+    pthread_mutex_unlock(&srv->mu);
+}
+
+/* ---- generation requests ---- */
+
+static uint64_t splitmix(uint64_t *x) {
+    uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static enum MHD_Result handle_generation(dfl_server *srv, struct MHD_Connection *c, req *r, const char *method,
+                                         const char *url, cJSON *body) {
+    api_err e = {0};
+    job *j = calloc(1, sizeof *j);
+    if (!j) {
+        cJSON_Delete(body);
+        api_seterr(&e, 500, NULL, "out of memory");
+        return send_error(srv, c, r, method, url, &e);
+    }
+    pthread_cond_init(&j->cv, NULL);
+    j->srv = srv;
+    j->refs = 1;
+    j->t_start = r->t0;
+    j->created = (long)time(NULL);
+    int bad = api_parse_generation(srv, r->ep, body, j, &e);
+    cJSON_Delete(body);
+    if (bad) {
+        job_free(j);
+        return send_error(srv, c, r, method, url, &e);
+    }
+    textout_init(&j->out, srv->tok, j->stops, j->n_stops);
+    pthread_mutex_lock(&srv->mu);
+    if (!j->seed_given) j->seed = splitmix(&srv->seed_ctr) >> 11; /* fits a JSON number exactly */
+    snprintf(j->id, sizeof j->id, "%s%lx%06lu", r->ep == EP_COMPLETIONS ? "cmpl-" : r->ep == EP_CHAT ? "chatcmpl-" : "",
+             (unsigned long)j->created, ++srv->next_id);
+    if (srv->stopping) api_seterr(&e, 503, NULL, "the server is shutting down");
+    else if (srv->n_waiting >= srv->max_queue)
+        api_seterr(&e, 503, NULL, "the queue is full (%d requests waiting, --max-queue %d); retry later",
+                   srv->n_waiting, srv->max_queue);
+    if (e.status) {
+        pthread_mutex_unlock(&srv->mu);
+        job_free(j);
+        return send_error(srv, c, r, method, url, &e);
+    }
+    j->refs = 2; /* this connection + the queue */
+    j->conn = c;
+    j->state = JOB_QUEUED;
+    if (srv->tail) srv->tail->next = j;
+    else srv->head = j;
+    srv->tail = j;
+    srv->n_waiting++;
+    pthread_cond_signal(&srv->cv);
+    if (j->stream) {
+        pthread_mutex_unlock(&srv->mu);
+        struct MHD_Response *resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, stream_read, j,
+                                                                      stream_free);
+        if (!resp) {
+            pthread_mutex_lock(&srv->mu);
+            job_cancel(srv, j);
+            job_unref(j);
+            pthread_mutex_unlock(&srv->mu);
+            return MHD_NO;
+        }
+        MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
+        MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
+        record(srv, r, method, url, 200);
+        enum MHD_Result ret = MHD_queue_response(c, MHD_HTTP_OK, resp);
+        MHD_destroy_response(resp);
+        return ret;
+    }
+    while (j->state != JOB_DONE) {
+        wait_a_bit(&j->cv, &srv->mu);
+        if (j->state != JOB_DONE && client_gone(c)) job_cancel(srv, j);
+    }
+    const int cancelled = j->cancelled;
+    pthread_mutex_unlock(&srv->mu);
+    enum MHD_Result ret;
+    if (cancelled) {
+        record(srv, r, method, url, 499);
+        ret = MHD_NO;
+    } else if (j->err_status) {
+        api_seterr(&e, j->err_status, NULL, "%s", j->err_msg);
+        ret = send_error(srv, c, r, method, url, &e);
+    } else {
+        cJSON *resp = api_response(srv, j);
+        if (resp) {
+            ret = send_json(srv, c, r, method, url, 200, resp);
+        } else {
+            api_seterr(&e, 500, NULL, "out of memory");
+            ret = send_error(srv, c, r, method, url, &e);
+        }
+    }
+    pthread_mutex_lock(&srv->mu);
+    j->conn = NULL;
+    job_unref(j);
+    pthread_mutex_unlock(&srv->mu);
+    return ret;
+}
+
+/* ---- metrics ---- */
+
+static char *metrics_text(dfl_server *srv) {
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    if (!f) return NULL;
+    pthread_mutex_lock(&srv->mu);
+    const char *mn = srv->model_name;
+    fprintf(f, "# HELP dfl_http_requests_total HTTP requests answered, by endpoint and status (499: the client "
+               "closed the connection first).\n# TYPE dfl_http_requests_total counter\n");
+    for (int e = 0; e < EP_COUNT; e++)
+        for (int k = 0; k < N_STATUS; k++)
+            if (srv->http[e][k])
+                fprintf(f, "dfl_http_requests_total{endpoint=\"%s\",status=\"%d\"} %ld\n", ep_paths[e],
+                        server_statuses[k], srv->http[e][k]);
+    fprintf(f, "# HELP dfl_requests_cancelled_total Generation requests whose client went away before the end.\n"
+               "# TYPE dfl_requests_cancelled_total counter\ndfl_requests_cancelled_total %ld\n", srv->cancelled);
+    fprintf(f, "# HELP dfl_queue_capacity Requests that may wait behind the running one (--max-queue).\n"
+               "# TYPE dfl_queue_capacity gauge\ndfl_queue_capacity %d\n", srv->max_queue);
+    fprintf(f, "# HELP dfl_spec_decode_rounds_total Verification rounds (target forwards after the prefill), "
+               "including plain decode steps.\n# TYPE dfl_spec_decode_rounds_total counter\n"
+               "dfl_spec_decode_rounds_total %ld\n", srv->rounds);
+    fprintf(f, "# HELP vllm:num_requests_running Requests being generated.\n# TYPE vllm:num_requests_running gauge\n"
+               "vllm:num_requests_running{model_name=\"%s\"} %d\n", mn, srv->running);
+    fprintf(f, "# HELP vllm:num_requests_waiting Requests waiting in the queue.\n"
+               "# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{model_name=\"%s\"} %d\n", mn,
+            srv->n_waiting);
+    fprintf(f, "# HELP vllm:request_success Finished generation requests.\n# TYPE vllm:request_success counter\n"
+               "vllm:request_success_total{model_name=\"%s\"} %ld\n", mn, srv->requests_ok);
+    fprintf(f, "# HELP vllm:prompt_tokens Prefilled prompt tokens.\n# TYPE vllm:prompt_tokens counter\n"
+               "vllm:prompt_tokens_total{model_name=\"%s\"} %ld\n", mn, srv->prompt_tokens);
+    fprintf(f, "# HELP vllm:generation_tokens Generated tokens.\n# TYPE vllm:generation_tokens counter\n"
+               "vllm:generation_tokens_total{model_name=\"%s\"} %ld\n", mn, srv->gen_tokens);
+    fprintf(f, "# HELP vllm:spec_decode_num_drafts Verification rounds that checked drafted tokens.\n"
+               "# TYPE vllm:spec_decode_num_drafts counter\nvllm:spec_decode_num_drafts_total{model_name=\"%s\"} %ld\n",
+            mn, srv->drafts);
+    fprintf(f, "# HELP vllm:spec_decode_num_draft_tokens Drafted tokens.\n"
+               "# TYPE vllm:spec_decode_num_draft_tokens counter\n"
+               "vllm:spec_decode_num_draft_tokens_total{model_name=\"%s\"} %ld\n", mn, srv->draft_tokens);
+    fprintf(f, "# HELP vllm:spec_decode_num_accepted_tokens Accepted draft tokens.\n"
+               "# TYPE vllm:spec_decode_num_accepted_tokens counter\n"
+               "vllm:spec_decode_num_accepted_tokens_total{model_name=\"%s\"} %ld\n", mn, srv->accepted_tokens);
+    fprintf(f, "# HELP vllm:spec_decode_num_accepted_tokens_per_pos Accepted draft tokens by position in the block "
+               "(0 = the first draft after the anchor).\n# TYPE vllm:spec_decode_num_accepted_tokens_per_pos counter\n");
+    for (int k = 0; k + 1 < (srv->have_ds ? srv->block : 1); k++)
+        fprintf(f, "vllm:spec_decode_num_accepted_tokens_per_pos_total{model_name=\"%s\",position=\"%d\"} %ld\n", mn,
+                k, srv->acc_pos[k]);
+    pthread_mutex_unlock(&srv->mu);
+    fclose(f);
+    return buf;
+}
+
+/* ---- the access handler ---- */
+
+static cJSON *parse_body(const req *r, api_err *e) {
+    const char *end = NULL;
+    cJSON *body = cJSON_ParseWithOpts(r->body ? r->body : "", &end, 1);
+    if (!body) {
+        const size_t at = end && r->body ? (size_t)(end - r->body) : 0;
+        api_seterr(e, 400, "body", "the request body is not valid JSON (error at byte %zu)", at);
+        return NULL;
+    }
+    if (!cJSON_IsObject(body)) {
+        cJSON_Delete(body);
+        api_seterr(e, 400, "body", "the request body must be a JSON object");
+        return NULL;
+    }
+    return body;
+}
+
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
+                                  const char *version, const char *upload, size_t *upload_size, void **con_cls) {
+    (void)version;
+    dfl_server *srv = cls;
+    req *r = *con_cls;
+    api_err e = {0};
+    if (!r) { /* headers only */
+        if (!(r = calloc(1, sizeof *r))) return MHD_NO;
+        r->ep = route(url);
+        r->t0 = dfl_now();
+        *con_cls = r;
+        pthread_mutex_lock(&srv->mu);
+        srv->active++;
+        pthread_mutex_unlock(&srv->mu);
+        const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+        if (cl && strtoull(cl, NULL, 10) > srv->max_body) { /* refuse before reading it */
+            api_seterr(&e, 413, NULL, "the request body (%s bytes) exceeds --max-body %zu", cl, srv->max_body);
+            return send_error(srv, c, r, method, url, &e);
+        }
+        return MHD_YES;
+    }
+    if (*upload_size) { /* body data */
+        r->seen += *upload_size;
+        if (r->too_big || r->len + *upload_size > srv->max_body) {
+            /* keep reading to the end so that the answer reaches the client, within reason */
+            r->too_big = 1;
+            if (r->seen > 4 * srv->max_body + (1u << 20)) return MHD_NO;
+        } else {
+            if (r->len + *upload_size + 1 > r->cap) {
+                size_t cap = r->cap ? r->cap : 4096;
+                while (cap < r->len + *upload_size + 1) cap *= 2;
+                char *p = realloc(r->body, cap);
+                if (!p) return MHD_NO;
+                r->body = p;
+                r->cap = cap;
+            }
+            memcpy(r->body + r->len, upload, *upload_size);
+            r->len += *upload_size;
+            r->body[r->len] = 0;
+        }
+        *upload_size = 0;
+        return MHD_YES;
+    }
+    /* the whole request is in */
+    const int is_get = strcmp(method, "GET") == 0 || strcmp(method, "HEAD") == 0;
+    const int is_post = strcmp(method, "POST") == 0;
+    if (r->ep == EP_OTHER) {
+        api_seterr(&e, 404, NULL, "no such endpoint: %s %s (see docs/serve.md)", method, url);
+        return send_error(srv, c, r, method, url, &e);
+    }
+    if (ep_is_post(r->ep) ? !is_post : !is_get) {
+        api_seterr(&e, 405, NULL, "%s takes %s, not %s", url, ep_is_post(r->ep) ? "POST" : "GET", method);
+        return send_error(srv, c, r, method, url, &e);
+    }
+    if (r->too_big) {
+        api_seterr(&e, 413, NULL, "the request body exceeds --max-body %zu bytes", srv->max_body);
+        return send_error(srv, c, r, method, url, &e);
+    }
+    switch (r->ep) {
+    case EP_HEALTH: {
+        pthread_mutex_lock(&srv->mu);
+        const int stopping = srv->stopping;
+        pthread_mutex_unlock(&srv->mu);
+        if (stopping) {
+            api_seterr(&e, 503, NULL, "the server is shutting down");
+            return send_error(srv, c, r, method, url, &e);
+        }
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddStringToObject(o, "status", "ok");
+        return send_json(srv, c, r, method, url, 200, o);
+    }
+    case EP_METRICS:
+        record(srv, r, method, url, 200);
+        return send_body(c, 200, "text/plain; version=0.0.4; charset=utf-8", metrics_text(srv), NULL);
+    case EP_MODELS: {
+        cJSON *o = cJSON_CreateObject(), *m = cJSON_CreateObject();
+        cJSON_AddStringToObject(o, "object", "list");
+        cJSON_AddStringToObject(m, "id", srv->model_name);
+        cJSON_AddStringToObject(m, "object", "model");
+        cJSON_AddStringToObject(m, "owned_by", "dfl");
+        cJSON_AddNumberToObject(m, "max_model_len", srv->max_ctx);
+        cJSON_AddItemToArray(cJSON_AddArrayToObject(o, "data"), m);
+        return send_json(srv, c, r, method, url, 200, o);
+    }
+    default: break;
+    }
+    cJSON *body = parse_body(r, &e);
+    if (!body) return send_error(srv, c, r, method, url, &e);
+    if (r->ep == EP_TOKENIZE || r->ep == EP_DETOKENIZE) {
+        cJSON *o = r->ep == EP_TOKENIZE ? api_tokenize(srv, body, &e) : api_detokenize(srv, body, &e);
+        cJSON_Delete(body);
+        return o ? send_json(srv, c, r, method, url, 200, o) : send_error(srv, c, r, method, url, &e);
+    }
+    return handle_generation(srv, c, r, method, url, body);
+}
+
+static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe) {
+    (void)c, (void)toe;
+    dfl_server *srv = cls;
+    req *r = *con_cls;
+    if (!r) return;
+    pthread_mutex_lock(&srv->mu);
+    if (--srv->active == 0) pthread_cond_broadcast(&srv->idle);
+    pthread_mutex_unlock(&srv->mu);
+    free(r->body);
+    free(r);
+    *con_cls = NULL;
+}
+
+static void mhd_log(void *cls, const char *fmt, va_list ap) {
+    const dfl_server *srv = cls;
+    if (!srv->log) return;
+    fprintf(stderr, "dfl serve: ");
+    vfprintf(stderr, fmt, ap);
+}
+
+/* ---- start / stop ---- */
+
+static void server_free(dfl_server *srv) {
+    if (srv->have_ds) dstate_free(&srv->ds);
+    if (srv->have_s) state_free(&srv->s);
+    if (srv->tok) tok_close(srv->tok);
+    if (srv->have_d) drafter_close(&srv->d);
+    model_close(&srv->m);
+    free(srv->model_name);
+    pthread_cond_destroy(&srv->cv);
+    pthread_cond_destroy(&srv->idle);
+    pthread_mutex_destroy(&srv->mu);
+    free(srv);
+}
+
+static char *default_name(const char *dir) {
+    size_t n = strlen(dir);
+    while (n > 1 && dir[n - 1] == '/') n--;
+    size_t b = n;
+    while (b > 0 && dir[b - 1] != '/') b--;
+    return strndup(dir + b, n - b);
+}
+
+static int load(dfl_server *srv, const dfl_server_opts *o) {
+    if (!o->target) return dfl_seterr("no target checkpoint given");
+    if (o->block && !o->drafter) return dfl_seterr("a block size needs a drafter");
+    if (o->max_queue < 0) return dfl_seterr("max_queue %d: must be >= 0", o->max_queue);
+    if (model_open(&srv->m, o->target, o->check_weights) != DFL_OK) return DFL_ERR;
+    if (o->drafter) {
+        if (drafter_open(&srv->d, o->drafter, srv->m.cfg.n_layers) != DFL_OK) return DFL_ERR;
+        srv->have_d = 1;
+        if (drafter_check_target(&srv->d, &srv->m) != DFL_OK) return DFL_ERR;
+        srv->block = o->block ? o->block : srv->d.cfg.block_size;
+        if (srv->block < 2 || srv->block > srv->d.cfg.block_size || srv->block > DFL_MAX_BLOCK)
+            return dfl_seterr("block size %d: must be in [2, %d] (the drafter's block_size)", srv->block,
+                              srv->d.cfg.block_size);
+    }
+    const int maxpos = srv->m.cfg.max_position;
+    srv->max_ctx = o->max_context ? o->max_context
+                                  : (maxpos && maxpos < DFL_SERVE_DEFAULT_CONTEXT ? maxpos : DFL_SERVE_DEFAULT_CONTEXT);
+    if (srv->max_ctx < 2) return dfl_seterr("max_context %d: must be >= 2", srv->max_ctx);
+    if (maxpos && srv->max_ctx > maxpos)
+        return dfl_seterr("max_context %d exceeds the model's max_position_embeddings %d", srv->max_ctx, maxpos);
+    if (!(srv->tok = tok_open(o->tokenizer ? o->tokenizer : o->target))) return DFL_ERR;
+    /* prefill in chunks of up to 512 tokens, as dfl generate does (same numbers) */
+    const int chunk = srv->max_ctx < 512 ? srv->max_ctx : 512;
+    const int max_batch = chunk > srv->block ? chunk : srv->block;
+    if (state_init(&srv->s, &srv->m, srv->max_ctx, max_batch, srv->have_d) != DFL_OK) return DFL_ERR;
+    srv->have_s = 1;
+    if (srv->have_d) {
+        if (dstate_init(&srv->ds, &srv->d, &srv->m, srv->max_ctx, srv->block) != DFL_OK) return DFL_ERR;
+        srv->have_ds = 1;
+    }
+    srv->model_name = o->model_name ? strdup(o->model_name) : default_name(o->target);
+    if (!srv->model_name) return dfl_seterr("out of memory");
+    return DFL_OK;
+}
+
+static int listen_start(dfl_server *srv, const dfl_server_opts *o) {
+    const char *host = o->host ? o->host : "127.0.0.1";
+    char port[16];
+    snprintf(port, sizeof port, "%d", o->port);
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
+                             .ai_flags = AI_PASSIVE | AI_NUMERICSERV}, *ai = NULL;
+    const int gai = getaddrinfo(host, port, &hints, &ai);
+    if (gai) return dfl_seterr("cannot resolve host '%s': %s", host, gai_strerror(gai));
+    unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL |
+                     MHD_USE_ERROR_LOG;
+    if (ai->ai_family == AF_INET6) flags |= MHD_USE_IPv6;
+    srv->mhd = MHD_start_daemon(flags, 0, NULL, NULL, on_request, srv, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, srv,
+                                MHD_OPTION_SOCK_ADDR, ai->ai_addr, MHD_OPTION_NOTIFY_COMPLETED, on_completed, srv,
+                                MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)600, MHD_OPTION_END);
+    freeaddrinfo(ai);
+    if (!srv->mhd) return dfl_seterr("cannot listen on %s port %d (in use, or not an address of this host?)", host, o->port);
+    const union MHD_DaemonInfo *di = MHD_get_daemon_info(srv->mhd, MHD_DAEMON_INFO_BIND_PORT);
+    srv->port = di ? di->port : o->port;
+    return DFL_OK;
+}
+
+dfl_server *server_start(const dfl_server_opts *o) {
+    dfl_server *srv = calloc(1, sizeof *srv);
+    if (!srv) {
+        dfl_seterr("out of memory");
+        return NULL;
+    }
+    pthread_mutex_init(&srv->mu, NULL);
+    pthread_cond_init(&srv->cv, NULL);
+    pthread_cond_init(&srv->idle, NULL);
+    srv->max_queue = o->max_queue;
+    srv->max_body = o->max_body;
+    srv->log = o->log_requests;
+    srv->seed_ctr = (uint64_t)time(NULL) ^ ((uint64_t)(dfl_now() * 1e9) << 16);
+    if (load(srv, o) != DFL_OK) {
+        server_free(srv);
+        return NULL;
+    }
+    if (pthread_create(&srv->worker, NULL, worker_main, srv) != 0) {
+        dfl_seterr("cannot start the worker thread: %s", strerror(errno));
+        server_free(srv);
+        return NULL;
+    }
+    srv->have_worker = 1;
+    if (listen_start(srv, o) != DFL_OK) {
+        pthread_mutex_lock(&srv->mu);
+        srv->stopping = 1;
+        pthread_cond_signal(&srv->cv);
+        pthread_mutex_unlock(&srv->mu);
+        pthread_join(srv->worker, NULL);
+        server_free(srv);
+        return NULL;
+    }
+    return srv;
+}
+
+void server_stop(dfl_server *srv) {
+    if (!srv) return;
+    pthread_mutex_lock(&srv->mu);
+    srv->stopping = 1;
+    while (srv->head) job_abandon(srv, srv->head, 503, "the server is shutting down");
+    pthread_cond_signal(&srv->cv);
+    pthread_mutex_unlock(&srv->mu);
+    pthread_join(srv->worker, NULL); /* the running job, if any, finishes */
+    /* let the answers in flight reach their clients (bounded: a stalled reader cannot hold the
+     * shutdown), then close every connection */
+    pthread_mutex_lock(&srv->mu);
+    const double deadline = dfl_now() + 30;
+    while (srv->active > 0 && dfl_now() < deadline) wait_a_bit(&srv->idle, &srv->mu);
+    pthread_mutex_unlock(&srv->mu);
+    MHD_stop_daemon(srv->mhd);
+    server_free(srv);
+}

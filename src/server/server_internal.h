@@ -1,0 +1,164 @@
+/* Internals of dfl serve shared by server.c (HTTP, queue, worker, metrics), api.c (request
+ * parsing, response and stream formatting) and textout.c (incremental detokenization with stop
+ * strings). */
+#ifndef DFL_SERVER_INTERNAL_H
+#define DFL_SERVER_INTERNAL_H
+
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cjson/cJSON.h>
+
+#include "dfl/drafter.h"
+#include "dfl/model.h"
+#include "dfl/server.h"
+#include "dfl/spec.h"
+#include "dfl/tokenizer.h"
+
+struct MHD_Connection;
+struct MHD_Daemon;
+
+/* Routed endpoints; EP_OTHER is any unknown path. */
+typedef enum endpoint {
+    EP_COMPLETIONS, EP_CHAT, EP_GENERATE, EP_TOKENIZE, EP_DETOKENIZE, EP_HEALTH, EP_METRICS, EP_MODELS,
+    EP_OTHER, EP_COUNT
+} endpoint;
+
+/* HTTP statuses the server answers with (metrics rows); 499 = the client went away first. */
+#define N_STATUS 9
+extern const int server_statuses[N_STATUS];
+
+/* An error answer: status, OpenAI-style type, message, and the offending field if any. */
+typedef struct api_err {
+    int status;
+    const char *type;
+    char param[64];   /* "" when no single field is at fault */
+    char msg[320];
+} api_err;
+
+/* Decoded output of a request: the text of ids[0..clean) is final (it does not end inside a
+ * UTF-8 character); stop strings are searched in it as tokens arrive. */
+typedef struct textout {
+    const dfl_tokenizer *tok;
+    int32_t *ids;
+    int n, cap;
+    char *text;
+    size_t len, tcap;
+    int clean;
+    char **stops;
+    int n_stops;
+    long stop_at;   /* byte offset where the earliest stop string starts; -1 = none */
+    int stop_idx;   /* which stop string */
+} textout;
+
+void textout_init(textout *t, const dfl_tokenizer *tok, char **stops, int n_stops);
+void textout_free(textout *t);
+/* Append one generated token. Returns 1 when a stop string is now complete, 0 otherwise,
+ * DFL_ERR when out of memory. */
+int textout_push(textout *t, int32_t id);
+/* Bytes of text that may be sent while streaming: final text that cannot be the start of a
+ * stop string (text before a found stop string once there is one). */
+size_t textout_safe(const textout *t);
+/* The whole output text (up to the stop string when one was found); malloc'd. */
+char *textout_final(const textout *t);
+
+typedef enum job_state { JOB_QUEUED, JOB_RUNNING, JOB_DONE } job_state;
+
+/* One generation request. Shared by its connection thread and the worker; every field after
+ * "progress" is guarded by the server mutex, the outputs belong to the worker until JOB_DONE. */
+typedef struct job {
+    struct job *next;
+    struct dfl_server *srv;
+    endpoint ep;
+    /* request */
+    int32_t *prompt;
+    int n_prompt;
+    int max_new;
+    float temperature;
+    uint64_t seed;
+    int seed_given;           /* 0: the server draws one */
+    int ignore_eos;
+    char **stops;
+    int n_stops;
+    int stream, include_usage;
+    char id[48];
+    long created;
+    double t_start;
+    /* progress */
+    int refs;
+    job_state state;
+    int cancelled;            /* the client went away (or the server stops): stop generating */
+    pthread_cond_t cv;        /* signalled on state changes and new stream data */
+    struct MHD_Connection *conn;
+    /* stream buffer: SSE bytes not yet handed to the connection */
+    char *sb;
+    size_t sb_len, sb_off, sb_cap;
+    /* outputs */
+    textout out;
+    int stream_ids;           /* tokens already sent in chunks */
+    size_t stream_text;       /* text bytes already sent */
+    dfl_gen_stats st;
+    int *acc_len;             /* committed tokens per round */
+    int n_rounds, cap_rounds;
+    const char *finish;       /* "stop" or "length" */
+    int err_status;           /* 0, or the status of a failed generation */
+    char err_msg[320];
+    double t_done;
+} job;
+
+struct dfl_server {
+    dfl_model m;
+    dfl_drafter d;
+    int have_d;
+    dfl_state s;
+    int have_s;
+    dfl_dstate ds;
+    int have_ds;
+    dfl_tokenizer *tok;
+    char *model_name;
+    int block, max_ctx, max_queue, log;
+    size_t max_body;
+    struct MHD_Daemon *mhd;
+    int port;
+    pthread_t worker;
+    int have_worker;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;        /* the worker waits here for work */
+    job *head, *tail;
+    int n_waiting, running, stopping;
+    int active;               /* HTTP requests between their first byte and their completion */
+    pthread_cond_t idle;      /* signalled when active drops to 0 */
+    uint64_t seed_ctr;        /* seeds for requests that give none */
+    unsigned long next_id;
+    /* metrics */
+    long http[EP_COUNT][N_STATUS];
+    long cancelled;
+    long prompt_tokens, gen_tokens, requests_ok;
+    long rounds, drafts, draft_tokens, accepted_tokens;
+    long acc_pos[DFL_MAX_BLOCK];
+};
+
+/* api.c — parse a generation request body into j (prompt, options); fills e on error.
+ * Runs on a connection thread; the tokenizer is thread-safe. */
+int api_parse_generation(struct dfl_server *srv, endpoint ep, cJSON *body, job *j, api_err *e);
+/* /tokenize and /detokenize: the response object, or NULL with e filled. */
+cJSON *api_tokenize(struct dfl_server *srv, cJSON *body, api_err *e);
+cJSON *api_detokenize(struct dfl_server *srv, cJSON *body, api_err *e);
+/* The final response of a finished, non-streamed job. */
+cJSON *api_response(struct dfl_server *srv, const job *j);
+/* SSE bytes for a streamed job: the first event (chat: the assistant role), a chunk with the new
+ * tokens and text, the closing events (last chunk with finish_reason, usage, [DONE]), or an
+ * error event. malloc'd "data: ...\n\n" strings; NULL when there is nothing to send. */
+char *api_stream_start(struct dfl_server *srv, const job *j);
+char *api_stream_chunk(struct dfl_server *srv, const job *j, int ids_from, size_t text_from, size_t text_to);
+char *api_stream_end(struct dfl_server *srv, const job *j, int ids_from, size_t text_from);
+char *api_stream_error(const job *j);
+/* {"error": {"message", "type", "param", "code"}} */
+char *api_error_body(const api_err *e);
+void api_seterr(api_err *e, int status, const char *param, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+void job_free(job *j);
+
+#endif

@@ -1,0 +1,169 @@
+"""Bad input gives a clear message and a non-zero exit, never a crash: malformed checkpoints
+(truncated, overlapping or holed offsets, header beyond the file, wrong shape, missing tensor,
+unsupported dtype, NaN weights, bad JSON, missing shard), bad options, contexts that do not fit,
+drafters that do not fit their target."""
+import json
+import os
+import shutil
+import struct
+import tempfile
+
+import numpy as np
+from safetensors.numpy import load_file, save_file
+
+from dfltest import Tally, dfl, fixture
+
+t = Tally("cli errors")
+tmp = tempfile.mkdtemp(prefix="dfl-bad-")
+
+
+def copy_fixture(name, new):
+    d = os.path.join(tmp, new)
+    shutil.copytree(fixture(name), d)
+    return d
+
+
+def expect_fail(args, *needles, code=None):
+    p = dfl(*args, check=False)
+    ok = p.returncode not in (0,) and p.returncode > 0 and (code is None or p.returncode == code)
+    msg = p.stderr
+    t.check(ok, f"{args}: expected a clean failure, got rc {p.returncode}: {msg[-500:]}")
+    for n in needles:
+        t.check(n in msg, f"{args}: message lacks {n!r}: {msg[-500:]}")
+
+
+def raw_header(path):
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        hdr = json.loads(f.read(n))
+        data = f.read()
+    return hdr, data
+
+
+def write_raw(path, hdr, data, hlen=None):
+    h = json.dumps(hdr).encode()
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", hlen if hlen is not None else len(h)))
+        f.write(h)
+        f.write(data)
+
+
+def malformed_checkpoints():
+    st = "model.safetensors"
+    d = copy_fixture("qwen3_tiny", "truncated")
+    p = os.path.join(d, st)
+    with open(p, "r+b") as f:
+        f.truncate(os.path.getsize(p) - 100)
+    expect_fail(["inspect", d], "model.safetensors", "beyond the data buffer")
+
+    d = copy_fixture("qwen3_tiny", "overlap")
+    hdr, data = raw_header(os.path.join(d, st))
+    names = sorted((k for k in hdr if k != "__metadata__"), key=lambda k: hdr[k]["data_offsets"][0])
+    b0, e0 = hdr[names[1]]["data_offsets"]
+    hdr[names[1]]["data_offsets"] = [b0 - 4, e0 - 4]  # overlaps the previous tensor
+    write_raw(os.path.join(d, st), hdr, data)
+    expect_fail(["inspect", d], "overlaps the previous tensor")
+
+    d = copy_fixture("qwen3_tiny", "hole")
+    hdr, data = raw_header(os.path.join(d, st))
+    last = names[-1]
+    b, e = hdr[last]["data_offsets"]
+    hdr[last]["data_offsets"] = [b + 4, e + 4]
+    write_raw(os.path.join(d, st), hdr, data + b"\0" * 4)
+    expect_fail(["inspect", d], "hole before it")
+
+    d = copy_fixture("qwen3_tiny", "hdrsize")
+    hdr, data = raw_header(os.path.join(d, st))
+    write_raw(os.path.join(d, st), hdr, data, hlen=10**8 - 1)
+    expect_fail(["inspect", d], "beyond the end of the file")
+
+    d = copy_fixture("qwen3_tiny", "badheader")
+    with open(os.path.join(d, st), "wb") as f:
+        f.write(struct.pack("<Q", 10) + b'{"a": [1,]' + b"\0" * 8)
+    expect_fail(["inspect", d], "not valid JSON")
+
+    w = load_file(os.path.join(fixture("qwen3_tiny"), st))
+    d = copy_fixture("qwen3_tiny", "shape")
+    x = dict(w)
+    name = "model.layers.1.mlp.up_proj.weight"
+    x[name] = np.ascontiguousarray(x[name].T)
+    save_file(x, os.path.join(d, st))
+    expect_fail(["inspect", d], name, "has shape [64, 128], expected [128, 64]")
+
+    d = copy_fixture("qwen3_tiny", "missing")
+    x = dict(w)
+    del x["model.layers.2.self_attn.k_norm.weight"]
+    save_file(x, os.path.join(d, st))
+    expect_fail(["inspect", d], "missing tensor 'model.layers.2.self_attn.k_norm.weight' (expected shape [32])")
+
+    d = copy_fixture("qwen3_tiny", "dtype")
+    x = dict(w)
+    x["model.layers.0.mlp.down_proj.weight"] = x["model.layers.0.mlp.down_proj.weight"].astype(np.int8)
+    save_file(x, os.path.join(d, st))
+    expect_fail(["inspect", d], "model.layers.0.mlp.down_proj.weight", "dtype I8", "F32, F16, BF16")
+
+    d = copy_fixture("qwen3_tiny", "nan")
+    x = dict(w)
+    x["model.layers.3.mlp.gate_proj.weight"] = x["model.layers.3.mlp.gate_proj.weight"].copy()
+    x["model.layers.3.mlp.gate_proj.weight"][5, 7] = np.nan
+    save_file(x, os.path.join(d, st))
+    expect_fail(["generate", "--target", d, "--prompt-ids", "1,2,3", "--max-new", "2", "--check-weights"],
+                "model.layers.3.mlp.gate_proj.weight", "non-finite")
+    t.check(dfl("generate", "--target", d, "--prompt-ids", "1,2,3", "--max-new", "2", check=False).returncode == 0,
+            "without --check-weights the NaN model still loads")
+
+    d = copy_fixture("qwen3_tiny", "badconfig")
+    with open(os.path.join(d, "config.json"), "w") as f:
+        f.write('{"model_type": "qwen3", "hidden_size": 64,,}')
+    expect_fail(["inspect", d], "config.json", "not valid JSON")
+
+    d = copy_fixture("qwen3_tiny", "arch")
+    cfg = json.load(open(os.path.join(fixture("qwen3_tiny"), "config.json")))
+    cfg["model_type"] = "mistral"
+    json.dump(cfg, open(os.path.join(d, "config.json"), "w"))
+    expect_fail(["inspect", d], "unsupported model_type 'mistral'", "qwen3_5_text")
+
+    d = copy_fixture("qwen35_sharded", "shard")
+    idx = json.load(open(os.path.join(d, "model.safetensors.index.json")))
+    victim = sorted(set(idx["weight_map"].values()))[1]
+    os.remove(os.path.join(d, victim))
+    expect_fail(["inspect", d], victim, "missing")
+
+
+def bad_options():
+    tiny = fixture("qwen3_tiny")
+    expect_fail(["generate", "--target", tiny, "--prompt-ids", ",".join(["5"] * 20), "--max-context", "10"],
+                "exceeds --max-context 10")
+    expect_fail(["generate", "--target", tiny, "--prompt-ids", "1,2", "--max-new", "0"], "--max-new", code=2)
+    expect_fail(["generate", "--target", tiny], "exactly one of --prompt", code=2)
+    expect_fail(["generate", "--target", tiny, "--prompt-ids", "1,x"], "--prompt-ids")
+    expect_fail(["generate", "--target", tiny, "--prompt-ids", "1,5000"], "outside the vocabulary")
+    expect_fail(["generate", "--target", tiny, "--prompt", "hi", "--chat", "vicuna"], "--chat", code=2)
+    expect_fail(["generate", "--target", "/nonexistent"], "/nonexistent")
+    expect_fail(["generate", "--target", tiny, "--prompt-ids", "1", "--frobnicate"], "unknown argument", code=2)
+    expect_fail(["generate", "--target", tiny, "--drafter", fixture("dflash_qwen35"), "--prompt-ids", "1,2"],
+                "does not fit", "hidden_size 128 != target hidden_size 64")
+    expect_fail(["generate", "--target", tiny, "--drafter", fixture("dflash_qwen3"), "--prompt-ids", "1,2",
+                 "--block-size", "0"], "--block-size", code=2)
+    expect_fail(["generate", "--target", tiny, "--drafter", fixture("dflash_qwen3"), "--prompt-ids", "1,2",
+                 "--block-size", "9"], "must be in [2, 8]")
+    expect_fail(["generate", "--target", tiny, "--drafter", tiny, "--prompt-ids", "1,2"], "not a DFlash drafter")
+    expect_fail(["generate", "--target", tiny, "--prompt-ids", "1,2", "--temperature", "-1"], "--temperature", code=2)
+    expect_fail(["hidden", "--target", tiny, "--layers", "0,9", "--prompt-ids", "1,2", "--out", "/tmp/x.st"],
+                "layer 9 does not exist")
+    expect_fail(["hidden-diff", "/nonexistent.st", "/nonexistent2.st"], "/nonexistent.st")
+    p = dfl("inspect", fixture("dflash_qwen35"), "--target", tiny, check=False)
+    t.check(p.returncode == 1 and "NOT compatible" in p.stdout and "target_layer_ids" in p.stdout,
+            f"incompatible drafter: {p.stdout}")
+    expect_fail(["inspect"], "missing checkpoint directory", code=2)
+    for cmd in ("inspect", "generate", "hidden", "hidden-diff", "tokenize"):
+        p = dfl(cmd, "--help", check=False)
+        t.check(p.returncode == 0 and "usage:" in p.stdout, f"{cmd} --help")
+    p = dfl(check=False)
+    t.check(p.returncode == 2 and "usage" in p.stderr, "dfl without a command")
+    expect_fail(["frobnicate"], "unknown command", code=2)
+
+
+t.run(malformed_checkpoints)
+t.run(bad_options)
+t.done()

@@ -1,0 +1,74 @@
+"""`dfl inspect` on every fixture layout: the layout and the prefix that matched, architecture,
+layer types, tensor counts per component checked against the files themselves, every unused
+tensor listed, drafter target_layer_ids and their meaning, drafter/target compatibility."""
+import json
+import os
+
+from safetensors import safe_open
+
+from dfltest import Tally, dfl, dfl_json, fixture
+
+t = Tally("inspect")
+
+
+def tensor_names(d):
+    idx = os.path.join(d, "model.safetensors.index.json")
+    files = sorted(set(json.load(open(idx))["weight_map"].values())) if os.path.exists(idx) else ["model.safetensors"]
+    names = []
+    for f in files:
+        with safe_open(os.path.join(d, f), "np") as s:
+            names += list(s.keys())
+    return names
+
+
+def target(name, layout, prefix, arch, pattern, untied):
+    j = dfl_json("inspect", fixture(name), "--json")
+    names = tensor_names(fixture(name))
+    vision = [n for n in names if n.startswith("model.visual.")]
+    mtp = [n for n in names if n.startswith("mtp.")]
+    t.check(j["layout"] == layout and j["prefix"] == prefix and j["architecture"] == arch,
+            f"{name}: layout {j['layout']} prefix {j['prefix']} arch {j['architecture']}")
+    t.check(j["layer_pattern"] == pattern and len(j["layer_types"]) == j["num_layers"] == len(pattern),
+            f"{name}: pattern {j['layer_pattern']}")
+    t.check(all(lt == ("linear_attention" if c == "L" else "full_attention") for lt, c in zip(j["layer_types"], pattern)),
+            f"{name}: layer_types")
+    t.check(j["n_tensors"] == len(names) and sum(j["tensors"].values()) == len(names),
+            f"{name}: {j['tensors']} vs {len(names)} tensors in the files")
+    t.check(j["tensors"]["vision"] == len(vision) and j["tensors"]["mtp"] == len(mtp),
+            f"{name}: vision/mtp counts {j['tensors']}")
+    t.check(sorted(j["unused"]["vision"]) == sorted(vision) and sorted(j["unused"]["mtp"]) == sorted(mtp) and
+            j["unused"]["text"] == [] and j["unused"]["other"] == [], f"{name}: unused lists {j['unused']}")
+    t.check(j["tie_word_embeddings"] != untied, f"{name}: tie_word_embeddings")
+    t.check(j["bytes"] == sum(j["tensor_bytes"].values()) and j["used_bytes"] <= j["bytes"], f"{name}: bytes")
+    text = dfl("inspect", fixture(name)).stdout
+    t.check(f"layout:       {layout}" in text and prefix in text and pattern in text, f"{name}: text report")
+
+
+def drafters():
+    j = dfl_json("inspect", fixture("dflash_qwen35"), "--json")
+    t.check(j["layout"] == "drafter" and j["layer_pattern"] == "SSF" and j["sliding_window"] == 4 and
+            j["block_size"] == 16 and j["mask_token_id"] == 999, f"dflash_qwen35: {j}")
+    t.check(j["target_layer_ids"] == [1, 3, 5] and j["target_layer_ids_source"] == "default formula" and
+            j["hidden_states_indices"] == [2, 4, 6], f"default ids: {j['target_layer_ids']}")
+    j = dfl_json("inspect", fixture("dflash_qwen3"), "--target", fixture("qwen3_tiny"), "--json")
+    t.check(j["compatible"] and j["target_layer_ids"] == [0, 2] and j["target_layer_ids_source"] == "config",
+            f"dflash_qwen3 fit: {j}")
+    j = dfl_json("inspect", fixture("dflash_qwen3_toplevel"), "--target", fixture("qwen3_tiny"), "--json")
+    t.check(j["compatible"] and j["target_layer_ids"] == [0, 2] and j["block_size"] == 8, f"top-level: {j}")
+    p = dfl("inspect", fixture("dflash_qwen3"), "--target", fixture("qwen35_vlm"), "--json", check=False)
+    j = json.loads(p.stdout)
+    t.check(p.returncode == 1 and not j["compatible"] and "hidden_size 64 != target hidden_size 128" in
+            j["incompatibility"], f"misfit: {j}")
+    text = dfl("inspect", fixture("dflash_qwen35"), "--target", fixture("qwen35_vlm")).stdout
+    t.check("compatible" in text and "hidden_states[2, 4, 6]" in text, f"drafter text report: {text}")
+
+
+t.run(target, "qwen3_tiny", "text", "model.", "qwen3", "FFFF", False)
+t.run(target, "qwen3_bf16", "text", "model.", "qwen3", "FFFFF", True)
+t.run(target, "qwen35_vlm", "vlm", "model.language_model.", "qwen3_5", "LLLFLLLF", False)
+t.run(target, "qwen35_text", "text", "model.", "qwen3_5", "LLLFLLLF", False)
+t.run(target, "qwen35_bf16", "vlm", "model.language_model.", "qwen3_5", "LLFLLF", True)
+t.run(target, "qwen35_r1", "text", "model.", "qwen3_5", "LLLF", True)
+t.run(target, "qwen35_sharded", "text", "model.", "qwen3_5", "LLLFLLLF", False)
+t.run(drafters)
+t.done()

@@ -1,0 +1,470 @@
+/* dfl serve in-process (qwen3_tiny + dflash_qwen3 on a free port), driven with libcurl:
+ * /health; completions (greedy and seeded sampling, OpenAI and SGLang forms, streamed) equal
+ * spec_generate's output for the same prompt and options; stop strings cut the text; a bounded
+ * load run (200 requests from 4 client threads) completes without error; malformed JSON and
+ * wrong types -> 400, unknown path -> 404, wrong method -> 405, oversize body -> 413, queue
+ * overflow -> 503; a streaming client that disconnects cancels its generation; server_stop
+ * frees everything (the ASan build checks for leaks). */
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cjson/cJSON.h>
+#include <curl/curl.h>
+
+#include "dfl/common.h"
+#include "dfl/server.h"
+#include "dfl/spec.h"
+#include "testutil.h"
+
+static const int32_t prompt[] = {11, 200, 37, 512, 99, 3, 641, 77, 12};
+#define NP ((int)(sizeof prompt / sizeof prompt[0]))
+
+typedef struct reply {
+    long status;
+    char *body;
+    size_t len;
+    int abort_after; /* > 0: abort the transfer after this many bytes (a client going away) */
+} reply;
+
+static size_t on_data(char *p, size_t sz, size_t n, void *ud) {
+    reply *r = ud;
+    char *b = realloc(r->body, r->len + sz * n + 1);
+    if (!b) return 0;
+    r->body = b;
+    memcpy(r->body + r->len, p, sz * n);
+    r->len += sz * n;
+    r->body[r->len] = 0;
+    if (r->abort_after > 0 && r->len >= (size_t)r->abort_after) return 0;
+    return sz * n;
+}
+
+/* One request; body NULL = GET. Returns the status (0 on a transport error). */
+static reply http(int port, const char *method, const char *path, const char *body, int abort_after) {
+    reply r = {.abort_after = abort_after};
+    char url[256];
+    snprintf(url, sizeof url, "http://127.0.0.1:%d%s", port, path);
+    CURL *c = curl_easy_init();
+    struct curl_slist *h = curl_slist_append(NULL, "Content-Type: application/json");
+    curl_easy_setopt(c, CURLOPT_URL, url);
+    curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(c, CURLOPT_TIMEOUT, 120L);
+    curl_easy_setopt(c, CURLOPT_HTTPHEADER, h);
+    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_data);
+    curl_easy_setopt(c, CURLOPT_WRITEDATA, &r);
+    if (body) {
+        curl_easy_setopt(c, CURLOPT_POSTFIELDS, body);
+        curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE, (long)strlen(body));
+    }
+    if (method) curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, method);
+    if (curl_easy_perform(c) == CURLE_OK) curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &r.status);
+    curl_slist_free_all(h);
+    curl_easy_cleanup(c);
+    return r;
+}
+
+static cJSON *json_of(const reply *r) { return r->body ? cJSON_Parse(r->body) : NULL; }
+
+/* The token ids under path a.b.c (array) into out; returns the count or -1. */
+static int ids_at(const cJSON *o, const char *const *path, int n_path, int32_t *out, int cap) {
+    for (int i = 0; i < n_path && o; i++)
+        o = cJSON_IsArray(o) ? cJSON_GetArrayItem(o, atoi(path[i])) : cJSON_GetObjectItemCaseSensitive(o, path[i]);
+    if (!cJSON_IsArray(o)) return -1;
+    int n = 0;
+    for (cJSON *x = o->child; x && n < cap; x = x->next) out[n++] = (int32_t)x->valuedouble;
+    return n;
+}
+
+static const char *const completion_ids[] = {"choices", "0", "token_ids"};
+
+/* spec_generate on a fresh model + drafter, as dfl generate sets it up. */
+static int reference(int max_new, float temp, uint64_t seed, int ignore_eos, int32_t *out, dfl_gen_stats *st) {
+    dfl_model m;
+    dfl_drafter d;
+    if (model_open(&m, test_fixture("qwen3_tiny"), 0) != DFL_OK) return -1;
+    if (drafter_open(&d, test_fixture("dflash_qwen3"), m.cfg.n_layers) != DFL_OK) return -1;
+    const int B = d.cfg.block_size, ctx = NP + max_new;
+    dfl_state s;
+    dfl_dstate ds;
+    int rc = -1;
+    if (state_init(&s, &m, ctx, NP > B ? NP : B, 1) == DFL_OK) {
+        if (dstate_init(&ds, &d, &m, ctx, B) == DFL_OK) {
+            dfl_draft_if dif = spec_dflash_drafter(&ds);
+            dfl_gen_opts o = {.max_new = max_new, .block = B, .temperature = temp, .seed = seed,
+                              .ignore_eos = ignore_eos};
+            if (spec_generate(&s, &dif, prompt, NP, &o, out, st, NULL, NULL) == DFL_OK) rc = st->generated;
+            dstate_free(&ds);
+        }
+        state_free(&s);
+    }
+    drafter_close(&d);
+    model_close(&m);
+    return rc;
+}
+
+static char *prompt_json(void) {
+    static char buf[128];
+    int k = snprintf(buf, sizeof buf, "[");
+    for (int i = 0; i < NP; i++) k += snprintf(buf + k, sizeof buf - k, "%s%d", i ? "," : "", prompt[i]);
+    snprintf(buf + k, sizeof buf - k, "]");
+    return buf;
+}
+
+static void check_equal(const char *what, const int32_t *a, int na, const int32_t *b, int nb) {
+    CHECK(na == nb && na > 0 && memcmp(a, b, (size_t)na * sizeof *a) == 0, "%s: %d tokens vs reference %d%s", what,
+          na, nb, na == nb ? " (ids differ)" : "");
+}
+
+/* Reassemble a stream's token ids and text; returns the id count, -1 if malformed. */
+static int stream_ids(const char *body, int32_t *ids, int cap, char *text, size_t tcap, int *done) {
+    int n = 0;
+    size_t tl = 0;
+    *done = 0;
+    text[0] = 0;
+    for (const char *p = body; (p = strstr(p, "data: ")); p += 6) {
+        if (strncmp(p + 6, "[DONE]", 6) == 0) {
+            *done = 1;
+            break;
+        }
+        const char *end = strstr(p, "\n\n");
+        if (!end) return -1;
+        cJSON *o = cJSON_ParseWithLength(p + 6, (size_t)(end - p - 6));
+        if (!o) return -1;
+        cJSON *ch = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(o, "choices"), 0);
+        cJSON *t = cJSON_GetObjectItemCaseSensitive(ch, "text");
+        for (cJSON *x = ch ? cJSON_GetObjectItemCaseSensitive(ch, "token_ids")->child : NULL; x && n < cap; x = x->next)
+            ids[n++] = (int32_t)x->valuedouble;
+        if (cJSON_IsString(t) && tl + strlen(t->valuestring) < tcap) {
+            strcpy(text + tl, t->valuestring);
+            tl += strlen(t->valuestring);
+        }
+        cJSON_Delete(o);
+    }
+    return n;
+}
+
+static void test_outputs(int port) {
+    char body[1024];
+    int32_t ref[64], got[64];
+    dfl_gen_stats st;
+    /* greedy, to the token budget */
+    int nr = reference(40, 0, 0, 1, ref, &st);
+    CHECK(nr == 40, "reference failed: %s", dfl_errmsg());
+    snprintf(body, sizeof body, "{\"prompt\": %s, \"max_tokens\": 40, \"temperature\": 0, \"ignore_eos\": true}",
+             prompt_json());
+    reply r = http(port, NULL, "/v1/completions", body, 0);
+    cJSON *o = json_of(&r);
+    CHECK(r.status == 200 && o, "completion: %ld %s", r.status, r.body ? r.body : "");
+    check_equal("greedy completion", got, ids_at(o, completion_ids, 3, got, 64), ref, nr);
+    cJSON *u = cJSON_GetObjectItemCaseSensitive(o, "usage");
+    CHECK(cJSON_GetObjectItemCaseSensitive(u, "completion_tokens")->valuedouble == 40 &&
+              cJSON_GetObjectItemCaseSensitive(u, "prompt_tokens")->valuedouble == NP,
+          "usage wrong");
+    CHECK(strcmp(cJSON_GetObjectItemCaseSensitive(cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(o, "choices"), 0),
+                                                  "finish_reason")->valuestring, "length") == 0,
+          "finish_reason should be length");
+    /* a stop string taken from the middle of that text: the text ends right before it */
+    char full[512], stop[8];
+    snprintf(full, sizeof full, "%s", cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(
+                                          cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(o, "choices"), 0), "text")));
+    const size_t cut = strlen(full) / 2;
+    snprintf(stop, sizeof stop, "%.4s", full + cut);
+    const char *first = strstr(full, stop);
+    cJSON_Delete(o);
+    free(r.body);
+    cJSON *req = cJSON_CreateObject();
+    cJSON_AddItemToObject(req, "prompt", cJSON_Parse(prompt_json()));
+    cJSON_AddNumberToObject(req, "max_tokens", 40);
+    cJSON_AddNumberToObject(req, "temperature", 0);
+    cJSON_AddBoolToObject(req, "ignore_eos", 1);
+    cJSON_AddStringToObject(req, "stop", stop);
+    char *js = cJSON_PrintUnformatted(req);
+    r = http(port, NULL, "/v1/completions", js, 0);
+    o = json_of(&r);
+    cJSON *ch = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(o, "choices"), 0);
+    const char *got_text = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(ch, "text"));
+    CHECK(r.status == 200 && got_text && strlen(got_text) == (size_t)(first - full) &&
+              strncmp(got_text, full, strlen(got_text)) == 0 &&
+              strcmp(cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(ch, "finish_reason")), "stop") == 0,
+          "stop '%s': text should be the %zu bytes before it, got %s", stop, (size_t)(first - full), r.body);
+    cJSON_Delete(o);
+    free(r.body);
+    /* the same, streamed: the chunks reassemble to the same text */
+    cJSON_AddBoolToObject(req, "stream", 1);
+    free(js);
+    js = cJSON_PrintUnformatted(req);
+    r = http(port, NULL, "/v1/completions", js, 0);
+    char stext[512];
+    int done = 0;
+    int ns = stream_ids(r.body ? r.body : "", got, 64, stext, sizeof stext, &done);
+    CHECK(r.status == 200 && done && ns > 0 && strlen(stext) == (size_t)(first - full) &&
+              strncmp(stext, full, strlen(stext)) == 0,
+          "streamed stop: text '%s' (%d ids, done %d)", stext, ns, done);
+    free(r.body);
+    cJSON_Delete(req);
+    free(js);
+
+    /* seeded sampling, SGLang form: same tokens as spec_generate with that seed; meta_info */
+    nr = reference(32, 0.8f, 1234, 1, ref, &st);
+    snprintf(body, sizeof body,
+             "{\"input_ids\": %s, \"sampling_params\": {\"max_new_tokens\": 32, \"temperature\": 0.8, \"seed\": 1234, "
+             "\"ignore_eos\": true}}", prompt_json());
+    r = http(port, NULL, "/generate", body, 0);
+    o = json_of(&r);
+    static const char *const out_ids[] = {"output_ids"};
+    CHECK(r.status == 200 && o, "generate: %ld %s", r.status, r.body ? r.body : "");
+    check_equal("seeded /generate", got, ids_at(o, out_ids, 1, got, 64), ref, nr);
+    cJSON *mi = cJSON_GetObjectItemCaseSensitive(o, "meta_info");
+    cJSON *vct = cJSON_GetObjectItemCaseSensitive(mi, "spec_verify_ct");
+    cJSON *tau = cJSON_GetObjectItemCaseSensitive(mi, "spec_accept_length");
+    CHECK(cJSON_IsNumber(vct) && vct->valuedouble == st.rounds, "spec_verify_ct %g vs rounds %d",
+          vct ? vct->valuedouble : -1, st.rounds);
+    CHECK(cJSON_IsNumber(tau) && tau->valuedouble > spec_tau(&st) - 1e-9 && tau->valuedouble < spec_tau(&st) + 1e-9,
+          "spec_accept_length vs tau %g", spec_tau(&st));
+    CHECK(cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(mi, "spec_accept_rate_per_pos")) == st.max_block - 1,
+          "per-position acceptance has %d entries", st.max_block - 1);
+    cJSON_Delete(o);
+    free(r.body);
+
+    /* greedy with eos allowed, chat form streamed with usage */
+    r = http(port, NULL, "/v1/chat/completions",
+             "{\"messages\": [{\"role\": \"user\", \"content\": \"Janet has 3 apples\"}], \"max_tokens\": 12, "
+             "\"temperature\": 0, \"stream\": true, \"stream_options\": {\"include_usage\": true}}", 0);
+    CHECK(r.status == 200 && r.body && strstr(r.body, "\"role\":\"assistant\"") && strstr(r.body, "\"usage\"") &&
+              strstr(r.body, "data: [DONE]"), "chat stream: %s", r.body ? r.body : "");
+    free(r.body);
+}
+
+/* ---- load ---- */
+
+typedef struct load_arg {
+    int port, n, failures, mismatches;
+    const int32_t *expect;
+    int n_expect;
+} load_arg;
+
+static void *load_client(void *p) {
+    load_arg *a = p;
+    char body[512];
+    int32_t got[16];
+    for (int i = 0; i < a->n; i++) {
+        const int kind = i % 4; /* completions, /generate, streamed completions, chat */
+        const char *path = kind == 1 ? "/generate" : kind == 3 ? "/v1/chat/completions" : "/v1/completions";
+        if (kind == 1)
+            snprintf(body, sizeof body, "{\"input_ids\": %s, \"sampling_params\": {\"max_new_tokens\": 4, "
+                     "\"temperature\": 0, \"ignore_eos\": true}}", prompt_json());
+        else if (kind == 3)
+            snprintf(body, sizeof body, "{\"messages\": [{\"role\": \"user\", \"content\": \"load %d\"}], "
+                     "\"max_tokens\": 4, \"temperature\": 0.7, \"seed\": %d}", i, i);
+        else
+            snprintf(body, sizeof body, "{\"prompt\": %s, \"max_tokens\": 4, \"temperature\": 0, \"ignore_eos\": true%s}",
+                     prompt_json(), kind == 2 ? ", \"stream\": true" : "");
+        reply r = http(a->port, NULL, path, body, 0);
+        if (r.status != 200 || !r.body) {
+            a->failures++;
+            fprintf(stderr, "load: %s -> %ld %s\n", path, r.status, r.body ? r.body : "");
+        } else if (kind != 3) {
+            int n;
+            if (kind == 2) {
+                char text[256];
+                int done;
+                n = stream_ids(r.body, got, 16, text, sizeof text, &done);
+            } else {
+                cJSON *o = cJSON_Parse(r.body);
+                static const char *const out_ids[] = {"output_ids"};
+                n = kind == 1 ? ids_at(o, out_ids, 1, got, 16) : ids_at(o, completion_ids, 3, got, 16);
+                cJSON_Delete(o);
+            }
+            if (n != a->n_expect || memcmp(got, a->expect, (size_t)n * sizeof *got) != 0) a->mismatches++;
+        }
+        free(r.body);
+    }
+    return NULL;
+}
+
+static void test_load(int port) {
+    int32_t expect[4];
+    dfl_gen_stats st;
+    const int ne = reference(4, 0, 0, 1, expect, &st);
+    load_arg a[4];
+    pthread_t th[4];
+    const double t0 = dfl_now();
+    for (int i = 0; i < 4; i++) {
+        a[i] = (load_arg){.port = port, .n = 50, .expect = expect, .n_expect = ne};
+        pthread_create(&th[i], NULL, load_client, &a[i]);
+    }
+    int fails = 0, mism = 0;
+    for (int i = 0; i < 4; i++) {
+        pthread_join(th[i], NULL);
+        fails += a[i].failures;
+        mism += a[i].mismatches;
+    }
+    CHECK(fails == 0 && mism == 0, "load: %d of 200 requests failed, %d gave other tokens", fails, mism);
+    printf("load: 200 requests from 4 clients in %.2f s\n", dfl_now() - t0);
+}
+
+/* ---- errors ---- */
+
+static void expect_error(int port, const char *method, const char *path, const char *body, long status,
+                         const char *param) {
+    reply r = http(port, method, path, body, 0);
+    cJSON *o = json_of(&r);
+    cJSON *e = cJSON_GetObjectItemCaseSensitive(o, "error");
+    const char *p = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(e, "param"));
+    CHECK(r.status == status && cJSON_IsString(cJSON_GetObjectItemCaseSensitive(e, "message")) &&
+              cJSON_IsString(cJSON_GetObjectItemCaseSensitive(e, "type")) &&
+              (!param || (p && strcmp(p, param) == 0)),
+          "%s %s %.60s: expected %ld (param %s), got %ld %s", method ? method : "POST", path, body ? body : "",
+          status, param ? param : "-", r.status, r.body ? r.body : "");
+    cJSON_Delete(o);
+    free(r.body);
+}
+
+static void test_errors(int port, size_t max_body) {
+    expect_error(port, NULL, "/v1/completions", "{\"prompt\": \"x\", ", 400, "body");
+    expect_error(port, NULL, "/v1/completions", "[1, 2]", 400, "body");
+    expect_error(port, NULL, "/v1/completions", "{\"prompt\": \"x\", \"max_tokens\": \"ten\"}", 400, "max_tokens");
+    expect_error(port, NULL, "/v1/completions", "{\"prompt\": \"x\", \"temperature\": -1}", 400, "temperature");
+    expect_error(port, NULL, "/v1/completions", "{\"prompt\": \"x\", \"stop\": 5}", 400, "stop");
+    expect_error(port, NULL, "/v1/completions", "{\"prompt\": 5}", 400, "prompt");
+    expect_error(port, NULL, "/v1/completions", "{\"prompt\": [1, 99999]}", 400, "prompt");
+    expect_error(port, NULL, "/v1/completions", "{\"prompt\": \"x\", \"max_tokens\": 100000}", 400, "max_tokens");
+    expect_error(port, NULL, "/v1/chat/completions", "{\"messages\": [{\"content\": \"hi\"}]}", 400,
+                 "messages[0].role");
+    expect_error(port, NULL, "/generate", "{\"text\": \"x\", \"sampling_params\": {\"max_new_tokens\": 1.5}}", 400,
+                 "sampling_params.max_new_tokens");
+    expect_error(port, NULL, "/tokenize", "{\"text\": 3}", 400, "text");
+    expect_error(port, NULL, "/detokenize", "{\"tokens\": [\"a\"]}", 400, "tokens");
+    expect_error(port, NULL, "/no/such/path", "{}", 404, NULL);
+    expect_error(port, "GET", "/v1/completions", NULL, 405, NULL);
+    expect_error(port, NULL, "/health", "{}", 405, NULL);
+    /* a prompt longer than the context */
+    char *big = malloc(max_body + 64);
+    int k = snprintf(big, max_body, "{\"prompt\": [");
+    for (int i = 0; i < 600; i++) k += snprintf(big + k, max_body - k, "%s5", i ? "," : "");
+    snprintf(big + k, max_body - k, "], \"max_tokens\": 1}");
+    expect_error(port, NULL, "/v1/completions", big, 400, "prompt");
+    /* a body over --max-body */
+    memset(big, ' ', max_body + 32);
+    big[0] = '{';
+    memcpy(big + max_body + 30, "}", 2);
+    expect_error(port, NULL, "/v1/completions", big, 413, NULL);
+    free(big);
+}
+
+/* ---- queue overflow ---- */
+
+typedef struct long_arg {
+    int port;
+    long status;
+} long_arg;
+
+static void *long_client(void *p) {
+    long_arg *a = p;
+    char body[256];
+    snprintf(body, sizeof body, "{\"prompt\": %s, \"max_tokens\": 400, \"temperature\": 0, \"ignore_eos\": true}",
+             prompt_json());
+    reply r = http(a->port, NULL, "/v1/completions", body, 0);
+    a->status = r.status;
+    free(r.body);
+    return NULL;
+}
+
+static void test_queue(void) {
+    dfl_server_opts o;
+    server_opts_default(&o);
+    o.target = test_fixture("qwen3_tiny");
+    o.drafter = test_fixture("dflash_qwen3");
+    o.max_queue = 1;
+    o.max_context = 512;
+    dfl_server *srv = server_start(&o);
+    CHECK(srv, "server (max_queue 1): %s", dfl_errmsg());
+    if (!srv) return;
+    long_arg a[6];
+    pthread_t th[6];
+    for (int i = 0; i < 6; i++) {
+        a[i] = (long_arg){.port = server_port(srv)};
+        pthread_create(&th[i], NULL, long_client, &a[i]);
+    }
+    int ok = 0, busy = 0, other = 0;
+    for (int i = 0; i < 6; i++) {
+        pthread_join(th[i], NULL);
+        ok += a[i].status == 200;
+        busy += a[i].status == 503;
+        other += a[i].status != 200 && a[i].status != 503;
+    }
+    CHECK(ok >= 1 && busy >= 1 && other == 0, "max_queue 1, 6 concurrent long requests: %d ok, %d 503, %d other", ok,
+          busy, other);
+    /* at most one runs and one waits: the other four arrive while both are taken */
+    CHECK(busy >= 2, "expected at least 2 of 6 concurrent requests refused, got %d", busy);
+    server_stop(srv);
+}
+
+/* ---- a streaming client that goes away ---- */
+
+static long metric(int port, const char *name) {
+    reply r = http(port, NULL, "/metrics", NULL, 0);
+    long v = -1;
+    const char *p = r.body ? strstr(r.body, name) : NULL;
+    if (p) {
+        const char *sp = strchr(p, ' ');
+        if (sp) v = atol(sp + 1);
+    }
+    free(r.body);
+    return v;
+}
+
+static void test_disconnect(int port) {
+    const long before = metric(port, "\ndfl_requests_cancelled_total");
+    char body[256];
+    snprintf(body, sizeof body, "{\"prompt\": %s, \"max_tokens\": 500, \"temperature\": 0, \"ignore_eos\": true, "
+             "\"stream\": true}", prompt_json());
+    reply r = http(port, NULL, "/v1/completions", body, 600);
+    CHECK(r.status == 200 && r.len >= 600, "aborted stream: status %ld, %zu bytes", r.status, r.len);
+    free(r.body);
+    long after = before;
+    for (int i = 0; i < 100 && after == before; i++) {
+        usleep(50000);
+        after = metric(port, "\ndfl_requests_cancelled_total");
+    }
+    CHECK(after == before + 1, "cancelled requests %ld -> %ld after a client went away", before, after);
+    r = http(port, NULL, "/health", NULL, 0);
+    CHECK(r.status == 200, "health after a disconnect: %ld", r.status);
+    free(r.body);
+}
+
+int main(void) {
+    curl_global_init(CURL_GLOBAL_DEFAULT);
+    dfl_server_opts o;
+    server_opts_default(&o);
+    o.target = test_fixture("qwen3_tiny");
+    o.drafter = test_fixture("dflash_qwen3");
+    o.port = 0;
+    o.max_context = 512;
+    o.max_body = 16 * 1024;
+    dfl_server *srv = server_start(&o);
+    CHECK(srv, "server_start: %s", dfl_errmsg());
+    if (!srv) return test_done("server");
+    const int port = server_port(srv);
+    CHECK(port > 0, "port %d", port);
+    reply r = http(port, NULL, "/health", NULL, 0);
+    CHECK(r.status == 200 && r.body && strstr(r.body, "\"ok\""), "health: %ld", r.status);
+    free(r.body);
+    test_outputs(port);
+    test_errors(port, o.max_body);
+    test_load(port);
+    test_disconnect(port);
+    const long ok = metric(port, "dfl_http_requests_total{endpoint=\"/v1/completions\",status=\"200\"}");
+    CHECK(ok >= 100, "metrics: %ld successful completions counted", ok);
+    /* a second server on the port already taken fails cleanly */
+    dfl_server_opts o2 = o;
+    o2.port = port;
+    dfl_server *srv2 = server_start(&o2);
+    CHECK(!srv2 && strstr(dfl_errmsg(), "listen"), "a second server on port %d: %s", port, srv2 ? "started" : dfl_errmsg());
+    if (srv2) server_stop(srv2);
+    server_stop(srv);
+    test_queue();
+    curl_global_cleanup();
+    return test_done("server");
+}
