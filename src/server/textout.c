@@ -73,15 +73,32 @@ int textout_push(textout *t, int32_t id) {
     if (!tail) return dfl_seterr("out of memory decoding output");
     const size_t tl = strlen(tail);
     int rc = 0;
-    /* a trailing U+FFFD may be a character that the next token completes: wait for it */
+    const size_t old = t->len;
     if (tl < 3 || memcmp(tail + tl - 3, replacement, 3) != 0) {
-        const size_t old = t->len;
         if (append_text(t, tail, tl) != DFL_OK) rc = DFL_ERR;
-        else {
-            t->clean = t->n;
-            rc = find_stop(t, old);
+        else t->clean = t->n;
+    } else if (t->n - t->clean > 3) {
+        /* A trailing U+FFFD may be a character that the next tokens complete: wait for them. But
+         * an incomplete character spans at most 3 bytes, so at most the last 3 tokens: when the
+         * ids before them decode on their own to a prefix of the tail, that prefix is final (the
+         * bytes that could complete it are already there), and runs of invalid bytes do not hold
+         * the text back for ever. */
+        const int b = t->n - 3;
+        char *head = prompt_decode(t->tok, t->ids + t->clean, (size_t)(b - t->clean), NULL);
+        char *rest = prompt_decode(t->tok, t->ids + b, 3, NULL);
+        if (!head || !rest) {
+            rc = dfl_seterr("out of memory decoding output");
+        } else {
+            const size_t hl = strlen(head);
+            if (hl + strlen(rest) == tl && memcmp(tail, head, hl) == 0 && strcmp(tail + hl, rest) == 0) {
+                if (append_text(t, head, hl) != DFL_OK) rc = DFL_ERR;
+                else t->clean = b;
+            }
         }
+        free(head);
+        free(rest);
     }
+    if (rc == 0 && t->len > old) rc = find_stop(t, old);
     free(tail);
     return rc;
 }
