@@ -104,6 +104,15 @@ typedef struct dfl_state {
     float **rec_S0;       /* [L] [Hv, dk, dv] recurrent state before the forward */
     float **rec_qkv;      /* [L] [max_batch, conv_dim] pre-conv projections */
     float **rec_ab;       /* [L] [max_batch, 2*Hv] raw a | b projections */
+    /* tree verification (state_enable_tree): per-node linear-attention states */
+    int tree_cap;         /* max nodes per tree forward (0 = tree verification off) */
+    const int *tree_parent; /* during a tree forward: [n] parent node, -1 for the root */
+    int *tree_depth;      /* [tree_cap] depth of each node of the last tree forward */
+    unsigned char *tree_anc; /* [tree_cap, max_batch] 1 where node j is node i or its ancestor */
+    float **tree_conv;    /* [L] linear layers: [tree_cap, K-1, conv_dim] window after each node */
+    float **tree_S;       /* [L] linear layers: [tree_cap, Hv, dk, dv] state after each node */
+    int tree_base;        /* n_past before the last tree forward */
+    int tree_n;           /* nodes of the last tree forward (0 once committed) */
     /* scratch, sized for max_batch tokens */
     float *x;             /* [B, H] residual stream */
     float *xn;            /* [B, H] */
@@ -139,6 +148,20 @@ int model_forward(dfl_state *s, const int32_t *tokens, int n, float *logits, int
  * to their values right after token keep-1, by replaying the recorded recurrence inputs from
  * the state before the forward. */
 int state_rollback(dfl_state *s, int keep);
+
+/* Tree verification (DDTree, SPEC §6). Enable per-node states for trees of up to max_nodes
+ * nodes (root included); memory: per linear layer max_nodes x (conv window + [Hv, dk, dv]). */
+int state_enable_tree(dfl_state *s, int max_nodes);
+void state_disable_tree(dfl_state *s);
+/* One forward over a tree of n nodes on top of the committed context: node 0 is the root
+ * (parent -1), parent[i] < i. Node i sits at position n_past + depth(i) and attends to the
+ * committed context, its ancestors and itself; in linear layers its conv window and recurrent
+ * state continue its parent's. logits [n, V] (or NULL); cap rows are per node. */
+int model_forward_tree(dfl_state *s, const int32_t *tokens, const int *parent, int n, float *logits,
+                       const dfl_capture *cap);
+/* Commit the root path path[0..len-1] (path[0] = 0, path[k] a depth-k node): its K/V are
+ * compacted to consecutive positions, the linear layers take the last node's state. */
+int state_tree_commit(dfl_state *s, const int *path, int len);
 
 /* Embedding row of a token: out[H]. */
 void model_embed(const dfl_model *m, int32_t token, float *out);

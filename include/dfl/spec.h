@@ -30,6 +30,7 @@ dfl_draft_if spec_dflash_drafter(dfl_dstate *ds);
 typedef struct dfl_gen_opts {
     int max_new;        /* tokens to generate at most */
     int block;          /* block size B (verification width); ignored without a drafter */
+    int tree_budget;    /* 0 = chain verification; N > 0 = DDTree with N draft nodes (greedy only) */
     float temperature;  /* 0 = greedy */
     uint64_t seed;      /* sampling seed */
     int ignore_eos;
@@ -53,13 +54,16 @@ typedef struct dfl_gen_stats {
     const char *stop;       /* "eos" or "max_new" */
     double t_prefill, t_decode, t_draft, t_verify, t_rollback;
     int ctx_check_failures; /* rounds where the drafter's context length != committed length */
+    long tree_nodes;        /* DDTree: draft nodes verified over all rounds */
+    long tree_depth_sum;    /* DDTree: sum over rounds of the tree's depth */
 } dfl_gen_stats;
 
 /* Called with each newly committed run of tokens (for streaming); nonzero return stops. */
 typedef int (*dfl_token_cb)(void *ud, const int32_t *tokens, int n);
 
 /* Generate from prompt. drafter NULL = autoregressive. out: [max_new] generated ids.
- * s must have max_batch >= max(prompt length, B) and record=1 when drafting;
+ * s must have max_batch >= max(prompt length, B) and record=1 when drafting (with a tree
+ * budget N: max_batch >= N + 1 and state_enable_tree(s, N + 1));
  * the drafter's context must be empty (it is filled with the prompt's features). */
 int spec_generate(dfl_state *s, dfl_draft_if *drafter, const int32_t *prompt, int n_prompt,
                   const dfl_gen_opts *o, int32_t *out, dfl_gen_stats *st, dfl_token_cb cb, void *ud);

@@ -7,6 +7,7 @@
 #include "cli/cli.h"
 #include "dfl/common.h"
 #include "dfl/model.h"
+#include "dfl/ddtree.h"
 #include "dfl/prompt.h"
 #include "dfl/safetensors.h"
 #include "dfl/spec.h"
@@ -25,6 +26,8 @@ static const char *usage_text =
     "  --target DIR        target checkpoint (qwen3, qwen3_5 or qwen3_5_text)\n" CLI_PROMPT_HELP
     "  --drafter DIR       DFlash drafter checkpoint (z-lab format)\n"
     "  --block-size B      verification block (default: the drafter's block_size; 2..block_size)\n"
+    "  --tree-budget N     0 = chain verification (default); N > 0 = DDTree: verify the N most probable\n"
+    "                      draft prefixes as a tree in one forward (greedy only; N <= 256)\n"
     "  --temperature X     0 = greedy (default); > 0 samples (speculative sampling with a drafter)\n"
     "  --seed S            sampling seed (default 0)\n"
     "  --max-new N         tokens to generate at most (default 128)\n"
@@ -43,7 +46,7 @@ static const char *usage_text =
 
 /* Per-round record: acceptance lengths for --json, drafts for --dump-drafts. */
 typedef struct rounds_log {
-    int n, cap, keep_drafts, V;
+    int n, cap, keep_drafts, V, tree_budget;
     int *committed;   /* a + 1 per round */
     float **drafts;   /* [bs-1, V] per drafted round */
     int64_t **ids;    /* [bs] verified block */
@@ -156,7 +159,8 @@ static void print_stats_json(const dfl_gen_stats *st, const rounds_log *rl, cons
                    st->pos_drafted[k] ? (double)st->pos_accepted[k] / st->pos_drafted[k] : 0.0);
         printf("], \"accept_hist\": [");
         for (int a = 0; a < st->max_block; a++) printf("%s%ld", a ? ", " : "", st->accept_hist[a]);
-        printf("], \"acceptance_lengths\": [");
+        printf("], \"tree_budget\": %d, \"mean_tree_depth\": %.4f, \"acceptance_lengths\": [", rl->tree_budget,
+               st->rounds ? (double)st->tree_depth_sum / st->rounds : 0.0);
         for (int r = 0; r < rl->n; r++) printf("%s%d", r ? ", " : "", rl->committed[r]);
         printf("]");
     }
@@ -166,7 +170,7 @@ static void print_stats_json(const dfl_gen_stats *st, const rounds_log *rl, cons
 int cmd_generate(int argc, char **argv) {
     const char *target = NULL, *drafter_dir = NULL, *dump_path = NULL;
     cli_prompt pr = {0};
-    long max_new = 128, max_ctx = 0, block = 0, seed = 0;
+    long max_new = 128, max_ctx = 0, block = 0, seed = 0, budget = 0;
     double temperature = 0;
     int json = 0, check = 0, ignore_eos = 0;
     for (int i = 1; i < argc; i++) {
@@ -182,6 +186,9 @@ int cmd_generate(int argc, char **argv) {
             drafter_dir = cli_value(argc, argv, &i);
         } else if (strcmp(argv[i], "--block-size") == 0) {
             if (cli_parse_long("generate", "--block-size", cli_value(argc, argv, &i), 1, DFL_MAX_BLOCK, &block))
+                return 2;
+        } else if (strcmp(argv[i], "--tree-budget") == 0) {
+            if (cli_parse_long("generate", "--tree-budget", cli_value(argc, argv, &i), 0, DDTREE_MAX_BUDGET, &budget))
                 return 2;
         } else if (strcmp(argv[i], "--temperature") == 0) {
             if (cli_parse_double("generate", "--temperature", cli_value(argc, argv, &i), &temperature)) return 2;
@@ -208,6 +215,9 @@ int cmd_generate(int argc, char **argv) {
     if (!target) return cli_usage_error("generate", "missing --target DIR");
     if (block && !drafter_dir) return cli_usage_error("generate", "--block-size needs --drafter");
     if (dump_path && !drafter_dir) return cli_usage_error("generate", "--dump-drafts needs --drafter");
+    if (budget && !drafter_dir) return cli_usage_error("generate", "--tree-budget needs --drafter");
+    if (budget && temperature > 0)
+        return cli_usage_error("generate", "--tree-budget (DDTree) is greedy: it cannot be combined with --temperature");
     dfl_model m;
     double t0 = dfl_now();
     if (model_open(&m, target, check) != DFL_OK) return cli_fail("generate", "%s", dfl_errmsg());
@@ -236,23 +246,29 @@ int cmd_generate(int argc, char **argv) {
     size_t n_prompt = 0;
     rc = cli_prompt_tokens("generate", &pr, target, 1, &tok, &prompt, &n_prompt);
     if (rc) goto out1;
-    if (!max_ctx) max_ctx = (long)n_prompt + max_new;
-    if ((long)n_prompt + max_new > max_ctx) {
-        rc = cli_fail("generate", "prompt (%zu tokens) + --max-new %ld exceeds --max-context %ld", n_prompt, max_new,
-                      max_ctx);
+    /* a DDTree round holds its budget of nodes in cache slots past the committed positions */
+    if (!max_ctx) max_ctx = (long)n_prompt + max_new + budget;
+    if ((long)n_prompt + max_new + budget > max_ctx) {
+        rc = cli_fail("generate", "prompt (%zu tokens) + --max-new %ld%s exceeds --max-context %ld", n_prompt, max_new,
+                      budget ? " + --tree-budget" : "", max_ctx);
         goto out1;
     }
-    if (m.cfg.max_position && max_ctx > m.cfg.max_position) {
-        rc = cli_fail("generate", "context of %ld positions exceeds the model's max_position_embeddings %d", max_ctx,
-                      m.cfg.max_position);
+    if (m.cfg.max_position && (long)n_prompt + max_new > m.cfg.max_position) {
+        rc = cli_fail("generate", "%ld positions exceed the model's max_position_embeddings %d",
+                      (long)n_prompt + max_new, m.cfg.max_position);
         goto out1;
     }
     const int chunk = n_prompt < 512 ? (int)n_prompt : 512;
-    const int max_batch = chunk > block ? chunk : (int)block;
+    int max_batch = chunk > block ? chunk : (int)block;
+    if (budget + 1 > max_batch) max_batch = (int)budget + 1;
     dfl_state s;
     if (state_init(&s, &m, (int)max_ctx, max_batch, have_d) != DFL_OK) {
         rc = cli_fail("generate", "%s", dfl_errmsg());
         goto out1;
+    }
+    if (budget && state_enable_tree(&s, (int)budget + 1) != DFL_OK) {
+        rc = cli_fail("generate", "%s", dfl_errmsg());
+        goto out2;
     }
     dfl_dstate ds;
     int have_ds = 0;
@@ -266,8 +282,8 @@ int cmd_generate(int argc, char **argv) {
     dfl_draft_if dif;
     if (have_ds) dif = spec_dflash_drafter(&ds);
     dfl_gen_opts o = {.max_new = (int)max_new, .block = (int)block, .temperature = (float)temperature,
-                      .seed = (uint64_t)seed, .ignore_eos = ignore_eos};
-    rounds_log rl = {.keep_drafts = dump_path != NULL};
+                      .seed = (uint64_t)seed, .ignore_eos = ignore_eos, .tree_budget = (int)budget};
+    rounds_log rl = {.keep_drafts = dump_path != NULL, .tree_budget = (int)budget};
     if (have_ds) o.on_round = on_round, o.on_round_ud = &rl;
     int32_t *out = malloc((size_t)max_new * sizeof(int32_t));
     stream sm = {.tok = tok, .ids = malloc((size_t)max_new * sizeof(int32_t))};
@@ -293,7 +309,8 @@ int cmd_generate(int argc, char **argv) {
                 st.prompt_tokens, st.generated, st.stop, st.prompt_tokens / (st.t_prefill > 0 ? st.t_prefill : 1e-9),
                 (st.generated - 1) / (st.t_decode > 0 ? st.t_decode : 1e-9));
         if (have_ds)
-            fprintf(stderr, "; %d rounds, tau %.2f (block %ld)", st.rounds, spec_tau(&st), block);
+            fprintf(stderr, "; %d rounds, tau %.2f (block %ld%s%ld)", st.rounds, spec_tau(&st), block,
+                    budget ? ", DDTree budget " : "", budget ? budget : 0L);
         fprintf(stderr, "; weights %.1f MB mmapped, state %.1f MB\n", m.weight_bytes / 1e6, s.bytes / 1e6);
     }
     if (dump_path && rc == 0 && dump_write(&rl, dump_path) != DFL_OK) rc = cli_fail("generate", "%s", dfl_errmsg());

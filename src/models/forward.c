@@ -137,6 +137,7 @@ void state_free(dfl_state *s) {
     free(s->rec_conv0), free(s->rec_S0), free(s->rec_qkv), free(s->rec_ab);
     free(s->x), free(s->xn), free(s->q), free(s->k), free(s->v), free(s->att), free(s->z), free(s->ab);
     free(s->mlp1), free(s->mlp2), free(s->scores), free(s->rope_cos), free(s->rope_sin), free(s->inv_freq);
+    if (s->m) state_disable_tree(s);
     memset(s, 0, sizeof *s);
 }
 
@@ -151,6 +152,7 @@ void state_reset(dfl_state *s) {
         }
     s->n_past = 0;
     s->rec_n = 0;
+    s->tree_n = 0;
 }
 
 void model_embed(const dfl_model *m, int32_t token, float *out) { kn_mat_row(&m->embed, token, out); }
@@ -195,11 +197,16 @@ static void attention_layer(dfl_state *s, int li, int n) {
             float *sc = s->scores + (size_t)omp_get_thread_num() * s->max_ctx;
             const float *q = s->q + (size_t)t * qstride + (size_t)h * hd * (gated ? 2 : 1);
             const int kvh = h / group, len = p0 + t + 1; /* causal: keys 0..p0+t */
-            for (int j = 0; j < len; j++) sc[j] = kn_dot(q, kc + (size_t)j * kvw + (size_t)kvh * hd, hd) * scale;
+            /* tree: only the committed context, the node's ancestors and itself are visible */
+            const unsigned char *anc = s->tree_anc && s->tree_parent ? s->tree_anc + (size_t)t * s->max_batch : NULL;
+            for (int j = 0; j < len; j++)
+                sc[j] = anc && j >= p0 && !anc[j - p0] ? -INFINITY
+                                                       : kn_dot(q, kc + (size_t)j * kvw + (size_t)kvh * hd, hd) * scale;
             kn_softmax(sc, len);
             float *o = s->att + (size_t)t * Hq * hd + (size_t)h * hd;
             memset(o, 0, (size_t)hd * sizeof(float));
-            for (int j = 0; j < len; j++) kn_axpy(o, sc[j], vc + (size_t)j * kvw + (size_t)kvh * hd, hd);
+            for (int j = 0; j < len; j++)
+                if (sc[j] != 0.0f) kn_axpy(o, sc[j], vc + (size_t)j * kvw + (size_t)kvh * hd, hd);
             if (gated) { /* output gate: the second half of this head's q_proj rows */
                 const float *gate = q + hd;
                 for (int i = 0; i < hd; i++) o[i] *= kn_sigmoid(gate[i]);
@@ -212,63 +219,103 @@ static void attention_layer(dfl_state *s, int li, int n) {
 
 /* ---- Gated DeltaNet layer ---------------------------------------------------------- */
 
-/* Advance one linear layer's conv window and recurrent state over n tokens.
- * qkv: [n, conv_dim] pre-conv projections, overwritten with the conv+SiLU output (q and k then
- * L2-normalised, q scaled). ab: [n, 2*Hv] raw a | b projections. out: [n, Hv*dv] core output,
- * or NULL (state only). Batches of KN_GDN_CHUNK tokens or more with an output (prefill) use
- * the chunked form; smaller ones (decode, verification) and state-only replays the per-token
- * recurrence, so that a verified block and its replay follow the same operations. */
-static void gated_delta(const dfl_model *m, const dfl_layer_w *l, float *conv_state, float *S, float *qkv,
-                        const float *ab, int n, float *out) {
+/* One token of the gated delta rule for value head h, in place on its state Sh [dk][dv]:
+ * S *= exp(g); u = S^T k; d = (v - u) * beta; S += k d^T; o = S^T q (read after the update). */
+static inline void delta_step(const dfl_model *m, const dfl_layer_w *l, int h, float *Sh, const float *row,
+                              const float *ab, float *o) {
     const dfl_config *g = &m->cfg;
-    const int C = m->conv_dim, K = g->conv_kernel, Hk = g->lin_k_heads, Hv = g->lin_v_heads;
-    const int dk = g->lin_k_dim, dv = g->lin_v_dim, ratio = Hv / Hk;
+    const int Hk = g->lin_k_heads, Hv = g->lin_v_heads, dk = g->lin_k_dim, dv = g->lin_v_dim;
+    const int kh = h / (Hv / Hk);
+    float qn[512], kn[512], u[512];
+    const float *q = row + (size_t)kh * dk, *k = row + (size_t)Hk * dk + (size_t)kh * dk;
+    const float *v = row + 2 * (size_t)Hk * dk + (size_t)h * dv;
+    float sq = 0, sk = 0;
+    for (int i = 0; i < dk; i++) sq += q[i] * q[i], sk += k[i] * k[i];
+    const float rq = 1.0f / sqrtf(sq + 1e-6f), rk = 1.0f / sqrtf(sk + 1e-6f), qscale = 1.0f / sqrtf((float)dk);
+    for (int i = 0; i < dk; i++) qn[i] = q[i] * rq * qscale, kn[i] = k[i] * rk;
+    const float beta = kn_sigmoid(ab[Hv + h]);
+    const float decay = expf(l->neg_exp_A[h] * kn_softplus(ab[h] + l->dt_bias[h]));
+    for (int j = 0; j < dv; j++) u[j] = 0;
+    for (int i = 0; i < dk; i++) {
+        float *Si = Sh + (size_t)i * dv;
+        for (int j = 0; j < dv; j++) {
+            Si[j] *= decay;
+            u[j] += Si[j] * kn[i];
+        }
+    }
+    for (int j = 0; j < dv; j++) u[j] = (v[j] - u[j]) * beta; /* delta */
+    if (o) {
+        for (int j = 0; j < dv; j++) o[j] = 0;
+        for (int i = 0; i < dk; i++) {
+            float *Si = Sh + (size_t)i * dv;
+            for (int j = 0; j < dv; j++) {
+                Si[j] += kn[i] * u[j];
+                o[j] += Si[j] * qn[i];
+            }
+        }
+    } else {
+        for (int i = 0; i < dk; i++) {
+            float *Si = Sh + (size_t)i * dv;
+            for (int j = 0; j < dv; j++) Si[j] += kn[i] * u[j];
+        }
+    }
+}
+
+/* Tree layout of a linear-layer pass: token i continues the state of parent[i] (the committed
+ * state when parent[i] < 0) and leaves its own conv window in node_conv[i] [K-1, conv_dim] and
+ * recurrent state in node_S[i] [Hv, dk, dv]. NULL = chain: each token continues the previous
+ * one, in place in conv_state / S. */
+typedef struct lin_tree {
+    const int *parent;
+    float *node_conv;
+    float *node_S;
+} lin_tree;
+
+/* Advance one linear layer's conv window and recurrent state over n tokens.
+ * qkv: [n, conv_dim] pre-conv projections, overwritten with the conv+SiLU output.
+ * ab:  [n, 2*Hv] raw a | b projections. out: [n, Hv*dv] core output, or NULL (state only). */
+static void gated_delta(const dfl_model *m, const dfl_layer_w *l, float *conv_state, float *S, float *qkv,
+                        const float *ab, int n, float *out, const lin_tree *tree) {
+    const dfl_config *g = &m->cfg;
+    const int C = m->conv_dim, K = g->conv_kernel, Hv = g->lin_v_heads, dk = g->lin_k_dim, dv = g->lin_v_dim;
+    const size_t win_sz = (size_t)(K - 1) * C, HS = (size_t)Hv * dk * dv;
     /* depthwise causal conv per channel: w[K-1] multiplies the current token */
 #pragma omp parallel for schedule(static)
     for (int c = 0; c < C; c++) {
         float win[16];
         const float *w = l->conv_w + (size_t)c * K;
-        for (int j = 0; j < K - 1; j++) win[j] = conv_state[(size_t)j * C + c];
+        if (!tree)
+            for (int j = 0; j < K - 1; j++) win[j] = conv_state[(size_t)j * C + c];
         for (int t = 0; t < n; t++) {
+            if (tree) {
+                const int p = tree->parent[t];
+                const float *src = p < 0 ? conv_state : tree->node_conv + (size_t)p * win_sz;
+                for (int j = 0; j < K - 1; j++) win[j] = src[(size_t)j * C + c];
+            }
             float raw = qkv[(size_t)t * C + c], acc = w[K - 1] * raw;
             for (int j = 0; j < K - 1; j++) acc += w[j] * win[j];
             for (int j = 0; j + 1 < K - 1; j++) win[j] = win[j + 1];
             if (K > 1) win[K - 2] = raw;
             qkv[(size_t)t * C + c] = kn_silu(acc);
+            if (tree)
+                for (int j = 0; j < K - 1; j++) tree->node_conv[(size_t)t * win_sz + (size_t)j * C + c] = win[j];
         }
-        for (int j = 0; j < K - 1; j++) conv_state[(size_t)j * C + c] = win[j];
+        if (!tree)
+            for (int j = 0; j < K - 1; j++) conv_state[(size_t)j * C + c] = win[j];
     }
-    /* L2-normalise q and k per (token, key head); q also scaled by 1/sqrt(dk) */
-    const float qscale = 1.0f / sqrtf((float)dk);
-#pragma omp parallel for schedule(static)
-    for (int th = 0; th < n * Hk; th++) {
-        float *q = qkv + (size_t)(th / Hk) * C + (size_t)(th % Hk) * dk, *k = q + (size_t)Hk * dk;
-        float sq = 0, sk = 0;
-        for (int i = 0; i < dk; i++) sq += q[i] * q[i], sk += k[i] * k[i];
-        const float rq = 1.0f / sqrtf(sq + 1e-6f), rk = 1.0f / sqrtf(sk + 1e-6f);
-        for (int i = 0; i < dk; i++) q[i] = q[i] * rq * qscale, k[i] = k[i] * rk;
-    }
-    const int chunked = out && n >= KN_GDN_CHUNK;
 #pragma omp parallel for schedule(static)
     for (int h = 0; h < Hv; h++) {
-        float gb[2 * KN_GDN_CHUNK]; /* log-decays | betas of up to one chunk of tokens */
-        const int kh = h / ratio;
-        for (int t0 = 0; t0 < n; t0 += KN_GDN_CHUNK) {
-            const int nt = n - t0 < KN_GDN_CHUNK ? n - t0 : KN_GDN_CHUNK;
-            for (int t = 0; t < nt; t++) {
-                const float a = ab[(size_t)(t0 + t) * 2 * Hv + h], b = ab[(size_t)(t0 + t) * 2 * Hv + Hv + h];
-                gb[t] = l->neg_exp_A[h] * kn_softplus(a + l->dt_bias[h]);
-                gb[KN_GDN_CHUNK + t] = kn_sigmoid(b);
+        for (int t = 0; t < n; t++) {
+            float *Sh = S + (size_t)h * dk * dv;
+            if (tree) { /* start from the parent's state */
+                const int p = tree->parent[t];
+                float *dst = tree->node_S + (size_t)t * HS + (size_t)h * dk * dv;
+                memcpy(dst, p < 0 ? Sh : tree->node_S + (size_t)p * HS + (size_t)h * dk * dv,
+                       (size_t)dk * dv * sizeof(float));
+                Sh = dst;
             }
-            const float *row = qkv + (size_t)t0 * C;
-            const kn_gdn_io io = {.dk = dk, .dv = dv, .n = nt, .q = row + (size_t)kh * dk,
-                                  .k = row + (size_t)Hk * dk + (size_t)kh * dk,
-                                  .v = row + 2 * (size_t)Hk * dk + (size_t)h * dv, .ld = (size_t)C, .g = gb,
-                                  .beta = gb + KN_GDN_CHUNK,
-                                  .out = out ? out + (size_t)t0 * Hv * dv + (size_t)h * dv : NULL,
-                                  .ldo = (size_t)Hv * dv};
-            if (chunked) kn_gdn_chunked(S + (size_t)h * dk * dv, &io);
-            else kn_gdn_recurrent(S + (size_t)h * dk * dv, &io);
+            delta_step(m, l, h, Sh, qkv + (size_t)t * C, ab + (size_t)t * 2 * Hv,
+                       out ? out + (size_t)t * Hv * dv + (size_t)h * dv : NULL);
         }
     }
 }
@@ -295,7 +342,9 @@ static void linear_layer(dfl_state *s, int li, int n) {
         memcpy(s->rec_qkv[li], s->q, (size_t)n * C * sizeof(float));
         memcpy(s->rec_ab[li], s->ab, (size_t)n * 2 * Hv * sizeof(float));
     }
-    gated_delta(m, l, s->conv_state[li], s->rec_state[li], s->q, s->ab, n, s->att);
+    lin_tree tree = {.parent = s->tree_parent, .node_conv = s->tree_conv ? s->tree_conv[li] : NULL,
+                     .node_S = s->tree_S ? s->tree_S[li] : NULL};
+    gated_delta(m, l, s->conv_state[li], s->rec_state[li], s->q, s->ab, n, s->att, s->tree_parent ? &tree : NULL);
     /* gated RMSNorm per (token, value head): w * norm(o) * silu(z) */
     for (int t = 0; t < n; t++)
         for (int h = 0; h < Hv; h++) {
@@ -320,8 +369,8 @@ static void mlp(dfl_state *s, int li, int n) {
     for (size_t i = 0; i < (size_t)n * H; i++) s->x[i] += s->xn[i];
 }
 
-int model_forward(dfl_state *s, const int32_t *tokens, int n, float *logits, int logits_last_only,
-                  const dfl_capture *cap) {
+static int forward_impl(dfl_state *s, const int32_t *tokens, int n, const int *depth, float *logits,
+                        int logits_last_only, const dfl_capture *cap) {
     const dfl_model *m = s->m;
     const dfl_config *g = &m->cfg;
     const int H = g->hidden;
@@ -341,7 +390,7 @@ int model_forward(dfl_state *s, const int32_t *tokens, int n, float *logits, int
                                   g->n_layers - 1);
     for (int t = 0; t < n; t++) {
         model_embed(m, tokens[t], s->x + (size_t)t * H);
-        const float p = (float)(s->n_past + t);
+        const float p = (float)(s->n_past + (depth ? depth[t] : t)); /* tree nodes sit at start + depth */
         for (int i = 0; i < g->rot_dim / 2; i++) {
             const float f = p * s->inv_freq[i];
             s->rope_cos[(size_t)t * g->rot_dim / 2 + i] = cosf(f);
@@ -349,7 +398,7 @@ int model_forward(dfl_state *s, const int32_t *tokens, int n, float *logits, int
         }
     }
     s->rec_n_past = s->n_past;
-    s->rec_n = s->record ? n : 0;
+    s->rec_n = s->record && !depth ? n : 0;
     for (int li = 0; li < g->n_layers; li++) {
         if (g->layer_types[li] == DFL_LAYER_FULL) attention_layer(s, li, n);
         else linear_layer(s, li, n);
@@ -386,11 +435,119 @@ int state_rollback(dfl_state *s, int keep) {
         memcpy(s->rec_state[li], s->rec_S0[li], S * sizeof(float));
         if (n_keep > 0) {
             memcpy(s->q, s->rec_qkv[li], (size_t)n_keep * C * sizeof(float));
-            gated_delta(m, &m->layers[li], s->conv_state[li], s->rec_state[li], s->q, s->rec_ab[li], n_keep, NULL);
+            gated_delta(m, &m->layers[li], s->conv_state[li], s->rec_state[li], s->q, s->rec_ab[li], n_keep, NULL,
+                        NULL);
         }
     }
     /* attention KV beyond keep is simply overwritten by the next forward */
     s->n_past = keep;
     s->rec_n = n_keep;
+    return DFL_OK;
+}
+
+int model_forward(dfl_state *s, const int32_t *tokens, int n, float *logits, int logits_last_only,
+                  const dfl_capture *cap) {
+    return forward_impl(s, tokens, n, NULL, logits, logits_last_only, cap);
+}
+
+int state_enable_tree(dfl_state *s, int max_nodes) {
+    const dfl_model *m = s->m;
+    const dfl_config *g = &m->cfg;
+    if (max_nodes < 1 || max_nodes > s->max_batch)
+        return dfl_seterr("tree of %d nodes: must be in [1, %d] (the run state's batch)", max_nodes, s->max_batch);
+    const size_t win = (size_t)(g->conv_kernel - 1) * m->conv_dim;
+    const size_t S = (size_t)g->lin_v_heads * g->lin_k_dim * g->lin_v_dim;
+    int n_lin = 0;
+    for (int i = 0; i < g->n_layers; i++) n_lin += g->layer_types[i] == DFL_LAYER_LINEAR;
+    const uint64_t need = (uint64_t)n_lin * max_nodes * (win + S) * sizeof(float) +
+                          (uint64_t)max_nodes * (s->max_batch + sizeof(int));
+    const uint64_t avail = mem_available();
+    if (need > avail)
+        return dfl_seterr("tree verification of %d nodes needs %.2f GiB for per-node linear-attention states, but only "
+                          "%.2f GiB is available; lower the tree budget",
+                          max_nodes, need / 1073741824.0, avail / 1073741824.0);
+    state_disable_tree(s);
+    s->tree_anc = calloc((size_t)max_nodes * s->max_batch, 1);
+    s->tree_depth = calloc((size_t)max_nodes, sizeof(int));
+    s->tree_conv = calloc((size_t)g->n_layers, sizeof(float *));
+    s->tree_S = calloc((size_t)g->n_layers, sizeof(float *));
+    if (!s->tree_anc || !s->tree_depth || !s->tree_conv || !s->tree_S) goto oom;
+    for (int i = 0; i < g->n_layers; i++)
+        if (g->layer_types[i] == DFL_LAYER_LINEAR) {
+            s->tree_conv[i] = malloc((size_t)max_nodes * win * sizeof(float) + 1);
+            s->tree_S[i] = malloc((size_t)max_nodes * S * sizeof(float) + 1);
+            if (!s->tree_conv[i] || !s->tree_S[i]) goto oom;
+        }
+    s->tree_cap = max_nodes;
+    s->bytes += need;
+    return DFL_OK;
+oom:
+    state_disable_tree(s);
+    return dfl_seterr("out of memory for tree verification states (%.2f GiB)", need / 1073741824.0);
+}
+
+void state_disable_tree(dfl_state *s) {
+    if (s->tree_conv)
+        for (int i = 0; i < s->m->cfg.n_layers; i++) free(s->tree_conv[i]), free(s->tree_S[i]);
+    free(s->tree_conv), free(s->tree_S), free(s->tree_anc), free(s->tree_depth);
+    s->tree_conv = s->tree_S = NULL;
+    s->tree_anc = NULL;
+    s->tree_depth = NULL;
+    s->tree_parent = NULL;
+    s->tree_cap = s->tree_n = 0;
+}
+
+int model_forward_tree(dfl_state *s, const int32_t *tokens, const int *parent, int n, float *logits,
+                       const dfl_capture *cap) {
+    if (n < 1 || n > s->tree_cap)
+        return dfl_seterr("tree of %d nodes: the run state holds trees of 1..%d nodes (state_enable_tree)", n,
+                          s->tree_cap);
+    for (int i = 0; i < n; i++) {
+        if (parent[i] >= i || (i > 0 && parent[i] < 0) || (i == 0 && parent[0] != -1))
+            return dfl_seterr("tree node %d: parent %d (node 0 is the root with parent -1; parents precede children)",
+                              i, parent[i]);
+        s->tree_depth[i] = i == 0 ? 0 : s->tree_depth[parent[i]] + 1;
+        unsigned char *row = s->tree_anc + (size_t)i * s->max_batch;
+        memset(row, 0, (size_t)s->max_batch);
+        if (i > 0) memcpy(row, s->tree_anc + (size_t)parent[i] * s->max_batch, (size_t)i);
+        row[i] = 1;
+    }
+    s->tree_parent = parent;
+    const int base = s->n_past;
+    int rc = forward_impl(s, tokens, n, s->tree_depth, logits, 0, cap);
+    s->tree_parent = NULL;
+    s->tree_base = base;
+    s->tree_n = rc == DFL_OK ? n : 0;
+    return rc;
+}
+
+int state_tree_commit(dfl_state *s, const int *path, int len) {
+    const dfl_model *m = s->m;
+    const dfl_config *g = &m->cfg;
+    if (s->tree_n == 0 || len < 1 || len > s->tree_n || path[0] != 0)
+        return dfl_seterr("tree commit: a path of %d nodes must start at the root of the last tree forward", len);
+    for (int k = 1; k < len; k++)
+        if (path[k] <= path[k - 1] || path[k] >= s->tree_n || s->tree_depth[path[k]] != k)
+            return dfl_seterr("tree commit: node %d at step %d is not on a root path", path[k], k);
+    const int kvw = g->n_kv_heads * g->head_dim, base = s->tree_base, last = path[len - 1];
+    const size_t win = (size_t)(g->conv_kernel - 1) * m->conv_dim;
+    const size_t S = (size_t)g->lin_v_heads * g->lin_k_dim * g->lin_v_dim;
+    for (int li = 0; li < g->n_layers; li++) {
+        if (g->layer_types[li] == DFL_LAYER_FULL) {
+            /* compact the path's K/V to consecutive slots; path[k] >= k, and a later path node's
+             * slot is never a destination before it is read */
+            for (int k = 1; k < len; k++) {
+                memmove(s->k_cache[li] + (size_t)(base + k) * kvw, s->k_cache[li] + (size_t)(base + path[k]) * kvw,
+                        (size_t)kvw * sizeof(float));
+                memmove(s->v_cache[li] + (size_t)(base + k) * kvw, s->v_cache[li] + (size_t)(base + path[k]) * kvw,
+                        (size_t)kvw * sizeof(float));
+            }
+        } else {
+            memcpy(s->conv_state[li], s->tree_conv[li] + (size_t)last * win, win * sizeof(float));
+            memcpy(s->rec_state[li], s->tree_S[li] + (size_t)last * S, S * sizeof(float));
+        }
+    }
+    s->n_past = base + len;
+    s->tree_n = 0;
     return DFL_OK;
 }

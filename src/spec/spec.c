@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "dfl/common.h"
+#include "dfl/ddtree.h"
 
 void rng_seed(dfl_rng *r, uint64_t seed) {
     for (int i = 0; i < 4; i++) { /* splitmix64 */
@@ -98,6 +99,60 @@ static void commit(gen *g, const int32_t *toks, int n) {
     if (g->cb && k && g->cb(g->ud, toks, k)) g->stopped = 1;
 }
 
+/* One DDTree round: build the tree of the N most probable prefixes from the drafter's bs-1
+ * distributions, verify it in one forward, walk it along the target's argmax, commit the
+ * accepted path and the bonus token. */
+static int tree_round(dfl_state *s, dfl_draft_if *dr, dfl_tree *tree, int N, int32_t anchor, int start, int bs,
+                      float *dlogits, float *logits, float *feat, const dfl_capture *cap, dfl_gen_stats *st,
+                      const dfl_gen_opts *o, gen *g) {
+    const int V = s->m->cfg.vocab, H = s->m->cfg.hidden, nf = dr->n_feature_layers;
+    double td = dfl_now();
+    for (int k = 0; k < bs - 1; k++) kn_softmax(dlogits + (size_t)k * V, V);
+    if (ddtree_build(tree, anchor, dlogits, bs - 1, V, N)) return DFL_ERR;
+    st->t_draft += dfl_now() - td;
+    double tv = dfl_now();
+    if (model_forward_tree(s, tree->token, tree->parent, tree->n, logits, cap)) return DFL_ERR;
+    int path[DFL_MAX_BLOCK], len = 1, cur = 0;
+    path[0] = 0;
+    int32_t bonus;
+    for (;;) {
+        bonus = kn_argmax(logits + (size_t)cur * V, V);
+        int next = -1;
+        for (int i = cur + 1; i < tree->n && next < 0; i++)
+            if (tree->parent[i] == cur && tree->token[i] == bonus) next = i;
+        if (next < 0) break;
+        path[len++] = cur = next;
+    }
+    st->t_verify += dfl_now() - tv;
+    double tr = dfl_now();
+    if (state_tree_commit(s, path, len)) return DFL_ERR;
+    st->t_rollback += dfl_now() - tr;
+    /* the accepted path's features, in path order, extend the drafter's context */
+    td = dfl_now();
+    for (int k = 0; k < len; k++)
+        if (path[k] != k)
+            memcpy(feat + (size_t)k * nf * H, feat + (size_t)path[k] * nf * H, (size_t)nf * H * sizeof(float));
+    if (dr->add_context(dr->ctx, feat, len)) return DFL_ERR;
+    st->t_draft += dfl_now() - td;
+    const int a = len - 1;
+    st->rounds++;
+    st->drafted += tree->n - 1;
+    st->tree_nodes += tree->n - 1;
+    st->tree_depth_sum += tree->max_depth;
+    st->accepted += a;
+    st->accept_hist[a]++;
+    for (int k = 1; k <= tree->max_depth; k++) {
+        st->pos_drafted[k]++;
+        if (k <= a) st->pos_accepted[k]++;
+    }
+    if (o->on_round) o->on_round(o->on_round_ud, start, tree->token, tree->n, NULL, V, a);
+    int32_t acc[DFL_MAX_BLOCK];
+    for (int k = 1; k < len; k++) acc[k - 1] = tree->token[path[k]];
+    acc[a] = bonus;
+    commit(g, acc, a + 1);
+    return DFL_OK;
+}
+
 int spec_generate(dfl_state *s, dfl_draft_if *dr, const int32_t *prompt, int n_prompt, const dfl_gen_opts *o,
                   int32_t *out, dfl_gen_stats *st, dfl_token_cb cb, void *ud) {
     const dfl_model *m = s->m;
@@ -112,13 +167,22 @@ int spec_generate(dfl_state *s, dfl_draft_if *dr, const int32_t *prompt, int n_p
         return dfl_seterr("block size %d: must be in [2, %d] and fit the run state (%d)", B, DFL_MAX_BLOCK,
                           s->max_batch);
     if (dr && !s->record) return dfl_seterr("speculative decoding needs a run state with rollback records");
+    const int N = dr ? o->tree_budget : 0;
+    if (N < 0 || N > DDTREE_MAX_BUDGET) return dfl_seterr("tree budget %d: must be in [0, %d]", N, DDTREE_MAX_BUDGET);
+    if (N > 0 && o->temperature > 0)
+        return dfl_seterr("tree verification (DDTree) is greedy: use temperature 0 or chain verification");
+    if (N > 0 && s->tree_cap < N + 1)
+        return dfl_seterr("tree budget %d needs a run state with tree verification for %d nodes (has %d)", N, N + 1,
+                          s->tree_cap);
     if (n_prompt < 1) return dfl_seterr("empty prompt");
-    if (n_prompt + o->max_new > s->max_ctx)
-        return dfl_seterr("prompt (%d tokens) + max_new %d exceed the context of %d", n_prompt, o->max_new, s->max_ctx);
+    const int tree_slots = dr && o->tree_budget > 0 ? o->tree_budget : 0; /* a tree's nodes use slots past start */
+    if (n_prompt + o->max_new + tree_slots > s->max_ctx)
+        return dfl_seterr("prompt (%d tokens) + max_new %d%s exceed the context of %d", n_prompt, o->max_new,
+                          tree_slots ? " + tree budget" : "", s->max_ctx);
     if (dr && dr->context_len(dr->ctx) != 0) return dfl_seterr("drafter context is not empty");
     const int chunk = s->max_batch, nf = dr ? dr->n_feature_layers : 0;
-    const int rows = chunk > B ? chunk : B;
-    float *logits = malloc((size_t)B * V * sizeof(float));
+    const int rows = chunk > B ? (chunk > N + 1 ? chunk : N + 1) : (B > N + 1 ? B : N + 1);
+    float *logits = malloc((size_t)(B > N + 1 ? B : N + 1) * V * sizeof(float));
     float *probs = malloc((size_t)V * sizeof(float));
     float *dlogits = dr ? malloc((size_t)B * V * sizeof(float)) : NULL;
     float *feat = dr ? malloc((size_t)rows * nf * H * sizeof(float)) : NULL;
@@ -127,6 +191,8 @@ int spec_generate(dfl_state *s, dfl_draft_if *dr, const int32_t *prompt, int n_p
         dfl_seterr("out of memory for generation buffers");
         goto done;
     }
+    dfl_tree tree = {0};
+    if (N > 0 && ddtree_alloc(&tree, N) != DFL_OK) goto done;
     dfl_rng rng;
     rng_seed(&rng, o->seed);
     gen g = {.m = m, .o = o, .st = st, .out = out, .cb = cb, .ud = ud};
@@ -176,6 +242,11 @@ int spec_generate(dfl_state *s, dfl_draft_if *dr, const int32_t *prompt, int n_p
             goto done;
         }
         if (dr->draft(dr->ctx, anchor, bs, dlogits)) goto done;
+        if (N > 0) {
+            st->t_draft += dfl_now() - td;
+            if (tree_round(s, dr, &tree, N, anchor, start, bs, dlogits, logits, feat, &cap, st, o, &g)) goto done;
+            continue;
+        }
         block[0] = anchor;
         for (int k = 1; k < bs; k++) {
             float *q = dlogits + (size_t)(k - 1) * V;
@@ -237,6 +308,7 @@ int spec_generate(dfl_state *s, dfl_draft_if *dr, const int32_t *prompt, int n_p
     st->generated = g.n_out;
     rc = DFL_OK;
 done:
+    ddtree_free(&tree);
     free(logits), free(probs), free(dlogits), free(feat);
     return rc;
 }

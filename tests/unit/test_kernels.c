@@ -1,0 +1,234 @@
+/* Kernels: every SIMD path this CPU runs against the generic C path, on random inputs.
+ *
+ * kn_matmul, each weight dtype (F32, F16, BF16), odd shapes, n = 1..33 tokens. Tolerance, per
+ * output: |y - y_generic| <= (2 * cols * 2^-24 + e) * sum_c |w_c x_c| + 1e-30, the worst-case
+ * float32 summation bound of both results, with e = 2^-16 on the AVX-512 BF16 path (activations
+ * as bf16 hi + lo: |x - hi - lo| <= 2^-17 |x|), else 0. Within a path, each (row, token) result
+ * must not depend on n: rows of an n-token product equal single-token products bit for bit.
+ * kn_dot / kn_axpy: the same bound. Gated DeltaNet: SIMD recurrence vs generic, chunked form
+ * vs recurrence (relative tolerance 1e-4 of the output / state scale; observed ~1e-6),
+ * state-only runs and split runs of the recurrence equal the full run bit for bit. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dfl/common.h"
+#include "dfl/kernels.h"
+#include "testutil.h"
+
+static uint64_t rng = 0x9e3779b97f4a7c15ull;
+static float frand(void) { /* uniform in [-1, 1) */
+    rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+    return (float)((rng >> 40) * 0x1.0p-23) - 1.0f;
+}
+
+static uint16_t to_f16(float f) { /* round to nearest even, normal range only (|f| < 2) */
+    union { float f; uint32_t u; } v = {.f = f};
+    const uint32_t sign = (v.u >> 16) & 0x8000, a = v.u & 0x7fffffff;
+    if (a < 0x38800000) return (uint16_t)sign; /* below the f16 normal range: zero */
+    uint32_t m = a - 0x38000000, r = m + 0xfff + ((m >> 13) & 1);
+    return (uint16_t)(sign | (r >> 13));
+}
+
+/* A random rows x cols matrix of the dtype; *store keeps the data. */
+static dfl_mat make_mat(st_dtype dt, int rows, int cols, void **store) {
+    const size_t ne = (size_t)rows * cols;
+    dfl_mat w = {.dtype = dt, .rows = rows, .cols = cols};
+    if (dt == ST_F32) {
+        float *p = malloc(ne * sizeof(float) + 1);
+        for (size_t i = 0; i < ne; i++) p[i] = frand();
+        *store = p;
+    } else {
+        uint16_t *p = malloc(ne * sizeof(uint16_t) + 1);
+        for (size_t i = 0; i < ne; i++) p[i] = dt == ST_BF16 ? st_f32_to_bf16(frand()) : to_f16(frand());
+        *store = p;
+    }
+    w.data = *store;
+    return w;
+}
+
+static void check_matmul(kn_isa isa, st_dtype dt, int rows, int cols) {
+    const int NMAX = 33;
+    void *store;
+    const dfl_mat w = make_mat(dt, rows, cols, &store);
+    float *x = malloc((size_t)NMAX * cols * sizeof(float));
+    float *ref = malloc((size_t)NMAX * rows * sizeof(float)), *y = malloc((size_t)NMAX * rows * sizeof(float));
+    float *one = malloc((size_t)rows * sizeof(float)), *wr = malloc((size_t)cols * sizeof(float));
+    for (size_t i = 0; i < (size_t)NMAX * cols; i++) x[i] = frand() * (i % 7 == 0 ? 8.0f : 1.0f);
+    kn_isa_set(KN_ISA_GENERIC);
+    kn_matmul(ref, x, &w, NMAX);
+    const double e = isa == KN_ISA_AVX512BF16 && dt == ST_BF16 ? 0x1.0p-16 : 0.0;
+    const double rel = 2.0 * cols * 0x1.0p-24 + e;
+    int bad = 0, dep = 0;
+    double worst = 0;
+    kn_isa_set(isa);
+    for (int n = 1; n <= NMAX; n++) {
+        kn_matmul(y, x, &w, n);
+        for (int t = 0; t < n; t++)
+            for (int r = 0; r < rows; r++) {
+                kn_mat_row(&w, r, wr);
+                double mag = 0;
+                for (int c = 0; c < cols; c++) mag += fabs((double)wr[c] * x[(size_t)t * cols + c]);
+                const double d = fabs((double)y[(size_t)t * rows + r] - ref[(size_t)t * rows + r]);
+                if (d > rel * mag + 1e-30) bad++;
+                if (mag > 0 && d / mag > worst) worst = d / mag;
+            }
+        /* batch independence: each row of the n-token product is the single-token product */
+        for (int t = 0; t < n; t += n > 5 ? n / 3 : 1) {
+            kn_matmul(one, x + (size_t)t * cols, &w, 1);
+            if (memcmp(one, y + (size_t)t * rows, (size_t)rows * sizeof(float)) != 0) dep++;
+        }
+    }
+    CHECK(bad == 0, "%s %s %dx%d: %d outputs beyond tolerance (worst relative %.3g, bound %.3g)", kn_isa_name(isa),
+          st_dtype_name(dt), rows, cols, bad, worst, rel);
+    CHECK(dep == 0, "%s %s %dx%d: %d token rows depend on the batch size", kn_isa_name(isa), st_dtype_name(dt), rows,
+          cols, dep);
+    free(store), free(x), free(ref), free(y), free(one), free(wr);
+}
+
+static void check_dot_axpy(kn_isa isa) {
+    float a[80], b[80], y0[80], y1[80];
+    int bad = 0;
+    for (int n = 0; n <= 80; n++) {
+        double mag = 0;
+        for (int i = 0; i < n; i++) a[i] = frand(), b[i] = frand(), mag += fabs((double)a[i] * b[i]), y0[i] = y1[i] = frand();
+        const float c = frand();
+        kn_isa_set(KN_ISA_GENERIC);
+        const float d0 = kn_dot(a, b, n);
+        kn_axpy(y0, c, a, n);
+        kn_isa_set(isa);
+        const float d1 = kn_dot(a, b, n);
+        kn_axpy(y1, c, a, n);
+        if (fabs((double)d1 - d0) > 2.0 * (n + 1) * 0x1.0p-24 * mag + 1e-30) bad++;
+        for (int i = 0; i < n; i++)
+            if (fabs((double)y1[i] - y0[i]) > 0x1.0p-22 * (fabs((double)c * a[i]) + fabs((double)y0[i]))) bad++;
+    }
+    CHECK(bad == 0, "%s: %d kn_dot / kn_axpy results beyond tolerance", kn_isa_name(isa), bad);
+}
+
+/* Gated DeltaNet inputs for n tokens of one head, rows of ld floats [q | k | v]. */
+typedef struct gdn_case {
+    int dk, dv, n;
+    size_t ld;
+    float *rows, *g, *beta, *S0;
+} gdn_case;
+
+static gdn_case gdn_make(int dk, int dv, int n) {
+    gdn_case c = {.dk = dk, .dv = dv, .n = n, .ld = (size_t)2 * dk + dv + 3};
+    c.rows = malloc((size_t)n * c.ld * sizeof(float));
+    c.g = malloc((size_t)n * sizeof(float));
+    c.beta = malloc((size_t)n * sizeof(float));
+    c.S0 = malloc((size_t)dk * dv * sizeof(float));
+    for (int t = 0; t < n; t++) {
+        float *q = c.rows + (size_t)t * c.ld, *k = q + dk, *v = k + dk;
+        double sq = 0, sk = 0;
+        for (int i = 0; i < dk; i++) q[i] = frand(), k[i] = frand(), sq += q[i] * q[i], sk += k[i] * k[i];
+        for (int i = 0; i < dk; i++) q[i] = (float)(q[i] / sqrt(sq) / sqrt(dk)), k[i] = (float)(k[i] / sqrt(sk));
+        for (int j = 0; j < dv; j++) v[j] = 2.0f * frand();
+        c.g[t] = t % 17 == 5 ? -6.0f : 0.5f * (frand() - 1.0f); /* log-decays in [-1, 0), some strong */
+        c.beta[t] = 0.5f + 0.5f * frand();
+    }
+    for (size_t i = 0; i < (size_t)dk * dv; i++) c.S0[i] = 0.3f * frand();
+    return c;
+}
+
+static void gdn_free(gdn_case *c) { free(c->rows), free(c->g), free(c->beta), free(c->S0); }
+
+/* Run tokens t0..t0+n-1 of the case on S; out [n, dv] or NULL. */
+static void gdn_run(const gdn_case *c, float *S, int t0, int n, float *out, int chunked) {
+    const float *r = c->rows + (size_t)t0 * c->ld;
+    const kn_gdn_io io = {.dk = c->dk, .dv = c->dv, .n = n, .q = r, .k = r + c->dk, .v = r + 2 * c->dk, .ld = c->ld,
+                          .g = c->g + t0, .beta = c->beta + t0, .out = out, .ldo = (size_t)c->dv};
+    if (chunked) kn_gdn_chunked(S, &io);
+    else kn_gdn_recurrent(S, &io);
+}
+
+static double max_abs(const float *a, size_t n) {
+    double m = 0;
+    for (size_t i = 0; i < n; i++) m = fabs(a[i]) > m ? fabs(a[i]) : m;
+    return m;
+}
+
+static double max_diff(const float *a, const float *b, size_t n) {
+    double m = 0;
+    for (size_t i = 0; i < n; i++) m = fabs((double)a[i] - b[i]) > m ? fabs((double)a[i] - b[i]) : m;
+    return m;
+}
+
+static void check_gdn(kn_isa isa, int dk, int dv, int n) {
+    gdn_case c = gdn_make(dk, dv, n);
+    const size_t ns = (size_t)dk * dv, no = (size_t)n * dv;
+    float *Sg = malloc(ns * sizeof(float)), *Ss = malloc(ns * sizeof(float)), *Sc = malloc(ns * sizeof(float));
+    float *og = malloc(no * sizeof(float)), *os = malloc(no * sizeof(float)), *oc = malloc(no * sizeof(float));
+    kn_isa_set(KN_ISA_GENERIC);
+    memcpy(Sg, c.S0, ns * sizeof(float));
+    gdn_run(&c, Sg, 0, n, og, 0);
+    kn_isa_set(isa);
+    /* recurrence: this path vs generic */
+    memcpy(Ss, c.S0, ns * sizeof(float));
+    gdn_run(&c, Ss, 0, n, os, 0);
+    const double so = max_abs(og, no) + 1e-3, ss = max_abs(Sg, ns) + 1e-3;
+    CHECK(max_diff(os, og, no) <= 1e-4 * so && max_diff(Ss, Sg, ns) <= 1e-4 * ss,
+          "%s gdn recurrence dk %d dv %d n %d: output diff %.3g, state diff %.3g (scales %.3g, %.3g)", kn_isa_name(isa),
+          dk, dv, n, max_diff(os, og, no), max_diff(Ss, Sg, ns), so, ss);
+    /* chunked form vs the recurrence of the same path */
+    memcpy(Sc, c.S0, ns * sizeof(float));
+    gdn_run(&c, Sc, 0, n, oc, 1);
+    CHECK(max_diff(oc, os, no) <= 1e-4 * so && max_diff(Sc, Ss, ns) <= 1e-4 * ss,
+          "%s gdn chunked vs recurrence dk %d dv %d n %d: output diff %.3g, state diff %.3g (scales %.3g, %.3g)",
+          kn_isa_name(isa), dk, dv, n, max_diff(oc, os, no), max_diff(Sc, Ss, ns), so, ss);
+    /* the recurrence in two pieces, and without output, gives the same state bit for bit */
+    memcpy(Sc, c.S0, ns * sizeof(float));
+    gdn_run(&c, Sc, 0, n / 2, oc, 0);
+    gdn_run(&c, Sc, n / 2, n - n / 2, oc + (size_t)(n / 2) * dv, 0);
+    CHECK(memcmp(Sc, Ss, ns * sizeof(float)) == 0 && memcmp(oc, os, no * sizeof(float)) == 0,
+          "%s gdn recurrence dk %d dv %d n %d: split run differs", kn_isa_name(isa), dk, dv, n);
+    memcpy(Sc, c.S0, ns * sizeof(float));
+    gdn_run(&c, Sc, 0, n, NULL, 0);
+    CHECK(memcmp(Sc, Ss, ns * sizeof(float)) == 0, "%s gdn recurrence dk %d dv %d n %d: state-only run differs",
+          kn_isa_name(isa), dk, dv, n);
+    free(Sg), free(Ss), free(Sc), free(og), free(os), free(oc);
+    gdn_free(&c);
+}
+
+static void check_isa_api(void) {
+    kn_isa isa;
+    CHECK(kn_isa_parse("avx2", &isa) == DFL_OK && isa == KN_ISA_AVX2, "parse avx2");
+    CHECK(kn_isa_parse("avx512bf16", &isa) == DFL_OK && isa == KN_ISA_AVX512BF16, "parse avx512bf16");
+    CHECK(kn_isa_parse("sse9", &isa) == DFL_ERR && strstr(dfl_errmsg(), "sse9"), "parse unknown: %s", dfl_errmsg());
+    CHECK(kn_isa_supported(KN_ISA_GENERIC), "generic always supported");
+    CHECK(kn_isa_supported(kn_isa_default()), "default path %s is supported", kn_isa_name(kn_isa_default()));
+    CHECK(kn_isa_set(KN_ISA_COUNT) == DFL_ERR, "setting an invalid path must fail");
+    for (int i = 0; i < KN_ISA_COUNT; i++)
+        CHECK((kn_isa_set((kn_isa)i) == DFL_OK) == kn_isa_supported((kn_isa)i) &&
+                  (!kn_isa_supported((kn_isa)i) || kn_isa_get() == (kn_isa)i),
+              "set %s", kn_isa_name((kn_isa)i));
+}
+
+int main(void) {
+    static const int shapes[][2] = {{1, 1}, {3, 7}, {5, 16}, {17, 31}, {4, 32}, {9, 33}, {67, 100}, {6, 257}, {13, 512}};
+    static const st_dtype dts[] = {ST_F32, ST_F16, ST_BF16};
+    check_isa_api();
+    int paths = 0;
+    for (int i = 1; i < KN_ISA_COUNT; i++) {
+        const kn_isa isa = (kn_isa)i;
+        if (!kn_isa_supported(isa)) {
+            printf("test_kernels: %s not supported by this CPU, skipped\n", kn_isa_name(isa));
+            continue;
+        }
+        paths++;
+        for (size_t d = 0; d < sizeof dts / sizeof dts[0]; d++)
+            for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) check_matmul(isa, dts[d], shapes[s][0], shapes[s][1]);
+        check_dot_axpy(isa);
+        static const int gdn_shapes[][3] = {{32, 32, 1}, {32, 32, 70}, {128, 128, 5}, {128, 128, 130},
+                                            {24, 40, 65}, {12, 20, 9}, {16, 48, 64}};
+        for (size_t s = 0; s < sizeof gdn_shapes / sizeof gdn_shapes[0]; s++)
+            check_gdn(isa, gdn_shapes[s][0], gdn_shapes[s][1], gdn_shapes[s][2]);
+    }
+    /* the generic path's own chunked form */
+    check_gdn(KN_ISA_GENERIC, 32, 32, 150);
+    check_gdn(KN_ISA_GENERIC, 7, 5, 66);
+    printf("test_kernels: %d SIMD paths checked against generic\n", paths);
+    kn_isa_set(kn_isa_default());
+    return test_done("test_kernels");
+}
