@@ -10,6 +10,9 @@ int cmd_tokenize(int argc, char **argv);
 int cmd_generate(int argc, char **argv);
 int cmd_hidden(int argc, char **argv);
 int cmd_hidden_diff(int argc, char **argv);
+int cmd_bench(int argc, char **argv);
+int cmd_eval(int argc, char **argv);
+int cmd_eval_merge(int argc, char **argv);
 int cmd_serve(int argc, char **argv);
 
 /* "--flag" handling helpers. cli_is_help returns 1 for -h / --help. */

@@ -15,9 +15,12 @@ struct subcommand {
 static const struct subcommand subcommands[] = {
     {"inspect", cmd_inspect, "identify a checkpoint's layout, tensors and config (or drafter/target fit)"},
     {"tokenize", cmd_tokenize, "encode text to token ids, or decode ids (--decode)"},
-    {"generate", cmd_generate, "greedy generation with a target model"},
+    {"generate", cmd_generate, "generate with a target, autoregressive or speculative (--drafter)"},
     {"hidden", cmd_hidden, "dump hidden states of chosen decoder layers to safetensors"},
     {"hidden-diff", cmd_hidden_diff, "compare two hidden-state dumps layer by layer"},
+    {"eval", cmd_eval, "evaluate drafters: tau on chain and DDTree over a prompt set, with reports"},
+    {"eval-merge", cmd_eval_merge, "merge the results of sharded eval runs into one summary"},
+    {"bench", cmd_bench, "performance: bandwidth, decode, verification cost, prefill, rollback"},
     {"serve", cmd_serve, "HTTP server with speculative decoding (OpenAI, SGLang /generate, /metrics)"},
 };
 

@@ -69,7 +69,7 @@ void kn_matmul_generic(float *y, const float *x, const dfl_mat *w, int n) {
     const int rows = w->rows, cols = w->cols;
     if (w->dtype != ST_F32 && w->dtype != ST_BF16 && w->dtype != ST_F16)
         abort(); /* the loader refuses other dtypes before any compute */
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if ((size_t)rows * cols * n >= KN_PAR_MIN_WORK)
     for (int r = 0; r < rows; r++)
         for (int t = 0; t < n; t++) y[(size_t)t * rows + r] = dot_row(w, r, x + (size_t)t * cols);
 }

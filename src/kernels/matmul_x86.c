@@ -47,7 +47,7 @@ static void mm_run(float *y, const dfl_mat *w, int n, const void *xp, size_t ldx
     int nb = (int)(XBLOCK_BYTES / xrow) / tb * tb;
     if (nb < tb) nb = tb;
     const char *wd = w->data, *xd = xp;
-#pragma omp parallel
+#pragma omp parallel if ((size_t)rows * cols * n >= KN_PAR_MIN_WORK)
     for (int t0 = 0; t0 < n; t0 += nb) {
         const int t1 = t0 + nb < n ? t0 + nb : n;
 #pragma omp for schedule(static) nowait
@@ -183,7 +183,7 @@ DEF_TILES(TGT_AVX512, tiles_f32_512, TILE_F32_512, RB, TB)
 
 /* xp[t] = x[t] with each block of `blk` columns reordered [even | odd], zero-padded to ldx. */
 static void bf16_perm(float *xp, size_t ldx, const float *x, int cols, int n, int blk) {
-#pragma omp parallel for schedule(static) if ((size_t)n * ldx > 65536)
+#pragma omp parallel for schedule(static) if ((size_t)n * ldx >= KN_PAR_MIN_WORK)
     for (int t = 0; t < n; t++) {
         const float *xs = x + (size_t)t * cols;
         float *d = xp + (size_t)t * ldx;
@@ -290,7 +290,7 @@ void kn_matmul_avx512bf16(float *y, const float *x, const dfl_mat *w, int n) {
         kn_matmul_generic(y, x, w, n);
         return;
     }
-#pragma omp parallel for schedule(static) if ((size_t)n * ldx > 65536)
+#pragma omp parallel for schedule(static) if ((size_t)n * ldx >= KN_PAR_MIN_WORK)
     for (int t = 0; t < n; t++) {
         uint16_t *hi = xp + (size_t)t * ldx, *lo = hi + half;
         for (size_t c = 0; c < half; c++) {

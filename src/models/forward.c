@@ -219,48 +219,6 @@ static void attention_layer(dfl_state *s, int li, int n) {
 
 /* ---- Gated DeltaNet layer ---------------------------------------------------------- */
 
-/* One token of the gated delta rule for value head h, in place on its state Sh [dk][dv]:
- * S *= exp(g); u = S^T k; d = (v - u) * beta; S += k d^T; o = S^T q (read after the update). */
-static inline void delta_step(const dfl_model *m, const dfl_layer_w *l, int h, float *Sh, const float *row,
-                              const float *ab, float *o) {
-    const dfl_config *g = &m->cfg;
-    const int Hk = g->lin_k_heads, Hv = g->lin_v_heads, dk = g->lin_k_dim, dv = g->lin_v_dim;
-    const int kh = h / (Hv / Hk);
-    float qn[512], kn[512], u[512];
-    const float *q = row + (size_t)kh * dk, *k = row + (size_t)Hk * dk + (size_t)kh * dk;
-    const float *v = row + 2 * (size_t)Hk * dk + (size_t)h * dv;
-    float sq = 0, sk = 0;
-    for (int i = 0; i < dk; i++) sq += q[i] * q[i], sk += k[i] * k[i];
-    const float rq = 1.0f / sqrtf(sq + 1e-6f), rk = 1.0f / sqrtf(sk + 1e-6f), qscale = 1.0f / sqrtf((float)dk);
-    for (int i = 0; i < dk; i++) qn[i] = q[i] * rq * qscale, kn[i] = k[i] * rk;
-    const float beta = kn_sigmoid(ab[Hv + h]);
-    const float decay = expf(l->neg_exp_A[h] * kn_softplus(ab[h] + l->dt_bias[h]));
-    for (int j = 0; j < dv; j++) u[j] = 0;
-    for (int i = 0; i < dk; i++) {
-        float *Si = Sh + (size_t)i * dv;
-        for (int j = 0; j < dv; j++) {
-            Si[j] *= decay;
-            u[j] += Si[j] * kn[i];
-        }
-    }
-    for (int j = 0; j < dv; j++) u[j] = (v[j] - u[j]) * beta; /* delta */
-    if (o) {
-        for (int j = 0; j < dv; j++) o[j] = 0;
-        for (int i = 0; i < dk; i++) {
-            float *Si = Sh + (size_t)i * dv;
-            for (int j = 0; j < dv; j++) {
-                Si[j] += kn[i] * u[j];
-                o[j] += Si[j] * qn[i];
-            }
-        }
-    } else {
-        for (int i = 0; i < dk; i++) {
-            float *Si = Sh + (size_t)i * dv;
-            for (int j = 0; j < dv; j++) Si[j] += kn[i] * u[j];
-        }
-    }
-}
-
 /* Tree layout of a linear-layer pass: token i continues the state of parent[i] (the committed
  * state when parent[i] < 0) and leaves its own conv window in node_conv[i] [K-1, conv_dim] and
  * recurrent state in node_S[i] [Hv, dk, dv]. NULL = chain: each token continues the previous
@@ -272,12 +230,16 @@ typedef struct lin_tree {
 } lin_tree;
 
 /* Advance one linear layer's conv window and recurrent state over n tokens.
- * qkv: [n, conv_dim] pre-conv projections, overwritten with the conv+SiLU output.
- * ab:  [n, 2*Hv] raw a | b projections. out: [n, Hv*dv] core output, or NULL (state only). */
+ * qkv: [n, conv_dim] pre-conv projections, overwritten with the conv+SiLU output (q and k then
+ * L2-normalised, q scaled). ab: [n, 2*Hv] raw a | b projections. out: [n, Hv*dv] core output,
+ * or NULL (state only). A chain of KN_GDN_CHUNK tokens or more with an output (prefill) runs the
+ * chunked form; shorter ones (decode, verification), state-only replays and trees run the
+ * per-token recurrence, so that a verified block and its replay follow the same operations. */
 static void gated_delta(const dfl_model *m, const dfl_layer_w *l, float *conv_state, float *S, float *qkv,
                         const float *ab, int n, float *out, const lin_tree *tree) {
     const dfl_config *g = &m->cfg;
-    const int C = m->conv_dim, K = g->conv_kernel, Hv = g->lin_v_heads, dk = g->lin_k_dim, dv = g->lin_v_dim;
+    const int C = m->conv_dim, K = g->conv_kernel, Hk = g->lin_k_heads, Hv = g->lin_v_heads;
+    const int dk = g->lin_k_dim, dv = g->lin_v_dim, ratio = Hv / Hk;
     const size_t win_sz = (size_t)(K - 1) * C, HS = (size_t)Hv * dk * dv;
     /* depthwise causal conv per channel: w[K-1] multiplies the current token */
 #pragma omp parallel for schedule(static)
@@ -303,19 +265,48 @@ static void gated_delta(const dfl_model *m, const dfl_layer_w *l, float *conv_st
         if (!tree)
             for (int j = 0; j < K - 1; j++) conv_state[(size_t)j * C + c] = win[j];
     }
+    /* L2-normalise q and k per (token, key head); q also scaled by 1/sqrt(dk) */
+    const float qscale = 1.0f / sqrtf((float)dk);
+#pragma omp parallel for schedule(static)
+    for (int th = 0; th < n * Hk; th++) {
+        float *q = qkv + (size_t)(th / Hk) * C + (size_t)(th % Hk) * dk, *k = q + (size_t)Hk * dk;
+        float sq = 0, sk = 0;
+        for (int i = 0; i < dk; i++) sq += q[i] * q[i], sk += k[i] * k[i];
+        const float rq = 1.0f / sqrtf(sq + 1e-6f), rk = 1.0f / sqrtf(sk + 1e-6f);
+        for (int i = 0; i < dk; i++) q[i] = q[i] * rq * qscale, k[i] = k[i] * rk;
+    }
+    const int chunked = !tree && out && n >= KN_GDN_CHUNK;
+    /* a chain goes to the kernel up to a chunk of tokens at a time; a tree node by node, each on
+     * a copy of its parent's state */
+    const int step = tree ? 1 : KN_GDN_CHUNK;
 #pragma omp parallel for schedule(static)
     for (int h = 0; h < Hv; h++) {
-        for (int t = 0; t < n; t++) {
+        float gb[2 * KN_GDN_CHUNK]; /* log-decays | betas of the tokens of one kernel call */
+        const int kh = h / ratio;
+        for (int t0 = 0; t0 < n; t0 += step) {
+            const int nt = n - t0 < step ? n - t0 : step;
             float *Sh = S + (size_t)h * dk * dv;
-            if (tree) { /* start from the parent's state */
-                const int p = tree->parent[t];
-                float *dst = tree->node_S + (size_t)t * HS + (size_t)h * dk * dv;
+            if (tree) {
+                const int p = tree->parent[t0];
+                float *dst = tree->node_S + (size_t)t0 * HS + (size_t)h * dk * dv;
                 memcpy(dst, p < 0 ? Sh : tree->node_S + (size_t)p * HS + (size_t)h * dk * dv,
                        (size_t)dk * dv * sizeof(float));
                 Sh = dst;
             }
-            delta_step(m, l, h, Sh, qkv + (size_t)t * C, ab + (size_t)t * 2 * Hv,
-                       out ? out + (size_t)t * Hv * dv + (size_t)h * dv : NULL);
+            for (int t = 0; t < nt; t++) {
+                const float a = ab[(size_t)(t0 + t) * 2 * Hv + h], b = ab[(size_t)(t0 + t) * 2 * Hv + Hv + h];
+                gb[t] = l->neg_exp_A[h] * kn_softplus(a + l->dt_bias[h]);
+                gb[KN_GDN_CHUNK + t] = kn_sigmoid(b);
+            }
+            const float *row = qkv + (size_t)t0 * C;
+            const kn_gdn_io io = {.dk = dk, .dv = dv, .n = nt, .q = row + (size_t)kh * dk,
+                                  .k = row + (size_t)Hk * dk + (size_t)kh * dk,
+                                  .v = row + 2 * (size_t)Hk * dk + (size_t)h * dv, .ld = (size_t)C, .g = gb,
+                                  .beta = gb + KN_GDN_CHUNK,
+                                  .out = out ? out + (size_t)t0 * Hv * dv + (size_t)h * dv : NULL,
+                                  .ldo = (size_t)Hv * dv};
+            if (chunked) kn_gdn_chunked(Sh, &io);
+            else kn_gdn_recurrent(Sh, &io);
         }
     }
 }

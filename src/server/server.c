@@ -372,9 +372,9 @@ static enum MHD_Result handle_generation(dfl_server *srv, struct MHD_Connection 
     snprintf(j->id, sizeof j->id, "%s%lx%06lu", r->ep == EP_COMPLETIONS ? "cmpl-" : r->ep == EP_CHAT ? "chatcmpl-" : "",
              (unsigned long)j->created, ++srv->next_id);
     if (srv->stopping) api_seterr(&e, 503, NULL, "the server is shutting down");
-    else if (srv->n_waiting >= srv->max_queue)
-        api_seterr(&e, 503, NULL, "the queue is full (%d requests waiting, --max-queue %d); retry later",
-                   srv->n_waiting, srv->max_queue);
+    else if (srv->n_waiting + srv->running > srv->max_queue) /* it would wait behind max_queue others */
+        api_seterr(&e, 503, NULL, "the queue is full (%d requests waiting, %d running, --max-queue %d); retry later",
+                   srv->n_waiting, srv->running, srv->max_queue);
     if (e.status) {
         pthread_mutex_unlock(&srv->mu);
         job_free(j);

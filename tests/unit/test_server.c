@@ -53,7 +53,6 @@ static reply http(int port, const char *method, const char *path, const char *bo
     curl_easy_setopt(c, CURLOPT_HTTPHEADER, h);
     curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_data);
     curl_easy_setopt(c, CURLOPT_WRITEDATA, &r);
-    if (getenv("DFL_TEST_TRACE")) fprintf(stderr, "%.3f %s\n", dfl_now(), path);
     if (body) {
         curl_easy_setopt(c, CURLOPT_POSTFIELDS, body);
         curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE, (long)strlen(body));
@@ -61,7 +60,6 @@ static reply http(int port, const char *method, const char *path, const char *bo
     if (method) curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, method);
     curl_easy_perform(c);
     curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &r.status);
-    if (getenv("DFL_TEST_TRACE")) fprintf(stderr, "%.3f done %ld\n", dfl_now(), r.status);
     curl_slist_free_all(h);
     curl_easy_cleanup(c);
     return r;

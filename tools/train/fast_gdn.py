@@ -35,7 +35,12 @@ def chunk_gated_delta_rule(query, key, value, g, beta, chunk_size=64, initial_st
     eye = torch.eye(chunk_size, dtype=query.dtype)
     strict = torch.tril(torch.ones(chunk_size, chunk_size, dtype=torch.bool), -1)
     m = ((k_beta @ key.transpose(-1, -2)) * decay).masked_fill(~strict, 0)
-    tmat = torch.linalg.solve_triangular(eye + m, eye.expand_as(m), upper=False, unitriangular=True)
+    # (I + m)^-1 for strictly lower (nilpotent) m: prod_{j<log2(C)} (I + (-m)^(2^j)), batched matmuls only
+    nm = -m
+    tmat = eye + nm
+    for _ in range(chunk_size.bit_length() - 2):
+        nm = nm @ nm
+        tmat = tmat + tmat @ nm
     value = tmat @ v_beta
     k_cumdecay = tmat @ (k_beta * g.exp().unsqueeze(-1))
     state = (torch.zeros(B, Hn, dk, dv, dtype=value.dtype) if initial_state is None

@@ -1,0 +1,144 @@
+/* Prompt sets for dfl eval: GSM8K, MT-Bench, generic JSON lines, plain text. */
+#include <cjson/cJSON.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dfl/common.h"
+#include "dfl/eval.h"
+
+int eval_format_parse(const char *s, eval_format *fmt, char *field, int field_len) {
+    field[0] = 0;
+    if (strcmp(s, "gsm8k") == 0) *fmt = EVAL_FMT_GSM8K;
+    else if (strcmp(s, "mtbench") == 0) *fmt = EVAL_FMT_MTBENCH;
+    else if (strcmp(s, "text") == 0) *fmt = EVAL_FMT_TEXT;
+    else if (strncmp(s, "jsonl:", 6) == 0 && s[6]) {
+        *fmt = EVAL_FMT_JSONL;
+        snprintf(field, (size_t)field_len, "%s", s + 6);
+    } else {
+        return dfl_seterr("format '%s': expected gsm8k, mtbench, text or jsonl:FIELD", s);
+    }
+    return DFL_OK;
+}
+
+/* The id of a JSON prompt: a named id field (string or integer), else the line number. */
+static char *json_id(const cJSON *o, const char *const *names, int line) {
+    char buf[64];
+    for (int i = 0; names[i]; i++) {
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, names[i]);
+        if (cJSON_IsString(v)) return strdup(v->valuestring);
+        if (cJSON_IsNumber(v)) {
+            snprintf(buf, sizeof buf, "%.0f", v->valuedouble);
+            return strdup(buf);
+        }
+    }
+    snprintf(buf, sizeof buf, "%d", line);
+    return strdup(buf);
+}
+
+/* Parse one line into p; DFL_ERR with a message (without file/line, added by the caller). */
+static int parse_line(eval_prompt *p, char *text, eval_format fmt, const char *field, int line) {
+    memset(p, 0, sizeof *p);
+    p->line = line;
+    if (fmt == EVAL_FMT_TEXT) {
+        char id[32];
+        snprintf(id, sizeof id, "%d", line);
+        p->id = strdup(id);
+        p->turns[0] = strdup(text);
+        p->n_turns = 1;
+        return DFL_OK;
+    }
+    cJSON *o = cJSON_Parse(text);
+    if (!o || !cJSON_IsObject(o)) {
+        cJSON_Delete(o);
+        return dfl_seterr("not a JSON object");
+    }
+    int rc = DFL_OK;
+    if (fmt == EVAL_FMT_MTBENCH) {
+        static const char *const ids[] = {"question_id", "id", NULL};
+        const cJSON *turns = cJSON_GetObjectItemCaseSensitive(o, "turns");
+        int n = cJSON_IsArray(turns) ? cJSON_GetArraySize(turns) : 0;
+        if (n < 1 || n > 2) {
+            rc = dfl_seterr("field 'turns' must be an array of 1 or 2 strings");
+        } else {
+            for (int i = 0; i < n && rc == DFL_OK; i++) {
+                const cJSON *t = cJSON_GetArrayItem(turns, i);
+                if (!cJSON_IsString(t)) rc = dfl_seterr("turns[%d] is not a string", i);
+                else p->turns[p->n_turns++] = strdup(t->valuestring);
+            }
+            p->id = json_id(o, ids, line);
+        }
+    } else {
+        static const char *const ids[] = {"id", "idx", "question_id", NULL};
+        const char *f = fmt == EVAL_FMT_GSM8K ? "question" : field;
+        const cJSON *q = cJSON_GetObjectItemCaseSensitive(o, f);
+        if (!cJSON_IsString(q)) {
+            rc = dfl_seterr("missing string field '%s'", f);
+        } else {
+            p->turns[0] = strdup(q->valuestring);
+            p->n_turns = 1;
+            p->id = json_id(o, ids, line);
+        }
+    }
+    cJSON_Delete(o);
+    if (rc != DFL_OK) {
+        for (int i = 0; i < p->n_turns; i++) free(p->turns[i]);
+        free(p->id);
+        memset(p, 0, sizeof *p);
+    }
+    return rc;
+}
+
+int eval_prompts_load(eval_prompts *ps, const char *path, eval_format fmt, const char *field, int limit,
+                      int keep_going) {
+    memset(ps, 0, sizeof *ps);
+    FILE *f = fopen(path, "r");
+    if (!f) return dfl_seterr("%s: cannot open prompt file", path);
+    char *line = NULL;
+    size_t cap = 0;
+    ssize_t len;
+    int lineno = 0, cap_p = 0, rc = DFL_OK;
+    while ((len = getline(&line, &cap, f)) >= 0) {
+        lineno++;
+        while (len > 0 && (line[len - 1] == '\n' || line[len - 1] == '\r')) line[--len] = 0;
+        if (len == 0) continue; /* blank lines carry no prompt */
+        if (limit > 0 && ps->n >= limit) break;
+        if (ps->n == cap_p) {
+            cap_p = cap_p ? 2 * cap_p : 64;
+            ps->p = realloc(ps->p, (size_t)cap_p * sizeof *ps->p);
+        }
+        if (parse_line(&ps->p[ps->n], line, fmt, field, lineno) != DFL_OK) {
+            if (!keep_going) {
+                rc = dfl_preperr("%s:%d", path, lineno);
+                break;
+            }
+            ps->bad_lines = realloc(ps->bad_lines, (size_t)(ps->n_bad + 1) * sizeof(int));
+            ps->bad_lines[ps->n_bad++] = lineno;
+            continue;
+        }
+        ps->n++;
+    }
+    free(line);
+    fclose(f);
+    if (rc == DFL_OK && ps->n == 0) rc = dfl_seterr("%s: no prompts", path);
+    /* ids must be unique: results are keyed by them */
+    for (int i = 0; rc == DFL_OK && i < ps->n; i++)
+        for (int j = i + 1; j < ps->n; j++)
+            if (strcmp(ps->p[i].id, ps->p[j].id) == 0) {
+                rc = dfl_seterr("%s:%d: prompt id '%s' repeats line %d's", path, ps->p[j].line, ps->p[j].id,
+                                ps->p[i].line);
+                break;
+            }
+    if (rc != DFL_OK) eval_prompts_free(ps);
+    return rc;
+}
+
+void eval_prompts_free(eval_prompts *ps) {
+    for (int i = 0; i < ps->n; i++) {
+        free(ps->p[i].id);
+        for (int k = 0; k < ps->p[i].n_turns; k++) free(ps->p[i].turns[k]);
+    }
+    free(ps->p);
+    free(ps->bad_lines);
+    memset(ps, 0, sizeof *ps);
+}

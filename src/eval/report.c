@@ -1,0 +1,254 @@
+/* Evaluation reports: summary.json, summary.md and SVG plots. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dfl/common.h"
+#include "dfl/eval.h"
+
+static const char *const colors[] = {"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd",
+                                     "#8c564b", "#e377c2", "#17becf", "#7f7f7f", "#bcbd22"};
+#define N_COLORS 10
+
+static double per_pos(const eval_agg *a, int k) {
+    return a->pos_drafted[k] ? (double)a->pos_accepted[k] / a->pos_drafted[k] : 0.0;
+}
+
+static const char *base_name(const char *p) {
+    const char *s = strrchr(p, '/');
+    while (s && s[1] == 0 && s > p) { /* trailing slash */
+        const char *q = s - 1;
+        while (q > p && *q != '/') q--;
+        return *q == '/' ? q + 1 : q;
+    }
+    return s ? s + 1 : p;
+}
+
+static void json_str(FILE *f, const char *s) {
+    fputc('"', f);
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        if (*p == '"' || *p == '\\') fprintf(f, "\\%c", *p);
+        else if (*p < 0x20) fprintf(f, "\\u%04x", *p);
+        else fputc(*p, f);
+    }
+    fputc('"', f);
+}
+
+static int write_json(const eval_summary *s, const char *path, const char *extra) {
+    FILE *f = fopen(path, "w");
+    if (!f) return dfl_seterr("%s: cannot create", path);
+    const eval_agg *ar = &s->agg[0];
+    fprintf(f, "{\n  \"definitions\": {\n"
+               "    \"tau\": \"mean over responses of per-response tau = (generated tokens - 1) / rounds: tokens "
+               "committed per verification round, bonus included (z-lab's dataset tau)\",\n"
+               "    \"tau_token_weighted\": \"sum over responses of (generated tokens - 1) / sum of rounds\",\n"
+               "    \"tau_accept\": \"1 + accepted drafts / rounds (vLLM's mean acceptance length)\",\n"
+               "    \"per_position\": \"for draft position k: rounds in which draft k was accepted / rounds in "
+               "which it was proposed\",\n"
+               "    \"speedup\": \"autoregressive decode time per token / speculative decode time per token, same "
+               "engine and responses (the first token of each response comes from the prefill and is excluded)\"\n"
+               "  },\n");
+    fprintf(f, "  \"prompts\": %d,\n  \"autoregressive\": {\"responses\": %d, \"tokens\": %d, \"decode_s\": %.6f, "
+               "\"prefill_s\": %.6f, \"tokens_per_s\": %.3f},\n  \"results\": [",
+            s->n_prompts, ar->responses, ar->tokens, ar->time_s, ar->prefill_s,
+            ar->time_s > 0 ? (ar->tokens - ar->responses) / ar->time_s : 0.0);
+    for (int k = 1; k < s->n_agg; k++) {
+        const eval_agg *a = &s->agg[k];
+        const double busy = a->draft_s + a->verify_s + a->rollback_s;
+        fprintf(f, "%s\n    {\"drafter\": ", k > 1 ? "," : "");
+        json_str(f, a->drafter);
+        fprintf(f, ", \"mode\": \"%s\", \"responses\": %d, \"tokens\": %d, \"rounds\": %d, \"drafted\": %ld, "
+                   "\"accepted\": %ld, \"tau\": %.6f, \"tau_token_weighted\": %.6f, \"tau_accept\": %.6f, "
+                   "\"tokens_per_s\": %.3f, \"speedup\": %.4f, \"draft_share\": %.4f, \"verify_share\": %.4f, "
+                   "\"rollback_share\": %.4f, \"mean_tree_depth\": %.4f, \"mismatches\": %d, \"per_position\": [",
+                a->mode, a->responses, a->tokens, a->rounds, a->drafted, a->accepted, eval_agg_tau(a),
+                eval_agg_tau_tokens(a), a->rounds ? 1.0 + (double)a->accepted / a->rounds : 0.0,
+                a->time_s > 0 ? (a->tokens - a->responses) / a->time_s : 0.0, eval_agg_speedup(a),
+                busy > 0 ? a->draft_s / busy : 0, busy > 0 ? a->verify_s / busy : 0,
+                busy > 0 ? a->rollback_s / busy : 0, a->rounds ? (double)a->tree_depth_sum / a->rounds : 0.0,
+                a->mismatches);
+        for (int p = 1; p < a->max_block; p++) fprintf(f, "%s%.6f", p > 1 ? ", " : "", per_pos(a, p));
+        fprintf(f, "], \"accept_hist\": [");
+        for (int b = 0; b < a->max_block; b++) fprintf(f, "%s%ld", b ? ", " : "", a->accept_hist[b]);
+        fprintf(f, "]}");
+    }
+    fprintf(f, "\n  ]%s%s\n}\n", extra && *extra ? ",\n  " : "", extra ? extra : "");
+    return fclose(f) == 0 ? DFL_OK : dfl_seterr("%s: write error", path);
+}
+
+/* Distinct drafters and modes, in order of appearance. */
+static int distinct(const eval_summary *s, int drafters, const char **out) {
+    int n = 0;
+    for (int k = 1; k < s->n_agg; k++) {
+        const char *v = drafters ? s->agg[k].drafter : s->agg[k].mode;
+        int seen = 0;
+        for (int i = 0; i < n && !seen; i++) seen = strcmp(out[i], v) == 0;
+        if (!seen) out[n++] = v;
+    }
+    return n;
+}
+
+static const eval_agg *find(const eval_summary *s, const char *drafter, const char *mode) {
+    for (int k = 1; k < s->n_agg; k++)
+        if (strcmp(s->agg[k].drafter, drafter) == 0 && strcmp(s->agg[k].mode, mode) == 0) return &s->agg[k];
+    return NULL;
+}
+
+static int write_md(const eval_summary *s, const char *path) {
+    FILE *f = fopen(path, "w");
+    if (!f) return dfl_seterr("%s: cannot create", path);
+    const char **dr = calloc((size_t)s->n_agg + 1, sizeof *dr), **md = calloc((size_t)s->n_agg + 1, sizeof *md);
+    const int nd = distinct(s, 1, dr), nm = distinct(s, 0, md);
+    const eval_agg *ar = &s->agg[0];
+    fprintf(f, "# dfl eval summary\n\n%d prompts; autoregressive baseline: %d tokens, %.1f tokens/s.\n\n", s->n_prompts,
+            ar->tokens, ar->time_s > 0 ? (ar->tokens - ar->responses) / ar->time_s : 0.0);
+    static const char *const titles[] = {
+        "τ (mean over responses of (tokens − 1) / rounds)", "τ token-weighted (Σ(tokens − 1) / Σ rounds)",
+        "speedup (AR time per token / speculative time per token)", "tokens/s", "mismatches vs autoregressive"};
+    for (int t = 0; t < 5; t++) {
+        fprintf(f, "## %s\n\n| drafter |", titles[t]);
+        for (int j = 0; j < nm; j++) fprintf(f, " %s |", md[j]);
+        fprintf(f, "\n|---|");
+        for (int j = 0; j < nm; j++) fprintf(f, "---:|");
+        fprintf(f, "\n");
+        for (int i = 0; i < nd; i++) {
+            fprintf(f, "| %s |", dr[i]);
+            for (int j = 0; j < nm; j++) {
+                const eval_agg *a = find(s, dr[i], md[j]);
+                if (!a) {
+                    fprintf(f, " – |");
+                    continue;
+                }
+                switch (t) {
+                case 0: fprintf(f, " %.3f |", eval_agg_tau(a)); break;
+                case 1: fprintf(f, " %.3f |", eval_agg_tau_tokens(a)); break;
+                case 2: fprintf(f, " %.2fx |", eval_agg_speedup(a)); break;
+                case 3: fprintf(f, " %.1f |", a->time_s > 0 ? (a->tokens - a->responses) / a->time_s : 0.0); break;
+                default: fprintf(f, " %d |", a->mismatches);
+                }
+            }
+            fprintf(f, "\n");
+        }
+        fprintf(f, "\n");
+    }
+    int maxb = 0;
+    for (int k = 1; k < s->n_agg; k++) maxb = s->agg[k].max_block > maxb ? s->agg[k].max_block : maxb;
+    fprintf(f, "## Per-position acceptance (rounds in which draft k was accepted / proposed)\n\n| drafter | mode |");
+    for (int p = 1; p < maxb; p++) fprintf(f, " %d |", p);
+    fprintf(f, "\n|---|---|");
+    for (int p = 1; p < maxb; p++) fprintf(f, "---:|");
+    fprintf(f, "\n");
+    for (int k = 1; k < s->n_agg; k++) {
+        fprintf(f, "| %s | %s |", s->agg[k].drafter, s->agg[k].mode);
+        for (int p = 1; p < maxb; p++) fprintf(f, " %.3f |", per_pos(&s->agg[k], p));
+        fprintf(f, "\n");
+    }
+    fprintf(f, "\nPlots: [per_position.svg](per_position.svg), [tau_hist.svg](tau_hist.svg).\n");
+    free(dr);
+    free(md);
+    return fclose(f) == 0 ? DFL_OK : dfl_seterr("%s: write error", path);
+}
+
+/* A line chart of per-position acceptance, one line per drafter x mode. */
+static int write_per_position_svg(const eval_summary *s, const char *path) {
+    FILE *f = fopen(path, "w");
+    if (!f) return dfl_seterr("%s: cannot create", path);
+    int maxb = 2;
+    for (int k = 1; k < s->n_agg; k++) maxb = s->agg[k].max_block > maxb ? s->agg[k].max_block : maxb;
+    const double W = 720, Hh = 420, x0 = 60, y0 = 30, pw = 460, ph = 330;
+    fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" font-family=\"sans-serif\" "
+               "font-size=\"12\">\n<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n",
+            W, Hh);
+    fprintf(f, "<text x=\"%.0f\" y=\"18\" font-size=\"14\">Per-position acceptance</text>\n", x0);
+    for (int i = 0; i <= 10; i += 2) { /* y grid */
+        const double y = y0 + ph - ph * i / 10.0;
+        fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#ddd\"/>\n", x0, y, x0 + pw, y);
+        fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\">%.1f</text>\n", x0 - 6, y + 4, i / 10.0);
+    }
+    const int npos = maxb - 1;
+    for (int p = 1; p <= npos; p++) {
+        const double x = x0 + (npos > 1 ? pw * (p - 1) / (npos - 1) : pw / 2);
+        fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">%d</text>\n", x, y0 + ph + 16, p);
+    }
+    fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">draft position k</text>\n", x0 + pw / 2,
+            y0 + ph + 34);
+    fprintf(f, "<rect x=\"%.0f\" y=\"%.0f\" width=\"%.0f\" height=\"%.0f\" fill=\"none\" stroke=\"#333\"/>\n", x0, y0,
+            pw, ph);
+    for (int k = 1; k < s->n_agg; k++) {
+        const eval_agg *a = &s->agg[k];
+        const char *c = colors[(k - 1) % N_COLORS];
+        fprintf(f, "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"2\" points=\"", c);
+        for (int p = 1; p < a->max_block; p++)
+            fprintf(f, "%.1f,%.1f ", x0 + (npos > 1 ? pw * (p - 1) / (npos - 1) : pw / 2), y0 + ph - ph * per_pos(a, p));
+        fprintf(f, "\"/>\n");
+        const double ly = y0 + 14 + 18 * (k - 1);
+        fprintf(f, "<line x1=\"%.0f\" y1=\"%.1f\" x2=\"%.0f\" y2=\"%.1f\" stroke=\"%s\" stroke-width=\"3\"/>\n",
+                x0 + pw + 14, ly - 4, x0 + pw + 34, ly - 4, c);
+        fprintf(f, "<text x=\"%.0f\" y=\"%.1f\">%s %s</text>\n", x0 + pw + 40, ly, base_name(a->drafter), a->mode);
+    }
+    fprintf(f, "</svg>\n");
+    return fclose(f) == 0 ? DFL_OK : dfl_seterr("%s: write error", path);
+}
+
+/* Histograms of per-response tau (bins of 0.5), one step line per drafter x mode. */
+static int write_tau_svg(const eval_summary *s, const char *path) {
+    FILE *f = fopen(path, "w");
+    if (!f) return dfl_seterr("%s: cannot create", path);
+    int maxb = 2;
+    for (int k = 1; k < s->n_agg; k++) maxb = s->agg[k].max_block > maxb ? s->agg[k].max_block : maxb;
+    const int nbins = 2 * (maxb - 1) + 1; /* tau in [1, maxb] */
+    int *cnt = calloc((size_t)s->n_agg * nbins, sizeof(int)), top = 1;
+    for (int k = 1; k < s->n_agg; k++)
+        for (int i = 0; i < s->agg[k].responses; i++) {
+            int b = (int)((s->agg[k].taus[i] - 1.0) * 2.0);
+            b = b < 0 ? 0 : b >= nbins ? nbins - 1 : b;
+            if (++cnt[k * nbins + b] > top) top = cnt[k * nbins + b];
+        }
+    const double W = 720, Hh = 420, x0 = 60, y0 = 30, pw = 460, ph = 330;
+    fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" font-family=\"sans-serif\" "
+               "font-size=\"12\">\n<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n",
+            W, Hh);
+    fprintf(f, "<text x=\"%.0f\" y=\"18\" font-size=\"14\">Per-response τ (responses per 0.5 bin)</text>\n", x0);
+    fprintf(f, "<rect x=\"%.0f\" y=\"%.0f\" width=\"%.0f\" height=\"%.0f\" fill=\"none\" stroke=\"#333\"/>\n", x0, y0,
+            pw, ph);
+    for (int t = 1; t <= maxb; t++) {
+        const double x = x0 + pw * (t - 1) / (double)(maxb - 1);
+        fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">%d</text>\n", x, y0 + ph + 16, t);
+    }
+    fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">τ</text>\n", x0 + pw / 2, y0 + ph + 34);
+    fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\">%d</text>\n", x0 - 6, y0 + 4, top);
+    fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\">0</text>\n", x0 - 6, y0 + ph + 4);
+    const double bw = pw / (2.0 * (maxb - 1));
+    for (int k = 1; k < s->n_agg; k++) {
+        const char *c = colors[(k - 1) % N_COLORS];
+        fprintf(f, "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"2\" points=\"%.1f,%.1f ", c, x0, y0 + ph);
+        for (int b = 0; b < nbins; b++) {
+            const double y = y0 + ph - ph * cnt[k * nbins + b] / (double)top;
+            const double xa = x0 + bw * b, xb = xa + bw > x0 + pw ? x0 + pw : xa + bw;
+            fprintf(f, "%.1f,%.1f %.1f,%.1f ", xa, y, xb, y);
+        }
+        fprintf(f, "%.1f,%.1f\"/>\n", x0 + pw, y0 + ph);
+        const double ly = y0 + 14 + 18 * (k - 1);
+        fprintf(f, "<line x1=\"%.0f\" y1=\"%.1f\" x2=\"%.0f\" y2=\"%.1f\" stroke=\"%s\" stroke-width=\"3\"/>\n",
+                x0 + pw + 14, ly - 4, x0 + pw + 34, ly - 4, c);
+        fprintf(f, "<text x=\"%.0f\" y=\"%.1f\">%s %s (τ %.2f)</text>\n", x0 + pw + 40, ly,
+                base_name(s->agg[k].drafter), s->agg[k].mode, eval_agg_tau(&s->agg[k]));
+    }
+    fprintf(f, "</svg>\n");
+    free(cnt);
+    return fclose(f) == 0 ? DFL_OK : dfl_seterr("%s: write error", path);
+}
+
+int eval_write_reports(const eval_summary *s, const char *dir, const char *extra_json) {
+    const char *names[] = {"summary.json", "summary.md", "per_position.svg", "tau_hist.svg"};
+    int rc = DFL_OK;
+    for (int i = 0; i < 4 && rc == DFL_OK; i++) {
+        char *p = dfl_path_join(dir, names[i]);
+        rc = i == 0 ? write_json(s, p, extra_json)
+             : i == 1 ? write_md(s, p)
+             : i == 2 ? write_per_position_svg(s, p)
+                      : write_tau_svg(s, p);
+        free(p);
+    }
+    return rc;
+}

@@ -1,0 +1,233 @@
+/* Per-response results (results.jsonl lines) and their aggregation. */
+#include <cjson/cJSON.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dfl/common.h"
+#include "dfl/eval.h"
+
+void eval_result_from_stats(eval_result *r, const dfl_gen_stats *st) {
+    r->tokens = st->generated;
+    r->rounds = st->rounds;
+    r->drafted = st->drafted;
+    r->accepted = st->accepted;
+    r->max_block = st->max_block;
+    memcpy(r->accept_hist, st->accept_hist, sizeof r->accept_hist);
+    memcpy(r->pos_drafted, st->pos_drafted, sizeof r->pos_drafted);
+    memcpy(r->pos_accepted, st->pos_accepted, sizeof r->pos_accepted);
+    r->tree_depth_sum = st->tree_depth_sum;
+    r->time_s = st->t_decode;
+    r->prefill_s = st->t_prefill;
+    r->draft_s = st->t_draft;
+    r->verify_s = st->t_verify;
+    r->rollback_s = st->t_rollback;
+}
+
+static void json_str(FILE *f, const char *s) {
+    fputc('"', f);
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        if (*p == '"' || *p == '\\') fprintf(f, "\\%c", *p);
+        else if (*p < 0x20) fprintf(f, "\\u%04x", *p);
+        else fputc(*p, f);
+    }
+    fputc('"', f);
+}
+
+static void long_array(FILE *f, const char *name, const long *v, int from, int to) {
+    fprintf(f, ", \"%s\": [", name);
+    for (int i = from; i < to; i++) fprintf(f, "%s%ld", i > from ? ", " : "", v[i]);
+    fputc(']', f);
+}
+
+void eval_result_write(FILE *f, const eval_result *r, const int32_t *ids, int n_ids) {
+    fputs("{\"prompt_id\": ", f);
+    json_str(f, r->prompt_id);
+    fprintf(f, ", \"turn\": %d, \"drafter\": ", r->turn);
+    json_str(f, r->drafter);
+    fprintf(f, ", \"mode\": \"%s\", \"tokens\": %d, \"rounds\": %d, \"drafted\": %ld, \"accepted\": %ld, "
+               "\"block_size\": %d, \"tau\": %.6f, \"time_s\": %.6f, \"prefill_s\": %.6f, \"draft_s\": %.6f, "
+               "\"verify_s\": %.6f, \"rollback_s\": %.6f, \"tree_depth_sum\": %ld, \"match\": %s, "
+               "\"first_mismatch\": %d",
+            r->mode, r->tokens, r->rounds, r->drafted, r->accepted, r->max_block,
+            r->rounds ? (double)(r->tokens - 1) / r->rounds : 0.0, r->time_s, r->prefill_s, r->draft_s, r->verify_s,
+            r->rollback_s, r->tree_depth_sum, r->match < 0 ? "null" : r->match ? "true" : "false", r->first_mismatch);
+    const int B = r->max_block > 0 ? r->max_block : 1;
+    long_array(f, "accept_hist", r->accept_hist, 0, B);
+    long_array(f, "pos_drafted", r->pos_drafted, 1, B);
+    long_array(f, "pos_accepted", r->pos_accepted, 1, B);
+    if (ids) {
+        fputs(", \"output_ids\": [", f);
+        for (int i = 0; i < n_ids; i++) fprintf(f, "%s%d", i ? ", " : "", ids[i]);
+        fputc(']', f);
+    }
+    fputc('}', f);
+}
+
+static int get_num(const cJSON *o, const char *k, double *v) {
+    const cJSON *x = cJSON_GetObjectItemCaseSensitive(o, k);
+    if (!cJSON_IsNumber(x)) return dfl_seterr("field '%s' missing or not a number", k);
+    *v = x->valuedouble;
+    return DFL_OK;
+}
+
+static int get_longs(const cJSON *o, const char *k, long *v, int from, int max) {
+    const cJSON *x = cJSON_GetObjectItemCaseSensitive(o, k);
+    if (!cJSON_IsArray(x) || cJSON_GetArraySize(x) > max - from)
+        return dfl_seterr("field '%s' missing or not an array of at most %d numbers", k, max - from);
+    int i = from;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, x) v[i++] = (long)e->valuedouble;
+    return DFL_OK;
+}
+
+int eval_result_parse(const char *line, eval_result *r, int32_t **ids, int *n_ids) {
+    memset(r, 0, sizeof *r);
+    cJSON *o = cJSON_Parse(line);
+    if (!o || !cJSON_IsObject(o)) {
+        cJSON_Delete(o);
+        return dfl_seterr("not a JSON object");
+    }
+    int rc = DFL_ERR;
+    const cJSON *pid = cJSON_GetObjectItemCaseSensitive(o, "prompt_id");
+    const cJSON *dr = cJSON_GetObjectItemCaseSensitive(o, "drafter");
+    const cJSON *mode = cJSON_GetObjectItemCaseSensitive(o, "mode");
+    const cJSON *match = cJSON_GetObjectItemCaseSensitive(o, "match");
+    if (!cJSON_IsString(pid) || !cJSON_IsString(dr) || !cJSON_IsString(mode)) {
+        dfl_seterr("fields prompt_id, drafter and mode must be strings");
+        goto done;
+    }
+    snprintf(r->prompt_id, sizeof r->prompt_id, "%s", pid->valuestring);
+    snprintf(r->drafter, sizeof r->drafter, "%s", dr->valuestring);
+    snprintf(r->mode, sizeof r->mode, "%s", mode->valuestring);
+    double v = 0;
+    if (get_num(o, "turn", &v)) goto done;
+    r->turn = (int)v;
+    if (get_num(o, "tokens", &v)) goto done;
+    r->tokens = (int)v;
+    if (get_num(o, "rounds", &v)) goto done;
+    r->rounds = (int)v;
+    if (get_num(o, "drafted", &v)) goto done;
+    r->drafted = (long)v;
+    if (get_num(o, "accepted", &v)) goto done;
+    r->accepted = (long)v;
+    if (get_num(o, "block_size", &v)) goto done;
+    r->max_block = (int)v;
+    if (r->max_block < 0 || r->max_block > DFL_MAX_BLOCK) {
+        dfl_seterr("block_size %d out of range", r->max_block);
+        goto done;
+    }
+    if (get_num(o, "time_s", &r->time_s) || get_num(o, "prefill_s", &r->prefill_s) ||
+        get_num(o, "draft_s", &r->draft_s) || get_num(o, "verify_s", &r->verify_s) ||
+        get_num(o, "rollback_s", &r->rollback_s) || get_num(o, "first_mismatch", &v))
+        goto done;
+    r->first_mismatch = (int)v;
+    if (get_num(o, "tree_depth_sum", &v)) goto done;
+    r->tree_depth_sum = (long)v;
+    r->match = cJSON_IsBool(match) ? cJSON_IsTrue(match) : -1;
+    if (get_longs(o, "accept_hist", r->accept_hist, 0, DFL_MAX_BLOCK + 1) ||
+        get_longs(o, "pos_drafted", r->pos_drafted, 1, DFL_MAX_BLOCK) ||
+        get_longs(o, "pos_accepted", r->pos_accepted, 1, DFL_MAX_BLOCK))
+        goto done;
+    if (ids) {
+        const cJSON *x = cJSON_GetObjectItemCaseSensitive(o, "output_ids");
+        *ids = NULL;
+        *n_ids = 0;
+        if (cJSON_IsArray(x)) {
+            *n_ids = cJSON_GetArraySize(x);
+            *ids = malloc(((size_t)*n_ids + 1) * sizeof(int32_t));
+            int i = 0;
+            const cJSON *e;
+            cJSON_ArrayForEach(e, x)(*ids)[i++] = (int32_t)e->valuedouble;
+        }
+    }
+    rc = DFL_OK;
+done:
+    cJSON_Delete(o);
+    return rc;
+}
+
+static int same_response(const eval_result *a, const eval_result *b) {
+    return strcmp(a->prompt_id, b->prompt_id) == 0 && a->turn == b->turn && strcmp(a->drafter, b->drafter) == 0 &&
+           strcmp(a->mode, b->mode) == 0;
+}
+
+int eval_summarize(eval_summary *s, const eval_result *res, int n) {
+    memset(s, 0, sizeof *s);
+    s->agg = calloc(1, sizeof *s->agg);
+    s->n_agg = 1;
+    snprintf(s->agg[0].mode, sizeof s->agg[0].mode, "ar");
+    for (int i = 0; i < n; i++) {
+        const eval_result *r = &res[i];
+        int dup = 0;
+        for (int j = 0; j < i && !dup; j++) dup = same_response(r, &res[j]);
+        if (dup) continue;
+        int k = 0;
+        if (strcmp(r->mode, "ar") != 0) {
+            for (k = 1; k < s->n_agg; k++)
+                if (strcmp(s->agg[k].drafter, r->drafter) == 0 && strcmp(s->agg[k].mode, r->mode) == 0) break;
+            if (k == s->n_agg) {
+                s->agg = realloc(s->agg, (size_t)(s->n_agg + 1) * sizeof *s->agg);
+                memset(&s->agg[k], 0, sizeof s->agg[k]);
+                snprintf(s->agg[k].drafter, sizeof s->agg[k].drafter, "%s", r->drafter);
+                snprintf(s->agg[k].mode, sizeof s->agg[k].mode, "%s", r->mode);
+                s->n_agg++;
+            }
+        }
+        eval_agg *a = &s->agg[k];
+        a->taus = realloc(a->taus, (size_t)(a->responses + 1) * sizeof(double));
+        const double tau = r->rounds ? (double)(r->tokens - 1) / r->rounds : 1.0;
+        a->taus[a->responses++] = tau;
+        a->tau_sum += tau;
+        a->tokens += r->tokens;
+        a->rounds += r->rounds;
+        a->drafted += r->drafted;
+        a->accepted += r->accepted;
+        a->time_s += r->time_s;
+        a->prefill_s += r->prefill_s;
+        a->draft_s += r->draft_s;
+        a->verify_s += r->verify_s;
+        a->rollback_s += r->rollback_s;
+        a->tree_depth_sum += r->tree_depth_sum;
+        a->mismatches += r->match == 0;
+        if (r->max_block > a->max_block) a->max_block = r->max_block;
+        for (int b = 0; b <= DFL_MAX_BLOCK; b++) a->accept_hist[b] += r->accept_hist[b];
+        for (int b = 0; b < DFL_MAX_BLOCK; b++) a->pos_drafted[b] += r->pos_drafted[b], a->pos_accepted[b] += r->pos_accepted[b];
+    }
+    s->n_prompts = s->agg[0].responses;
+    /* the autoregressive time over the same responses each drafter x mode produced */
+    for (int k = 1; k < s->n_agg; k++) {
+        eval_agg *a = &s->agg[k];
+        for (int i = 0; i < n; i++) {
+            const eval_result *r = &res[i];
+            if (strcmp(r->drafter, a->drafter) || strcmp(r->mode, a->mode)) continue;
+            for (int j = 0; j < n; j++)
+                if (strcmp(res[j].mode, "ar") == 0 && res[j].turn == r->turn &&
+                    strcmp(res[j].prompt_id, r->prompt_id) == 0) {
+                    a->ar_time_s += res[j].time_s;
+                    a->ar_tokens += res[j].tokens;
+                    break;
+                }
+        }
+    }
+    return DFL_OK;
+}
+
+void eval_summary_free(eval_summary *s) {
+    for (int k = 0; k < s->n_agg; k++) free(s->agg[k].taus);
+    free(s->agg);
+    memset(s, 0, sizeof *s);
+}
+
+double eval_agg_tau(const eval_agg *a) { return a->responses ? a->tau_sum / a->responses : 0; }
+
+double eval_agg_tau_tokens(const eval_agg *a) {
+    return a->rounds ? (double)(a->tokens - a->responses) / a->rounds : 0;
+}
+
+double eval_agg_speedup(const eval_agg *a) {
+    /* time per decoded token: the first token of each response comes from the prefill */
+    const int dec = a->tokens - a->responses, ar_dec = a->ar_tokens - a->responses;
+    if (dec <= 0 || ar_dec <= 0 || a->time_s <= 0 || a->ar_time_s <= 0) return 0;
+    return (a->ar_time_s / ar_dec) / (a->time_s / dec);
+}

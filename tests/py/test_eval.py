@@ -1,0 +1,209 @@
+"""`dfl eval` and `dfl eval-merge`: results, summaries and plots; every speculative output
+checked against the autoregressive one; --resume after an interruption; --shard + eval-merge
+equal to one run; MT-Bench's second turn; reference agreement from a file and from a running
+`dfl serve` (OpenAI and SGLang endpoints), including a deliberately different target whose
+divergence must be caught; bad input."""
+import json
+import os
+import re
+import signal
+import subprocess
+import tempfile
+import xml.etree.ElementTree as ET
+
+from dfltest import DFL, SHARED, Tally, dfl, fixture
+
+t = Tally("eval")
+tmp = tempfile.mkdtemp(prefix="dfl-eval-")
+GSM = os.path.join(SHARED, "datasets", "gsm8k", "test.jsonl")
+MTB = os.path.join(SHARED, "datasets", "mt_bench", "question.jsonl")
+T, D1, D2 = fixture("qwen3_tiny"), fixture("dflash_qwen3"), fixture("dflash_qwen3_toplevel")
+
+
+def lines(d, name="results.jsonl"):
+    with open(os.path.join(d, name)) as f:
+        return [json.loads(x) for x in f if x.strip()]
+
+
+def summary(d):
+    return json.load(open(os.path.join(d, "summary.json")))
+
+
+def comparable(s):
+    """The summary without timings."""
+    keep = ("drafter", "mode", "responses", "tokens", "rounds", "drafted", "accepted", "tau", "tau_token_weighted",
+            "per_position", "accept_hist", "mismatches")
+    return sorted((tuple(json.dumps(r[k]) for k in keep) for r in s["results"]))
+
+
+def basic():
+    out = os.path.join(tmp, "basic")
+    p = dfl("eval", "--target", T, "--drafter", D1, "--drafter", D2, "--prompts", GSM, "--limit", 4, "--max-new", 16,
+            "--tree-budget", "0,4", "--out", out, "--progress", "lines")
+    rs = lines(out)
+    t.check(len(rs) == 4 * (1 + 2 * 2), f"results lines: {len(rs)}")
+    t.check(all(r["match"] for r in rs if r["mode"] != "ar"), "every speculative output matches")
+    t.check({r["mode"] for r in rs} == {"ar", "chain", "ddtree-4"}, f"modes {set(r['mode'] for r in rs)}")
+    s = summary(out)
+    t.check(s["prompts"] == 4 and len(s["results"]) == 4, f"summary: {s['prompts']} prompts {len(s['results'])} rows")
+    for r in s["results"]:
+        t.check(r["responses"] == 4 and r["mismatches"] == 0 and r["tau"] >= 1 and len(r["per_position"]) ==
+                r["accept_hist"].__len__() - 1 and r["speedup"] > 0, f"summary row {r}")
+    t.check("definitions" in s and "tau" in s["definitions"] and s["run"]["threads"] >= 1 and
+            s["run"]["peak_rss_bytes"] > 0, "definitions, threads and memory stated")
+    md = open(os.path.join(out, "summary.md")).read()
+    t.check("| drafter | chain | ddtree-4 |" in md and D1 in md and D2 in md, "summary.md has drafters x modes")
+    for svg in ("per_position.svg", "tau_hist.svg"):
+        root = ET.parse(os.path.join(out, svg)).getroot()
+        t.check(root.tag.endswith("svg") and len(root.findall(".//{http://www.w3.org/2000/svg}polyline")) == 4,
+                f"{svg}: one line per drafter x mode")
+    t.check("[dfl eval] 4/4" in p.stderr, "plain progress lines off a terminal")
+    return out
+
+
+def resume(base):
+    out = os.path.join(tmp, "resume")
+    os.makedirs(out)
+    with open(os.path.join(base, "results.jsonl")) as f:
+        text = f.read()
+    with open(os.path.join(out, "results.jsonl"), "w") as f:  # an interrupted run: 2.5 prompts written
+        f.write(text[: text.index('{"prompt_id": "3"') + 40])
+    p = dfl("eval", "--target", T, "--drafter", D1, "--drafter", D2, "--prompts", GSM, "--limit", 4, "--max-new", 16,
+            "--tree-budget", "0,4", "--out", out, check=False)
+    t.check(p.returncode != 0 and "--resume" in p.stderr, "existing results need --resume")
+    dfl("eval", "--target", T, "--drafter", D1, "--drafter", D2, "--prompts", GSM, "--limit", 4, "--max-new", 16,
+        "--tree-budget", "0,4", "--out", out, "--resume")
+    rs = lines(out)
+    keys = [(r["prompt_id"], r["turn"], r["drafter"], r["mode"]) for r in rs]
+    t.check(len(set(keys)) == 20, f"resumed run has every response once: {len(set(keys))}")
+    t.check(comparable(summary(out)) == comparable(summary(base)), "resumed summary equals the uninterrupted one")
+
+
+def shards(base):
+    outs = []
+    for i in range(2):
+        o = os.path.join(tmp, f"shard{i}")
+        dfl("eval", "--target", T, "--drafter", D1, "--drafter", D2, "--prompts", GSM, "--limit", 4, "--max-new", 16,
+            "--tree-budget", "0,4", "--out", o, "--shard", f"{i}/2")
+        outs.append(o)
+    t.check(summary(outs[0])["prompts"] == 2, "a shard holds half the prompts")
+    merged = os.path.join(tmp, "merged")
+    dfl("eval-merge", "--out", merged, *outs)
+    t.check(comparable(summary(merged)) == comparable(summary(base)), "merged shards equal one run")
+
+
+def mtbench():
+    out = os.path.join(tmp, "mtb")
+    dfl("eval", "--target", T, "--drafter", D1, "--prompts", MTB, "--format", "mtbench", "--limit", 2, "--max-new", 12,
+        "--out", out)
+    rs = lines(out)
+    t.check(sorted({(r["prompt_id"], r["turn"]) for r in rs}) == [("81", 0), ("81", 1), ("82", 0), ("82", 1)],
+            f"both turns: {sorted({(r['prompt_id'], r['turn']) for r in rs})}")
+    out1 = os.path.join(tmp, "mtb1")
+    dfl("eval", "--target", T, "--drafter", D1, "--prompts", MTB, "--limit", 2, "--max-new", 12, "--out", out1,
+        "--first-turn")
+    t.check({r["turn"] for r in lines(out1)} == {0}, "--first-turn: one turn (format sniffed)")
+    # formats: text and jsonl:FIELD
+    txt = os.path.join(tmp, "p.txt")
+    open(txt, "w").write("What is 2 + 3?\n\nName a prime.\n")
+    o = os.path.join(tmp, "txt")
+    dfl("eval", "--target", T, "--drafter", D1, "--prompts", txt, "--format", "text", "--max-new", 8, "--out", o)
+    t.check(summary(o)["prompts"] == 2, "text format: 2 prompts (blank line skipped)")
+    js = os.path.join(tmp, "p.jsonl")
+    open(js, "w").write('{"id": "a", "q": "hello"}\n{"id": "b", "q": "world"}\n')
+    o = os.path.join(tmp, "jsonl")
+    dfl("eval", "--target", T, "--drafter", D1, "--prompts", js, "--format", "jsonl:q", "--max-new", 8, "--out", o)
+    t.check(sorted({r["prompt_id"] for r in lines(o)}) == ["a", "b"], "jsonl:FIELD with ids")
+
+
+def reference_file():
+    # the truth of the VLM-layout checkpoint, as a reference for the text-only layout of the same weights
+    a = os.path.join(tmp, "ref-a")
+    dfl("eval", "--target", fixture("qwen35_vlm"), "--drafter", fixture("dflash_qwen35"), "--prompts", GSM, "--limit",
+        3, "--max-new", 16, "--out", a)
+    ref = os.path.join(tmp, "ref.jsonl")
+    with open(ref, "w") as f:
+        for r in lines(a):
+            if r["mode"] == "ar":
+                f.write(json.dumps({"id": r["prompt_id"], "output_ids": r["output_ids"]}) + "\n")
+    same = os.path.join(tmp, "ref-same")
+    dfl("eval", "--target", fixture("qwen35_text"), "--drafter", fixture("dflash_qwen35"), "--prompts", GSM, "--limit",
+        3, "--max-new", 16, "--out", same, "--reference", ref)
+    s = summary(same)["reference"]
+    t.check(s["compared"] == 3 and s["identical"] == 3, f"same weights, other layout: {s}")
+    other = os.path.join(tmp, "ref-other")
+    dfl("eval", "--target", fixture("qwen35_r1"), "--drafter", fixture("dflash_qwen3"), "--prompts", GSM, "--limit", 3,
+        "--max-new", 16, "--out", other, "--reference", ref, check=False)
+    rr = lines(other, "reference.jsonl")
+    t.check(summary(other)["reference"]["diverged"] == 3 and all(x["first_divergence"] >= 0 for x in rr),
+            f"a different target is caught: {rr}")
+
+
+def start_server(target):
+    p = subprocess.Popen([DFL, "serve", "--target", target, "--port", "0"], stderr=subprocess.PIPE, text=True)
+    line = p.stderr.readline()
+    m = re.search(r"listening on (http://[^ ]+)", line)
+    if not m:
+        p.kill()
+        raise AssertionError(f"serve did not start: {line}")
+    return p, m.group(1)
+
+
+def reference_url():
+    srv, url = start_server(fixture("qwen35_vlm"))
+    try:
+        for path in ("/v1/completions", "/generate"):
+            o = os.path.join(tmp, "url" + path.replace("/", "-"))
+            dfl("eval", "--target", fixture("qwen35_text"), "--drafter", fixture("dflash_qwen35"), "--prompts", GSM,
+                "--limit", 2, "--max-new", 12, "--out", o, "--reference-url", url + path)
+            s = summary(o)["reference"]
+            t.check(s["compared"] == 2 and s["identical"] == 2, f"reference server {path}: {s}")
+        o = os.path.join(tmp, "url-other")
+        dfl("eval", "--target", fixture("qwen35_r1"), "--drafter", fixture("dflash_qwen3"), "--prompts", GSM,
+            "--limit", 2, "--max-new", 12, "--out", o, "--reference-url", url + "/v1/completions")
+        t.check(summary(o)["reference"]["diverged"] == 2, "a server with another target is caught")
+    finally:
+        srv.send_signal(signal.SIGTERM)
+        srv.wait(timeout=30)
+
+
+def bad_input():
+    bad = os.path.join(tmp, "bad.jsonl")
+    open(bad, "w").write('{"question": "ok"}\n{"question": 3}\nnot json\n{"question": "fine"}\n')
+    p = dfl("eval", "--target", T, "--drafter", D1, "--prompts", bad, "--out", os.path.join(tmp, "b1"), check=False)
+    t.check(p.returncode == 1 and f"{bad}:2" in p.stderr and "question" in p.stderr, f"malformed line: {p.stderr}")
+    o = os.path.join(tmp, "b2")
+    p = dfl("eval", "--target", T, "--drafter", D1, "--prompts", bad, "--out", o, "--keep-going", "--max-new", 4)
+    t.check(summary(o)["run"]["bad_prompt_lines"] == [2, 3] and summary(o)["prompts"] == 2, "keep-going lists lines")
+    p = dfl("eval", "--target", T, "--drafter", fixture("dflash_qwen35"), "--prompts", GSM, "--out",
+            os.path.join(tmp, "b3"), check=False)
+    t.check(p.returncode == 1 and "does not fit" in p.stderr and not os.path.exists(os.path.join(tmp, "b3")),
+            f"incompatible drafter refused before any work: {p.stderr}")
+    p = dfl("eval", "--target", T, "--drafter", D1, "--prompts", "/nonexistent.jsonl", "--out",
+            os.path.join(tmp, "b4"), check=False)
+    t.check(p.returncode == 1 and "/nonexistent.jsonl" in p.stderr, "missing prompt file")
+    for args, needle in ((["--tree-budget", "0,999"], "--tree-budget"), (["--tree-budget", "-1"], "--tree-budget"),
+                         (["--shard", "2/2"], "--shard"), (["--tree-budget", "4", "--temperature", "1"], "greedy"),
+                         (["--format", "csv"], "--format")):
+        p = dfl("eval", "--target", T, "--drafter", D1, "--prompts", GSM, "--out", os.path.join(tmp, "b5"), *args,
+                check=False)
+        t.check(p.returncode == 2 and needle in p.stderr, f"{args}: {p.stderr}")
+    p = dfl("eval", "--help")
+    t.check("usage: dfl eval" in p.stdout, "eval --help")
+    p = dfl("eval-merge", "--help")
+    t.check("usage: dfl eval-merge" in p.stdout, "eval-merge --help")
+
+
+base = None
+try:
+    base = basic()
+except Exception as e:  # noqa: BLE001
+    t.check(False, f"basic: {e}")
+if base:
+    t.run(resume, base)
+    t.run(shards, base)
+t.run(mtbench)
+t.run(reference_file)
+t.run(reference_url)
+t.run(bad_input)
+t.done()

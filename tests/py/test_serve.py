@@ -1,0 +1,365 @@
+"""dfl serve as a process (port 0), driven with the curl command-line client:
+
+- /v1/completions (text and token-id prompts), /v1/chat/completions and /generate give the same
+  tokens and text as `dfl generate --json` for the same prompt and options: greedy and seeded
+  sampling, with and without a drafter, dense and hybrid targets;
+- streaming (SSE) reassembles to the same text and ids and ends with [DONE];
+- /generate meta_info: spec_verify_ct, spec_accept_length, per-position acceptance and the
+  per-round acceptance lengths equal generate's rounds, tau, per_position, acceptance_lengths;
+- stop strings end the text right before them (finish_reason "stop");
+- /tokenize and /detokenize round trip and agree with `dfl tokenize`;
+- /metrics counters (HTTP by endpoint and status, vllm:spec_decode_*) increase as they should;
+- bad requests get the documented status and a JSON error naming the field (400, 404, 405,
+  413, 503 when the queue is full);
+- a client disconnecting mid-stream cancels its generation and leaves the server healthy;
+- SIGTERM while a stream is in flight: the stream completes, the server exits with status 0."""
+import json
+import os
+import re
+import signal
+import subprocess
+import threading
+import time
+
+from dfltest import DFL, Tally, dfl, dfl_json, fixture
+
+t = Tally("serve")
+TINY, D3 = fixture("qwen3_tiny"), fixture("dflash_qwen3")
+VLM, D35 = fixture("qwen35_vlm"), fixture("dflash_qwen35")
+
+
+class Server:
+    def __init__(self, target, drafter=None, *extra):
+        args = [DFL, "serve", "--target", target, "--port", "0", "--quiet", *map(str, extra)]
+        if drafter:
+            args += ["--drafter", drafter]
+        self.p = subprocess.Popen(args, stderr=subprocess.PIPE, text=True)
+        self.log = []
+        deadline = time.time() + 60
+        self.port = None
+        while time.time() < deadline:
+            line = self.p.stderr.readline()
+            if not line:
+                break
+            self.log.append(line)
+            m = re.search(r"listening on http://[^ ]*:(\d+)", line)
+            if m:
+                self.port = int(m.group(1))
+                break
+        if not self.port:
+            self.p.kill()
+            raise AssertionError("dfl serve did not start: " + "".join(self.log))
+        # keep draining stderr so that the server never blocks on a full pipe
+        self.reader = threading.Thread(target=lambda: self.log.extend(iter(self.p.stderr.readline, "")), daemon=True)
+        self.reader.start()
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def request(self, path, body=None, method=None, raw=None, headers=False, timeout=120):
+        """(status, text body[, headers]) with curl."""
+        args = ["curl", "-sS", "-o", "-", "-w", "\n%{http_code}", "--max-time", str(timeout)]
+        if headers:
+            args.append("-i")
+        if method:
+            args += ["-X", method]
+        data = raw if raw is not None else (json.dumps(body) if body is not None else None)
+        if data is not None:
+            args += ["-H", "Content-Type: application/json", "--data-binary", "@-"]
+        p = subprocess.run(args + [self.url + path], input=data, capture_output=True, text=True)
+        out, _, code = p.stdout.rpartition("\n")
+        return int(code or 0), out
+
+    def json(self, path, body=None, **kw):
+        status, out = self.request(path, body, **kw)
+        try:
+            return status, json.loads(out)
+        except ValueError:
+            return status, {"raw": out}
+
+    def stop(self):
+        if self.p.poll() is None:
+            self.p.send_signal(signal.SIGTERM)
+        try:
+            return self.p.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.p.kill()
+            return None
+
+
+def generate(target, drafter, prompt, max_new, temperature=0.0, seed=0, ignore_eos=False, chat=None, ids=False):
+    args = ["generate", "--target", target, "--max-new", max_new, "--json", "--temperature", temperature,
+            "--seed", seed]
+    args += ["--prompt-ids", ",".join(map(str, prompt))] if ids else ["--prompt", prompt]
+    if drafter:
+        args += ["--drafter", drafter]
+    if ignore_eos:
+        args.append("--ignore-eos")
+    if chat:
+        args += ["--chat", chat]
+    return dfl_json(*args)
+
+
+def sse(text):
+    """Parse an SSE body: (list of JSON events, saw [DONE])."""
+    events, done = [], False
+    for block in text.split("\n\n"):
+        block = block.strip()
+        if not block:
+            continue
+        assert block.startswith("data: "), block
+        payload = block[6:]
+        if payload == "[DONE]":
+            done = True
+        else:
+            events.append(json.loads(payload))
+    return events, done
+
+
+def metrics(srv):
+    status, text = srv.request("/metrics")
+    assert status == 200
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            out[name] = float(value)
+    return out
+
+
+PROMPTS = ["Janet has 3 apples and buys 5 more. How many", "The train leaves at"]
+
+
+def outputs_match(target, drafter):
+    srv = Server(target, drafter)
+    tag = f"{os.path.basename(target)}+{os.path.basename(drafter) if drafter else 'AR'}"
+    try:
+        for prompt in PROMPTS:
+            for temp, seed, ign in [(0.0, 0, False), (0.0, 0, True), (0.8, 42, True), (1.0, 7, False)]:
+                ref = generate(target, drafter, prompt, 24, temp, seed, ign)
+                st, r = srv.json("/v1/completions", {"prompt": prompt, "max_tokens": 24, "temperature": temp,
+                                                     "seed": seed, "ignore_eos": ign})
+                ch = r.get("choices", [{}])[0]
+                what = f"{tag} T={temp} seed={seed} ignore_eos={ign} '{prompt[:20]}'"
+                t.check(st == 200 and ch.get("token_ids") == ref["tokens"], f"{what}: tokens {ch.get('token_ids')} "
+                        f"vs generate {ref['tokens']}")
+                t.check(ch.get("text") == ref["text"], f"{what}: text differs")
+                want_finish = "stop" if ref["stats"]["stop"] == "eos" else "length"
+                t.check(ch.get("finish_reason") == want_finish, f"{what}: finish {ch.get('finish_reason')}")
+                t.check(r.get("usage") == {"prompt_tokens": ref["stats"]["prompt_tokens"], "completion_tokens":
+                                           len(ref["tokens"]), "total_tokens": ref["stats"]["prompt_tokens"] +
+                                           len(ref["tokens"])}, f"{what}: usage {r.get('usage')}")
+                # the same request streamed
+                st, body = srv.request("/v1/completions", {"prompt": prompt, "max_tokens": 24, "temperature": temp,
+                                                           "seed": seed, "ignore_eos": ign, "stream": True})
+                events, done = sse(body)
+                text = "".join(e["choices"][0]["text"] for e in events)
+                ids = [i for e in events for i in e["choices"][0]["token_ids"]]
+                t.check(st == 200 and done and text == ref["text"] and ids == ref["tokens"],
+                        f"{what}: stream reassembles to {text!r} / {ids}")
+                t.check(events and events[-1]["choices"][0]["finish_reason"] == want_finish,
+                        f"{what}: last chunk finish_reason")
+        # token-id prompt, SGLang /generate, stats
+        ids = dfl("tokenize", "--tokenizer", target, "--text", PROMPTS[0], "--json").stdout
+        ids = json.loads(ids)
+        ref = generate(target, drafter, ids, 30, ids=True, ignore_eos=True)
+        st, r = srv.json("/generate", {"input_ids": ids, "sampling_params": {"max_new_tokens": 30, "temperature": 0,
+                                                                             "ignore_eos": True}})
+        mi = r.get("meta_info", {})
+        t.check(st == 200 and r.get("output_ids") == ref["tokens"] and r.get("text") == ref["text"],
+                f"{tag} /generate output differs")
+        t.check(mi.get("prompt_tokens") == len(ids) and mi.get("completion_tokens") == 30 and
+                mi.get("finish_reason") == {"type": "length", "length": 30}, f"{tag} meta_info {mi}")
+        s = ref["stats"]
+        if drafter:
+            t.check(mi.get("spec_verify_ct") == s["rounds"], f"{tag}: spec_verify_ct {mi.get('spec_verify_ct')} vs "
+                    f"rounds {s['rounds']}")
+            t.check(abs(mi.get("spec_accept_length", -1) - s["tau"]) < 1e-5, f"{tag}: spec_accept_length vs tau")
+            t.check(len(mi.get("spec_accept_rate_per_pos", [])) == len(s["per_position"]) and
+                    all(abs(a - b) < 1e-5 for a, b in zip(mi["spec_accept_rate_per_pos"], s["per_position"])),
+                    f"{tag}: per-position acceptance {mi.get('spec_accept_rate_per_pos')} vs {s['per_position']}")
+            t.check(mi.get("spec_accept_lengths") == s["acceptance_lengths"] and
+                    mi.get("spec_accept_histogram") == s["accept_hist"], f"{tag}: acceptance lengths differ")
+            t.check(mi.get("spec_draft_tokens") == s["drafted"] and mi.get("spec_accepted_tokens") == s["accepted"],
+                    f"{tag}: drafted/accepted")
+        else:
+            t.check(mi.get("spec_verify_ct") == 29 and mi.get("spec_accept_length") == 1.0,
+                    f"{tag}: autoregressive meta_info {mi}")
+        # seeded sampling through /generate text
+        ref = generate(target, drafter, PROMPTS[1], 16, 0.9, 1234, True)
+        st, r = srv.json("/generate", {"text": PROMPTS[1], "sampling_params": {"max_new_tokens": 16,
+                                       "temperature": 0.9, "seed": 1234, "ignore_eos": True}})
+        t.check(st == 200 and r.get("output_ids") == ref["tokens"], f"{tag}: seeded /generate differs")
+        # chat: one user turn = generate --chat chatml
+        ref = generate(target, drafter, PROMPTS[0], 20, ignore_eos=True, chat="chatml")
+        st, r = srv.json("/v1/chat/completions", {"messages": [{"role": "user", "content": PROMPTS[0]}],
+                                                  "max_tokens": 20, "temperature": 0, "ignore_eos": True})
+        ch = r.get("choices", [{}])[0]
+        t.check(st == 200 and ch.get("token_ids") == ref["tokens"] and
+                ch.get("message") == {"role": "assistant", "content": ref["text"]}, f"{tag}: chat differs: {r}")
+        st, body = srv.request("/v1/chat/completions", {"messages": [{"role": "user", "content": PROMPTS[0]}],
+                               "max_tokens": 20, "temperature": 0, "ignore_eos": True, "stream": True,
+                               "stream_options": {"include_usage": True}})
+        events, done = sse(body)
+        text = "".join(e["choices"][0]["delta"].get("content", "") for e in events if e["choices"])
+        t.check(st == 200 and done and events[0]["choices"][0]["delta"].get("role") == "assistant" and
+                text == ref["text"] and events[-1].get("usage", {}).get("completion_tokens") == 20,
+                f"{tag}: chat stream differs")
+    finally:
+        t.check(srv.stop() == 0, f"{tag}: server exit status")
+    print(f"{tag}: outputs match dfl generate", flush=True)
+
+
+def stops_tokenize_metrics():
+    srv = Server(TINY, D3, "--max-body", 65536, "--max-context", 256)
+    try:
+        ref = generate(TINY, D3, PROMPTS[0], 40, ignore_eos=True)
+        text = ref["text"]
+        m = re.search(r"[A-Za-z]{3}", text[len(text) // 3:])
+        if t.check(m is not None, f"no ASCII word in {text!r}"):
+            stop = m.group(0)
+            cut = text.index(stop)
+            for stream in (False, True):
+                body = {"prompt": PROMPTS[0], "max_tokens": 40, "temperature": 0, "ignore_eos": True,
+                        "stop": ["\x01never", stop], "stream": stream}
+                if stream:
+                    st, out = srv.request("/v1/completions", body)
+                    events, _ = sse(out)
+                    got = "".join(e["choices"][0]["text"] for e in events)
+                    fin = events[-1]["choices"][0]
+                else:
+                    st, r = srv.json("/v1/completions", body)
+                    fin = r["choices"][0]
+                    got = fin["text"]
+                t.check(st == 200 and got == text[:cut] and fin["finish_reason"] == "stop" and
+                        fin.get("stop_reason") == stop, f"stop {stop!r} (stream={stream}): got {got!r}")
+            st, r = srv.json("/generate", {"text": PROMPTS[0], "sampling_params": {"max_new_tokens": 40,
+                             "temperature": 0, "ignore_eos": True, "stop": stop}})
+            t.check(st == 200 and r["text"] == text[:cut] and
+                    r["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop}, f"/generate stop: {r}")
+        # tokenize / detokenize
+        s = "Janet's ducks lay 16 eggs per day. <|im_end|>"
+        st, r = srv.json("/tokenize", {"text": s})
+        want = json.loads(dfl("tokenize", "--tokenizer", TINY, "--text", s, "--json").stdout)
+        t.check(st == 200 and r.get("tokens") == want and r.get("count") == len(want), f"/tokenize {r} vs {want}")
+        st, r2 = srv.json("/detokenize", {"tokens": want})
+        t.check(st == 200 and r2.get("text") == s, f"/detokenize round trip: {r2}")
+        st, r3 = srv.json("/tokenize", {"prompt": s})
+        t.check(st == 200 and r3.get("tokens") == want, "/tokenize with 'prompt'")
+        # metrics
+        before = metrics(srv)
+        st, r = srv.json("/generate", {"text": PROMPTS[1], "sampling_params": {"max_new_tokens": 12,
+                                                                             "temperature": 0, "ignore_eos": True}})
+        after = metrics(srv)
+        mi = r["meta_info"]
+        key = '{model_name="qwen3_tiny"}'
+
+        def delta(name):
+            return after.get(name, 0) - before.get(name, 0)
+
+        t.check(delta('dfl_http_requests_total{endpoint="/generate",status="200"}') == 1, "http counter +1")
+        t.check(delta("vllm:generation_tokens_total" + key) == 12, "generation tokens +12")
+        t.check(delta("vllm:spec_decode_num_draft_tokens_total" + key) == mi["spec_draft_tokens"] and
+                delta("vllm:spec_decode_num_accepted_tokens_total" + key) == mi["spec_accepted_tokens"] and
+                delta("dfl_spec_decode_rounds_total") == mi["spec_verify_ct"], "spec counters follow meta_info")
+        drafts = delta("vllm:spec_decode_num_drafts_total" + key)
+        t.check(0 < drafts <= mi["spec_verify_ct"], f"num_drafts +{drafts}")
+        per_pos = [k for k in after if k.startswith("vllm:spec_decode_num_accepted_tokens_per_pos_total")]
+        t.check(len(per_pos) == 7 and 'position="0"' in per_pos[0], f"per-position counters: {per_pos}")
+        # errors
+        cases = [
+            ("/v1/completions", '{"prompt": "x",', None, 400, "body"),
+            ("/v1/completions", '"just a string"', None, 400, "body"),
+            ("/v1/completions", '{"prompt": "x", "max_tokens": "many"}', None, 400, "max_tokens"),
+            ("/v1/completions", '{"prompt": "x", "seed": -3}', None, 400, "seed"),
+            ("/v1/completions", '{"prompt": "x", "stream": "yes"}', None, 400, "stream"),
+            ("/v1/completions", '{"prompt": "x", "max_tokens": 300}', None, 400, "max_tokens"),
+            ("/v1/completions", json.dumps({"prompt": list(range(300))}), None, 400, "prompt"),
+            ("/v1/completions", '{"prompt": ["a", "b"]}', None, 400, "prompt"),
+            ("/v1/completions", '{"prompt": "x", "n": 2}', None, 400, "n"),
+            ("/v1/chat/completions", '{"messages": "hi"}', None, 400, "messages"),
+            ("/generate", '{"text": "x", "sampling_params": {"temperature": "hot"}}', None, 400,
+             "sampling_params.temperature"),
+            ("/generate", '{"text": "x", "input_ids": [1]}', None, 400, None),
+            ("/detokenize", '{"tokens": [1, -2]}', None, 400, "tokens"),
+            ("/nowhere", "{}", None, 404, None),
+            ("/v1/completions", None, "GET", 405, None),
+            ("/metrics", "{}", None, 405, None),
+            ("/v1/completions", json.dumps({"prompt": "x" * 70000}), None, 413, None),
+        ]
+        for path, raw, method, want, param in cases:
+            st, out = srv.request(path, raw=raw, method=method)
+            try:
+                err = json.loads(out)["error"]
+            except (ValueError, KeyError):
+                err = {}
+            t.check(st == want and isinstance(err.get("message"), str) and err.get("code") == want and
+                    (param is None or err.get("param") == param),
+                    f"{method or 'POST'} {path} {str(raw)[:50]}: want {want} ({param}), got {st} {out[:200]}")
+        st, out = srv.request("/v1/completions", method="GET", headers=True)
+        t.check(st == 405 and re.search(r"^Allow: POST", out, re.M | re.I), "405 carries Allow: POST")
+        after2 = metrics(srv)
+        t.check(after2.get('dfl_http_requests_total{endpoint="other",status="404"}') == 1 and
+                after2.get('dfl_http_requests_total{endpoint="/v1/completions",status="413"}') == 1,
+                "error statuses counted")
+        st, r = srv.json("/v1/models")
+        t.check(st == 200 and r["data"][0]["id"] == "qwen3_tiny" and r["data"][0]["max_model_len"] == 256,
+                f"/v1/models {r}")
+    finally:
+        t.check(srv.stop() == 0, "server exit status")
+
+
+def stream_until(srv, body, nbytes):
+    """Start a streamed request with curl; return the process once nbytes arrived."""
+    p = subprocess.Popen(["curl", "-sS", "-N", "-H", "Content-Type: application/json", "--data-binary",
+                          json.dumps(body), srv.url + "/v1/completions"], stdout=subprocess.PIPE)
+    got = b""
+    while len(got) < nbytes:
+        chunk = p.stdout.read1(4096)
+        if not chunk:
+            break
+        got += chunk
+    return p, got
+
+
+def queue_disconnect_sigterm():
+    srv = Server(TINY, D3, "--max-queue", 0, "--max-context", 4096)
+    long_req = {"prompt": PROMPTS[0], "max_tokens": 4000, "temperature": 0, "ignore_eos": True, "stream": True}
+    try:
+        p, got = stream_until(srv, long_req, 2000)
+        t.check(len(got) >= 2000, "long stream started")
+        # the engine is busy and nothing may wait: 503
+        st, r = srv.json("/v1/completions", {"prompt": "x", "max_tokens": 2})
+        t.check(st == 503 and r.get("error", {}).get("code") == 503, f"queue full: {st} {r}")
+        t.check(srv.request("/health")[0] == 200, "health while busy")
+        before = metrics(srv).get("dfl_requests_cancelled_total", 0)
+        p.kill()  # the client goes away mid-stream
+        p.wait()
+        t0 = time.time()
+        st = 0
+        while time.time() - t0 < 20:
+            st, r = srv.json("/v1/completions", {"prompt": "x", "max_tokens": 2, "temperature": 0})
+            if st == 200:
+                break
+            time.sleep(0.05)
+        t.check(st == 200, f"after the disconnect the engine is free again ({st})")
+        t.check(metrics(srv).get("dfl_requests_cancelled_total", 0) == before + 1, "cancelled counter +1")
+        t.check(srv.request("/health")[0] == 200, "healthy after the disconnect")
+        # SIGTERM with a stream in flight: it completes, then the server exits 0
+        body = dict(long_req, max_tokens=300)
+        p, got = stream_until(srv, body, 300)
+        srv.p.send_signal(signal.SIGTERM)
+        rest = p.stdout.read()
+        p.wait()
+        events, done = sse((got + rest).decode())
+        t.check(done and sum(len(e["choices"][0]["token_ids"]) for e in events) == 300,
+                "stream in flight at SIGTERM completes")
+        t.check(srv.p.wait(timeout=60) == 0, "SIGTERM: exit status 0")
+    finally:
+        srv.stop()
+
+
+t.run(outputs_match, TINY, D3)
+t.run(outputs_match, TINY, None)
+t.run(outputs_match, VLM, D35)
+t.run(stops_tokenize_metrics)
+t.run(queue_disconnect_sigterm)
+t.done()
