@@ -155,7 +155,7 @@ static int write_per_position_svg(const eval_summary *s, const char *path) {
     if (!f) return dfl_seterr("%s: cannot create", path);
     int maxb = 2;
     for (int k = 1; k < s->n_agg; k++) maxb = s->agg[k].max_block > maxb ? s->agg[k].max_block : maxb;
-    const double W = 720, Hh = 420, x0 = 60, y0 = 30, pw = 460, ph = 330;
+    const double W = 1000, Hh = 420, x0 = 60, y0 = 30, pw = 460, ph = 330;
     fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" font-family=\"sans-serif\" "
                "font-size=\"12\">\n<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n",
             W, Hh);
@@ -204,7 +204,7 @@ static int write_tau_svg(const eval_summary *s, const char *path) {
             b = b < 0 ? 0 : b >= nbins ? nbins - 1 : b;
             if (++cnt[k * nbins + b] > top) top = cnt[k * nbins + b];
         }
-    const double W = 720, Hh = 420, x0 = 60, y0 = 30, pw = 460, ph = 330;
+    const double W = 1000, Hh = 420, x0 = 60, y0 = 30, pw = 460, ph = 330;
     fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" font-family=\"sans-serif\" "
                "font-size=\"12\">\n<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n",
             W, Hh);

@@ -104,6 +104,7 @@ TGT_AVX512 INLINE void step_bf16_512(__m512 (*acc)[TB], const uint16_t *w, int c
     for (int r = 0; r < R; r++) {
         raw[r] = _mm512_maskz_loadu_epi16(m, w + (size_t)r * cols + c);
         wr[r] = bf16_even_512(raw[r]);
+        _mm_prefetch((const char *)(w + (size_t)(r + R) * cols + c), _MM_HINT_T0); /* next rows */
     }
 #pragma GCC unroll 8
     for (int t = 0; t < T; t++) {
