@@ -183,6 +183,13 @@ def outputs_match(target, drafter):
         else:
             t.check(mi.get("spec_verify_ct") == 29 and mi.get("spec_accept_length") == 1.0,
                     f"{tag}: autoregressive meta_info {mi}")
+        # SGLang streaming: every chunk carries the cumulative text and ids
+        st, body = srv.request("/generate", {"input_ids": ids, "stream": True, "sampling_params": {
+                               "max_new_tokens": 30, "temperature": 0, "ignore_eos": True}})
+        events, done = sse(body)
+        t.check(st == 200 and done and events[-1]["text"] == ref["text"] and events[-1]["output_ids"] == ref["tokens"]
+                and events[-1]["meta_info"]["finish_reason"] == {"type": "length", "length": 30} and
+                all(e["meta_info"]["finish_reason"] is None for e in events[:-1]), f"{tag}: /generate stream")
         # seeded sampling through /generate text
         ref = generate(target, drafter, PROMPTS[1], 16, 0.9, 1234, True)
         st, r = srv.json("/generate", {"text": PROMPTS[1], "sampling_params": {"max_new_tokens": 16,
