@@ -142,7 +142,7 @@ static void sampling(const char *target, const char *drafter) {
     }
     dfl_drafter d;
     CHECK(drafter_open(&d, test_fixture(drafter), m.cfg.n_layers) == DFL_OK, "drafter: %s", dfl_errmsg());
-    const int V = m.cfg.vocab, K = 3, RUNS = 1500;
+    const int V = m.cfg.vocab, K = 3, RUNS = 1000;
     int *cnt_ar = calloc((size_t)K * V, sizeof(int)), *cnt_sp = calloc((size_t)K * V, sizeof(int));
     int *cnt_or = calloc((size_t)K * V, sizeof(int));
     dfl_state s;
