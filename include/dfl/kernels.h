@@ -22,13 +22,15 @@ typedef enum kn_isa {
     KN_ISA_AVX512,     /* AVX-512 F/BW/VL/DQ + FMA: float32 FMAs over converted weights */
     KN_ISA_AVX512BF16, /* AVX-512 BF16 dot products on BF16 weights, each activation split into a
                         * bf16 hi + lo pair (~16 mantissa bits); other dtypes as KN_ISA_AVX512 */
+    KN_ISA_AMX,        /* AMX-BF16 tiles on BF16 weights (activations split as above; Linux grants
+                        * the tile state per process); other dtypes and shapes as KN_ISA_AVX512 */
     KN_ISA_COUNT
 } kn_isa;
 
 /* 1 if this CPU (and OS) can run the path. */
 int kn_isa_supported(kn_isa isa);
-/* The default path: DFL_ISA when set (a name this CPU cannot run falls back to the best one
- * below it, with a warning on stderr), else the fastest supported one. */
+/* The default path: DFL_ISA when set (a name this CPU cannot run falls back to the automatic
+ * choice, with a warning on stderr), else the first supported of amx, avx512, avx2, generic. */
 kn_isa kn_isa_default(void);
 /* The path the kernels use now (kn_isa_default() until kn_isa_set). */
 kn_isa kn_isa_get(void);
@@ -36,7 +38,7 @@ kn_isa kn_isa_get(void);
  * never while one runs. */
 int kn_isa_set(kn_isa isa);
 const char *kn_isa_name(kn_isa isa);
-/* "generic" | "avx2" | "avx512" | "avx512bf16" -> isa; DFL_ERR on other names. */
+/* "generic" | "avx2" | "avx512" | "avx512bf16" | "amx" -> isa; DFL_ERR on other names. */
 int kn_isa_parse(const char *name, kn_isa *out);
 
 /* A weight matrix W [rows, cols], row-major, y = W x. data is element-aligned (the loader

@@ -7,9 +7,18 @@
 #include "dfl/common.h"
 #include "kn_internal.h"
 
-static const char *const isa_names[KN_ISA_COUNT] = {"generic", "avx2", "avx512", "avx512bf16"};
+static const char *const isa_names[KN_ISA_COUNT] = {"generic", "avx2", "avx512", "avx512bf16", "amx"};
 
 static pthread_once_t isa_once = PTHREAD_ONCE_INIT;
+
+#if KN_X86 && defined(__linux__)
+static pthread_once_t amx_once = PTHREAD_ONCE_INIT;
+static int amx_granted;
+
+static void amx_init(void) {
+    amx_granted = __builtin_cpu_supports("amx-tile") && __builtin_cpu_supports("amx-bf16") && kn_amx_request();
+}
+#endif
 static kn_isa isa_default_v = KN_ISA_GENERIC, isa_active = KN_ISA_GENERIC;
 
 int kn_isa_supported(kn_isa isa) {
@@ -25,6 +34,12 @@ int kn_isa_supported(kn_isa isa) {
                __builtin_cpu_supports("avx512dq");
     case KN_ISA_AVX512BF16:
         return kn_isa_supported(KN_ISA_AVX512) && __builtin_cpu_supports("avx512bf16");
+#if defined(__linux__)
+    case KN_ISA_AMX:
+        if (!kn_isa_supported(KN_ISA_AVX512)) return 0;
+        pthread_once(&amx_once, amx_init);
+        return amx_granted;
+#endif
 #endif
     default:
         return 0;
@@ -39,18 +54,20 @@ int kn_isa_parse(const char *name, kn_isa *out) {
             *out = (kn_isa)i;
             return DFL_OK;
         }
-    return dfl_seterr("unknown instruction-set path '%s' (generic, avx2, avx512, avx512bf16)", name);
+    return dfl_seterr("unknown instruction-set path '%s' (generic, avx2, avx512, avx512bf16, amx)", name);
 }
 
-/* The automatic choice is AVX-512 with float32 FMAs even where AVX-512 BF16 exists: the split
- * bf16 hi + lo activations (needed to keep float32-like accuracy) cost two dot-product
- * instructions per 32 weights, and on Sapphire Rapids VDPBF16PS issues at half the FMA rate,
- * so the BF16 path is slower there (bench/README.md). It stays available through DFL_ISA. */
+/* The automatic choice is the first supported of AMX, AVX-512, AVX2, generic. AVX-512 BF16 is
+ * never chosen by itself: with the activations split into bf16 hi + lo (float32-like
+ * accuracy) it issues two dot-product instructions per 32 weights, and on Sapphire Rapids
+ * VDPBF16PS runs at half the FMA rate, so it is slower than the float32 FMA path there
+ * (bench/README.md). It stays available through DFL_ISA. */
 static void isa_init(void) {
+    static const kn_isa order[] = {KN_ISA_AMX, KN_ISA_AVX512, KN_ISA_AVX2};
     kn_isa best = KN_ISA_GENERIC;
-    for (int i = KN_ISA_AVX512; i > KN_ISA_GENERIC; i--)
-        if (kn_isa_supported((kn_isa)i)) {
-            best = (kn_isa)i;
+    for (size_t i = 0; i < sizeof order / sizeof order[0]; i++)
+        if (kn_isa_supported(order[i])) {
+            best = order[i];
             break;
         }
     const char *env = getenv("DFL_ISA");
@@ -58,12 +75,10 @@ static void isa_init(void) {
         kn_isa want = best;
         if (kn_isa_parse(env, &want) != DFL_OK) {
             fprintf(stderr, "dfl: DFL_ISA: %s; using %s\n", dfl_errmsg(), isa_names[best]);
+        } else if (!kn_isa_supported(want)) {
+            fprintf(stderr, "dfl: DFL_ISA=%s: this CPU cannot run it; using %s\n", env, isa_names[best]);
         } else {
-            kn_isa got = want;
-            while (!kn_isa_supported(got)) got = (kn_isa)(got - 1);
-            if (got != want)
-                fprintf(stderr, "dfl: DFL_ISA=%s: this CPU cannot run it; using %s\n", env, isa_names[got]);
-            best = got;
+            best = want;
         }
     }
     isa_default_v = isa_active = best;

@@ -77,6 +77,11 @@ void kn_matmul_generic(float *y, const float *x, const dfl_mat *w, int n) {
 void kn_matmul(float *y, const float *x, const dfl_mat *w, int n) {
     switch (kn_isa_get()) {
 #if KN_X86
+#if defined(__linux__)
+    case KN_ISA_AMX:
+        kn_matmul_amx(y, x, w, n);
+        return;
+#endif
     case KN_ISA_AVX512BF16:
         if (w->dtype == ST_BF16) kn_matmul_avx512bf16(y, x, w, n);
         else kn_matmul_avx512(y, x, w, n);
@@ -96,6 +101,7 @@ void kn_matmul(float *y, const float *x, const dfl_mat *w, int n) {
 float kn_dot(const float *a, const float *b, int n) {
     switch (kn_isa_get()) {
 #if KN_X86
+    case KN_ISA_AMX:
     case KN_ISA_AVX512BF16:
     case KN_ISA_AVX512:
         return kn_dot_avx512(a, b, n);
@@ -110,6 +116,7 @@ float kn_dot(const float *a, const float *b, int n) {
 void kn_axpy(float *y, float a, const float *x, int n) {
     switch (kn_isa_get()) {
 #if KN_X86
+    case KN_ISA_AMX:
     case KN_ISA_AVX512BF16:
     case KN_ISA_AVX512:
         kn_axpy_avx512(y, a, x, n);

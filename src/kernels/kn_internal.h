@@ -25,6 +25,12 @@ void kn_matmul_avx2(float *y, const float *x, const dfl_mat *w, int n);
 void kn_matmul_avx512(float *y, const float *x, const dfl_mat *w, int n);
 /* BF16 weights only (the dispatcher sends other dtypes to kn_matmul_avx512). */
 void kn_matmul_avx512bf16(float *y, const float *x, const dfl_mat *w, int n);
+#if defined(__linux__)
+/* AMX path: BF16 weights with cols % 32 == 0 (others to kn_matmul_avx512). */
+void kn_matmul_amx(float *y, const float *x, const dfl_mat *w, int n);
+/* Ask Linux for the AMX tile state for this process; 1 when granted. */
+int kn_amx_request(void);
+#endif
 float kn_dot_avx2(const float *a, const float *b, int n);
 float kn_dot_avx512(const float *a, const float *b, int n);
 void kn_axpy_avx2(float *y, float a, const float *x, int n);

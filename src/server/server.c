@@ -688,12 +688,14 @@ static int listen_start(dfl_server *srv, const dfl_server_opts *o) {
                              .ai_flags = AI_PASSIVE | AI_NUMERICSERV}, *ai = NULL;
     const int gai = getaddrinfo(host, port, &hints, &ai);
     if (gai) return dfl_seterr("cannot resolve host '%s': %s", host, gai_strerror(gai));
+    /* No connection timeout: MHD measures inactivity across our blocking waits (a request queued
+     * behind long generations), which would cut requests that are merely waiting their turn. */
     unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL |
                      MHD_USE_ERROR_LOG;
     if (ai->ai_family == AF_INET6) flags |= MHD_USE_IPv6;
     srv->mhd = MHD_start_daemon(flags, 0, NULL, NULL, on_request, srv, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, srv,
                                 MHD_OPTION_SOCK_ADDR, ai->ai_addr, MHD_OPTION_NOTIFY_COMPLETED, on_completed, srv,
-                                MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)600, MHD_OPTION_END);
+                                MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)0, MHD_OPTION_END);
     freeaddrinfo(ai);
     if (!srv->mhd) return dfl_seterr("cannot listen on %s port %d (in use, or not an address of this host?)", host, o->port);
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(srv->mhd, MHD_DAEMON_INFO_BIND_PORT);

@@ -87,10 +87,44 @@ typedef struct scored {
     int32_t id;
 } scored;
 
+/* 1 if a ranks before b: probability descending, then token id ascending. */
+static int ranks_before(scored a, scored b) { return a.p != b.p ? a.p > b.p : a.id < b.id; }
+
 static int scored_cmp(const void *a, const void *b) {
     const scored *x = a, *y = b;
-    if (x->p != y->p) return x->p > y->p ? -1 : 1;
-    return x->id < y->id ? -1 : x->id > y->id;
+    return ranks_before(*x, *y) ? -1 : ranks_before(*y, *x) ? 1 : 0;
+}
+
+/* The K best-ranked of V probabilities into out[0..K-1], best first: a size-K heap whose root
+ * is the worst kept (O(V log K), not a sort of the vocabulary). */
+static void top_k(const float *p, int V, int K, scored *heap, scored *out) {
+    int n = 0;
+    for (int i = 0; i < V; i++) {
+        scored c = {p[i], i};
+        if (n == K && !ranks_before(c, heap[0])) continue;
+        int j;
+        if (n < K) { /* sift up from the end */
+            j = n++;
+            while (j > 0 && ranks_before(heap[(j - 1) / 2], c)) {
+                heap[j] = heap[(j - 1) / 2];
+                j = (j - 1) / 2;
+            }
+        } else { /* replace the root, sift down */
+            j = 0;
+            for (;;) {
+                int l = 2 * j + 1, r = l + 1, w = j;
+                scored wv = c;
+                if (l < n && ranks_before(wv, heap[l])) w = l, wv = heap[l];
+                if (r < n && ranks_before(wv, heap[r])) w = r;
+                if (w == j) break;
+                heap[j] = heap[w];
+                j = w;
+            }
+        }
+        heap[j] = c;
+    }
+    memcpy(out, heap, (size_t)n * sizeof *out);
+    qsort(out, (size_t)n, sizeof *out, scored_cmp);
 }
 
 int ddtree_build(dfl_tree *t, int32_t anchor, const float *probs, int D, int V, int budget) {
@@ -101,15 +135,14 @@ int ddtree_build(dfl_tree *t, int32_t anchor, const float *probs, int D, int V, 
     /* per depth: the K most probable tokens, probability descending then id ascending */
     int32_t *top = malloc((size_t)D * K * sizeof *top);
     double *toplp = malloc((size_t)D * K * sizeof *toplp);
-    scored *sc = malloc((size_t)V * sizeof *sc);
+    scored *sc = malloc((size_t)2 * K * sizeof *sc);
     cand *heap = malloc((size_t)(2 * budget + 2) * sizeof *heap);
     if (!top || !toplp || !sc || !heap) {
         free(top), free(toplp), free(sc), free(heap);
         return dfl_seterr("out of memory building a tree");
     }
     for (int d = 0; d < D; d++) {
-        for (int i = 0; i < V; i++) sc[i] = (scored){probs[(size_t)d * V + i], i};
-        qsort(sc, (size_t)V, sizeof *sc, scored_cmp);
+        top_k(probs + (size_t)d * V, V, K, sc + K, sc);
         for (int r = 0; r < K; r++) {
             top[(size_t)d * K + r] = sc[r].id;
             toplp[(size_t)d * K + r] = log((double)sc[r].p);

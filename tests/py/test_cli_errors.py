@@ -135,6 +135,8 @@ def bad_options():
     expect_fail(["generate", "--target", tiny, "--prompt-ids", ",".join(["5"] * 20), "--max-context", "10"],
                 "exceeds --max-context 10")
     expect_fail(["generate", "--target", tiny, "--prompt-ids", "1,2", "--max-new", "0"], "--max-new", code=2)
+    expect_fail(["generate", "--target", fixture("qwen35_vlm"), "--prompt-ids", "1,2", "--max-context", "16000000"],
+                "GiB", "lower --max-context")
     expect_fail(["generate", "--target", tiny], "exactly one of --prompt", code=2)
     expect_fail(["generate", "--target", tiny, "--prompt-ids", "1,x"], "--prompt-ids")
     expect_fail(["generate", "--target", tiny, "--prompt-ids", "1,5000"], "outside the vocabulary")

@@ -2,8 +2,10 @@
  *
  * kn_matmul, each weight dtype (F32, F16, BF16), odd shapes, n = 1..33 tokens. Tolerance, per
  * output: |y - y_generic| <= (2 * cols * 2^-24 + e) * sum_c |w_c x_c| + 1e-30, the worst-case
- * float32 summation bound of both results, with e = 2^-16 on the AVX-512 BF16 path (activations
- * as bf16 hi + lo: |x - hi - lo| <= 2^-17 |x|), else 0. Within a path, each (row, token) result
+ * float32 summation bound of both results, with e = 2^-16 on the AVX-512 BF16 and AMX paths
+ * for BF16 weights (activations as bf16 hi + lo: |x - hi - lo| <= 2^-17 |x|), else 0. Shapes
+ * include rows >= 16 with cols % 32 == 0 (AMX tiles, with tail rows) and n past 16 (several
+ * token tiles). Within a path, each (row, token) result
  * must not depend on n: rows of an n-token product equal single-token products bit for bit.
  * kn_dot / kn_axpy: the same bound. Gated DeltaNet: SIMD recurrence vs generic, chunked form
  * vs recurrence (relative tolerance 1e-4 of the output / state scale; observed <= 2e-6),
@@ -57,7 +59,7 @@ static void check_matmul(kn_isa isa, st_dtype dt, int rows, int cols) {
     for (size_t i = 0; i < (size_t)NMAX * cols; i++) x[i] = frand() * (i % 7 == 0 ? 8.0f : 1.0f);
     kn_isa_set(KN_ISA_GENERIC);
     kn_matmul(ref, x, &w, NMAX);
-    const double e = isa == KN_ISA_AVX512BF16 && dt == ST_BF16 ? 0x1.0p-16 : 0.0;
+    const double e = (isa == KN_ISA_AVX512BF16 || isa == KN_ISA_AMX) && dt == ST_BF16 ? 0x1.0p-16 : 0.0;
     const double rel = 2.0 * cols * 0x1.0p-24 + e;
     int bad = 0, dep = 0;
     double worst = 0;
@@ -195,6 +197,7 @@ static void check_isa_api(void) {
     kn_isa isa;
     CHECK(kn_isa_parse("avx2", &isa) == DFL_OK && isa == KN_ISA_AVX2, "parse avx2");
     CHECK(kn_isa_parse("avx512bf16", &isa) == DFL_OK && isa == KN_ISA_AVX512BF16, "parse avx512bf16");
+    CHECK(kn_isa_parse("amx", &isa) == DFL_OK && isa == KN_ISA_AMX, "parse amx");
     CHECK(kn_isa_parse("sse9", &isa) == DFL_ERR && strstr(dfl_errmsg(), "sse9"), "parse unknown: %s", dfl_errmsg());
     CHECK(kn_isa_supported(KN_ISA_GENERIC), "generic always supported");
     CHECK(kn_isa_supported(kn_isa_default()), "default path %s is supported", kn_isa_name(kn_isa_default()));
@@ -206,7 +209,8 @@ static void check_isa_api(void) {
 }
 
 int main(void) {
-    static const int shapes[][2] = {{1, 1}, {3, 7}, {5, 16}, {17, 31}, {4, 32}, {9, 33}, {67, 100}, {6, 257}, {13, 512}};
+    static const int shapes[][2] = {{1, 1},   {3, 7},   {5, 16},   {17, 31},  {4, 32},   {9, 33},  {67, 100},
+                                    {6, 257}, {13, 512}, {16, 32}, {37, 64}, {70, 96}, {130, 256}};
     static const st_dtype dts[] = {ST_F32, ST_F16, ST_BF16};
     check_isa_api();
     int paths = 0;

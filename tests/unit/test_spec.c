@@ -46,6 +46,10 @@ static int o_draft(void *ctx, int32_t anchor, int B, float *logits) {
     return DFL_OK;
 }
 
+/* A drafter that takes one feature too many (the `<=` bug: the anchor's position enters its
+ * context): the loop must refuse it on the first round. */
+static int leaky_add(void *ctx, const float *feat, int n) { return o_add(ctx, feat, n + 1); }
+
 static int32_t prompt[] = {11, 200, 37, 512, 99, 3, 641, 77, 12};
 #define NP ((int)(sizeof prompt / sizeof prompt[0]))
 
@@ -216,6 +220,22 @@ static void bad_input(void) {
     dfl_model m;
     dfl_drafter d;
     if (model_open(&m, test_fixture("qwen3_tiny"), 0) != DFL_OK) return;
+    {
+        dfl_state s;
+        state_init(&s, &m, NP + 20, 16, 1);
+        int32_t truth[N_GEN] = {0}, out[N_GEN];
+        oracle orc = {.truth = truth, .n_prompt = NP, .V = m.cfg.vocab};
+        int layer0 = 0;
+        dfl_draft_if dif = {.ctx = &orc, .add_context = o_add, .draft = o_draft, .context_len = o_len,
+                            .feature_layers = &layer0, .n_feature_layers = 1};
+        dfl_gen_opts o = {.max_new = 8, .block = 4, .ignore_eos = 1};
+        dfl_gen_stats st;
+        dif.add_context = leaky_add;
+        CHECK(spec_generate(&s, &dif, prompt, NP, &o, out, &st, NULL, NULL) == DFL_ERR &&
+                  strstr(dfl_errmsg(), "the anchor must not be in it") && st.ctx_check_failures == 1,
+              "a drafter context holding the anchor's position must be refused: %s", dfl_errmsg());
+        state_free(&s);
+    }
     /* a drafter for another target: hidden size and layer ids do not fit */
     CHECK(drafter_open(&d, test_fixture("dflash_qwen35"), m.cfg.n_layers) == DFL_OK, "open: %s", dfl_errmsg());
     CHECK(drafter_check_target(&d, &m) == DFL_ERR && strstr(dfl_errmsg(), "hidden_size 128 != target hidden_size 64"),

@@ -137,6 +137,7 @@ def main():
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--no-autocast", action="store_true")
+    ap.add_argument("--log-every", type=int, default=10)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     hf_logging.set_verbosity_error()
@@ -189,7 +190,7 @@ def main():
             opt.step()
             step += 1
             ema = loss.item() if ema is None else 0.95 * ema + 0.05 * loss.item()
-            if step % 10 == 0 or step == total:
+            if step % args.log_every == 0 or step == total:
                 el = time.time() - t_start
                 curve.append({"step": step, "epoch": round(step / per_epoch, 3), "loss": round(loss.item(), 4),
                               "loss_ema": round(ema, 4), "lr": lr_at(step - 1), "elapsed_s": round(el, 1)})

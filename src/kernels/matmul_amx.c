@@ -1,0 +1,170 @@
+/* AMX-BF16 variant of kn_matmul (x86-64 Linux): BF16 weights through TDPBF16PS tiles.
+ *
+ * y[n][rows] = x[n][cols] . W^T with W BF16 [rows, cols], cols % 32 == 0. A tile (16 rows x 32
+ * columns) loads straight from W; the activations are packed once per call into B tiles in
+ * the VNNI layout (16 column pairs x 16 tokens x 2), split into bf16 hi + lo (x = hi + lo to
+ * ~2^-17 relative) so that C += A.hi then C += A.lo gives float32-like accuracy; C tiles are
+ * 16 rows x 16 tokens of float32 sums. A thread takes groups of 64 rows (four C tiles, two A
+ * tiles in turn, B hi / lo: the eight tile registers) and runs every 16-token tile over them,
+ * prefetching the next group's weights while it streams. Token tiles are always 16 wide (zero
+ * tokens pad the last one), so each (row, token) result comes from the same instructions
+ * whatever n is. Rows past the last multiple of 16, and weights that are not BF16 or have
+ * cols % 32 != 0, go to the AVX-512 kernel. */
+#include "kn_internal.h"
+
+#if KN_X86 && defined(__linux__)
+#include <immintrin.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#define TGT_AMX __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,amx-tile,amx-bf16")))
+#define INLINE static inline __attribute__((always_inline))
+
+#define GROUP_ROWS 64                  /* rows per group: four 16-row C tiles */
+#define TILE_ELEMS 512                 /* bf16 elements of one A or B tile (16 x 64 bytes) */
+#define XBLOCK_BYTES (1024 * 1024)     /* packed activations of one token block */
+#define ARCH_REQ_XCOMP_PERM 0x1023
+#define XFEATURE_XTILEDATA 18
+
+int kn_amx_request(void) { return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0; }
+
+/* LDTILECFG memory layout (palette 1). */
+typedef struct tile_config {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} tile_config;
+
+/* One group of g 16-row C tiles (rows of W at w, row stride ldw bytes) against one token tile
+ * (xb: ks_n steps of [hi tile | lo tile]); results to cbuf [g][16 rows][16 tokens]. pf: the
+ * next group's weights to prefetch, pf_step bytes per step, or NULL. */
+TGT_AMX INLINE void amx_group(const uint16_t *w, size_t ldw, const uint16_t *xb, int ks_n, float *cbuf,
+                              const char *pf, size_t pf_step, const int g) {
+    const size_t row16 = 16 * ldw / sizeof(uint16_t); /* elements between C tiles' rows */
+    _tile_zero(0);
+    if (g > 1) _tile_zero(1);
+    if (g > 2) _tile_zero(2);
+    if (g > 3) _tile_zero(3);
+    for (int ks = 0; ks < ks_n; ks++) {
+        const uint16_t *b = xb + (size_t)ks * 2 * TILE_ELEMS, *a = w + (size_t)ks * 32;
+        if (pf)
+            for (size_t i = 0; i < pf_step; i += 64) _mm_prefetch(pf + (size_t)ks * pf_step + i, _MM_HINT_T0);
+        _tile_loadd(6, b, 64);
+        _tile_loadd(7, b + TILE_ELEMS, 64);
+        _tile_loadd(4, a, (long)ldw);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(0, 4, 7);
+        if (g > 1) {
+            _tile_loadd(5, a + row16, (long)ldw);
+            _tile_dpbf16ps(1, 5, 6);
+            _tile_dpbf16ps(1, 5, 7);
+        }
+        if (g > 2) {
+            _tile_loadd(4, a + 2 * row16, (long)ldw);
+            _tile_dpbf16ps(2, 4, 6);
+            _tile_dpbf16ps(2, 4, 7);
+        }
+        if (g > 3) {
+            _tile_loadd(5, a + 3 * row16, (long)ldw);
+            _tile_dpbf16ps(3, 5, 6);
+            _tile_dpbf16ps(3, 5, 7);
+        }
+    }
+    _tile_stored(0, cbuf, 64);
+    if (g > 1) _tile_stored(1, cbuf + 256, 64);
+    if (g > 2) _tile_stored(2, cbuf + 512, 64);
+    if (g > 3) _tile_stored(3, cbuf + 768, 64);
+}
+
+/* Pack x [n][cols] into xb [token tile][32-column step][hi | lo][16 pairs][16 tokens][2]. */
+static void amx_pack(uint16_t *xb, const float *x, int n, int cols, int n_tt) {
+    const int ks_n = cols / 32;
+#pragma omp parallel for schedule(static) if ((size_t)n_tt * 16 * cols >= KN_PAR_MIN_WORK)
+    for (int i = 0; i < n_tt * ks_n; i++) {
+        const int tt = i / ks_n, ks = i % ks_n;
+        uint16_t *hi = xb + (size_t)i * 2 * TILE_ELEMS, *lo = hi + TILE_ELEMS;
+        for (int tn = 0; tn < 16; tn++) {
+            const int t = tt * 16 + tn;
+            for (int c = 0; c < 32; c++) {
+                const float v = t < n ? x[(size_t)t * cols + (size_t)ks * 32 + c] : 0.0f;
+                const uint16_t h = st_f32_to_bf16(v);
+                const size_t at = (size_t)(c / 2) * 32 + (size_t)tn * 2 + (size_t)(c % 2);
+                hi[at] = h;
+                lo[at] = st_f32_to_bf16(v - st_bf16_to_f32(h));
+            }
+        }
+    }
+}
+
+TGT_AMX static void amx_run(float *y, const dfl_mat *w, int rows16, int n, const uint16_t *xb, int n_tt) {
+    const int rows = w->rows, cols = w->cols, ks_n = cols / 32;
+    const int n_groups = (rows16 + GROUP_ROWS - 1) / GROUP_ROWS;
+    const size_t ldw = (size_t)cols * sizeof(uint16_t), pf_step = GROUP_ROWS * 32 * sizeof(uint16_t);
+    int tb = (int)(XBLOCK_BYTES / ((size_t)ks_n * 2 * TILE_ELEMS * sizeof(uint16_t)));
+    if (tb < 1) tb = 1;
+    const uint16_t *wd = w->data;
+#pragma omp parallel if ((size_t)rows16 * cols * n >= KN_PAR_MIN_WORK)
+    {
+        tile_config cfg;
+        memset(&cfg, 0, sizeof cfg);
+        cfg.palette = 1;
+        for (int i = 0; i < 8; i++) cfg.colsb[i] = 64, cfg.rows[i] = 16;
+        _tile_loadconfig(&cfg);
+        float cbuf[4 * 256] __attribute__((aligned(64)));
+        for (int tt0 = 0; tt0 < n_tt; tt0 += tb) {
+            const int tt1 = tt0 + tb < n_tt ? tt0 + tb : n_tt;
+#pragma omp for schedule(static) nowait
+            for (int gi = 0; gi < n_groups; gi++) {
+                const int r0 = gi * GROUP_ROWS, g = (rows16 - r0) / 16 < 4 ? (rows16 - r0) / 16 : 4;
+                const uint16_t *wg = wd + (size_t)r0 * cols;
+                for (int tt = tt0; tt < tt1; tt++) {
+                    const uint16_t *xt = xb + (size_t)tt * ks_n * 2 * TILE_ELEMS;
+                    const char *pf = tt == tt0 ? (const char *)(wg + (size_t)GROUP_ROWS * cols) : NULL;
+                    switch (g) {
+                    case 4: amx_group(wg, ldw, xt, ks_n, cbuf, pf, pf_step, 4); break;
+                    case 3: amx_group(wg, ldw, xt, ks_n, cbuf, pf, pf_step, 3); break;
+                    case 2: amx_group(wg, ldw, xt, ks_n, cbuf, pf, pf_step, 2); break;
+                    default: amx_group(wg, ldw, xt, ks_n, cbuf, pf, pf_step, 1); break;
+                    }
+                    const int nt = n - tt * 16 < 16 ? n - tt * 16 : 16;
+                    for (int tn = 0; tn < nt; tn++) {
+                        float *yt = y + (size_t)(tt * 16 + tn) * rows + r0;
+                        for (int r = 0; r < 16 * g; r++) yt[r] = cbuf[(r / 16) * 256 + (r % 16) * 16 + tn];
+                    }
+                }
+            }
+        }
+        _tile_release();
+    }
+}
+
+void kn_matmul_amx(float *y, const float *x, const dfl_mat *w, int n) {
+    const int rows = w->rows, cols = w->cols, rows16 = rows / 16 * 16, tail = rows - rows16;
+    if (n < 1) return;
+    if (w->dtype != ST_BF16 || cols % 32 != 0 || rows16 == 0) {
+        kn_matmul_avx512(y, x, w, n);
+        return;
+    }
+    const int n_tt = (n + 15) / 16;
+    uint16_t *xb = aligned_alloc(64, (size_t)n_tt * (cols / 32) * 2 * TILE_ELEMS * sizeof(uint16_t));
+    float *ytail = tail ? malloc((size_t)n * tail * sizeof(float)) : NULL;
+    if (!xb || (tail && !ytail)) { /* no memory for the packed activations: the generic kernel needs none */
+        free(xb), free(ytail);
+        kn_matmul_generic(y, x, w, n);
+        return;
+    }
+    amx_pack(xb, x, n, cols, n_tt);
+    amx_run(y, w, rows16, n, xb, n_tt);
+    if (tail) { /* the last rows % 16 rows */
+        dfl_mat sub = *w;
+        sub.data = (const uint16_t *)w->data + (size_t)rows16 * cols;
+        sub.rows = tail;
+        kn_matmul_avx512(ytail, x, &sub, n);
+        for (int t = 0; t < n; t++) memcpy(y + (size_t)t * rows + rows16, ytail + (size_t)t * tail, (size_t)tail * sizeof(float));
+    }
+    free(xb), free(ytail);
+}
+#endif
