@@ -544,23 +544,28 @@ int cmd_eval(int argc, char **argv) {
         eval_summarize(&sm, done.r, done.n);
         struct rusage ru;
         getrusage(RUSAGE_SELF, &ru);
-        char extra[4096];
-        size_t k = (size_t)snprintf(extra, sizeof extra,
-                                    "\"run\": {\"target\": \"%s\", \"prompts_file\": \"%s\", \"max_new\": %d, "
-                                    "\"chat\": %d, \"temperature\": %g, \"seed\": %ld, \"shard\": \"%d/%d\", "
-                                    "\"threads\": %d, \"weight_bytes\": %llu, \"state_bytes\": %llu, "
-                                    "\"peak_rss_bytes\": %ld, \"bad_prompt_lines\": [",
-                                    o.target, o.prompts, o.max_new, o.chat, o.temperature, o.seed, o.shard_i, o.shard_n,
-                                    omp_get_max_threads(), (unsigned long long)weight_bytes,
-                                    (unsigned long long)state_bytes, ru.ru_maxrss * 1024L);
-        for (int i = 0; i < ps.n_bad && k < sizeof extra - 16; i++)
-            k += (size_t)snprintf(extra + k, sizeof extra - k, "%s%d", i ? ", " : "", ps.bad_lines[i]);
-        k += (size_t)snprintf(extra + k, sizeof extra - k, "]}");
-        if (o.reference || o.reference_url)
-            snprintf(extra + k, sizeof extra - k,
-                     ",\n  \"reference\": {\"source\": \"%s\", \"compared\": %d, \"identical\": %d, \"diverged\": %d, "
-                     "\"details\": \"reference.jsonl\"}",
-                     o.reference ? o.reference : o.reference_url, ref_compared, ref_agree, ref_compared - ref_agree);
+        char *extra = NULL;
+        size_t extra_len = 0;
+        FILE *x = open_memstream(&extra, &extra_len);
+        fprintf(x, "\"run\": {\"target\": ");
+        cli_json_string(x, o.target);
+        fprintf(x, ", \"prompts_file\": ");
+        cli_json_string(x, o.prompts);
+        fprintf(x, ", \"max_new\": %d, \"chat\": \"%s\", \"temperature\": %g, \"seed\": %ld, \"shard\": \"%d/%d\", "
+                   "\"threads\": %d, \"weight_bytes\": %llu, \"state_bytes\": %llu, \"peak_rss_bytes\": %ld, "
+                   "\"bad_prompt_lines\": [",
+                o.max_new, o.chat == DFL_CHAT_NONE ? "none" : o.chat == DFL_CHAT_CHATML ? "chatml" : "chatml-nothink",
+                o.temperature, o.seed, o.shard_i, o.shard_n, omp_get_max_threads(), (unsigned long long)weight_bytes,
+                (unsigned long long)state_bytes, ru.ru_maxrss * 1024L);
+        for (int i = 0; i < ps.n_bad; i++) fprintf(x, "%s%d", i ? ", " : "", ps.bad_lines[i]);
+        fprintf(x, "]}");
+        if (o.reference || o.reference_url) {
+            fprintf(x, ",\n  \"reference\": {\"source\": ");
+            cli_json_string(x, o.reference ? o.reference : o.reference_url);
+            fprintf(x, ", \"compared\": %d, \"identical\": %d, \"diverged\": %d, \"details\": \"reference.jsonl\"}",
+                    ref_compared, ref_agree, ref_compared - ref_agree);
+        }
+        fclose(x);
         if (eval_write_reports(&sm, o.out, extra) != DFL_OK) rc = cli_fail("eval", "%s", dfl_errmsg());
         for (int a = 1; a < sm.n_agg && !pg.quiet; a++)
             fprintf(stderr, "[dfl eval] %s %s: tau %.3f (token-weighted %.3f), speedup %.2fx, %d mismatches\n",
@@ -569,6 +574,7 @@ int cmd_eval(int argc, char **argv) {
         if ((o.reference || o.reference_url) && !pg.quiet)
             fprintf(stderr, "[dfl eval] reference: %d of %d outputs identical\n", ref_agree, ref_compared);
         eval_summary_free(&sm);
+        free(extra);
         if (rc == 0 && mismatches) {
             fprintf(stderr, "dfl eval: %d speculative outputs differ from the autoregressive ones (see above)\n",
                     mismatches);

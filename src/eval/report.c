@@ -14,14 +14,13 @@ static double per_pos(const eval_agg *a, int k) {
     return a->pos_drafted[k] ? (double)a->pos_accepted[k] / a->pos_drafted[k] : 0.0;
 }
 
-static const char *base_name(const char *p) {
-    const char *s = strrchr(p, '/');
-    while (s && s[1] == 0 && s > p) { /* trailing slash */
-        const char *q = s - 1;
-        while (q > p && *q != '/') q--;
-        return *q == '/' ? q + 1 : q;
-    }
-    return s ? s + 1 : p;
+/* Last path component for legends (a trailing slash is ignored). */
+static void base_name(const char *p, char *out, size_t n) {
+    size_t len = strlen(p);
+    while (len > 1 && p[len - 1] == '/') len--;
+    size_t start = len;
+    while (start > 0 && p[start - 1] != '/') start--;
+    snprintf(out, n, "%.*s", (int)(len - start), p + start);
 }
 
 static void json_str(FILE *f, const char *s) {
@@ -184,7 +183,9 @@ static int write_per_position_svg(const eval_summary *s, const char *path) {
         const double ly = y0 + 14 + 18 * (k - 1);
         fprintf(f, "<line x1=\"%.0f\" y1=\"%.1f\" x2=\"%.0f\" y2=\"%.1f\" stroke=\"%s\" stroke-width=\"3\"/>\n",
                 x0 + pw + 14, ly - 4, x0 + pw + 34, ly - 4, c);
-        fprintf(f, "<text x=\"%.0f\" y=\"%.1f\">%s %s</text>\n", x0 + pw + 40, ly, base_name(a->drafter), a->mode);
+        char name[256];
+        base_name(a->drafter, name, sizeof name);
+        fprintf(f, "<text x=\"%.0f\" y=\"%.1f\">%s %s</text>\n", x0 + pw + 40, ly, name, a->mode);
     }
     fprintf(f, "</svg>\n");
     return fclose(f) == 0 ? DFL_OK : dfl_seterr("%s: write error", path);
@@ -231,8 +232,10 @@ static int write_tau_svg(const eval_summary *s, const char *path) {
         const double ly = y0 + 14 + 18 * (k - 1);
         fprintf(f, "<line x1=\"%.0f\" y1=\"%.1f\" x2=\"%.0f\" y2=\"%.1f\" stroke=\"%s\" stroke-width=\"3\"/>\n",
                 x0 + pw + 14, ly - 4, x0 + pw + 34, ly - 4, c);
-        fprintf(f, "<text x=\"%.0f\" y=\"%.1f\">%s %s (τ %.2f)</text>\n", x0 + pw + 40, ly,
-                base_name(s->agg[k].drafter), s->agg[k].mode, eval_agg_tau(&s->agg[k]));
+        char name[256];
+        base_name(s->agg[k].drafter, name, sizeof name);
+        fprintf(f, "<text x=\"%.0f\" y=\"%.1f\">%s %s (τ %.2f)</text>\n", x0 + pw + 40, ly, name, s->agg[k].mode,
+                eval_agg_tau(&s->agg[k]));
     }
     fprintf(f, "</svg>\n");
     free(cnt);

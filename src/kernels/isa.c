@@ -36,7 +36,7 @@ int kn_isa_supported(kn_isa isa) {
         return kn_isa_supported(KN_ISA_AVX512) && __builtin_cpu_supports("avx512bf16");
 #if defined(__linux__)
     case KN_ISA_AMX:
-        if (!kn_isa_supported(KN_ISA_AVX512)) return 0;
+        if (!kn_isa_supported(KN_ISA_AVX512BF16)) return 0;
         pthread_once(&amx_once, amx_init);
         return amx_granted;
 #endif

@@ -20,7 +20,8 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#define TGT_AMX __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,amx-tile,amx-bf16")))
+#define TGT_AMX \
+    __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,amx-tile,amx-bf16")))
 #define INLINE static inline __attribute__((always_inline))
 
 #define GROUP_ROWS 64                  /* rows per group: four 16-row C tiles */
@@ -79,22 +80,28 @@ TGT_AMX INLINE void amx_group(const uint16_t *w, size_t ldw, const uint16_t *xb,
     if (g > 3) _tile_stored(3, cbuf + 768, 64);
 }
 
-/* Pack x [n][cols] into xb [token tile][32-column step][hi | lo][16 pairs][16 tokens][2]. */
-static void amx_pack(uint16_t *xb, const float *x, int n, int cols, int n_tt) {
+/* Pack x [n][cols] into xb [token tile][32-column step][hi | lo][16 pairs][16 tokens][2]
+ * (pad tokens zero): per step one token's 32 columns round to bf16 (nearest even) in two
+ * instructions, and each column pair lands as one 32-bit word, 64 bytes from the next pair. */
+TGT_AMX static void amx_pack(uint16_t *xb, const float *x, int n, int cols, int n_tt) {
     const int ks_n = cols / 32;
-#pragma omp parallel for schedule(static) if ((size_t)n_tt * 16 * cols >= KN_PAR_MIN_WORK)
-    for (int i = 0; i < n_tt * ks_n; i++) {
-        const int tt = i / ks_n, ks = i % ks_n;
-        uint16_t *hi = xb + (size_t)i * 2 * TILE_ELEMS, *lo = hi + TILE_ELEMS;
-        for (int tn = 0; tn < 16; tn++) {
-            const int t = tt * 16 + tn;
-            for (int c = 0; c < 32; c++) {
-                const float v = t < n ? x[(size_t)t * cols + (size_t)ks * 32 + c] : 0.0f;
-                const uint16_t h = st_f32_to_bf16(v);
-                const size_t at = (size_t)(c / 2) * 32 + (size_t)tn * 2 + (size_t)(c % 2);
-                hi[at] = h;
-                lo[at] = st_f32_to_bf16(v - st_bf16_to_f32(h));
-            }
+    if (n % 16) memset(xb + (size_t)(n_tt - 1) * ks_n * 2 * TILE_ELEMS, 0, (size_t)ks_n * 2 * TILE_ELEMS * sizeof(uint16_t));
+#pragma omp parallel for schedule(static) if ((size_t)n * cols >= KN_PAR_MIN_WORK)
+    for (int t = 0; t < n; t++) {
+        const int tt = t / 16, tn = t % 16;
+        uint32_t pairs[2][16] __attribute__((aligned(64)));
+        for (int ks = 0; ks < ks_n; ks++) {
+            const float *xs = x + (size_t)t * cols + (size_t)ks * 32;
+            const __m512 v0 = _mm512_loadu_ps(xs), v1 = _mm512_loadu_ps(xs + 16);
+            const __m512i hi = (__m512i)_mm512_cvtne2ps_pbh(v1, v0); /* columns 0..31 in order */
+            const __m512 h0 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(hi)), 16));
+            const __m512 h1 =
+                _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(hi, 1)), 16));
+            const __m512i lo = (__m512i)_mm512_cvtne2ps_pbh(_mm512_sub_ps(v1, h1), _mm512_sub_ps(v0, h0));
+            _mm512_store_si512(pairs[0], hi);
+            _mm512_store_si512(pairs[1], lo);
+            uint32_t *dst = (uint32_t *)(xb + ((size_t)tt * ks_n + ks) * 2 * TILE_ELEMS) + tn;
+            for (int p = 0; p < 16; p++) dst[p * 16] = pairs[0][p], dst[TILE_ELEMS / 2 + p * 16] = pairs[1][p];
         }
     }
 }
