@@ -8,6 +8,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 enum dfl_status {
     DFL_OK = 0,
@@ -30,6 +31,9 @@ char *dfl_read_file(const char *path, size_t *len_out);
 
 /* Join a directory and a file name into a malloc'd path. */
 char *dfl_path_join(const char *dir, const char *name);
+
+/* Write s as a JSON string literal (quoted, escaped) to f. */
+void dfl_json_write_string(FILE *f, const char *s);
 
 /* 1 if path is a directory, 0 otherwise. */
 int dfl_is_dir(const char *path);

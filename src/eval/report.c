@@ -23,15 +23,6 @@ static void base_name(const char *p, char *out, size_t n) {
     snprintf(out, n, "%.*s", (int)(len - start), p + start);
 }
 
-static void json_str(FILE *f, const char *s) {
-    fputc('"', f);
-    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-        if (*p == '"' || *p == '\\') fprintf(f, "\\%c", *p);
-        else if (*p < 0x20) fprintf(f, "\\u%04x", *p);
-        else fputc(*p, f);
-    }
-    fputc('"', f);
-}
 
 static int write_json(const eval_summary *s, const char *path, const char *extra) {
     FILE *f = fopen(path, "w");
@@ -55,7 +46,7 @@ static int write_json(const eval_summary *s, const char *path, const char *extra
         const eval_agg *a = &s->agg[k];
         const double busy = a->draft_s + a->verify_s + a->rollback_s;
         fprintf(f, "%s\n    {\"drafter\": ", k > 1 ? "," : "");
-        json_str(f, a->drafter);
+        dfl_json_write_string(f, a->drafter);
         fprintf(f, ", \"mode\": \"%s\", \"responses\": %d, \"tokens\": %d, \"rounds\": %d, \"drafted\": %ld, "
                    "\"accepted\": %ld, \"tau\": %.6f, \"tau_token_weighted\": %.6f, \"tau_accept\": %.6f, "
                    "\"tokens_per_s\": %.3f, \"speedup\": %.4f, \"draft_share\": %.4f, \"verify_share\": %.4f, "

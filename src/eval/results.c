@@ -24,15 +24,6 @@ void eval_result_from_stats(eval_result *r, const dfl_gen_stats *st) {
     r->rollback_s = st->t_rollback;
 }
 
-static void json_str(FILE *f, const char *s) {
-    fputc('"', f);
-    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-        if (*p == '"' || *p == '\\') fprintf(f, "\\%c", *p);
-        else if (*p < 0x20) fprintf(f, "\\u%04x", *p);
-        else fputc(*p, f);
-    }
-    fputc('"', f);
-}
 
 static void long_array(FILE *f, const char *name, const long *v, int from, int to) {
     fprintf(f, ", \"%s\": [", name);
@@ -42,9 +33,9 @@ static void long_array(FILE *f, const char *name, const long *v, int from, int t
 
 void eval_result_write(FILE *f, const eval_result *r, const int32_t *ids, int n_ids) {
     fputs("{\"prompt_id\": ", f);
-    json_str(f, r->prompt_id);
+    dfl_json_write_string(f, r->prompt_id);
     fprintf(f, ", \"turn\": %d, \"drafter\": ", r->turn);
-    json_str(f, r->drafter);
+    dfl_json_write_string(f, r->drafter);
     fprintf(f, ", \"mode\": \"%s\", \"tokens\": %d, \"rounds\": %d, \"drafted\": %ld, \"accepted\": %ld, "
                "\"block_size\": %d, \"tau\": %.6f, \"time_s\": %.6f, \"prefill_s\": %.6f, \"draft_s\": %.6f, "
                "\"verify_s\": %.6f, \"rollback_s\": %.6f, \"tree_depth_sum\": %ld, \"match\": %s, "
