@@ -344,7 +344,7 @@ static void test_errors(int port, size_t max_body) {
     /* a prompt longer than the context */
     char *big = malloc(max_body + 64);
     int k = snprintf(big, max_body, "{\"prompt\": [");
-    for (int i = 0; i < 600; i++) k += snprintf(big + k, max_body - k, "%s5", i ? "," : "");
+    for (int i = 0; i < 2100; i++) k += snprintf(big + k, max_body - k, "%s5", i ? "," : "");
     snprintf(big + k, max_body - k, "], \"max_tokens\": 1}");
     expect_error(port, NULL, "/v1/completions", big, 400, "prompt");
     /* a body over --max-body */
@@ -365,7 +365,7 @@ typedef struct long_arg {
 static void *long_client(void *p) {
     long_arg *a = p;
     char body[256];
-    snprintf(body, sizeof body, "{\"prompt\": %s, \"max_tokens\": 480, \"temperature\": 0, \"ignore_eos\": true}",
+    snprintf(body, sizeof body, "{\"prompt\": %s, \"max_tokens\": 300, \"temperature\": 0, \"ignore_eos\": true}",
              prompt_json());
     reply r = http(a->port, NULL, "/v1/completions", body, 0);
     a->status = r.status;
@@ -419,7 +419,7 @@ static long metric(int port, const char *name) {
 static void test_disconnect(int port) {
     const long before = metric(port, "\ndfl_requests_cancelled_total");
     char body[256];
-    snprintf(body, sizeof body, "{\"prompt\": %s, \"max_tokens\": 500, \"temperature\": 0, \"ignore_eos\": true, "
+    snprintf(body, sizeof body, "{\"prompt\": %s, \"max_tokens\": 2000, \"temperature\": 0, \"ignore_eos\": true, "
              "\"stream\": true}", prompt_json());
     reply r = http(port, NULL, "/v1/completions", body, 600);
     CHECK(r.status == 200 && r.len >= 600, "aborted stream: status %ld, %zu bytes", r.status, r.len);
@@ -442,7 +442,7 @@ int main(void) {
     o.target = test_fixture("qwen3_tiny");
     o.drafter = test_fixture("dflash_qwen3");
     o.port = 0;
-    o.max_context = 512;
+    o.max_context = 2048;
     o.max_body = 16 * 1024;
     dfl_server *srv = server_start(&o);
     CHECK(srv, "server_start: %s", dfl_errmsg());
