@@ -16,6 +16,7 @@ typedef struct dfl_server_opts {
     const char *tokenizer;  /* tokenizer.json or a directory holding one; NULL = the target's */
     const char *model_name; /* the "model" of responses and metrics; NULL = target dir basename */
     int block;              /* verification block; 0 = the drafter's block_size */
+    int tree_budget;        /* 0 = chain verification; N = DDTree with N draft nodes (greedy requests only) */
     const char *host;       /* address to bind (numeric or a name); NULL = 127.0.0.1 */
     int port;               /* 0 = a free port chosen by the system (see server_port) */
     int max_queue;          /* generation requests that may wait behind the running one */

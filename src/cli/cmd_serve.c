@@ -4,12 +4,13 @@
 #include <string.h>
 
 #include "cli/cli.h"
+#include "dfl/ddtree.h"
 #include "dfl/common.h"
 #include "dfl/server.h"
 #include "dfl/spec.h"
 
 static const char *usage_text =
-    "usage: dfl serve --target DIR [--drafter DIR [--block-size B]] [--host ADDR] [--port P]\n"
+    "usage: dfl serve --target DIR [--drafter DIR [--block-size B] [--tree-budget N]] [--host ADDR] [--port P]\n"
     "                 [--max-queue N] [--max-context N] [--max-body BYTES] [--tokenizer PATH]\n"
     "                 [--model-name NAME] [--quiet] [--check-weights]\n"
     "\n"
@@ -24,6 +25,8 @@ static const char *usage_text =
     "  --target DIR        target checkpoint (qwen3, qwen3_5 or qwen3_5_text)\n"
     "  --drafter DIR       DFlash drafter checkpoint (z-lab format)\n"
     "  --block-size B      verification block (default: the drafter's block_size)\n"
+    "  --tree-budget N     verify with DDTree of N draft nodes (0 = chain, default); greedy requests\n"
+    "                      only (temperature 0), others get 400\n"
     "  --host ADDR         address to bind (default 127.0.0.1, loopback only)\n"
     "  --port P            TCP port (default 8000; 0 = a free port, printed at start)\n"
     "  --max-queue N       requests that may wait behind the running one; more get 503 (default 64)\n"
@@ -58,6 +61,9 @@ int cmd_serve(int argc, char **argv) {
             o.model_name = cli_value(argc, argv, &i);
         } else if (strcmp(a, "--host") == 0) {
             o.host = cli_value(argc, argv, &i);
+        } else if (strcmp(a, "--tree-budget") == 0) {
+            if (cli_parse_long("serve", a, cli_value(argc, argv, &i), 0, DDTREE_MAX_BUDGET, &v)) return 2;
+            o.tree_budget = (int)v;
         } else if (strcmp(a, "--block-size") == 0) {
             if (cli_parse_long("serve", a, cli_value(argc, argv, &i), 2, DFL_MAX_BLOCK, &v)) return 2;
             o.block = (int)v;
@@ -83,6 +89,7 @@ int cmd_serve(int argc, char **argv) {
     }
     if (!o.target) return cli_usage_error("serve", "missing --target DIR");
     if (o.block && !o.drafter) return cli_usage_error("serve", "--block-size needs --drafter");
+    if (o.tree_budget && !o.drafter) return cli_usage_error("serve", "--tree-budget needs --drafter");
     /* Block the signals in every thread (the server's threads inherit this mask) and take them
      * synchronously here, so that shutdown runs in ordinary code, not in a handler. */
     sigset_t sigs;

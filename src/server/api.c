@@ -388,6 +388,11 @@ int api_parse_generation(struct dfl_server *srv, endpoint ep, cJSON *body, job *
     if (r == 0) max_new = ep == EP_COMPLETIONS ? 16 : ep == EP_GENERATE ? 128 : srv->max_ctx - j->n_prompt;
     double temp = 1.0; /* the OpenAI and SGLang default */
     if (get_double(o, "temperature", p_temp, 0, 1e6, &temp, e) < 0) return -1;
+    if (temp > 0 && srv->tree_budget > 0) {
+        api_seterr(e, 400, p_temp, "this server verifies with DDTree (--tree-budget %d), which is greedy: send %s 0",
+                   srv->tree_budget, p_temp);
+        return -1;
+    }
     r = get_int(o, "seed", p_seed, 0, 9007199254740992.0, &seed, e);
     if (r < 0) return -1;
     if (r == 0 && ep == EP_GENERATE) {

@@ -20,6 +20,7 @@
 #include <microhttpd.h>
 
 #include "dfl/common.h"
+#include "dfl/ddtree.h"
 #include "server/server_internal.h"
 
 const int server_statuses[N_STATUS] = {200, 400, 404, 405, 413, 499, 500, 503, 0};
@@ -194,7 +195,8 @@ static void run_job(dfl_server *srv, job *j) {
     if (srv->have_ds) dstate_reset(&srv->ds);
     dfl_draft_if dif;
     if (srv->have_ds) dif = spec_dflash_drafter(&srv->ds);
-    const dfl_gen_opts o = {.max_new = j->max_new, .block = srv->block, .temperature = j->temperature,
+    const dfl_gen_opts o = {.max_new = j->max_new, .block = srv->block, .tree_budget = srv->tree_budget,
+                            .temperature = j->temperature,
                             .seed = j->seed, .ignore_eos = j->ignore_eos, .on_round = on_round, .on_round_ud = j};
     int32_t *out = malloc((size_t)j->max_new * sizeof *out);
     run_ctx rc = {.srv = srv, .j = j};
@@ -648,6 +650,10 @@ static char *default_name(const char *dir) {
 static int load(dfl_server *srv, const dfl_server_opts *o) {
     if (!o->target) return dfl_seterr("no target checkpoint given");
     if (o->block && !o->drafter) return dfl_seterr("a block size needs a drafter");
+    if (o->tree_budget && !o->drafter) return dfl_seterr("a tree budget needs a drafter");
+    if (o->tree_budget < 0 || o->tree_budget > DDTREE_MAX_BUDGET)
+        return dfl_seterr("tree budget %d: must be in [0, %d]", o->tree_budget, DDTREE_MAX_BUDGET);
+    srv->tree_budget = o->tree_budget;
     if (o->max_queue < 0) return dfl_seterr("max_queue %d: must be >= 0", o->max_queue);
     if (model_open(&srv->m, o->target, o->check_weights) != DFL_OK) return DFL_ERR;
     if (o->drafter) {
@@ -668,9 +674,13 @@ static int load(dfl_server *srv, const dfl_server_opts *o) {
     if (!(srv->tok = tok_open(o->tokenizer ? o->tokenizer : o->target))) return DFL_ERR;
     /* prefill in chunks of up to 512 tokens, as dfl generate does (same numbers) */
     const int chunk = srv->max_ctx < 512 ? srv->max_ctx : 512;
-    const int max_batch = chunk > srv->block ? chunk : srv->block;
-    if (state_init(&srv->s, &srv->m, srv->max_ctx, max_batch, srv->have_d) != DFL_OK) return DFL_ERR;
+    int max_batch = chunk > srv->block ? chunk : srv->block;
+    if (srv->tree_budget + 1 > max_batch) max_batch = srv->tree_budget + 1;
+    /* a DDTree round holds its nodes in cache slots past the committed positions */
+    if (state_init(&srv->s, &srv->m, srv->max_ctx + srv->tree_budget, max_batch, srv->have_d) != DFL_OK)
+        return DFL_ERR;
     srv->have_s = 1;
+    if (srv->tree_budget && state_enable_tree(&srv->s, srv->tree_budget + 1) != DFL_OK) return DFL_ERR;
     if (srv->have_d) {
         if (dstate_init(&srv->ds, &srv->d, &srv->m, srv->max_ctx, srv->block) != DFL_OK) return DFL_ERR;
         srv->have_ds = 1;

@@ -118,6 +118,7 @@ struct dfl_server {
     dfl_tokenizer *tok;
     char *model_name;
     int block, max_ctx, max_queue, log;
+    int tree_budget; /* 0 = chain verification, N = DDTree-N */
     size_t max_body;
     struct MHD_Daemon *mhd;
     int port;

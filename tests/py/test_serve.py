@@ -364,6 +364,27 @@ def queue_disconnect_sigterm():
         srv.stop()
 
 
+def tree_budget():
+    """--tree-budget: DDTree verification; greedy outputs equal dfl generate's (and greedy decoding)."""
+    srv = Server(VLM, D35, "--tree-budget", 8)
+    try:
+        for prompt in PROMPTS:
+            ref = dfl_json("generate", "--target", VLM, "--drafter", D35, "--tree-budget", 8, "--prompt", prompt,
+                           "--max-new", 24, "--json", "--ignore-eos")
+            greedy = dfl_json("generate", "--target", VLM, "--prompt", prompt, "--max-new", 24, "--json",
+                              "--ignore-eos")
+            st, r = srv.json("/generate", {"text": prompt, "sampling_params": {"max_new_tokens": 24, "temperature": 0,
+                                                                             "ignore_eos": True}})
+            t.check(st == 200 and r.get("output_ids") == ref["tokens"] == greedy["tokens"],
+                    f"DDTree-8 server: {r.get('output_ids')} vs generate {ref['tokens']}")
+            t.check(r.get("meta_info", {}).get("spec_verify_ct") == ref["stats"]["rounds"], "DDTree rounds")
+        st, r = srv.json("/v1/completions", {"prompt": PROMPTS[0], "max_tokens": 4, "temperature": 0.7})
+        t.check(st == 400 and "DDTree" in r.get("error", {}).get("message", ""), f"sampling with DDTree: {st} {r}")
+    finally:
+        t.check(srv.stop() == 0, "DDTree server exits cleanly")
+
+
+t.run(tree_budget)
 t.run(outputs_match, TINY, D3)
 t.run(outputs_match, TINY, None)
 t.run(outputs_match, VLM, D35)
