@@ -1,12 +1,13 @@
 /* Compute kernels. All activations are float32; weight matrices may be F32, F16 or BF16
  * and are read in place from the mmap.
  *
- * Instruction-set paths: every dispatched kernel (kn_matmul, kn_dot, kn_axpy, kn_gdn_*) has a
- * generic C variant and x86-64 SIMD variants compiled with target attributes, chosen at run
- * time from the CPU's features (the binary runs on any x86-64). DFL_ISA=generic|avx2|avx512|
- * avx512bf16 forces a path (benchmarks, tests). Within one path each output element is
- * computed by the same operations whatever the batch size n, so a forward over n tokens
- * equals n single-token forwards bit for bit; different paths agree up to rounding. */
+ * Instruction-set paths: every dispatched kernel (kn_matmul, kn_dot, kn_axpy, kn_swiglu,
+ * kn_silu_inplace, kn_gdn_*) has a generic C variant and x86-64 SIMD variants compiled with
+ * target attributes, chosen at run time from the CPU's features (the binary runs on any
+ * x86-64). DFL_ISA=generic|avx2|avx512|avx512bf16|amx forces a path (benchmarks, tests).
+ * Within one path each output element is computed by the same operations whatever the batch
+ * size n, so a forward over n tokens equals n single-token forwards bit for bit; different
+ * paths agree up to rounding. */
 #ifndef DFL_KERNELS_H
 #define DFL_KERNELS_H
 
@@ -20,8 +21,9 @@ typedef enum kn_isa {
     KN_ISA_GENERIC,    /* portable C */
     KN_ISA_AVX2,       /* AVX2 + FMA + F16C */
     KN_ISA_AVX512,     /* AVX-512 F/BW/VL/DQ + FMA: float32 FMAs over converted weights */
-    KN_ISA_AVX512BF16, /* AVX-512 BF16 dot products on BF16 weights, each activation split into a
-                        * bf16 hi + lo pair (~16 mantissa bits); other dtypes as KN_ISA_AVX512 */
+    KN_ISA_AVX512BF16, /* AVX-512 BF16 dot products on BF16 weights, each activation split into
+                        * three bf16 parts (hi + mid + lo, float32 accuracy); other dtypes as
+                        * KN_ISA_AVX512 */
     KN_ISA_AMX,        /* AMX-BF16 tiles on BF16 weights (activations split as above; Linux grants
                         * the tile state per process); other dtypes and shapes as KN_ISA_AVX512 */
     KN_ISA_COUNT
@@ -65,6 +67,8 @@ void kn_axpy(float *y, float a, const float *x, int n);
 void kn_rmsnorm(float *y, const float *x, const float *w, int n, float eps);
 /* In-place SiLU-gated product: a[i] = silu(a[i]) * b[i]. */
 void kn_swiglu(float *a, const float *b, int n);
+/* In-place SiLU: x[i] = x[i] / (1 + exp(-x[i])). */
+void kn_silu_inplace(float *x, int n);
 /* NeoX half-split rotary embedding over the first rot dims of x[hd] (cos/sin [rot/2]). */
 void kn_rope(float *x, const float *cos, const float *sin, int rot);
 /* In-place softmax over n values. */

@@ -58,9 +58,9 @@ int kn_isa_parse(const char *name, kn_isa *out) {
 }
 
 /* The automatic choice is the first supported of AMX, AVX-512, AVX2, generic. AVX-512 BF16 is
- * never chosen by itself: with the activations split into bf16 hi + lo (float32-like
- * accuracy) it issues two dot-product instructions per 32 weights, and on Sapphire Rapids
- * VDPBF16PS runs at half the FMA rate, so it is slower than the float32 FMA path there
+ * never chosen by itself: with the activations split into three bf16 parts (float32 accuracy)
+ * it issues three dot-product instructions per 32 weights, and on Sapphire Rapids VDPBF16PS
+ * runs at half the FMA rate, so it is slower than the float32 FMA path there
  * (bench/README.md). It stays available through DFL_ISA. */
 static void isa_init(void) {
     static const kn_isa order[] = {KN_ISA_AMX, KN_ISA_AVX512, KN_ISA_AVX2};

@@ -138,7 +138,37 @@ void kn_rmsnorm(float *y, const float *x, const float *w, int n, float eps) {
 }
 
 void kn_swiglu(float *a, const float *b, int n) {
-    for (int i = 0; i < n; i++) a[i] = kn_silu(a[i]) * b[i];
+    switch (kn_isa_get()) {
+#if KN_X86
+    case KN_ISA_AMX:
+    case KN_ISA_AVX512BF16:
+    case KN_ISA_AVX512:
+        kn_swiglu_avx512(a, b, n);
+        return;
+    case KN_ISA_AVX2:
+        kn_swiglu_avx2(a, b, n);
+        return;
+#endif
+    default:
+        for (int i = 0; i < n; i++) a[i] = kn_silu(a[i]) * b[i];
+    }
+}
+
+void kn_silu_inplace(float *x, int n) {
+    switch (kn_isa_get()) {
+#if KN_X86
+    case KN_ISA_AMX:
+    case KN_ISA_AVX512BF16:
+    case KN_ISA_AVX512:
+        kn_silu_inplace_avx512(x, n);
+        return;
+    case KN_ISA_AVX2:
+        kn_silu_inplace_avx2(x, n);
+        return;
+#endif
+    default:
+        for (int i = 0; i < n; i++) x[i] = kn_silu(x[i]);
+    }
 }
 
 void kn_rope(float *x, const float *cos, const float *sin, int rot) {

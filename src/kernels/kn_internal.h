@@ -31,6 +31,10 @@ void kn_matmul_amx(float *y, const float *x, const dfl_mat *w, int n);
 /* Ask Linux for the AMX tile state for this process; 1 when granted. */
 int kn_amx_request(void);
 #endif
+void kn_silu_inplace_avx2(float *x, int n);
+void kn_silu_inplace_avx512(float *x, int n);
+void kn_swiglu_avx2(float *a, const float *b, int n);
+void kn_swiglu_avx512(float *a, const float *b, int n);
 float kn_dot_avx2(const float *a, const float *b, int n);
 float kn_dot_avx512(const float *a, const float *b, int n);
 void kn_axpy_avx2(float *y, float a, const float *x, int n);

@@ -250,11 +250,12 @@ TGT_AVX512 void kn_axpy_avx512(float *y, float a, const float *x, int n) {
 /* ---- AVX-512 BF16 (VDPBF16PS) -------------------------------------------------------------- */
 
 /* BF16 weights, 32 columns per step used as they are stored; xp[t] holds the activations as
- * bf16 pairs in natural order, hi [ldx/2] then lo [ldx/2] with x = hi + lo to ~2^-17
- * relative: acc += w.hi then acc += w.lo (products exact, sums in float32). */
+ * bf16 pairs in natural order in SPLIT parts of ldx/SPLIT each, hi, mid, lo with x = hi + mid +
+ * lo to 2^-27 relative: acc += w.hi, w.mid, w.lo in turn (products exact, sums float32). */
+#define SPLIT 3
 TGT_BF16 INLINE void step_bf16_dp(__m512 (*acc)[TB], const uint16_t *w, int cols, const uint16_t *xp, size_t ldx,
                                   int c, __mmask32 m, const int R, const int T) {
-    const size_t half = ldx / 2;
+    const size_t part = ldx / SPLIT;
     __m512bh wr[RB];
 #pragma GCC unroll 8
     for (int r = 0; r < R; r++) {
@@ -262,14 +263,13 @@ TGT_BF16 INLINE void step_bf16_dp(__m512 (*acc)[TB], const uint16_t *w, int cols
         _mm_prefetch((const char *)(w + (size_t)(r + R) * cols + c), _MM_HINT_T0);
     }
 #pragma GCC unroll 8
-    for (int t = 0; t < T; t++) {
-        const __m512bh hi = (__m512bh)_mm512_loadu_si512(xp + (size_t)t * ldx + c);
+    for (int t = 0; t < T; t++)
+#pragma GCC unroll 4
+        for (int p = 0; p < SPLIT; p++) {
+            const __m512bh xv = (__m512bh)_mm512_loadu_si512(xp + (size_t)t * ldx + p * part + c);
 #pragma GCC unroll 8
-        for (int r = 0; r < R; r++) acc[r][t] = _mm512_dpbf16_ps(acc[r][t], wr[r], hi);
-        const __m512bh lo = (__m512bh)_mm512_loadu_si512(xp + (size_t)t * ldx + half + c);
-#pragma GCC unroll 8
-        for (int r = 0; r < R; r++) acc[r][t] = _mm512_dpbf16_ps(acc[r][t], wr[r], lo);
-    }
+            for (int r = 0; r < R; r++) acc[r][t] = _mm512_dpbf16_ps(acc[r][t], wr[r], xv);
+        }
 }
 
 TGT_BF16 INLINE void tile_bf16_dp(float *y, int ldy, const void *wv, int cols, const void *xv, size_t ldx,
@@ -294,21 +294,22 @@ DEF_TILES(TGT_BF16, tiles_bf16_dp, tile_bf16_dp, RB, TB)
 void kn_matmul_avx512bf16(float *y, const float *x, const dfl_mat *w, int n) {
     if (n < 1) return;
     const int cols = w->cols;
-    const size_t half = round_up((size_t)cols, 32), ldx = 2 * half;
+    const size_t part = round_up((size_t)cols, 32), ldx = SPLIT * part;
     uint16_t *xp = malloc((size_t)n * ldx * sizeof(uint16_t));
     if (!xp) { /* no memory for the split activations: the generic kernel needs none */
         kn_matmul_generic(y, x, w, n);
         return;
     }
 #pragma omp parallel for schedule(static) if ((size_t)n * ldx >= KN_PAR_MIN_WORK)
-    for (int t = 0; t < n; t++) {
-        uint16_t *hi = xp + (size_t)t * ldx, *lo = hi + half;
-        for (size_t c = 0; c < half; c++) {
-            const float v = c < (size_t)cols ? x[(size_t)t * cols + c] : 0.0f;
-            hi[c] = st_f32_to_bf16(v);
-            lo[c] = st_f32_to_bf16(v - st_bf16_to_f32(hi[c]));
+    for (int t = 0; t < n; t++)
+        for (size_t c = 0; c < part; c++) {
+            float v = c < (size_t)cols ? x[(size_t)t * cols + c] : 0.0f; /* what the parts so far leave */
+            for (int p = 0; p < SPLIT; p++) {
+                const uint16_t h = st_f32_to_bf16(v);
+                xp[(size_t)t * ldx + p * part + c] = h;
+                v -= st_bf16_to_f32(h);
+            }
         }
-    }
     mm_run(y, w, n, xp, ldx, sizeof(uint16_t), &tiles_bf16_dp);
     free(xp);
 }

@@ -241,30 +241,41 @@ static void gated_delta(const dfl_model *m, const dfl_layer_w *l, float *conv_st
     const int C = m->conv_dim, K = g->conv_kernel, Hk = g->lin_k_heads, Hv = g->lin_v_heads;
     const int dk = g->lin_k_dim, dv = g->lin_v_dim, ratio = Hv / Hk;
     const size_t win_sz = (size_t)(K - 1) * C, HS = (size_t)Hv * dk * dv;
-    /* depthwise causal conv per channel: w[K-1] multiplies the current token */
+    /* depthwise causal conv per channel (w[K-1] multiplies the current token), 16 channels at a
+     * time so that each token's row is read and written contiguously; SiLU after, vectorized */
 #pragma omp parallel for schedule(static)
-    for (int c = 0; c < C; c++) {
-        float win[16];
-        const float *w = l->conv_w + (size_t)c * K;
+    for (int c0 = 0; c0 < C; c0 += 16) {
+        const int nc = C - c0 < 16 ? C - c0 : 16;
+        const size_t row_bytes = (size_t)nc * sizeof(float);
+        float win[16][16], wt[16][16]; /* [tap][channel]: window (oldest first) and weights */
+        for (int j = 0; j < K; j++)
+            for (int i = 0; i < nc; i++) wt[j][i] = l->conv_w[(size_t)(c0 + i) * K + j];
         if (!tree)
-            for (int j = 0; j < K - 1; j++) win[j] = conv_state[(size_t)j * C + c];
+            for (int j = 0; j < K - 1; j++) memcpy(win[j], conv_state + (size_t)j * C + c0, row_bytes);
         for (int t = 0; t < n; t++) {
             if (tree) {
                 const int p = tree->parent[t];
                 const float *src = p < 0 ? conv_state : tree->node_conv + (size_t)p * win_sz;
-                for (int j = 0; j < K - 1; j++) win[j] = src[(size_t)j * C + c];
+                for (int j = 0; j < K - 1; j++) memcpy(win[j], src + (size_t)j * C + c0, row_bytes);
             }
-            float raw = qkv[(size_t)t * C + c], acc = w[K - 1] * raw;
-            for (int j = 0; j < K - 1; j++) acc += w[j] * win[j];
-            for (int j = 0; j + 1 < K - 1; j++) win[j] = win[j + 1];
-            if (K > 1) win[K - 2] = raw;
-            qkv[(size_t)t * C + c] = kn_silu(acc);
+            float *row = qkv + (size_t)t * C + c0;
+            for (int i = 0; i < nc; i++) {
+                const float raw = row[i];
+                float acc = wt[K - 1][i] * raw;
+                for (int j = 0; j < K - 1; j++) acc += wt[j][i] * win[j][i];
+                for (int j = 0; j + 1 < K - 1; j++) win[j][i] = win[j + 1][i];
+                if (K > 1) win[K - 2][i] = raw;
+                row[i] = acc;
+            }
             if (tree)
-                for (int j = 0; j < K - 1; j++) tree->node_conv[(size_t)t * win_sz + (size_t)j * C + c] = win[j];
+                for (int j = 0; j < K - 1; j++)
+                    memcpy(tree->node_conv + (size_t)t * win_sz + (size_t)j * C + c0, win[j], row_bytes);
         }
         if (!tree)
-            for (int j = 0; j < K - 1; j++) conv_state[(size_t)j * C + c] = win[j];
+            for (int j = 0; j < K - 1; j++) memcpy(conv_state + (size_t)j * C + c0, win[j], row_bytes);
     }
+#pragma omp parallel for schedule(static) if (n > 1)
+    for (int t = 0; t < n; t++) kn_silu_inplace(qkv + (size_t)t * C, C);
     /* L2-normalise q and k per (token, key head); q also scaled by 1/sqrt(dk) */
     const float qscale = 1.0f / sqrtf((float)dk);
 #pragma omp parallel for schedule(static)
@@ -336,15 +347,13 @@ static void linear_layer(dfl_state *s, int li, int n) {
     lin_tree tree = {.parent = s->tree_parent, .node_conv = s->tree_conv ? s->tree_conv[li] : NULL,
                      .node_S = s->tree_S ? s->tree_S[li] : NULL};
     gated_delta(m, l, s->conv_state[li], s->rec_state[li], s->q, s->ab, n, s->att, s->tree_parent ? &tree : NULL);
-    /* gated RMSNorm per (token, value head): w * norm(o) * silu(z) */
-    for (int t = 0; t < n; t++)
-        for (int h = 0; h < Hv; h++) {
-            float *o = s->att + (size_t)t * Hv * dv + (size_t)h * dv;
-            const float *z = s->z + (size_t)t * Hv * dv + (size_t)h * dv;
-            kn_rmsnorm(o, o, l->gnorm, dv, g->rms_eps);
-            for (int j = 0; j < dv; j++) o[j] *= kn_silu(z[j]);
-        }
-    kn_matmul(s->xn, s->att, &l->out_proj, n);
+    /* gated RMSNorm per (token, value head): w * norm(o) * silu(z), into z */
+    for (int th = 0; th < n * Hv; th++) {
+        float *o = s->att + (size_t)th * dv;
+        kn_rmsnorm(o, o, l->gnorm, dv, g->rms_eps);
+    }
+    kn_swiglu(s->z, s->att, n * Hv * dv);
+    kn_matmul(s->xn, s->z, &l->out_proj, n);
     for (size_t i = 0; i < (size_t)n * H; i++) s->x[i] += s->xn[i];
 }
 

@@ -1,0 +1,99 @@
+/* x86-64 SIMD variants of the SiLU kernels (kn_silu_inplace, kn_swiglu): a vectorized exp
+ * (Cephes-style: e^x = 2^k e^r, |r| <= ln2/2, degree-7 polynomial, ~2 ulp), tails through
+ * masked lanes so that an element's result never depends on where it sits in the array. */
+#include "kn_internal.h"
+
+#if KN_X86
+#include <immintrin.h>
+
+#define TGT_AVX2 __attribute__((target("avx2,fma")))
+#define TGT_AVX512 __attribute__((target("avx2,fma,avx512f")))
+#define INLINE static inline __attribute__((always_inline))
+
+/* exp(x) polynomial on the reduced argument r: 1 + r + r^2 (1/2 + r (1/6 + ...)). */
+#define EXP_P0 1.9875691500e-4f
+#define EXP_P1 1.3981999507e-3f
+#define EXP_P2 8.3334519073e-3f
+#define EXP_P3 4.1665795894e-2f
+#define EXP_P4 1.6666665459e-1f
+#define EXP_P5 5.0000001201e-1f
+#define LN2_HI 0.693359375f
+#define LN2_LO -2.12194440e-4f
+#define LOG2E 1.44269504088896341f
+
+TGT_AVX512 INLINE __m512 exp_512(__m512 x) {
+    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-88.0f)), _mm512_set1_ps(88.0f));
+    const __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(LOG2E)), _MM_FROUND_TO_NEAREST_INT);
+    __m512 r = _mm512_fnmadd_ps(k, _mm512_set1_ps(LN2_HI), x);
+    r = _mm512_fnmadd_ps(k, _mm512_set1_ps(LN2_LO), r);
+    __m512 p = _mm512_set1_ps(EXP_P0);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(EXP_P1));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(EXP_P2));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(EXP_P3));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(EXP_P4));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(EXP_P5));
+    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    return _mm512_scalef_ps(p, k);
+}
+
+TGT_AVX512 INLINE __m512 silu_512(__m512 x) {
+    return _mm512_div_ps(x, _mm512_add_ps(_mm512_set1_ps(1.0f), exp_512(_mm512_sub_ps(_mm512_setzero_ps(), x))));
+}
+
+TGT_AVX512 void kn_silu_inplace_avx512(float *x, int n) {
+    for (int i = 0; i < n; i += 16) {
+        const __mmask16 m = n - i >= 16 ? 0xffff : (__mmask16)((1u << (n - i)) - 1);
+        _mm512_mask_storeu_ps(x + i, m, silu_512(_mm512_maskz_loadu_ps(m, x + i)));
+    }
+}
+
+TGT_AVX512 void kn_swiglu_avx512(float *a, const float *b, int n) {
+    for (int i = 0; i < n; i += 16) {
+        const __mmask16 m = n - i >= 16 ? 0xffff : (__mmask16)((1u << (n - i)) - 1);
+        const __m512 s = silu_512(_mm512_maskz_loadu_ps(m, a + i));
+        _mm512_mask_storeu_ps(a + i, m, _mm512_mul_ps(s, _mm512_maskz_loadu_ps(m, b + i)));
+    }
+}
+
+/* AVX2: 2^k by the exponent bits, so k stays in [-126, 127]. */
+TGT_AVX2 INLINE __m256 exp_256(__m256 x) {
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(88.0f));
+    const __m256 k =
+        _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(LOG2E)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(k, _mm256_set1_ps(LN2_HI), x);
+    r = _mm256_fnmadd_ps(k, _mm256_set1_ps(LN2_LO), r);
+    __m256 p = _mm256_set1_ps(EXP_P0);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(EXP_P1));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(EXP_P2));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(EXP_P3));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(EXP_P4));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(EXP_P5));
+    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+TGT_AVX2 INLINE __m256 silu_256(__m256 x) {
+    return _mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0f), exp_256(_mm256_sub_ps(_mm256_setzero_ps(), x))));
+}
+
+/* Lanes < k set. */
+TGT_AVX2 INLINE __m256i lanes8(int k) {
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32(k), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+TGT_AVX2 void kn_silu_inplace_avx2(float *x, int n) {
+    for (int i = 0; i < n; i += 8) {
+        const __m256i m = lanes8(n - i);
+        _mm256_maskstore_ps(x + i, m, silu_256(_mm256_maskload_ps(x + i, m)));
+    }
+}
+
+TGT_AVX2 void kn_swiglu_avx2(float *a, const float *b, int n) {
+    for (int i = 0; i < n; i += 8) {
+        const __m256i m = lanes8(n - i);
+        const __m256 s = silu_256(_mm256_maskload_ps(a + i, m));
+        _mm256_maskstore_ps(a + i, m, _mm256_mul_ps(s, _mm256_maskload_ps(b + i, m)));
+    }
+}
+#endif

@@ -1,0 +1,71 @@
+"""dfl bench and bench/run work end to end on small fixtures (structure of the results, option
+errors); no timing is checked: the figures depend on the machine."""
+import json
+import os
+
+from dfltest import DFL, PY, SOURCE, Tally, dfl, fixture, run
+
+SIZES = ["--context", "16", "--decode", "2", "--prefill", "70", "--reps", "1", "--probe-mb", "64"]
+SMALL = SIZES + ["--verify-max", "5", "--gen", "4"]
+
+
+def bench_json(*args):
+    return json.loads(dfl("bench", "--json", *args, *SMALL).stdout)
+
+
+def check_full(t):
+    r = bench_json("--model", fixture("qwen35_vlm"), "--drafter", fixture("dflash_qwen35"), "--threads", "2")
+    for key in ("isa", "threads", "probe_gbps", "decode_gbps", "decode_tokens_per_s", "draft_block_ms",
+                "ar_tokens_per_s", "spec_tokens_per_s", "spec_tau", "prefill_tokens_per_s"):
+        t.check(key in r, f"bench --json has {key}")
+    t.check(r["threads"] == 2, f"threads {r['threads']}")
+    t.check(len(r["verify_cost"]) == 5 and r["verify_cost"][0] == 1.0, f"verify_cost {r['verify_cost']}")
+    t.check(all(v > 0 for v in r["verify_ms"]), "verify times are positive")
+    rb = r["rollback"]
+    t.check(rb["snapshot_mb"] > rb["replay_mb"] > 0, f"rollback memory {rb}")
+    t.check(r["spec_tau"] >= 1.0, f"tau {r['spec_tau']}")
+
+
+def check_isas(t):
+    for isa in ("generic", "avx2", "avx512"):
+        p = dfl("bench", "--json", "--isa", isa, "--parts", "decode", "--model", fixture("qwen35_bf16"), *SMALL,
+                check=False)
+        if p.returncode == 0:
+            t.check(json.loads(p.stdout)["isa"] == isa, f"--isa {isa} is used")
+        else:
+            t.check("not supported" in p.stderr, f"--isa {isa}: {p.stderr}")
+
+
+def check_errors(t):
+    p = dfl("bench", "--parts", "decode,nothing", check=False)
+    t.check(p.returncode == 2 and "--parts" in p.stderr, f"bad --parts: {p.returncode} {p.stderr}")
+    p = dfl("bench", "--isa", "sse9", check=False)
+    t.check(p.returncode == 2 and "sse9" in p.stderr, f"bad --isa: {p.returncode} {p.stderr}")
+    p = dfl("bench", "--model", "/nonexistent", check=False)
+    t.check(p.returncode == 1, f"missing model: {p.returncode}")
+    p = dfl("bench", "--model", fixture("qwen3_tiny"), "--drafter", fixture("dflash_qwen35"), check=False)
+    t.check(p.returncode == 1 and "drafter" in p.stderr, f"mismatched drafter: {p.returncode} {p.stderr}")
+
+
+def check_run_script(t):
+    env = dict(os.environ, DFL_BIN=DFL, DFL_PYTHON=PY)
+    p = run([os.path.join(SOURCE, "bench", "run"), "--json", "--threads", "1", "--no-extra", "--dtypes", "fp32",
+             "--model", fixture("qwen35_text"), "--drafter", "none", *SIZES], env=env)
+    r = json.loads(p.stdout)
+    for key in ("speedup_vs_transformers_decode", "speedup_vs_transformers_prefill",
+                "speedup_vs_transformers_decode_fp32", "transformers"):
+        t.check(key in r, f"bench/run --json has {key}")
+    t.check(r["transformers"]["fp32"]["decode_tokens_per_s"] > 0, "torch decode measured")
+
+
+def main():
+    t = Tally("test_bench")
+    t.run(check_full, t)
+    t.run(check_isas, t)
+    t.run(check_errors, t)
+    t.run(check_run_script, t)
+    t.done()
+
+
+if __name__ == "__main__":
+    main()
