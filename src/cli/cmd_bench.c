@@ -8,6 +8,7 @@
 
 #include "cli/cli.h"
 #include "dfl/common.h"
+#include "dfl/ddtree.h"
 #include "dfl/drafter.h"
 #include "dfl/kernels.h"
 #include "dfl/model.h"
@@ -33,6 +34,9 @@ static const char *usage_text =
     "  prefill   one forward over N prompt tokens (chunked Gated DeltaNet), tokens/s\n"
     "  rollback  per verification round of B tokens: replaying the recorded recurrence inputs\n"
     "            (dfl's strategy) vs per-position snapshots of every linear layer's state\n"
+    "  tree      DDTree verification: one tree forward of budget N = 1..64 draft nodes (trees of\n"
+    "            the N most probable prefixes of random block-1 distributions) next to a chain\n"
+    "            verification of the same number of tokens (N + 1)\n"
     "Prints a table, or with --json one object (probe_gbps, decode_gbps, verify_cost, ...).\n"
     "Timings are the best of --reps runs. Nothing here is a test: results depend on the machine.\n"
     "\n"
@@ -41,7 +45,8 @@ static const char *usage_text =
     "                    else none); none skips draft and e2e's speculative run\n"
     "  --threads N       OpenMP threads (default: OMP_NUM_THREADS or all cores)\n"
     "  --isa NAME        generic | avx2 | avx512 | avx512bf16 (default: DFL_ISA or the best)\n"
-    "  --parts LIST      comma-separated subset of probe,decode,verify,draft,e2e,prefill,rollback\n"
+    "  --parts LIST      comma-separated subset of probe,decode,verify,draft,e2e,prefill,rollback,tree\n"
+    "                    (default: all but tree)\n"
     "  --context N       context before decode / verify / draft / rollback (default 256)\n"
     "  --decode N        decoded tokens (default 16)\n"
     "  --verify-max N    largest verified batch (default 32, at most 64)\n"
@@ -51,8 +56,10 @@ static const char *usage_text =
     "  --reps N          repetitions per timing (default 2)\n"
     "  --probe-mb N      probe buffer in MB (default: the weights read per token, at least 1024)\n";
 
-enum { P_PROBE = 1, P_DECODE = 2, P_VERIFY = 4, P_DRAFT = 8, P_E2E = 16, P_PREFILL = 32, P_ROLLBACK = 64 };
-static const char *const part_names[] = {"probe", "decode", "verify", "draft", "e2e", "prefill", "rollback"};
+enum { P_PROBE = 1, P_DECODE = 2, P_VERIFY = 4, P_DRAFT = 8, P_E2E = 16, P_PREFILL = 32, P_ROLLBACK = 64, P_TREE = 128 };
+static const char *const part_names[] = {"probe", "decode", "verify", "draft", "e2e", "prefill", "rollback", "tree"};
+static const int tree_budgets[] = {1, 2, 4, 8, 16, 32, 64};
+#define N_TREE ((int)(sizeof tree_budgets / sizeof tree_budgets[0]))
 
 typedef struct bench_opts {
     const char *model, *drafter;
@@ -73,6 +80,9 @@ typedef struct bench_res {
     /* rollback per round of B tokens: replay (record + rollback) vs snapshots */
     double replay_record_ms, replay_mean_ms, replay_max_ms, replay_mb;
     double snap_save_ms, snap_restore_ms, snap_mb;
+    /* DDTree: tree forward of tree_budgets[i] nodes vs a chain of as many tokens */
+    double tree_ms[N_TREE], tree_chain_ms[N_TREE];
+    int tree_depth[N_TREE];
 } bench_res;
 
 static unsigned parse_parts(const char *s) {
@@ -260,6 +270,13 @@ static void print_json(const bench_opts *o, const bench_res *r, const dfl_model 
                "\"snapshot_restore_ms\": %.3f, \"snapshot_mb\": %.2f}",
                o->block, r->replay_record_ms, r->replay_mean_ms, r->replay_max_ms, r->replay_mb, r->snap_save_ms,
                r->snap_restore_ms, r->snap_mb);
+    if (o->parts & P_TREE) {
+        printf(", \"tree\": [");
+        for (int i = 0; i < N_TREE; i++)
+            printf("%s{\"budget\": %d, \"depth\": %d, \"tree_ms\": %.3f, \"chain_ms\": %.3f}", i ? ", " : "",
+                   tree_budgets[i], r->tree_depth[i], r->tree_ms[i], r->tree_chain_ms[i]);
+        printf("]");
+    }
     printf("}\n");
 }
 
@@ -296,6 +313,54 @@ static void print_table(const bench_opts *o, const bench_res *r, const dfl_model
         printf("                          snapshots save %.2f ms, restore %.2f ms, %.1f MB\n", r->snap_save_ms,
                r->snap_restore_ms, r->snap_mb);
     }
+    if (o->parts & P_TREE) {
+        printf("tree       budget depth  tree ms  chain ms (same tokens)  tree/chain\n");
+        for (int i = 0; i < N_TREE; i++)
+            printf("           %-6d %-6d %-8.1f %-22.1f %.3f\n", tree_budgets[i], r->tree_depth[i], r->tree_ms[i],
+                   r->tree_chain_ms[i], r->tree_ms[i] / r->tree_chain_ms[i]);
+    }
+}
+
+/* DDTree verification cost: for each budget, a tree of the most probable prefixes of random
+ * distributions over B-1 depths with one likely token each (trees both deep and branching), verified in one forward; then only its root is
+ * committed (one position more per measurement), and a chain of as many tokens is timed with
+ * record + rollback. */
+static int bench_tree(dfl_state *s, int32_t *toks, int B, int reps, bench_res *r) {
+    const int V = s->m->cfg.vocab, D = B - 1;
+    float *probs = malloc((size_t)D * V * sizeof(float));
+    float *logits = malloc((size_t)(tree_budgets[N_TREE - 1] + 1) * V * sizeof(float));
+    dfl_tree t;
+    int rc = DFL_ERR;
+    if (!probs || !logits || ddtree_alloc(&t, tree_budgets[N_TREE - 1]) != DFL_OK) goto done;
+    uint64_t x = 0x9e3779b97f4a7c15ull;
+    for (size_t i = 0; i < (size_t)D * V; i++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        probs[i] = 8.0f * (float)(x >> 40) / (float)(1 << 24);
+    }
+    for (int d = 0; d < D; d++) probs[(size_t)d * V + (d * 7919) % V] += 14.0f; /* a likely draft per depth */
+    for (int d = 0; d < D; d++) kn_softmax(probs + (size_t)d * V, V);
+    for (int i = 0; i < N_TREE; i++) {
+        if (ddtree_build(&t, toks[0], probs, D, V, tree_budgets[i]) != DFL_OK) goto done;
+        r->tree_depth[i] = t.max_depth;
+        double best = 1e30;
+        const int root[1] = {0};
+        for (int k = 0; k < reps; k++) {
+            const double t0 = dfl_now();
+            if (model_forward_tree(s, t.token, t.parent, t.n, logits, NULL) != DFL_OK) goto done;
+            const double dt = dfl_now() - t0;
+            if (state_tree_commit(s, root, 1) != DFL_OK) goto done;
+            best = dt < best ? dt : best;
+        }
+        r->tree_ms[i] = 1e3 * best;
+        const double c = time_verify(s, toks, t.n, logits, reps);
+        if (c < 0) goto done;
+        r->tree_chain_ms[i] = 1e3 * c;
+    }
+    rc = DFL_OK;
+done:
+    ddtree_free(&t);
+    free(probs), free(logits);
+    return rc;
 }
 
 /* Everything after loading: the parts in order, on one run state. */
@@ -304,11 +369,12 @@ static int run_bench(const bench_opts *o, const dfl_model *m, const dfl_drafter 
     const int V = g->vocab, H = g->hidden;
     const int ctx = o->context, nv = o->verify_max, B = o->block;
     int max_batch = ctx;
-    const int sizes[] = {o->prefill, nv, B, o->gen + 64};
+    const int sizes[] = {o->prefill, nv, B, o->gen + 64, (o->parts & P_TREE) ? 65 : 1};
     for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) max_batch = sizes[i] > max_batch ? sizes[i] : max_batch;
     int max_ctx = ctx + o->decode + nv + B + 8;
     max_ctx = max_ctx > o->prefill ? max_ctx : o->prefill;
     max_ctx = max_ctx > 64 + o->gen + B ? max_ctx : 64 + o->gen + B;
+    if (o->parts & P_TREE) max_ctx += 65 + N_TREE * (o->reps + 1); /* tree slots, committed roots */
     r->weight_bytes = m->weight_bytes;
     r->token_bytes = token_bytes(m);
     if (o->parts & P_PROBE) {
@@ -319,6 +385,10 @@ static int run_bench(const bench_opts *o, const dfl_model *m, const dfl_drafter 
     }
     dfl_state s;
     if (state_init(&s, m, max_ctx, max_batch, 1) != DFL_OK) return DFL_ERR;
+    if ((o->parts & P_TREE) && state_enable_tree(&s, 65) != DFL_OK) {
+        state_free(&s);
+        return DFL_ERR;
+    }
     dfl_dstate ds;
     int have_ds = 0, rc = DFL_ERR;
     const int nf = d ? d->cfg.n_target_ids : 0;
@@ -373,6 +443,10 @@ static int run_bench(const bench_opts *o, const dfl_model *m, const dfl_drafter 
     if (o->parts & P_ROLLBACK) {
         fill_tokens(toks, B, V, 3);
         if (bench_rollback(&s, toks, B, o->reps, r) != DFL_OK) goto done;
+    }
+    if (o->parts & P_TREE) {
+        fill_tokens(toks, 65, V, 6);
+        if (bench_tree(&s, toks, B, o->reps, r) != DFL_OK) goto done;
     }
     if (o->parts & P_PREFILL) {
         fill_tokens(toks, o->prefill, V, 4);
