@@ -81,7 +81,7 @@ def main():
         from transformers import AutoModelForCausalLM, GenerationConfig
         from transformers.utils import logging as hf_logging
         hf_logging.set_verbosity_error()
-        torch.set_num_threads(2)
+        torch.set_num_threads(1)
         t1 = time.time()
         model = AutoModelForCausalLM.from_pretrained(args.target, dtype=torch.float32, attn_implementation="eager")
         model.eval()
@@ -110,7 +110,9 @@ def main():
         json.dump({"summary": summary, "results": results}, f, indent=1)
     for s in summary["samples"]:
         print(f"Q: {s['question']}\nA: {s['answer']}\n")
-    print(json.dumps({k: v for k, v in summary.items() if k != "samples"}, indent=1))
+    for k, v in summary.items():
+        if k != "samples":
+            print(f"{k}: {json.dumps(v)}")
 
 
 if __name__ == "__main__":

@@ -7,9 +7,10 @@ answers, with the recipe of SPEC §8 (dflash_recipe.py).
 
 regen: the first N GSM8K train questions, `dfl generate --chat chatml --max-new 256` (greedy, C
 engine), kept as (prompt ids, response ids) in build/train/drafter/regen.jsonl.
-features: the target (transformers, float32, from the saved BF16 checkpoint) runs over prompt +
-response; the outputs of decoder layers TARGET_LAYERS (hidden_states[k+1]) are concatenated and kept
-(bf16) in build/train/drafter/features.pt.
+features: the target runs over prompt + response (`dfl hidden`, the C engine's prefill; or
+--engine hf: transformers float32 from the saved BF16 checkpoint); the outputs of decoder layers
+TARGET_LAYERS (= transformers hidden_states[k+1]) are concatenated and kept (bf16) in
+build/train/drafter/features.pt. With dfl, a few sequences are checked against transformers.
 train: per sequence up to --anchors random anchors in the response; blocks of 16 = [x_t, MASK x 15];
 each block attends to the target features of positions < t and to itself only (one attention mask
 over [context ; blocks]); loss = decay-weighted CE (gamma 7); the target's embedding and lm_head are
@@ -24,6 +25,7 @@ import subprocess
 import time
 
 import torch
+from safetensors.torch import load_file
 from tokenizers import Tokenizer
 from transformers import AutoModelForCausalLM, Qwen3Config
 from transformers.utils import logging as hf_logging
@@ -42,12 +44,18 @@ def specials(target):
         return {t["content"]: t["id"] for t in json.load(f)["added_tokens"]}
 
 
+def dfl_env():
+    """dfl with one OpenMP thread: on 2 shared, oversubscribed cores a tiny model runs ~100x faster
+    than with spinning OpenMP teams (DFL_OMP_THREADS overrides)."""
+    return dict(os.environ, OMP_NUM_THREADS=os.environ.get("DFL_OMP_THREADS", "1"))
+
+
 def dfl_generate(target, question, max_new, drafter=None, extra=()):
     cmd = [common.DFL, "generate", "--target", target, "--prompt", question, "--chat", "chatml",
            "--max-new", str(max_new), "--json", *extra]
     if drafter:
         cmd += ["--drafter", drafter]
-    p = subprocess.run(cmd, capture_output=True, text=True)
+    p = subprocess.run(cmd, capture_output=True, text=True, env=dfl_env())
     if p.returncode != 0:
         raise RuntimeError(f"dfl failed: {p.stderr[-2000:]}")
     return json.loads(p.stdout)
@@ -81,38 +89,67 @@ def load_target(path):
 
 
 @torch.no_grad()
-def cmd_features(args):
-    torch.set_num_threads(args.threads)
-    target = load_target(args.target)
-    seqs = [json.loads(l) for l in open(os.path.join(WORKDIR, "regen.jsonl"))]
-    t0 = time.time()
-    out = []
-    order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]["prompt"]) + len(seqs[i]["response"]))
+def hf_features(target, seqs):
+    """Target layer outputs by transformers (float32), batched with right padding."""
     feats = [None] * len(seqs)
+    order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]))
     for b in range(0, len(order), 16):
         idx = order[b:b + 16]
-        ids_l = [seqs[i]["prompt"] + seqs[i]["response"] for i in idx]
-        T = max(map(len, ids_l))
+        T = max(len(seqs[i]) for i in idx)
         ids = torch.zeros(len(idx), T, dtype=torch.long)
-        for r, s in enumerate(ids_l):
-            ids[r, :len(s)] = torch.tensor(s)  # right padding: causal, never reaches real positions
+        for r, i in enumerate(idx):
+            ids[r, :len(seqs[i])] = torch.tensor(seqs[i])  # right padding: causal, never reaches real positions
         hs = target(input_ids=ids, output_hidden_states=True).hidden_states
         f = torch.cat([hs[k + 1] for k in TARGET_LAYERS], dim=-1)
         for r, i in enumerate(idx):
-            feats[i] = f[r, :len(ids_l[r])].to(torch.bfloat16).clone()
-    for i, s in enumerate(seqs):
-        out.append({"ids": torch.tensor(s["prompt"] + s["response"]), "plen": len(s["prompt"]), "feat": feats[i]})
+            feats[i] = f[r, :len(seqs[i])].clone()
+    return feats
+
+
+def dfl_features(target, ids):
+    """Target layer outputs by `dfl hidden` (the C engine's own prefill)."""
+    path = os.path.join(WORKDIR, "_hidden.safetensors")
+    p = subprocess.run([common.DFL, "hidden", "--target", target, "--layers", ",".join(map(str, TARGET_LAYERS)),
+                        "--prompt-ids", ",".join(map(str, ids)), "--out", path], capture_output=True, text=True,
+                       env=dfl_env())
+    if p.returncode != 0:
+        raise RuntimeError(p.stderr[-2000:])
+    t = load_file(path)
+    return torch.cat([t[f"layer.{k}"] for k in TARGET_LAYERS], dim=-1)
+
+
+def cmd_features(args):
+    torch.set_num_threads(args.threads)
+    seqs = [json.loads(l) for l in open(os.path.join(WORKDIR, "regen.jsonl"))]
+    ids = [s["prompt"] + s["response"] for s in seqs]
+    t0 = time.time()
+    if args.engine == "hf":
+        feats = hf_features(load_target(args.target), ids)
+    else:
+        feats = []
+        for i, x in enumerate(ids):
+            feats.append(dfl_features(args.target, x))
+            if (i + 1) % 200 == 0:
+                common.log(f"features {i + 1}/{len(ids)} {time.time() - t0:.0f}s")
+        # the two engines agree (sanity check on a few sequences)
+        ref = hf_features(load_target(args.target), ids[:4])
+        err = max(float((a - b).abs().max() / b.abs().max()) for a, b in zip(feats[:4], ref))
+        common.log(f"dfl vs transformers features, max rel err on 4 sequences: {err:.2e}")
+        assert err < 1e-3, err
+    out = [{"ids": torch.tensor(x), "plen": len(s["prompt"]), "feat": f.to(torch.bfloat16)}
+           for x, s, f in zip(ids, seqs, feats)]
     torch.save(out, os.path.join(WORKDIR, "features.pt"))
-    common.log(f"features: {len(out)} sequences in {time.time() - t0:.0f}s")
+    common.log(f"features ({args.engine}): {len(out)} sequences, {sum(len(x) for x in ids)} positions "
+               f"in {time.time() - t0:.0f}s")
 
 
-def drafter_config(sp, args):
-    return Qwen3Config(architectures=["DFlashDraftModel"], vocab_size=4096, hidden_size=256,
-                       num_hidden_layers=args.layers, intermediate_size=768, num_attention_heads=4,
-                       num_key_value_heads=2, head_dim=64, max_position_embeddings=4096, rms_norm_eps=1e-6,
+def drafter_config(sp, args, tcfg):
+    return Qwen3Config(architectures=["DFlashDraftModel"], vocab_size=tcfg.vocab_size, hidden_size=tcfg.hidden_size,
+                       num_hidden_layers=args.layers, intermediate_size=args.intermediate, num_attention_heads=4,
+                       num_key_value_heads=2, head_dim=tcfg.hidden_size // 4, max_position_embeddings=4096, rms_norm_eps=1e-6,
                        rope_parameters={"rope_type": "default", "rope_theta": 1e7}, tie_word_embeddings=False,
                        bos_token_id=sp["<|endoftext|>"], eos_token_id=sp["<|im_end|>"],
-                       pad_token_id=sp["<|endoftext|>"], block_size=BLOCK, num_target_layers=8,
+                       pad_token_id=sp["<|endoftext|>"], block_size=BLOCK, num_target_layers=tcfg.num_hidden_layers,
                        dflash_config={"mask_token_id": sp["<|mask|>"], "target_layer_ids": TARGET_LAYERS})
 
 
@@ -175,7 +212,7 @@ def cmd_train(args):
     rng = random.Random(args.seed)
     hold = data[-args.holdout:]
     data = data[:-args.holdout]
-    drafter = DFlashDraftModel(drafter_config(sp, args))
+    drafter = DFlashDraftModel(drafter_config(sp, args, target.config))
     drafter.train()
     n_params = sum(p.numel() for p in drafter.parameters())
     per_epoch = (len(data) + args.batch - 1) // args.batch
@@ -236,6 +273,8 @@ def cmd_train(args):
     shutil.rmtree(args.out, ignore_errors=True)
     drafter.to(torch.bfloat16)
     drafter.save_pretrained(args.out)
+    for f in os.listdir(args.out):
+        os.chmod(os.path.join(args.out, f), 0o644)
     summary = {"params": n_params, "steps": total, "epochs": args.epochs, "train_seqs": len(data),
                "anchors_per_seq": args.anchors, "batch_seqs": args.batch, "lr": args.lr, "seed": args.seed,
                "layers": args.layers, "target_layer_ids": TARGET_LAYERS, "train_s": round(train_s, 1),
@@ -248,13 +287,17 @@ def cmd_train(args):
 
 
 def main():
+    global WORKDIR
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("stage", choices=["regen", "features", "train"])
     ap.add_argument("--target", required=True)
     ap.add_argument("--out")
+    ap.add_argument("--work", default=WORKDIR, help="intermediate files (default build/train/drafter)")
     ap.add_argument("--n", type=int, default=2000, help="regen: questions")
     ap.add_argument("--max-new", type=int, default=256)
     ap.add_argument("--layers", type=int, default=3)
+    ap.add_argument("--intermediate", type=int, default=512)
+    ap.add_argument("--engine", choices=["dfl", "hf"], default="dfl", help="features: who computes them")
     ap.add_argument("--epochs", type=float, default=2.0)
     ap.add_argument("--batch", type=int, default=8, help="sequences per step")
     ap.add_argument("--anchors", type=int, default=32, help="anchors per sequence per step")
@@ -263,9 +306,11 @@ def main():
     ap.add_argument("--max-seqs", type=int, default=0)
     ap.add_argument("--eval-every", type=int, default=100)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=1, help="torch threads (1: 2 shared cores, oversubscribed)")
     ap.add_argument("--no-autocast", action="store_true")
     args = ap.parse_args()
+    WORKDIR = args.work
+    os.makedirs(WORKDIR, exist_ok=True)
     {"regen": cmd_regen, "features": cmd_features, "train": cmd_train}[args.stage](args)
 
 

@@ -107,6 +107,8 @@ def save_vlm(text_model, sp, tokdir, out):
     make_fixtures.add_mtp(out, vlm, 11, torch.bfloat16)
     for f in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(os.path.join(tokdir, f), os.path.join(out, f))
+    for f in os.listdir(out):
+        os.chmod(os.path.join(out, f), 0o644)
     n_text = sum(v.numel() for k, v in load_file(os.path.join(out, "model.safetensors")).items()
                  if k.startswith("model.language_model."))
     return n_text
@@ -135,7 +137,7 @@ def main():
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--warmup", type=int, default=20)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=1, help="torch threads (1: 2 shared cores, oversubscribed)")
     ap.add_argument("--no-autocast", action="store_true")
     ap.add_argument("--log-every", type=int, default=10)
     args = ap.parse_args()
