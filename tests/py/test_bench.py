@@ -26,6 +26,14 @@ def check_full(t):
     t.check(r["spec_tau"] >= 1.0, f"tau {r['spec_tau']}")
 
 
+def check_tree(t):
+    r = bench_json("--model", fixture("qwen35_vlm"), "--drafter", fixture("dflash_qwen35"), "--parts", "tree")
+    tree = r.get("tree", [])
+    t.check([x["budget"] for x in tree] == [1, 2, 4, 8, 16, 32, 64], f"tree budgets {tree}")
+    t.check(all(x["tree_ms"] > 0 and x["chain_ms"] > 0 and 1 <= x["depth"] <= 15 for x in tree), f"tree rows {tree}")
+    t.check(tree and tree[-1]["depth"] > 1, "the benchmark trees are deeper than one level")
+
+
 def check_isas(t):
     for isa in ("generic", "avx2", "avx512"):
         p = dfl("bench", "--json", "--isa", isa, "--parts", "decode", "--model", fixture("qwen35_bf16"), *SMALL,
@@ -61,6 +69,7 @@ def check_run_script(t):
 def main():
     t = Tally("test_bench")
     t.run(check_full, t)
+    t.run(check_tree, t)
     t.run(check_isas, t)
     t.run(check_errors, t)
     t.run(check_run_script, t)
