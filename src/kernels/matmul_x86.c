@@ -203,25 +203,32 @@ static void bf16_perm(float *xp, size_t ldx, const float *x, int cols, int n, in
     }
 }
 
-void kn_matmul_avx512(float *y, const float *x, const dfl_mat *w, int n) {
+/* y = x . W^T with one width's tile tables; BF16 weights take activations laid out to match the
+ * interleaved pairs the tiles read (blk floats per group). */
+static void mm_dispatch(float *y, const float *x, const dfl_mat *w, int n, int blk, const tiles *bf16,
+                        const tiles *f16, const tiles *f32) {
     if (n < 1) return;
     if (w->dtype == ST_BF16) {
-        const size_t ldx = round_up((size_t)w->cols, 32);
+        const size_t ldx = round_up((size_t)w->cols, (size_t)blk);
         float *xp = malloc((size_t)n * ldx * sizeof(float));
         if (!xp) { /* no memory for the laid-out activations: the generic kernel needs none */
             kn_matmul_generic(y, x, w, n);
             return;
         }
-        bf16_perm(xp, ldx, x, w->cols, n, 32);
-        mm_run(y, w, n, xp, ldx, sizeof(float), &tiles_bf16_512);
+        bf16_perm(xp, ldx, x, w->cols, n, blk);
+        mm_run(y, w, n, xp, ldx, sizeof(float), bf16);
         free(xp);
     } else if (w->dtype == ST_F16) {
-        mm_run(y, w, n, x, (size_t)w->cols, sizeof(float), &tiles_f16_512);
+        mm_run(y, w, n, x, (size_t)w->cols, sizeof(float), f16);
     } else if (w->dtype == ST_F32) {
-        mm_run(y, w, n, x, (size_t)w->cols, sizeof(float), &tiles_f32_512);
+        mm_run(y, w, n, x, (size_t)w->cols, sizeof(float), f32);
     } else {
         kn_matmul_generic(y, x, w, n); /* aborts: the loader refuses other dtypes */
     }
+}
+
+void kn_matmul_avx512(float *y, const float *x, const dfl_mat *w, int n) {
+    mm_dispatch(y, x, w, n, 32, &tiles_bf16_512, &tiles_f16_512, &tiles_f32_512);
 }
 
 TGT_AVX512 float kn_dot_avx512(const float *a, const float *b, int n) {
@@ -439,24 +446,7 @@ DEF_TILES(TGT_AVX2, tiles_f16_256, TILE_F16_256, RB2, TB)
 DEF_TILES(TGT_AVX2, tiles_f32_256, TILE_F32_256, RB2, TB)
 
 void kn_matmul_avx2(float *y, const float *x, const dfl_mat *w, int n) {
-    if (n < 1) return;
-    if (w->dtype == ST_BF16) {
-        const size_t ldx = round_up((size_t)w->cols, 16);
-        float *xp = malloc((size_t)n * ldx * sizeof(float));
-        if (!xp) { /* no memory for the laid-out activations: the generic kernel needs none */
-            kn_matmul_generic(y, x, w, n);
-            return;
-        }
-        bf16_perm(xp, ldx, x, w->cols, n, 16);
-        mm_run(y, w, n, xp, ldx, sizeof(float), &tiles_bf16_256);
-        free(xp);
-    } else if (w->dtype == ST_F16) {
-        mm_run(y, w, n, x, (size_t)w->cols, sizeof(float), &tiles_f16_256);
-    } else if (w->dtype == ST_F32) {
-        mm_run(y, w, n, x, (size_t)w->cols, sizeof(float), &tiles_f32_256);
-    } else {
-        kn_matmul_generic(y, x, w, n); /* aborts: the loader refuses other dtypes */
-    }
+    mm_dispatch(y, x, w, n, 16, &tiles_bf16_256, &tiles_f16_256, &tiles_f32_256);
 }
 
 TGT_AVX2 float kn_dot_avx2(const float *a, const float *b, int n) {
