@@ -151,6 +151,18 @@ def bad_options():
                  "--block-size", "9"], "must be in [2, 8]")
     expect_fail(["generate", "--target", tiny, "--drafter", tiny, "--prompt-ids", "1,2"], "not a DFlash drafter")
     expect_fail(["generate", "--target", tiny, "--prompt-ids", "1,2", "--temperature", "-1"], "--temperature", code=2)
+    d3 = fixture("dflash_qwen3")
+    expect_fail(["generate", "--target", tiny, "--prompt-ids", "1,2", "--tree-budget", "4"], "needs --drafter", code=2)
+    expect_fail(["generate", "--target", tiny, "--drafter", d3, "--prompt-ids", "1,2", "--tree-budget", "257"],
+                "--tree-budget", code=2)
+    expect_fail(["generate", "--target", tiny, "--drafter", d3, "--prompt-ids", "1,2", "--tree-budget", "-1"],
+                "--tree-budget", code=2)
+    expect_fail(["generate", "--target", tiny, "--drafter", d3, "--prompt-ids", "1,2", "--tree-budget", "4",
+                 "--temperature", "1"], "greedy", code=2)
+    expect_fail(["generate", "--target", tiny, "--prompt-ids", "1,2", "--dump-drafts", "/tmp/x"], "needs --drafter",
+                code=2)
+    expect_fail(["serve", "--target", tiny, "--tree-budget", "4"], "needs --drafter", code=2)
+    expect_fail(["serve", "--target", tiny, "--drafter", d3, "--tree-budget", "999"], "--tree-budget", code=2)
     expect_fail(["hidden", "--target", tiny, "--layers", "0,9", "--prompt-ids", "1,2", "--out", "/tmp/x.st"],
                 "layer 9 does not exist")
     expect_fail(["hidden-diff", "/nonexistent.st", "/nonexistent2.st"], "/nonexistent.st")
