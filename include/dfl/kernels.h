@@ -52,6 +52,10 @@ typedef struct dfl_mat {
     void *owned; /* non-NULL when data is a private aligned copy */
 } dfl_mat;
 
+/* Below this many multiply-adds a kernel (or a model's loop) runs on the calling thread: a
+ * parallel region costs more than the work (and much more when the cores are oversubscribed). */
+#define KN_PAR_MIN_WORK ((size_t)1 << 17)
+
 /* y[n][rows] = x[n][cols] . W^T — OpenMP-threaded over rows; each weight row is read once
  * for all n inputs (register tiles of rows x tokens, x blocked to stay in cache). */
 void kn_matmul(float *y, const float *x, const dfl_mat *w, int n);
@@ -90,6 +94,8 @@ typedef struct kn_gdn_io {
     const float *g, *beta;
     float *out;  /* o_t at out + t*ldo [dv], or NULL (state only) */
     size_t ldo;
+    const float *S0; /* state [dk][dv] to start from, left unchanged (NULL: S itself); a tree
+                      * node continues its parent's state without copying it first */
 } kn_gdn_io;
 
 /* Token-by-token recurrence on the state S [dk][dv]:

@@ -2,6 +2,7 @@
  * verification, rollback replay) and the chunked WY/UT form (prefill), each in a generic
  * variant and SIMD variants instantiated from gdn_body.h. */
 #include <stdlib.h>
+#include <string.h>
 
 #include "kn_internal.h"
 
@@ -119,9 +120,11 @@ void kn_gdn_chunked(float *S, const kn_gdn_io *io) {
         kn_gdn_recurrent(S, io);
         return;
     }
+    if (io->S0) memcpy(S, io->S0, (size_t)io->dk * io->dv * sizeof(float));
     const kn_isa path = gdn_path(io);
     for (int c0 = 0; c0 < io->n; c0 += KN_GDN_CHUNK) {
         kn_gdn_io c = *io;
+        c.S0 = NULL;
         c.n = io->n - c0 < KN_GDN_CHUNK ? io->n - c0 : KN_GDN_CHUNK;
         c.q += (size_t)c0 * io->ld, c.k += (size_t)c0 * io->ld, c.v += (size_t)c0 * io->ld;
         c.g += c0, c.beta += c0;

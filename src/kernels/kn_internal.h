@@ -10,10 +10,6 @@
 #define KN_X86 0
 #endif
 
-/* Below this many multiply-adds a kernel runs on the calling thread: a parallel region costs
- * more than the work (and much more when the cores are oversubscribed). */
-#define KN_PAR_MIN_WORK ((size_t)1 << 17)
-
 void kn_matmul_generic(float *y, const float *x, const dfl_mat *w, int n);
 float kn_dot_generic(const float *a, const float *b, int n);
 void kn_axpy_generic(float *y, float a, const float *x, int n);

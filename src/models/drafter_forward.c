@@ -128,7 +128,7 @@ int drafter_draft(dfl_dstate *s, int32_t anchor, int B, float *logits) {
             norm_rope(s, s->kb + (size_t)i * kv, Hkv, l->k_norm, start + i);
         }
         const float *kc = s->k_ctx[li], *vc = s->v_ctx[li];
-#pragma omp parallel for collapse(2) schedule(static)
+#pragma omp parallel for collapse(2) schedule(static) if ((size_t)B * Hq * (start + B) * hd >= KN_PAR_MIN_WORK)
         for (int i = 0; i < B; i++) {
             for (int h = 0; h < Hq; h++) {
                 float *sc = s->scores + (size_t)omp_get_thread_num() * (s->max_ctx + s->max_block);

@@ -191,7 +191,7 @@ static void attention_layer(dfl_state *s, int li, int n) {
     }
     const float scale = 1.0f / sqrtf((float)hd);
     const int group = Hq / Hkv;
-#pragma omp parallel for collapse(2) schedule(static)
+#pragma omp parallel for collapse(2) schedule(static) if ((size_t)n * Hq * (p0 + n) * hd >= KN_PAR_MIN_WORK)
     for (int t = 0; t < n; t++) {
         for (int h = 0; h < Hq; h++) {
             float *sc = s->scores + (size_t)omp_get_thread_num() * s->max_ctx;
@@ -243,7 +243,7 @@ static void gated_delta(const dfl_model *m, const dfl_layer_w *l, float *conv_st
     const size_t win_sz = (size_t)(K - 1) * C, HS = (size_t)Hv * dk * dv;
     /* depthwise causal conv per channel (w[K-1] multiplies the current token), 16 channels at a
      * time so that each token's row is read and written contiguously; SiLU after, vectorized */
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if ((size_t)n * C * K >= KN_PAR_MIN_WORK)
     for (int c0 = 0; c0 < C; c0 += 16) {
         const int nc = C - c0 < 16 ? C - c0 : 16;
         const size_t row_bytes = (size_t)nc * sizeof(float);
@@ -274,11 +274,11 @@ static void gated_delta(const dfl_model *m, const dfl_layer_w *l, float *conv_st
         if (!tree)
             for (int j = 0; j < K - 1; j++) memcpy(conv_state + (size_t)j * C + c0, win[j], row_bytes);
     }
-#pragma omp parallel for schedule(static) if (n > 1)
+#pragma omp parallel for schedule(static) if ((size_t)n * C * 8 >= KN_PAR_MIN_WORK)
     for (int t = 0; t < n; t++) kn_silu_inplace(qkv + (size_t)t * C, C);
     /* L2-normalise q and k per (token, key head); q also scaled by 1/sqrt(dk) */
     const float qscale = 1.0f / sqrtf((float)dk);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if ((size_t)n * Hk * dk * 4 >= KN_PAR_MIN_WORK)
     for (int th = 0; th < n * Hk; th++) {
         float *q = qkv + (size_t)(th / Hk) * C + (size_t)(th % Hk) * dk, *k = q + (size_t)Hk * dk;
         float sq = 0, sk = 0;
@@ -290,19 +290,18 @@ static void gated_delta(const dfl_model *m, const dfl_layer_w *l, float *conv_st
     /* a chain goes to the kernel up to a chunk of tokens at a time; a tree node by node, each on
      * a copy of its parent's state */
     const int step = tree ? 1 : KN_GDN_CHUNK;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if ((size_t)n * Hv * dk * dv * 4 >= KN_PAR_MIN_WORK)
     for (int h = 0; h < Hv; h++) {
         float gb[2 * KN_GDN_CHUNK]; /* log-decays | betas of the tokens of one kernel call */
         const int kh = h / ratio;
         for (int t0 = 0; t0 < n; t0 += step) {
             const int nt = n - t0 < step ? n - t0 : step;
             float *Sh = S + (size_t)h * dk * dv;
-            if (tree) {
+            const float *S0 = NULL;
+            if (tree) { /* the node's state: its parent's continued by its own token */
                 const int p = tree->parent[t0];
-                float *dst = tree->node_S + (size_t)t0 * HS + (size_t)h * dk * dv;
-                memcpy(dst, p < 0 ? Sh : tree->node_S + (size_t)p * HS + (size_t)h * dk * dv,
-                       (size_t)dk * dv * sizeof(float));
-                Sh = dst;
+                S0 = p < 0 ? Sh : tree->node_S + (size_t)p * HS + (size_t)h * dk * dv;
+                Sh = tree->node_S + (size_t)t0 * HS + (size_t)h * dk * dv;
             }
             for (int t = 0; t < nt; t++) {
                 const float a = ab[(size_t)(t0 + t) * 2 * Hv + h], b = ab[(size_t)(t0 + t) * 2 * Hv + Hv + h];
@@ -315,7 +314,7 @@ static void gated_delta(const dfl_model *m, const dfl_layer_w *l, float *conv_st
                                   .v = row + 2 * (size_t)Hk * dk + (size_t)h * dv, .ld = (size_t)C, .g = gb,
                                   .beta = gb + KN_GDN_CHUNK,
                                   .out = out ? out + (size_t)t0 * Hv * dv + (size_t)h * dv : NULL,
-                                  .ldo = (size_t)Hv * dv};
+                                  .ldo = (size_t)Hv * dv, .S0 = S0};
             if (chunked) kn_gdn_chunked(Sh, &io);
             else kn_gdn_recurrent(Sh, &io);
         }
