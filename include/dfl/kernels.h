@@ -59,6 +59,10 @@ typedef struct dfl_mat {
 /* y[n][rows] = x[n][cols] . W^T — OpenMP-threaded over rows; each weight row is read once
  * for all n inputs (register tiles of rows x tokens, x blocked to stay in cache). */
 void kn_matmul(float *y, const float *x, const dfl_mat *w, int n);
+/* y[i] [n][w[i]->rows] = x [n][cols] . W_i^T for count matrices that share the input x (same
+ * cols; q/k/v, gate/up): on the AMX path x is packed once and one parallel region covers every
+ * matrix's rows. Each y[i] equals kn_matmul(y[i], x, w[i], n) bit for bit. */
+void kn_matmul_multi(int count, float *const *y, const float *x, const dfl_mat *const *w, int n);
 /* One row of W as float32: out[cols]. */
 void kn_mat_row(const dfl_mat *w, int row, float *out);
 

@@ -74,6 +74,16 @@ void kn_matmul_generic(float *y, const float *x, const dfl_mat *w, int n) {
         for (int t = 0; t < n; t++) y[(size_t)t * rows + r] = dot_row(w, r, x + (size_t)t * cols);
 }
 
+void kn_matmul_multi(int count, float *const *y, const float *x, const dfl_mat *const *w, int n) {
+#if KN_X86 && defined(__linux__)
+    if (kn_isa_get() == KN_ISA_AMX) {
+        kn_matmul_amx_multi(count, y, x, w, n);
+        return;
+    }
+#endif
+    for (int i = 0; i < count; i++) kn_matmul(y[i], x, w[i], n);
+}
+
 void kn_matmul(float *y, const float *x, const dfl_mat *w, int n) {
     switch (kn_isa_get()) {
 #if KN_X86

@@ -24,6 +24,7 @@ void kn_matmul_avx512bf16(float *y, const float *x, const dfl_mat *w, int n);
 #if defined(__linux__)
 /* AMX path: BF16 weights with cols % 32 == 0 (others to kn_matmul_avx512). */
 void kn_matmul_amx(float *y, const float *x, const dfl_mat *w, int n);
+void kn_matmul_amx_multi(int count, float *const *y, const float *x, const dfl_mat *const *w, int n);
 /* Ask Linux for the AMX tile state for this process; 1 when granted. */
 int kn_amx_request(void);
 #endif

@@ -1,16 +1,16 @@
 /* AMX-BF16 variant of kn_matmul (x86-64 Linux): BF16 weights through TDPBF16PS tiles.
  *
- * y[n][rows] = x[n][cols] . W^T with W BF16 [rows, cols], cols % 32 == 0. A tile (16 rows x 32
- * columns) loads straight from W; the activations are packed once per call into B tiles in
- * the VNNI layout (16 column pairs x 16 tokens x 2), split into three bf16 parts (x = hi + mid
- * + lo to 2^-27 relative, so that C += A.hi, A.mid, A.lo in turn keeps float32 accuracy: the
- * products are exact, the sums float32); C tiles are 16 rows x 16 tokens of float32 sums. A
- * thread takes groups of up to 48 rows (three C tiles, two A tiles in turn, three B tiles: the
- * eight tile registers) and runs every 16-token tile over them, prefetching each row's weights
- * a few steps ahead into L2. Token tiles are always 16 wide (zero tokens pad the last one), so
- * each (row, token) result comes from the same instructions whatever n is. Rows past the last
- * multiple of 16, and weights that are not BF16 or have cols % 32 != 0, go to the AVX-512
- * kernel. */
+ * y[n][rows] = x[n][cols] . W^T with W BF16 [rows, cols], cols % 32 == 0. A tiles (16 rows x
+ * 32 columns) load straight from W. Each activation is split into three bf16 parts (x = hi +
+ * mid + lo to 2^-27 relative: the products are exact, the sums float32, so the result keeps
+ * float32 accuracy), and each part of each token is a virtual column of the B tiles (VNNI
+ * layout, 16 column pairs x 16 columns x 2): a C element is one part's dot product, and y =
+ * (hi + mid) + lo. With up to 5 tokens the parts share one B tile, so that decoding costs one
+ * TDPBF16PS per weight tile and the weights stream at memory speed; from 6 tokens on, B tile
+ * 3b + p holds part p of tokens 16b..16b+15. Every C element is the same TDPBF16PS chain
+ * over the columns whatever the layout, the block shape or n, so a forward over n tokens equals
+ * n single-token forwards bit for bit. Rows past the last multiple of 16, and weights that
+ * are not BF16 or have cols % 32 != 0, go to the AVX-512 kernel. */
 #include "kn_internal.h"
 
 #if KN_X86 && defined(__linux__)
@@ -131,55 +131,141 @@ TGT_AMX INLINE __m512i to_bf16(__m512 v0, __m512 v1, __m512 *f0, __m512 *f1) {
     return h;
 }
 
-/* Pack x [n][cols] into B tiles: virtual column v = SPLIT * t + p holds part p of token t;
- * xb [v / 16][32-column step][16 pairs][16 columns][2] (unused columns zero), so that each
- * column pair lands as one 32-bit word, 64 bytes from the next pair. */
-TGT_AMX static void amx_pack(uint16_t *xb, const float *x, int n, int cols, int ct) {
+/* 16 x 16 32-bit transpose in registers: r[i] lane j <-> r[j] lane i. */
+TGT_AMX INLINE void tr16x16(__m512i r[16]) {
+    __m512i t[16];
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 16; i += 4) {
+        r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+        r[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+        r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+        r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+    }
+    for (int i = 0; i < 16; i += 8)
+        for (int j = 0; j < 4; j++) {
+            t[i + j] = _mm512_shuffle_i32x4(r[i + j], r[i + j + 4], 0x88);
+            t[i + j + 4] = _mm512_shuffle_i32x4(r[i + j], r[i + j + 4], 0xdd);
+        }
+    for (int j = 0; j < 8; j++) {
+        r[j] = _mm512_shuffle_i32x4(t[j], t[j + 8], 0x88);
+        r[j + 8] = _mm512_shuffle_i32x4(t[j], t[j + 8], 0xdd);
+    }
+}
+
+/* The three bf16 parts of x[0..31] (each: bf16 of what the previous ones left), as 16 column
+ * pairs (32-bit words) per part. */
+TGT_AMX INLINE void split3(const float *x, __m512i part[SPLIT]) {
+    __m512 r0 = _mm512_loadu_ps(x), r1 = _mm512_loadu_ps(x + 16), f0, f1;
+    for (int p = 0; p < SPLIT; p++) {
+        part[p] = to_bf16(r0, r1, &f0, &f1);
+        r0 = _mm512_sub_ps(r0, f0), r1 = _mm512_sub_ps(r1, f1);
+    }
+}
+
+/* B tile layouts (virtual column v of B tile v / 16, column v % 16):
+ *   interleaved (n <= 5, one B tile): v = SPLIT * t + p, part p of token t;
+ *   planar (n > 5): B tile SPLIT * b + p holds part p of tokens 16 b .. 16 b + 15,
+ *                   so that the parts of a token meet at the same place of three C tiles.
+ * Either way each C element is one TDPBF16PS chain over the columns, so the layout (chosen
+ * by n) never changes a result. xb [tile][32-column step][16 pairs][16 columns][2], unused
+ * columns zero: each column pair lands as one 32-bit word, 64 bytes from the next pair. */
+static int amx_planar(int n) { return SPLIT * n > 16; }
+static int amx_tiles(int n) { return amx_planar(n) ? SPLIT * ((n + 15) / 16) : 1; }
+
+TGT_AMX static void amx_pack(uint16_t *xb, const float *x, int n, int cols) {
     const int ks_n = cols / 32;
-    if (SPLIT * n % 16)
-        memset(xb + (size_t)(ct - 1) * ks_n * TILE_ELEMS, 0, (size_t)ks_n * TILE_ELEMS * sizeof(uint16_t));
+    if (!amx_planar(n)) {
+        memset(xb, 0, (size_t)ks_n * TILE_ELEMS * sizeof(uint16_t));
+        for (int t = 0; t < n; t++)
+            for (int ks = 0; ks < ks_n; ks++) {
+                uint32_t pairs[SPLIT][16] __attribute__((aligned(64)));
+                __m512i part[SPLIT];
+                split3(x + (size_t)t * cols + (size_t)ks * 32, part);
+                for (int p = 0; p < SPLIT; p++) _mm512_store_si512(pairs[p], part[p]);
+                uint32_t *dst = (uint32_t *)(xb + (size_t)ks * TILE_ELEMS);
+                for (int p = 0; p < SPLIT; p++)
+                    for (int q = 0; q < 16; q++) dst[q * 16 + SPLIT * t + p] = pairs[p][q];
+            }
+        return;
+    }
+    const int nb = (n + 15) / 16;
 #pragma omp parallel for schedule(static) if ((size_t)n * cols >= KN_PAR_MIN_WORK)
-    for (int t = 0; t < n; t++) {
-        uint32_t pairs[SPLIT][16] __attribute__((aligned(64)));
-        for (int ks = 0; ks < ks_n; ks++) {
-            const float *xs = x + (size_t)t * cols + (size_t)ks * 32;
-            __m512 r0 = _mm512_loadu_ps(xs), r1 = _mm512_loadu_ps(xs + 16), f0, f1;
-            for (int p = 0; p < SPLIT; p++) { /* each part: bf16 of what the previous ones left */
-                _mm512_store_si512(pairs[p], to_bf16(r0, r1, &f0, &f1));
-                r0 = _mm512_sub_ps(r0, f0), r1 = _mm512_sub_ps(r1, f1);
-            }
-            for (int p = 0; p < SPLIT; p++) {
-                const int v = SPLIT * t + p;
-                uint32_t *dst = (uint32_t *)(xb + ((size_t)(v / 16) * ks_n + ks) * TILE_ELEMS) + v % 16;
-                for (int q = 0; q < 16; q++) dst[q * 16] = pairs[p][q];
-            }
+    for (int bk = 0; bk < nb * ks_n; bk++) { /* (token group, column step) */
+        const int b = bk / ks_n, ks = bk % ks_n, nt = n - 16 * b < 16 ? n - 16 * b : 16;
+        __m512i rows[SPLIT][16];
+        for (int j = 0; j < 16; j++) {
+            __m512i part[SPLIT] = {_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512()};
+            if (j < nt) split3(x + (size_t)(16 * b + j) * cols + (size_t)ks * 32, part);
+            for (int p = 0; p < SPLIT; p++) rows[p][j] = part[p];
+        }
+        for (int p = 0; p < SPLIT; p++) { /* [token][pair] -> [pair][token] */
+            tr16x16(rows[p]);
+            uint16_t *dst = xb + ((size_t)(SPLIT * b + p) * ks_n + ks) * TILE_ELEMS;
+            for (int q = 0; q < 16; q++) _mm512_store_si512(dst + q * 32, rows[p][q]);
         }
     }
 }
 
-#define C_ROWS 32 /* rows of C results a thread holds: up to 2 row tiles */
+#define C_ROWS 32       /* rows of C results a thread holds: up to 2 row tiles */
+#define AMX_MULTI_MAX 8 /* matrices sharing one input in kn_matmul_amx_multi */
 
-/* Tokens per block: whole multiples of 16 (3 B tiles) whose packed activations fit
- * XBLOCK_BYTES, or all n. */
+/* Tokens per block: whole multiples of 16 whose packed activations fit XBLOCK_BYTES, or all n. */
 static int amx_tok_block(int cols, int n) {
     int tb = (int)(XBLOCK_BYTES / ((size_t)cols * SPLIT * sizeof(uint16_t))) / 16 * 16;
     if (tb < 16) tb = 16;
     return tb < n ? tb : n;
 }
-/* C columns of one token block: SPLIT per token, whole tiles. */
-static int amx_ldc(int tok_block) { return (SPLIT * tok_block + 15) / 16 * 16; }
+/* C columns of one token block (whole B tiles). */
+static int amx_ldc(int tok_block) { return 16 * amx_tiles(tok_block); }
+
+/* y rows r0 .. r0 + 16 rg - 1 of tokens t0 .. t0 + nb - 1 from their C results cb [16 rg][ldc]:
+ * y = (hi + mid) + lo. */
+TGT_AMX static void amx_combine(float *y, int rows, int r0, int rg, int t0, int nb, const float *cb, int ldc) {
+    if (!amx_planar(nb)) {
+        for (int t = 0; t < nb; t++)
+            for (int r = 0; r < 16 * rg; r++) {
+                const float *cr = cb + (size_t)r * ldc + SPLIT * t;
+                y[(size_t)(t0 + t) * rows + r0 + r] = (cr[0] + cr[1]) + cr[2];
+            }
+        return;
+    }
+    for (int b = 0; b < (nb + 15) / 16; b++) {
+        const int nt = nb - 16 * b < 16 ? nb - 16 * b : 16;
+        for (int rt = 0; rt < rg; rt++) {
+            __m512i v[16]; /* [row][token] sums, then [token][row] */
+            for (int r = 0; r < 16; r++) {
+                const float *cr = cb + (size_t)(16 * rt + r) * ldc + (size_t)SPLIT * 16 * b;
+                const __m512 hm = _mm512_add_ps(_mm512_load_ps(cr), _mm512_load_ps(cr + 16));
+                v[r] = _mm512_castps_si512(_mm512_add_ps(hm, _mm512_load_ps(cr + 32)));
+            }
+            tr16x16(v);
+            for (int j = 0; j < nt; j++)
+                _mm512_storeu_si512(y + (size_t)(t0 + 16 * b + j) * rows + r0 + 16 * rt, v[j]);
+        }
+    }
+}
 
 /* Token blocks (whole B tiles) whose packed activations stay in L2; each thread runs its row
  * groups over one block, then the next. One B tile (up to 5 tokens) or three (16 tokens):
  * single row tiles, the weights streaming once with the hardware prefetchers; otherwise
- * groups of 2 row tiles x pairs of B tiles. Then y = (hi + mid) + lo per (row, token). */
-TGT_AMX static void amx_run(float *y, const dfl_mat *w, int rows16, int n, const uint16_t *xb, int ct, float *cball) {
-    const int rows = w->rows, cols = w->cols, ks_n = cols / 32;
+ * groups of 2 row tiles x pairs of B tiles. */
+TGT_AMX static void amx_run(int count, float *const *ys, const dfl_mat *const *ws, int n, const uint16_t *xb,
+                            float *cball) {
+    const int cols = ws[0]->cols, ks_n = cols / 32, ct = amx_tiles(n);
     const size_t ldw = (size_t)cols * sizeof(uint16_t), tile_step = (size_t)ks_n * TILE_ELEMS;
-    const int tok_block = amx_tok_block(cols, n), rg_max = ct == 1 || ct == 3 ? 1 : 2;
-    const int n_groups = (rows16 / 16 + rg_max - 1) / rg_max, ldc = amx_ldc(tok_block);
-    const uint16_t *wd = w->data;
-#pragma omp parallel if ((size_t)rows16 * cols * n >= KN_PAR_MIN_WORK)
+    const int tok_block = amx_tok_block(cols, n), rg_max = ct == 1 || ct == 3 ? 1 : 2, ldc = amx_ldc(tok_block);
+    int g_end[AMX_MULTI_MAX]; /* row groups of matrices 0..i, in one index space */
+    size_t rows16_all = 0;
+    for (int i = 0; i < count; i++) {
+        const int rows16 = ws[i]->rows / 16 * 16;
+        g_end[i] = (i ? g_end[i - 1] : 0) + (rows16 / 16 + rg_max - 1) / rg_max;
+        rows16_all += (size_t)rows16;
+    }
+    const int n_groups = g_end[count - 1];
+#pragma omp parallel if (rows16_all * cols * n >= KN_PAR_MIN_WORK)
     {
         tile_config cfg;
         memset(&cfg, 0, sizeof cfg);
@@ -189,11 +275,15 @@ TGT_AMX static void amx_run(float *y, const dfl_mat *w, int rows16, int n, const
         float *cb = cball + (size_t)omp_get_thread_num() * C_ROWS * ldc;
         for (int t0 = 0; t0 < n; t0 += tok_block) {
             const int nb = n - t0 < tok_block ? n - t0 : tok_block;
-            const int c0 = SPLIT * t0 / 16, cn = (SPLIT * nb + 15) / 16; /* this block's B tiles */
+            const int c0 = ct == 1 ? 0 : SPLIT * t0 / 16, cn = ct == 1 ? 1 : amx_tiles(nb); /* this block's */
 #pragma omp for schedule(static) nowait
             for (int gi = 0; gi < n_groups; gi++) {
-                const int r0 = gi * rg_max * 16, rg = (rows16 - r0) / 16 < rg_max ? (rows16 - r0) / 16 : rg_max;
-                const uint16_t *wg = wd + (size_t)r0 * cols, *bt = xb + (size_t)c0 * tile_step;
+                int i = 0;
+                while (gi >= g_end[i]) i++;
+                const int rows = ws[i]->rows, rows16 = rows / 16 * 16, r0 = (gi - (i ? g_end[i - 1] : 0)) * rg_max * 16;
+                const int rg = (rows16 - r0) / 16 < rg_max ? (rows16 - r0) / 16 : rg_max;
+                float *y = ys[i];
+                const uint16_t *wg = (const uint16_t *)ws[i]->data + (size_t)r0 * cols, *bt = xb + (size_t)c0 * tile_step;
                 if (cn == 1) amx_block1(wg, ldw, bt, ks_n, cb, ldc);
                 else if (cn == 3) amx_block3(wg, ldw, bt, tile_step, ks_n, cb, ldc);
                 else
@@ -208,46 +298,50 @@ TGT_AMX static void amx_run(float *y, const dfl_mat *w, int rows16, int n, const
                             else amx_block22(wg, ldw, bc, tile_step, ks_n, cbc, ldc, 1, 1);
                         }
                     }
-                for (int t = 0; t < nb; t++) {
-                    float *yt = y + (size_t)(t0 + t) * rows + r0;
-                    const float *c3 = cb + SPLIT * t;
-                    for (int r = 0; r < 16 * rg; r++) {
-                        const float *cr = c3 + (size_t)r * ldc;
-                        yt[r] = (cr[0] + cr[1]) + cr[2];
-                    }
-                }
+                amx_combine(y, rows, r0, rg, t0, nb, cb, ldc);
             }
         }
         _tile_release();
     }
 }
 
-void kn_matmul_amx(float *y, const float *x, const dfl_mat *w, int n) {
-    const int rows = w->rows, cols = w->cols, rows16 = rows / 16 * 16, tail = rows - rows16;
-    if (n < 1) return;
-    if (w->dtype != ST_BF16 || cols % 32 != 0 || rows16 == 0) {
-        kn_matmul_avx512(y, x, w, n);
+void kn_matmul_amx_multi(int count, float *const *y, const float *x, const dfl_mat *const *w, int n) {
+    if (n < 1 || count < 1) return;
+    const int cols = w[0]->cols;
+    int ok = count <= AMX_MULTI_MAX && cols % 32 == 0;
+    size_t tails = 0; /* floats of the rows past each matrix's last multiple of 16 */
+    for (int i = 0; i < count && ok; i++) {
+        ok = w[i]->dtype == ST_BF16 && w[i]->cols == cols && w[i]->rows >= 16;
+        tails += (size_t)n * (w[i]->rows % 16);
+    }
+    if (!ok) { /* one matrix at a time (other dtypes and shapes: the AVX-512 kernel) */
+        for (int i = 0; i < count; i++)
+            if (count == 1) kn_matmul_avx512(y[i], x, w[i], n);
+            else kn_matmul_amx_multi(1, &y[i], x, &w[i], n);
         return;
     }
-    const int ct = (SPLIT * n + 15) / 16; /* B tiles of virtual columns */
-    uint16_t *xb = aligned_alloc(64, (size_t)ct * (cols / 32) * TILE_ELEMS * sizeof(uint16_t));
+    uint16_t *xb = aligned_alloc(64, (size_t)amx_tiles(n) * (cols / 32) * TILE_ELEMS * sizeof(uint16_t));
     float *cball = aligned_alloc(64, (size_t)omp_get_max_threads() * C_ROWS * amx_ldc(amx_tok_block(cols, n)) * sizeof(float));
-    float *ytail = tail ? malloc((size_t)n * tail * sizeof(float)) : NULL;
-    if (!xb || !cball || (tail && !ytail)) { /* no memory for the packed activations: the generic kernel needs none */
+    float *ytail = tails ? malloc(tails * sizeof(float)) : NULL;
+    if (!xb || !cball || (tails && !ytail)) { /* no memory for the packed activations: the generic kernel needs none */
         free(xb), free(cball), free(ytail);
-        kn_matmul_generic(y, x, w, n);
+        for (int i = 0; i < count; i++) kn_matmul_generic(y[i], x, w[i], n);
         return;
     }
-    amx_pack(xb, x, n, cols, ct);
-    amx_run(y, w, rows16, n, xb, ct, cball);
-    if (tail) { /* the last rows % 16 rows */
-        dfl_mat sub = *w;
-        sub.data = (const uint16_t *)w->data + (size_t)rows16 * cols;
+    amx_pack(xb, x, n, cols);
+    amx_run(count, y, w, n, xb, cball);
+    for (int i = 0; i < count; i++) { /* the last rows % 16 rows: the AVX-512 kernel, then into place */
+        const int rows = w[i]->rows, rows16 = rows / 16 * 16, tail = rows - rows16;
+        if (!tail) continue;
+        dfl_mat sub = *w[i];
+        sub.data = (const uint16_t *)w[i]->data + (size_t)rows16 * cols;
         sub.rows = tail;
         kn_matmul_avx512(ytail, x, &sub, n);
         for (int t = 0; t < n; t++)
-            memcpy(y + (size_t)t * rows + rows16, ytail + (size_t)t * tail, (size_t)tail * sizeof(float));
+            memcpy(y[i] + (size_t)t * rows + rows16, ytail + (size_t)t * tail, (size_t)tail * sizeof(float));
     }
     free(xb), free(cball), free(ytail);
 }
+
+void kn_matmul_amx(float *y, const float *x, const dfl_mat *w, int n) { kn_matmul_amx_multi(1, &y, x, &w, n); }
 #endif

@@ -92,8 +92,7 @@ int drafter_add_context(dfl_dstate *s, const float *feat, int n) {
             const dfl_dlayer_w *l = &d->layers[li];
             float *kc = s->k_ctx[li] + (size_t)(s->n_ctx + c0) * kv, *vc = s->v_ctx[li] + (size_t)(s->n_ctx + c0) * kv;
             /* the context enters every layer as is (no input norm), through that layer's k/v */
-            kn_matmul(kc, s->ctx, &l->k_proj, m);
-            kn_matmul(vc, s->ctx, &l->v_proj, m);
+            kn_matmul_multi(2, (float *[]){kc, vc}, s->ctx, (const dfl_mat *[]){&l->k_proj, &l->v_proj}, m);
             for (int t = 0; t < m; t++) norm_rope(s, kc + (size_t)t * kv, g->n_kv_heads, l->k_norm, s->n_ctx + c0 + t);
         }
     }
@@ -120,9 +119,8 @@ int drafter_draft(dfl_dstate *s, int32_t anchor, int B, float *logits) {
         const dfl_dlayer_w *l = &d->layers[li];
         const int sliding = l->type == DFL_LAYER_SLIDING, window = g->sliding_window;
         for (int i = 0; i < B; i++) kn_rmsnorm(s->xn + (size_t)i * H, s->x + (size_t)i * H, l->input_norm, H, g->rms_eps);
-        kn_matmul(s->q, s->xn, &l->q_proj, B);
-        kn_matmul(s->kb, s->xn, &l->k_proj, B);
-        kn_matmul(s->vb, s->xn, &l->v_proj, B);
+        kn_matmul_multi(3, (float *[]){s->q, s->kb, s->vb}, s->xn, (const dfl_mat *[]){&l->q_proj, &l->k_proj, &l->v_proj},
+                        B);
         for (int i = 0; i < B; i++) {
             norm_rope(s, s->q + (size_t)i * Hq * hd, Hq, l->q_norm, start + i);
             norm_rope(s, s->kb + (size_t)i * kv, Hkv, l->k_norm, start + i);
@@ -144,9 +142,7 @@ int drafter_draft(dfl_dstate *s, int32_t anchor, int B, float *logits) {
                     }
                     const float *k = j < start ? kc + (size_t)j * kv + (size_t)kvh * hd
                                                : s->kb + (size_t)(j - start) * kv + (size_t)kvh * hd;
-                    float dot = 0;
-                    for (int e = 0; e < hd; e++) dot += q[e] * k[e];
-                    sc[j] = dot * scale;
+                    sc[j] = kn_dot(q, k, hd) * scale;
                 }
                 kn_softmax(sc, n_keys);
                 float *o = s->att + ((size_t)i * Hq + h) * hd;
@@ -155,15 +151,14 @@ int drafter_draft(dfl_dstate *s, int32_t anchor, int B, float *logits) {
                     if (sc[j] == 0.0f) continue;
                     const float *v = j < start ? vc + (size_t)j * kv + (size_t)kvh * hd
                                                : s->vb + (size_t)(j - start) * kv + (size_t)kvh * hd;
-                    for (int e = 0; e < hd; e++) o[e] += sc[j] * v[e];
+                    kn_axpy(o, sc[j], v, hd);
                 }
             }
         }
         kn_matmul(s->xn, s->att, &l->o_proj, B);
         for (size_t i = 0; i < (size_t)B * H; i++) s->x[i] += s->xn[i];
         for (int i = 0; i < B; i++) kn_rmsnorm(s->xn + (size_t)i * H, s->x + (size_t)i * H, l->post_norm, H, g->rms_eps);
-        kn_matmul(s->mlp1, s->xn, &l->gate, B);
-        kn_matmul(s->mlp2, s->xn, &l->up, B);
+        kn_matmul_multi(2, (float *[]){s->mlp1, s->mlp2}, s->xn, (const dfl_mat *[]){&l->gate, &l->up}, B);
         kn_swiglu(s->mlp1, s->mlp2, B * g->intermediate);
         kn_matmul(s->xn, s->mlp1, &l->down, B);
         for (size_t i = 0; i < (size_t)B * H; i++) s->x[i] += s->xn[i];

@@ -169,9 +169,7 @@ static void attention_layer(dfl_state *s, int li, int n) {
     const int gated = g->arch == DFL_ARCH_QWEN3_5;
     const int qstride = Hq * hd * (gated ? 2 : 1), kvw = Hkv * hd, p0 = s->n_past;
     for (int t = 0; t < n; t++) kn_rmsnorm(s->xn + (size_t)t * H, s->x + (size_t)t * H, l->input_norm, H, g->rms_eps);
-    kn_matmul(s->q, s->xn, &l->q_proj, n);
-    kn_matmul(s->k, s->xn, &l->k_proj, n);
-    kn_matmul(s->v, s->xn, &l->v_proj, n);
+    kn_matmul_multi(3, (float *[]){s->q, s->k, s->v}, s->xn, (const dfl_mat *[]){&l->q_proj, &l->k_proj, &l->v_proj}, n);
     float *kc = s->k_cache[li], *vc = s->v_cache[li];
     /* per-head norms and rotation; new keys/values go straight into the cache */
     for (int t = 0; t < n; t++) {
@@ -327,11 +325,9 @@ static void linear_layer(dfl_state *s, int li, int n) {
     const dfl_layer_w *l = &m->layers[li];
     const int H = g->hidden, Hv = g->lin_v_heads, dv = g->lin_v_dim, C = m->conv_dim;
     for (int t = 0; t < n; t++) kn_rmsnorm(s->xn + (size_t)t * H, s->x + (size_t)t * H, l->input_norm, H, g->rms_eps);
-    kn_matmul(s->q, s->xn, &l->in_qkv, n);
-    kn_matmul(s->z, s->xn, &l->in_z, n);
+    kn_matmul_multi(4, (float *[]){s->q, s->z, s->att, s->att + (size_t)n * Hv}, s->xn,
+                    (const dfl_mat *[]){&l->in_qkv, &l->in_z, &l->in_a, &l->in_b}, n);
     /* a and b side by side: ab[t] = [a_0..a_Hv-1 | b_0..b_Hv-1] */
-    kn_matmul(s->att, s->xn, &l->in_a, n);
-    kn_matmul(s->att + (size_t)n * Hv, s->xn, &l->in_b, n);
     for (int t = 0; t < n; t++) {
         memcpy(s->ab + (size_t)t * 2 * Hv, s->att + (size_t)t * Hv, (size_t)Hv * sizeof(float));
         memcpy(s->ab + (size_t)t * 2 * Hv + Hv, s->att + (size_t)n * Hv + (size_t)t * Hv, (size_t)Hv * sizeof(float));
@@ -361,8 +357,7 @@ static void mlp(dfl_state *s, int li, int n) {
     const dfl_layer_w *l = &s->m->layers[li];
     const int H = g->hidden, I = g->intermediate;
     for (int t = 0; t < n; t++) kn_rmsnorm(s->xn + (size_t)t * H, s->x + (size_t)t * H, l->post_norm, H, g->rms_eps);
-    kn_matmul(s->mlp1, s->xn, &l->gate, n);
-    kn_matmul(s->mlp2, s->xn, &l->up, n);
+    kn_matmul_multi(2, (float *[]){s->mlp1, s->mlp2}, s->xn, (const dfl_mat *[]){&l->gate, &l->up}, n);
     kn_swiglu(s->mlp1, s->mlp2, n * I);
     kn_matmul(s->xn, s->mlp1, &l->down, n);
     for (size_t i = 0; i < (size_t)n * H; i++) s->x[i] += s->xn[i];

@@ -4,10 +4,10 @@
  * output: |y - y_generic| <= (2 * cols * 2^-24 + e) * sum_c |w_c x_c| + 1e-30, the worst-case
  * float32 summation bound of both results, with e = 2^-26 on the AVX-512 BF16 and AMX paths
  * for BF16 weights (activations as three bf16 parts: |x - hi - mid - lo| <= 2^-27 |x|), else 0.
- * Shapes include rows >= 16 with cols % 32 == 0 (AMX tiles, with tail rows) and n past 16
- * (several token tiles). Within a path, each (row, token) result must not depend on n: rows of an
+ * Shapes include rows >= 16 with cols % 32 == 0 (AMX tiles, with tail rows), n past 16
+ * (several token tiles) and, with 4096 columns, past one AMX token block (32 tokens). Within a path, each (row, token) result must not depend on n: rows of an
  * n-token product equal single-token products bit for bit.
- * kn_dot / kn_axpy: the same bound. SiLU kernels (vectorized exp): 4e-6 relative.
+ * kn_matmul_multi equals kn_matmul bit for bit. kn_dot / kn_axpy: the same bound. SiLU kernels (vectorized exp): 4e-6 relative.
  * Gated DeltaNet: SIMD recurrence vs generic, chunked form vs recurrence (relative tolerance
  * 1e-4 of the output / state scale; observed <= 2e-6), state-only runs and split runs of the
  * recurrence equal the full run bit for bit. */
@@ -87,6 +87,37 @@ static void check_matmul(kn_isa isa, st_dtype dt, int rows, int cols) {
     CHECK(dep == 0, "%s %s %dx%d: %d token rows depend on the batch size", kn_isa_name(isa), st_dtype_name(dt), rows,
           cols, dep);
     free(store), free(x), free(ref), free(y), free(one), free(wr);
+}
+
+/* kn_matmul_multi: each output equals kn_matmul's bit for bit (rows past a multiple of 16, a
+ * matrix of another dtype in the group, batches of one and several token tiles and blocks). */
+static void check_matmul_multi(kn_isa isa) {
+    enum { COLS = 4096, NMAX = 40 }; /* 4096 columns: AMX token blocks of 32 tokens */
+    static const int rows[] = {35, 16, 50};
+    void *store[4];
+    dfl_mat w[4];
+    for (int i = 0; i < 3; i++) w[i] = make_mat(ST_BF16, rows[i], COLS, &store[i]);
+    w[3] = make_mat(ST_F32, 21, COLS, &store[3]);
+    float *x = malloc((size_t)NMAX * COLS * sizeof(float)), *y[4], *ref = malloc((size_t)NMAX * 50 * sizeof(float));
+    for (size_t i = 0; i < (size_t)NMAX * COLS; i++) x[i] = frand();
+    for (int i = 0; i < 4; i++) y[i] = malloc((size_t)NMAX * w[i].rows * sizeof(float));
+    kn_isa_set(isa);
+    static const int ns[] = {1, 3, 6, 17, 40};
+    int bad = 0;
+    for (size_t k = 0; k < sizeof ns / sizeof ns[0]; k++) {
+        const int n = ns[k];
+        for (int mixed = 0; mixed < 2; mixed++) { /* matrices 0-2, then 1-3 (one F32) */
+            const dfl_mat *ws[3] = {&w[mixed], &w[mixed + 1], &w[mixed + 2]};
+            kn_matmul_multi(3, (float *[]){y[mixed], y[mixed + 1], y[mixed + 2]}, x, ws, n);
+            for (int i = 0; i < 3; i++) {
+                kn_matmul(ref, x, ws[i], n);
+                if (memcmp(ref, y[mixed + i], (size_t)n * ws[i]->rows * sizeof(float)) != 0) bad++;
+            }
+        }
+    }
+    CHECK(bad == 0, "%s: %d kn_matmul_multi outputs differ from kn_matmul", kn_isa_name(isa), bad);
+    for (int i = 0; i < 4; i++) free(store[i]), free(y[i]);
+    free(x), free(ref);
 }
 
 static void check_dot_axpy(kn_isa isa) {
@@ -245,7 +276,8 @@ static void check_isa_api(void) {
 
 int main(void) {
     static const int shapes[][2] = {{1, 1},   {3, 7},   {5, 16},   {17, 31},  {4, 32},   {9, 33},  {67, 100},
-                                    {6, 257}, {13, 512}, {16, 32}, {37, 64}, {70, 96}, {130, 256}};
+                                    {6, 257}, {13, 512}, {16, 32}, {37, 64}, {70, 96}, {130, 256},
+                                    {20, 4096}};
     static const st_dtype dts[] = {ST_F32, ST_F16, ST_BF16};
     check_isa_api();
     int paths = 0;
@@ -259,6 +291,7 @@ int main(void) {
         for (size_t d = 0; d < sizeof dts / sizeof dts[0]; d++)
             for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
                 check_matmul(isa, dts[d], shapes[s][0], shapes[s][1]);
+        check_matmul_multi(isa);
         check_dot_axpy(isa);
         check_silu(isa);
         static const int gdn_shapes[][3] = {{32, 32, 1}, {32, 32, 70}, {128, 128, 5}, {128, 128, 130},
