@@ -26,6 +26,10 @@ void dfl_clearerr(void);
 /* Wall-clock seconds (monotonic). */
 double dfl_now(void);
 
+/* Zeroed memory of at least `bytes`, aligned to a cache line (64 bytes), released with free();
+ * NULL when out of memory. Kernels stream whole cache lines into such buffers. */
+void *dfl_zalloc(size_t bytes);
+
 /* Read a whole file into a NUL-terminated malloc'd buffer. NULL + error on failure. */
 char *dfl_read_file(const char *path, size_t *len_out);
 

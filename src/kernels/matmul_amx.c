@@ -211,6 +211,7 @@ TGT_AMX static void amx_pack(uint16_t *xb, const float *x, int n, int cols) {
 
 #define C_ROWS 32       /* rows of C results a thread holds: up to 2 row tiles */
 #define AMX_MULTI_MAX 8 /* matrices sharing one input in kn_matmul_amx_multi */
+#define STREAM_MIN_BYTES ((size_t)4 << 20) /* outputs at least this large bypass the caches */
 
 /* Tokens per block: whole multiples of 16 whose packed activations fit XBLOCK_BYTES, or all n. */
 static int amx_tok_block(int cols, int n) {
@@ -223,8 +224,9 @@ static int amx_ldc(int tok_block) { return 16 * amx_tiles(tok_block); }
 
 /* y rows r0 .. r0 + 16 rg - 1 of tokens t0 .. t0 + nb - 1 from their C results cb [16 rg][ldc]:
  * y = (hi + mid) + lo. */
-TGT_AMX static void amx_combine(float *y, int rows, int r0, int rg, int t0, int nb, const float *cb, int ldc) {
-    if (!amx_planar(nb)) {
+TGT_AMX static void amx_combine(float *y, int rows, int r0, int rg, int t0, int nb, const float *cb, int ldc,
+                                int planar, int stream) {
+    if (!planar) {
         for (int t = 0; t < nb; t++)
             for (int r = 0; r < 16 * rg; r++) {
                 const float *cr = cb + (size_t)r * ldc + SPLIT * t;
@@ -243,28 +245,29 @@ TGT_AMX static void amx_combine(float *y, int rows, int r0, int rg, int t0, int 
             }
             tr16x16(v);
             for (int j = 0; j < nt; j++)
-                _mm512_storeu_si512(y + (size_t)(t0 + 16 * b + j) * rows + r0 + 16 * rt, v[j]);
+                if (stream) _mm512_stream_si512((void *)(y + (size_t)(t0 + 16 * b + j) * rows + r0 + 16 * rt), v[j]);
+                else _mm512_storeu_si512(y + (size_t)(t0 + 16 * b + j) * rows + r0 + 16 * rt, v[j]);
         }
     }
 }
 
 /* Token blocks (whole B tiles) whose packed activations stay in L2; each thread runs its row
- * groups over one block, then the next. One B tile (up to 5 tokens) or three (16 tokens):
- * single row tiles, the weights streaming once with the hardware prefetchers; otherwise
- * groups of 2 row tiles x pairs of B tiles. */
+ * groups over one block, then the next. A block of one B tile (up to 5 tokens) or three (16
+ * tokens): single row tiles, the weights streaming once with the hardware prefetchers;
+ * otherwise groups of 2 row tiles x pairs of B tiles. Outputs larger than L2 are written with
+ * streaming stores, so that they do not evict the packed activations. */
 TGT_AMX static void amx_run(int count, float *const *ys, const dfl_mat *const *ws, int n, const uint16_t *xb,
                             float *cball) {
-    const int cols = ws[0]->cols, ks_n = cols / 32, ct = amx_tiles(n);
+    const int cols = ws[0]->cols, ks_n = cols / 32, planar = amx_planar(n);
     const size_t ldw = (size_t)cols * sizeof(uint16_t), tile_step = (size_t)ks_n * TILE_ELEMS;
-    const int tok_block = amx_tok_block(cols, n), rg_max = ct == 1 || ct == 3 ? 1 : 2, ldc = amx_ldc(tok_block);
-    int g_end[AMX_MULTI_MAX]; /* row groups of matrices 0..i, in one index space */
-    size_t rows16_all = 0;
+    const int tok_block = amx_tok_block(cols, n), ldc = amx_ldc(tok_block);
+    size_t rows16_all = 0, rows_all = 0;
+    int aligned = 1; /* every output row starts on a cache line */
     for (int i = 0; i < count; i++) {
-        const int rows16 = ws[i]->rows / 16 * 16;
-        g_end[i] = (i ? g_end[i - 1] : 0) + (rows16 / 16 + rg_max - 1) / rg_max;
-        rows16_all += (size_t)rows16;
+        rows16_all += (size_t)(ws[i]->rows / 16 * 16), rows_all += (size_t)ws[i]->rows;
+        aligned &= (uintptr_t)ys[i] % 64 == 0 && ws[i]->rows % 16 == 0;
     }
-    const int n_groups = g_end[count - 1];
+    const int stream = planar && aligned && rows_all * n * sizeof(float) > STREAM_MIN_BYTES;
 #pragma omp parallel if (rows16_all * cols * n >= KN_PAR_MIN_WORK)
     {
         tile_config cfg;
@@ -275,14 +278,18 @@ TGT_AMX static void amx_run(int count, float *const *ys, const dfl_mat *const *w
         float *cb = cball + (size_t)omp_get_thread_num() * C_ROWS * ldc;
         for (int t0 = 0; t0 < n; t0 += tok_block) {
             const int nb = n - t0 < tok_block ? n - t0 : tok_block;
-            const int c0 = ct == 1 ? 0 : SPLIT * t0 / 16, cn = ct == 1 ? 1 : amx_tiles(nb); /* this block's */
+            /* this block's B tiles, and the row tiles per group for them */
+            const int c0 = planar ? SPLIT * t0 / 16 : 0, cn = planar ? SPLIT * ((nb + 15) / 16) : 1;
+            const int rg_max = cn == 1 || cn == 3 ? 1 : 2;
+            int g_end[AMX_MULTI_MAX]; /* row groups of matrices 0..i, in one index space */
+            for (int i = 0; i < count; i++)
+                g_end[i] = (i ? g_end[i - 1] : 0) + (ws[i]->rows / 16 + rg_max - 1) / rg_max;
 #pragma omp for schedule(static) nowait
-            for (int gi = 0; gi < n_groups; gi++) {
+            for (int gi = 0; gi < g_end[count - 1]; gi++) {
                 int i = 0;
                 while (gi >= g_end[i]) i++;
                 const int rows = ws[i]->rows, rows16 = rows / 16 * 16, r0 = (gi - (i ? g_end[i - 1] : 0)) * rg_max * 16;
                 const int rg = (rows16 - r0) / 16 < rg_max ? (rows16 - r0) / 16 : rg_max;
-                float *y = ys[i];
                 const uint16_t *wg = (const uint16_t *)ws[i]->data + (size_t)r0 * cols, *bt = xb + (size_t)c0 * tile_step;
                 if (cn == 1) amx_block1(wg, ldw, bt, ks_n, cb, ldc);
                 else if (cn == 3) amx_block3(wg, ldw, bt, tile_step, ks_n, cb, ldc);
@@ -298,9 +305,10 @@ TGT_AMX static void amx_run(int count, float *const *ys, const dfl_mat *const *w
                             else amx_block22(wg, ldw, bc, tile_step, ks_n, cbc, ldc, 1, 1);
                         }
                     }
-                amx_combine(y, rows, r0, rg, t0, nb, cb, ldc);
+                amx_combine(ys[i], rows, r0, rg, t0, nb, cb, ldc, planar, stream);
             }
         }
+        if (stream) _mm_sfence(); /* the streamed rows before the region's closing barrier */
         _tile_release();
     }
 }

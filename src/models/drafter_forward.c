@@ -8,7 +8,7 @@
 
 #define ALLOC(p, nfloats)                                                           \
     do {                                                                            \
-        (p) = calloc((size_t)(nfloats) > 0 ? (size_t)(nfloats) : 1, sizeof(float)); \
+        (p) = dfl_zalloc((size_t)(nfloats) * sizeof(float)); \
         if (!(p)) goto oom;                                                         \
         s->bytes += (uint64_t)(nfloats) * sizeof(float);                            \
     } while (0)

@@ -50,7 +50,7 @@ uint64_t state_bytes(const dfl_model *m, int max_ctx, int max_batch, int record)
 
 #define ALLOC(p, nfloats)                                              \
     do {                                                               \
-        (p) = calloc((size_t)(nfloats) > 0 ? (size_t)(nfloats) : 1, sizeof(float)); \
+        (p) = dfl_zalloc((size_t)(nfloats) * sizeof(float)); \
         if (!(p)) goto oom;                                            \
     } while (0)
 

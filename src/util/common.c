@@ -39,6 +39,13 @@ int dfl_preperr(const char *fmt, ...) {
 const char *dfl_errmsg(void) { return errbuf; }
 void dfl_clearerr(void) { errbuf[0] = 0; }
 
+void *dfl_zalloc(size_t bytes) {
+    const size_t n = bytes ? (bytes + 63) / 64 * 64 : 64;
+    void *p = aligned_alloc(64, n);
+    if (p) memset(p, 0, n);
+    return p;
+}
+
 double dfl_now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
