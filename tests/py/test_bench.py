@@ -34,6 +34,21 @@ def check_tree(t):
     t.check(tree and tree[-1]["depth"] > 1, "the benchmark trees are deeper than one level")
 
 
+def check_e2e_prompt(t):
+    """e2e on a given prompt: the generated count, prompt length and tau are reported; without a
+    drafter only the autoregressive run; a prompt with --parts leaving out e2e is refused."""
+    r = bench_json("--model", fixture("qwen35_vlm"), "--drafter", fixture("dflash_qwen35"), "--parts", "e2e",
+                   "--prompt-ids", "5,17,99,3,250")
+    t.check(r["e2e_prompt"] == "given" and r["e2e_prompt_tokens"] == 5, f"e2e prompt fields {r}")
+    t.check(1 <= r["e2e_generated"] <= 4 and r["spec_tau"] >= 1.0, f"e2e generated {r}")
+    r = bench_json("--model", fixture("qwen35_vlm"), "--parts", "e2e", "--prompt-ids", "5,17")
+    t.check("ar_tokens_per_s" in r and "spec_tokens_per_s" not in r, f"e2e without a drafter {r}")
+    p = dfl("bench", "--model", fixture("qwen35_vlm"), "--parts", "decode", "--prompt-ids", "5", check=False)
+    t.check(p.returncode == 2 and "e2e" in p.stderr, f"prompt without e2e: {p.returncode} {p.stderr}")
+    p = dfl("bench", "--model", fixture("qwen35_vlm"), "--parts", "e2e", "--prompt-ids", "5,x", check=False)
+    t.check(p.returncode != 0 and "--prompt-ids" in p.stderr, f"bad --prompt-ids: {p.returncode} {p.stderr}")
+
+
 def check_isas(t):
     for isa in ("generic", "avx2", "avx512"):
         p = dfl("bench", "--json", "--isa", isa, "--parts", "decode", "--model", fixture("qwen35_bf16"), *SMALL,
@@ -70,6 +85,7 @@ def main():
     t = Tally("test_bench")
     t.run(check_full, t)
     t.run(check_tree, t)
+    t.run(check_e2e_prompt, t)
     t.run(check_isas, t)
     t.run(check_errors, t)
     t.run(check_run_script, t)
