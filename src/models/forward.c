@@ -159,6 +159,31 @@ void model_embed(const dfl_model *m, int32_t token, float *out) { kn_mat_row(&m-
 
 void model_lm_head(const dfl_model *m, const float *x, float *logits, int n) { kn_matmul(logits, x, &m->lm_head, n); }
 
+/* ---- row-parallel helpers (serial below KN_PAR_MIN_WORK; results independent of the split) -- */
+
+static void rmsnorm_rows(float *y, const float *x, const float *w, int rows, int dim, float eps) {
+#pragma omp parallel for schedule(static) if ((size_t)rows * dim * 4 >= KN_PAR_MIN_WORK)
+    for (int r = 0; r < rows; r++) kn_rmsnorm(y + (size_t)r * dim, x + (size_t)r * dim, w, dim, eps);
+}
+
+#define EW_CHUNK 4096 /* elements per work item of the elementwise loops (a multiple of any vector width) */
+
+/* a = silu(a) * b over n elements */
+static void swiglu_par(float *a, const float *b, size_t n) {
+    const long chunks = (long)((n + EW_CHUNK - 1) / EW_CHUNK);
+#pragma omp parallel for schedule(static) if (n * 8 >= KN_PAR_MIN_WORK)
+    for (long c = 0; c < chunks; c++) {
+        const size_t i0 = (size_t)c * EW_CHUNK;
+        kn_swiglu(a + i0, b + i0, (int)(n - i0 < EW_CHUNK ? n - i0 : EW_CHUNK));
+    }
+}
+
+/* x += y over n elements (the residual stream) */
+static void add_par(float *x, const float *y, size_t n) {
+#pragma omp parallel for schedule(static) if (n * 4 >= KN_PAR_MIN_WORK)
+    for (size_t i = 0; i < n; i++) x[i] += y[i];
+}
+
 /* ---- full attention layer ---------------------------------------------------------- */
 
 static void attention_layer(dfl_state *s, int li, int n) {
@@ -168,7 +193,7 @@ static void attention_layer(dfl_state *s, int li, int n) {
     const int H = g->hidden, hd = g->head_dim, Hq = g->n_heads, Hkv = g->n_kv_heads, rot = g->rot_dim;
     const int gated = g->arch == DFL_ARCH_QWEN3_5;
     const int qstride = Hq * hd * (gated ? 2 : 1), kvw = Hkv * hd, p0 = s->n_past;
-    for (int t = 0; t < n; t++) kn_rmsnorm(s->xn + (size_t)t * H, s->x + (size_t)t * H, l->input_norm, H, g->rms_eps);
+    rmsnorm_rows(s->xn, s->x, l->input_norm, n, H, g->rms_eps);
     kn_matmul_multi(3, (float *[]){s->q, s->k, s->v}, s->xn, (const dfl_mat *[]){&l->q_proj, &l->k_proj, &l->v_proj}, n);
     float *kc = s->k_cache[li], *vc = s->v_cache[li];
     /* per-head norms and rotation; new keys/values go straight into the cache */
@@ -212,7 +237,7 @@ static void attention_layer(dfl_state *s, int li, int n) {
         }
     }
     kn_matmul(s->xn, s->att, &l->o_proj, n);
-    for (size_t i = 0; i < (size_t)n * H; i++) s->x[i] += s->xn[i];
+    add_par(s->x, s->xn, (size_t)n * H);
 }
 
 /* ---- Gated DeltaNet layer ---------------------------------------------------------- */
@@ -324,7 +349,7 @@ static void linear_layer(dfl_state *s, int li, int n) {
     const dfl_config *g = &m->cfg;
     const dfl_layer_w *l = &m->layers[li];
     const int H = g->hidden, Hv = g->lin_v_heads, dv = g->lin_v_dim, C = m->conv_dim;
-    for (int t = 0; t < n; t++) kn_rmsnorm(s->xn + (size_t)t * H, s->x + (size_t)t * H, l->input_norm, H, g->rms_eps);
+    rmsnorm_rows(s->xn, s->x, l->input_norm, n, H, g->rms_eps);
     kn_matmul_multi(4, (float *[]){s->q, s->z, s->att, s->att + (size_t)n * Hv}, s->xn,
                     (const dfl_mat *[]){&l->in_qkv, &l->in_z, &l->in_a, &l->in_b}, n);
     /* a and b side by side: ab[t] = [a_0..a_Hv-1 | b_0..b_Hv-1] */
@@ -343,24 +368,21 @@ static void linear_layer(dfl_state *s, int li, int n) {
                      .node_S = s->tree_S ? s->tree_S[li] : NULL};
     gated_delta(m, l, s->conv_state[li], s->rec_state[li], s->q, s->ab, n, s->att, s->tree_parent ? &tree : NULL);
     /* gated RMSNorm per (token, value head): w * norm(o) * silu(z), into z */
-    for (int th = 0; th < n * Hv; th++) {
-        float *o = s->att + (size_t)th * dv;
-        kn_rmsnorm(o, o, l->gnorm, dv, g->rms_eps);
-    }
-    kn_swiglu(s->z, s->att, n * Hv * dv);
+    rmsnorm_rows(s->att, s->att, l->gnorm, n * Hv, dv, g->rms_eps);
+    swiglu_par(s->z, s->att, (size_t)n * Hv * dv);
     kn_matmul(s->xn, s->z, &l->out_proj, n);
-    for (size_t i = 0; i < (size_t)n * H; i++) s->x[i] += s->xn[i];
+    add_par(s->x, s->xn, (size_t)n * H);
 }
 
 static void mlp(dfl_state *s, int li, int n) {
     const dfl_config *g = &s->m->cfg;
     const dfl_layer_w *l = &s->m->layers[li];
     const int H = g->hidden, I = g->intermediate;
-    for (int t = 0; t < n; t++) kn_rmsnorm(s->xn + (size_t)t * H, s->x + (size_t)t * H, l->post_norm, H, g->rms_eps);
+    rmsnorm_rows(s->xn, s->x, l->post_norm, n, H, g->rms_eps);
     kn_matmul_multi(2, (float *[]){s->mlp1, s->mlp2}, s->xn, (const dfl_mat *[]){&l->gate, &l->up}, n);
-    kn_swiglu(s->mlp1, s->mlp2, n * I);
+    swiglu_par(s->mlp1, s->mlp2, (size_t)n * I);
     kn_matmul(s->xn, s->mlp1, &l->down, n);
-    for (size_t i = 0; i < (size_t)n * H; i++) s->x[i] += s->xn[i];
+    add_par(s->x, s->xn, (size_t)n * H);
 }
 
 static int forward_impl(dfl_state *s, const int32_t *tokens, int n, const int *depth, float *logits,
