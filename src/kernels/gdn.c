@@ -16,10 +16,10 @@
 #define VSTORE(p, v) (*(p) = (v))
 #define VSET1(x) (x)
 #define VZERO() 0.0f
+#define VADD(a, b) ((a) + (b))
 #define VSUB(a, b) ((a) - (b))
 #define VMUL(a, b) ((a) * (b))
 #define VFMA(a, b, c) ((a) * (b) + (c))
-#define VHSUM(v) (v)
 #include "gdn_body.h"
 #undef GDN_SUF
 #undef GDN_TGT
@@ -29,10 +29,10 @@
 #undef VSTORE
 #undef VSET1
 #undef VZERO
+#undef VADD
 #undef VSUB
 #undef VMUL
 #undef VFMA
-#undef VHSUM
 
 #if KN_X86
 #include <immintrin.h>
@@ -46,15 +46,10 @@
 #define VSTORE(p, v) _mm256_storeu_ps(p, v)
 #define VSET1(x) _mm256_set1_ps(x)
 #define VZERO() _mm256_setzero_ps()
+#define VADD(a, b) _mm256_add_ps(a, b)
 #define VSUB(a, b) _mm256_sub_ps(a, b)
 #define VMUL(a, b) _mm256_mul_ps(a, b)
 #define VFMA(a, b, c) _mm256_fmadd_ps(a, b, c)
-#define VHSUM(v) hsum8(v)
-__attribute__((target("avx2,fma"))) static inline float hsum8(__m256 v) {
-    const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    const __m128 h = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    return _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
-}
 #include "gdn_body.h"
 #undef GDN_SUF
 #undef GDN_TGT
@@ -64,10 +59,10 @@ __attribute__((target("avx2,fma"))) static inline float hsum8(__m256 v) {
 #undef VSTORE
 #undef VSET1
 #undef VZERO
+#undef VADD
 #undef VSUB
 #undef VMUL
 #undef VFMA
-#undef VHSUM
 
 /* ---- AVX-512 ---- */
 #define GDN_SUF avx512
@@ -78,16 +73,16 @@ __attribute__((target("avx2,fma"))) static inline float hsum8(__m256 v) {
 #define VSTORE(p, v) _mm512_storeu_ps(p, v)
 #define VSET1(x) _mm512_set1_ps(x)
 #define VZERO() _mm512_setzero_ps()
+#define VADD(a, b) _mm512_add_ps(a, b)
 #define VSUB(a, b) _mm512_sub_ps(a, b)
 #define VMUL(a, b) _mm512_mul_ps(a, b)
 #define VFMA(a, b, c) _mm512_fmadd_ps(a, b, c)
-#define VHSUM(v) _mm512_reduce_add_ps(v)
 #include "gdn_body.h"
 #endif
 
 size_t kn_gdn_chunk_work(int dk, int dv) {
     (void)dv; /* column groups reuse fixed-width buffers */
-    return 2 * (size_t)KN_GDN_CHUNK + 2 * (size_t)KN_GDN_CHUNK * KN_GDN_CHUNK + (size_t)KN_GDN_CHUNK * dk +
+    return 2 * (size_t)KN_GDN_CHUNK + 2 * (size_t)KN_GDN_CHUNK * KN_GDN_CHUNK + 2 * (size_t)KN_GDN_CHUNK * dk +
            2 * (size_t)KN_GDN_CHUNK * 64;
 }
 

@@ -1,8 +1,8 @@
 /* Gated DeltaNet core for one value head, written once over a vector type and included by
  * gdn.c for each instruction-set path. The includer defines:
  *   GDN_SUF (name suffix), GDN_TGT (target attribute or nothing), VT (vector of VW floats),
- *   VLOAD(p), VSTORE(p, v), VSET1(x), VZERO(), VSUB(a, b), VMUL(a, b),
- *   VFMA(a, b, c) = a*b + c, VHSUM(v) = sum of the lanes.
+ *   VLOAD(p), VSTORE(p, v), VSET1(x), VZERO(), VADD(a, b), VSUB(a, b), VMUL(a, b),
+ *   VFMA(a, b, c) = a*b + c.
  * dk and dv must be multiples of VW. Columns of S are independent in both forms, so the work
  * goes by groups of NJ*VW columns (NJ independent vector chains) with the group's slice of S
  * staying in L1 across tokens. */
@@ -69,14 +69,9 @@ GDN_TGT void GDN_NAME(kn_gdn_recurrent_)(float *S, const kn_gdn_io *io) {
     for (; j0 < io->dv; j0 += VW) GDN_NAME(rec_cols_)(S, io, j0, 1);
 }
 
-GDN_TGT GDN_INLINE float GDN_NAME(dot_)(const float *a, const float *b, int n) {
-    VT s = VZERO();
-    for (int i = 0; i < n; i += VW) s = VFMA(VLOAD(a + i), VLOAD(b + i), s);
-    return VHSUM(s);
-}
-
 /* Scratch of one chunk: gam[C] cumulative log-decay, eg[C] = exp(gam), M[C][C] and P[C][C]
- * (see below), KC[C][dk] = exp(gam_L - gam_s) k_s, and per column group D[C][64], O[C][64]. */
+ * (see below), KC[C][dk] = exp(gam_L - gam_s) k_s, per column group D[C][64], O[C][64], and
+ * KT[dk][C] = K^T. */
 #define GDN_C KN_GDN_CHUNK
 #define GDN_GROUP 64
 
@@ -153,20 +148,36 @@ GDN_TGT GDN_INLINE void GDN_NAME(chunk_cols_)(float *S, const kn_gdn_io *io, con
 GDN_TGT void GDN_NAME(kn_gdn_chunk_)(float *S, const kn_gdn_io *io, float *work) {
     const int dk = io->dk, L = io->n;
     float *gam = work, *eg = gam + GDN_C, *M = eg + GDN_C, *P = M + GDN_C * GDN_C, *KC = P + GDN_C * GDN_C;
-    float *D = KC + (size_t)GDN_C * dk, *O = D + GDN_C * GDN_GROUP;
+    float *D = KC + (size_t)GDN_C * dk, *O = D + GDN_C * GDN_GROUP, *KT = O + GDN_C * GDN_GROUP;
     float acc = 0;
     for (int t = 0; t < L; t++) {
         acc += io->g[t];
         gam[t] = acc;
         eg[t] = expf(acc);
     }
+    /* KT [dk][GDN_C] = K^T (zero past L), so that k_t.k_s and q_t.k_s for a vector of s are dk
+     * FMAs with no horizontal sums */
+    for (int i = 0; i < dk; i++)
+        for (int s = 0; s < GDN_C; s++) KT[(size_t)i * GDN_C + s] = s < L ? io->k[(size_t)s * io->ld + i] : 0.0f;
     /* M[t][s] = beta_t exp(gam_t - gam_s) k_t.k_s (s < t); P[t][s] = exp(gam_t - gam_s) q_t.k_s (s <= t) */
     for (int t = 0; t < L; t++) {
         const float *q = io->q + (size_t)t * io->ld, *k = io->k + (size_t)t * io->ld;
-        for (int s = 0; s <= t; s++) {
-            const float *ks = io->k + (size_t)s * io->ld, e = expf(gam[t] - gam[s]);
-            if (s < t) M[t * GDN_C + s] = io->beta[t] * e * GDN_NAME(dot_)(k, ks, dk);
-            if (io->out) P[t * GDN_C + s] = e * GDN_NAME(dot_)(q, ks, dk);
+        for (int s0 = 0; s0 <= t; s0 += VW) {
+            VT kk[2] = {VZERO(), VZERO()}, qk[2] = {VZERO(), VZERO()}; /* two chains each */
+            for (int i = 0; i < dk; i++) {
+                const VT kt = VLOAD(KT + (size_t)i * GDN_C + s0);
+                kk[i & 1] = VFMA(VSET1(k[i]), kt, kk[i & 1]);
+                qk[i & 1] = VFMA(VSET1(q[i]), kt, qk[i & 1]);
+            }
+            kk[0] = VADD(kk[0], kk[1]), qk[0] = VADD(qk[0], qk[1]);
+            float dkk[VW], dqk[VW];
+            VSTORE(dkk, kk[0]);
+            VSTORE(dqk, qk[0]);
+            for (int s = s0; s < s0 + VW && s <= t; s++) {
+                const float e = expf(gam[t] - gam[s]);
+                if (s < t) M[t * GDN_C + s] = io->beta[t] * e * dkk[s - s0];
+                if (io->out) P[t * GDN_C + s] = e * dqk[s - s0];
+            }
         }
     }
     for (int s = 0; s < L; s++) {
