@@ -6,9 +6,17 @@
 #include "dfl/common.h"
 #include "dfl/drafter.h"
 
-#define ALLOC(p, nfloats)                                                           \
-    do {                                                                            \
+/* ALLOC: zeroed and cache-line aligned (activations); ALLOC_LAZY: calloc, whose large blocks
+ * take physical pages only when first written (the context caches sized by max_ctx). */
+#define ALLOC(p, nfloats)                                    \
+    do {                                                     \
         (p) = dfl_zalloc((size_t)(nfloats) * sizeof(float)); \
+        if (!(p)) goto oom;                                  \
+        s->bytes += (uint64_t)(nfloats) * sizeof(float);     \
+    } while (0)
+#define ALLOC_LAZY(p, nfloats)                                                      \
+    do {                                                                            \
+        (p) = calloc((size_t)(nfloats) > 0 ? (size_t)(nfloats) : 1, sizeof(float)); \
         if (!(p)) goto oom;                                                         \
         s->bytes += (uint64_t)(nfloats) * sizeof(float);                            \
     } while (0)
@@ -28,8 +36,8 @@ int dstate_init(dfl_dstate *s, const dfl_drafter *d, const dfl_model *t, int max
     s->v_ctx = calloc((size_t)L, sizeof(float *));
     if (!s->k_ctx || !s->v_ctx) goto oom;
     for (int i = 0; i < L; i++) {
-        ALLOC(s->k_ctx[i], (size_t)max_ctx * kv);
-        ALLOC(s->v_ctx[i], (size_t)max_ctx * kv);
+        ALLOC_LAZY(s->k_ctx[i], (size_t)max_ctx * kv);
+        ALLOC_LAZY(s->v_ctx[i], (size_t)max_ctx * kv);
     }
     ALLOC(s->ctx, (size_t)B * g->hidden);
     ALLOC(s->x, (size_t)B * g->hidden);

@@ -48,10 +48,18 @@ uint64_t state_bytes(const dfl_model *m, int max_ctx, int max_batch, int record)
     return f * sizeof(float);
 }
 
-#define ALLOC(p, nfloats)                                              \
-    do {                                                               \
+/* ALLOC: zeroed and cache-line aligned (activations, which kernels may stream into);
+ * ALLOC_LAZY: calloc, whose large blocks take physical pages only when first written (the
+ * caches sized by max_ctx). Both are released with free(). */
+#define ALLOC(p, nfloats)                                    \
+    do {                                                     \
         (p) = dfl_zalloc((size_t)(nfloats) * sizeof(float)); \
-        if (!(p)) goto oom;                                            \
+        if (!(p)) goto oom;                                  \
+    } while (0)
+#define ALLOC_LAZY(p, nfloats)                                                      \
+    do {                                                                            \
+        (p) = calloc((size_t)(nfloats) > 0 ? (size_t)(nfloats) : 1, sizeof(float)); \
+        if (!(p)) goto oom;                                                         \
     } while (0)
 
 int state_init(dfl_state *s, const dfl_model *m, int max_ctx, int max_batch, int record) {
@@ -86,8 +94,8 @@ int state_init(dfl_state *s, const dfl_model *m, int max_ctx, int max_batch, int
     const size_t S = (size_t)g->lin_v_heads * g->lin_k_dim * g->lin_v_dim;
     for (int i = 0; i < L; i++) {
         if (g->layer_types[i] == DFL_LAYER_FULL) {
-            ALLOC(s->k_cache[i], (size_t)max_ctx * kv);
-            ALLOC(s->v_cache[i], (size_t)max_ctx * kv);
+            ALLOC_LAZY(s->k_cache[i], (size_t)max_ctx * kv);
+            ALLOC_LAZY(s->v_cache[i], (size_t)max_ctx * kv);
         } else {
             ALLOC(s->conv_state[i], conv);
             ALLOC(s->rec_state[i], S);
