@@ -71,6 +71,12 @@ float kn_dot(const float *a, const float *b, int n);
 /* y[i] += a * x[i] over n floats. */
 void kn_axpy(float *y, float a, const float *x, int n);
 
+/* Attention over a cache in one call each (one dispatch, y kept in registers):
+ * out[j] = kn_dot(a, b + j*ldb, n) for j < m, and, for j = 0..m-1 in order with w[j] != 0,
+ * kn_axpy(y, w[j], x + j*ldx, n). Both equal those calls bit for bit. */
+void kn_dot_rows(float *out, const float *a, const float *b, size_t ldb, int m, int n);
+void kn_axpy_rows(float *y, const float *w, const float *x, size_t ldx, int m, int n);
+
 /* y = x * rsqrt(mean(x^2) + eps) * w  (w already holds the effective multiplier). */
 void kn_rmsnorm(float *y, const float *x, const float *w, int n, float eps);
 /* In-place SiLU-gated product: a[i] = silu(a[i]) * b[i]. */

@@ -140,6 +140,49 @@ void kn_axpy(float *y, float a, const float *x, int n) {
     }
 }
 
+void kn_dot_rows_generic(float *out, const float *a, const float *b, size_t ldb, int m, int n) {
+    for (int j = 0; j < m; j++) out[j] = kn_dot_generic(a, b + (size_t)j * ldb, n);
+}
+
+void kn_axpy_rows_generic(float *y, const float *w, const float *x, size_t ldx, int m, int n) {
+    for (int j = 0; j < m; j++)
+        if (w[j] != 0.0f) kn_axpy_generic(y, w[j], x + (size_t)j * ldx, n);
+}
+
+void kn_dot_rows(float *out, const float *a, const float *b, size_t ldb, int m, int n) {
+    switch (kn_isa_get()) {
+#if KN_X86
+    case KN_ISA_AMX:
+    case KN_ISA_AVX512BF16:
+    case KN_ISA_AVX512:
+        kn_dot_rows_avx512(out, a, b, ldb, m, n);
+        return;
+    case KN_ISA_AVX2:
+        kn_dot_rows_avx2(out, a, b, ldb, m, n);
+        return;
+#endif
+    default:
+        kn_dot_rows_generic(out, a, b, ldb, m, n);
+    }
+}
+
+void kn_axpy_rows(float *y, const float *w, const float *x, size_t ldx, int m, int n) {
+    switch (kn_isa_get()) {
+#if KN_X86
+    case KN_ISA_AMX:
+    case KN_ISA_AVX512BF16:
+    case KN_ISA_AVX512:
+        kn_axpy_rows_avx512(y, w, x, ldx, m, n);
+        return;
+    case KN_ISA_AVX2:
+        kn_axpy_rows_avx2(y, w, x, ldx, m, n);
+        return;
+#endif
+    default:
+        kn_axpy_rows_generic(y, w, x, ldx, m, n);
+    }
+}
+
 void kn_rmsnorm(float *y, const float *x, const float *w, int n, float eps) {
     float ss = 0;
     for (int i = 0; i < n; i++) ss += x[i] * x[i];

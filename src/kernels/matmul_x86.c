@@ -231,7 +231,7 @@ void kn_matmul_avx512(float *y, const float *x, const dfl_mat *w, int n) {
     mm_dispatch(y, x, w, n, 32, &tiles_bf16_512, &tiles_f16_512, &tiles_f32_512);
 }
 
-TGT_AVX512 float kn_dot_avx512(const float *a, const float *b, int n) {
+TGT_AVX512 INLINE float dot_512(const float *a, const float *b, int n) {
     __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
     int i = 0;
     for (; i + 32 <= n; i += 32) {
@@ -243,6 +243,34 @@ TGT_AVX512 float kn_dot_avx512(const float *a, const float *b, int n) {
         s0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + i), _mm512_maskz_loadu_ps(m, b + i), s0);
     }
     return _mm512_reduce_add_ps(_mm512_add_ps(s0, s1));
+}
+
+TGT_AVX512 float kn_dot_avx512(const float *a, const float *b, int n) { return dot_512(a, b, n); }
+
+TGT_AVX512 void kn_dot_rows_avx512(float *out, const float *a, const float *b, size_t ldb, int m, int n) {
+    for (int j = 0; j < m; j++) out[j] = dot_512(a, b + (size_t)j * ldb, n);
+}
+
+/* y += w[j] x_j over the rows in order, 128 columns of y held in registers at a time: each
+ * element gets the same FMAs in the same order as repeated kn_axpy_avx512 calls. */
+TGT_AVX512 void kn_axpy_rows_avx512(float *y, const float *w, const float *x, size_t ldx, int m, int n) {
+    for (int c0 = 0; c0 < n; c0 += 128) {
+        const int nv = (n - c0 + 15) / 16 < 8 ? (n - c0 + 15) / 16 : 8;
+        __m512 acc[8];
+        __mmask16 mk[8];
+        for (int v = 0; v < nv; v++) {
+            const int i = c0 + 16 * v;
+            mk[v] = n - i >= 16 ? 0xffff : (__mmask16)((1u << (n - i)) - 1);
+            acc[v] = _mm512_maskz_loadu_ps(mk[v], y + i);
+        }
+        for (int j = 0; j < m; j++) {
+            if (w[j] == 0.0f) continue;
+            const __m512 va = _mm512_set1_ps(w[j]);
+            const float *xj = x + (size_t)j * ldx + c0;
+            for (int v = 0; v < nv; v++) acc[v] = _mm512_fmadd_ps(va, _mm512_maskz_loadu_ps(mk[v], xj + 16 * v), acc[v]);
+        }
+        for (int v = 0; v < nv; v++) _mm512_mask_storeu_ps(y + c0 + 16 * v, mk[v], acc[v]);
+    }
 }
 
 TGT_AVX512 void kn_axpy_avx512(float *y, float a, const float *x, int n) {
@@ -449,7 +477,7 @@ void kn_matmul_avx2(float *y, const float *x, const dfl_mat *w, int n) {
     mm_dispatch(y, x, w, n, 16, &tiles_bf16_256, &tiles_f16_256, &tiles_f32_256);
 }
 
-TGT_AVX2 float kn_dot_avx2(const float *a, const float *b, int n) {
+TGT_AVX2 INLINE float dot_256(const float *a, const float *b, int n) {
     __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
     int i = 0;
     for (; i + 16 <= n; i += 16) {
@@ -461,6 +489,32 @@ TGT_AVX2 float kn_dot_avx2(const float *a, const float *b, int n) {
         s0 = _mm256_fmadd_ps(_mm256_maskload_ps(a + i, m), _mm256_maskload_ps(b + i, m), s0);
     }
     return hsum_256(_mm256_add_ps(s0, s1));
+}
+
+TGT_AVX2 float kn_dot_avx2(const float *a, const float *b, int n) { return dot_256(a, b, n); }
+
+TGT_AVX2 void kn_dot_rows_avx2(float *out, const float *a, const float *b, size_t ldb, int m, int n) {
+    for (int j = 0; j < m; j++) out[j] = dot_256(a, b + (size_t)j * ldb, n);
+}
+
+/* As kn_axpy_rows_avx512, 64 columns in registers at a time. */
+TGT_AVX2 void kn_axpy_rows_avx2(float *y, const float *w, const float *x, size_t ldx, int m, int n) {
+    for (int c0 = 0; c0 < n; c0 += 64) {
+        const int nv = (n - c0 + 7) / 8 < 8 ? (n - c0 + 7) / 8 : 8;
+        __m256 acc[8];
+        __m256i mk[8];
+        for (int v = 0; v < nv; v++) {
+            mk[v] = mask8(n - c0 - 8 * v);
+            acc[v] = _mm256_maskload_ps(y + c0 + 8 * v, mk[v]);
+        }
+        for (int j = 0; j < m; j++) {
+            if (w[j] == 0.0f) continue;
+            const __m256 va = _mm256_set1_ps(w[j]);
+            const float *xj = x + (size_t)j * ldx + c0;
+            for (int v = 0; v < nv; v++) acc[v] = _mm256_fmadd_ps(va, _mm256_maskload_ps(xj + 8 * v, mk[v]), acc[v]);
+        }
+        for (int v = 0; v < nv; v++) _mm256_maskstore_ps(y + c0 + 8 * v, mk[v], acc[v]);
+    }
 }
 
 TGT_AVX2 void kn_axpy_avx2(float *y, float a, const float *x, int n) {

@@ -143,24 +143,15 @@ int drafter_draft(dfl_dstate *s, int32_t anchor, int B, float *logits) {
                 /* visible keys: context 0..start-1 then block 0..B-1 (absolute positions);
                  * full layers see everything, sliding layers are causal within a window */
                 const int n_keys = start + B;
-                for (int j = 0; j < n_keys; j++) {
-                    if (sliding && (j > qpos || qpos - j >= window)) {
-                        sc[j] = -INFINITY;
-                        continue;
-                    }
-                    const float *k = j < start ? kc + (size_t)j * kv + (size_t)kvh * hd
-                                               : s->kb + (size_t)(j - start) * kv + (size_t)kvh * hd;
-                    sc[j] = kn_dot(q, k, hd) * scale;
-                }
+                kn_dot_rows(sc, q, kc + (size_t)kvh * hd, (size_t)kv, start, hd);
+                kn_dot_rows(sc + start, q, s->kb + (size_t)kvh * hd, (size_t)kv, B, hd);
+                for (int j = 0; j < n_keys; j++)
+                    sc[j] = sliding && (j > qpos || qpos - j >= window) ? -INFINITY : sc[j] * scale;
                 kn_softmax(sc, n_keys);
                 float *o = s->att + ((size_t)i * Hq + h) * hd;
                 memset(o, 0, (size_t)hd * sizeof(float));
-                for (int j = 0; j < n_keys; j++) {
-                    if (sc[j] == 0.0f) continue;
-                    const float *v = j < start ? vc + (size_t)j * kv + (size_t)kvh * hd
-                                               : s->vb + (size_t)(j - start) * kv + (size_t)kvh * hd;
-                    kn_axpy(o, sc[j], v, hd);
-                }
+                kn_axpy_rows(o, sc, vc + (size_t)kvh * hd, (size_t)kv, start, hd);
+                kn_axpy_rows(o, sc + start, s->vb + (size_t)kvh * hd, (size_t)kv, B, hd);
             }
         }
         kn_matmul(s->xn, s->att, &l->o_proj, B);

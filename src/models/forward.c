@@ -230,14 +230,12 @@ static void attention_layer(dfl_state *s, int li, int n) {
             const int kvh = h / group, len = p0 + t + 1; /* causal: keys 0..p0+t */
             /* tree: only the committed context, the node's ancestors and itself are visible */
             const unsigned char *anc = s->tree_anc && s->tree_parent ? s->tree_anc + (size_t)t * s->max_batch : NULL;
-            for (int j = 0; j < len; j++)
-                sc[j] = anc && j >= p0 && !anc[j - p0] ? -INFINITY
-                                                       : kn_dot(q, kc + (size_t)j * kvw + (size_t)kvh * hd, hd) * scale;
+            kn_dot_rows(sc, q, kc + (size_t)kvh * hd, (size_t)kvw, len, hd);
+            for (int j = 0; j < len; j++) sc[j] = anc && j >= p0 && !anc[j - p0] ? -INFINITY : sc[j] * scale;
             kn_softmax(sc, len);
             float *o = s->att + (size_t)t * Hq * hd + (size_t)h * hd;
             memset(o, 0, (size_t)hd * sizeof(float));
-            for (int j = 0; j < len; j++)
-                if (sc[j] != 0.0f) kn_axpy(o, sc[j], vc + (size_t)j * kvw + (size_t)kvh * hd, hd);
+            kn_axpy_rows(o, sc, vc + (size_t)kvh * hd, (size_t)kvw, len, hd);
             if (gated) { /* output gate: the second half of this head's q_proj rows */
                 const float *gate = q + hd;
                 for (int i = 0; i < hd; i++) o[i] *= kn_sigmoid(gate[i]);

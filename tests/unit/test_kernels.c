@@ -8,7 +8,8 @@
  * (several token tiles) and, with 4096 and 8192 columns, past one AMX token block (32 and 16
  * tokens). Within a path, each (row, token) result must not depend on n: rows of an
  * n-token product equal single-token products bit for bit.
- * kn_matmul_multi equals kn_matmul bit for bit. kn_dot / kn_axpy: the same bound. SiLU kernels (vectorized exp): 4e-6 relative.
+ * kn_matmul_multi equals kn_matmul bit for bit. kn_dot / kn_axpy: the same bound; kn_dot_rows /
+ * kn_axpy_rows equal them bit for bit. SiLU kernels (vectorized exp): 4e-6 relative.
  * Gated DeltaNet: SIMD recurrence vs generic, chunked form vs recurrence (relative tolerance
  * 1e-4 of the output / state scale; observed <= 2e-6), state-only runs and split runs of the
  * recurrence equal the full run bit for bit. */
@@ -143,6 +144,24 @@ static void check_dot_axpy(kn_isa isa) {
             if (fabs((double)y1[i] - y0[i]) > 0x1.0p-22 * (fabs((double)c * a[i]) + fabs((double)y0[i]))) bad++;
     }
     CHECK(bad == 0, "%s: %d kn_dot / kn_axpy results beyond tolerance", kn_isa_name(isa), bad);
+    /* the row forms equal the single calls bit for bit (zero weights skipped, any width) */
+    enum { M = 37, LD = 300 };
+    static float rows[M * LD], w[M], out[M], yr[LD], ys[LD];
+    for (int i = 0; i < M * LD; i++) rows[i] = frand();
+    int diff = 0;
+    kn_isa_set(isa);
+    for (int n = 1; n <= 290; n += n < 40 ? 1 : 23) {
+        for (int j = 0; j < M; j++) w[j] = j % 5 == 2 ? 0.0f : frand();
+        for (int i = 0; i < n; i++) yr[i] = ys[i] = frand();
+        kn_dot_rows(out, rows + 3, rows + 7, LD, M, n);
+        kn_axpy_rows(yr, w, rows + 1, LD, M, n);
+        for (int j = 0; j < M; j++) {
+            diff += out[j] != kn_dot(rows + 3, rows + 7 + (size_t)j * LD, n);
+            if (w[j] != 0.0f) kn_axpy(ys, w[j], rows + 1 + (size_t)j * LD, n);
+        }
+        diff += memcmp(yr, ys, (size_t)n * sizeof(float)) != 0;
+    }
+    CHECK(diff == 0, "%s: %d kn_dot_rows / kn_axpy_rows results differ from kn_dot / kn_axpy", kn_isa_name(isa), diff);
 }
 
 /* SiLU kernels: within 4e-6 relative of the generic (libm expf) result, and each element's
