@@ -97,9 +97,11 @@ typedef struct dfl_state {
     /* Rollback record of the last forward (when `record`): each linear layer's state before it,
      * and its per-token recurrence inputs, so that the state after any prefix of the batch is
      * recomputed exactly (same code path) without snapshotting a state per token. */
-    int record;
+    int record;           /* the record buffers exist (state_init's record) */
+    int no_record;        /* set by the caller: the next forwards are never rolled back
+                           * (prefill, plain decode steps), so skip the record copies */
     int rec_n_past;       /* n_past before the recorded forward */
-    int rec_n;            /* tokens in the recorded forward */
+    int rec_n;            /* tokens in the recorded forward; -1: the last forward kept no record */
     float **rec_conv0;    /* [L] [K-1, conv_dim] conv window before the forward */
     float **rec_S0;       /* [L] [Hv, dk, dv] recurrent state before the forward */
     float **rec_qkv;      /* [L] [max_batch, conv_dim] pre-conv projections */
@@ -143,7 +145,8 @@ void state_reset(dfl_state *s);
 int model_forward(dfl_state *s, const int32_t *tokens, int n, float *logits, int logits_last_only,
                   const dfl_capture *cap);
 
-/* Roll back to n_past = keep, with keep inside the last forward's range (needs record=1).
+/* Roll back to n_past = keep, with keep inside the last forward's range (needs record=1 and a
+ * recorded last forward: not a tree forward, not one run with no_record).
  * Attention KV is truncated; each linear layer's conv window and recurrent state are restored
  * to their values right after token keep-1, by replaying the recorded recurrence inputs from
  * the state before the forward. */

@@ -427,6 +427,7 @@ static int run_bench(const bench_opts *o, const dfl_model *m, const dfl_drafter 
         /* tokens/s from the median token time: a token slowed by another process on a shared
          * machine does not move it; the mean is reported too */
         int32_t tok = kn_argmax(logits, V);
+        s.no_record = 1; /* plain decoding is never rolled back (dfl generate keeps no record) */
         double *dt = malloc((size_t)o->decode * sizeof(double)), total = 0;
         if (!dt) {
             dfl_seterr("out of memory for benchmark buffers");
@@ -445,6 +446,7 @@ static int run_bench(const bench_opts *o, const dfl_model *m, const dfl_drafter 
         qsort(dt, (size_t)o->decode, sizeof(double), cmp_double);
         const double med = o->decode % 2 ? dt[o->decode / 2] : 0.5 * (dt[o->decode / 2 - 1] + dt[o->decode / 2]);
         free(dt);
+        s.no_record = 0;
         r->decode_tps = 1.0 / med;
         r->decode_mean_tps = o->decode / total;
         r->decode_gbps = r->decode_tps * r->token_bytes / 1e9;

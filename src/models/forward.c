@@ -159,7 +159,7 @@ void state_reset(dfl_state *s) {
             memset(s->rec_state[i], 0, S * sizeof(float));
         }
     s->n_past = 0;
-    s->rec_n = 0;
+    s->rec_n_past = 0, s->rec_n = -1;
     s->tree_n = 0;
 }
 
@@ -363,7 +363,7 @@ static void linear_layer(dfl_state *s, int li, int n) {
         memcpy(s->ab + (size_t)t * 2 * Hv, s->att + (size_t)t * Hv, (size_t)Hv * sizeof(float));
         memcpy(s->ab + (size_t)t * 2 * Hv + Hv, s->att + (size_t)n * Hv + (size_t)t * Hv, (size_t)Hv * sizeof(float));
     }
-    if (s->record) {
+    if (s->rec_n > 0) {
         const size_t conv = (size_t)(g->conv_kernel - 1) * C, S = (size_t)Hv * g->lin_k_dim * dv;
         memcpy(s->rec_conv0[li], s->conv_state[li], conv * sizeof(float));
         memcpy(s->rec_S0[li], s->rec_state[li], S * sizeof(float));
@@ -420,7 +420,7 @@ static int forward_impl(dfl_state *s, const int32_t *tokens, int n, const int *d
         }
     }
     s->rec_n_past = s->n_past;
-    s->rec_n = s->record && !depth ? n : 0;
+    s->rec_n = s->record && !s->no_record && !depth ? n : -1;
     for (int li = 0; li < g->n_layers; li++) {
         if (g->layer_types[li] == DFL_LAYER_FULL) attention_layer(s, li, n);
         else linear_layer(s, li, n);
@@ -446,7 +446,9 @@ int state_rollback(dfl_state *s, int keep) {
     const dfl_model *m = s->m;
     const dfl_config *g = &m->cfg;
     if (keep == s->n_past) return DFL_OK;
-    if (!s->record || keep < s->rec_n_past || keep > s->rec_n_past + s->rec_n)
+    if (!s->record || s->rec_n < 0)
+        return dfl_seterr("rollback to %d: the last forward kept no rollback record", keep);
+    if (keep < s->rec_n_past || keep > s->rec_n_past + s->rec_n)
         return dfl_seterr("rollback to %d: only positions %d..%d of the last recorded forward can be restored", keep,
                           s->rec_n_past, s->rec_n_past + s->rec_n);
     const int n_keep = keep - s->rec_n_past, C = m->conv_dim, Hv = g->lin_v_heads;

@@ -157,7 +157,7 @@ int spec_generate(dfl_state *s, dfl_draft_if *dr, const int32_t *prompt, int n_p
                   int32_t *out, dfl_gen_stats *st, dfl_token_cb cb, void *ud) {
     const dfl_model *m = s->m;
     const int V = m->cfg.vocab, H = m->cfg.hidden;
-    const int B = dr ? o->block : 1;
+    const int B = dr ? o->block : 1, no_record0 = s->no_record;
     memset(st, 0, sizeof *st);
     st->prompt_tokens = n_prompt;
     st->max_block = B;
@@ -198,7 +198,9 @@ int spec_generate(dfl_state *s, dfl_draft_if *dr, const int32_t *prompt, int n_p
     gen g = {.m = m, .o = o, .st = st, .out = out, .cb = cb, .ud = ud};
     dfl_capture cap = {.n_layers = nf, .layers = dr ? dr->feature_layers : NULL, .out = feat};
 
-    /* 1. prefill, capturing the prompt's features for the drafter */
+    /* 1. prefill, capturing the prompt's features for the drafter; only block verifications are
+     * ever rolled back, so the prefill and plain decode steps skip the rollback record */
+    s->no_record = 1;
     double t0 = dfl_now();
     for (int c0 = 0; c0 < n_prompt; c0 += chunk) {
         const int n = n_prompt - c0 < chunk ? n_prompt - c0 : chunk;
@@ -260,7 +262,10 @@ int spec_generate(dfl_state *s, dfl_draft_if *dr, const int32_t *prompt, int n_p
         st->t_draft += dfl_now() - td;
         /* 3. verify the block in one forward on top of the cache */
         tv = dfl_now();
-        if (model_forward(s, block, bs, logits, 0, &cap)) goto done;
+        s->no_record = 0;
+        const int fw = model_forward(s, block, bs, logits, 0, &cap);
+        s->no_record = 1;
+        if (fw) goto done;
         int a = 0;
         int32_t bonus;
         if (o->temperature <= 0) {
@@ -308,6 +313,7 @@ int spec_generate(dfl_state *s, dfl_draft_if *dr, const int32_t *prompt, int n_p
     st->generated = g.n_out;
     rc = DFL_OK;
 done:
+    s->no_record = no_record0;
     ddtree_free(&tree);
     free(logits), free(probs), free(dlogits), free(feat);
     return rc;

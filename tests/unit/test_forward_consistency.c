@@ -63,6 +63,17 @@ static void run(const char *name) {
     }
     CHECK(state_rollback(&s, 3) == DFL_ERR, "%s: rollback before the recorded forward must fail", name);
 
+    /* a forward run with no_record keeps no record: same logits, and rollback into it is refused */
+    state_reset(&s);
+    model_forward(&s, tok, T - K, NULL, 0, NULL);
+    s.no_record = 1;
+    CHECK(model_forward(&s, tok + T - K, K, part, 0, NULL) == DFL_OK, "%s: unrecorded forward", name);
+    s.no_record = 0;
+    CHECK(same(part, full + (size_t)(T - K) * V, (size_t)K * V), "%s: an unrecorded forward changes the logits", name);
+    CHECK(state_rollback(&s, T - 1) == DFL_ERR && strstr(dfl_errmsg(), "no rollback record"),
+          "%s: rollback into an unrecorded forward: %s", name, dfl_errmsg());
+    CHECK(state_rollback(&s, T) == DFL_OK, "%s: rollback to n_past is a no-op", name);
+
     /* bad input: context overflow, token outside the vocabulary */
     state_reset(&s);
     CHECK(model_forward(&s, tok, T, NULL, 0, NULL) == DFL_OK, "refill");
