@@ -59,6 +59,29 @@ static int find_stop(textout *t, size_t old_len) {
     return 1;
 }
 
+/* Held-back text (ids[clean..n) decode to a trailing incomplete character) can already complete
+ * a stop string: everything before the trailing U+FFFD run is final, since later bytes can only
+ * complete that character. On a match the final part is appended and the stop set (no further
+ * token is taken); otherwise the text is left as it was. */
+static int find_stop_pending(textout *t) {
+    char *tail = prompt_decode(t->tok, t->ids + t->clean, (size_t)(t->n - t->clean), NULL);
+    if (!tail) return dfl_seterr("out of memory decoding output");
+    size_t tl = strlen(tail);
+    while (tl >= 3 && memcmp(tail + tl - 3, replacement, 3) == 0) tl -= 3;
+    int rc = 0;
+    if (tl > 0) {
+        const size_t old = t->len;
+        if (append_text(t, tail, tl) != DFL_OK) {
+            rc = DFL_ERR;
+        } else if (!(rc = find_stop(t, old))) {
+            t->len = old;
+            t->text[old] = 0;
+        }
+    }
+    free(tail);
+    return rc;
+}
+
 int textout_push(textout *t, int32_t id) {
     if (t->n == t->cap) {
         int cap = t->cap ? 2 * t->cap : 64;
@@ -99,6 +122,7 @@ int textout_push(textout *t, int32_t id) {
         free(rest);
     }
     if (rc == 0 && t->len > old) rc = find_stop(t, old);
+    if (rc == 0 && t->clean < t->n && t->n_stops > 0) rc = find_stop_pending(t);
     free(tail);
     return rc;
 }
