@@ -2,7 +2,7 @@
  * and are read in place from the mmap.
  *
  * Instruction-set paths: every dispatched kernel (kn_matmul, kn_dot, kn_axpy, kn_swiglu,
- * kn_silu_inplace, kn_gdn_*) has a generic C variant and x86-64 SIMD variants compiled with
+ * kn_silu_inplace, kn_conv_silu, kn_gdn_*) has a generic C variant and x86-64 SIMD variants compiled with
  * target attributes, chosen at run time from the CPU's features (the binary runs on any
  * x86-64). DFL_ISA=generic|avx2|avx512|avx512bf16|amx forces a path (benchmarks, tests).
  * Within one path each output element is computed by the same operations whatever the batch
@@ -83,6 +83,11 @@ void kn_rmsnorm(float *y, const float *x, const float *w, int n, float eps);
 void kn_swiglu(float *a, const float *b, int n);
 /* In-place SiLU: x[i] = x[i] / (1 + exp(-x[i])). */
 void kn_silu_inplace(float *x, int n);
+/* Depthwise causal convolution, then SiLU, of nc <= 16 channels over n tokens, in place:
+ * x[t ld + i] = silu(wt[K-1][i] x[t ld + i] + sum_{j < K-1} wt[j][i] win[j][i]), win holding the
+ * K-1 inputs before token t (oldest first). win [K-1][16] enters with the inputs before token 0
+ * and leaves with the last K-1 inputs; wt [K][16]; 1 <= K <= 16. */
+void kn_conv_silu(float *x, size_t ld, int n, int nc, int K, const float *wt, float *win);
 /* NeoX half-split rotary embedding over the first rot dims of x[hd] (cos/sin [rot/2]). */
 void kn_rope(float *x, const float *cos, const float *sin, int rot);
 /* In-place softmax over n values. */

@@ -1,4 +1,4 @@
-/* x86-64 SIMD variants of the SiLU kernels (kn_silu_inplace, kn_swiglu): a vectorized exp
+/* x86-64 SIMD variants of the SiLU kernels (kn_silu_inplace, kn_swiglu, kn_conv_silu): a vectorized exp
  * (Cephes-style: e^x = 2^k e^r, |r| <= ln2/2, degree-7 polynomial, ~2 ulp), tails through
  * masked lanes so that an element's result never depends on where it sits in the array. */
 #include "kn_internal.h"
@@ -55,6 +55,31 @@ TGT_AVX512 void kn_swiglu_avx512(float *a, const float *b, int n) {
     }
 }
 
+/* The convolution window stays in registers; KW is a constant for the common kernel width (4),
+ * so that the loops over taps unroll. */
+TGT_AVX512 INLINE void conv_silu_512(float *x, size_t ld, int n, __mmask16 m, const float *wt, float *win,
+                                     const int KW) {
+    __m512 w[16], h[16];
+    for (int j = 0; j < KW; j++) w[j] = _mm512_loadu_ps(wt + j * 16);
+    for (int j = 0; j < KW - 1; j++) h[j] = _mm512_loadu_ps(win + j * 16);
+    for (int t = 0; t < n; t++) {
+        float *row = x + (size_t)t * ld;
+        const __m512 raw = _mm512_maskz_loadu_ps(m, row);
+        __m512 acc = _mm512_mul_ps(w[KW - 1], raw);
+        for (int j = 0; j < KW - 1; j++) acc = _mm512_fmadd_ps(w[j], h[j], acc);
+        for (int j = 0; j + 1 < KW - 1; j++) h[j] = h[j + 1];
+        if (KW > 1) h[KW - 2] = raw;
+        _mm512_mask_storeu_ps(row, m, silu_512(acc));
+    }
+    for (int j = 0; j < KW - 1; j++) _mm512_storeu_ps(win + j * 16, h[j]);
+}
+
+TGT_AVX512 void kn_conv_silu_avx512(float *x, size_t ld, int n, int nc, int K, const float *wt, float *win) {
+    const __mmask16 m = (__mmask16)((1u << nc) - 1);
+    if (K == 4) conv_silu_512(x, ld, n, m, wt, win, 4);
+    else conv_silu_512(x, ld, n, m, wt, win, K);
+}
+
 /* AVX2: 2^k by the exponent bits, so k stays in [-126, 127]. */
 TGT_AVX2 INLINE __m256 exp_256(__m256 x) {
     x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(88.0f));
@@ -86,6 +111,31 @@ TGT_AVX2 void kn_silu_inplace_avx2(float *x, int n) {
     for (int i = 0; i < n; i += 8) {
         const __m256i m = lanes8(n - i);
         _mm256_maskstore_ps(x + i, m, silu_256(_mm256_maskload_ps(x + i, m)));
+    }
+}
+
+/* Two 8-channel halves, each as conv_silu_512. */
+TGT_AVX2 INLINE void conv_silu_256(float *x, size_t ld, int n, __m256i m, const float *wt, float *win, const int KW) {
+    __m256 w[16], h[16];
+    for (int j = 0; j < KW; j++) w[j] = _mm256_loadu_ps(wt + j * 16);
+    for (int j = 0; j < KW - 1; j++) h[j] = _mm256_loadu_ps(win + j * 16);
+    for (int t = 0; t < n; t++) {
+        float *row = x + (size_t)t * ld;
+        const __m256 raw = _mm256_maskload_ps(row, m);
+        __m256 acc = _mm256_mul_ps(w[KW - 1], raw);
+        for (int j = 0; j < KW - 1; j++) acc = _mm256_fmadd_ps(w[j], h[j], acc);
+        for (int j = 0; j + 1 < KW - 1; j++) h[j] = h[j + 1];
+        if (KW > 1) h[KW - 2] = raw;
+        _mm256_maskstore_ps(row, m, silu_256(acc));
+    }
+    for (int j = 0; j < KW - 1; j++) _mm256_storeu_ps(win + j * 16, h[j]);
+}
+
+TGT_AVX2 void kn_conv_silu_avx2(float *x, size_t ld, int n, int nc, int K, const float *wt, float *win) {
+    for (int half = 0; half < 2 && 8 * half < nc; half++) {
+        const __m256i m = lanes8(nc - 8 * half);
+        if (K == 4) conv_silu_256(x + 8 * half, ld, n, m, wt + 8 * half, win + 8 * half, 4);
+        else conv_silu_256(x + 8 * half, ld, n, m, wt + 8 * half, win + 8 * half, K);
     }
 }
 

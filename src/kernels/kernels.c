@@ -224,6 +224,33 @@ void kn_silu_inplace(float *x, int n) {
     }
 }
 
+void kn_conv_silu(float *x, size_t ld, int n, int nc, int K, const float *wt, float *win) {
+    switch (kn_isa_get()) {
+#if KN_X86
+    case KN_ISA_AMX:
+    case KN_ISA_AVX512BF16:
+    case KN_ISA_AVX512:
+        kn_conv_silu_avx512(x, ld, n, nc, K, wt, win);
+        return;
+    case KN_ISA_AVX2:
+        kn_conv_silu_avx2(x, ld, n, nc, K, wt, win);
+        return;
+#endif
+    default:
+        for (int t = 0; t < n; t++) {
+            float *row = x + (size_t)t * ld;
+            for (int i = 0; i < nc; i++) {
+                const float raw = row[i];
+                float acc = wt[(K - 1) * 16 + i] * raw;
+                for (int j = 0; j < K - 1; j++) acc += wt[j * 16 + i] * win[j * 16 + i];
+                for (int j = 0; j + 1 < K - 1; j++) win[j * 16 + i] = win[(j + 1) * 16 + i];
+                if (K > 1) win[(K - 2) * 16 + i] = raw;
+                row[i] = kn_silu(acc);
+            }
+        }
+    }
+}
+
 void kn_rope(float *x, const float *cos, const float *sin, int rot) {
     int half = rot / 2;
     for (int i = 0; i < half; i++) {

@@ -270,41 +270,30 @@ static void gated_delta(const dfl_model *m, const dfl_layer_w *l, float *conv_st
     const int C = m->conv_dim, K = g->conv_kernel, Hk = g->lin_k_heads, Hv = g->lin_v_heads;
     const int dk = g->lin_k_dim, dv = g->lin_v_dim, ratio = Hv / Hk;
     const size_t win_sz = (size_t)(K - 1) * C, HS = (size_t)Hv * dk * dv;
-    /* depthwise causal conv per channel (w[K-1] multiplies the current token), 16 channels at a
-     * time so that each token's row is read and written contiguously; SiLU after, vectorized */
-#pragma omp parallel for schedule(static) if ((size_t)n * C * K >= KN_PAR_MIN_WORK)
+    /* depthwise causal conv and SiLU, 16 channels at a time (w[K-1] multiplies the current
+     * token), so that each token's row is read and written once */
+#pragma omp parallel for schedule(static) if ((size_t)n * C * (K + 8) >= KN_PAR_MIN_WORK)
     for (int c0 = 0; c0 < C; c0 += 16) {
         const int nc = C - c0 < 16 ? C - c0 : 16;
         const size_t row_bytes = (size_t)nc * sizeof(float);
-        float win[16][16], wt[16][16]; /* [tap][channel]: window (oldest first) and weights */
+        float win[15][16] = {{0}}, wt[16][16] = {{0}}; /* [tap][channel]: window (oldest first), weights */
         for (int j = 0; j < K; j++)
             for (int i = 0; i < nc; i++) wt[j][i] = l->conv_w[(size_t)(c0 + i) * K + j];
-        if (!tree)
+        if (!tree) {
             for (int j = 0; j < K - 1; j++) memcpy(win[j], conv_state + (size_t)j * C + c0, row_bytes);
-        for (int t = 0; t < n; t++) {
-            if (tree) {
-                const int p = tree->parent[t];
-                const float *src = p < 0 ? conv_state : tree->node_conv + (size_t)p * win_sz;
-                for (int j = 0; j < K - 1; j++) memcpy(win[j], src + (size_t)j * C + c0, row_bytes);
-            }
-            float *row = qkv + (size_t)t * C + c0;
-            for (int i = 0; i < nc; i++) {
-                const float raw = row[i];
-                float acc = wt[K - 1][i] * raw;
-                for (int j = 0; j < K - 1; j++) acc += wt[j][i] * win[j][i];
-                for (int j = 0; j + 1 < K - 1; j++) win[j][i] = win[j + 1][i];
-                if (K > 1) win[K - 2][i] = raw;
-                row[i] = acc;
-            }
-            if (tree)
-                for (int j = 0; j < K - 1; j++)
-                    memcpy(tree->node_conv + (size_t)t * win_sz + (size_t)j * C + c0, win[j], row_bytes);
-        }
-        if (!tree)
+            kn_conv_silu(qkv + c0, (size_t)C, n, nc, K, wt[0], win[0]);
             for (int j = 0; j < K - 1; j++) memcpy(conv_state + (size_t)j * C + c0, win[j], row_bytes);
+            continue;
+        }
+        for (int t = 0; t < n; t++) { /* each node continues its parent's window */
+            const int p = tree->parent[t];
+            const float *src = p < 0 ? conv_state : tree->node_conv + (size_t)p * win_sz;
+            for (int j = 0; j < K - 1; j++) memcpy(win[j], src + (size_t)j * C + c0, row_bytes);
+            kn_conv_silu(qkv + (size_t)t * C + c0, (size_t)C, 1, nc, K, wt[0], win[0]);
+            for (int j = 0; j < K - 1; j++)
+                memcpy(tree->node_conv + (size_t)t * win_sz + (size_t)j * C + c0, win[j], row_bytes);
+        }
     }
-#pragma omp parallel for schedule(static) if ((size_t)n * C * 8 >= KN_PAR_MIN_WORK)
-    for (int t = 0; t < n; t++) kn_silu_inplace(qkv + (size_t)t * C, C);
     /* L2-normalise q and k per (token, key head); q also scaled by 1/sqrt(dk) */
     const float qscale = 1.0f / sqrtf((float)dk);
 #pragma omp parallel for schedule(static) if ((size_t)n * Hk * dk * 4 >= KN_PAR_MIN_WORK)

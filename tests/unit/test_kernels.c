@@ -195,6 +195,42 @@ static void check_silu(kn_isa isa) {
     CHECK(moved == 0, "%s: %d SiLU results depend on the array around them", kn_isa_name(isa), moved);
 }
 
+/* Causal conv + SiLU: within 1e-5 of the generic result (FMAs vs separate products, the
+ * vectorized exp), the window carried out exactly (the last inputs), and n tokens in one call
+ * bit-identical to n calls of one token (a tree node runs alone what a chain runs in a row). */
+static void check_conv_silu(kn_isa isa, int n, int nc, int K) {
+    enum { LD = 21, NMAX = 40 };
+    float x[NMAX * LD], ref[NMAX * LD], one[NMAX * LD], wt[16][16], w0[15][16];
+    float win_ref[15][16], win[15][16], win_one[15][16];
+    for (int i = 0; i < n * LD; i++) x[i] = 4.0f * frand();
+    for (int j = 0; j < 16; j++)
+        for (int i = 0; i < 16; i++) wt[j][i] = frand();
+    for (int j = 0; j < 15; j++)
+        for (int i = 0; i < 16; i++) w0[j][i] = 4.0f * frand();
+    kn_isa_set(KN_ISA_GENERIC);
+    memcpy(ref, x, sizeof x), memcpy(win_ref, w0, sizeof w0);
+    kn_conv_silu(ref + 2, LD, n, nc, K, wt[0], win_ref[0]);
+    kn_isa_set(isa);
+    memcpy(one, x, sizeof x), memcpy(win_one, w0, sizeof w0), memcpy(win, w0, sizeof w0);
+    kn_conv_silu(x + 2, LD, n, nc, K, wt[0], win[0]);
+    for (int t = 0; t < n; t++) kn_conv_silu(one + 2 + t * LD, LD, 1, nc, K, wt[0], win_one[0]);
+    int bad = 0, moved = 0, wbad = 0, outside = 0;
+    for (int t = 0; t < n; t++)
+        for (int i = 0; i < LD; i++) {
+            const float r = ref[t * LD + i], y = x[t * LD + i];
+            if (i < 2 || i >= 2 + nc) outside += memcmp(&y, &one[t * LD + i], sizeof y) != 0 || y != ref[t * LD + i];
+            else bad += fabs((double)y - r) > 1e-5 * (fabs(r) + 1.0);
+            moved += memcmp(&y, &one[t * LD + i], sizeof y) != 0;
+        }
+    for (int j = 0; j < K - 1; j++)
+        for (int i = 0; i < nc; i++) wbad += win[j][i] != win_ref[j][i] || win_one[j][i] != win[j][i];
+    CHECK(bad == 0, "%s conv n=%d nc=%d K=%d: %d results beyond tolerance", kn_isa_name(isa), n, nc, K, bad);
+    CHECK(moved == 0, "%s conv n=%d nc=%d K=%d: %d results differ between one call and token by token",
+          kn_isa_name(isa), n, nc, K, moved);
+    CHECK(outside == 0, "%s conv nc=%d: %d values outside the channels changed", kn_isa_name(isa), nc, outside);
+    CHECK(wbad == 0, "%s conv n=%d nc=%d K=%d: %d window values wrong", kn_isa_name(isa), n, nc, K, wbad);
+}
+
 /* Gated DeltaNet inputs for n tokens of one head, rows of ld floats [q | k | v]. */
 typedef struct gdn_case {
     int dk, dv, n;
@@ -315,6 +351,9 @@ int main(void) {
         check_matmul_multi(isa);
         check_dot_axpy(isa);
         check_silu(isa);
+        static const int conv_shapes[][3] = {{37, 16, 4}, {5, 9, 4}, {1, 16, 4}, {12, 3, 3}, {2, 16, 1}, {20, 11, 16}};
+        for (size_t s = 0; s < sizeof conv_shapes / sizeof conv_shapes[0]; s++)
+            check_conv_silu(isa, conv_shapes[s][0], conv_shapes[s][1], conv_shapes[s][2]);
         static const int gdn_shapes[][3] = {{32, 32, 1}, {32, 32, 70}, {128, 128, 5}, {128, 128, 130},
                                             {24, 40, 65}, {12, 20, 9}, {16, 48, 64}};
         for (size_t s = 0; s < sizeof gdn_shapes / sizeof gdn_shapes[0]; s++)
