@@ -71,11 +71,13 @@ float kn_dot(const float *a, const float *b, int n);
 /* y[i] += a * x[i] over n floats. */
 void kn_axpy(float *y, float a, const float *x, int n);
 
-/* Attention over a cache in one call each (one dispatch, y kept in registers):
- * out[j] = kn_dot(a, b + j*ldb, n) for j < m, and, for j = 0..m-1 in order with w[j] != 0,
- * kn_axpy(y, w[j], x + j*ldx, n). Both equal those calls bit for bit. */
-void kn_dot_rows(float *out, const float *a, const float *b, size_t ldb, int m, int n);
-void kn_axpy_rows(float *y, const float *w, const float *x, size_t ldx, int m, int n);
+/* Attention of G query rows over one cache head in one call each (one dispatch, each row of b
+ * or x read once for the G rows, y kept in registers): for g < G,
+ *   out[g*ldo + j] = kn_dot(a + g*lda, b + j*ldb, n) for j < m, and
+ *   for j = 0..m-1 in order with w[g*ldw + j] != 0: kn_axpy(y + g*ldy, w[g*ldw + j], x + j*ldx, n).
+ * Both equal those calls bit for bit, whatever G. */
+void kn_dot_rows(float *out, size_t ldo, const float *a, size_t lda, int G, const float *b, size_t ldb, int m, int n);
+void kn_axpy_rows(float *y, size_t ldy, const float *w, size_t ldw, int G, const float *x, size_t ldx, int m, int n);
 
 /* y = x * rsqrt(mean(x^2) + eps) * w  (w already holds the effective multiplier). */
 void kn_rmsnorm(float *y, const float *x, const float *w, int n, float eps);

@@ -140,46 +140,52 @@ void kn_axpy(float *y, float a, const float *x, int n) {
     }
 }
 
-void kn_dot_rows_generic(float *out, const float *a, const float *b, size_t ldb, int m, int n) {
-    for (int j = 0; j < m; j++) out[j] = kn_dot_generic(a, b + (size_t)j * ldb, n);
+void kn_dot_rows_generic(float *out, size_t ldo, const float *a, size_t lda, int G, const float *b, size_t ldb, int m,
+                         int n) {
+    for (int g = 0; g < G; g++)
+        for (int j = 0; j < m; j++) out[(size_t)g * ldo + j] = kn_dot_generic(a + (size_t)g * lda, b + (size_t)j * ldb, n);
 }
 
-void kn_axpy_rows_generic(float *y, const float *w, const float *x, size_t ldx, int m, int n) {
-    for (int j = 0; j < m; j++)
-        if (w[j] != 0.0f) kn_axpy_generic(y, w[j], x + (size_t)j * ldx, n);
+void kn_axpy_rows_generic(float *y, size_t ldy, const float *w, size_t ldw, int G, const float *x, size_t ldx, int m,
+                          int n) {
+    for (int g = 0; g < G; g++)
+        for (int j = 0; j < m; j++) {
+            const float wj = w[(size_t)g * ldw + j];
+            if (wj != 0.0f) kn_axpy_generic(y + (size_t)g * ldy, wj, x + (size_t)j * ldx, n);
+        }
 }
 
-void kn_dot_rows(float *out, const float *a, const float *b, size_t ldb, int m, int n) {
+void kn_dot_rows(float *out, size_t ldo, const float *a, size_t lda, int G, const float *b, size_t ldb, int m, int n) {
     switch (kn_isa_get()) {
 #if KN_X86
     case KN_ISA_AMX:
     case KN_ISA_AVX512BF16:
     case KN_ISA_AVX512:
-        kn_dot_rows_avx512(out, a, b, ldb, m, n);
+        kn_dot_rows_avx512(out, ldo, a, lda, G, b, ldb, m, n);
         return;
     case KN_ISA_AVX2:
-        kn_dot_rows_avx2(out, a, b, ldb, m, n);
+        kn_dot_rows_avx2(out, ldo, a, lda, G, b, ldb, m, n);
         return;
 #endif
     default:
-        kn_dot_rows_generic(out, a, b, ldb, m, n);
+        kn_dot_rows_generic(out, ldo, a, lda, G, b, ldb, m, n);
     }
 }
 
-void kn_axpy_rows(float *y, const float *w, const float *x, size_t ldx, int m, int n) {
+void kn_axpy_rows(float *y, size_t ldy, const float *w, size_t ldw, int G, const float *x, size_t ldx, int m, int n) {
     switch (kn_isa_get()) {
 #if KN_X86
     case KN_ISA_AMX:
     case KN_ISA_AVX512BF16:
     case KN_ISA_AVX512:
-        kn_axpy_rows_avx512(y, w, x, ldx, m, n);
+        kn_axpy_rows_avx512(y, ldy, w, ldw, G, x, ldx, m, n);
         return;
     case KN_ISA_AVX2:
-        kn_axpy_rows_avx2(y, w, x, ldx, m, n);
+        kn_axpy_rows_avx2(y, ldy, w, ldw, G, x, ldx, m, n);
         return;
 #endif
     default:
-        kn_axpy_rows_generic(y, w, x, ldx, m, n);
+        kn_axpy_rows_generic(y, ldy, w, ldw, G, x, ldx, m, n);
     }
 }
 

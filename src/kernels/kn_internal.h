@@ -13,8 +13,10 @@
 void kn_matmul_generic(float *y, const float *x, const dfl_mat *w, int n);
 float kn_dot_generic(const float *a, const float *b, int n);
 void kn_axpy_generic(float *y, float a, const float *x, int n);
-void kn_dot_rows_generic(float *out, const float *a, const float *b, size_t ldb, int m, int n);
-void kn_axpy_rows_generic(float *y, const float *w, const float *x, size_t ldx, int m, int n);
+void kn_dot_rows_generic(float *out, size_t ldo, const float *a, size_t lda, int G, const float *b, size_t ldb, int m,
+                         int n);
+void kn_axpy_rows_generic(float *y, size_t ldy, const float *w, size_t ldw, int G, const float *x, size_t ldx, int m,
+                          int n);
 void kn_gdn_recurrent_generic(float *S, const kn_gdn_io *io);
 void kn_gdn_chunk_generic(float *S, const kn_gdn_io *io, float *work);
 
@@ -40,10 +42,14 @@ float kn_dot_avx2(const float *a, const float *b, int n);
 float kn_dot_avx512(const float *a, const float *b, int n);
 void kn_axpy_avx2(float *y, float a, const float *x, int n);
 void kn_axpy_avx512(float *y, float a, const float *x, int n);
-void kn_dot_rows_avx2(float *out, const float *a, const float *b, size_t ldb, int m, int n);
-void kn_dot_rows_avx512(float *out, const float *a, const float *b, size_t ldb, int m, int n);
-void kn_axpy_rows_avx2(float *y, const float *w, const float *x, size_t ldx, int m, int n);
-void kn_axpy_rows_avx512(float *y, const float *w, const float *x, size_t ldx, int m, int n);
+void kn_dot_rows_avx2(float *out, size_t ldo, const float *a, size_t lda, int G, const float *b, size_t ldb, int m,
+                      int n);
+void kn_dot_rows_avx512(float *out, size_t ldo, const float *a, size_t lda, int G, const float *b, size_t ldb, int m,
+                        int n);
+void kn_axpy_rows_avx2(float *y, size_t ldy, const float *w, size_t ldw, int G, const float *x, size_t ldx, int m,
+                       int n);
+void kn_axpy_rows_avx512(float *y, size_t ldy, const float *w, size_t ldw, int G, const float *x, size_t ldx, int m,
+                         int n);
 /* SIMD Gated DeltaNet variants need dk and dv multiples of 8 (avx2) or 16 (avx512). */
 void kn_gdn_recurrent_avx2(float *S, const kn_gdn_io *io);
 void kn_gdn_recurrent_avx512(float *S, const kn_gdn_io *io);

@@ -247,30 +247,77 @@ TGT_AVX512 INLINE float dot_512(const float *a, const float *b, int n) {
 
 TGT_AVX512 float kn_dot_avx512(const float *a, const float *b, int n) { return dot_512(a, b, n); }
 
-TGT_AVX512 void kn_dot_rows_avx512(float *out, const float *a, const float *b, size_t ldb, int m, int n) {
-    for (int j = 0; j < m; j++) out[j] = dot_512(a, b + (size_t)j * ldb, n);
+/* Up to 4 query rows against one key row at a time: each dot product takes dot_512's loads,
+ * FMAs and reduction in the same order, so grouping never changes a result. */
+TGT_AVX512 INLINE void dot_rows_512(float *out, size_t ldo, const float *a, size_t lda, const float *b, size_t ldb, int m,
+                                    int n, const int NG) {
+    for (int j = 0; j < m; j++) {
+        const float *bj = b + (size_t)j * ldb;
+        __m512 s0[4], s1[4];
+        for (int g = 0; g < NG; g++) s0[g] = s1[g] = _mm512_setzero_ps();
+        int i = 0;
+        for (; i + 32 <= n; i += 32) {
+            const __m512 b0 = _mm512_loadu_ps(bj + i), b1 = _mm512_loadu_ps(bj + i + 16);
+            for (int g = 0; g < NG; g++) {
+                s0[g] = _mm512_fmadd_ps(_mm512_loadu_ps(a + (size_t)g * lda + i), b0, s0[g]);
+                s1[g] = _mm512_fmadd_ps(_mm512_loadu_ps(a + (size_t)g * lda + i + 16), b1, s1[g]);
+            }
+        }
+        for (; i < n; i += 16) {
+            const __mmask16 mk = n - i >= 16 ? 0xffff : (__mmask16)((1u << (n - i)) - 1);
+            const __m512 b0 = _mm512_maskz_loadu_ps(mk, bj + i);
+            for (int g = 0; g < NG; g++) s0[g] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mk, a + (size_t)g * lda + i), b0, s0[g]);
+        }
+        for (int g = 0; g < NG; g++) out[(size_t)g * ldo + j] = _mm512_reduce_add_ps(_mm512_add_ps(s0[g], s1[g]));
+    }
 }
 
-/* y += w[j] x_j over the rows in order, 128 columns of y held in registers at a time: each
- * element gets the same FMAs in the same order as repeated kn_axpy_avx512 calls. */
-TGT_AVX512 void kn_axpy_rows_avx512(float *y, const float *w, const float *x, size_t ldx, int m, int n) {
-    for (int c0 = 0; c0 < n; c0 += 128) {
-        const int nv = (n - c0 + 15) / 16 < 8 ? (n - c0 + 15) / 16 : 8;
-        __m512 acc[8];
+TGT_AVX512 void kn_dot_rows_avx512(float *out, size_t ldo, const float *a, size_t lda, int G, const float *b, size_t ldb,
+                                   int m, int n) {
+    int g = 0;
+    for (; g + 4 <= G; g += 4) dot_rows_512(out + (size_t)g * ldo, ldo, a + (size_t)g * lda, lda, b, ldb, m, n, 4);
+    for (; g + 2 <= G; g += 2) dot_rows_512(out + (size_t)g * ldo, ldo, a + (size_t)g * lda, lda, b, ldb, m, n, 2);
+    if (g < G) dot_rows_512(out + (size_t)g * ldo, ldo, a + (size_t)g * lda, lda, b, ldb, m, n, 1);
+}
+
+/* y_g += w_g[j] x_j over the rows in order for NG query rows, 16 * NV columns of each y_g held
+ * in registers (NG * NV <= 16) while each x_j is loaded once: every element gets the same FMAs
+ * in the same order as repeated kn_axpy_avx512 calls. */
+TGT_AVX512 INLINE void axpy_rows_512(float *y, size_t ldy, const float *w, size_t ldw, const float *x, size_t ldx, int m,
+                                     int n, const int NG, const int NV) {
+    for (int c0 = 0; c0 < n; c0 += 16 * NV) {
+        const int nv = (n - c0 + 15) / 16 < NV ? (n - c0 + 15) / 16 : NV;
+        __m512 acc[4][8];
         __mmask16 mk[8];
-        for (int v = 0; v < nv; v++) {
+        for (int v = 0; v < NV; v++) {
             const int i = c0 + 16 * v;
-            mk[v] = n - i >= 16 ? 0xffff : (__mmask16)((1u << (n - i)) - 1);
-            acc[v] = _mm512_maskz_loadu_ps(mk[v], y + i);
+            mk[v] = v >= nv ? 0 : n - i >= 16 ? 0xffff : (__mmask16)((1u << (n - i)) - 1);
+            for (int g = 0; g < NG; g++) acc[g][v] = _mm512_maskz_loadu_ps(mk[v], y + (size_t)g * ldy + i);
         }
         for (int j = 0; j < m; j++) {
-            if (w[j] == 0.0f) continue;
-            const __m512 va = _mm512_set1_ps(w[j]);
             const float *xj = x + (size_t)j * ldx + c0;
-            for (int v = 0; v < nv; v++) acc[v] = _mm512_fmadd_ps(va, _mm512_maskz_loadu_ps(mk[v], xj + 16 * v), acc[v]);
+            __m512 xv[8];
+            for (int v = 0; v < NV; v++) xv[v] = _mm512_maskz_loadu_ps(mk[v], xj + 16 * v);
+            for (int g = 0; g < NG; g++) {
+                const float wj = w[(size_t)g * ldw + j];
+                if (wj == 0.0f) continue;
+                const __m512 va = _mm512_set1_ps(wj);
+                for (int v = 0; v < NV; v++) acc[g][v] = _mm512_fmadd_ps(va, xv[v], acc[g][v]);
+            }
         }
-        for (int v = 0; v < nv; v++) _mm512_mask_storeu_ps(y + c0 + 16 * v, mk[v], acc[v]);
+        for (int v = 0; v < nv; v++)
+            for (int g = 0; g < NG; g++) _mm512_mask_storeu_ps(y + (size_t)g * ldy + c0 + 16 * v, mk[v], acc[g][v]);
     }
+}
+
+TGT_AVX512 void kn_axpy_rows_avx512(float *y, size_t ldy, const float *w, size_t ldw, int G, const float *x, size_t ldx,
+                                    int m, int n) {
+    int g = 0;
+    for (; g + 4 <= G; g += 4)
+        axpy_rows_512(y + (size_t)g * ldy, ldy, w + (size_t)g * ldw, ldw, x, ldx, m, n, 4, 4);
+    for (; g + 2 <= G; g += 2)
+        axpy_rows_512(y + (size_t)g * ldy, ldy, w + (size_t)g * ldw, ldw, x, ldx, m, n, 2, 8);
+    if (g < G) axpy_rows_512(y + (size_t)g * ldy, ldy, w + (size_t)g * ldw, ldw, x, ldx, m, n, 1, 8);
 }
 
 TGT_AVX512 void kn_axpy_avx512(float *y, float a, const float *x, int n) {
@@ -493,28 +540,34 @@ TGT_AVX2 INLINE float dot_256(const float *a, const float *b, int n) {
 
 TGT_AVX2 float kn_dot_avx2(const float *a, const float *b, int n) { return dot_256(a, b, n); }
 
-TGT_AVX2 void kn_dot_rows_avx2(float *out, const float *a, const float *b, size_t ldb, int m, int n) {
-    for (int j = 0; j < m; j++) out[j] = dot_256(a, b + (size_t)j * ldb, n);
+TGT_AVX2 void kn_dot_rows_avx2(float *out, size_t ldo, const float *a, size_t lda, int G, const float *b, size_t ldb,
+                               int m, int n) {
+    for (int g = 0; g < G; g++)
+        for (int j = 0; j < m; j++) out[(size_t)g * ldo + j] = dot_256(a + (size_t)g * lda, b + (size_t)j * ldb, n);
 }
 
-/* As kn_axpy_rows_avx512, 64 columns in registers at a time. */
-TGT_AVX2 void kn_axpy_rows_avx2(float *y, const float *w, const float *x, size_t ldx, int m, int n) {
-    for (int c0 = 0; c0 < n; c0 += 64) {
-        const int nv = (n - c0 + 7) / 8 < 8 ? (n - c0 + 7) / 8 : 8;
-        __m256 acc[8];
-        __m256i mk[8];
-        for (int v = 0; v < nv; v++) {
-            mk[v] = mask8(n - c0 - 8 * v);
-            acc[v] = _mm256_maskload_ps(y + c0 + 8 * v, mk[v]);
+/* As kn_axpy_rows_avx512 with one query row at a time, 64 columns in registers. */
+TGT_AVX2 void kn_axpy_rows_avx2(float *y, size_t ldy, const float *w, size_t ldw, int G, const float *x, size_t ldx,
+                                int m, int n) {
+    for (int g = 0; g < G; g++)
+        for (int c0 = 0; c0 < n; c0 += 64) {
+            const int nv = (n - c0 + 7) / 8 < 8 ? (n - c0 + 7) / 8 : 8;
+            float *yg = y + (size_t)g * ldy;
+            const float *wg = w + (size_t)g * ldw;
+            __m256 acc[8];
+            __m256i mk[8];
+            for (int v = 0; v < nv; v++) {
+                mk[v] = mask8(n - c0 - 8 * v);
+                acc[v] = _mm256_maskload_ps(yg + c0 + 8 * v, mk[v]);
+            }
+            for (int j = 0; j < m; j++) {
+                if (wg[j] == 0.0f) continue;
+                const __m256 va = _mm256_set1_ps(wg[j]);
+                const float *xj = x + (size_t)j * ldx + c0;
+                for (int v = 0; v < nv; v++) acc[v] = _mm256_fmadd_ps(va, _mm256_maskload_ps(xj + 8 * v, mk[v]), acc[v]);
+            }
+            for (int v = 0; v < nv; v++) _mm256_maskstore_ps(yg + c0 + 8 * v, mk[v], acc[v]);
         }
-        for (int j = 0; j < m; j++) {
-            if (w[j] == 0.0f) continue;
-            const __m256 va = _mm256_set1_ps(w[j]);
-            const float *xj = x + (size_t)j * ldx + c0;
-            for (int v = 0; v < nv; v++) acc[v] = _mm256_fmadd_ps(va, _mm256_maskload_ps(xj + 8 * v, mk[v]), acc[v]);
-        }
-        for (int v = 0; v < nv; v++) _mm256_maskstore_ps(y + c0 + 8 * v, mk[v], acc[v]);
-    }
 }
 
 TGT_AVX2 void kn_axpy_avx2(float *y, float a, const float *x, int n) {

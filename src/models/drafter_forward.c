@@ -48,7 +48,7 @@ int dstate_init(dfl_dstate *s, const dfl_drafter *d, const dfl_model *t, int max
     ALLOC(s->att, (size_t)B * g->n_heads * g->head_dim);
     ALLOC(s->mlp1, (size_t)B * g->intermediate);
     ALLOC(s->mlp2, (size_t)B * g->intermediate);
-    ALLOC(s->scores, (size_t)omp_get_max_threads() * (max_ctx + B));
+    ALLOC(s->scores, (size_t)omp_get_max_threads() * (g->n_heads / g->n_kv_heads) * (max_ctx + B));
     ALLOC(s->inv_freq, g->rot_dim / 2);
     for (int i = 0; i < g->rot_dim / 2; i++)
         s->inv_freq[i] = 1.0f / powf((float)g->rope_theta, (float)(2 * i) / (float)g->rot_dim);
@@ -134,24 +134,30 @@ int drafter_draft(dfl_dstate *s, int32_t anchor, int B, float *logits) {
             norm_rope(s, s->kb + (size_t)i * kv, Hkv, l->k_norm, start + i);
         }
         const float *kc = s->k_ctx[li], *vc = s->v_ctx[li];
+        /* query heads sharing a key/value head together unless that leaves threads idle */
+        const int G = B * Hkv >= omp_get_max_threads() ? group : 1;
+        const size_t ldsc = (size_t)s->max_ctx + s->max_block;
 #pragma omp parallel for collapse(2) schedule(static) if ((size_t)B * Hq * (start + B) * hd >= KN_PAR_MIN_WORK)
         for (int i = 0; i < B; i++) {
-            for (int h = 0; h < Hq; h++) {
-                float *sc = s->scores + (size_t)omp_get_thread_num() * (s->max_ctx + s->max_block);
-                const float *q = s->q + ((size_t)i * Hq + h) * hd;
-                const int kvh = h / group, qpos = start + i;
+            for (int h0 = 0; h0 < Hq; h0 += G) {
+                float *sc = s->scores + (size_t)omp_get_thread_num() * group * ldsc; /* [G][ldsc] */
+                const float *q = s->q + ((size_t)i * Hq + h0) * hd;
+                const int kvh = h0 / group, qpos = start + i;
                 /* visible keys: context 0..start-1 then block 0..B-1 (absolute positions);
                  * full layers see everything, sliding layers are causal within a window */
                 const int n_keys = start + B;
-                kn_dot_rows(sc, q, kc + (size_t)kvh * hd, (size_t)kv, start, hd);
-                kn_dot_rows(sc + start, q, s->kb + (size_t)kvh * hd, (size_t)kv, B, hd);
-                for (int j = 0; j < n_keys; j++)
-                    sc[j] = sliding && (j > qpos || qpos - j >= window) ? -INFINITY : sc[j] * scale;
-                kn_softmax(sc, n_keys);
-                float *o = s->att + ((size_t)i * Hq + h) * hd;
-                memset(o, 0, (size_t)hd * sizeof(float));
-                kn_axpy_rows(o, sc, vc + (size_t)kvh * hd, (size_t)kv, start, hd);
-                kn_axpy_rows(o, sc + start, s->vb + (size_t)kvh * hd, (size_t)kv, B, hd);
+                kn_dot_rows(sc, ldsc, q, (size_t)hd, G, kc + (size_t)kvh * hd, (size_t)kv, start, hd);
+                kn_dot_rows(sc + start, ldsc, q, (size_t)hd, G, s->kb + (size_t)kvh * hd, (size_t)kv, B, hd);
+                for (int gi = 0; gi < G; gi++) {
+                    float *sg = sc + gi * ldsc;
+                    for (int j = 0; j < n_keys; j++)
+                        sg[j] = sliding && (j > qpos || qpos - j >= window) ? -INFINITY : sg[j] * scale;
+                    kn_softmax(sg, n_keys);
+                }
+                float *o = s->att + ((size_t)i * Hq + h0) * hd;
+                memset(o, 0, (size_t)G * hd * sizeof(float));
+                kn_axpy_rows(o, (size_t)hd, sc, ldsc, G, vc + (size_t)kvh * hd, (size_t)kv, start, hd);
+                kn_axpy_rows(o, (size_t)hd, sc + start, ldsc, G, s->vb + (size_t)kvh * hd, (size_t)kv, B, hd);
             }
         }
         kn_matmul(s->xn, s->att, &l->o_proj, B);

@@ -144,23 +144,29 @@ static void check_dot_axpy(kn_isa isa) {
             if (fabs((double)y1[i] - y0[i]) > 0x1.0p-22 * (fabs((double)c * a[i]) + fabs((double)y0[i]))) bad++;
     }
     CHECK(bad == 0, "%s: %d kn_dot / kn_axpy results beyond tolerance", kn_isa_name(isa), bad);
-    /* the row forms equal the single calls bit for bit (zero weights skipped, any width) */
-    enum { M = 37, LD = 300 };
-    static float rows[M * LD], w[M], out[M], yr[LD], ys[LD];
+    /* the row forms equal the single calls bit for bit, for groups of 1..7 query rows (zero
+     * weights skipped, for one row or all of them; any width) */
+    enum { M = 37, LD = 300, GM = 7 };
+    static float rows[M * LD], w[GM][M], out[GM][M], yr[GM][LD], ys[GM][LD];
     for (int i = 0; i < M * LD; i++) rows[i] = frand();
     int diff = 0;
     kn_isa_set(isa);
-    for (int n = 1; n <= 290; n += n < 40 ? 1 : 23) {
-        for (int j = 0; j < M; j++) w[j] = j % 5 == 2 ? 0.0f : frand();
-        for (int i = 0; i < n; i++) yr[i] = ys[i] = frand();
-        kn_dot_rows(out, rows + 3, rows + 7, LD, M, n);
-        kn_axpy_rows(yr, w, rows + 1, LD, M, n);
-        for (int j = 0; j < M; j++) {
-            diff += out[j] != kn_dot(rows + 3, rows + 7 + (size_t)j * LD, n);
-            if (w[j] != 0.0f) kn_axpy(ys, w[j], rows + 1 + (size_t)j * LD, n);
+    for (int G = 1; G <= GM; G++)
+        for (int n = 1; n <= 290; n += n < 40 ? 1 : 23) {
+            for (int g = 0; g < G; g++)
+                for (int j = 0; j < M; j++) w[g][j] = j % 5 == 2 || (j + g) % 7 == 3 ? 0.0f : frand();
+            for (int g = 0; g < G; g++)
+                for (int i = 0; i < n; i++) yr[g][i] = ys[g][i] = frand();
+            kn_dot_rows(out[0], M, rows + 3, 41, G, rows + 7, LD, M, n);
+            kn_axpy_rows(yr[0], LD, w[0], M, G, rows + 1, LD, M, n);
+            for (int g = 0; g < G; g++) {
+                for (int j = 0; j < M; j++) {
+                    diff += out[g][j] != kn_dot(rows + 3 + 41 * g, rows + 7 + (size_t)j * LD, n);
+                    if (w[g][j] != 0.0f) kn_axpy(ys[g], w[g][j], rows + 1 + (size_t)j * LD, n);
+                }
+                diff += memcmp(yr[g], ys[g], (size_t)n * sizeof(float)) != 0;
+            }
         }
-        diff += memcmp(yr, ys, (size_t)n * sizeof(float)) != 0;
-    }
     CHECK(diff == 0, "%s: %d kn_dot_rows / kn_axpy_rows results differ from kn_dot / kn_axpy", kn_isa_name(isa), diff);
 }
 
