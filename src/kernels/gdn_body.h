@@ -157,22 +157,32 @@ GDN_TGT void GDN_NAME(kn_gdn_chunk_)(float *S, const kn_gdn_io *io, float *work)
     }
     /* KT [dk][GDN_C] = K^T (zero past L), so that k_t.k_s and q_t.k_s for a vector of s are dk
      * FMAs with no horizontal sums */
-    for (int i = 0; i < dk; i++)
-        for (int s = 0; s < GDN_C; s++) KT[(size_t)i * GDN_C + s] = s < L ? io->k[(size_t)s * io->ld + i] : 0.0f;
+    for (int s = 0; s < GDN_C; s++) { /* reading each key row once */
+        const float *k = io->k + (size_t)s * io->ld;
+        for (int i = 0; i < dk; i++) KT[(size_t)i * GDN_C + s] = s < L ? k[i] : 0.0f;
+    }
     /* M[t][s] = beta_t exp(gam_t - gam_s) k_t.k_s (s < t); P[t][s] = exp(gam_t - gam_s) q_t.k_s (s <= t) */
     for (int t = 0; t < L; t++) {
         const float *q = io->q + (size_t)t * io->ld, *k = io->k + (size_t)t * io->ld;
         for (int s0 = 0; s0 <= t; s0 += VW) {
-            VT kk[2] = {VZERO(), VZERO()}, qk[2] = {VZERO(), VZERO()}; /* two chains each */
-            for (int i = 0; i < dk; i++) {
-                const VT kt = VLOAD(KT + (size_t)i * GDN_C + s0);
-                kk[i & 1] = VFMA(VSET1(k[i]), kt, kk[i & 1]);
-                qk[i & 1] = VFMA(VSET1(q[i]), kt, qk[i & 1]);
+            /* two chains each (even and odd i), named so that they stay in registers */
+            VT kk0 = VZERO(), kk1 = VZERO(), qk0 = VZERO(), qk1 = VZERO();
+            int i = 0;
+            for (; i + 1 < dk; i += 2) {
+                const VT kt0 = VLOAD(KT + (size_t)i * GDN_C + s0), kt1 = VLOAD(KT + (size_t)(i + 1) * GDN_C + s0);
+                kk0 = VFMA(VSET1(k[i]), kt0, kk0);
+                qk0 = VFMA(VSET1(q[i]), kt0, qk0);
+                kk1 = VFMA(VSET1(k[i + 1]), kt1, kk1);
+                qk1 = VFMA(VSET1(q[i + 1]), kt1, qk1);
             }
-            kk[0] = VADD(kk[0], kk[1]), qk[0] = VADD(qk[0], qk[1]);
+            if (i < dk) {
+                const VT kt0 = VLOAD(KT + (size_t)i * GDN_C + s0);
+                kk0 = VFMA(VSET1(k[i]), kt0, kk0);
+                qk0 = VFMA(VSET1(q[i]), kt0, qk0);
+            }
             float dkk[VW], dqk[VW];
-            VSTORE(dkk, kk[0]);
-            VSTORE(dqk, qk[0]);
+            VSTORE(dkk, VADD(kk0, kk1));
+            VSTORE(dqk, VADD(qk0, qk1));
             for (int s = s0; s < s0 + VW && s <= t; s++) {
                 const float e = expf(gam[t] - gam[s]);
                 if (s < t) M[t * GDN_C + s] = io->beta[t] * e * dkk[s - s0];
