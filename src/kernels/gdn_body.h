@@ -70,10 +70,38 @@ GDN_TGT void GDN_NAME(kn_gdn_recurrent_)(float *S, const kn_gdn_io *io) {
 }
 
 /* Scratch of one chunk: gam[C] cumulative log-decay, eg[C] = exp(gam), M[C][C] and P[C][C]
- * (see below), KC[C][dk] = exp(gam_L - gam_s) k_s, per column group D[C][64], O[C][64], and
- * KT[dk][C] = K^T. */
+ * (see below), KCT[dk][C] = (exp(gam_L - gam_s) k_s)^T, per column group D[C][64], O[C][64],
+ * and KT[dk][C] = K^T. */
 #define GDN_C KN_GDN_CHUNK
 #define GDN_GROUP 64
+#define GDN_RI (VW >= 16 ? 4 : 2) /* state rows updated together (accumulators fit the registers) */
+
+/* Rows i0 .. i0+R-1 of the chunk's state update S = eg_L S0 + sum_s KC_s D_s^T for the nj
+ * vectors of columns at j0: each D_s row is loaded once for the R rows, and each element
+ * still takes its products in the order of s. */
+GDN_TGT GDN_INLINE void GDN_NAME(state_rows_)(float *S, const float *KCT, const float *D, int i0, int j0, int dv, int L,
+                                              VT eL, const int nj, const int R) {
+    VT acc[GDN_RI][GDN_NJ];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 8
+        for (int jj = 0; jj < nj; jj++) acc[r][jj] = VMUL(eL, VLOAD(S + (size_t)(i0 + r) * dv + j0 + jj * VW));
+    for (int s = 0; s < L; s++) {
+        VT d[GDN_NJ];
+#pragma GCC unroll 8
+        for (int jj = 0; jj < nj; jj++) d[jj] = VLOAD(D + (size_t)s * GDN_GROUP + jj * VW);
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++) {
+            const VT c = VSET1(KCT[(size_t)(i0 + r) * GDN_C + s]);
+#pragma GCC unroll 8
+            for (int jj = 0; jj < nj; jj++) acc[r][jj] = VFMA(c, d[jj], acc[r][jj]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 8
+        for (int jj = 0; jj < nj; jj++) VSTORE(S + (size_t)(i0 + r) * dv + j0 + jj * VW, acc[r][jj]);
+}
 
 /* Chunk steps for the nj vectors of columns at j0 (S0 = the state before the chunk):
  *   KS = K S0, QS = Q S0;
@@ -83,7 +111,7 @@ GDN_TGT void GDN_NAME(kn_gdn_recurrent_)(float *S, const kn_gdn_io *io) {
 GDN_TGT GDN_INLINE void GDN_NAME(chunk_cols_)(float *S, const kn_gdn_io *io, const float *work, float *D, float *O,
                                               int j0, const int nj) {
     const int dk = io->dk, dv = io->dv, L = io->n;
-    const float *eg = work + GDN_C, *M = eg + GDN_C, *P = M + GDN_C * GDN_C, *KC = P + GDN_C * GDN_C;
+    const float *eg = work + GDN_C, *M = eg + GDN_C, *P = M + GDN_C * GDN_C, *KCT = P + GDN_C * GDN_C;
     for (int t = 0; t < L; t++) {
         const float *q = io->q + (size_t)t * io->ld, *k = io->k + (size_t)t * io->ld;
         VT a[GDN_NJ], b[GDN_NJ];
@@ -129,26 +157,16 @@ GDN_TGT GDN_INLINE void GDN_NAME(chunk_cols_)(float *S, const kn_gdn_io *io, con
             for (int jj = 0; jj < nj; jj++) VSTORE(out + jj * VW, o[jj]);
         }
     const VT eL = VSET1(eg[L - 1]);
-    for (int i = 0; i < dk; i++) {
-        float *Si = S + (size_t)i * dv + j0;
-        VT acc[GDN_NJ];
-#pragma GCC unroll 8
-        for (int jj = 0; jj < nj; jj++) acc[jj] = VMUL(eL, VLOAD(Si + jj * VW));
-        for (int s = 0; s < L; s++) {
-            const VT c = VSET1(KC[(size_t)s * dk + i]);
-#pragma GCC unroll 8
-            for (int jj = 0; jj < nj; jj++) acc[jj] = VFMA(c, VLOAD(D + (size_t)s * GDN_GROUP + jj * VW), acc[jj]);
-        }
-#pragma GCC unroll 8
-        for (int jj = 0; jj < nj; jj++) VSTORE(Si + jj * VW, acc[jj]);
-    }
+    int i = 0;
+    for (; i + GDN_RI <= dk; i += GDN_RI) GDN_NAME(state_rows_)(S, KCT, D, i, j0, dv, L, eL, nj, GDN_RI);
+    for (; i < dk; i++) GDN_NAME(state_rows_)(S, KCT, D, i, j0, dv, L, eL, nj, 1);
 }
 
 /* One chunk of io->n <= KN_GDN_CHUNK tokens. */
 GDN_TGT void GDN_NAME(kn_gdn_chunk_)(float *S, const kn_gdn_io *io, float *work) {
     const int dk = io->dk, L = io->n;
-    float *gam = work, *eg = gam + GDN_C, *M = eg + GDN_C, *P = M + GDN_C * GDN_C, *KC = P + GDN_C * GDN_C;
-    float *D = KC + (size_t)GDN_C * dk, *O = D + GDN_C * GDN_GROUP, *KT = O + GDN_C * GDN_GROUP;
+    float *gam = work, *eg = gam + GDN_C, *M = eg + GDN_C, *P = M + GDN_C * GDN_C, *KCT = P + GDN_C * GDN_C;
+    float *D = KCT + (size_t)GDN_C * dk, *O = D + GDN_C * GDN_GROUP, *KT = O + GDN_C * GDN_GROUP;
     float acc = 0;
     for (int t = 0; t < L; t++) {
         acc += io->g[t];
@@ -190,10 +208,10 @@ GDN_TGT void GDN_NAME(kn_gdn_chunk_)(float *S, const kn_gdn_io *io, float *work)
             }
         }
     }
-    for (int s = 0; s < L; s++) {
-        const float *k = io->k + (size_t)s * io->ld, e = expf(gam[L - 1] - gam[s]);
-        for (int i = 0; i < dk; i++) KC[(size_t)s * dk + i] = e * k[i];
-    }
+    float ec[GDN_C];
+    for (int s = 0; s < L; s++) ec[s] = expf(gam[L - 1] - gam[s]);
+    for (int i = 0; i < dk; i++)
+        for (int s = 0; s < L; s++) KCT[(size_t)i * GDN_C + s] = ec[s] * KT[(size_t)i * GDN_C + s];
     int j0 = 0;
     for (; j0 + GDN_NJ * VW <= io->dv; j0 += GDN_NJ * VW) GDN_NAME(chunk_cols_)(S, io, work, D, O, j0, GDN_NJ);
     for (; j0 < io->dv; j0 += VW) GDN_NAME(chunk_cols_)(S, io, work, D, O, j0, 1);
@@ -205,3 +223,4 @@ GDN_TGT void GDN_NAME(kn_gdn_chunk_)(float *S, const kn_gdn_io *io, float *work)
 #undef GDN_INLINE
 #undef GDN_C
 #undef GDN_GROUP
+#undef GDN_RI
