@@ -310,14 +310,23 @@ TGT_AVX512 INLINE void axpy_rows_512(float *y, size_t ldy, const float *w, size_
     }
 }
 
+/* NG query rows, NV vectors per pass: no wider than the rows (short heads), at most 16
+ * accumulators. */
+TGT_AVX512 INLINE void axpy_rows_ng(float *y, size_t ldy, const float *w, size_t ldw, const float *x, size_t ldx, int m,
+                                    int n, const int NG) {
+    const int nvec = (n + 15) / 16;
+    if (nvec <= 1) axpy_rows_512(y, ldy, w, ldw, x, ldx, m, n, NG, 1);
+    else if (nvec <= 2) axpy_rows_512(y, ldy, w, ldw, x, ldx, m, n, NG, 2);
+    else if (nvec <= 4 || NG == 4) axpy_rows_512(y, ldy, w, ldw, x, ldx, m, n, NG, 4);
+    else axpy_rows_512(y, ldy, w, ldw, x, ldx, m, n, NG, 8);
+}
+
 TGT_AVX512 void kn_axpy_rows_avx512(float *y, size_t ldy, const float *w, size_t ldw, int G, const float *x, size_t ldx,
                                     int m, int n) {
     int g = 0;
-    for (; g + 4 <= G; g += 4)
-        axpy_rows_512(y + (size_t)g * ldy, ldy, w + (size_t)g * ldw, ldw, x, ldx, m, n, 4, 4);
-    for (; g + 2 <= G; g += 2)
-        axpy_rows_512(y + (size_t)g * ldy, ldy, w + (size_t)g * ldw, ldw, x, ldx, m, n, 2, 8);
-    if (g < G) axpy_rows_512(y + (size_t)g * ldy, ldy, w + (size_t)g * ldw, ldw, x, ldx, m, n, 1, 8);
+    for (; g + 4 <= G; g += 4) axpy_rows_ng(y + (size_t)g * ldy, ldy, w + (size_t)g * ldw, ldw, x, ldx, m, n, 4);
+    for (; g + 2 <= G; g += 2) axpy_rows_ng(y + (size_t)g * ldy, ldy, w + (size_t)g * ldw, ldw, x, ldx, m, n, 2);
+    if (g < G) axpy_rows_ng(y + (size_t)g * ldy, ldy, w + (size_t)g * ldw, ldw, x, ldx, m, n, 1);
 }
 
 TGT_AVX512 void kn_axpy_avx512(float *y, float a, const float *x, int n) {
