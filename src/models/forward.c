@@ -44,7 +44,7 @@ uint64_t state_bytes(const dfl_model *m, int max_ctx, int max_batch, int record)
         }
     }
     f += (uint64_t)max_batch * scratch_per_token(m);
-    f += (uint64_t)omp_get_max_threads() * max_ctx + g->rot_dim;
+    f += (uint64_t)omp_get_max_threads() * (g->n_heads / g->n_kv_heads) * max_ctx + g->rot_dim; /* scores */
     return f * sizeof(float);
 }
 
