@@ -5,9 +5,12 @@
 
 #include <stdint.h>
 
-/* Largest tree budget dfl accepts: per-node linear-attention states make memory grow with it
- * (docs/ddtree.md gives the figures). */
+/* Largest tree budget dfl verifies on the target: per-node linear-attention states make memory
+ * grow with it (docs/ddtree.md gives the figures). */
 #define DDTREE_MAX_BUDGET 256
+/* Largest tree the builder makes: replay evaluation (docs/eval.md) builds trees that the target
+ * never runs, so their budget is bounded by the builder alone. */
+#define DDTREE_MAX_NODES 4096
 
 typedef struct dfl_tree {
     int n;            /* nodes, root included (n - 1 = draft nodes) */
@@ -19,7 +22,7 @@ typedef struct dfl_tree {
     int max_depth;    /* deepest node */
 } dfl_tree;
 
-/* Allocate a tree for up to budget draft nodes. */
+/* Allocate a tree for up to budget draft nodes (<= DDTREE_MAX_NODES). */
 int ddtree_alloc(dfl_tree *t, int budget);
 void ddtree_free(dfl_tree *t);
 
@@ -30,5 +33,15 @@ void ddtree_free(dfl_tree *t);
  * the tokens along the prefix, ranks by probability descending then token id ascending)
  * lexicographically ascending. The root gets token `anchor`. */
 int ddtree_build(dfl_tree *t, int32_t anchor, const float *probs, int D, int V, int budget);
+
+/* The two halves of ddtree_build, for callers that build several budgets from one draft:
+ * ddtree_topk: per depth the K most probable tokens, best first (probability descending, then
+ * id ascending): top/toplp [D, K], log-probabilities in double. The first k <= K of a row are
+ * that row's top k, so one call with the largest K serves every smaller budget.
+ * ddtree_build_top: the tree from such lists, rows `stride` apart, using the first K of each
+ * (K = min(budget, V) gives ddtree_build's tree exactly). */
+int ddtree_topk(const float *probs, int D, int V, int K, int32_t *top, double *toplp);
+int ddtree_build_top(dfl_tree *t, int32_t anchor, const int32_t *top, const double *toplp, int D, int stride, int K,
+                     int budget);
 
 #endif

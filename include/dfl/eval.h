@@ -57,7 +57,17 @@ typedef struct eval_result {
     double prefill_s, draft_s, verify_s, rollback_s;
     int match;           /* speculative output equals the autoregressive one (1), differs (0), n/a (-1) */
     int first_mismatch;  /* position of the first differing token, -1 */
+    char method[16];     /* "online": the loop ran on the target; "replay": drafter-only on the recorded truth */
+    char features[16];   /* "dfl", or "pipeline" (replayed on features from --features-from) */
+    long tree_nodes;
+    double modeled_s;    /* decode time modeled from costs measured in the run; < 0: none */
+    double modeled_ar_s; /* the autoregressive decode time of the same tokens, modeled alike; < 0: none */
+    const int *round_acc;/* accepted drafts per round (written, not parsed back); NULL: none */
+    int n_round_acc;
 } eval_result;
+
+/* A result with nothing set: method "online", features "dfl", no match, no modeled times. */
+void eval_result_init(eval_result *r);
 
 /* Fill from generation stats. */
 void eval_result_from_stats(eval_result *r, const dfl_gen_stats *st);
@@ -68,7 +78,11 @@ int eval_result_parse(const char *line, eval_result *r, int32_t **ids, int *n_id
 
 /* Aggregate of all responses of one drafter x mode (or of the autoregressive runs). */
 typedef struct eval_agg {
-    char drafter[512], mode[32];
+    char drafter[512], mode[32], method[16], features[16];
+    char label[600];     /* the drafter as tables show it: "(online)" / "(pipeline features)" marked */
+    int modeled;         /* responses with modeled times */
+    double modeled_s, modeled_ar_s;
+    long tree_nodes;
     int responses, tokens, rounds, mismatches, max_block;
     long drafted, accepted;
     double tau_sum;      /* sum over responses of per-response tau */
@@ -93,10 +107,66 @@ void eval_summary_free(eval_summary *s);
 /* Derived figures of one aggregate. */
 double eval_agg_tau(const eval_agg *a);        /* mean of per-response tau (z-lab's dataset tau) */
 double eval_agg_tau_tokens(const eval_agg *a); /* token-weighted: (tokens - responses) / rounds */
-double eval_agg_speedup(const eval_agg *a);    /* AR time per token / this time per token */
+double eval_agg_speedup(const eval_agg *a);    /* AR time per token / this time per token (measured); 0: n/a */
+double eval_agg_speedup_modeled(const eval_agg *a); /* the same from modeled times; 0: n/a */
 
 /* Reports into dir: summary.json (extra: a JSON object's members to merge in, or NULL),
- * summary.md, per_position.svg, tau_hist.svg. */
+ * summary.md, per_position.svg, tau_hist.svg, and tau_budget.svg when DDTree modes ran. */
 int eval_write_reports(const eval_summary *s, const char *dir, const char *extra_json);
+
+/* ---- the evaluation run ------------------------------------------------------------------ */
+
+#define EVAL_MAX_DRAFTERS 8
+#define EVAL_MAX_MODES 16
+
+typedef struct eval_progress {
+    int done, total;     /* prompts */
+    const char *what;    /* the prompt just finished */
+    double last_tau;
+} eval_progress;
+
+typedef struct eval_opts {
+    const char *target;          /* target checkpoint (with features_dir: optional, default the recorded one) */
+    const char *drafters[EVAL_MAX_DRAFTERS];
+    int n_drafters;
+    const char *prompts;         /* prompt file (not with features_dir) */
+    eval_format fmt;
+    char field[128];
+    int have_fmt, limit, max_new, chat, block, first_turn, resume, shard_i, shard_n, keep_going, max_ctx;
+    int max_new_set;             /* max_new was given (with features_dir it must equal the recorded one) */
+    int budgets[EVAL_MAX_MODES], n_modes; /* 0 = chain, N = DDTree-N */
+    double temperature;
+    long seed;
+    const char *out;
+    const char *reference, *reference_url;
+    /* online: every drafter x mode runs the speculative loop on the target after an autoregressive
+     * run (measured speedups). Otherwise replay: one recording run per prompt, every drafter x mode
+     * replayed on it (modeled speedups). */
+    int online;
+    int check_ar;                /* replay: also run the target autoregressively, check the truth token for token */
+    int record_budget;           /* replay: the recording run's mode (drafter 1); -1 = the first mode */
+    const char *save_features;   /* replay: write each truth and its features to this directory */
+    const int *save_layers;      /* ... also these layers (NULL: only the drafters'); n_save_layers -1 = all */
+    int n_save_layers;
+    const char *features_dir;    /* replay from saved features: no target forward */
+    const char *features_from;   /* also replay on features written by another pipeline (hidden-diff format) */
+    int cost_reps;               /* repetitions of each cost measurement (0 = no modeled speedup) */
+    FILE *log;                   /* warnings and per-run lines (NULL: quiet) */
+    void (*on_progress)(void *ud, const eval_progress *p);
+    void *progress_ud;
+} eval_opts;
+
+/* Defaults: max_new 256, chatml, chain only, shard 0/1, replay, cost_reps 3. */
+void eval_opts_default(eval_opts *o);
+
+typedef struct eval_outcome {
+    int mismatches;              /* speculative outputs (online) or truths (--check-ar) that differ */
+    int responses;               /* results written by this run */
+} eval_outcome;
+
+/* Run an evaluation into o->out (results.jsonl, summary.json, summary.md, plots; docs/eval.md).
+ * Every input is checked before any target work. DFL_ERR with the message on failure; mismatches
+ * are not errors (the caller decides the exit status). */
+int eval_run(const eval_opts *o, eval_outcome *res);
 
 #endif

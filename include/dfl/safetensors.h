@@ -67,6 +67,10 @@ typedef struct st_write_entry {
     const void *data;
 } st_write_entry;
 int st_write(const char *path, const st_write_entry *entries, int n);
+/* The same with a __metadata__ object of n_meta {key, value} string pairs. */
+int st_write_meta(const char *path, const st_write_entry *entries, int n, const char *const (*meta)[2], int n_meta);
+/* A __metadata__ string of file `file` of m into buf; DFL_ERR naming the file if absent. */
+int st_meta_get(const st_model *m, int file, const char *key, char *buf, size_t n);
 
 /* Half-precision conversions used by the reader and the kernels. */
 static inline float st_bf16_to_f32(uint16_t h) {

@@ -34,6 +34,11 @@ typedef struct dfl_gen_opts {
     float temperature;  /* 0 = greedy */
     uint64_t seed;      /* sampling seed */
     int ignore_eos;
+    /* At temperature 0, after an eos stop: write the target's greedy continuation past the eos,
+     * up to `extend` tokens (and max_new in all), to out[generated..] (not streamed, not in the
+     * statistics; st->extended says how many). Drafts accepted past an eos count as accepted, so
+     * replay evaluation needs these tokens to score the last round exactly. */
+    int extend;
     /* Optional: called after each verification round with the verified block [bs] at position
      * start, the drafter's output [bs-1, V] (logits when greedy, its sampling probabilities when
      * temperature > 0; NULL for a plain decode step) and the accepted draft count. */
@@ -56,6 +61,7 @@ typedef struct dfl_gen_stats {
     int ctx_check_failures; /* rounds where the drafter's context length != committed length */
     long tree_nodes;        /* DDTree: draft nodes verified over all rounds */
     long tree_depth_sum;    /* DDTree: sum over rounds of the tree's depth */
+    int extended;           /* tokens written past the output (opts.extend) */
 } dfl_gen_stats;
 
 /* Called with each newly committed run of tokens (for streaming); nonzero return stops. */

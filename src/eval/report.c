@@ -1,4 +1,5 @@
 /* Evaluation reports: summary.json, summary.md and SVG plots. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,6 +25,19 @@ static void base_name(const char *p, char *out, size_t n) {
 }
 
 
+/* Legend name: the drafter's last path component, marked like its table label. */
+static void legend_name(const eval_agg *a, char *out, size_t n) {
+    char b[256];
+    base_name(a->drafter, b, sizeof b);
+    snprintf(out, n, "%s%s", b, a->label + strlen(a->drafter));
+}
+
+static int has_trees(const eval_summary *s) {
+    for (int k = 1; k < s->n_agg; k++)
+        if (strncmp(s->agg[k].mode, "ddtree-", 7) == 0) return 1;
+    return 0;
+}
+
 static int write_json(const eval_summary *s, const char *path, const char *extra) {
     FILE *f = fopen(path, "w");
     if (!f) return dfl_seterr("%s: cannot create", path);
@@ -36,7 +50,14 @@ static int write_json(const eval_summary *s, const char *path, const char *extra
                "    \"per_position\": \"for draft position k: rounds in which draft k was accepted / rounds in "
                "which it was proposed\",\n"
                "    \"speedup\": \"autoregressive decode time per token / speculative decode time per token, same "
-               "engine and responses (the first token of each response comes from the prefill and is excluded)\"\n"
+               "engine and responses (the first token of each response comes from the prefill and is excluded); "
+               "measured, online rows only\",\n"
+               "    \"speedup_modeled\": \"the same from modeled times: the drafter's work at the rates measured in "
+               "this run plus, per round, the target's verification cost for that many tokens (or that tree budget) "
+               "measured in this run; the autoregressive side is one measured decode step per token. A model, not a "
+               "measurement\",\n"
+               "    \"method\": \"online: the speculative loop ran on the target; replay: the drafter alone on the "
+               "recorded target truth and features (exact at temperature 0: same rounds as online)\"\n"
                "  },\n");
     fprintf(f, "  \"prompts\": %d,\n  \"autoregressive\": {\"responses\": %d, \"tokens\": %d, \"decode_s\": %.6f, "
                "\"prefill_s\": %.6f, \"tokens_per_s\": %.3f},\n  \"results\": [",
@@ -47,16 +68,23 @@ static int write_json(const eval_summary *s, const char *path, const char *extra
         const double busy = a->draft_s + a->verify_s + a->rollback_s;
         fprintf(f, "%s\n    {\"drafter\": ", k > 1 ? "," : "");
         dfl_json_write_string(f, a->drafter);
-        fprintf(f, ", \"mode\": \"%s\", \"responses\": %d, \"tokens\": %d, \"rounds\": %d, \"drafted\": %ld, "
+        char sp[32] = "null", spm[32] = "null", tps[32] = "null";
+        if (eval_agg_speedup(a) > 0) snprintf(sp, sizeof sp, "%.4f", eval_agg_speedup(a));
+        if (eval_agg_speedup_modeled(a) > 0) snprintf(spm, sizeof spm, "%.4f", eval_agg_speedup_modeled(a));
+        if (a->time_s > 0) snprintf(tps, sizeof tps, "%.3f", (a->tokens - a->responses) / a->time_s);
+        fprintf(f, ", \"label\": ");
+        dfl_json_write_string(f, a->label);
+        fprintf(f, ", \"mode\": \"%s\", \"method\": \"%s\", \"features\": \"%s\", \"responses\": %d, "
+                   "\"tokens\": %d, \"rounds\": %d, \"drafted\": %ld, "
                    "\"accepted\": %ld, \"tau\": %.6f, \"tau_token_weighted\": %.6f, \"tau_accept\": %.6f, "
-                   "\"tokens_per_s\": %.3f, \"speedup\": %.4f, \"draft_share\": %.4f, \"verify_share\": %.4f, "
-                   "\"rollback_share\": %.4f, \"mean_tree_depth\": %.4f, \"mismatches\": %d, \"per_position\": [",
-                a->mode, a->responses, a->tokens, a->rounds, a->drafted, a->accepted, eval_agg_tau(a),
-                eval_agg_tau_tokens(a), a->rounds ? 1.0 + (double)a->accepted / a->rounds : 0.0,
-                a->time_s > 0 ? (a->tokens - a->responses) / a->time_s : 0.0, eval_agg_speedup(a),
-                busy > 0 ? a->draft_s / busy : 0, busy > 0 ? a->verify_s / busy : 0,
+                   "\"tokens_per_s\": %s, \"speedup\": %s, \"speedup_modeled\": %s, \"draft_share\": %.4f, "
+                   "\"verify_share\": %.4f, \"rollback_share\": %.4f, \"mean_tree_depth\": %.4f, "
+                   "\"mean_tree_nodes\": %.4f, \"mismatches\": %d, \"per_position\": [",
+                a->mode, a->method, a->features, a->responses, a->tokens, a->rounds, a->drafted, a->accepted,
+                eval_agg_tau(a), eval_agg_tau_tokens(a), a->rounds ? 1.0 + (double)a->accepted / a->rounds : 0.0, tps,
+                sp, spm, busy > 0 ? a->draft_s / busy : 0, busy > 0 ? a->verify_s / busy : 0,
                 busy > 0 ? a->rollback_s / busy : 0, a->rounds ? (double)a->tree_depth_sum / a->rounds : 0.0,
-                a->mismatches);
+                a->rounds ? (double)a->tree_nodes / a->rounds : 0.0, a->mismatches);
         for (int p = 1; p < a->max_block; p++) fprintf(f, "%s%.6f", p > 1 ? ", " : "", per_pos(a, p));
         fprintf(f, "], \"accept_hist\": [");
         for (int b = 0; b < a->max_block; b++) fprintf(f, "%s%ld", b ? ", " : "", a->accept_hist[b]);
@@ -70,7 +98,7 @@ static int write_json(const eval_summary *s, const char *path, const char *extra
 static int distinct(const eval_summary *s, int drafters, const char **out) {
     int n = 0;
     for (int k = 1; k < s->n_agg; k++) {
-        const char *v = drafters ? s->agg[k].drafter : s->agg[k].mode;
+        const char *v = drafters ? s->agg[k].label : s->agg[k].mode;
         int seen = 0;
         for (int i = 0; i < n && !seen; i++) seen = strcmp(out[i], v) == 0;
         if (!seen) out[n++] = v;
@@ -80,7 +108,7 @@ static int distinct(const eval_summary *s, int drafters, const char **out) {
 
 static const eval_agg *find(const eval_summary *s, const char *drafter, const char *mode) {
     for (int k = 1; k < s->n_agg; k++)
-        if (strcmp(s->agg[k].drafter, drafter) == 0 && strcmp(s->agg[k].mode, mode) == 0) return &s->agg[k];
+        if (strcmp(s->agg[k].label, drafter) == 0 && strcmp(s->agg[k].mode, mode) == 0) return &s->agg[k];
     return NULL;
 }
 
@@ -90,12 +118,26 @@ static int write_md(const eval_summary *s, const char *path) {
     const char **dr = calloc((size_t)s->n_agg + 1, sizeof *dr), **md = calloc((size_t)s->n_agg + 1, sizeof *md);
     const int nd = distinct(s, 1, dr), nm = distinct(s, 0, md);
     const eval_agg *ar = &s->agg[0];
-    fprintf(f, "# dfl eval summary\n\n%d prompts; autoregressive baseline: %d tokens, %.1f tokens/s.\n\n", s->n_prompts,
-            ar->tokens, ar->time_s > 0 ? (ar->tokens - ar->responses) / ar->time_s : 0.0);
+    fprintf(f, "# dfl eval summary\n\n%d prompts", s->n_prompts);
+    if (ar->responses)
+        fprintf(f, "; autoregressive baseline: %d tokens, %.1f tokens/s", ar->tokens,
+                ar->time_s > 0 ? (ar->tokens - ar->responses) / ar->time_s : 0.0);
+    int any_measured = 0, any_modeled = 0, any_replay = 0, any_pipe = 0;
+    for (int k = 1; k < s->n_agg; k++) {
+        any_measured |= eval_agg_speedup(&s->agg[k]) > 0;
+        any_modeled |= eval_agg_speedup_modeled(&s->agg[k]) > 0;
+        any_replay |= strcmp(s->agg[k].method, "replay") == 0;
+        any_pipe |= strcmp(s->agg[k].features, "pipeline") == 0;
+    }
+    fprintf(f, ".%s\n\n", any_replay ? " Rows are replays (drafter-only on the recorded target truth; docs/eval.md) "
+                                        "unless marked (online)." : "");
     static const char *const titles[] = {
         "τ (mean over responses of (tokens − 1) / rounds)", "τ token-weighted (Σ(tokens − 1) / Σ rounds)",
-        "speedup (AR time per token / speculative time per token)", "tokens/s", "mismatches vs autoregressive"};
-    for (int t = 0; t < 5; t++) {
+        "speedup, measured (AR time per token / speculative time per token)",
+        "speedup, modeled (drafter work + per-round verification costs measured in this run)", "tokens/s",
+        "mismatches vs autoregressive"};
+    for (int t = 0; t < 6; t++) {
+        if ((t == 2 && !any_measured) || (t == 3 && !any_modeled) || (t == 4 && !any_measured)) continue;
         fprintf(f, "## %s\n\n| drafter |", titles[t]);
         for (int j = 0; j < nm; j++) fprintf(f, " %s |", md[j]);
         fprintf(f, "\n|---|");
@@ -112,12 +154,39 @@ static int write_md(const eval_summary *s, const char *path) {
                 switch (t) {
                 case 0: fprintf(f, " %.3f |", eval_agg_tau(a)); break;
                 case 1: fprintf(f, " %.3f |", eval_agg_tau_tokens(a)); break;
-                case 2: fprintf(f, " %.2fx |", eval_agg_speedup(a)); break;
-                case 3: fprintf(f, " %.1f |", a->time_s > 0 ? (a->tokens - a->responses) / a->time_s : 0.0); break;
+                case 2:
+                    if (eval_agg_speedup(a) > 0) fprintf(f, " %.2fx |", eval_agg_speedup(a));
+                    else fprintf(f, " – |");
+                    break;
+                case 3:
+                    if (eval_agg_speedup_modeled(a) > 0) fprintf(f, " %.2fx |", eval_agg_speedup_modeled(a));
+                    else fprintf(f, " – |");
+                    break;
+                case 4:
+                    if (a->time_s > 0) fprintf(f, " %.1f |", (a->tokens - a->responses) / a->time_s);
+                    else fprintf(f, " – |");
+                    break;
                 default: fprintf(f, " %d |", a->mismatches);
                 }
             }
             fprintf(f, "\n");
+        }
+        fprintf(f, "\n");
+    }
+    if (any_pipe) {
+        fprintf(f, "## τ on dfl's features vs the pipeline's (--features-from), same truth\n\n"
+                   "| drafter | mode | τ dfl features | τ pipeline features | Δ |\n|---|---|---:|---:|---:|\n");
+        for (int k = 1; k < s->n_agg; k++) {
+            const eval_agg *p = &s->agg[k];
+            if (strcmp(p->features, "pipeline") != 0) continue;
+            const eval_agg *d = NULL;
+            for (int j = 1; j < s->n_agg && !d; j++)
+                if (strcmp(s->agg[j].drafter, p->drafter) == 0 && strcmp(s->agg[j].mode, p->mode) == 0 &&
+                    strcmp(s->agg[j].method, p->method) == 0 && strcmp(s->agg[j].features, "dfl") == 0)
+                    d = &s->agg[j];
+            if (!d) continue;
+            fprintf(f, "| %s | %s | %.3f | %.3f | %+.3f |\n", p->drafter, p->mode, eval_agg_tau(d), eval_agg_tau(p),
+                    eval_agg_tau(p) - eval_agg_tau(d));
         }
         fprintf(f, "\n");
     }
@@ -129,11 +198,12 @@ static int write_md(const eval_summary *s, const char *path) {
     for (int p = 1; p < maxb; p++) fprintf(f, "---:|");
     fprintf(f, "\n");
     for (int k = 1; k < s->n_agg; k++) {
-        fprintf(f, "| %s | %s |", s->agg[k].drafter, s->agg[k].mode);
+        fprintf(f, "| %s | %s |", s->agg[k].label, s->agg[k].mode);
         for (int p = 1; p < maxb; p++) fprintf(f, " %.3f |", per_pos(&s->agg[k], p));
         fprintf(f, "\n");
     }
-    fprintf(f, "\nPlots: [per_position.svg](per_position.svg), [tau_hist.svg](tau_hist.svg).\n");
+    fprintf(f, "\nPlots: [per_position.svg](per_position.svg), [tau_hist.svg](tau_hist.svg)%s.\n",
+            has_trees(s) ? ", [tau_budget.svg](tau_budget.svg)" : "");
     free(dr);
     free(md);
     return fclose(f) == 0 ? DFL_OK : dfl_seterr("%s: write error", path);
@@ -175,7 +245,7 @@ static int write_per_position_svg(const eval_summary *s, const char *path) {
         fprintf(f, "<line x1=\"%.0f\" y1=\"%.1f\" x2=\"%.0f\" y2=\"%.1f\" stroke=\"%s\" stroke-width=\"3\"/>\n",
                 x0 + pw + 14, ly - 4, x0 + pw + 34, ly - 4, c);
         char name[256];
-        base_name(a->drafter, name, sizeof name);
+        legend_name(a, name, sizeof name);
         fprintf(f, "<text x=\"%.0f\" y=\"%.1f\">%s %s</text>\n", x0 + pw + 40, ly, name, a->mode);
     }
     fprintf(f, "</svg>\n");
@@ -224,7 +294,7 @@ static int write_tau_svg(const eval_summary *s, const char *path) {
         fprintf(f, "<line x1=\"%.0f\" y1=\"%.1f\" x2=\"%.0f\" y2=\"%.1f\" stroke=\"%s\" stroke-width=\"3\"/>\n",
                 x0 + pw + 14, ly - 4, x0 + pw + 34, ly - 4, c);
         char name[256];
-        base_name(s->agg[k].drafter, name, sizeof name);
+        legend_name(&s->agg[k], name, sizeof name);
         fprintf(f, "<text x=\"%.0f\" y=\"%.1f\">%s %s (τ %.2f)</text>\n", x0 + pw + 40, ly, name, s->agg[k].mode,
                 eval_agg_tau(&s->agg[k]));
     }
@@ -233,15 +303,92 @@ static int write_tau_svg(const eval_summary *s, const char *path) {
     return fclose(f) == 0 ? DFL_OK : dfl_seterr("%s: write error", path);
 }
 
+/* τ against the tree budget (log scale), a line per drafter; its chain τ as a dashed line. */
+static int write_tau_budget_svg(const eval_summary *s, const char *path) {
+    FILE *f = fopen(path, "w");
+    if (!f) return dfl_seterr("%s: cannot create", path);
+    const char **labels = calloc((size_t)s->n_agg + 1, sizeof *labels);
+    const int nd = distinct(s, 1, labels);
+    int bmax = 1;
+    double tmax = 1;
+    for (int k = 1; k < s->n_agg; k++) {
+        const eval_agg *a = &s->agg[k];
+        if (strncmp(a->mode, "ddtree-", 7) == 0 && atoi(a->mode + 7) > bmax) bmax = atoi(a->mode + 7);
+        if (eval_agg_tau(a) > tmax) tmax = eval_agg_tau(a);
+    }
+    const int ymax = (int)tmax + 1, lb = (int)ceil(log2((double)bmax)) > 1 ? (int)ceil(log2((double)bmax)) : 1;
+    const double W = 1000, Hh = 420, x0 = 60, y0 = 30, pw = 560, ph = 330;
+#define BX(b) (x0 + pw * log2((double)(b)) / lb)
+#define TY(t) (y0 + ph - ph * ((t) - 1.0) / (ymax - 1.0))
+    fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" font-family=\"sans-serif\" "
+               "font-size=\"12\">\n<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n",
+            W, Hh);
+    fprintf(f, "<text x=\"%.0f\" y=\"18\" font-size=\"14\">τ against the DDTree budget (dashed: chain)</text>\n", x0);
+    for (int t = 1; t <= ymax; t++) {
+        fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#ddd\"/>\n", x0, TY(t), x0 + pw,
+                TY(t));
+        fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\">%d</text>\n", x0 - 6, TY(t) + 4, t);
+    }
+    for (int e = 0; e <= lb; e++)
+        fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">%d</text>\n", BX(1 << e), y0 + ph + 16, 1 << e);
+    fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">tree budget (draft nodes)</text>\n", x0 + pw / 2,
+            y0 + ph + 34);
+    fprintf(f, "<text x=\"16\" y=\"%.1f\" transform=\"rotate(-90 16 %.1f)\" text-anchor=\"middle\">τ</text>\n",
+            y0 + ph / 2, y0 + ph / 2);
+    fprintf(f, "<rect x=\"%.0f\" y=\"%.0f\" width=\"%.0f\" height=\"%.0f\" fill=\"none\" stroke=\"#333\"/>\n", x0, y0,
+            pw, ph);
+    for (int i = 0; i < nd; i++) {
+        const char *c = colors[i % N_COLORS];
+        int bs[EVAL_MAX_MODES * 4], n = 0;
+        double ts[EVAL_MAX_MODES * 4];
+        const eval_agg *chain = NULL, *any = NULL;
+        for (int k = 1; k < s->n_agg; k++) {
+            const eval_agg *a = &s->agg[k];
+            if (strcmp(a->label, labels[i]) != 0) continue;
+            any = a;
+            if (strcmp(a->mode, "chain") == 0) chain = a;
+            else if (strncmp(a->mode, "ddtree-", 7) == 0 && n < EVAL_MAX_MODES * 4) {
+                int j = n++;
+                const int b = atoi(a->mode + 7);
+                while (j > 0 && bs[j - 1] > b) bs[j] = bs[j - 1], ts[j] = ts[j - 1], j--;
+                bs[j] = b, ts[j] = eval_agg_tau(a);
+            }
+        }
+        if (n) {
+            fprintf(f, "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"2\" points=\"", c);
+            for (int j = 0; j < n; j++) fprintf(f, "%.1f,%.1f ", BX(bs[j]), TY(ts[j]));
+            fprintf(f, "\"/>\n");
+            for (int j = 0; j < n; j++)
+                fprintf(f, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"3\" fill=\"%s\"/>\n", BX(bs[j]), TY(ts[j]), c);
+        }
+        if (chain)
+            fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"%s\" stroke-dasharray=\"6,4\"/>\n",
+                    x0, TY(eval_agg_tau(chain)), x0 + pw, TY(eval_agg_tau(chain)), c);
+        const double ly = y0 + 14 + 18 * i;
+        fprintf(f, "<line x1=\"%.0f\" y1=\"%.1f\" x2=\"%.0f\" y2=\"%.1f\" stroke=\"%s\" stroke-width=\"3\"/>\n",
+                x0 + pw + 14, ly - 4, x0 + pw + 34, ly - 4, c);
+        char name[256];
+        legend_name(any, name, sizeof name);
+        fprintf(f, "<text x=\"%.0f\" y=\"%.1f\">%s</text>\n", x0 + pw + 40, ly, name);
+    }
+#undef BX
+#undef TY
+    fprintf(f, "</svg>\n");
+    free(labels);
+    return fclose(f) == 0 ? DFL_OK : dfl_seterr("%s: write error", path);
+}
+
 int eval_write_reports(const eval_summary *s, const char *dir, const char *extra_json) {
-    const char *names[] = {"summary.json", "summary.md", "per_position.svg", "tau_hist.svg"};
+    const char *names[] = {"summary.json", "summary.md", "per_position.svg", "tau_hist.svg", "tau_budget.svg"};
     int rc = DFL_OK;
-    for (int i = 0; i < 4 && rc == DFL_OK; i++) {
+    for (int i = 0; i < 5 && rc == DFL_OK; i++) {
+        if (i == 4 && !has_trees(s)) break;
         char *p = dfl_path_join(dir, names[i]);
         rc = i == 0 ? write_json(s, p, extra_json)
              : i == 1 ? write_md(s, p)
              : i == 2 ? write_per_position_svg(s, p)
-                      : write_tau_svg(s, p);
+             : i == 3 ? write_tau_svg(s, p)
+                      : write_tau_budget_svg(s, p);
         free(p);
     }
     return rc;

@@ -7,6 +7,15 @@
 #include "dfl/common.h"
 #include "dfl/eval.h"
 
+void eval_result_init(eval_result *r) {
+    memset(r, 0, sizeof *r);
+    snprintf(r->method, sizeof r->method, "online");
+    snprintf(r->features, sizeof r->features, "dfl");
+    r->match = -1;
+    r->first_mismatch = -1;
+    r->modeled_s = r->modeled_ar_s = -1;
+}
+
 void eval_result_from_stats(eval_result *r, const dfl_gen_stats *st) {
     r->tokens = st->generated;
     r->rounds = st->rounds;
@@ -17,6 +26,7 @@ void eval_result_from_stats(eval_result *r, const dfl_gen_stats *st) {
     memcpy(r->pos_drafted, st->pos_drafted, sizeof r->pos_drafted);
     memcpy(r->pos_accepted, st->pos_accepted, sizeof r->pos_accepted);
     r->tree_depth_sum = st->tree_depth_sum;
+    r->tree_nodes = st->tree_nodes;
     r->time_s = st->t_decode;
     r->prefill_s = st->t_prefill;
     r->draft_s = st->t_draft;
@@ -43,10 +53,19 @@ void eval_result_write(FILE *f, const eval_result *r, const int32_t *ids, int n_
             r->mode, r->tokens, r->rounds, r->drafted, r->accepted, r->max_block,
             r->rounds ? (double)(r->tokens - 1) / r->rounds : 0.0, r->time_s, r->prefill_s, r->draft_s, r->verify_s,
             r->rollback_s, r->tree_depth_sum, r->match < 0 ? "null" : r->match ? "true" : "false", r->first_mismatch);
+    fprintf(f, ", \"method\": \"%s\", \"features\": \"%s\", \"tree_nodes\": %ld", r->method, r->features,
+            r->tree_nodes);
+    if (r->modeled_s >= 0) fprintf(f, ", \"modeled_s\": %.6f", r->modeled_s);
+    if (r->modeled_ar_s >= 0) fprintf(f, ", \"modeled_ar_s\": %.6f", r->modeled_ar_s);
     const int B = r->max_block > 0 ? r->max_block : 1;
     long_array(f, "accept_hist", r->accept_hist, 0, B);
     long_array(f, "pos_drafted", r->pos_drafted, 1, B);
     long_array(f, "pos_accepted", r->pos_accepted, 1, B);
+    if (r->round_acc) {
+        fputs(", \"round_lengths\": [", f);
+        for (int i = 0; i < r->n_round_acc; i++) fprintf(f, "%s%d", i ? ", " : "", r->round_acc[i]);
+        fputc(']', f);
+    }
     if (ids) {
         fputs(", \"output_ids\": [", f);
         for (int i = 0; i < n_ids; i++) fprintf(f, "%s%d", i ? ", " : "", ids[i]);
@@ -72,8 +91,22 @@ static int get_longs(const cJSON *o, const char *k, long *v, int from, int max) 
     return DFL_OK;
 }
 
+/* An optional string field into buf (kept as is when absent); must be a string when present. */
+static int opt_str(const cJSON *o, const char *k, char *buf, size_t n) {
+    const cJSON *x = cJSON_GetObjectItemCaseSensitive(o, k);
+    if (!x) return DFL_OK;
+    if (!cJSON_IsString(x)) return dfl_seterr("field '%s' must be a string", k);
+    snprintf(buf, n, "%s", x->valuestring);
+    return DFL_OK;
+}
+
+static void opt_num(const cJSON *o, const char *k, double *v) {
+    const cJSON *x = cJSON_GetObjectItemCaseSensitive(o, k);
+    if (cJSON_IsNumber(x)) *v = x->valuedouble;
+}
+
 int eval_result_parse(const char *line, eval_result *r, int32_t **ids, int *n_ids) {
-    memset(r, 0, sizeof *r);
+    eval_result_init(r);
     cJSON *o = cJSON_Parse(line);
     if (!o || !cJSON_IsObject(o)) {
         cJSON_Delete(o);
@@ -116,6 +149,13 @@ int eval_result_parse(const char *line, eval_result *r, int32_t **ids, int *n_id
     if (get_num(o, "tree_depth_sum", &v)) goto done;
     r->tree_depth_sum = (long)v;
     r->match = cJSON_IsBool(match) ? cJSON_IsTrue(match) : -1;
+    if (opt_str(o, "method", r->method, sizeof r->method) || opt_str(o, "features", r->features, sizeof r->features))
+        goto done;
+    double tn = 0;
+    opt_num(o, "tree_nodes", &tn);
+    r->tree_nodes = (long)tn;
+    opt_num(o, "modeled_s", &r->modeled_s);
+    opt_num(o, "modeled_ar_s", &r->modeled_ar_s);
     if (get_longs(o, "accept_hist", r->accept_hist, 0, DFL_MAX_BLOCK + 1) ||
         get_longs(o, "pos_drafted", r->pos_drafted, 1, DFL_MAX_BLOCK) ||
         get_longs(o, "pos_accepted", r->pos_accepted, 1, DFL_MAX_BLOCK))
@@ -140,7 +180,13 @@ done:
 
 static int same_response(const eval_result *a, const eval_result *b) {
     return strcmp(a->prompt_id, b->prompt_id) == 0 && a->turn == b->turn && strcmp(a->drafter, b->drafter) == 0 &&
-           strcmp(a->mode, b->mode) == 0;
+           strcmp(a->mode, b->mode) == 0 && strcmp(a->method, b->method) == 0 &&
+           strcmp(a->features, b->features) == 0;
+}
+
+static int same_row(const eval_agg *a, const eval_result *r) {
+    return strcmp(a->drafter, r->drafter) == 0 && strcmp(a->mode, r->mode) == 0 && strcmp(a->method, r->method) == 0 &&
+           strcmp(a->features, r->features) == 0;
 }
 
 int eval_summarize(eval_summary *s, const eval_result *res, int n) {
@@ -148,24 +194,45 @@ int eval_summarize(eval_summary *s, const eval_result *res, int n) {
     s->agg = calloc(1, sizeof *s->agg);
     s->n_agg = 1;
     snprintf(s->agg[0].mode, sizeof s->agg[0].mode, "ar");
+    int any_replay = 0;
+    for (int i = 0; i < n; i++) any_replay |= strcmp(res[i].method, "replay") == 0;
+    char(*seen)[300] = calloc((size_t)n + 1, sizeof *seen); /* distinct prompt/turn pairs */
+    int n_seen = 0;
     for (int i = 0; i < n; i++) {
         const eval_result *r = &res[i];
         int dup = 0;
         for (int j = 0; j < i && !dup; j++) dup = same_response(r, &res[j]);
         if (dup) continue;
+        char key[300];
+        snprintf(key, sizeof key, "%d\t%s", r->turn, r->prompt_id);
+        int known = 0;
+        for (int j = 0; j < n_seen && !known; j++) known = strcmp(seen[j], key) == 0;
+        if (!known) memcpy(seen[n_seen++], key, sizeof key);
         int k = 0;
         if (strcmp(r->mode, "ar") != 0) {
             for (k = 1; k < s->n_agg; k++)
-                if (strcmp(s->agg[k].drafter, r->drafter) == 0 && strcmp(s->agg[k].mode, r->mode) == 0) break;
+                if (same_row(&s->agg[k], r)) break;
             if (k == s->n_agg) {
                 s->agg = realloc(s->agg, (size_t)(s->n_agg + 1) * sizeof *s->agg);
-                memset(&s->agg[k], 0, sizeof s->agg[k]);
-                snprintf(s->agg[k].drafter, sizeof s->agg[k].drafter, "%s", r->drafter);
-                snprintf(s->agg[k].mode, sizeof s->agg[k].mode, "%s", r->mode);
+                eval_agg *a = &s->agg[k];
+                memset(a, 0, sizeof *a);
+                snprintf(a->drafter, sizeof a->drafter, "%s", r->drafter);
+                snprintf(a->mode, sizeof a->mode, "%s", r->mode);
+                snprintf(a->method, sizeof a->method, "%s", r->method);
+                snprintf(a->features, sizeof a->features, "%s", r->features);
+                snprintf(a->label, sizeof a->label, "%s%s%s", r->drafter,
+                         any_replay && strcmp(r->method, "online") == 0 ? " (online)" : "",
+                         strcmp(r->features, "pipeline") == 0 ? " (pipeline features)" : "");
                 s->n_agg++;
             }
         }
         eval_agg *a = &s->agg[k];
+        if (r->modeled_s >= 0 && r->modeled_ar_s >= 0) {
+            a->modeled++;
+            a->modeled_s += r->modeled_s;
+            a->modeled_ar_s += r->modeled_ar_s;
+        }
+        a->tree_nodes += r->tree_nodes;
         a->taus = realloc(a->taus, (size_t)(a->responses + 1) * sizeof(double));
         const double tau = r->rounds ? (double)(r->tokens - 1) / r->rounds : 1.0;
         a->taus[a->responses++] = tau;
@@ -185,13 +252,15 @@ int eval_summarize(eval_summary *s, const eval_result *res, int n) {
         for (int b = 0; b <= DFL_MAX_BLOCK; b++) a->accept_hist[b] += r->accept_hist[b];
         for (int b = 0; b < DFL_MAX_BLOCK; b++) a->pos_drafted[b] += r->pos_drafted[b], a->pos_accepted[b] += r->pos_accepted[b];
     }
-    s->n_prompts = s->agg[0].responses;
-    /* the autoregressive time over the same responses each drafter x mode produced */
+    s->n_prompts = n_seen;
+    free(seen);
+    /* the autoregressive time over the same responses each drafter x mode produced (measured) */
     for (int k = 1; k < s->n_agg; k++) {
         eval_agg *a = &s->agg[k];
+        if (strcmp(a->method, "online") != 0) continue;
         for (int i = 0; i < n; i++) {
             const eval_result *r = &res[i];
-            if (strcmp(r->drafter, a->drafter) || strcmp(r->mode, a->mode)) continue;
+            if (!same_row(a, r)) continue;
             for (int j = 0; j < n; j++)
                 if (strcmp(res[j].mode, "ar") == 0 && res[j].turn == r->turn &&
                     strcmp(res[j].prompt_id, r->prompt_id) == 0) {
@@ -214,6 +283,11 @@ double eval_agg_tau(const eval_agg *a) { return a->responses ? a->tau_sum / a->r
 
 double eval_agg_tau_tokens(const eval_agg *a) {
     return a->rounds ? (double)(a->tokens - a->responses) / a->rounds : 0;
+}
+
+double eval_agg_speedup_modeled(const eval_agg *a) {
+    if (a->modeled == 0 || a->modeled != a->responses || a->modeled_s <= 0) return 0;
+    return a->modeled_ar_s / a->modeled_s;
 }
 
 double eval_agg_speedup(const eval_agg *a) {

@@ -422,8 +422,14 @@ int st_read_f32(const st_tensor *t, int64_t first, int64_t n, float *out) {
     }
 }
 
-int st_write(const char *path, const st_write_entry *entries, int n) {
+int st_write(const char *path, const st_write_entry *entries, int n) { return st_write_meta(path, entries, n, NULL, 0); }
+
+int st_write_meta(const char *path, const st_write_entry *entries, int n, const char *const (*meta)[2], int n_meta) {
     cJSON *root = cJSON_CreateObject();
+    if (n_meta > 0) {
+        cJSON *md = cJSON_AddObjectToObject(root, "__metadata__");
+        for (int i = 0; i < n_meta; i++) cJSON_AddStringToObject(md, meta[i][0], meta[i][1]);
+    }
     size_t off = 0;
     for (int i = 0; i < n; i++) {
         const st_write_entry *e = &entries[i];
@@ -463,4 +469,17 @@ int st_write(const char *path, const st_write_entry *entries, int n) {
     if (fclose(f) != 0) ok = 0;
     if (!ok) return dfl_seterr("%s: write error: %s", path, strerror(errno));
     return DFL_OK;
+}
+
+int st_meta_get(const st_model *m, int file, const char *key, char *buf, size_t n) {
+    if (file < 0 || file >= m->n_files) return dfl_seterr("safetensors: no file %d", file);
+    const st_file *f = &m->files[file];
+    cJSON *root = cJSON_ParseWithLength((const char *)f->map + 8, f->data_start - 8);
+    const cJSON *md = cJSON_GetObjectItemCaseSensitive(root, "__metadata__");
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(md, key);
+    int rc = DFL_OK;
+    if (!cJSON_IsString(v)) rc = dfl_seterr("%s: __metadata__ has no '%s'", f->path, key);
+    else snprintf(buf, n, "%s", v->valuestring);
+    cJSON_Delete(root);
+    return rc;
 }

@@ -9,8 +9,8 @@
 
 int ddtree_alloc(dfl_tree *t, int budget) {
     memset(t, 0, sizeof *t);
-    if (budget < 1 || budget > DDTREE_MAX_BUDGET)
-        return dfl_seterr("tree budget %d: must be in [1, %d]", budget, DDTREE_MAX_BUDGET);
+    if (budget < 1 || budget > DDTREE_MAX_NODES)
+        return dfl_seterr("tree budget %d: must be in [1, %d]", budget, DDTREE_MAX_NODES);
     const size_t n = (size_t)budget + 1;
     t->token = malloc(n * sizeof *t->token);
     t->parent = malloc(n * sizeof *t->parent);
@@ -127,20 +127,10 @@ static void top_k(const float *p, int V, int K, scored *heap, scored *out) {
     qsort(out, (size_t)n, sizeof *out, scored_cmp);
 }
 
-int ddtree_build(dfl_tree *t, int32_t anchor, const float *probs, int D, int V, int budget) {
-    if (budget < 1 || budget > DDTREE_MAX_BUDGET)
-        return dfl_seterr("tree budget %d: must be in [1, %d]", budget, DDTREE_MAX_BUDGET);
-    if (D < 1) return dfl_seterr("tree: no draft positions");
-    const int K = budget < V ? budget : V; /* the top-N tokens per depth suffice */
-    /* per depth: the K most probable tokens, probability descending then id ascending */
-    int32_t *top = malloc((size_t)D * K * sizeof *top);
-    double *toplp = malloc((size_t)D * K * sizeof *toplp);
+int ddtree_topk(const float *probs, int D, int V, int K, int32_t *top, double *toplp) {
+    if (K < 1 || K > V) return dfl_seterr("tree: %d candidates per depth, must be in [1, %d]", K, V);
     scored *sc = malloc((size_t)2 * K * sizeof *sc);
-    cand *heap = malloc((size_t)(2 * budget + 2) * sizeof *heap);
-    if (!top || !toplp || !sc || !heap) {
-        free(top), free(toplp), free(sc), free(heap);
-        return dfl_seterr("out of memory building a tree");
-    }
+    if (!sc) return dfl_seterr("out of memory building a tree");
     for (int d = 0; d < D; d++) {
         top_k(probs + (size_t)d * V, V, K, sc + K, sc);
         for (int r = 0; r < K; r++) {
@@ -148,6 +138,18 @@ int ddtree_build(dfl_tree *t, int32_t anchor, const float *probs, int D, int V, 
             toplp[(size_t)d * K + r] = log((double)sc[r].p);
         }
     }
+    free(sc);
+    return DFL_OK;
+}
+
+int ddtree_build_top(dfl_tree *t, int32_t anchor, const int32_t *top, const double *toplp, int D, int stride, int K,
+                     int budget) {
+    if (budget < 1 || budget > DDTREE_MAX_NODES)
+        return dfl_seterr("tree budget %d: must be in [1, %d]", budget, DDTREE_MAX_NODES);
+    if (D < 1) return dfl_seterr("tree: no draft positions");
+    if (K < 1 || K > stride) return dfl_seterr("tree: %d candidates per depth of %d stored", K, stride);
+    cand *heap = malloc((size_t)(2 * budget + 2) * sizeof *heap);
+    if (!heap) return dfl_seterr("out of memory building a tree");
     t->n = 1;
     t->token[0] = anchor;
     t->parent[0] = -1;
@@ -160,7 +162,7 @@ int ddtree_build(dfl_tree *t, int32_t anchor, const float *probs, int D, int V, 
     while (t->n <= budget && b.n > 0) {
         cand c = pop(&b);
         const int i = t->n++;
-        t->token[i] = top[(size_t)(c.depth - 1) * K + c.rank];
+        t->token[i] = top[(size_t)(c.depth - 1) * stride + c.rank];
         t->parent[i] = c.parent;
         t->depth[i] = c.depth;
         t->logp[i] = c.logp;
@@ -168,10 +170,24 @@ int ddtree_build(dfl_tree *t, int32_t anchor, const float *probs, int D, int V, 
         if (c.depth > t->max_depth) t->max_depth = c.depth;
         const double base = t->logp[c.parent];
         if (c.rank + 1 < K) /* next sibling */
-            push(&b, (cand){base + toplp[(size_t)(c.depth - 1) * K + c.rank + 1], c.parent, c.depth, c.rank + 1});
+            push(&b, (cand){base + toplp[(size_t)(c.depth - 1) * stride + c.rank + 1], c.parent, c.depth, c.rank + 1});
         if (c.depth < D) /* first child */
-            push(&b, (cand){c.logp + toplp[(size_t)c.depth * K], i, c.depth + 1, 0});
+            push(&b, (cand){c.logp + toplp[(size_t)c.depth * stride], i, c.depth + 1, 0});
     }
-    free(top), free(toplp), free(sc), free(heap);
+    free(heap);
     return DFL_OK;
+}
+
+int ddtree_build(dfl_tree *t, int32_t anchor, const float *probs, int D, int V, int budget) {
+    if (budget < 1 || budget > DDTREE_MAX_NODES)
+        return dfl_seterr("tree budget %d: must be in [1, %d]", budget, DDTREE_MAX_NODES);
+    if (D < 1) return dfl_seterr("tree: no draft positions");
+    const int K = budget < V ? budget : V; /* the top-N tokens per depth suffice */
+    /* per depth: the K most probable tokens, probability descending then id ascending */
+    int32_t *top = malloc((size_t)D * K * sizeof *top);
+    double *toplp = malloc((size_t)D * K * sizeof *toplp);
+    int rc = !top || !toplp ? dfl_seterr("out of memory building a tree") : ddtree_topk(probs, D, V, K, top, toplp);
+    if (rc == DFL_OK) rc = ddtree_build_top(t, anchor, top, toplp, D, K, K, budget);
+    free(top), free(toplp);
+    return rc;
 }

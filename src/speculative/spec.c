@@ -80,6 +80,7 @@ typedef struct gen {
     dfl_gen_stats *st;
     int32_t *out;
     int n_out, stopped;
+    int n_past_eos;   /* tokens of the stopping round committed past an eos, kept at out[n_out..] */
     dfl_token_cb cb;
     void *ud;
 } gen;
@@ -92,11 +93,28 @@ static void commit(gen *g, const int32_t *toks, int n) {
         if (!g->o->ignore_eos && spec_is_eos(g->m, toks[k - 1])) {
             g->stopped = 1;
             g->st->stop = "eos";
+            /* the rest of the round is the greedy continuation past the eos (opts.extend) */
+            for (int j = k; j < n && g->n_out + g->n_past_eos < g->o->max_new; j++)
+                g->out[g->n_out + g->n_past_eos++] = toks[j];
         } else if (g->n_out >= g->o->max_new) {
             g->stopped = 1;
         }
     }
     if (g->cb && k && g->cb(g->ud, toks, k)) g->stopped = 1;
+}
+
+/* opts.extend: the greedy continuation past an eos. The state holds every position of the raw
+ * output (the output and the tokens of its last round past the eos) but the last token. */
+static int extend_past_eos(dfl_state *s, gen *g, float *logits) {
+    const int want = g->o->extend < g->o->max_new - g->n_out ? g->o->extend : g->o->max_new - g->n_out;
+    int have = g->n_past_eos;
+    while (have < want) {
+        const int32_t last = g->out[g->n_out + have - 1];
+        if (model_forward(s, &last, 1, logits, 1, NULL)) return DFL_ERR;
+        g->out[g->n_out + have++] = kn_argmax(logits, s->m->cfg.vocab);
+    }
+    g->st->extended = want > 0 ? want : 0;
+    return DFL_OK;
 }
 
 /* One DDTree round: build the tree of the N most probable prefixes from the drafter's bs-1
@@ -311,6 +329,8 @@ int spec_generate(dfl_state *s, dfl_draft_if *dr, const int32_t *prompt, int n_p
     }
     st->t_decode = dfl_now() - t0;
     st->generated = g.n_out;
+    if (o->extend > 0 && o->temperature <= 0 && strcmp(st->stop, "eos") == 0 && extend_past_eos(s, &g, logits))
+        goto done;
     rc = DFL_OK;
 done:
     s->no_record = no_record0;

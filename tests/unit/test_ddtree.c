@@ -71,6 +71,9 @@ static void builder_vs_brute(unsigned seed, int V, int D, int ties) {
         }
     }
     qsort(all, (size_t)total, sizeof *all, prefix_cmp);
+    int32_t *top = malloc((size_t)D * V * sizeof *top);
+    double *toplp = malloc((size_t)D * V * sizeof *toplp);
+    CHECK(ddtree_topk(probs, D, V, V, top, toplp) == DFL_OK, "topk: %s", dfl_errmsg());
     for (int budget = 1; budget <= total && budget <= DDTREE_MAX_BUDGET; budget += (budget < 20 ? 1 : 7)) {
         dfl_tree t;
         ddtree_alloc(&t, budget);
@@ -89,8 +92,19 @@ static void builder_vs_brute(unsigned seed, int V, int D, int ties) {
                 CHECK(0, "seed %u V %d D %d ties %d budget %d: node %d differs from brute force", seed, V, D, ties,
                       budget, i);
         }
+        /* one top-V list serves every budget (replay builds several budgets from one draft) */
+        dfl_tree u;
+        ddtree_alloc(&u, budget);
+        const int K = budget < V ? budget : V;
+        CHECK(ddtree_build_top(&u, 42, top, toplp, D, V, K, budget) == DFL_OK, "build_top: %s", dfl_errmsg());
+        CHECK(u.n == t.n && u.max_depth == t.max_depth &&
+                  memcmp(u.token, t.token, (size_t)t.n * sizeof *t.token) == 0 &&
+                  memcmp(u.parent, t.parent, (size_t)t.n * sizeof *t.parent) == 0,
+              "seed %u V %d budget %d: tree from a shared top list differs from ddtree_build", seed, V, budget);
+        ddtree_free(&u);
         ddtree_free(&t);
     }
+    free(top), free(toplp);
     free(all);
 }
 
@@ -269,7 +283,7 @@ int main(void) {
         builder_vs_brute(seed, 3, 4, 1);
     }
     dfl_tree t;
-    CHECK(ddtree_alloc(&t, 0) == DFL_ERR && ddtree_alloc(&t, DDTREE_MAX_BUDGET + 1) == DFL_ERR, "budget bounds");
+    CHECK(ddtree_alloc(&t, 0) == DFL_ERR && ddtree_alloc(&t, DDTREE_MAX_NODES + 1) == DFL_ERR, "budget bounds");
     tree_exact("qwen3_tiny", "dflash_qwen3");
     tree_exact("qwen35_vlm", "dflash_qwen35");
     tree_lossless("qwen3_tiny", "dflash_qwen3");

@@ -1,0 +1,139 @@
+/* Replay evaluation (docs/eval.md): at temperature 0 the target's greedy continuation of a
+ * prompt and the hidden states of its tokens do not depend on the drafter or the verification
+ * mode, so one recorded target pass scores every drafter x mode exactly with drafter-only work.
+ *
+ * record: a lossless speculative (or autoregressive) run captures the truth (the output, plus
+ *         its greedy continuation past an eos) and the feature rows of every position;
+ * replay: rounds run the drafter only; chain accepts the longest draft prefix equal to the
+ *         truth, DDTree the deepest tree path equal to it; the bonus is the next truth token.
+ * Per-round accepted lengths equal the online runs' (tested token for token). */
+#ifndef DFL_REPLAY_H
+#define DFL_REPLAY_H
+
+#include <stdint.h>
+
+#include "dfl/spec.h"
+
+#define EVAL_MAX_FEAT_LAYERS 256
+
+/* The truth of one prompt (or MT-Bench turn) and the features its drafters read. */
+typedef struct eval_truth {
+    int32_t *prompt;      /* [n_prompt] prompt ids */
+    int n_prompt;
+    int32_t *ids;         /* [n + n_ext] the output, then its greedy continuation past an eos */
+    int n, n_ext;
+    int eos_stop;         /* the output ends with an eos (else it ran to max_new) */
+    int H;                /* target hidden size */
+    int n_layers;         /* feature columns: decoder layer ids, ascending */
+    int layers[EVAL_MAX_FEAT_LAYERS];
+    float *feat;          /* [n_rows, n_layers*H]: row p = the layers' outputs at position p */
+    int n_rows, cap_rows; /* rows held; replay needs n_prompt + n - 1 (every token but the last) */
+} eval_truth;
+
+/* An empty truth that will hold features of these layers (sorted, duplicates removed). */
+int eval_truth_init(eval_truth *t, int H, const int *layers, int n_layers);
+void eval_truth_free(eval_truth *t);
+/* Append n feature rows (each [n_layers*H]). */
+int eval_truth_add_rows(eval_truth *t, const float *rows, int n);
+/* Set prompt and output (copies); n_ext tokens of ids past n are the continuation. Drops rows
+ * beyond n_prompt + n - 1; fails naming what is missing if fewer rows are held. */
+int eval_truth_set(eval_truth *t, const int32_t *prompt, int n_prompt, const int32_t *ids, int n, int n_ext,
+                   int eos_stop);
+/* Column of decoder layer k in the features, -1 if absent. */
+int eval_truth_column(const eval_truth *t, int layer);
+
+/* One draft as replay uses it: per draft position the argmax of the drafter's logits (chain)
+ * and the K most probable tokens with their log-probabilities (DDTree, ddtree_topk). */
+typedef struct eval_draft {
+    int start, bs;        /* context length when drafted (= anchor position) and block size */
+    int32_t *argmax;      /* [bs-1] */
+    int32_t *top;         /* [bs-1, K] (NULL when K == 0) */
+    double *toplp;        /* [bs-1, K] */
+} eval_draft;
+
+/* Drafts of one drafter on one truth, shared by every mode (and filled by the recording run). */
+typedef struct eval_draft_cache {
+    eval_draft *d;
+    int n, cap;
+    int K;                /* candidates kept per position: the largest tree budget (capped at V), 0 = chain only */
+    int V;
+    float *probs;         /* scratch [max_block-1, V] */
+    int max_block;
+    /* the drafter's measured work over the whole run (kept by clear): context updates and drafts */
+    double ctx_s, draft_s;
+    long ctx_rows, drafts;
+} eval_draft_cache;
+
+int eval_draft_cache_init(eval_draft_cache *c, int K, int V, int max_block);
+void eval_draft_cache_clear(eval_draft_cache *c);
+void eval_draft_cache_free(eval_draft_cache *c);
+/* Summarize drafter logits [bs-1, V] drafted at context length start into the cache. */
+int eval_draft_cache_put(eval_draft_cache *c, int start, int bs, const float *logits);
+const eval_draft *eval_draft_cache_get(const eval_draft_cache *c, int start, int bs);
+
+/* A drafter wrapped for recording: add_context appends the rows (over the truth's layers) to
+ * the truth and passes the drafter's own columns on; draft() also summarizes into the cache.
+ * The wrapper's feature_layers are the truth's layers, so the target captures all of them. */
+typedef struct eval_recorder {
+    dfl_draft_if inner;
+    eval_truth *truth;
+    eval_draft_cache *cache; /* may be NULL */
+    int map[EVAL_MAX_FEAT_LAYERS]; /* inner layer i -> truth column */
+    float *rows;          /* scratch [chunk, inner layers * H] */
+    int rows_cap;
+    int V;
+    int n_prompt;         /* set by the caller: context updates below it are the prefill's */
+    double overhead_s, overhead_prefill_s; /* time spent recording (not drafting), in rounds / in the prefill */
+} eval_recorder;
+
+int eval_recorder_init(eval_recorder *r, dfl_draft_if inner, eval_truth *t, eval_draft_cache *cache, int V);
+void eval_recorder_free(eval_recorder *r);
+dfl_draft_if eval_recorder_if(eval_recorder *r);
+
+/* Costs measured in this run for the modeled speedup: seconds of one target forward of n
+ * tokens on top of a context (chain verification incl. its rollback; tree verification incl.
+ * its commit). A budget whose cost could not be measured (its tree state does not fit) has
+ * tree_s < 0. */
+#define EVAL_MAX_COSTS 64
+typedef struct eval_costs {
+    int ok;
+    int context;                 /* context length the costs were measured at */
+    int reps;
+    int n_chain;
+    int chain_n[EVAL_MAX_COSTS]; /* tokens, ascending (1 = a decode step) */
+    double chain_s[EVAL_MAX_COSTS];
+    int n_tree;
+    int tree_budget[EVAL_MAX_COSTS];
+    double tree_s[EVAL_MAX_COSTS];
+    char note[256];              /* why some costs are missing */
+} eval_costs;
+
+/* Measure them on a context of the first prompt (up to 512 tokens): a decode step, a chain
+ * verification of each block size (forward + rollback), a tree verification of each budget
+ * (forward + commit) on a tree built from a real draft of ds (reset afterwards); the median of
+ * reps. Budgets above DDTREE_MAX_BUDGET, or whose tree state does not fit, get no cost (note). */
+int eval_costs_measure(eval_costs *c, const dfl_model *m, dfl_dstate *ds, const int32_t *prompt, int n_prompt,
+                       const int *blocks, int n_blocks, const int *budgets, int n_budgets, int reps);
+/* Seconds of a chain forward of n tokens (linear between measured sizes), of a tree of budget
+ * N (-1 if not measured). */
+double eval_cost_chain(const eval_costs *c, int n);
+double eval_cost_tree(const eval_costs *c, int budget);
+
+/* Per-mode result of a replay. */
+typedef struct eval_replay_out {
+    dfl_gen_stats st;     /* as an online run would report them (times: see below) */
+    int *round_acc;       /* [st.rounds] accepted drafts per round (malloc'd) */
+    double draft_s;       /* drafter time this mode would spend (its rounds' share of the drafting, the context
+                           * updates, the tree builds) */
+    double modeled_s;     /* draft_s + the verification costs of its rounds; < 0 without costs */
+} eval_replay_out;
+
+/* Replay one drafter on a truth in every mode (budgets[i] = 0: chain, N: DDTree-N) at once:
+ * each distinct (position, block size) is drafted once. ds: a reset drafter state; layer_col:
+ * truth column of each of the drafter's target_layer_ids; B: block size; max_new: the run's.
+ * costs may be NULL. out[i] is filled for each mode. */
+int eval_replay(const eval_truth *t, dfl_dstate *ds, const int *layer_col, int B, int max_new, const int *budgets,
+                int n_modes, eval_draft_cache *cache, const eval_costs *costs, eval_replay_out *out);
+void eval_replay_out_free(eval_replay_out *o);
+
+#endif

@@ -1,0 +1,118 @@
+/* The target's verification costs, measured once per run for replay's modeled speedup. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "dfl/common.h"
+#include "dfl/ddtree.h"
+#include "dfl/replay.h"
+
+static int dbl_cmp(const void *a, const void *b) {
+    const double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double median(double *v, int n) {
+    qsort(v, (size_t)n, sizeof *v, dbl_cmp);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+static int add_size(int *v, int n, int x) {
+    for (int i = 0; i < n; i++)
+        if (v[i] == x) return n;
+    int i = n;
+    while (i > 0 && v[i - 1] > x) v[i] = v[i - 1], i--;
+    v[i] = x;
+    return n + 1;
+}
+
+int eval_costs_measure(eval_costs *c, const dfl_model *m, dfl_dstate *ds, const int32_t *prompt, int n_prompt,
+                       const int *blocks, int n_blocks, const int *budgets, int n_budgets, int reps) {
+    memset(c, 0, sizeof *c);
+    if (reps < 1 || n_prompt < 1) return DFL_OK;
+    if (n_blocks + 1 > EVAL_MAX_COSTS || n_budgets > EVAL_MAX_COSTS) return dfl_seterr("costs: too many sizes");
+    c->chain_n[0] = 1;
+    c->n_chain = 1;
+    int maxb = 2, max_nodes = 0;
+    for (int i = 0; i < n_blocks; i++) {
+        c->n_chain = add_size(c->chain_n, c->n_chain, blocks[i]);
+        maxb = blocks[i] > maxb ? blocks[i] : maxb;
+    }
+    for (int i = 0; i < n_budgets; i++)
+        if (budgets[i] > 0) {
+            c->n_tree = add_size(c->tree_budget, c->n_tree, budgets[i]);
+            if (budgets[i] <= DDTREE_MAX_BUDGET && budgets[i] + 1 > max_nodes) max_nodes = budgets[i] + 1;
+        }
+    const int L = n_prompt < 512 ? n_prompt : 512, B = ds->max_block < maxb ? ds->max_block : maxb;
+    int batch = L > maxb ? L : maxb;
+    batch = batch > max_nodes ? batch : max_nodes;
+    const int max_ctx = L + reps * (c->n_chain + c->n_tree + 1) + batch + 8;
+    const int V = m->cfg.vocab, H = m->cfg.hidden, nf = ds->d->cfg.n_target_ids;
+    dfl_state s;
+    if (state_init(&s, m, max_ctx, batch, 1) != DFL_OK) return dfl_preperr("measuring verification costs");
+    const int vrows = maxb > max_nodes ? maxb : max_nodes;
+    float *logits = malloc((size_t)B * V * sizeof(float)), *feat = malloc((size_t)L * nf * H * sizeof(float));
+    float *vlog = malloc((size_t)vrows * V * sizeof(float)); /* verification logits, as online */
+    double *t = malloc((size_t)reps * sizeof(double));
+    int32_t *toks = malloc((size_t)batch * sizeof(int32_t));
+    dfl_tree tree = {0};
+    int rc = DFL_ERR;
+    if (!logits || !feat || !vlog || !t || !toks) {
+        dfl_seterr("out of memory measuring verification costs");
+        goto done;
+    }
+    /* a real draft on the first prompt gives the trees a realistic shape */
+    dfl_capture cap = {.n_layers = nf, .layers = ds->d->cfg.target_layer_ids, .out = feat};
+    s.no_record = 1;
+    dstate_reset(ds);
+    if (model_forward(&s, prompt, L, logits, 1, &cap) || drafter_add_context(ds, feat, L)) goto done;
+    const int32_t anchor = kn_argmax(logits, V);
+    if (drafter_draft(ds, anchor, B, logits)) goto done;
+    dstate_reset(ds);
+    toks[0] = anchor;
+    for (int k = 1; k < batch; k++) toks[k] = kn_argmax(logits + (size_t)((k - 1) % (B - 1)) * V, V);
+    for (int k = 0; k < B - 1; k++) kn_softmax(logits + (size_t)k * V, V);
+    c->context = L;
+    c->reps = reps;
+    for (int i = 0; i < c->n_chain; i++) {
+        const int n = c->chain_n[i];
+        for (int r = 0; r < reps; r++) {
+            const int start = s.n_past;
+            const double t0 = dfl_now();
+            s.no_record = n == 1; /* a decode step keeps no record; a verification is rolled back */
+            if (model_forward(&s, toks, n, vlog, 0, NULL)) goto done;
+            if (n > 1 && state_rollback(&s, start + 1)) goto done;
+            t[r] = dfl_now() - t0;
+        }
+        c->chain_s[i] = median(t, reps);
+    }
+    s.no_record = 1;
+    for (int i = 0; i < c->n_tree; i++) {
+        const int N = c->tree_budget[i];
+        c->tree_s[i] = -1;
+        if (N > DDTREE_MAX_BUDGET) {
+            snprintf(c->note, sizeof c->note, "budgets above %d are not verified on the target: no cost", DDTREE_MAX_BUDGET);
+            continue;
+        }
+        if (s.tree_cap < N + 1 && state_enable_tree(&s, N + 1) != DFL_OK) {
+            snprintf(c->note, sizeof c->note, "budget %d: %s", N, dfl_errmsg());
+            continue;
+        }
+        if (ddtree_alloc(&tree, N) || ddtree_build(&tree, anchor, logits, B - 1, V, N)) goto done;
+        const int root[1] = {0};
+        for (int r = 0; r < reps; r++) {
+            const double t0 = dfl_now();
+            if (model_forward_tree(&s, tree.token, tree.parent, tree.n, vlog, NULL) || state_tree_commit(&s, root, 1))
+                goto done;
+            t[r] = dfl_now() - t0;
+        }
+        ddtree_free(&tree);
+        c->tree_s[i] = median(t, reps);
+    }
+    c->ok = 1;
+    rc = DFL_OK;
+done:
+    ddtree_free(&tree);
+    free(logits), free(feat), free(vlog), free(t), free(toks);
+    state_free(&s);
+    return rc;
+}

@@ -1,0 +1,39 @@
+/* Saved truths and features: one safetensors file per prompt and turn (src/eval/features.c). */
+#ifndef DFL_EVAL_FEATURES_H
+#define DFL_EVAL_FEATURES_H
+
+#include <stddef.h>
+
+#include "dfl/model.h"
+#include "dfl/replay.h"
+
+/* What identifies a target for its features. */
+typedef struct eval_target_id {
+    char config_hash[24];  /* FNV-1a 64 of config.json */
+    char weights_hash[24]; /* FNV-1a 64 of the used tensors' names, shapes and first 4 KiB */
+    char layout[16], dtype[16];
+    int n_layers, hidden, vocab;
+} eval_target_id;
+
+typedef struct eval_features_meta {
+    char prompt_id[128];
+    int turn, max_new;
+    char target[4096];     /* the target directory as given when recording */
+    eval_target_id id;
+} eval_features_meta;
+
+int eval_target_identity(const dfl_model *m, eval_target_id *id);
+/* DFL_ERR naming `what` and both values when have is not the target want was recorded on. */
+int eval_target_id_check(const eval_target_id *want, const eval_target_id *have, const char *what);
+/* File name of prompt `index` (in the prompt file), turn `turn`. */
+void eval_features_name(int index, int turn, char *buf, size_t n);
+/* Write t (atomically: a temporary file renamed into place). */
+int eval_features_save(const char *path, const eval_truth *t, const eval_features_meta *meta);
+/* Read a saved truth: t initialised with the layers to load (each must be in the file). */
+int eval_features_load(const char *path, eval_truth *t, eval_features_meta *meta, int vocab);
+/* Features of another pipeline (`dfl hidden` layout: input_ids, layer.{k}) for ref's sequence:
+ * input_ids must start with ref's prompt and output; t (initialised with the layers to load)
+ * gets ref's truth and the file's rows. */
+int eval_features_load_pipeline(const char *path, const eval_truth *ref, eval_truth *t);
+
+#endif

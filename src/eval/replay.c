@@ -1,0 +1,391 @@
+/* Replay evaluation: truths with their features, the draft cache, the recording drafter
+ * wrapper and the drafter-only replay of chain and DDTree rounds (include/dfl/replay.h). */
+#include "dfl/replay.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dfl/common.h"
+#include "dfl/ddtree.h"
+
+/* ---- truth ------------------------------------------------------------------------------ */
+
+static int int_cmp(const void *a, const void *b) { return *(const int *)a - *(const int *)b; }
+
+int eval_truth_init(eval_truth *t, int H, const int *layers, int n_layers) {
+    memset(t, 0, sizeof *t);
+    if (n_layers < 1 || n_layers > EVAL_MAX_FEAT_LAYERS)
+        return dfl_seterr("features of %d layers: must be in [1, %d]", n_layers, EVAL_MAX_FEAT_LAYERS);
+    t->H = H;
+    memcpy(t->layers, layers, (size_t)n_layers * sizeof *layers);
+    qsort(t->layers, (size_t)n_layers, sizeof *t->layers, int_cmp);
+    for (int i = 0; i < n_layers; i++)
+        if (i == 0 || t->layers[i] != t->layers[t->n_layers - 1]) t->layers[t->n_layers++] = t->layers[i];
+    return DFL_OK;
+}
+
+void eval_truth_free(eval_truth *t) {
+    free(t->prompt), free(t->ids), free(t->feat);
+    const int H = t->H, nl = t->n_layers;
+    int layers[EVAL_MAX_FEAT_LAYERS];
+    memcpy(layers, t->layers, sizeof layers);
+    memset(t, 0, sizeof *t);
+    t->H = H, t->n_layers = nl;
+    memcpy(t->layers, layers, sizeof layers);
+}
+
+int eval_truth_add_rows(eval_truth *t, const float *rows, int n) {
+    const size_t w = (size_t)t->n_layers * t->H;
+    if (t->n_rows + n > t->cap_rows) {
+        int cap = t->cap_rows ? t->cap_rows : 256;
+        while (cap < t->n_rows + n) cap *= 2;
+        float *f = realloc(t->feat, (size_t)cap * w * sizeof(float));
+        if (!f) return dfl_seterr("out of memory for the features of %d positions (%.1f MiB)", cap,
+                                  (double)cap * w * sizeof(float) / 1048576.0);
+        t->feat = f, t->cap_rows = cap;
+    }
+    memcpy(t->feat + (size_t)t->n_rows * w, rows, (size_t)n * w * sizeof(float));
+    t->n_rows += n;
+    return DFL_OK;
+}
+
+int eval_truth_set(eval_truth *t, const int32_t *prompt, int n_prompt, const int32_t *ids, int n, int n_ext,
+                   int eos_stop) {
+    if (n_prompt < 1 || n < 1) return dfl_seterr("truth: empty prompt or output");
+    if (t->n_rows < n_prompt + n - 1)
+        return dfl_seterr("truth: features of %d positions, but the prompt (%d) and output (%d tokens) need %d",
+                          t->n_rows, n_prompt, n, n_prompt + n - 1);
+    free(t->prompt), free(t->ids);
+    t->prompt = malloc((size_t)n_prompt * sizeof *t->prompt);
+    t->ids = malloc((size_t)(n + n_ext) * sizeof *t->ids);
+    if (!t->prompt || !t->ids) return dfl_seterr("out of memory for a truth");
+    memcpy(t->prompt, prompt, (size_t)n_prompt * sizeof *prompt);
+    memcpy(t->ids, ids, (size_t)(n + n_ext) * sizeof *ids);
+    t->n_prompt = n_prompt, t->n = n, t->n_ext = n_ext, t->eos_stop = eos_stop;
+    t->n_rows = n_prompt + n - 1;
+    return DFL_OK;
+}
+
+int eval_truth_column(const eval_truth *t, int layer) {
+    for (int i = 0; i < t->n_layers; i++)
+        if (t->layers[i] == layer) return i;
+    return -1;
+}
+
+/* ---- draft cache ------------------------------------------------------------------------ */
+
+int eval_draft_cache_init(eval_draft_cache *c, int K, int V, int max_block) {
+    memset(c, 0, sizeof *c);
+    c->K = K < V ? K : V;
+    c->V = V;
+    c->max_block = max_block;
+    if (c->K > 0 && !(c->probs = malloc((size_t)(max_block - 1) * V * sizeof(float))))
+        return dfl_seterr("out of memory for the draft cache");
+    return DFL_OK;
+}
+
+void eval_draft_cache_clear(eval_draft_cache *c) {
+    for (int i = 0; i < c->n; i++) free(c->d[i].argmax), free(c->d[i].top), free(c->d[i].toplp);
+    c->n = 0;
+}
+
+void eval_draft_cache_free(eval_draft_cache *c) {
+    eval_draft_cache_clear(c);
+    free(c->d), free(c->probs);
+    memset(c, 0, sizeof *c);
+}
+
+const eval_draft *eval_draft_cache_get(const eval_draft_cache *c, int start, int bs) {
+    for (int i = c->n - 1; i >= 0; i--) /* lookups come in increasing start: search from the end */
+        if (c->d[i].start == start && c->d[i].bs == bs) return &c->d[i];
+    return NULL;
+}
+
+int eval_draft_cache_put(eval_draft_cache *c, int start, int bs, const float *logits) {
+    if (eval_draft_cache_get(c, start, bs)) return DFL_OK;
+    if (bs < 2 || bs > c->max_block) return dfl_seterr("draft cache: block of %d outside [2, %d]", bs, c->max_block);
+    if (c->n == c->cap) {
+        const int cap = c->cap ? 2 * c->cap : 64;
+        eval_draft *d = realloc(c->d, (size_t)cap * sizeof *d);
+        if (!d) return dfl_seterr("out of memory for the draft cache");
+        c->d = d, c->cap = cap;
+    }
+    const int D = bs - 1, V = c->V, K = c->K;
+    eval_draft e = {.start = start, .bs = bs, .argmax = malloc((size_t)D * sizeof(int32_t))};
+    if (K > 0) e.top = malloc((size_t)D * K * sizeof(int32_t)), e.toplp = malloc((size_t)D * K * sizeof(double));
+    if (!e.argmax || (K > 0 && (!e.top || !e.toplp))) {
+        free(e.argmax), free(e.top), free(e.toplp);
+        return dfl_seterr("out of memory for the draft cache");
+    }
+    /* chain: argmax of the logits (as the online loop takes it); DDTree: the online loop's
+     * softmax of the same logits, then the top K */
+    for (int k = 0; k < D; k++) e.argmax[k] = kn_argmax(logits + (size_t)k * V, V);
+    if (K > 0) {
+        memcpy(c->probs, logits, (size_t)D * V * sizeof(float));
+        for (int k = 0; k < D; k++) kn_softmax(c->probs + (size_t)k * V, V);
+        if (ddtree_topk(c->probs, D, V, K, e.top, e.toplp) != DFL_OK) {
+            free(e.argmax), free(e.top), free(e.toplp);
+            return DFL_ERR;
+        }
+    }
+    c->d[c->n++] = e;
+    return DFL_OK;
+}
+
+/* ---- recording wrapper ------------------------------------------------------------------ */
+
+static int rec_add(void *ctx, const float *feat, int n) {
+    eval_recorder *r = ctx;
+    const eval_truth *t = r->truth;
+    const int H = t->H, ni = r->inner.n_feature_layers;
+    const double t0 = dfl_now();
+    const int in_prefill = r->inner.context_len(r->inner.ctx) < r->n_prompt;
+    if (eval_truth_add_rows(r->truth, feat, n)) return DFL_ERR;
+    if (n > r->rows_cap) {
+        float *p = realloc(r->rows, (size_t)n * ni * H * sizeof(float));
+        if (!p) return dfl_seterr("out of memory recording features");
+        r->rows = p, r->rows_cap = n;
+    }
+    for (int p = 0; p < n; p++)
+        for (int i = 0; i < ni; i++)
+            memcpy(r->rows + ((size_t)p * ni + i) * H, feat + ((size_t)p * t->n_layers + r->map[i]) * H,
+                   (size_t)H * sizeof(float));
+    const double t1 = dfl_now();
+    *(in_prefill ? &r->overhead_prefill_s : &r->overhead_s) += t1 - t0;
+    if (r->inner.add_context(r->inner.ctx, r->rows, n)) return DFL_ERR;
+    if (r->cache) r->cache->ctx_s += dfl_now() - t1, r->cache->ctx_rows += n;
+    return DFL_OK;
+}
+
+static int rec_draft(void *ctx, int32_t anchor, int B, float *logits) {
+    eval_recorder *r = ctx;
+    const int start = r->inner.context_len(r->inner.ctx);
+    const double t0 = dfl_now();
+    if (r->inner.draft(r->inner.ctx, anchor, B, logits)) return DFL_ERR;
+    if (!r->cache) return DFL_OK;
+    const double t1 = dfl_now();
+    r->cache->draft_s += t1 - t0, r->cache->drafts++;
+    const int rc = eval_draft_cache_put(r->cache, start, B, logits);
+    r->overhead_s += dfl_now() - t1;
+    return rc;
+}
+
+static int rec_len(void *ctx) {
+    eval_recorder *r = ctx;
+    return r->inner.context_len(r->inner.ctx);
+}
+
+int eval_recorder_init(eval_recorder *r, dfl_draft_if inner, eval_truth *t, eval_draft_cache *cache, int V) {
+    memset(r, 0, sizeof *r);
+    r->inner = inner, r->truth = t, r->cache = cache, r->V = V;
+    for (int i = 0; i < inner.n_feature_layers; i++)
+        if ((r->map[i] = eval_truth_column(t, inner.feature_layers[i])) < 0)
+            return dfl_seterr("recording: the drafter reads layer %d, which the features do not hold",
+                              inner.feature_layers[i]);
+    return DFL_OK;
+}
+
+void eval_recorder_free(eval_recorder *r) {
+    free(r->rows);
+    memset(r, 0, sizeof *r);
+}
+
+dfl_draft_if eval_recorder_if(eval_recorder *r) {
+    return (dfl_draft_if){.ctx = r, .add_context = rec_add, .draft = rec_draft, .context_len = rec_len,
+                          .feature_layers = r->truth->layers, .n_feature_layers = r->truth->n_layers};
+}
+
+/* ---- costs ------------------------------------------------------------------------------ */
+
+double eval_cost_chain(const eval_costs *c, int n) {
+    if (!c || !c->ok || c->n_chain == 0) return -1;
+    if (n <= c->chain_n[0]) return c->chain_s[0];
+    for (int i = 1; i < c->n_chain; i++)
+        if (n <= c->chain_n[i]) {
+            const double f = (double)(n - c->chain_n[i - 1]) / (c->chain_n[i] - c->chain_n[i - 1]);
+            return c->chain_s[i - 1] + f * (c->chain_s[i] - c->chain_s[i - 1]);
+        }
+    return c->chain_s[c->n_chain - 1];
+}
+
+double eval_cost_tree(const eval_costs *c, int budget) {
+    if (!c || !c->ok) return -1;
+    for (int i = 0; i < c->n_tree; i++)
+        if (c->tree_budget[i] == budget) return c->tree_s[i];
+    return -1;
+}
+
+/* ---- replay ----------------------------------------------------------------------------- */
+
+typedef struct mode_run {
+    int budget, n_out, done;
+    double build_s, verify_s;
+    long draft_rounds;
+    int *acc, acc_cap;
+    dfl_gen_stats *st;
+} mode_run;
+
+static int push_round(mode_run *m, int a) {
+    if (m->st->rounds == m->acc_cap) {
+        const int cap = m->acc_cap ? 2 * m->acc_cap : 64;
+        int *p = realloc(m->acc, (size_t)cap * sizeof *p);
+        if (!p) return dfl_seterr("out of memory for round lengths");
+        m->acc = p, m->acc_cap = cap;
+    }
+    m->acc[m->st->rounds++] = a;
+    m->st->accept_hist[a]++;
+    m->st->accepted += a;
+    return DFL_OK;
+}
+
+/* Commit a accepted drafts + the bonus: the output stops where the truth does. */
+static void advance(mode_run *m, const eval_truth *t, int a) {
+    m->n_out += a + 1;
+    if (m->n_out >= t->n) m->n_out = t->n, m->done = 1;
+}
+
+/* Extend the drafter's context to `upto` positions. */
+static int grow_context(dfl_dstate *ds, const eval_truth *t, const int *col, float *rows, int upto,
+                        eval_draft_cache *c) {
+    const int nd = ds->d->cfg.n_target_ids, H = t->H, chunk = ds->max_block;
+    const double t0 = dfl_now();
+    c->ctx_rows += upto > ds->n_ctx ? upto - ds->n_ctx : 0;
+    while (ds->n_ctx < upto) {
+        const int p0 = ds->n_ctx, n = upto - p0 < chunk ? upto - p0 : chunk;
+        for (int p = 0; p < n; p++)
+            for (int i = 0; i < nd; i++)
+                memcpy(rows + ((size_t)p * nd + i) * H, t->feat + ((size_t)(p0 + p) * t->n_layers + col[i]) * H,
+                       (size_t)H * sizeof(float));
+        if (drafter_add_context(ds, rows, n)) return DFL_ERR;
+    }
+    c->ctx_s += dfl_now() - t0;
+    return DFL_OK;
+}
+
+int eval_replay(const eval_truth *t, dfl_dstate *ds, const int *layer_col, int B, int max_new, const int *budgets,
+                int n_modes, eval_draft_cache *cache, const eval_costs *costs, eval_replay_out *out) {
+    const int V = ds->t->cfg.vocab, H = t->H, nd = ds->d->cfg.n_target_ids;
+    int max_budget = 0;
+    for (int i = 0; i < n_modes; i++) max_budget = budgets[i] > max_budget ? budgets[i] : max_budget;
+    if (B < 2 || B > ds->max_block) return dfl_seterr("replay: block size %d outside [2, %d]", B, ds->max_block);
+    if (max_budget > 0 && cache->K < (max_budget < V ? max_budget : V))
+        return dfl_seterr("replay: the draft cache keeps %d candidates, budget %d needs %d", cache->K, max_budget,
+                          max_budget < V ? max_budget : V);
+    if (ds->n_ctx != 0) return dfl_seterr("replay: the drafter context is not empty");
+    if (t->n > max_new) return dfl_seterr("replay: the truth has %d tokens, more than --max-new %d", t->n, max_new);
+    /* the last round may look B-1 tokens past the output (drafts accepted past an eos) */
+    const int need = t->eos_stop ? (max_new - t->n < B - 1 ? max_new - t->n : B - 1) : 0;
+    if (t->n_ext < need)
+        return dfl_seterr("replay: the truth continues %d tokens past its eos, block size %d needs %d", t->n_ext, B,
+                          need);
+    mode_run *mr = calloc((size_t)n_modes, sizeof *mr);
+    float *logits = malloc((size_t)(B - 1) * V * sizeof(float));
+    float *rows = malloc((size_t)ds->max_block * nd * H * sizeof(float));
+    dfl_tree tree = {0};
+    int rc = DFL_ERR;
+    if (!mr || !logits || !rows) {
+        dfl_seterr("out of memory for a replay");
+        goto done;
+    }
+    if (max_budget > 0 && ddtree_alloc(&tree, max_budget) != DFL_OK) goto done;
+    for (int i = 0; i < n_modes; i++) {
+        memset(&out[i], 0, sizeof out[i]);
+        mr[i].budget = budgets[i];
+        mr[i].st = &out[i].st;
+        mr[i].st->prompt_tokens = t->n_prompt;
+        mr[i].st->max_block = B;
+        mr[i].st->stop = t->eos_stop ? "eos" : "max_new";
+        mr[i].n_out = 1; /* the first token comes from the prefill */
+        mr[i].done = t->n <= 1;
+    }
+    for (;;) {
+        /* the modes whose next round starts first go together: one draft serves them all */
+        int next = -1;
+        for (int i = 0; i < n_modes; i++)
+            if (!mr[i].done && (next < 0 || mr[i].n_out < mr[next].n_out)) next = i;
+        if (next < 0) break;
+        const int n_out = mr[next].n_out, start = t->n_prompt + n_out - 1;
+        const int32_t anchor = t->ids[n_out - 1];
+        int bs = max_new - n_out < B ? max_new - n_out : B;
+        if (bs < 1) bs = 1;
+        const eval_draft *dr = NULL;
+        if (bs > 1 && !(dr = eval_draft_cache_get(cache, start, bs))) {
+            if (grow_context(ds, t, layer_col, rows, start, cache)) goto done;
+            const double t0 = dfl_now();
+            if (drafter_draft(ds, anchor, bs, logits)) goto done;
+            cache->draft_s += dfl_now() - t0, cache->drafts++;
+            if (eval_draft_cache_put(cache, start, bs, logits)) goto done;
+            dr = eval_draft_cache_get(cache, start, bs);
+        }
+        for (int i = 0; i < n_modes; i++) {
+            mode_run *m = &mr[i];
+            if (m->done || m->n_out != n_out) continue;
+            dfl_gen_stats *st = m->st;
+            if (bs == 1) { /* a plain decode step, as the online loop's last step */
+                if (push_round(m, 0)) goto done;
+                m->verify_s += eval_cost_chain(costs, 1);
+                advance(m, t, 0);
+                continue;
+            }
+            m->draft_rounds++;
+            int a = 0;
+            if (m->budget == 0) {
+                while (a < bs - 1 && dr->argmax[a] == t->ids[n_out + a]) a++;
+                st->drafted += bs - 1;
+                for (int k = 1; k < bs; k++) st->pos_drafted[k]++;
+                m->verify_s += eval_cost_chain(costs, bs);
+            } else {
+                const double t0 = dfl_now();
+                const int K = m->budget < V ? m->budget : V;
+                if (ddtree_build_top(&tree, anchor, dr->top, dr->toplp, bs - 1, cache->K, K, m->budget)) goto done;
+                /* walk the tree along the truth: the child whose token is the next truth token */
+                for (int cur = 0;;) {
+                    int nx = -1;
+                    for (int j = cur + 1; j < tree.n && nx < 0; j++)
+                        if (tree.parent[j] == cur && tree.token[j] == t->ids[n_out + a]) nx = j;
+                    if (nx < 0) break;
+                    cur = nx, a++;
+                }
+                m->build_s += dfl_now() - t0;
+                st->drafted += tree.n - 1;
+                st->tree_nodes += tree.n - 1;
+                st->tree_depth_sum += tree.max_depth;
+                for (int k = 1; k <= tree.max_depth; k++) st->pos_drafted[k]++;
+                m->verify_s += eval_cost_tree(costs, m->budget);
+            }
+            for (int k = 1; k <= a; k++) st->pos_accepted[k]++;
+            if (push_round(m, a)) goto done;
+            advance(m, t, a);
+        }
+    }
+    /* the drafter work a mode would do alone, at the rates measured in this run: the context
+     * updates of the output's positions, its own drafts and tree builds */
+    const double per_draft = cache->drafts ? cache->draft_s / cache->drafts : 0;
+    const double per_row = cache->ctx_rows ? cache->ctx_s / cache->ctx_rows : 0;
+    const int have_costs = costs && costs->ok;
+    for (int i = 0; i < n_modes; i++) {
+        mode_run *m = &mr[i];
+        out[i].st.generated = t->n;
+        out[i].round_acc = m->acc;
+        m->acc = NULL;
+        out[i].draft_s = per_row * (t->n - 1) + per_draft * m->draft_rounds + m->build_s;
+        out[i].st.t_draft = out[i].draft_s;
+        int measurable = have_costs;
+        if (m->budget > 0 && eval_cost_tree(costs, m->budget) < 0) measurable = 0;
+        out[i].modeled_s = measurable ? out[i].draft_s + m->verify_s : -1;
+        out[i].st.t_verify = measurable ? m->verify_s : 0;
+    }
+    rc = DFL_OK;
+done:
+    if (mr)
+        for (int i = 0; i < n_modes; i++) free(mr[i].acc);
+    free(mr), free(logits), free(rows);
+    ddtree_free(&tree);
+    return rc;
+}
+
+void eval_replay_out_free(eval_replay_out *o) {
+    free(o->round_acc);
+    o->round_acc = NULL;
+}

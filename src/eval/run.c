@@ -1,0 +1,1091 @@
+/* dfl eval's orchestration (eval_run, include/dfl/eval.h): the prompt loop, resume, the online
+ * runs, the recording and replay of truths (include/dfl/replay.h), saved features, reports. */
+#include <errno.h>
+#include <fcntl.h>
+#include <omp.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cjson/cJSON.h>
+
+#include "dfl/common.h"
+#include "dfl/ddtree.h"
+#include "dfl/eval.h"
+#include "dfl/prompt.h"
+#include "dfl/reference.h"
+#include "dfl/replay.h"
+#include "eval/features.h"
+
+void eval_opts_default(eval_opts *o) {
+    memset(o, 0, sizeof *o);
+    o->max_new = 256;
+    o->chat = DFL_CHAT_CHATML;
+    o->n_modes = 1;
+    o->shard_n = 1;
+    o->record_budget = -1;
+    o->cost_reps = 3;
+}
+
+/* ---- results already written (resume) -------------------------------------------------- */
+
+typedef struct done_set {
+    eval_result *r;
+    int32_t **ids;
+    int *n_ids;
+    int n;
+    long good_end; /* bytes of complete lines: an interrupted write leaves a partial line after */
+} done_set;
+
+static int load_done(done_set *d, const char *path) {
+    memset(d, 0, sizeof *d);
+    FILE *f = fopen(path, "r");
+    if (!f) return DFL_OK;
+    char *line = NULL;
+    size_t cap = 0;
+    ssize_t len;
+    int lineno = 0, rc = DFL_OK;
+    while ((len = getline(&line, &cap, f)) >= 0) {
+        lineno++;
+        if (len <= 1) {
+            d->good_end += len;
+            continue;
+        }
+        d->r = realloc(d->r, (size_t)(d->n + 1) * sizeof *d->r);
+        d->ids = realloc(d->ids, (size_t)(d->n + 1) * sizeof *d->ids);
+        d->n_ids = realloc(d->n_ids, (size_t)(d->n + 1) * sizeof *d->n_ids);
+        if (eval_result_parse(line, &d->r[d->n], &d->ids[d->n], &d->n_ids[d->n]) != DFL_OK) {
+            /* an interrupted write leaves a partial last line: drop it, anything else is an error */
+            if (line[len - 1] != '\n') break;
+            rc = dfl_preperr("%s:%d", path, lineno);
+            break;
+        }
+        if (line[len - 1] != '\n') { /* complete JSON but cut before its newline: redo it */
+            free(d->ids[d->n]);
+            break;
+        }
+        d->good_end += len;
+        d->n++;
+    }
+    free(line);
+    fclose(f);
+    return rc;
+}
+
+static void done_free(done_set *d) {
+    for (int i = 0; i < d->n; i++) free(d->ids[i]);
+    free(d->r), free(d->ids), free(d->n_ids);
+    memset(d, 0, sizeof *d);
+}
+
+static int done_find(const done_set *d, const char *pid, int turn, const char *drafter, const char *mode,
+                     const char *method, const char *features) {
+    for (int i = 0; i < d->n; i++)
+        if (d->r[i].turn == turn && strcmp(d->r[i].prompt_id, pid) == 0 && strcmp(d->r[i].drafter, drafter) == 0 &&
+            strcmp(d->r[i].mode, mode) == 0 && strcmp(d->r[i].method, method) == 0 &&
+            strcmp(d->r[i].features, features) == 0)
+            return i;
+    return -1;
+}
+
+static void mode_name(int budget, char *buf, size_t n) {
+    if (budget) snprintf(buf, n, "ddtree-%d", budget);
+    else snprintf(buf, n, "chain");
+}
+
+static int mkdir_p(const char *dir) {
+    char tmp[4096];
+    snprintf(tmp, sizeof tmp, "%s", dir);
+    for (char *p = tmp + 1; *p; p++)
+        if (*p == '/') {
+            *p = 0;
+            mkdir(tmp, 0755);
+            *p = '/';
+        }
+    if (mkdir(tmp, 0755) != 0 && errno != EEXIST) return dfl_seterr("%s: cannot create directory", dir);
+    return DFL_OK;
+}
+
+/* The conversation text for a turn: turn 1 alone, or turn 1 + the model's answer + turn 2. */
+static char *turn_text(const eval_prompt *p, int turn, const char *answer1, dfl_chat chat) {
+    char *first = prompt_format(p->turns[0], chat);
+    if (turn == 0 || chat == DFL_CHAT_NONE) {
+        if (turn == 0) return first;
+        /* no template: the raw texts one after another */
+        size_t n = strlen(first) + strlen(answer1) + strlen(p->turns[1]) + 4;
+        char *s = malloc(n);
+        snprintf(s, n, "%s%s\n%s", first, answer1, p->turns[1]);
+        free(first);
+        return s;
+    }
+    char *second = prompt_format(p->turns[1], chat);
+    size_t n = strlen(first) + strlen(answer1) + strlen(second) + 32;
+    char *s = malloc(n);
+    snprintf(s, n, "%s%s<|im_end|>\n%s", first, answer1, second);
+    free(first);
+    free(second);
+    return s;
+}
+
+/* ---- saved features: the manifest -------------------------------------------------------- */
+
+typedef struct unit {
+    int index, turn, prompt_tokens, tokens;
+    char prompt_id[128];
+    char file[64];
+} unit;
+
+typedef struct unit_list {
+    unit *u;
+    int n;
+} unit_list;
+
+/* DIR/manifest.jsonl: a line per saved truth, appended as each is written. */
+static int manifest_load(unit_list *l, const char *dir, int must_exist) {
+    memset(l, 0, sizeof *l);
+    char *path = dfl_path_join(dir, "manifest.jsonl");
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        int rc = must_exist ? dfl_seterr("%s: cannot open (not a directory of saved features?)", path) : DFL_OK;
+        free(path);
+        return rc;
+    }
+    char *line = NULL;
+    size_t cap = 0;
+    ssize_t len;
+    int lineno = 0, rc = DFL_OK;
+    while (rc == DFL_OK && (len = getline(&line, &cap, f)) >= 0) {
+        lineno++;
+        if (len <= 1 || line[len - 1] != '\n') continue; /* a partial last line: its file is redone */
+        cJSON *o = cJSON_Parse(line);
+        const cJSON *fi = cJSON_GetObjectItemCaseSensitive(o, "file"), *pid = cJSON_GetObjectItemCaseSensitive(o, "prompt_id");
+        const cJSON *ix = cJSON_GetObjectItemCaseSensitive(o, "index"), *tu = cJSON_GetObjectItemCaseSensitive(o, "turn");
+        const cJSON *np = cJSON_GetObjectItemCaseSensitive(o, "prompt_tokens"), *nt = cJSON_GetObjectItemCaseSensitive(o, "tokens");
+        if (!cJSON_IsString(fi) || !cJSON_IsString(pid) || !cJSON_IsNumber(ix) || !cJSON_IsNumber(tu) ||
+            !cJSON_IsNumber(np) || !cJSON_IsNumber(nt) || ix->valuedouble < 0 || ix->valuedouble > 1e9 ||
+            (tu->valuedouble != 0 && tu->valuedouble != 1) || np->valuedouble < 1 || np->valuedouble > 1 << 24 ||
+            nt->valuedouble < 1 || nt->valuedouble > 1 << 24 || strlen(fi->valuestring) >= sizeof l->u[0].file ||
+            strchr(fi->valuestring, '/')) {
+            rc = dfl_seterr("%s:%d: expected {\"index\", \"prompt_id\", \"turn\", \"file\", \"prompt_tokens\", "
+                            "\"tokens\"}", path, lineno);
+        } else {
+            l->u = realloc(l->u, (size_t)(l->n + 1) * sizeof *l->u);
+            unit *u = &l->u[l->n++];
+            u->index = (int)ix->valuedouble, u->turn = (int)tu->valuedouble;
+            u->prompt_tokens = (int)np->valuedouble, u->tokens = (int)nt->valuedouble;
+            snprintf(u->prompt_id, sizeof u->prompt_id, "%s", pid->valuestring);
+            snprintf(u->file, sizeof u->file, "%s", fi->valuestring);
+        }
+        cJSON_Delete(o);
+    }
+    free(line);
+    fclose(f);
+    free(path);
+    return rc;
+}
+
+static const unit *unit_find(const unit_list *l, int index, int turn) {
+    for (int i = 0; i < l->n; i++)
+        if (l->u[i].index == index && l->u[i].turn == turn) return &l->u[i];
+    return NULL;
+}
+
+/* ---- the run ------------------------------------------------------------------------------ */
+
+typedef struct run {
+    const eval_opts *o;
+    eval_prompts ps;
+    dfl_model m;
+    int have_model;
+    dfl_drafter ds[EVAL_MAX_DRAFTERS];
+    dfl_dstate dst[EVAL_MAX_DRAFTERS];
+    eval_draft_cache cache[EVAL_MAX_DRAFTERS];
+    int n_open, n_dstate, n_cache;
+    int block[EVAL_MAX_DRAFTERS];
+    int col[EVAL_MAX_DRAFTERS][EVAL_MAX_FEAT_LAYERS]; /* drafter's layer i -> truth column */
+    int layers[EVAL_MAX_FEAT_LAYERS], n_layers;      /* the truth's feature layers */
+    dfl_tokenizer *tok;
+    ref_set refs;
+    done_set done;
+    FILE *resf, *reff, *manf;
+    char *res_path, *ref_path;
+    int lock_fd;
+    dfl_state st;
+    int have_state;
+    eval_costs costs;
+    eval_target_id id;
+    unit_list saved;     /* the save_features manifest (resume) or the features_dir one */
+    int max_new, max_block, max_budget, rec_budget;
+    int replay;          /* replay (1) or online (0) */
+    int from_features;
+    eval_outcome res;
+    int ref_compared, ref_agree;
+    /* per-round accepted lengths of an online run (on_round) */
+    int *acc, n_acc, cap_acc;
+} run;
+
+static void logf_(const run *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void logf_(const run *r, const char *fmt, ...) {
+    if (!r->o->log) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vfprintf(r->o->log, fmt, ap);
+    va_end(ap);
+}
+
+static void on_round(void *ud, int start, const int32_t *block, int bs, const float *draft, int V, int accepted) {
+    (void)start, (void)block, (void)bs, (void)draft, (void)V;
+    run *r = ud;
+    if (r->n_acc == r->cap_acc) {
+        r->cap_acc = r->cap_acc ? 2 * r->cap_acc : 256;
+        r->acc = realloc(r->acc, (size_t)r->cap_acc * sizeof *r->acc);
+    }
+    r->acc[r->n_acc++] = accepted;
+}
+
+static int write_result(run *r, eval_result *e, const int32_t *ids, int n_ids) {
+    eval_result_write(r->resf, e, ids, n_ids);
+    fputc('\n', r->resf);
+    if (fflush(r->resf) != 0 || ferror(r->resf))
+        return dfl_seterr("%s: write error: %s", r->res_path, strerror(errno));
+    r->res.responses++;
+    return DFL_OK;
+}
+
+static void result_head(eval_result *e, const char *pid, int turn, const char *drafter, const char *mode,
+                        const char *method, const char *features) {
+    eval_result_init(e);
+    e->turn = turn;
+    snprintf(e->prompt_id, sizeof e->prompt_id, "%s", pid);
+    snprintf(e->drafter, sizeof e->drafter, "%s", drafter);
+    snprintf(e->mode, sizeof e->mode, "%s", mode);
+    snprintf(e->method, sizeof e->method, "%s", method);
+    snprintf(e->features, sizeof e->features, "%s", features);
+}
+
+/* Modeled decode time of an online run's rounds: its measured drafting plus the verification
+ * cost of each round's size (round_acc tells nothing about sizes, so the mode's block or tree). */
+static void model_online(const run *r, eval_result *e, const dfl_gen_stats *gs, int block, int budget) {
+    if (!r->costs.ok) return;
+    const double c1 = eval_cost_chain(&r->costs, 1);
+    e->modeled_ar_s = c1 * (gs->generated - 1);
+    const double cv = budget ? eval_cost_tree(&r->costs, budget) : eval_cost_chain(&r->costs, block);
+    if (cv < 0) return;
+    const long drafted_rounds = gs->pos_drafted[1]; /* the others are plain decode steps */
+    e->modeled_s = gs->t_draft + drafted_rounds * cv + (gs->rounds - drafted_rounds) * c1;
+}
+
+/* The reference agreement of a truth. */
+static int check_reference(run *r, const char *pid, int turn, const int32_t *prompt, int np, const int32_t *truth,
+                           int n) {
+    const eval_opts *o = r->o;
+    if (!o->reference && !o->reference_url) return DFL_OK;
+    const ref_entry *re = o->reference ? ref_find(&r->refs, pid, turn) : NULL;
+    int32_t *rids = NULL;
+    int nr = 0, have = 0;
+    if (re) rids = re->ids, nr = re->n, have = 1;
+    else if (o->reference_url) {
+        if (ref_url_generate(o->reference_url, prompt, np, r->max_new, &rids, &nr) != DFL_OK)
+            return dfl_preperr("prompt %s: reference", pid);
+        have = 1;
+    }
+    if (have) {
+        const int div = ref_first_divergence(truth, n, rids, nr);
+        fprintf(r->reff, "{\"prompt_id\": ");
+        dfl_json_write_string(r->reff, pid);
+        fprintf(r->reff, ", \"turn\": %d, \"dfl_tokens\": %d, \"reference_tokens\": %d, \"first_divergence\": %d}\n", turn,
+                n, nr, div);
+        fflush(r->reff);
+        r->ref_compared++;
+        r->ref_agree += div < 0;
+        if (div >= 0)
+            logf_(r, "[dfl eval] prompt %s turn %d: target output diverges from the reference at token %d\n", pid,
+                  turn + 1, div);
+    } else {
+        logf_(r, "dfl eval: prompt %s turn %d: no reference entry\n", pid, turn + 1);
+    }
+    if (!re) free(rids);
+    return DFL_OK;
+}
+
+/* ---- online: an autoregressive run, then every drafter x mode on the target ------------------ */
+
+static int unit_online(run *r, const char *pid, int turn, const int32_t *pids, int np, int32_t *truth, int *n_truth,
+                       int32_t *out, double *last_tau) {
+    const eval_opts *o = r->o;
+    dfl_gen_opts go = {.max_new = r->max_new, .temperature = (float)o->temperature, .seed = (uint64_t)o->seed};
+    dfl_gen_stats gs;
+    int k = done_find(&r->done, pid, turn, "", "ar", "online", "dfl");
+    if (k >= 0 && r->done.ids[k]) {
+        *n_truth = r->done.n_ids[k] < r->max_new ? r->done.n_ids[k] : r->max_new;
+        memcpy(truth, r->done.ids[k], (size_t)*n_truth * sizeof(int32_t));
+    } else {
+        state_reset(&r->st);
+        if (spec_generate(&r->st, NULL, pids, np, &go, truth, &gs, NULL, NULL) != DFL_OK)
+            return dfl_preperr("prompt %s", pid);
+        *n_truth = gs.generated;
+        eval_result e;
+        result_head(&e, pid, turn, "", "ar", "online", "dfl");
+        eval_result_from_stats(&e, &gs);
+        if (write_result(r, &e, truth, *n_truth)) return DFL_ERR;
+    }
+    if (check_reference(r, pid, turn, pids, np, truth, *n_truth)) return DFL_ERR;
+    for (int d = 0; d < o->n_drafters; d++)
+        for (int mi = 0; mi < o->n_modes; mi++) {
+            char mode[32];
+            mode_name(o->budgets[mi], mode, sizeof mode);
+            if (done_find(&r->done, pid, turn, o->drafters[d], mode, "online", "dfl") >= 0) continue;
+            state_reset(&r->st);
+            dstate_reset(&r->dst[d]);
+            dfl_draft_if dif = spec_dflash_drafter(&r->dst[d]);
+            dfl_gen_opts so = go;
+            so.block = r->block[d];
+            so.tree_budget = o->budgets[mi];
+            so.on_round = on_round, so.on_round_ud = r;
+            r->n_acc = 0;
+            if (spec_generate(&r->st, &dif, pids, np, &so, out, &gs, NULL, NULL) != DFL_OK)
+                return dfl_preperr("prompt %s, drafter %s, %s", pid, o->drafters[d], mode);
+            eval_result e;
+            result_head(&e, pid, turn, o->drafters[d], mode, "online", "dfl");
+            eval_result_from_stats(&e, &gs);
+            e.round_acc = r->acc, e.n_round_acc = r->n_acc;
+            if (o->temperature <= 0) {
+                e.first_mismatch = ref_first_divergence(out, gs.generated, truth, *n_truth);
+                e.match = e.first_mismatch < 0;
+                if (!e.match) {
+                    r->res.mismatches++;
+                    logf_(r, "\ndfl eval: MISMATCH prompt %s turn %d, drafter %s, %s: the speculative output differs "
+                             "from the autoregressive one at token %d\n", pid, turn + 1, o->drafters[d], mode,
+                          e.first_mismatch);
+                }
+            }
+            if (write_result(r, &e, out, gs.generated)) return DFL_ERR;
+            *last_tau = gs.rounds ? (double)(gs.generated - 1) / gs.rounds : 0;
+        }
+    return DFL_OK;
+}
+
+/* ---- replay ------------------------------------------------------------------------------- */
+
+/* Every line a replay unit writes is there already. */
+static int unit_complete(const run *r, const char *pid, int turn) {
+    const eval_opts *o = r->o;
+    char mode[32];
+    if (!r->from_features) {
+        if (o->check_ar && done_find(&r->done, pid, turn, "", "ar", "online", "dfl") < 0) return 0;
+        mode_name(r->rec_budget, mode, sizeof mode);
+        if (done_find(&r->done, pid, turn, o->drafters[0], mode, "online", "dfl") < 0) return 0;
+    }
+    for (int d = 0; d < o->n_drafters; d++)
+        for (int mi = 0; mi < o->n_modes; mi++) {
+            mode_name(o->budgets[mi], mode, sizeof mode);
+            if (done_find(&r->done, pid, turn, o->drafters[d], mode, "replay", "dfl") < 0) return 0;
+            if (o->features_from && done_find(&r->done, pid, turn, o->drafters[d], mode, "replay", "pipeline") < 0)
+                return 0;
+        }
+    return 1;
+}
+
+/* The truth ids a complete unit recorded (for an MT-Bench second turn). */
+static int unit_truth_ids(const run *r, const char *pid, int turn, int32_t *truth, int *n) {
+    char mode[32];
+    mode_name(r->rec_budget, mode, sizeof mode);
+    int k = done_find(&r->done, pid, turn, r->o->drafters[0], mode, "online", "dfl");
+    if (k < 0 || !r->done.ids[k]) k = done_find(&r->done, pid, turn, "", "ar", "online", "dfl");
+    if (k < 0 || !r->done.ids[k]) return dfl_seterr("prompt %s turn %d: no output ids in %s", pid, turn + 1, r->res_path);
+    *n = r->done.n_ids[k] < r->max_new ? r->done.n_ids[k] : r->max_new;
+    memcpy(truth, r->done.ids[k], (size_t)*n * sizeof(int32_t));
+    return DFL_OK;
+}
+
+/* Replay every drafter x mode on t; features: "dfl" or "pipeline". keep_cache0: drafter 0's
+ * cache holds the recording run's drafts on these features. */
+static int replay_all(run *r, const char *pid, int turn, const eval_truth *t, const char *features, int keep_cache0,
+                      double *last_tau) {
+    const eval_opts *o = r->o;
+    eval_replay_out outs[EVAL_MAX_MODES];
+    for (int d = 0; d < o->n_drafters; d++) {
+        int todo = 0;
+        char mode[32];
+        for (int mi = 0; mi < o->n_modes; mi++) {
+            mode_name(o->budgets[mi], mode, sizeof mode);
+            todo += done_find(&r->done, pid, turn, o->drafters[d], mode, "replay", features) < 0;
+        }
+        if (!todo) continue;
+        if (!(d == 0 && keep_cache0)) eval_draft_cache_clear(&r->cache[d]);
+        dstate_reset(&r->dst[d]);
+        if (eval_replay(t, &r->dst[d], r->col[d], r->block[d], r->max_new, o->budgets, o->n_modes, &r->cache[d],
+                        &r->costs, outs) != DFL_OK)
+            return dfl_preperr("prompt %s turn %d, drafter %s, replay", pid, turn + 1, o->drafters[d]);
+        int rc = DFL_OK;
+        for (int mi = 0; mi < o->n_modes; mi++) {
+            mode_name(o->budgets[mi], mode, sizeof mode);
+            if (rc == DFL_OK && done_find(&r->done, pid, turn, o->drafters[d], mode, "replay", features) < 0) {
+                eval_result e;
+                result_head(&e, pid, turn, o->drafters[d], mode, "replay", features);
+                eval_result_from_stats(&e, &outs[mi].st);
+                e.time_s = e.verify_s = e.rollback_s = e.prefill_s = 0; /* nothing of it ran on the target */
+                e.draft_s = outs[mi].draft_s;
+                e.modeled_s = outs[mi].modeled_s;
+                e.modeled_ar_s = outs[mi].modeled_s >= 0 ? eval_cost_chain(&r->costs, 1) * (t->n - 1) : -1;
+                e.round_acc = outs[mi].round_acc, e.n_round_acc = outs[mi].st.rounds;
+                rc = write_result(r, &e, NULL, 0);
+                *last_tau = e.rounds ? (double)(e.tokens - 1) / e.rounds : 0;
+            }
+            eval_replay_out_free(&outs[mi]);
+        }
+        if (rc) return rc;
+    }
+    return DFL_OK;
+}
+
+/* A pipeline's features for this unit (--features-from), replayed against the same truth. */
+static int replay_pipeline(run *r, const char *pid, int turn, int index, const eval_truth *t, double *last_tau) {
+    const eval_opts *o = r->o;
+    char name[64];
+    eval_features_name(index, turn, name, sizeof name);
+    char *path = dfl_is_dir(o->features_from) ? dfl_path_join(o->features_from, name) : strdup(o->features_from);
+    eval_truth pt;
+    int rc = eval_truth_init(&pt, t->H, r->layers, r->n_layers);
+    if (rc == DFL_OK) rc = eval_features_load_pipeline(path, t, &pt);
+    if (rc == DFL_OK) rc = replay_all(r, pid, turn, &pt, "pipeline", 0, last_tau);
+    eval_truth_free(&pt);
+    free(path);
+    return rc;
+}
+
+/* Record a truth: drafter 0 in the recording mode, capturing every layer the drafters read
+ * (and --save-layers); its online stats are written too. */
+static int record(run *r, const char *pid, int turn, const int32_t *pids, int np, eval_truth *t, int32_t *out,
+                  double *last_tau) {
+    const eval_opts *o = r->o;
+    eval_recorder rec;
+    char mode[32];
+    mode_name(r->rec_budget, mode, sizeof mode);
+    eval_truth_free(t);
+    eval_draft_cache_clear(&r->cache[0]);
+    state_reset(&r->st);
+    dstate_reset(&r->dst[0]);
+    if (eval_recorder_init(&rec, spec_dflash_drafter(&r->dst[0]), t, &r->cache[0], r->m.cfg.vocab)) return DFL_ERR;
+    dfl_draft_if dif = eval_recorder_if(&rec);
+    dfl_gen_opts so = {.max_new = r->max_new, .block = r->block[0], .tree_budget = r->rec_budget,
+                       .extend = r->max_block - 1, .on_round = on_round, .on_round_ud = r};
+    dfl_gen_stats gs;
+    r->n_acc = 0;
+    rec.n_prompt = np;
+    int rc = spec_generate(&r->st, &dif, pids, np, &so, out, &gs, NULL, NULL);
+    /* the online figures without the recording's own copies and summaries */
+    gs.t_draft -= rec.overhead_s, gs.t_decode -= rec.overhead_s, gs.t_prefill -= rec.overhead_prefill_s;
+    eval_recorder_free(&rec);
+    if (rc) return dfl_preperr("prompt %s turn %d, recording with drafter %s, %s", pid, turn + 1, o->drafters[0], mode);
+    if (eval_truth_set(t, pids, np, out, gs.generated, gs.extended, strcmp(gs.stop, "eos") == 0))
+        return dfl_preperr("prompt %s turn %d", pid, turn + 1);
+    eval_result e;
+    result_head(&e, pid, turn, o->drafters[0], mode, "online", "dfl");
+    eval_result_from_stats(&e, &gs);
+    e.round_acc = r->acc, e.n_round_acc = r->n_acc;
+    model_online(r, &e, &gs, r->block[0], r->rec_budget);
+    *last_tau = gs.rounds ? (double)(gs.generated - 1) / gs.rounds : 0;
+    if (o->check_ar) { /* the autoregressive run, the truth checked token for token (continuation too) */
+        int32_t *ar = malloc((size_t)r->max_new * sizeof *ar);
+        dfl_gen_opts go = {.max_new = r->max_new, .extend = r->max_block - 1};
+        dfl_gen_stats as;
+        state_reset(&r->st);
+        if (!ar || spec_generate(&r->st, NULL, pids, np, &go, ar, &as, NULL, NULL) != DFL_OK) {
+            free(ar);
+            return dfl_preperr("prompt %s turn %d, autoregressive run", pid, turn + 1);
+        }
+        const int na = as.generated + as.extended, nt = t->n + t->n_ext;
+        e.first_mismatch = ref_first_divergence(t->ids, nt < na ? nt : na, ar, nt < na ? nt : na);
+        if (e.first_mismatch < 0 && as.generated != t->n) e.first_mismatch = as.generated < t->n ? as.generated : t->n;
+        e.match = e.first_mismatch < 0;
+        if (!e.match) {
+            r->res.mismatches++;
+            logf_(r, "\ndfl eval: MISMATCH prompt %s turn %d: the recording run (drafter %s, %s) differs from the "
+                     "autoregressive one at token %d\n", pid, turn + 1, o->drafters[0], mode, e.first_mismatch);
+        }
+        if (done_find(&r->done, pid, turn, "", "ar", "online", "dfl") < 0) {
+            eval_result a;
+            result_head(&a, pid, turn, "", "ar", "online", "dfl");
+            eval_result_from_stats(&a, &as);
+            rc = write_result(r, &a, ar, as.generated);
+        }
+        free(ar);
+        if (rc) return rc;
+    }
+    if (done_find(&r->done, pid, turn, o->drafters[0], mode, "online", "dfl") < 0 &&
+        write_result(r, &e, t->ids, t->n))
+        return DFL_ERR;
+    return DFL_OK;
+}
+
+static int save_truth(run *r, const char *pid, int turn, int index, const eval_truth *t) {
+    char name[64];
+    eval_features_name(index, turn, name, sizeof name);
+    char *path = dfl_path_join(r->o->save_features, name);
+    eval_features_meta meta = {.turn = turn, .max_new = r->max_new, .id = r->id};
+    snprintf(meta.prompt_id, sizeof meta.prompt_id, "%s", pid);
+    snprintf(meta.target, sizeof meta.target, "%s", r->o->target);
+    int rc = eval_features_save(path, t, &meta);
+    free(path);
+    if (rc) return rc;
+    fprintf(r->manf, "{\"index\": %d, \"prompt_id\": ", index);
+    dfl_json_write_string(r->manf, pid);
+    fprintf(r->manf, ", \"turn\": %d, \"file\": \"%s\", \"prompt_tokens\": %d, \"tokens\": %d}\n", turn, name,
+            t->n_prompt, t->n);
+    if (fflush(r->manf) != 0) return dfl_seterr("%s/manifest.jsonl: write error: %s", r->o->save_features, strerror(errno));
+    return DFL_OK;
+}
+
+/* A saved truth for this unit, checked against this target (features_dir or a resumed save). */
+static int load_truth(run *r, const char *dir, const unit *u, eval_truth *t) {
+    char *path = dfl_path_join(dir, u->file);
+    eval_features_meta meta;
+    eval_truth_free(t);
+    int rc = eval_features_load(path, t, &meta, r->m.cfg.vocab);
+    if (rc == DFL_OK && (strcmp(meta.prompt_id, u->prompt_id) != 0 || meta.turn != u->turn))
+        rc = dfl_seterr("%s: holds prompt %s turn %d, the manifest says prompt %s turn %d", path, meta.prompt_id,
+                        meta.turn + 1, u->prompt_id, u->turn + 1);
+    if (rc == DFL_OK) rc = eval_target_id_check(&meta.id, &r->id, path);
+    if (rc == DFL_OK && meta.max_new != r->max_new)
+        rc = dfl_seterr("%s: recorded with --max-new %d, this run has %d", path, meta.max_new, r->max_new);
+    free(path);
+    return rc;
+}
+
+static int unit_replay(run *r, const eval_prompt *p, int index, int turn, const int32_t *pids, int np, eval_truth *t,
+                       int32_t *out, int32_t *truth, int *n_truth, double *last_tau) {
+    const eval_opts *o = r->o;
+    if (unit_complete(r, p->id, turn)) return unit_truth_ids(r, p->id, turn, truth, n_truth);
+    const unit *saved = o->save_features ? unit_find(&r->saved, index, turn) : NULL;
+    int recorded = 0;
+    if (saved) {
+        if (load_truth(r, o->save_features, saved, t)) return DFL_ERR;
+        if (t->n_prompt != np || memcmp(t->prompt, pids, (size_t)np * sizeof *pids) != 0)
+            return dfl_seterr("%s/%s: recorded from other prompt ids than prompt %s turn %d has now (another prompt "
+                              "file, --chat or tokenizer?)", o->save_features, saved->file, p->id, turn + 1);
+        /* resumed: the saved truth; its online line is there unless a crash fell in between */
+        char mode[32];
+        mode_name(r->rec_budget, mode, sizeof mode);
+        if (done_find(&r->done, p->id, turn, o->drafters[0], mode, "online", "dfl") < 0 ||
+            (o->check_ar && done_find(&r->done, p->id, turn, "", "ar", "online", "dfl") < 0)) {
+            if (record(r, p->id, turn, pids, np, t, out, last_tau)) return DFL_ERR;
+            recorded = 1;
+        }
+    } else {
+        if (record(r, p->id, turn, pids, np, t, out, last_tau)) return DFL_ERR;
+        recorded = 1;
+        if (o->save_features && save_truth(r, p->id, turn, index, t)) return DFL_ERR;
+    }
+    if (recorded && check_reference(r, p->id, turn, pids, np, t->ids, t->n)) return DFL_ERR;
+    *n_truth = t->n;
+    memcpy(truth, t->ids, (size_t)t->n * sizeof *truth);
+    if (replay_all(r, p->id, turn, t, "dfl", recorded, last_tau)) return DFL_ERR;
+    if (o->features_from && replay_pipeline(r, p->id, turn, index, t, last_tau)) return DFL_ERR;
+    return DFL_OK;
+}
+
+/* ---- setup -------------------------------------------------------------------------------- */
+
+static int check_opts(const eval_opts *o) {
+    if (!o->n_drafters || !o->out) return dfl_seterr("needs at least one --drafter and --out");
+    if (!o->features_dir && (!o->target || !o->prompts)) return dfl_seterr("needs --target and --prompts");
+    if (o->features_dir && o->prompts) return dfl_seterr("--features replays the saved prompts: give no --prompts");
+    if (o->reference && o->reference_url) return dfl_seterr("give --reference or --reference-url, not both");
+    if (o->n_modes < 1 || o->n_modes > EVAL_MAX_MODES) return dfl_seterr("1 to %d modes", EVAL_MAX_MODES);
+    for (int k = 0; k < o->n_modes; k++) {
+        const int lim = o->online ? DDTREE_MAX_BUDGET : DDTREE_MAX_NODES;
+        if (o->budgets[k] < 0 || o->budgets[k] > lim)
+            return dfl_seterr("--tree-budget %d: must be in [0, %d]%s", o->budgets[k], lim,
+                              o->online ? " online (the target verifies the tree; replay goes further)" : "");
+        if (o->budgets[k] && o->temperature > 0)
+            return dfl_seterr("DDTree (--tree-budget > 0) is greedy: it cannot be combined with --temperature");
+    }
+    if (o->online) {
+        if (o->features_dir || o->features_from || o->save_features || o->check_ar || o->record_budget >= 0)
+            return dfl_seterr("--online runs every drafter x mode on the target: --features, --features-from, "
+                              "--save-features, --check-ar and --record-mode belong to replay");
+    } else {
+        if (o->temperature > 0)
+            return dfl_seterr("replay is exact at temperature 0 only (at T > 0 the target's sampled continuation "
+                              "depends on the drafter's proposals): use --online for sampled evaluation");
+        if (o->features_dir && (o->save_features || o->check_ar || o->record_budget >= 0))
+            return dfl_seterr("--features runs no target forward: --save-features, --check-ar and --record-mode "
+                              "need a recording run");
+        if (o->record_budget >= 0) {
+            int found = 0;
+            for (int k = 0; k < o->n_modes; k++) found |= o->budgets[k] == o->record_budget;
+            if (o->record_budget > DDTREE_MAX_BUDGET)
+                return dfl_seterr("--record-mode ddtree-%d: the target verifies at most %d nodes", o->record_budget,
+                                  DDTREE_MAX_BUDGET);
+            (void)found; /* any verification mode records the same truth */
+        } else if (o->budgets[0] > DDTREE_MAX_BUDGET) {
+            return dfl_seterr("the first mode (ddtree-%d) is the recording mode, but the target verifies at most %d "
+                              "nodes: give --record-mode", o->budgets[0], DDTREE_MAX_BUDGET);
+        }
+    }
+    return DFL_OK;
+}
+
+/* Exclusive use of the output directory while the run writes it. */
+static int take_lock(run *r) {
+    char *path = dfl_path_join(r->o->out, ".lock");
+    r->lock_fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    int rc = DFL_OK;
+    if (r->lock_fd < 0) rc = dfl_seterr("%s: cannot open: %s", path, strerror(errno));
+    else if (flock(r->lock_fd, LOCK_EX | LOCK_NB) != 0)
+        rc = dfl_seterr("%s: another dfl eval is writing this directory (%s is locked); wait for it or use another "
+                        "--out", r->o->out, path);
+    free(path);
+    return rc;
+}
+
+static int open_drafters(run *r) {
+    const eval_opts *o = r->o;
+    for (; r->n_open < o->n_drafters; r->n_open++) {
+        dfl_drafter *d = &r->ds[r->n_open];
+        if (drafter_open(d, o->drafters[r->n_open], r->m.cfg.n_layers) != DFL_OK) {
+            if (d->dir) drafter_close(d);
+            return DFL_ERR;
+        }
+        if (drafter_check_target(d, &r->m) != DFL_OK) {
+            drafter_close(d);
+            return DFL_ERR;
+        }
+        if (o->block && o->block > d->cfg.block_size) {
+            dfl_seterr("--block-size %d exceeds drafter %s's block_size %d", o->block, o->drafters[r->n_open],
+                       d->cfg.block_size);
+            drafter_close(d);
+            return DFL_ERR;
+        }
+        const int b = o->block ? o->block : d->cfg.block_size;
+        r->block[r->n_open] = b;
+        r->max_block = b > r->max_block ? b : r->max_block;
+    }
+    /* the truth's layers: every drafter's, and --save-layers */
+    int all[EVAL_MAX_FEAT_LAYERS * 2], n = 0;
+    for (int d = 0; d < o->n_drafters; d++)
+        for (int i = 0; i < r->ds[d].cfg.n_target_ids && n < EVAL_MAX_FEAT_LAYERS; i++)
+            all[n++] = r->ds[d].cfg.target_layer_ids[i];
+    if (o->n_save_layers < 0)
+        for (int k = 0; k < r->m.cfg.n_layers && n < 2 * EVAL_MAX_FEAT_LAYERS; k++) all[n++] = k;
+    for (int i = 0; i < o->n_save_layers && n < 2 * EVAL_MAX_FEAT_LAYERS; i++) {
+        if (o->save_layers[i] < 0 || o->save_layers[i] >= r->m.cfg.n_layers)
+            return dfl_seterr("--save-layers: layer %d does not exist; the target has decoder layers 0..%d",
+                              o->save_layers[i], r->m.cfg.n_layers - 1);
+        all[n++] = o->save_layers[i];
+    }
+    eval_truth t;
+    if (eval_truth_init(&t, r->m.cfg.hidden, all, n)) return DFL_ERR;
+    r->n_layers = t.n_layers;
+    memcpy(r->layers, t.layers, sizeof r->layers);
+    for (int d = 0; d < o->n_drafters; d++)
+        for (int i = 0; i < r->ds[d].cfg.n_target_ids; i++)
+            r->col[d][i] = eval_truth_column(&t, r->ds[d].cfg.target_layer_ids[i]);
+    return DFL_OK;
+}
+
+/* The states, sized for the longest unit: ctx positions, batch tokens per forward. */
+static int alloc_states(run *r, int max_ctx, int batch) {
+    const eval_opts *o = r->o;
+    if (!r->from_features) {
+        if (state_init(&r->st, &r->m, max_ctx, batch, 1) != DFL_OK) return DFL_ERR;
+        r->have_state = 1;
+        int online_trees = 0;
+        if (o->online) online_trees = r->max_budget;
+        else online_trees = r->rec_budget;
+        if (online_trees && state_enable_tree(&r->st, online_trees + 1) != DFL_OK) return DFL_ERR;
+    }
+    for (; r->n_dstate < o->n_drafters; r->n_dstate++)
+        if (dstate_init(&r->dst[r->n_dstate], &r->ds[r->n_dstate], &r->m, max_ctx, r->block[r->n_dstate]) != DFL_OK)
+            return DFL_ERR;
+    if (!o->online)
+        for (; r->n_cache < o->n_drafters; r->n_cache++)
+            if (eval_draft_cache_init(&r->cache[r->n_cache], r->max_budget, r->m.cfg.vocab, r->block[r->n_cache]))
+                return DFL_ERR;
+    return DFL_OK;
+}
+
+static void write_costs_json(FILE *x, const eval_costs *c) {
+    fprintf(x, "{\"measured\": %s, \"context\": %d, \"reps\": %d, \"chain\": {", c->ok ? "true" : "false", c->context,
+            c->reps);
+    for (int i = 0; i < c->n_chain; i++) fprintf(x, "%s\"%d\": %.6f", i ? ", " : "", c->chain_n[i], c->chain_s[i]);
+    fprintf(x, "}, \"tree\": {");
+    for (int i = 0; i < c->n_tree; i++) {
+        fprintf(x, "%s\"%d\": ", i ? ", " : "", c->tree_budget[i]);
+        if (c->tree_s[i] >= 0) fprintf(x, "%.6f", c->tree_s[i]);
+        else fprintf(x, "null");
+    }
+    fprintf(x, "}, \"note\": ");
+    dfl_json_write_string(x, c->note);
+    fprintf(x, "}");
+}
+
+/* target.json of a features directory: the costs measured when recording (for the modeled
+ * speedup of later runs that have no target forward). */
+static int costs_load(eval_costs *c, const char *dir) {
+    memset(c, 0, sizeof *c);
+    char *path = dfl_path_join(dir, "target.json");
+    char *txt = dfl_read_file(path, NULL);
+    free(path);
+    if (!txt) {
+        dfl_clearerr();
+        return DFL_OK;
+    }
+    cJSON *o = cJSON_Parse(txt);
+    free(txt);
+    const cJSON *co = cJSON_GetObjectItemCaseSensitive(o, "costs");
+    if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(co, "measured"))) {
+        const cJSON *e;
+        cJSON_ArrayForEach(e, cJSON_GetObjectItemCaseSensitive(co, "chain")) {
+            if (c->n_chain < EVAL_MAX_COSTS && cJSON_IsNumber(e) && atoi(e->string) >= 1) {
+                c->chain_n[c->n_chain] = atoi(e->string);
+                c->chain_s[c->n_chain++] = e->valuedouble;
+            }
+        }
+        cJSON_ArrayForEach(e, cJSON_GetObjectItemCaseSensitive(co, "tree")) {
+            if (c->n_tree < EVAL_MAX_COSTS && atoi(e->string) >= 1) {
+                c->tree_budget[c->n_tree] = atoi(e->string);
+                c->tree_s[c->n_tree++] = cJSON_IsNumber(e) ? e->valuedouble : -1;
+            }
+        }
+        const cJSON *ctx = cJSON_GetObjectItemCaseSensitive(co, "context"), *reps = cJSON_GetObjectItemCaseSensitive(co, "reps");
+        c->context = cJSON_IsNumber(ctx) ? (int)ctx->valuedouble : 0;
+        c->reps = cJSON_IsNumber(reps) ? (int)reps->valuedouble : 0;
+        c->ok = c->n_chain > 0;
+        snprintf(c->note, sizeof c->note, "measured when the features were recorded (target.json)");
+    }
+    cJSON_Delete(o);
+    return DFL_OK;
+}
+
+static int write_target_json(run *r) {
+    char *path = dfl_path_join(r->o->save_features, "target.json");
+    FILE *f = fopen(path, "w");
+    if (!f) {
+        int rc = dfl_seterr("%s: cannot create: %s", path, strerror(errno));
+        free(path);
+        return rc;
+    }
+    fprintf(f, "{\"format\": \"dfl-features-1\", \"target\": ");
+    dfl_json_write_string(f, r->o->target);
+    fprintf(f, ", \"config_hash\": \"%s\", \"weights_hash\": \"%s\", \"layout\": \"%s\", \"dtype\": \"%s\", "
+               "\"layers\": [", r->id.config_hash, r->id.weights_hash, r->id.layout, r->id.dtype);
+    for (int i = 0; i < r->n_layers; i++) fprintf(f, "%s%d", i ? ", " : "", r->layers[i]);
+    fprintf(f, "], \"max_new\": %d, \"prompts_file\": ", r->max_new);
+    dfl_json_write_string(f, r->o->prompts);
+    fprintf(f, ", \"costs\": ");
+    write_costs_json(f, &r->costs);
+    fprintf(f, "}\n");
+    int rc = fclose(f) == 0 ? DFL_OK : dfl_seterr("%s: write error", path);
+    free(path);
+    return rc;
+}
+
+static int write_summary(run *r) {
+    const eval_opts *o = r->o;
+    done_free(&r->done);
+    if (load_done(&r->done, r->res_path) != DFL_OK) return DFL_ERR;
+    eval_summary sm;
+    eval_summarize(&sm, r->done.r, r->done.n);
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    char *extra = NULL;
+    size_t extra_len = 0;
+    FILE *x = open_memstream(&extra, &extra_len);
+    char mode[32];
+    mode_name(r->rec_budget, mode, sizeof mode);
+    fprintf(x, "\"run\": {\"method\": \"%s\", \"target\": ", r->from_features ? "replay-from-features"
+                                                            : r->replay        ? "replay"
+                                                                               : "online");
+    dfl_json_write_string(x, r->m.dir);
+    fprintf(x, ", \"prompts_file\": ");
+    dfl_json_write_string(x, o->prompts ? o->prompts : "");
+    if (r->replay && !r->from_features) {
+        fprintf(x, ", \"recording\": {\"drafter\": ");
+        dfl_json_write_string(x, o->drafters[0]);
+        fprintf(x, ", \"mode\": \"%s\", \"checked_against_autoregressive\": %s}", mode, o->check_ar ? "true" : "false");
+    }
+    if (o->features_dir || o->save_features) {
+        fprintf(x, ", \"features_dir\": ");
+        dfl_json_write_string(x, o->features_dir ? o->features_dir : o->save_features);
+    }
+    if (o->features_from) {
+        fprintf(x, ", \"features_from\": ");
+        dfl_json_write_string(x, o->features_from);
+    }
+    fprintf(x, ", \"feature_layers\": [");
+    for (int i = 0; i < r->n_layers; i++) fprintf(x, "%s%d", i ? ", " : "", r->layers[i]);
+    fprintf(x, "], \"max_new\": %d, \"chat\": \"%s\", \"temperature\": %g, \"seed\": %ld, \"shard\": \"%d/%d\", "
+               "\"threads\": %d, \"weight_bytes\": %llu, \"state_bytes\": %llu, \"peak_rss_bytes\": %ld, "
+               "\"bad_prompt_lines\": [",
+            r->max_new, o->chat == DFL_CHAT_NONE ? "none" : o->chat == DFL_CHAT_CHATML ? "chatml" : "chatml-nothink",
+            o->temperature, o->seed, o->shard_i, o->shard_n, omp_get_max_threads(),
+            (unsigned long long)r->m.weight_bytes, (unsigned long long)(r->have_state ? r->st.bytes : 0),
+            ru.ru_maxrss * 1024L);
+    for (int i = 0; i < r->ps.n_bad; i++) fprintf(x, "%s%d", i ? ", " : "", r->ps.bad_lines[i]);
+    fprintf(x, "]}");
+    if (r->replay) {
+        fprintf(x, ",\n  \"costs\": ");
+        write_costs_json(x, &r->costs);
+    }
+    if (o->reference || o->reference_url) {
+        fprintf(x, ",\n  \"reference\": {\"source\": ");
+        dfl_json_write_string(x, o->reference ? o->reference : o->reference_url);
+        fprintf(x, ", \"compared\": %d, \"identical\": %d, \"diverged\": %d, \"details\": \"reference.jsonl\"}",
+                r->ref_compared, r->ref_agree, r->ref_compared - r->ref_agree);
+    }
+    fclose(x);
+    int rc = eval_write_reports(&sm, o->out, extra);
+    for (int a = 1; a < sm.n_agg && rc == DFL_OK; a++) {
+        const eval_agg *g = &sm.agg[a];
+        const double sp = eval_agg_speedup(g), spm = eval_agg_speedup_modeled(g);
+        logf_(r, "[dfl eval] %s %s: tau %.3f (token-weighted %.3f)", g->label, g->mode, eval_agg_tau(g),
+              eval_agg_tau_tokens(g));
+        if (sp > 0) logf_(r, ", speedup %.2fx", sp);
+        if (spm > 0) logf_(r, ", modeled speedup %.2fx", spm);
+        logf_(r, "\n");
+        if (g->mismatches) logf_(r, "[dfl eval]   %d mismatches\n", g->mismatches);
+    }
+    if (o->reference || o->reference_url)
+        logf_(r, "[dfl eval] reference: %d of %d outputs identical\n", r->ref_agree, r->ref_compared);
+    eval_summary_free(&sm);
+    free(extra);
+    return rc;
+}
+
+static void run_free(run *r) {
+    const eval_opts *o = r->o;
+    if (r->resf) fclose(r->resf);
+    if (r->reff) fclose(r->reff);
+    if (r->manf) fclose(r->manf);
+    free(r->res_path), free(r->ref_path), free(r->acc), free(r->saved.u);
+    done_free(&r->done);
+    ref_set_free(&r->refs);
+    if (r->tok) tok_close(r->tok);
+    for (int d = 0; d < r->n_cache; d++) eval_draft_cache_free(&r->cache[d]);
+    for (int d = 0; d < r->n_dstate; d++) dstate_free(&r->dst[d]);
+    if (r->have_state) state_free(&r->st);
+    for (int d = 0; d < r->n_open; d++) drafter_close(&r->ds[d]);
+    if (r->have_model) model_close(&r->m);
+    if (r->lock_fd > 0) close(r->lock_fd);
+    eval_prompts_free(&r->ps);
+    (void)o;
+}
+
+static void sniff_format(const char *path, eval_format *fmt) {
+    FILE *f = fopen(path, "r");
+    char line[8192] = "";
+    if (f) {
+        if (!fgets(line, sizeof line, f)) line[0] = 0;
+        fclose(f);
+    }
+    *fmt = strstr(line, "\"turns\"") ? EVAL_FMT_MTBENCH : EVAL_FMT_GSM8K;
+}
+
+int eval_run(const eval_opts *o, eval_outcome *res) {
+    run rr, *r = &rr;
+    memset(r, 0, sizeof *r);
+    r->o = o;
+    r->lock_fd = -1;
+    r->max_new = o->max_new;
+    r->replay = !o->online;
+    r->from_features = o->features_dir != NULL;
+    r->rec_budget = o->record_budget >= 0 ? o->record_budget : o->budgets[0];
+    for (int k = 0; k < o->n_modes; k++) r->max_budget = o->budgets[k] > r->max_budget ? o->budgets[k] : r->max_budget;
+    memset(res, 0, sizeof *res);
+    int rc = check_opts(o);
+    if (rc) return rc;
+
+    /* every input is checked before any work */
+    const char *target = o->target;
+    char rec_target[4096] = "";
+    if (r->from_features) {
+        if ((rc = manifest_load(&r->saved, o->features_dir, 1))) goto out;
+        if (r->saved.n == 0) {
+            rc = dfl_seterr("%s/manifest.jsonl lists no saved truths", o->features_dir);
+            goto out;
+        }
+        char *p0 = dfl_path_join(o->features_dir, r->saved.u[0].file);
+        st_model st;
+        if ((rc = st_open_file(&st, p0)) == DFL_OK) {
+            rc = st_meta_get(&st, 0, "target", rec_target, sizeof rec_target);
+            char mx[32];
+            if (rc == DFL_OK && st_meta_get(&st, 0, "max_new", mx, sizeof mx) == DFL_OK) r->max_new = atoi(mx);
+            st_close(&st);
+        }
+        free(p0);
+        if (rc) goto out;
+        if (!target) target = rec_target;
+    } else {
+        eval_format fmt = o->fmt;
+        if (!o->have_fmt) sniff_format(o->prompts, &fmt);
+        if ((rc = eval_prompts_load(&r->ps, o->prompts, fmt, o->field, o->limit, o->keep_going))) goto out;
+        for (int i = 0; i < r->ps.n_bad; i++)
+            logf_(r, "dfl eval: %s:%d: malformed prompt line skipped\n", o->prompts, r->ps.bad_lines[i]);
+    }
+    if ((rc = model_open(&r->m, target, 0))) {
+        if (r->from_features && !o->target)
+            dfl_preperr("the target the features were recorded on (give --target for its embedding and lm_head)");
+        goto out;
+    }
+    r->have_model = 1;
+    if ((rc = eval_target_identity(&r->m, &r->id))) goto out;
+    if ((rc = open_drafters(r))) goto out;
+    if (!r->from_features || o->reference) {
+        if (!(r->tok = tok_open(target))) {
+            rc = DFL_ERR;
+            goto out;
+        }
+    }
+    if (o->reference && (rc = ref_file_load(&r->refs, o->reference, r->tok))) goto out;
+    if ((rc = mkdir_p(o->out)) || (rc = take_lock(r))) goto out;
+    if (o->save_features) {
+        if ((rc = mkdir_p(o->save_features))) goto out;
+        if (o->resume && (rc = manifest_load(&r->saved, o->save_features, 0))) goto out;
+        char *mp = dfl_path_join(o->save_features, "manifest.jsonl");
+        r->manf = fopen(mp, o->resume ? "a" : "w");
+        free(mp);
+        if (!r->manf) {
+            rc = dfl_seterr("%s/manifest.jsonl: cannot write", o->save_features);
+            goto out;
+        }
+    }
+    r->res_path = dfl_path_join(o->out, "results.jsonl");
+    r->ref_path = dfl_path_join(o->out, "reference.jsonl");
+    struct stat stt;
+    if (!o->resume && stat(r->res_path, &stt) == 0 && stt.st_size > 0) {
+        rc = dfl_seterr("%s already holds results: use --resume to continue it, or another --out", r->res_path);
+        goto out;
+    }
+    if ((rc = load_done(&r->done, r->res_path))) goto out;
+    if (o->resume && stat(r->res_path, &stt) == 0 && r->done.good_end < stt.st_size &&
+        truncate(r->res_path, r->done.good_end) != 0) {
+        rc = dfl_seterr("%s: cannot drop the partial last line", r->res_path);
+        goto out;
+    }
+    r->resf = fopen(r->res_path, o->resume ? "a" : "w");
+    r->reff = (o->reference || o->reference_url) ? fopen(r->ref_path, o->resume ? "a" : "w") : NULL;
+    if (!r->resf || ((o->reference || o->reference_url) && !r->reff)) {
+        rc = dfl_seterr("%s: cannot write", o->out);
+        goto out;
+    }
+
+    /* sizes: the longest unit; second turns add an answer and a question */
+    int max_prompt = 0, n_units = 0;
+    if (r->from_features) {
+        for (int i = 0; i < r->saved.n; i++) {
+            const unit *u = &r->saved.u[i];
+            if (u->index % o->shard_n != o->shard_i) continue;
+            n_units++;
+            max_prompt = u->prompt_tokens > max_prompt ? u->prompt_tokens : max_prompt;
+        }
+    } else {
+        for (int i = 0; i < r->ps.n; i++) {
+            int need = 0;
+            n_units += i % o->shard_n == o->shard_i;
+            for (int t = 0; t < (o->first_turn ? 1 : r->ps.p[i].n_turns); t++) {
+                char *txt = prompt_format(r->ps.p[i].turns[t], (dfl_chat)o->chat);
+                int32_t *ids;
+                size_t n;
+                if (tok_encode(r->tok, txt, strlen(txt), &ids, &n) != DFL_OK) {
+                    free(txt);
+                    rc = dfl_preperr("prompt %s", r->ps.p[i].id);
+                    goto out;
+                }
+                need += (int)n + (t ? o->max_new + 8 : 0);
+                free(ids);
+                free(txt);
+            }
+            max_prompt = need > max_prompt ? need : max_prompt;
+        }
+    }
+    const int tree_slots = o->online ? r->max_budget : r->rec_budget;
+    const int max_ctx = o->max_ctx ? o->max_ctx : max_prompt + r->max_new + tree_slots + r->max_block;
+    const int chunk = max_prompt < 512 ? max_prompt : 512;
+    int batch = chunk > r->max_block ? chunk : r->max_block;
+    if (tree_slots + 1 > batch) batch = tree_slots + 1;
+    if ((rc = alloc_states(r, max_ctx, batch))) goto out;
+
+    /* the target's costs for the modeled speedup, on the first prompt */
+    if (r->replay && !r->from_features && o->cost_reps > 0 && r->ps.n > 0) {
+        char *txt = prompt_format(r->ps.p[0].turns[0], (dfl_chat)o->chat);
+        int32_t *ids = NULL;
+        size_t n = 0;
+        rc = tok_encode(r->tok, txt, strlen(txt), &ids, &n);
+        free(txt);
+        if (rc == DFL_OK)
+            rc = eval_costs_measure(&r->costs, &r->m, &r->dst[0], ids, (int)n, r->block, o->n_drafters, o->budgets,
+                                    o->n_modes, o->cost_reps);
+        free(ids);
+        if (rc) goto out;
+    } else if (r->from_features) {
+        costs_load(&r->costs, o->features_dir);
+    }
+    if (o->save_features && (rc = write_target_json(r))) goto out;
+
+    int32_t *truth = malloc((size_t)(r->max_new + r->max_block) * sizeof(int32_t));
+    int32_t *out = malloc((size_t)(r->max_new + r->max_block) * sizeof(int32_t));
+    eval_truth t;
+    eval_truth_init(&t, r->m.cfg.hidden, r->layers, r->n_layers);
+    eval_progress pg = {.total = n_units};
+    if (r->from_features) {
+        for (int i = 0; i < r->saved.n && rc == DFL_OK; i++) {
+            const unit *u = &r->saved.u[i];
+            if (u->index % o->shard_n != o->shard_i) continue;
+            double last_tau = 0;
+            if (!unit_complete(r, u->prompt_id, u->turn)) {
+                rc = load_truth(r, o->features_dir, u, &t);
+                if (rc == DFL_OK) rc = check_reference(r, u->prompt_id, u->turn, t.prompt, t.n_prompt, t.ids, t.n);
+                if (rc == DFL_OK) rc = replay_all(r, u->prompt_id, u->turn, &t, "dfl", 0, &last_tau);
+                if (rc == DFL_OK && o->features_from) rc = replay_pipeline(r, u->prompt_id, u->turn, u->index, &t, &last_tau);
+            }
+            pg.done++, pg.what = u->prompt_id, pg.last_tau = last_tau;
+            if (o->on_progress) o->on_progress(o->progress_ud, &pg);
+        }
+    } else {
+        for (int i = 0; i < r->ps.n && rc == DFL_OK; i++) {
+            if (i % o->shard_n != o->shard_i) continue;
+            const eval_prompt *p = &r->ps.p[i];
+            char *answer1 = NULL;
+            double last_tau = 0;
+            for (int turn = 0; turn < (o->first_turn ? 1 : p->n_turns) && rc == DFL_OK; turn++) {
+                char *txt = turn_text(p, turn, answer1 ? answer1 : "", (dfl_chat)o->chat);
+                int32_t *pids = NULL;
+                size_t np = 0;
+                rc = tok_encode(r->tok, txt, strlen(txt), &pids, &np);
+                free(txt);
+                if (rc == DFL_OK && (int)np + r->max_new + tree_slots > max_ctx)
+                    rc = dfl_seterr("prompt %s turn %d: %zu tokens + --max-new %d exceed the context %d", p->id,
+                                    turn + 1, np, r->max_new, max_ctx);
+                int n_truth = 0;
+                if (rc == DFL_OK)
+                    rc = r->replay ? unit_replay(r, p, i, turn, pids, (int)np, &t, out, truth, &n_truth, &last_tau)
+                                   : unit_online(r, p->id, turn, pids, (int)np, truth, &n_truth, out, &last_tau);
+                if (rc == DFL_OK && turn == 0 && !o->first_turn && p->n_turns > 1)
+                    answer1 = prompt_decode(r->tok, truth, (size_t)n_truth, NULL);
+                free(pids);
+            }
+            free(answer1);
+            pg.done++, pg.what = p->id, pg.last_tau = last_tau;
+            if (o->on_progress) o->on_progress(o->progress_ud, &pg);
+        }
+    }
+    eval_truth_free(&t);
+    free(truth);
+    free(out);
+    if (rc == DFL_OK) {
+        fclose(r->resf);
+        r->resf = NULL;
+        rc = write_summary(r);
+    }
+out:
+    *res = r->res;
+    run_free(r);
+    return rc;
+}
