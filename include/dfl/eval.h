@@ -158,6 +158,8 @@ typedef struct eval_opts {
 
 /* Defaults: max_new 256, chatml, chain only, shard 0/1, replay, cost_reps 3. */
 void eval_opts_default(eval_opts *o);
+/* The options' consistency (modes, budgets, replay vs online); eval_run checks it too. */
+int eval_opts_check(const eval_opts *o);
 
 typedef struct eval_outcome {
     int mismatches;              /* speculative outputs (online) or truths (--check-ar) that differ */

@@ -219,6 +219,7 @@ int cmd_eval(int argc, char **argv) {
     const char *pm;
     int rc = parse_args(&o, save_layers, &pm, argc, argv);
     if (rc) return rc;
+    if (eval_opts_check(&o) != DFL_OK) return cli_usage_error("eval", "%s", dfl_errmsg());
     progress pg = {.t0 = dfl_now(), .quiet = strcmp(pm, "none") == 0};
     pg.bar = strcmp(pm, "bar") == 0 || (strcmp(pm, "auto") == 0 && isatty(2));
     o.log = pg.quiet ? NULL : stderr;

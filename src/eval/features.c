@@ -169,7 +169,7 @@ static int read_layers(const st_model *st, const char *path, eval_truth *t, int 
 }
 
 int eval_features_load(const char *path, eval_truth *t, eval_features_meta *meta, int vocab) {
-    st_model st;
+    st_model st = {0};
     if (st_open_file(&st, path) != DFL_OK) return DFL_ERR;
     int rc = DFL_ERR, np = 0, n = 0, ext = 0;
     char fmt[64], stop[16];
@@ -213,7 +213,7 @@ done:
 }
 
 int eval_features_load_pipeline(const char *path, const eval_truth *ref, eval_truth *t) {
-    st_model st;
+    st_model st = {0};
     if (st_open_file(&st, path) != DFL_OK) return DFL_ERR;
     const int rows = ref->n_rows;
     int rc = DFL_ERR;

@@ -592,7 +592,7 @@ static int unit_replay(run *r, const eval_prompt *p, int index, int turn, const 
 
 /* ---- setup -------------------------------------------------------------------------------- */
 
-static int check_opts(const eval_opts *o) {
+int eval_opts_check(const eval_opts *o) {
     if (!o->n_drafters || !o->out) return dfl_seterr("needs at least one --drafter and --out");
     if (!o->features_dir && (!o->target || !o->prompts)) return dfl_seterr("needs --target and --prompts");
     if (o->features_dir && o->prompts) return dfl_seterr("--features replays the saved prompts: give no --prompts");
@@ -899,7 +899,7 @@ int eval_run(const eval_opts *o, eval_outcome *res) {
     r->rec_budget = o->record_budget >= 0 ? o->record_budget : o->budgets[0];
     for (int k = 0; k < o->n_modes; k++) r->max_budget = o->budgets[k] > r->max_budget ? o->budgets[k] : r->max_budget;
     memset(res, 0, sizeof *res);
-    int rc = check_opts(o);
+    int rc = eval_opts_check(o);
     if (rc) return rc;
 
     /* every input is checked before any work */
@@ -912,11 +912,14 @@ int eval_run(const eval_opts *o, eval_outcome *res) {
             goto out;
         }
         char *p0 = dfl_path_join(o->features_dir, r->saved.u[0].file);
-        st_model st;
+        st_model st = {0};
         if ((rc = st_open_file(&st, p0)) == DFL_OK) {
             rc = st_meta_get(&st, 0, "target", rec_target, sizeof rec_target);
             char mx[32];
             if (rc == DFL_OK && st_meta_get(&st, 0, "max_new", mx, sizeof mx) == DFL_OK) r->max_new = atoi(mx);
+            if (rc == DFL_OK && o->max_new_set && o->max_new != r->max_new)
+                rc = dfl_seterr("%s: recorded with --max-new %d; a replay cannot give another --max-new (%d)", p0,
+                                r->max_new, o->max_new);
             st_close(&st);
         }
         free(p0);

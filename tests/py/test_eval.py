@@ -38,7 +38,7 @@ def comparable(s):
 
 def basic():
     out = os.path.join(tmp, "basic")
-    p = dfl("eval", "--target", T, "--drafter", D1, "--drafter", D2, "--prompts", GSM, "--limit", 4, "--max-new", 16,
+    p = dfl("eval", "--online", "--target", T, "--drafter", D1, "--drafter", D2, "--prompts", GSM, "--limit", 4, "--max-new", 16,
             "--tree-budget", "0,4", "--out", out, "--progress", "lines")
     rs = lines(out)
     t.check(len(rs) == 4 * (1 + 2 * 2), f"results lines: {len(rs)}")
@@ -68,10 +68,10 @@ def resume(base):
         text = f.read()
     with open(os.path.join(out, "results.jsonl"), "w") as f:  # an interrupted run: 2.5 prompts written
         f.write(text[: text.index('{"prompt_id": "3"') + 40])
-    p = dfl("eval", "--target", T, "--drafter", D1, "--drafter", D2, "--prompts", GSM, "--limit", 4, "--max-new", 16,
+    p = dfl("eval", "--online", "--target", T, "--drafter", D1, "--drafter", D2, "--prompts", GSM, "--limit", 4, "--max-new", 16,
             "--tree-budget", "0,4", "--out", out, check=False)
     t.check(p.returncode != 0 and "--resume" in p.stderr, "existing results need --resume")
-    dfl("eval", "--target", T, "--drafter", D1, "--drafter", D2, "--prompts", GSM, "--limit", 4, "--max-new", 16,
+    dfl("eval", "--online", "--target", T, "--drafter", D1, "--drafter", D2, "--prompts", GSM, "--limit", 4, "--max-new", 16,
         "--tree-budget", "0,4", "--out", out, "--resume")
     rs = lines(out)
     keys = [(r["prompt_id"], r["turn"], r["drafter"], r["mode"]) for r in rs]
@@ -83,7 +83,7 @@ def shards(base):
     outs = []
     for i in range(2):
         o = os.path.join(tmp, f"shard{i}")
-        dfl("eval", "--target", T, "--drafter", D1, "--drafter", D2, "--prompts", GSM, "--limit", 4, "--max-new", 16,
+        dfl("eval", "--online", "--target", T, "--drafter", D1, "--drafter", D2, "--prompts", GSM, "--limit", 4, "--max-new", 16,
             "--tree-budget", "0,4", "--out", o, "--shard", f"{i}/2")
         outs.append(o)
     t.check(summary(outs[0])["prompts"] == 2, "a shard holds half the prompts")
@@ -94,32 +94,32 @@ def shards(base):
 
 def mtbench():
     out = os.path.join(tmp, "mtb")
-    dfl("eval", "--target", T, "--drafter", D1, "--prompts", MTB, "--format", "mtbench", "--limit", 2, "--max-new", 12,
+    dfl("eval", "--online", "--target", T, "--drafter", D1, "--prompts", MTB, "--format", "mtbench", "--limit", 2, "--max-new", 12,
         "--out", out)
     rs = lines(out)
     t.check(sorted({(r["prompt_id"], r["turn"]) for r in rs}) == [("81", 0), ("81", 1), ("82", 0), ("82", 1)],
             f"both turns: {sorted({(r['prompt_id'], r['turn']) for r in rs})}")
     out1 = os.path.join(tmp, "mtb1")
-    dfl("eval", "--target", T, "--drafter", D1, "--prompts", MTB, "--limit", 2, "--max-new", 12, "--out", out1,
+    dfl("eval", "--online", "--target", T, "--drafter", D1, "--prompts", MTB, "--limit", 2, "--max-new", 12, "--out", out1,
         "--first-turn")
     t.check({r["turn"] for r in lines(out1)} == {0}, "--first-turn: one turn (format sniffed)")
     # formats: text and jsonl:FIELD
     txt = os.path.join(tmp, "p.txt")
     open(txt, "w").write("What is 2 + 3?\n\nName a prime.\n")
     o = os.path.join(tmp, "txt")
-    dfl("eval", "--target", T, "--drafter", D1, "--prompts", txt, "--format", "text", "--max-new", 8, "--out", o)
+    dfl("eval", "--online", "--target", T, "--drafter", D1, "--prompts", txt, "--format", "text", "--max-new", 8, "--out", o)
     t.check(summary(o)["prompts"] == 2, "text format: 2 prompts (blank line skipped)")
     js = os.path.join(tmp, "p.jsonl")
     open(js, "w").write('{"id": "a", "q": "hello"}\n{"id": "b", "q": "world"}\n')
     o = os.path.join(tmp, "jsonl")
-    dfl("eval", "--target", T, "--drafter", D1, "--prompts", js, "--format", "jsonl:q", "--max-new", 8, "--out", o)
+    dfl("eval", "--online", "--target", T, "--drafter", D1, "--prompts", js, "--format", "jsonl:q", "--max-new", 8, "--out", o)
     t.check(sorted({r["prompt_id"] for r in lines(o)}) == ["a", "b"], "jsonl:FIELD with ids")
 
 
 def reference_file():
     # the truth of the VLM-layout checkpoint, as a reference for the text-only layout of the same weights
     a = os.path.join(tmp, "ref-a")
-    dfl("eval", "--target", fixture("qwen35_vlm"), "--drafter", fixture("dflash_qwen35"), "--prompts", GSM, "--limit",
+    dfl("eval", "--online", "--target", fixture("qwen35_vlm"), "--drafter", fixture("dflash_qwen35"), "--prompts", GSM, "--limit",
         3, "--max-new", 16, "--out", a)
     ref = os.path.join(tmp, "ref.jsonl")
     with open(ref, "w") as f:
@@ -127,12 +127,12 @@ def reference_file():
             if r["mode"] == "ar":
                 f.write(json.dumps({"id": r["prompt_id"], "output_ids": r["output_ids"]}) + "\n")
     same = os.path.join(tmp, "ref-same")
-    dfl("eval", "--target", fixture("qwen35_text"), "--drafter", fixture("dflash_qwen35"), "--prompts", GSM, "--limit",
+    dfl("eval", "--online", "--target", fixture("qwen35_text"), "--drafter", fixture("dflash_qwen35"), "--prompts", GSM, "--limit",
         3, "--max-new", 16, "--out", same, "--reference", ref)
     s = summary(same)["reference"]
     t.check(s["compared"] == 3 and s["identical"] == 3, f"same weights, other layout: {s}")
     other = os.path.join(tmp, "ref-other")
-    dfl("eval", "--target", fixture("qwen35_r1"), "--drafter", fixture("dflash_qwen3"), "--prompts", GSM, "--limit", 3,
+    dfl("eval", "--online", "--target", fixture("qwen35_r1"), "--drafter", fixture("dflash_qwen3"), "--prompts", GSM, "--limit", 3,
         "--max-new", 16, "--out", other, "--reference", ref, check=False)
     rr = lines(other, "reference.jsonl")
     t.check(summary(other)["reference"]["diverged"] == 3 and all(x["first_divergence"] >= 0 for x in rr),
@@ -154,12 +154,12 @@ def reference_url():
     try:
         for path in ("/v1/completions", "/generate"):
             o = os.path.join(tmp, "url" + path.replace("/", "-"))
-            dfl("eval", "--target", fixture("qwen35_text"), "--drafter", fixture("dflash_qwen35"), "--prompts", GSM,
+            dfl("eval", "--online", "--target", fixture("qwen35_text"), "--drafter", fixture("dflash_qwen35"), "--prompts", GSM,
                 "--limit", 2, "--max-new", 12, "--out", o, "--reference-url", url + path)
             s = summary(o)["reference"]
             t.check(s["compared"] == 2 and s["identical"] == 2, f"reference server {path}: {s}")
         o = os.path.join(tmp, "url-other")
-        dfl("eval", "--target", fixture("qwen35_r1"), "--drafter", fixture("dflash_qwen3"), "--prompts", GSM,
+        dfl("eval", "--online", "--target", fixture("qwen35_r1"), "--drafter", fixture("dflash_qwen3"), "--prompts", GSM,
             "--limit", 2, "--max-new", 12, "--out", o, "--reference-url", url + "/v1/completions")
         t.check(summary(o)["reference"]["diverged"] == 2, "a server with another target is caught")
     finally:
@@ -170,25 +170,25 @@ def reference_url():
 def bad_input():
     bad = os.path.join(tmp, "bad.jsonl")
     open(bad, "w").write('{"question": "ok"}\n{"question": 3}\nnot json\n{"question": "fine"}\n')
-    p = dfl("eval", "--target", T, "--drafter", D1, "--prompts", bad, "--out", os.path.join(tmp, "b1"), check=False)
+    p = dfl("eval", "--online", "--target", T, "--drafter", D1, "--prompts", bad, "--out", os.path.join(tmp, "b1"), check=False)
     t.check(p.returncode == 1 and f"{bad}:2" in p.stderr and "question" in p.stderr, f"malformed line: {p.stderr}")
     o = os.path.join(tmp, "b2")
-    p = dfl("eval", "--target", T, "--drafter", D1, "--prompts", bad, "--out", o, "--keep-going", "--max-new", 4)
+    p = dfl("eval", "--online", "--target", T, "--drafter", D1, "--prompts", bad, "--out", o, "--keep-going", "--max-new", 4)
     t.check(summary(o)["run"]["bad_prompt_lines"] == [2, 3] and summary(o)["prompts"] == 2, "keep-going lists lines")
-    p = dfl("eval", "--target", T, "--drafter", fixture("dflash_qwen35"), "--prompts", GSM, "--out",
+    p = dfl("eval", "--online", "--target", T, "--drafter", fixture("dflash_qwen35"), "--prompts", GSM, "--out",
             os.path.join(tmp, "b3"), check=False)
     t.check(p.returncode == 1 and "does not fit" in p.stderr and not os.path.exists(os.path.join(tmp, "b3")),
             f"incompatible drafter refused before any work: {p.stderr}")
-    p = dfl("eval", "--target", T, "--drafter", D1, "--prompts", "/nonexistent.jsonl", "--out",
+    p = dfl("eval", "--online", "--target", T, "--drafter", D1, "--prompts", "/nonexistent.jsonl", "--out",
             os.path.join(tmp, "b4"), check=False)
     t.check(p.returncode == 1 and "/nonexistent.jsonl" in p.stderr, "missing prompt file")
     for args, needle in ((["--tree-budget", "0,999"], "--tree-budget"), (["--tree-budget", "-1"], "--tree-budget"),
                          (["--shard", "2/2"], "--shard"), (["--tree-budget", "4", "--temperature", "1"], "greedy"),
                          (["--format", "csv"], "--format")):
-        p = dfl("eval", "--target", T, "--drafter", D1, "--prompts", GSM, "--out", os.path.join(tmp, "b5"), *args,
+        p = dfl("eval", "--online", "--target", T, "--drafter", D1, "--prompts", GSM, "--out", os.path.join(tmp, "b5"), *args,
                 check=False)
         t.check(p.returncode == 2 and needle in p.stderr, f"{args}: {p.stderr}")
-    p = dfl("eval", "--help")
+    p = dfl("eval", "--online", "--help")
     t.check("usage: dfl eval" in p.stdout, "eval --help")
     p = dfl("eval-merge", "--help")
     t.check("usage: dfl eval-merge" in p.stdout, "eval-merge --help")
