@@ -120,14 +120,21 @@ int eval_draft_cache_put(eval_draft_cache *c, int start, int bs, const float *lo
     }
     /* chain: argmax of the logits (as the online loop takes it); DDTree: the online loop's
      * softmax of the same logits, then the top K */
-    for (int k = 0; k < D; k++) e.argmax[k] = kn_argmax(logits + (size_t)k * V, V);
-    if (K > 0) {
-        memcpy(c->probs, logits, (size_t)D * V * sizeof(float));
-        for (int k = 0; k < D; k++) kn_softmax(c->probs + (size_t)k * V, V);
-        if (ddtree_topk(c->probs, D, V, K, e.top, e.toplp) != DFL_OK) {
-            free(e.argmax), free(e.top), free(e.toplp);
-            return DFL_ERR;
+    int bad = 0;
+#pragma omp parallel for schedule(dynamic, 1) reduction(| : bad)
+    for (int k = 0; k < D; k++) { /* rows are independent: one per thread */
+        const float *l = logits + (size_t)k * V;
+        e.argmax[k] = kn_argmax(l, V);
+        if (K > 0) {
+            float *p = c->probs + (size_t)k * V;
+            memcpy(p, l, (size_t)V * sizeof(float));
+            kn_softmax(p, V);
+            bad |= ddtree_topk(p, 1, V, K, e.top + (size_t)k * K, e.toplp + (size_t)k * K) != DFL_OK;
         }
+    }
+    if (bad) {
+        free(e.argmax), free(e.top), free(e.toplp);
+        return dfl_seterr("out of memory summarizing a draft");
     }
     c->d[c->n++] = e;
     return DFL_OK;
