@@ -15,6 +15,6 @@ OUT=build/run-eval
 ./build/dfl inspect "$D" --target "$T"
 rm -rf "$OUT"
 ./build/dfl eval --target "$T" --drafter "$D" --prompts data/gsm8k_test_40.jsonl --format gsm8k \
-  --chat chatml --max-new 256 --tree-budget 0,8 --out "$OUT"
+  --chat chatml --max-new 256 --tree-budget 0,4,8,16,32,64 --check-ar --out "$OUT"
 echo
 cat "$OUT/summary.md"
