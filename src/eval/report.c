@@ -1,4 +1,5 @@
 /* Evaluation reports: summary.json, summary.md and SVG plots. */
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -91,7 +92,7 @@ static int write_json(const eval_summary *s, const char *path, const char *extra
         fprintf(f, "]}");
     }
     fprintf(f, "\n  ]%s%s\n}\n", extra && *extra ? ",\n  " : "", extra ? extra : "");
-    return fclose(f) == 0 ? DFL_OK : dfl_seterr("%s: write error", path);
+    return fclose(f) == 0 ? DFL_OK : dfl_seterr("%s: write error: %s", path, strerror(errno));
 }
 
 /* Distinct drafters and modes, in order of appearance. */
@@ -206,7 +207,7 @@ static int write_md(const eval_summary *s, const char *path) {
             has_trees(s) ? ", [tau_budget.svg](tau_budget.svg)" : "");
     free(dr);
     free(md);
-    return fclose(f) == 0 ? DFL_OK : dfl_seterr("%s: write error", path);
+    return fclose(f) == 0 ? DFL_OK : dfl_seterr("%s: write error: %s", path, strerror(errno));
 }
 
 /* A line chart of per-position acceptance, one line per drafter x mode. */
@@ -249,7 +250,7 @@ static int write_per_position_svg(const eval_summary *s, const char *path) {
         fprintf(f, "<text x=\"%.0f\" y=\"%.1f\">%s %s</text>\n", x0 + pw + 40, ly, name, a->mode);
     }
     fprintf(f, "</svg>\n");
-    return fclose(f) == 0 ? DFL_OK : dfl_seterr("%s: write error", path);
+    return fclose(f) == 0 ? DFL_OK : dfl_seterr("%s: write error: %s", path, strerror(errno));
 }
 
 /* Histograms of per-response tau (bins of 0.5), one step line per drafter x mode. */
@@ -300,7 +301,7 @@ static int write_tau_svg(const eval_summary *s, const char *path) {
     }
     fprintf(f, "</svg>\n");
     free(cnt);
-    return fclose(f) == 0 ? DFL_OK : dfl_seterr("%s: write error", path);
+    return fclose(f) == 0 ? DFL_OK : dfl_seterr("%s: write error: %s", path, strerror(errno));
 }
 
 /* τ against the tree budget (log scale), a line per drafter; its chain τ as a dashed line. */
@@ -375,7 +376,7 @@ static int write_tau_budget_svg(const eval_summary *s, const char *path) {
 #undef TY
     fprintf(f, "</svg>\n");
     free(labels);
-    return fclose(f) == 0 ? DFL_OK : dfl_seterr("%s: write error", path);
+    return fclose(f) == 0 ? DFL_OK : dfl_seterr("%s: write error: %s", path, strerror(errno));
 }
 
 int eval_write_reports(const eval_summary *s, const char *dir, const char *extra_json) {

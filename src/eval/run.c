@@ -782,7 +782,7 @@ static int write_target_json(run *r) {
     fprintf(f, ", \"costs\": ");
     write_costs_json(f, &r->costs);
     fprintf(f, "}\n");
-    int rc = fclose(f) == 0 ? DFL_OK : dfl_seterr("%s: write error", path);
+    int rc = fclose(f) == 0 ? DFL_OK : dfl_seterr("%s: write error: %s", path, strerror(errno));
     free(path);
     return rc;
 }
