@@ -57,14 +57,19 @@ typedef struct dfl_config {
     float output_multiplier;
     float final_logit_softcap; /* 0 = none */
 
-    int eos_ids[DFL_MAX_EOS]; /* from config.json eos_token_id; more added by the model loader */
+    int eos_ids[DFL_MAX_EOS]; /* config.json eos_token_id, then config_load_eos's */
     int n_eos;
 } dfl_config;
 
 /* Load DIR/config.json. Errors name the file and field, expected vs found. */
 int config_load(dfl_config *c, const char *dir);
-/* Parse a config from JSON text; `where` names it in messages. */
+/* Parse a config from JSON text; `where` names it in messages. Every integer field is range
+ * checked (non-integral values refused) before it is converted. */
 int config_parse(dfl_config *c, const char *json, const char *where);
+/* Add the eos ids of DIR/generation_config.json (eos_token_id) and DIR/tokenizer_config.json
+ * (eos_token through added_tokens_decoder), both optional, to c->eos_ids; each must be
+ * < c->vocab. Errors name the file and field. */
+int config_load_eos(dfl_config *c, const char *dir);
 
 /* Default DFlash target_layer_ids for k draft layers over n target layers (SPEC §4). */
 void config_default_target_ids(int n_target_layers, int k, int *out);

@@ -42,6 +42,10 @@ void drafter_close(dfl_drafter *d);
 /* Compatibility of a drafter with a target: hidden size, vocab (mask id), layer ids, block
  * size. Returns DFL_OK or DFL_ERR with every reason in the message. */
 int drafter_check_target(const dfl_drafter *d, const dfl_model *target);
+/* What a caller should tell the user about a pair drafter_check_target accepts: the drafter's
+ * num_target_layers differs from the target's layer count. The message goes into buf (len
+ * bytes) and buf is returned; NULL when there is nothing to say. */
+const char *drafter_target_warning(const dfl_drafter *d, const dfl_model *target, char *buf, size_t len);
 
 /* Drafter run state: context K/V per layer cached across rounds (positions 0..n_ctx-1, the
  * committed positions whose target features were added); the block's K/V are never cached. */

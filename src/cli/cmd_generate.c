@@ -21,7 +21,8 @@ static const char *usage_text =
     "decoding with chain verification (lossless: the same tokens as without the drafter at\n"
     "temperature 0, the same distribution when sampling). Streams the text to stdout and stops at\n"
     "the model's eos ids (config.json, generation_config.json, tokenizer_config.json) or after\n"
-    "--max-new tokens.\n"
+    "--max-new tokens. With --prompt-ids and no tokenizer (no tokenizer.json in the target\n"
+    "directory, no --tokenizer) the output is the generated ids instead of text (--json: \"text\": null).\n"
     "\n"
     "  --target DIR        target checkpoint (qwen3, qwen3_5 or qwen3_5_text)\n" CLI_PROMPT_HELP
     "  --drafter DIR       DFlash drafter checkpoint (z-lab format)\n"
@@ -115,8 +116,14 @@ typedef struct stream {
 } stream;
 
 /* Print the not yet printed part of the decoded text, holding back a trailing replacement
- * character that may be an incomplete UTF-8 sequence. */
+ * character that may be an incomplete UTF-8 sequence. Without a tokenizer: the ids, and
+ * `printed` counts ids. */
 static void stream_flush(stream *st, int final) {
+    if (!st->tok) {
+        for (; st->printed < st->n; st->printed++) printf("%s%d", st->printed ? " " : "", st->ids[st->printed]);
+        fflush(stdout);
+        return;
+    }
     char *s = prompt_decode(st->tok, st->ids, st->n, NULL);
     if (!s) return;
     size_t len = strlen(s);
@@ -233,6 +240,8 @@ int cmd_generate(int argc, char **argv) {
             rc = cli_fail("generate", "%s", dfl_errmsg());
             goto out0;
         }
+        char warning[1024];
+        if (drafter_target_warning(&d, &m, warning, sizeof warning)) fprintf(stderr, "dfl: warning: %s\n", warning);
         if (!block) block = d.cfg.block_size;
         if (block < 2 || block > d.cfg.block_size) {
             rc = cli_fail("generate", "--block-size %ld: must be in [2, %d] (the drafter's block_size)", block,
@@ -244,8 +253,20 @@ int cmd_generate(int argc, char **argv) {
     dfl_tokenizer *tok = NULL;
     int32_t *prompt = NULL;
     size_t n_prompt = 0;
-    rc = cli_prompt_tokens("generate", &pr, target, 1, &tok, &prompt, &n_prompt);
+    /* ids need no tokenizer; one is opened when there is one, for the text of the output */
+    char *tok_file = dfl_path_join(target, "tokenizer.json");
+    const int have_tok = pr.tokenizer || dfl_is_file(tok_file);
+    free(tok_file);
+    if (!have_tok && !pr.ids && (pr.text || pr.file)) {
+        rc = cli_fail("generate", "a text prompt needs a tokenizer: no tokenizer.json in %s (give --tokenizer PATH, "
+                      "or the prompt as --prompt-ids)", target);
+        goto out0;
+    }
+    const int want_tok = !pr.ids || have_tok;
+    rc = cli_prompt_tokens("generate", &pr, target, want_tok, &tok, &prompt, &n_prompt);
     if (rc) goto out1;
+    if (!tok && !json)
+        fprintf(stderr, "[dfl] no tokenizer.json in %s: printing token ids (--tokenizer PATH gives text)\n", target);
     /* a DDTree round holds its budget of nodes in cache slots past the committed positions */
     if (!max_ctx) max_ctx = (long)n_prompt + max_new + budget;
     if ((long)n_prompt + max_new + budget > max_ctx) {
@@ -293,11 +314,12 @@ int cmd_generate(int argc, char **argv) {
         rc = cli_fail("generate", "%s", dfl_errmsg());
     } else if (json) {
         int unknown = 0;
-        char *text = prompt_decode(tok, out, (size_t)st.generated, &unknown);
+        char *text = tok ? prompt_decode(tok, out, (size_t)st.generated, &unknown) : NULL;
         printf("{\"tokens\": [");
         for (int i = 0; i < st.generated; i++) printf("%s%d", i ? ", " : "", out[i]);
         printf("], \"text\": ");
-        cli_json_string(stdout, text ? text : "");
+        if (tok) cli_json_string(stdout, text ? text : "");
+        else printf("null");
         printf(", \"unknown_ids\": %d, ", unknown);
         print_stats_json(&st, have_ds ? &rl : NULL, &m, s.bytes + (have_ds ? ds.bytes : 0), max_ctx, t_load);
         printf("}\n");
@@ -308,9 +330,11 @@ int cmd_generate(int argc, char **argv) {
         fprintf(stderr, "[dfl] %d prompt tokens, %d generated (stop: %s); prefill %.1f tok/s, decode %.1f tok/s",
                 st.prompt_tokens, st.generated, st.stop, st.prompt_tokens / (st.t_prefill > 0 ? st.t_prefill : 1e-9),
                 (st.generated - 1) / (st.t_decode > 0 ? st.t_decode : 1e-9));
-        if (have_ds)
-            fprintf(stderr, "; %d rounds, tau %.2f (block %ld%s%ld)", st.rounds, spec_tau(&st), block,
-                    budget ? ", DDTree budget " : "", budget ? budget : 0L);
+        if (have_ds) {
+            fprintf(stderr, "; %d rounds, tau %.2f (block %ld", st.rounds, spec_tau(&st), block);
+            if (budget) fprintf(stderr, ", DDTree budget %ld", budget);
+            fprintf(stderr, ")");
+        }
         fprintf(stderr, "; weights %.1f MB mmapped, state %.1f MB\n", m.weight_bytes / 1e6, s.bytes / 1e6);
     }
     if (dump_path && rc == 0 && dump_write(&rl, dump_path) != DFL_OK) rc = cli_fail("generate", "%s", dfl_errmsg());

@@ -16,7 +16,8 @@ static const char *usage_text =
     "that matched, architecture, layer types, heads, dtypes, tensors and bytes per component\n"
     "(text / vision / mtp / other), and every tensor the forward does not read. Every expected\n"
     "text tensor is checked for presence and shape. With --target, check a drafter against a\n"
-    "target and print the effective target_layer_ids.\n"
+    "target and print the effective target_layer_ids; a drafter whose num_target_layers differs\n"
+    "from the target's layer count is compatible when the layers it reads exist (warning).\n"
     "\n"
     "  --json           machine-readable output\n"
     "  --target DIR     (drafters) the target model to check compatibility with\n"
@@ -179,12 +180,14 @@ static int inspect_drafter(const char *dir, const char *target_dir, int json, in
     }
     const dfl_config *c = &d.cfg;
     int compat = DFL_OK;
-    const char *why = "";
-    char whybuf[4096];
+    const char *why = "", *warning = NULL;
+    char whybuf[4096], warnbuf[1024];
     if (have_target) {
         compat = drafter_check_target(&d, &t);
         snprintf(whybuf, sizeof whybuf, "%s", dfl_errmsg());
         why = whybuf;
+        warning = drafter_target_warning(&d, &t, warnbuf, sizeof warnbuf);
+        if (warning) fprintf(stderr, "dfl: warning: %s\n", warning);
     }
     char pattern[DFL_MAX_LAYERS + 1];
     config_layer_pattern(c, pattern, sizeof pattern);
@@ -218,6 +221,8 @@ static int inspect_drafter(const char *dir, const char *target_dir, int json, in
             cli_json_string(stdout, target_dir);
             printf(", \"compatible\": %s, \"incompatibility\": ", compat == DFL_OK ? "true" : "false");
             cli_json_string(stdout, compat == DFL_OK ? "" : why);
+            printf(", \"warning\": ");
+            cli_json_string(stdout, warning ? warning : "");
         }
         printf("}\n");
     } else {
@@ -243,6 +248,7 @@ static int inspect_drafter(const char *dir, const char *target_dir, int json, in
                        t.cfg.hidden, t.cfg.vocab, t.cfg.n_layers);
             else
                 printf("target:       %s — NOT compatible: %s\n", target_dir, why);
+            if (warning) printf("warning:      %s\n", warning);
         }
     }
     drafter_close(&d);

@@ -2,6 +2,8 @@
 #include "dfl/config.h"
 
 #include <cjson/cJSON.h>
+#include <ctype.h>
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -47,23 +49,67 @@ void config_default_target_ids(int n, int k, int *out) {
     for (int i = 0; i < k; i++) out[i] = (int)nearbyint(1.0 + (double)(i * (n - 4)) / (double)(k - 1));
 }
 
-/* Integer field: *out set when present; required fields missing -> error. */
-static int get_int(const cJSON *o, const char *name, const char *where, int required, int *out) {
+/* Bounds of the sizes a config may declare: each keeps the products the loader and the forward
+ * form from them (rows x cols of a weight, heads x head_dim, ...) inside an int. */
+#define MAX_HIDDEN (1 << 16)
+#define MAX_INTERMEDIATE (1 << 20)
+#define MAX_HEADS (1 << 10)
+#define MAX_HEAD_DIM 512 /* the drafter's RoPE tables are stack arrays of head_dim / 2 */
+#define MAX_VOCAB (1 << 24)
+#define MAX_POSITION (1 << 30)
+
+/* A JSON value for messages: numbers as written (9e+98, inf), anything else as JSON, cut short. */
+static const char *found_str(const cJSON *v, char *buf, size_t n) {
+    if (!v) return "nothing";
+    if (cJSON_IsNumber(v)) {
+        snprintf(buf, n, "%.15g", v->valuedouble);
+        if (strtod(buf, NULL) != v->valuedouble) snprintf(buf, n, "%.17g", v->valuedouble);
+        return buf;
+    }
+    char *s = cJSON_PrintUnformatted(v);
+    if (!s) return "?";
+    snprintf(buf, n, "%s", s);
+    if (strlen(s) >= n && n > 4) memcpy(buf + n - 4, "...", 4);
+    cJSON_free(s);
+    return buf;
+}
+
+/* An integer in [lo, hi], checked on the double before the cast (casting an out-of-range double
+ * is undefined). bound, when not NULL, names the field hi + 1 comes from (eos ids < vocab_size). */
+static int int_value(const cJSON *v, const char *where, const char *field, double lo, double hi, const char *bound,
+                     int *out) {
+    char b[64];
+    if (!cJSON_IsNumber(v) || !(v->valuedouble >= lo && v->valuedouble <= hi) ||
+        v->valuedouble != floor(v->valuedouble)) {
+        if (bound)
+            return dfl_seterr("%s: %s: expected an integer in [%.0f, %s = %.0f), found %s", where, field, lo, bound,
+                              hi + 1, found_str(v, b, sizeof b));
+        return dfl_seterr("%s: %s: expected an integer in [%.0f, %.0f], found %s", where, field, lo, hi,
+                          found_str(v, b, sizeof b));
+    }
+    *out = (int)v->valuedouble;
+    return DFL_OK;
+}
+
+/* Integer field in [lo, hi]: *out set when present; required fields missing -> error. */
+static int get_int(const cJSON *o, const char *name, const char *where, int required, double lo, double hi,
+                   int *out) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, name);
     if (!v || cJSON_IsNull(v)) {
         if (required) return dfl_seterr("%s: missing required field '%s'", where, name);
         return DFL_OK;
     }
-    if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble) || fabs(v->valuedouble) > 2e9)
-        return dfl_seterr("%s: field '%s' must be an integer", where, name);
-    *out = (int)v->valuedouble;
-    return DFL_OK;
+    return int_value(v, where, name, lo, hi, NULL, out);
 }
 
-static int get_num(const cJSON *o, const char *name, const char *where, double *out) {
+/* Number field, finite and in [lo, hi]. */
+static int get_num(const cJSON *o, const char *name, const char *where, double lo, double hi, double *out) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, name);
+    char b[64];
     if (!v || cJSON_IsNull(v)) return DFL_OK;
-    if (!cJSON_IsNumber(v)) return dfl_seterr("%s: field '%s' must be a number", where, name);
+    if (!cJSON_IsNumber(v) || !(v->valuedouble >= lo && v->valuedouble <= hi))
+        return dfl_seterr("%s: %s: expected a number in [%g, %g], found %s", where, name, lo, hi,
+                          found_str(v, b, sizeof b));
     *out = v->valuedouble;
     return DFL_OK;
 }
@@ -78,24 +124,21 @@ static int get_bool(const cJSON *o, const char *name, const char *where, int *ou
     return DFL_OK;
 }
 
-static int positive(const char *where, const char *name, int v) {
-    if (v <= 0) return dfl_seterr("%s: field '%s' must be > 0, found %d", where, name, v);
-    return DFL_OK;
-}
-
 /* Rope settings: nested rope_parameters (transformers 5) or top-level rope_theta / rope_scaling. */
 static int parse_rope(dfl_config *c, const cJSON *tc, const char *where) {
     const cJSON *rp = cJSON_GetObjectItemCaseSensitive(tc, "rope_parameters");
     const cJSON *rs = cJSON_GetObjectItemCaseSensitive(tc, "rope_scaling");
     double theta = c->rope_theta, partial = c->partial_rotary;
-    if (get_num(tc, "rope_theta", where, &theta) || get_num(tc, "partial_rotary_factor", where, &partial))
+    if (get_num(tc, "rope_theta", where, 0, 1e30, &theta) ||
+        get_num(tc, "partial_rotary_factor", where, 0, 1, &partial))
         return DFL_ERR;
     const cJSON *src[2] = {rp, rs};
     for (int i = 0; i < 2; i++) {
         if (!src[i] || cJSON_IsNull(src[i])) continue;
         if (!cJSON_IsObject(src[i]))
             return dfl_seterr("%s: field '%s' must be an object", where, i ? "rope_scaling" : "rope_parameters");
-        if (get_num(src[i], "rope_theta", where, &theta) || get_num(src[i], "partial_rotary_factor", where, &partial))
+        if (get_num(src[i], "rope_theta", where, 0, 1e30, &theta) ||
+            get_num(src[i], "partial_rotary_factor", where, 0, 1, &partial))
             return DFL_ERR;
         const cJSON *ty = cJSON_GetObjectItemCaseSensitive(src[i], "rope_type");
         if (!ty) ty = cJSON_GetObjectItemCaseSensitive(src[i], "type");
@@ -137,35 +180,43 @@ static int parse_layer_types(dfl_config *c, const cJSON *tc, const char *where, 
     return DFL_OK;
 }
 
-static int parse_eos(dfl_config *c, const cJSON *o) {
+/* Append an eos id unless it is already there. */
+static int add_eos(dfl_config *c, int id, const char *where, const char *field) {
+    for (int k = 0; k < c->n_eos; k++)
+        if (c->eos_ids[k] == id) return DFL_OK;
+    if (c->n_eos == DFL_MAX_EOS) return dfl_seterr("%s: %s: more than %d distinct eos ids", where, field, DFL_MAX_EOS);
+    c->eos_ids[c->n_eos++] = id;
+    return DFL_OK;
+}
+
+/* eos_token_id: an id or a list of ids (null: none), each < vocab_size. */
+static int parse_eos(dfl_config *c, const cJSON *o, const char *where) {
     const cJSON *e = cJSON_GetObjectItemCaseSensitive(o, "eos_token_id");
-    if (!e) return DFL_OK;
-    if (cJSON_IsNumber(e)) {
-        c->eos_ids[c->n_eos++] = (int)e->valuedouble;
-    } else if (cJSON_IsArray(e)) {
-        const cJSON *x;
-        cJSON_ArrayForEach(x, e) if (cJSON_IsNumber(x) && c->n_eos < DFL_MAX_EOS) c->eos_ids[c->n_eos++] =
-            (int)x->valuedouble;
+    if (!e || cJSON_IsNull(e)) return DFL_OK;
+    const int n = cJSON_IsArray(e) ? cJSON_GetArraySize(e) : 1;
+    for (int i = 0; i < n; i++) {
+        char field[48];
+        snprintf(field, sizeof field, cJSON_IsArray(e) ? "eos_token_id[%d]" : "eos_token_id", i);
+        int id;
+        if (int_value(cJSON_IsArray(e) ? cJSON_GetArrayItem(e, i) : e, where, field, 0, c->vocab - 1, "vocab_size",
+                      &id) ||
+            add_eos(c, id, where, field))
+            return DFL_ERR;
     }
     return DFL_OK;
 }
 
 static int parse_common(dfl_config *c, const cJSON *tc, const char *where) {
     c->head_dim = 0;
-    if (get_int(tc, "hidden_size", where, 1, &c->hidden) || get_int(tc, "num_hidden_layers", where, 1, &c->n_layers) ||
-        get_int(tc, "intermediate_size", where, 1, &c->intermediate) ||
-        get_int(tc, "num_attention_heads", where, 1, &c->n_heads) ||
-        get_int(tc, "num_key_value_heads", where, 0, &c->n_kv_heads) || get_int(tc, "head_dim", where, 0, &c->head_dim) ||
-        get_int(tc, "max_position_embeddings", where, 0, &c->max_position))
+    if (get_int(tc, "hidden_size", where, 1, 1, MAX_HIDDEN, &c->hidden) ||
+        get_int(tc, "num_hidden_layers", where, 1, 1, DFL_MAX_LAYERS, &c->n_layers) ||
+        get_int(tc, "intermediate_size", where, 1, 1, MAX_INTERMEDIATE, &c->intermediate) ||
+        get_int(tc, "num_attention_heads", where, 1, 1, MAX_HEADS, &c->n_heads) ||
+        get_int(tc, "num_key_value_heads", where, 0, 1, MAX_HEADS, &c->n_kv_heads) ||
+        get_int(tc, "head_dim", where, 0, 1, MAX_HEAD_DIM, &c->head_dim) ||
+        get_int(tc, "max_position_embeddings", where, 0, 1, MAX_POSITION, &c->max_position))
         return DFL_ERR;
-    if (positive(where, "hidden_size", c->hidden) || positive(where, "num_hidden_layers", c->n_layers) ||
-        positive(where, "intermediate_size", c->intermediate) || positive(where, "num_attention_heads", c->n_heads))
-        return DFL_ERR;
-    if (c->n_layers > DFL_MAX_LAYERS)
-        return dfl_seterr("%s: num_hidden_layers = %d exceeds the supported maximum %d", where, c->n_layers,
-                          DFL_MAX_LAYERS);
     if (c->n_kv_heads == 0) c->n_kv_heads = c->n_heads;
-    if (positive(where, "num_key_value_heads", c->n_kv_heads)) return DFL_ERR;
     if (c->n_heads % c->n_kv_heads != 0)
         return dfl_seterr("%s: num_attention_heads (%d) is not a multiple of num_key_value_heads (%d)", where,
                           c->n_heads, c->n_kv_heads);
@@ -174,10 +225,12 @@ static int parse_common(dfl_config *c, const cJSON *tc, const char *where) {
             return dfl_seterr("%s: no head_dim and hidden_size %d is not divisible by num_attention_heads %d", where,
                               c->hidden, c->n_heads);
         c->head_dim = c->hidden / c->n_heads;
+        if (c->head_dim > MAX_HEAD_DIM)
+            return dfl_seterr("%s: head_dim = hidden_size / num_attention_heads = %d exceeds the supported %d", where,
+                              c->head_dim, MAX_HEAD_DIM);
     }
-    if (positive(where, "head_dim", c->head_dim)) return DFL_ERR;
     double eps = 1e-6;
-    if (get_num(tc, "rms_norm_eps", where, &eps)) return DFL_ERR;
+    if (get_num(tc, "rms_norm_eps", where, 0, 1, &eps)) return DFL_ERR;
     c->rms_eps = (float)eps;
     if (parse_rope(c, tc, where)) return DFL_ERR;
     c->rot_dim = (int)(c->head_dim * c->partial_rotary);
@@ -198,7 +251,7 @@ static int parse_drafter(dfl_config *c, const cJSON *root, const char *where) {
     c->rope_theta = 1e6;
     c->partial_rotary = 1.0f;
     if (parse_common(c, root, where)) return DFL_ERR;
-    if (get_int(root, "vocab_size", where, 0, &c->vocab)) return DFL_ERR;
+    if (get_int(root, "vocab_size", where, 0, 1, MAX_VOCAB, &c->vocab)) return DFL_ERR;
     const cJSON *dc = cJSON_GetObjectItemCaseSensitive(root, "dflash_config");
     if (dc && !cJSON_IsNull(dc) && !cJSON_IsObject(dc))
         return dfl_seterr("%s: field 'dflash_config' must be an object", where);
@@ -210,28 +263,30 @@ static int parse_drafter(dfl_config *c, const cJSON *root, const char *where) {
     const cJSON *ids = NULL;
     for (int s = 1; s >= 0; s--) {
         if (!srcs[s] || !cJSON_IsObject(srcs[s])) continue;
-        if (cJSON_GetObjectItemCaseSensitive(srcs[s], "mask_token_id")) {
-            if (get_int(srcs[s], "mask_token_id", where, 1, &c->mask_token_id)) return DFL_ERR;
+        const cJSON *mask = cJSON_GetObjectItemCaseSensitive(srcs[s], "mask_token_id");
+        if (mask) {
+            if (int_value(mask, where, "mask_token_id", 0, c->vocab > 0 ? c->vocab - 1 : MAX_VOCAB - 1,
+                          c->vocab > 0 ? "vocab_size" : NULL, &c->mask_token_id))
+                return DFL_ERR;
             have_mask = 1;
         }
-        if (get_int(srcs[s], "block_size", where, 0, &c->block_size)) return DFL_ERR;
+        if (get_int(srcs[s], "block_size", where, 0, 2, 256, &c->block_size)) return DFL_ERR;
         const cJSON *x = cJSON_GetObjectItemCaseSensitive(srcs[s], "target_layer_ids");
         if (x && !cJSON_IsNull(x)) ids = x;
     }
     if (!have_mask) return dfl_seterr("%s: missing 'mask_token_id' (in dflash_config or at top level)", where);
-    if (c->mask_token_id < 0) return dfl_seterr("%s: mask_token_id must be >= 0, found %d", where, c->mask_token_id);
-    if (c->block_size < 2 || c->block_size > 256)
-        return dfl_seterr("%s: block_size must be in [2, 256], found %d", where, c->block_size);
-    if (get_int(root, "num_target_layers", where, 0, &c->n_target_layers)) return DFL_ERR;
+    if (get_int(root, "num_target_layers", where, 0, 1, DFL_MAX_LAYERS, &c->n_target_layers)) return DFL_ERR;
     if (ids) {
         if (!cJSON_IsArray(ids) || cJSON_GetArraySize(ids) == 0 || cJSON_GetArraySize(ids) > DFL_MAX_LAYERS)
             return dfl_seterr("%s: target_layer_ids must be a non-empty array of integers", where);
         c->n_target_ids = cJSON_GetArraySize(ids);
+        /* the bound that matters, < the target's layer count, is checked against the target */
         for (int i = 0; i < c->n_target_ids; i++) {
-            const cJSON *v = cJSON_GetArrayItem(ids, i);
-            if (!cJSON_IsNumber(v) || v->valuedouble < 0 || v->valuedouble != floor(v->valuedouble))
-                return dfl_seterr("%s: target_layer_ids[%d] is not a non-negative integer", where, i);
-            c->target_layer_ids[i] = (int)v->valuedouble;
+            char field[48];
+            snprintf(field, sizeof field, "target_layer_ids[%d]", i);
+            if (int_value(cJSON_GetArrayItem(ids, i), where, field, 0, DFL_MAX_LAYERS - 1, NULL,
+                          &c->target_layer_ids[i]))
+                return DFL_ERR;
         }
     } else if (c->n_target_layers > 0) {
         c->n_target_ids = c->n_layers;
@@ -239,7 +294,7 @@ static int parse_drafter(dfl_config *c, const cJSON *root, const char *where) {
         config_default_target_ids(c->n_target_layers, c->n_layers, c->target_layer_ids);
     } /* else: resolved against the target at load time (drafter_open) */
     if (parse_layer_types(c, root, where, 0)) return DFL_ERR;
-    if (get_int(root, "sliding_window", where, 0, &c->sliding_window)) return DFL_ERR;
+    if (get_int(root, "sliding_window", where, 0, 0, MAX_POSITION, &c->sliding_window)) return DFL_ERR;
     int has_sliding = 0;
     for (int i = 0; i < c->n_layers; i++) {
         if (c->layer_types[i] == DFL_LAYER_LINEAR)
@@ -251,9 +306,9 @@ static int parse_drafter(dfl_config *c, const cJSON *root, const char *where) {
     double scale = 1.0, mult = 1.0, cap = 0.0;
     for (int s = 1; s >= 0; s--) {
         if (!srcs[s] || !cJSON_IsObject(srcs[s])) continue;
-        if (get_num(srcs[s], "input_embedding_scale", where, &scale) ||
-            get_num(srcs[s], "output_multiplier", where, &mult) ||
-            get_num(srcs[s], "final_logit_softcapping", where, &cap))
+        if (get_num(srcs[s], "input_embedding_scale", where, -FLT_MAX, FLT_MAX, &scale) ||
+            get_num(srcs[s], "output_multiplier", where, -FLT_MAX, FLT_MAX, &mult) ||
+            get_num(srcs[s], "final_logit_softcapping", where, 0, FLT_MAX, &cap))
             return DFL_ERR;
     }
     c->input_embedding_scale = (float)scale;
@@ -262,14 +317,33 @@ static int parse_drafter(dfl_config *c, const cJSON *root, const char *where) {
     return DFL_OK;
 }
 
+/* The first member, at any depth, whose key repeats an earlier key of the same object. */
+static const cJSON *repeated_key(const cJSON *o) {
+    for (const cJSON *a = o->child; a; a = a->next) {
+        if (cJSON_IsObject(o))
+            for (const cJSON *b = o->child; b != a; b = b->next)
+                if (strcmp(a->string, b->string) == 0) return a;
+        const cJSON *inner = cJSON_IsObject(a) || cJSON_IsArray(a) ? repeated_key(a) : NULL;
+        if (inner) return inner;
+    }
+    return NULL;
+}
+
 int config_parse(dfl_config *c, const char *json, const char *where) {
     memset(c, 0, sizeof *c);
-    cJSON *root = cJSON_Parse(json);
+    /* trailing text after the object is an error, as in Python's json.load */
+    cJSON *root = cJSON_ParseWithOpts(json, NULL, 1);
     if (!root) return dfl_seterr("%s: not valid JSON (near byte %ld)", where,
                                  cJSON_GetErrorPtr() ? (long)(cJSON_GetErrorPtr() - json) : -1L);
     int rc = DFL_ERR;
     if (!cJSON_IsObject(root)) {
         dfl_seterr("%s: not a JSON object", where);
+        goto done;
+    }
+    const cJSON *dup = repeated_key(root);
+    if (dup) {
+        dfl_seterr("%s: key '%s' appears twice in one object (transformers would take the last one, dfl the first)",
+                   where, dup->string);
         goto done;
     }
     const cJSON *mt = cJSON_GetObjectItemCaseSensitive(root, "model_type");
@@ -312,9 +386,7 @@ int config_parse(dfl_config *c, const char *json, const char *where) {
         dfl_seterr("%s: unsupported model_type '%s'; supported: " SUPPORTED, where, c->model_type);
         goto done;
     }
-    if (parse_common(c, tc, where) || get_int(tc, "vocab_size", where, 1, &c->vocab) ||
-        positive(where, "vocab_size", c->vocab))
-        goto done;
+    if (parse_common(c, tc, where) || get_int(tc, "vocab_size", where, 1, 1, MAX_VOCAB, &c->vocab)) goto done;
     /* Tied embeddings: top level and text_config may both say; they must agree. */
     int tie_top = 0, tie_text = 0, has_top = 0, has_text = 0;
     if (get_bool(root, "tie_word_embeddings", where, &tie_top, &has_top)) goto done;
@@ -328,28 +400,17 @@ int config_parse(dfl_config *c, const char *json, const char *where) {
     if (c->arch == DFL_ARCH_QWEN3_5) {
         int interval = 4;
         c->lin_k_heads = 16, c->lin_v_heads = 32, c->lin_k_dim = 128, c->lin_v_dim = 128, c->conv_kernel = 4;
-        if (get_int(tc, "full_attention_interval", where, 0, &interval) ||
-            get_int(tc, "linear_num_key_heads", where, 0, &c->lin_k_heads) ||
-            get_int(tc, "linear_num_value_heads", where, 0, &c->lin_v_heads) ||
-            get_int(tc, "linear_key_head_dim", where, 0, &c->lin_k_dim) ||
-            get_int(tc, "linear_value_head_dim", where, 0, &c->lin_v_dim) ||
-            get_int(tc, "linear_conv_kernel_dim", where, 0, &c->conv_kernel))
-            goto done;
-        if (positive(where, "linear_num_key_heads", c->lin_k_heads) ||
-            positive(where, "linear_num_value_heads", c->lin_v_heads) ||
-            positive(where, "linear_key_head_dim", c->lin_k_dim) ||
-            positive(where, "linear_value_head_dim", c->lin_v_dim) ||
-            positive(where, "linear_conv_kernel_dim", c->conv_kernel) ||
-            positive(where, "full_attention_interval", interval))
+        /* the conv window and the state kernels hold at most 16 taps and 512-wide heads */
+        if (get_int(tc, "full_attention_interval", where, 0, 1, DFL_MAX_LAYERS, &interval) ||
+            get_int(tc, "linear_num_key_heads", where, 0, 1, MAX_HEADS, &c->lin_k_heads) ||
+            get_int(tc, "linear_num_value_heads", where, 0, 1, MAX_HEADS, &c->lin_v_heads) ||
+            get_int(tc, "linear_key_head_dim", where, 0, 1, 512, &c->lin_k_dim) ||
+            get_int(tc, "linear_value_head_dim", where, 0, 1, 512, &c->lin_v_dim) ||
+            get_int(tc, "linear_conv_kernel_dim", where, 0, 1, 16, &c->conv_kernel))
             goto done;
         if (c->lin_v_heads % c->lin_k_heads) {
             dfl_seterr("%s: linear_num_value_heads (%d) is not a multiple of linear_num_key_heads (%d)", where,
                        c->lin_v_heads, c->lin_k_heads);
-            goto done;
-        }
-        if (c->lin_k_dim > 512 || c->lin_v_dim > 512 || c->conv_kernel > 16) {
-            dfl_seterr("%s: linear attention sizes beyond what dfl supports (key/value head dim <= 512, conv kernel "
-                       "<= 16; found %d, %d, %d)", where, c->lin_k_dim, c->lin_v_dim, c->conv_kernel);
             goto done;
         }
         if (parse_layer_types(c, tc, where, interval)) goto done;
@@ -366,8 +427,7 @@ int config_parse(dfl_config *c, const char *json, const char *where) {
             goto done;
         }
     }
-    parse_eos(c, tc);
-    if (tc != root) parse_eos(c, root);
+    if (parse_eos(c, tc, where) || (tc != root && parse_eos(c, root, where))) goto done;
     rc = DFL_OK;
 done:
     cJSON_Delete(root);
@@ -385,4 +445,58 @@ int config_load(dfl_config *c, const char *dir) {
     free(text);
     free(path);
     return rc;
+}
+
+/* An optional JSON object file: DFL_OK with *out NULL when the file is absent. */
+static int load_optional(const char *path, cJSON **out) {
+    *out = NULL;
+    if (!dfl_is_file(path)) return DFL_OK;
+    char *text = dfl_read_file(path, NULL);
+    if (!text) return DFL_ERR;
+    *out = cJSON_ParseWithOpts(text, NULL, 1);
+    long at = *out || !cJSON_GetErrorPtr() ? -1L : (long)(cJSON_GetErrorPtr() - text);
+    free(text);
+    if (!*out) return dfl_seterr("%s: not valid JSON (near byte %ld)", path, at);
+    if (!cJSON_IsObject(*out)) {
+        cJSON_Delete(*out);
+        *out = NULL;
+        return dfl_seterr("%s: not a JSON object", path);
+    }
+    return DFL_OK;
+}
+
+/* tokenizer_config.json: eos_token (a string or {"content": ...}) mapped to its id through
+ * added_tokens_decoder, whose keys are the ids as strings. */
+static int tokenizer_config_eos(dfl_config *c, const cJSON *j, const char *where) {
+    const cJSON *tok = cJSON_GetObjectItemCaseSensitive(j, "eos_token");
+    if (cJSON_IsObject(tok)) tok = cJSON_GetObjectItemCaseSensitive(tok, "content");
+    const cJSON *dec = cJSON_GetObjectItemCaseSensitive(j, "added_tokens_decoder");
+    if (!cJSON_IsString(tok) || !cJSON_IsObject(dec)) return DFL_OK;
+    const cJSON *x;
+    cJSON_ArrayForEach(x, dec) {
+        const cJSON *content = cJSON_GetObjectItemCaseSensitive(x, "content");
+        if (!cJSON_IsString(content) || strcmp(content->valuestring, tok->valuestring) != 0) continue;
+        /* the key is text: all digits and below the vocabulary, checked before the cast */
+        char *end;
+        const unsigned long long id = strtoull(x->string, &end, 10);
+        if (!isdigit((unsigned char)x->string[0]) || *end || id >= (unsigned long long)c->vocab)
+            return dfl_seterr("%s: added_tokens_decoder key of the eos token '%s': expected an integer in [0, "
+                              "vocab_size = %d), found '%s'", where, tok->valuestring, c->vocab, x->string);
+        if (add_eos(c, (int)id, where, "eos_token")) return DFL_ERR;
+    }
+    return DFL_OK;
+}
+
+int config_load_eos(dfl_config *c, const char *dir) {
+    static const char *const files[] = {"generation_config.json", "tokenizer_config.json"};
+    for (int f = 0; f < 2; f++) {
+        char *path = dfl_path_join(dir, files[f]);
+        cJSON *j;
+        int rc = load_optional(path, &j);
+        if (rc == DFL_OK && j) rc = f == 0 ? parse_eos(c, j, path) : tokenizer_config_eos(c, j, path);
+        cJSON_Delete(j);
+        free(path);
+        if (rc) return DFL_ERR;
+    }
+    return DFL_OK;
 }

@@ -4,6 +4,7 @@
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -95,9 +96,41 @@ static int cmp_tensor_name(const void *a, const void *b) {
     return strcmp(((const st_tensor *)a)->name, ((const st_tensor *)b)->name);
 }
 
+/* By (begin, end) as the reference reader sorts: an empty tensor goes before the one that
+ * starts where it lies. */
 static int cmp_tensor_ptr_offset(const void *a, const void *b) {
     const st_tensor *x = *(const st_tensor *const *)a, *y = *(const st_tensor *const *)b;
-    return x->data < y->data ? -1 : x->data > y->data ? 1 : 0;
+    if (x->data != y->data) return x->data < y->data ? -1 : 1;
+    return x->nbytes < y->nbytes ? -1 : x->nbytes > y->nbytes;
+}
+
+/* The largest shape entry or offset accepted: every integer below it is exact in a double. */
+#define ST_MAX_INT 9.0e15
+
+/* v as an integer in [0, ST_MAX_INT]: checked on the double before the cast, which would be
+ * undefined out of range. */
+static int json_uint(const cJSON *v, uint64_t *out) {
+    if (!cJSON_IsNumber(v) || !(v->valuedouble >= 0 && v->valuedouble <= ST_MAX_INT) ||
+        v->valuedouble != floor(v->valuedouble))
+        return -1;
+    *out = (uint64_t)v->valuedouble;
+    return 0;
+}
+
+/* A header value for messages: numbers as written (1e+30), anything else as JSON, cut short. */
+static const char *found_str(const cJSON *v, char *buf, size_t n) {
+    if (!v) return "nothing";
+    if (cJSON_IsNumber(v)) {
+        snprintf(buf, n, "%.15g", v->valuedouble);
+        if (strtod(buf, NULL) != v->valuedouble) snprintf(buf, n, "%.17g", v->valuedouble);
+        return buf;
+    }
+    char *s = cJSON_PrintUnformatted(v);
+    if (!s) return "?";
+    snprintf(buf, n, "%s", s);
+    if (strlen(s) >= n && n > 4) memcpy(buf + n - 4, "...", 4);
+    cJSON_free(s);
+    return buf;
 }
 
 /* Parse one tensor entry of the header into t (data offsets relative to buf). */
@@ -121,31 +154,34 @@ static int parse_entry(const char *path, const cJSON *item, const uint8_t *buf, 
     t->ndim = nd;
     uint64_t numel = 1;
     int overflow = 0;
+    char f1[48], f2[48];
     for (int i = 0; i < nd; i++) {
         const cJSON *d = cJSON_GetArrayItem(sh, i);
-        if (!cJSON_IsNumber(d) || d->valuedouble < 0 || d->valuedouble != (double)(int64_t)d->valuedouble ||
-            d->valuedouble > 9.0e15)
-            return dfl_seterr("%s: tensor '%s': shape[%d] is not a non-negative integer", path, name, i);
-        t->shape[i] = (int64_t)d->valuedouble;
-        if (t->shape[i] && numel > UINT64_MAX / (uint64_t)t->shape[i]) overflow = 1;
-        else numel *= (uint64_t)t->shape[i];
+        uint64_t dim;
+        if (json_uint(d, &dim))
+            return dfl_seterr("%s: tensor '%s': shape[%d]: expected an integer in [0, %.0f], found %s", path, name, i,
+                              ST_MAX_INT, found_str(d, f1, sizeof f1));
+        t->shape[i] = (int64_t)dim;
+        if (dim && numel > UINT64_MAX / dim) overflow = 1;
+        else numel *= dim;
     }
     size_t es = st_dtype_size(t->dtype);
     if (overflow || numel > (uint64_t)INT64_MAX / es)
         return dfl_seterr("%s: tensor '%s': shape overflows (numel x dtype size > 2^63)", path, name);
-    double b = cJSON_GetArrayItem(off, 0)->valuedouble, e = cJSON_GetArrayItem(off, 1)->valuedouble;
-    if (!cJSON_IsNumber(cJSON_GetArrayItem(off, 0)) || !cJSON_IsNumber(cJSON_GetArrayItem(off, 1)) ||
-        b < 0 || e < b || b != (double)(uint64_t)b || e != (double)(uint64_t)e)
-        return dfl_seterr("%s: tensor '%s': invalid data_offsets [%.0f, %.0f]", path, name, b, e);
+    const cJSON *ob = cJSON_GetArrayItem(off, 0), *oe = cJSON_GetArrayItem(off, 1);
+    uint64_t b, e;
+    if (json_uint(ob, &b) || json_uint(oe, &e) || e < b)
+        return dfl_seterr("%s: tensor '%s': invalid data_offsets [%s, %s] (expected integers begin <= end)", path,
+                          name, found_str(ob, f1, sizeof f1), found_str(oe, f2, sizeof f2));
+    if (e - b != numel * es)
+        return dfl_seterr("%s: tensor '%s': data_offsets span %llu bytes, expected numel %llu x %zu (%s) = %llu",
+                          path, name, (unsigned long long)(e - b), (unsigned long long)numel, es,
+                          st_dtype_name(t->dtype), (unsigned long long)(numel * es));
+    if (e > buf_size)
+        return dfl_seterr("%s: tensor '%s': data_offsets end %llu beyond the data buffer (%zu bytes)", path, name,
+                          (unsigned long long)e, buf_size);
     *begin = (size_t)b;
     *end = (size_t)e;
-    if ((uint64_t)(*end - *begin) != numel * es)
-        return dfl_seterr("%s: tensor '%s': data_offsets span %zu bytes, expected numel %llu x %zu (%s) = %llu",
-                          path, name, *end - *begin, (unsigned long long)numel, es, st_dtype_name(t->dtype),
-                          (unsigned long long)(numel * es));
-    if (*end > buf_size)
-        return dfl_seterr("%s: tensor '%s': data_offsets end %zu beyond the data buffer (%zu bytes)", path,
-                          name, *end, buf_size);
     t->numel = (int64_t)numel;
     t->nbytes = *end - *begin;
     t->data = buf + *begin;
@@ -190,8 +226,11 @@ int st_open_file(st_model *m, const char *path) {
         dfl_seterr("%s: header is not valid UTF-8 (byte %zu of the header)", path, bad);
         goto fail;
     }
-    root = cJSON_ParseWithLength((const char *)map + 8, (size_t)n);
-    if (!root) {
+    /* as the reference reader: only JSON whitespace may follow the object (padding is spaces) */
+    const char *hdr = (const char *)map + 8, *hdr_end = NULL;
+    root = cJSON_ParseWithLengthOpts(hdr, (size_t)n, &hdr_end, 0);
+    while (root && hdr_end < hdr + n && *hdr_end && strchr(" \t\r\n", *hdr_end)) hdr_end++;
+    if (!root || hdr_end != hdr + n) {
         dfl_seterr("%s: header is not valid JSON", path);
         goto fail;
     }
@@ -224,7 +263,10 @@ int st_open_file(st_model *m, const char *path) {
         size_t b, e;
         st_tensor *t = &ts[nt];
         if (parse_entry(path, item, buf, buf_size, t, &b, &e) != DFL_OK) goto fail;
-        t->name = strdup(item->string);
+        if (!(t->name = strdup(item->string))) {
+            dfl_seterr("%s: out of memory", path);
+            goto fail;
+        }
         t->file_index = m->n_files;
         nt++;
     }
@@ -237,6 +279,10 @@ int st_open_file(st_model *m, const char *path) {
         }
     /* Offsets must tile the buffer: contiguous from 0, no holes, no overlaps, no trailing bytes. */
     byoff = malloc(((size_t)nt + 1) * sizeof *byoff);
+    if (!byoff) {
+        dfl_seterr("%s: out of memory", path);
+        goto fail;
+    }
     for (int i = 0; i < nt; i++) byoff[i] = &ts[i];
     qsort(byoff, (size_t)nt, sizeof *byoff, cmp_tensor_ptr_offset);
     size_t expect = 0;

@@ -120,13 +120,23 @@ int drafter_check_target(const dfl_drafter *d, const dfl_model *t) {
     if (g->hidden != tc->hidden) WHY("; hidden_size %d != target hidden_size %d", g->hidden, tc->hidden);
     if (g->mask_token_id >= tc->vocab) WHY("; mask_token_id %d >= target vocab_size %d", g->mask_token_id, tc->vocab);
     if (g->vocab && g->vocab != tc->vocab) WHY("; vocab_size %d != target vocab_size %d", g->vocab, tc->vocab);
+    /* negative ids come from the default formula over fewer than 4 layers */
     for (int i = 0; i < g->n_target_ids; i++)
-        if (g->target_layer_ids[i] >= tc->n_layers)
+        if (g->target_layer_ids[i] < 0 || g->target_layer_ids[i] >= tc->n_layers)
             WHY("; target_layer_ids[%d] = %d but the target has layers 0..%d", i, g->target_layer_ids[i],
                 tc->n_layers - 1);
-    if (g->n_target_layers && g->n_target_layers != tc->n_layers)
-        WHY("; num_target_layers %d != target num_hidden_layers %d", g->n_target_layers, tc->n_layers);
 #undef WHY
     if (k) return dfl_seterr("drafter %s does not fit target %s: %s", d->dir, t->dir, msg + 2);
     return DFL_OK;
+}
+
+/* z-lab's dflash never compares num_target_layers with the target: a drafter may be used on
+ * a target other than its own, as long as the layers it reads exist (drafter_check_target). */
+const char *drafter_target_warning(const dfl_drafter *d, const dfl_model *t, char *buf, size_t len) {
+    const dfl_config *g = &d->cfg;
+    if (!g->n_target_layers || g->n_target_layers == t->cfg.n_layers) return NULL;
+    snprintf(buf, len, "drafter %s: num_target_layers %d differs from the target's %d layers (the drafter was "
+             "trained on another target?)%s", d->dir, g->n_target_layers, t->cfg.n_layers,
+             g->target_ids_default ? "; its default target_layer_ids follow num_target_layers" : "");
+    return buf;
 }

@@ -2,7 +2,6 @@
  * eos ids, component inventory. */
 #include "dfl/model.h"
 
-#include <cjson/cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -72,46 +71,6 @@ static int find_prefix(dfl_model *m) {
     m->prefix = dfl_text_prefixes[found];
     m->layout = found == 0 ? DFL_LAYOUT_TEXT : DFL_LAYOUT_VLM;
     return DFL_OK;
-}
-
-static void add_eos(dfl_model *m, int id) {
-    for (int i = 0; i < m->n_eos; i++)
-        if (m->eos_ids[i] == id) return;
-    if (m->n_eos < DFL_MAX_EOS && id >= 0) m->eos_ids[m->n_eos++] = id;
-}
-
-/* eos ids from generation_config.json and tokenizer_config.json (token string mapped through
- * its added_tokens_decoder). Both files are optional. */
-static void load_eos(dfl_model *m) {
-    for (int i = 0; i < m->cfg.n_eos; i++) add_eos(m, m->cfg.eos_ids[i]);
-    char *p = dfl_path_join(m->dir, "generation_config.json");
-    char *text = dfl_is_file(p) ? dfl_read_file(p, NULL) : NULL;
-    free(p);
-    cJSON *j = text ? cJSON_Parse(text) : NULL;
-    free(text);
-    const cJSON *e = j ? cJSON_GetObjectItemCaseSensitive(j, "eos_token_id") : NULL;
-    if (cJSON_IsNumber(e)) add_eos(m, (int)e->valuedouble);
-    else if (cJSON_IsArray(e)) {
-        const cJSON *x;
-        cJSON_ArrayForEach(x, e) if (cJSON_IsNumber(x)) add_eos(m, (int)x->valuedouble);
-    }
-    cJSON_Delete(j);
-    p = dfl_path_join(m->dir, "tokenizer_config.json");
-    text = dfl_is_file(p) ? dfl_read_file(p, NULL) : NULL;
-    free(p);
-    j = text ? cJSON_Parse(text) : NULL;
-    free(text);
-    const cJSON *tok = j ? cJSON_GetObjectItemCaseSensitive(j, "eos_token") : NULL;
-    if (cJSON_IsObject(tok)) tok = cJSON_GetObjectItemCaseSensitive(tok, "content");
-    const cJSON *dec = j ? cJSON_GetObjectItemCaseSensitive(j, "added_tokens_decoder") : NULL;
-    if (cJSON_IsString(tok) && cJSON_IsObject(dec)) {
-        const cJSON *x;
-        cJSON_ArrayForEach(x, dec) {
-            const cJSON *c = cJSON_GetObjectItemCaseSensitive(x, "content");
-            if (cJSON_IsString(c) && strcmp(c->valuestring, tok->valuestring) == 0) add_eos(m, atoi(x->string));
-        }
-    }
-    cJSON_Delete(j);
 }
 
 static int bind_layer(dfl_model *m, ld_ctx *c, int i) {
@@ -196,7 +155,9 @@ int model_open(dfl_model *m, const char *dir, int check_weights) {
         m->comp_bytes[k] += t->nbytes;
         if (m->used[i]) m->weight_bytes += t->nbytes;
     }
-    load_eos(m);
+    if (config_load_eos(&m->cfg, dir) != DFL_OK) goto fail;
+    memcpy(m->eos_ids, m->cfg.eos_ids, sizeof m->eos_ids);
+    m->n_eos = m->cfg.n_eos;
     return DFL_OK;
 fail:
     model_close(m);

@@ -1,11 +1,139 @@
-/* config.json parsing: architectures, nested/top-level rope, layer types, drafter fields. */
+/* config.json parsing: architectures, nested/top-level rope, layer types, drafter fields,
+ * range checks of every integer field, eos ids from the other config files. */
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "dfl/common.h"
 #include "dfl/config.h"
 #include "testutil.h"
 
 static int parse(dfl_config *c, const char *json) { return config_parse(c, json, "config.json"); }
+
+#define QWEN3_BASE                                                                                      \
+    "{\"model_type\":\"qwen3\",\"hidden_size\":64,\"num_hidden_layers\":2,\"intermediate_size\":128,"    \
+    "\"num_attention_heads\":4,\"num_key_value_heads\":2,\"head_dim\":32,\"vocab_size\":100"
+#define DRAFTER_BASE                                                                                    \
+    "{\"architectures\":[\"DFlashDraftModel\"],\"hidden_size\":64,\"num_hidden_layers\":2,"              \
+    "\"intermediate_size\":128,\"num_attention_heads\":4,\"block_size\":8"
+
+/* The base config with `extra` fields added must be refused with a message holding `needle`. */
+static void refused(const char *base, const char *extra, const char *needle) {
+    char json[1024];
+    dfl_config c;
+    snprintf(json, sizeof json, "%s,%s}", base, extra);
+    int rc = parse(&c, json);
+    CHECK(rc == DFL_ERR && strstr(dfl_errmsg(), needle), "%s: expected an error with '%s', got %s", extra, needle,
+          rc == DFL_OK ? "success" : dfl_errmsg());
+}
+
+/* Out-of-range and non-integral numbers are refused on the double, before any cast (these cast
+ * first used to be undefined behaviour, and a huge eos id was accepted). */
+static void test_ranges(void) {
+    dfl_config c;
+    refused(QWEN3_BASE, "\"eos_token_id\":9e98", "config.json: eos_token_id: expected an integer in [0, vocab_size = 100), found 9e+98");
+    refused(QWEN3_BASE, "\"eos_token_id\":100", "eos_token_id: expected an integer in [0, vocab_size = 100), found 100");
+    refused(QWEN3_BASE, "\"eos_token_id\":-1", "found -1");
+    refused(QWEN3_BASE, "\"eos_token_id\":[5,2.5]", "eos_token_id[1]: expected an integer in [0, vocab_size = 100), found 2.5");
+    refused(QWEN3_BASE, "\"eos_token_id\":[5,\"x\"]", "eos_token_id[1]: expected an integer in [0, vocab_size = 100), found \"x\"");
+    refused(QWEN3_BASE, "\"eos_token_id\":[1,2,3,4,5,6,7,8,9]", "more than 8 distinct eos ids");
+    CHECK(parse(&c, QWEN3_BASE ",\"eos_token_id\":[99,7,99,0]}") == DFL_OK && c.n_eos == 3 && c.eos_ids[0] == 99 &&
+              c.eos_ids[2] == 0,
+          "eos ids at the bounds, repeats dropped: %s", dfl_errmsg());
+    CHECK(parse(&c, QWEN3_BASE ",\"eos_token_id\":null}") == DFL_OK && c.n_eos == 0, "eos null: %s", dfl_errmsg());
+    CHECK(parse(&c, QWEN3_BASE "} x") == DFL_ERR && strstr(dfl_errmsg(), "not valid JSON"), "trailing text: %s",
+          dfl_errmsg());
+    refused(QWEN3_BASE, "\"head_dim\":64", "key 'head_dim' appears twice");
+    refused(QWEN3_BASE, "\"rope_parameters\":{\"rope_theta\":1,\"rope_theta\":2}", "key 'rope_theta' appears twice");
+    refused("{\"model_type\":\"qwen3\",\"hidden_size\":1e30", "\"num_hidden_layers\":2",
+            "hidden_size: expected an integer in [1, 65536], found 1e+30");
+    refused("{\"model_type\":\"qwen3\",\"hidden_size\":64.5", "\"num_hidden_layers\":2",
+            "hidden_size: expected an integer in [1, 65536], found 64.5");
+    refused("{\"model_type\":\"qwen3\",\"hidden_size\":1e999", "\"num_hidden_layers\":2", "found inf");
+    refused("{\"model_type\":\"qwen3\",\"hidden_size\":-1e999", "\"num_hidden_layers\":2", "found -inf");
+    refused("{\"model_type\":\"qwen3\",\"hidden_size\":64,\"num_hidden_layers\":300", "\"intermediate_size\":1",
+            "num_hidden_layers: expected an integer in [1, 256], found 300");
+    refused("{\"model_type\":\"qwen3\",\"hidden_size\":64,\"num_hidden_layers\":0", "\"intermediate_size\":1",
+            "num_hidden_layers: expected an integer in [1, 256], found 0");
+    refused("{\"model_type\":\"qwen3\",\"hidden_size\":64,\"num_hidden_layers\":2,\"intermediate_size\":128,"
+            "\"num_attention_heads\":4,\"vocab_size\":100", "\"head_dim\":1024",
+            "head_dim: expected an integer in [1, 512], found 1024");
+    refused("{\"model_type\":\"qwen3\",\"hidden_size\":2048,\"num_hidden_layers\":2,\"intermediate_size\":8,"
+            "\"num_attention_heads\":2,\"vocab_size\":10",
+            "\"rope_theta\":1e4", "head_dim = hidden_size / num_attention_heads = 1024 exceeds the supported 512");
+    refused(QWEN3_BASE, "\"max_position_embeddings\":4e9", "max_position_embeddings: expected an integer");
+    refused("{\"model_type\":\"qwen3\",\"hidden_size\":64,\"num_hidden_layers\":2,\"intermediate_size\":128,"
+            "\"num_attention_heads\":4,\"vocab_size\":100", "\"num_key_value_heads\":0",
+            "num_key_value_heads: expected an integer in [1, 1024], found 0");
+    refused(QWEN3_BASE, "\"rms_norm_eps\":-1", "rms_norm_eps: expected a number in [0, 1], found -1");
+    refused(QWEN3_BASE, "\"rope_theta\":1e999", "rope_theta: expected a number in [0, 1e+30], found inf");
+    refused("{\"model_type\":\"qwen3\",\"hidden_size\":64,\"num_hidden_layers\":2,\"intermediate_size\":128,"
+            "\"num_attention_heads\":4,\"vocab_size\":1e10", "\"rope_theta\":1e4",
+            "vocab_size: expected an integer in [1, 16777216], found 10000000000");
+    const char *q35 = "{\"model_type\":\"qwen3_5_text\",\"hidden_size\":64,\"num_hidden_layers\":4,"
+                      "\"intermediate_size\":128,\"num_attention_heads\":4,\"vocab_size\":10";
+    refused(q35, "\"linear_conv_kernel_dim\":17", "linear_conv_kernel_dim: expected an integer in [1, 16], found 17");
+    refused(q35, "\"linear_key_head_dim\":1e20", "linear_key_head_dim: expected an integer in [1, 512], found 1e+20");
+    refused(q35, "\"full_attention_interval\":0", "full_attention_interval: expected an integer in [1, 256], found 0");
+    /* drafters */
+    refused(DRAFTER_BASE, "\"mask_token_id\":1,\"target_layer_ids\":[1e999]",
+            "target_layer_ids[0]: expected an integer in [0, 255], found inf");
+    refused(DRAFTER_BASE, "\"mask_token_id\":1,\"target_layer_ids\":[0,1.5]",
+            "target_layer_ids[1]: expected an integer in [0, 255], found 1.5");
+    refused(DRAFTER_BASE, "\"mask_token_id\":1,\"target_layer_ids\":[0,-1]", "target_layer_ids[1]");
+    refused(DRAFTER_BASE, "\"vocab_size\":1000,\"mask_token_id\":1000",
+            "mask_token_id: expected an integer in [0, vocab_size = 1000), found 1000");
+    refused(DRAFTER_BASE, "\"mask_token_id\":9e98", "mask_token_id: expected an integer in [0, 16777215], found 9e+98");
+    refused(DRAFTER_BASE, "\"mask_token_id\":1,\"num_target_layers\":1e9",
+            "num_target_layers: expected an integer in [1, 256], found 1000000000");
+    refused(DRAFTER_BASE, "\"mask_token_id\":1,\"sliding_window\":-2", "sliding_window: expected an integer");
+    refused(DRAFTER_BASE, "\"mask_token_id\":1,\"dflash_config\":{\"block_size\":1e300}",
+            "block_size: expected an integer in [2, 256], found 1e+300");
+    refused(DRAFTER_BASE, "\"mask_token_id\":1,\"output_multiplier\":1e39", "output_multiplier: expected a number");
+}
+
+static void write_text(const char *dir, const char *name, const char *text) {
+    char p[1024];
+    snprintf(p, sizeof p, "%s/%s", dir, name);
+    FILE *f = fopen(p, "w");
+    if (!f) return;
+    fputs(text, f);
+    fclose(f);
+}
+
+/* generation_config.json and tokenizer_config.json eos ids: checked like config.json's. */
+static void test_extra_eos(void) {
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s/eos", test_tmpdir());
+    mkdir(dir, 0755);
+    dfl_config c;
+    CHECK(parse(&c, QWEN3_BASE ",\"eos_token_id\":7}") == DFL_OK, "base: %s", dfl_errmsg());
+    CHECK(config_load_eos(&c, dir) == DFL_OK && c.n_eos == 1, "no extra files: %s", dfl_errmsg());
+    write_text(dir, "generation_config.json", "{\"eos_token_id\": [7, 9]}");
+    write_text(dir, "tokenizer_config.json",
+               "{\"eos_token\": \"<e>\", \"added_tokens_decoder\": {\"98\": {\"content\": \"<x>\"}, "
+               "\"99\": {\"content\": \"<e>\"}}}");
+    CHECK(config_load_eos(&c, dir) == DFL_OK && c.n_eos == 3 && c.eos_ids[1] == 9 && c.eos_ids[2] == 99,
+          "generation + tokenizer config: %s (%d ids)", dfl_errmsg(), c.n_eos);
+    write_text(dir, "generation_config.json", "{\"eos_token_id\": 9e98}");
+    CHECK(config_load_eos(&c, dir) == DFL_ERR && strstr(dfl_errmsg(), "generation_config.json: eos_token_id: expected an "
+                                                                       "integer in [0, vocab_size = 100), found 9e+98"),
+          "huge generation_config eos: %s", dfl_errmsg());
+    write_text(dir, "generation_config.json", "{\"eos_token_id\": 7,}");
+    CHECK(config_load_eos(&c, dir) == DFL_ERR && strstr(dfl_errmsg(), "generation_config.json: not valid JSON"),
+          "bad generation_config: %s", dfl_errmsg());
+    write_text(dir, "generation_config.json", "{}");
+    write_text(dir, "tokenizer_config.json",
+               "{\"eos_token\": {\"content\": \"<e>\"}, \"added_tokens_decoder\": "
+               "{\"99999999999999999999999\": {\"content\": \"<e>\"}}}");
+    CHECK(config_load_eos(&c, dir) == DFL_ERR && strstr(dfl_errmsg(), "tokenizer_config.json") &&
+              strstr(dfl_errmsg(), "found '99999999999999999999999'"),
+          "huge tokenizer_config key: %s", dfl_errmsg());
+    write_text(dir, "tokenizer_config.json",
+               "{\"eos_token\": \"<e>\", \"added_tokens_decoder\": {\"-5\": {\"content\": \"<e>\"}}}");
+    CHECK(config_load_eos(&c, dir) == DFL_ERR && strstr(dfl_errmsg(), "found '-5'"), "negative key: %s", dfl_errmsg());
+}
 
 int main(void) {
     dfl_config c;
@@ -55,7 +183,7 @@ int main(void) {
               strstr(dfl_errmsg(), "qwen3_5_text"),
           "unknown arch lists supported: %s", dfl_errmsg());
     CHECK(parse(&c, "{\"model_type\":\"qwen3\",\"hidden_size\":\"big\"}") == DFL_ERR &&
-              strstr(dfl_errmsg(), "'hidden_size' must be an integer"),
+              strstr(dfl_errmsg(), "hidden_size: expected an integer in [1, 65536], found \"big\""),
           "type error: %s", dfl_errmsg());
     CHECK(parse(&c, "{\"model_type\":\"qwen3\",") == DFL_ERR && strstr(dfl_errmsg(), "not valid JSON"), "bad json");
     CHECK(parse(&c, "{\"model_type\":\"qwen3\",\"num_hidden_layers\":2}") == DFL_ERR &&
@@ -100,5 +228,7 @@ int main(void) {
                     "\"layer_types\":[\"sliding_attention\"]}") == DFL_ERR &&
               strstr(dfl_errmsg(), "sliding_window"),
           "sliding without window: %s", dfl_errmsg());
+    test_ranges();
+    test_extra_eos();
     return test_done("test_config");
 }

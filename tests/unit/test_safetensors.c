@@ -78,6 +78,21 @@ int main(void) {
               dfl_errmsg());
         st_close(&u);
     }
+    /* empty tensors lie anywhere; sorted by (begin, end) they tile the buffer (the reference
+     * reader's order; sorting by begin alone could put [4, 8] before [4, 4] and refuse the file) */
+    {
+        const char *hdr = "{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
+                          "\"b\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]},"
+                          "\"e1\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[4,4]},"
+                          "\"e2\":{\"dtype\":\"F32\",\"shape\":[2,0],\"data_offsets\":[4,4]},"
+                          "\"e3\":{\"dtype\":\"BF16\",\"shape\":[0],\"data_offsets\":[4,4]},"
+                          "\"e4\":{\"dtype\":\"U8\",\"shape\":[0],\"data_offsets\":[8,8]},"
+                          "\"e5\":{\"dtype\":\"U8\",\"shape\":[0],\"data_offsets\":[0,0]}}";
+        st_model u = {0};
+        CHECK(st_open_file(&u, write_raw("empty.safetensors", hdr, 0, f32, 8)) == DFL_OK && u.n_tensors == 7,
+              "empty tensors between others: %s", dfl_errmsg());
+        st_close(&u);
+    }
     /* metadata and header padding are accepted */
     {
         const char *hdr = "{\"__metadata__\":{\"format\":\"pt\"},\"x\":{\"dtype\":\"F32\",\"shape\":[1],"
@@ -127,7 +142,40 @@ int main(void) {
                  "{\"x\":{\"dtype\":\"F32\",\"shape\":[4294967296,4294967296],\"data_offsets\":[0,4]}}", 0, 4,
                  "overflows");
     expect_error("negshape.safetensors", "{\"x\":{\"dtype\":\"F32\",\"shape\":[-1],\"data_offsets\":[0,4]}}", 0, 4,
-                 "not a non-negative integer");
+                 "tensor 'x': shape[0]: expected an integer in [0, 9000000000000000], found -1");
+    /* numbers beyond the integer range are refused before any cast (casting them was undefined
+     * behaviour, and the later comparison could be folded away) */
+    expect_error("hugeshape.safetensors", "{\"x\":{\"dtype\":\"F32\",\"shape\":[1e30],\"data_offsets\":[0,4]}}", 0,
+                 4, "hugeshape.safetensors: tensor 'x': shape[0]: expected an integer in [0, 9000000000000000], found 1e+30");
+    expect_error("infshape.safetensors", "{\"x\":{\"dtype\":\"F32\",\"shape\":[2,1e999],\"data_offsets\":[0,4]}}", 0,
+                 4, "shape[1]: expected an integer in [0, 9000000000000000], found inf");
+    expect_error("fracshape.safetensors", "{\"x\":{\"dtype\":\"F32\",\"shape\":[0.5],\"data_offsets\":[0,4]}}", 0,
+                 4, "found 0.5");
+    expect_error("strshape.safetensors", "{\"x\":{\"dtype\":\"F32\",\"shape\":[\"1\"],\"data_offsets\":[0,4]}}", 0,
+                 4, "found \"1\"");
+    expect_error("hugeoff.safetensors", "{\"x\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,1e30]}}", 0, 4,
+                 "tensor 'x': invalid data_offsets [0, 1e+30]");
+    expect_error("hugeoff2.safetensors", "{\"x\":{\"dtype\":\"U8\",\"shape\":[0],\"data_offsets\":[1e30,1e30]}}", 0,
+                 4, "invalid data_offsets [1e+30, 1e+30]");
+    expect_error("negoff.safetensors", "{\"x\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[-4,0]}}", 0, 4,
+                 "invalid data_offsets [-4, 0]");
+    expect_error("backoff.safetensors", "{\"x\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,0]}}", 0, 4,
+                 "invalid data_offsets [4, 0]");
+    expect_error("stroff.safetensors", "{\"x\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[\"0\",4]}}", 0, 4,
+                 "invalid data_offsets [\"0\", 4]");
+    /* the product of the shape and the byte count overflow without wrapping */
+    expect_error("overflow2.safetensors",
+                 "{\"x\":{\"dtype\":\"F64\",\"shape\":[3000000000,3000000000],\"data_offsets\":[0,8]}}", 0, 8,
+                 "overflows");
+    expect_error("overflow3.safetensors",
+                 "{\"x\":{\"dtype\":\"U8\",\"shape\":[0,9e15,9e15,9e15],\"data_offsets\":[0,4]}}", 0, 4,
+                 "data_offsets span 4 bytes, expected numel 0");
+    expect_error("hugespan.safetensors",
+                 "{\"x\":{\"dtype\":\"U8\",\"shape\":[9e15],\"data_offsets\":[0,9e15]}}", 0, 4,
+                 "data_offsets end 9000000000000000 beyond the data buffer (4 bytes)");
+    /* the reference reader: nothing but JSON whitespace after the object */
+    expect_error("tail.safetensors", "{} x", 0, 0, "not valid JSON");
+    expect_error("nulpad.safetensors", "{}\t\n", 5, 1, "not valid JSON"); /* the 5th byte: a NUL */
     expect_error("offsets.safetensors", "{\"x\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4]}}", 0, 4,
                  "data_offsets");
     expect_error("meta.bad.safetensors", "{\"__metadata__\":{\"a\":1}}", 0, 0, "__metadata__");
