@@ -618,12 +618,9 @@ int eval_opts_check(const eval_opts *o) {
             return dfl_seterr("--features runs no target forward: --save-features, --check-ar and --record-mode "
                               "need a recording run");
         if (o->record_budget >= 0) {
-            int found = 0;
-            for (int k = 0; k < o->n_modes; k++) found |= o->budgets[k] == o->record_budget;
             if (o->record_budget > DDTREE_MAX_BUDGET)
                 return dfl_seterr("--record-mode ddtree-%d: the target verifies at most %d nodes", o->record_budget,
                                   DDTREE_MAX_BUDGET);
-            (void)found; /* any verification mode records the same truth */
         } else if (o->budgets[0] > DDTREE_MAX_BUDGET) {
             return dfl_seterr("the first mode (ddtree-%d) is the recording mode, but the target verifies at most %d "
                               "nodes: give --record-mode", o->budgets[0], DDTREE_MAX_BUDGET);

@@ -162,6 +162,11 @@ def refusals(feat):
     t.check(p.returncode != 0 and os.path.basename(f0) in p.stderr, f"truncated features refused: {p.stderr[-300:]}")
     p = eval_("bad4", "--target", ET, "--drafter", ED, "--prompts", EMB_PROMPTS, "--temperature", "0.7", check=False)
     t.check(p.returncode == 2 and "--online" in p.stderr, f"replay at T > 0 refused: {p.stderr[-300:]}")
+    for args, needle in ((["--record-mode", "tree"], "--record-mode"), (["--save-layers", "1,x"], "--save-layers"),
+                         (["--cost-reps", "-1"], "--cost-reps"), (["--tree-budget", "0,5000"], "--tree-budget")):
+        p = eval_("bad6", "--target", ET, "--drafter", ED, "--prompts", EMB_PROMPTS, "--save-features",
+                  os.path.join(tmp, "unused"), *args, check=False)
+        t.check(p.returncode == 2 and needle in p.stderr, f"{args}: usage error naming the flag: {p.stderr[-200:]}")
     p = eval_("bad5", "--features", feat2, "--drafter", ED, "--max-new", 64, check=False)
     t.check(p.returncode != 0 and "max-new" in p.stderr, f"another --max-new than recorded refused: {p.stderr[-300:]}")
 
