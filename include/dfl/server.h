@@ -22,6 +22,10 @@ typedef struct dfl_server_opts {
     int max_queue;          /* generation requests that may wait behind the running one */
     int max_context;        /* positions per sequence (prompt + output); 0 = default */
     size_t max_body;        /* request body limit in bytes */
+    int timeout_s;          /* seconds a connection may stay silent (sending its request or reading the
+                             * answer; not while its request waits or runs); 0 = never time out */
+    int max_conns;          /* open connections in all (each holds a thread); more are closed at accept */
+    int max_conns_per_client; /* open connections from one client address */
     int check_weights;      /* scan the weights for NaN/Inf at load */
     int log_requests;       /* one line per request on stderr */
 } dfl_server_opts;
@@ -29,6 +33,9 @@ typedef struct dfl_server_opts {
 #define DFL_SERVE_DEFAULT_QUEUE 64
 #define DFL_SERVE_DEFAULT_CONTEXT 4096 /* capped by the model's max_position_embeddings */
 #define DFL_SERVE_DEFAULT_BODY (8u << 20)
+#define DFL_SERVE_DEFAULT_TIMEOUT 60
+#define DFL_SERVE_DEFAULT_CONNS 256
+#define DFL_SERVE_DEFAULT_CONNS_PER_CLIENT 128
 
 typedef struct dfl_server dfl_server;
 

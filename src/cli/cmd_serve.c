@@ -12,6 +12,7 @@
 static const char *usage_text =
     "usage: dfl serve --target DIR [--drafter DIR [--block-size B] [--tree-budget N]] [--host ADDR] [--port P]\n"
     "                 [--max-queue N] [--max-context N] [--max-body BYTES] [--tokenizer PATH]\n"
+    "                 [--timeout S] [--max-connections N] [--max-connections-per-client N]\n"
     "                 [--model-name NAME] [--quiet] [--check-weights]\n"
     "\n"
     "Serve generation over HTTP with DFlash speculative decoding (or autoregressively without a\n"
@@ -33,6 +34,13 @@ static const char *usage_text =
     "  --max-context N     positions per request, prompt + output (default min(4096,\n"
     "                      max_position_embeddings)); longer requests get 400\n"
     "  --max-body BYTES    request body limit; larger bodies get 413 (default 8388608)\n"
+    "  --timeout S         close a connection silent for S seconds while it sends its request or\n"
+    "                      should read its answer (never while its request waits or runs; default\n"
+    "                      60; 0 = never)\n"
+    "  --max-connections N open connections in all, each served by a thread (default 256); more\n"
+    "                      are closed at once\n"
+    "  --max-connections-per-client N\n"
+    "                      open connections from one client address (default 128)\n"
     "  --tokenizer PATH    tokenizer.json or directory (default: the target directory)\n"
     "  --model-name NAME   the \"model\" reported in responses (default: the target directory's name)\n"
     "  --quiet             do not log each request on stderr\n"
@@ -79,6 +87,15 @@ int cmd_serve(int argc, char **argv) {
         } else if (strcmp(a, "--max-body") == 0) {
             if (cli_parse_long("serve", a, cli_value(argc, argv, &i), 1, 1L << 32, &v)) return 2;
             o.max_body = (size_t)v;
+        } else if (strcmp(a, "--timeout") == 0) {
+            if (cli_parse_long("serve", a, cli_value(argc, argv, &i), 0, 86400, &v)) return 2;
+            o.timeout_s = (int)v;
+        } else if (strcmp(a, "--max-connections") == 0) {
+            if (cli_parse_long("serve", a, cli_value(argc, argv, &i), 1, 16384, &v)) return 2;
+            o.max_conns = (int)v;
+        } else if (strcmp(a, "--max-connections-per-client") == 0) {
+            if (cli_parse_long("serve", a, cli_value(argc, argv, &i), 1, 16384, &v)) return 2;
+            o.max_conns_per_client = (int)v;
         } else if (strcmp(a, "--quiet") == 0) {
             o.log_requests = 0;
         } else if (strcmp(a, "--check-weights") == 0) {
@@ -90,6 +107,9 @@ int cmd_serve(int argc, char **argv) {
     if (!o.target) return cli_usage_error("serve", "missing --target DIR");
     if (o.block && !o.drafter) return cli_usage_error("serve", "--block-size needs --drafter");
     if (o.tree_budget && !o.drafter) return cli_usage_error("serve", "--tree-budget needs --drafter");
+    if (o.max_conns_per_client > o.max_conns)
+        return cli_usage_error("serve", "--max-connections-per-client %d exceeds --max-connections %d",
+                               o.max_conns_per_client, o.max_conns);
     /* Block the signals in every thread (the server's threads inherit this mask) and take them
      * synchronously here, so that shutdown runs in ordinary code, not in a handler. */
     sigset_t sigs;

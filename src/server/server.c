@@ -52,6 +52,9 @@ void server_opts_default(dfl_server_opts *o) {
     o->host = "127.0.0.1";
     o->max_queue = DFL_SERVE_DEFAULT_QUEUE;
     o->max_body = DFL_SERVE_DEFAULT_BODY;
+    o->timeout_s = DFL_SERVE_DEFAULT_TIMEOUT;
+    o->max_conns = DFL_SERVE_DEFAULT_CONNS;
+    o->max_conns_per_client = DFL_SERVE_DEFAULT_CONNS_PER_CLIENT;
 }
 
 int server_port(const dfl_server *s) { return s->port; }
@@ -139,6 +142,14 @@ static int client_gone(struct MHD_Connection *c) {
     return poll(&pf, 1, 0) > 0 && (pf.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL));
 }
 
+/* While a request waits for the engine its connection is silent by design: no inactivity timeout
+ * then (on = 0). Back on, the timer starts afresh (MHD resets it when a zero timeout is raised):
+ * an answer the client does not read, or a stream it stops reading, times out. Called on the
+ * connection's own thread. */
+static void conn_timeout(dfl_server *srv, struct MHD_Connection *c, int on) {
+    if (srv->timeout_s) MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, on ? srv->timeout_s : 0u);
+}
+
 static void wait_a_bit(pthread_cond_t *cv, pthread_mutex_t *mu) {
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
@@ -222,7 +233,7 @@ static void *worker_main(void *arg) {
     dfl_server *srv = arg;
     pthread_mutex_lock(&srv->mu);
     for (;;) {
-        while (!srv->head && !srv->stopping) pthread_cond_wait(&srv->cv, &srv->mu);
+        while ((!srv->head || srv->held) && !srv->stopping) pthread_cond_wait(&srv->cv, &srv->mu);
         job *j = srv->head;
         if (!j) break; /* stopping, nothing queued */
         srv->head = j->next;
@@ -305,7 +316,9 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
     job *j = cls;
     dfl_server *srv = j->srv;
     ssize_t n;
+    int waited = 0;
     pthread_mutex_lock(&srv->mu);
+    struct MHD_Connection *c = j->conn;
     for (;;) {
         if (j->sb_off < j->sb_len) {
             n = (ssize_t)(j->sb_len - j->sb_off < max ? j->sb_len - j->sb_off : max);
@@ -321,10 +334,18 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
             n = MHD_CONTENT_READER_END_OF_STREAM;
             break;
         }
+        if (!waited) { /* not under srv->mu: MHD takes a lock of its own */
+            pthread_mutex_unlock(&srv->mu);
+            conn_timeout(srv, c, 0);
+            pthread_mutex_lock(&srv->mu);
+            waited = 1;
+            continue;
+        }
         wait_a_bit(&j->cv, &srv->mu);
         if (client_gone(j->conn)) job_cancel(srv, j);
     }
     pthread_mutex_unlock(&srv->mu);
+    if (waited) conn_timeout(srv, c, 1);
     return n;
 }
 
@@ -408,12 +429,16 @@ static enum MHD_Result handle_generation(dfl_server *srv, struct MHD_Connection 
         MHD_destroy_response(resp);
         return ret;
     }
+    pthread_mutex_unlock(&srv->mu);
+    conn_timeout(srv, c, 0);
+    pthread_mutex_lock(&srv->mu);
     while (j->state != JOB_DONE) {
         wait_a_bit(&j->cv, &srv->mu);
         if (j->state != JOB_DONE && client_gone(c)) job_cancel(srv, j);
     }
     const int cancelled = j->cancelled;
     pthread_mutex_unlock(&srv->mu);
+    conn_timeout(srv, c, 1);
     enum MHD_Result ret;
     if (cancelled) {
         record(srv, r, method, url, 499);
@@ -435,6 +460,19 @@ static enum MHD_Result handle_generation(dfl_server *srv, struct MHD_Connection 
     job_unref(j);
     pthread_mutex_unlock(&srv->mu);
     return ret;
+}
+
+void server_hold(dfl_server *srv, int on) {
+    pthread_mutex_lock(&srv->mu);
+    srv->held = on;
+    pthread_cond_signal(&srv->cv);
+    pthread_mutex_unlock(&srv->mu);
+}
+
+void server_queue_depth(dfl_server *srv, int *waiting, int *running) {
+    pthread_mutex_lock(&srv->mu);
+    *waiting = srv->n_waiting, *running = srv->running;
+    pthread_mutex_unlock(&srv->mu);
 }
 
 /* ---- metrics ---- */
@@ -492,6 +530,60 @@ static char *metrics_text(dfl_server *srv) {
 
 /* ---- the access handler ---- */
 
+/* The JSON path ("messages[1].content") of the first string value in the body that holds U+0000,
+ * written into path; 0 if none. cJSON ends its strings at a NUL, so such a prompt would be cut
+ * short without a word: refuse it instead. The body is valid JSON (checked by cJSON first). */
+static int find_nul_string(const char *s, char *path, size_t cap) {
+    enum { MAXD = 64 };
+    struct {
+        int is_obj, index;
+        char key[64];
+    } st[MAXD];
+    int d = -1;
+    char key[64] = "";
+    int expect_key = 0;
+    for (const char *p = s; *p; p++) {
+        const char c = *p;
+        if (c == '{' || c == '[') {
+            if (++d >= MAXD) return 0; /* deeper than any request field: nothing of ours lives there */
+            st[d].is_obj = c == '{', st[d].index = 0;
+            snprintf(st[d].key, sizeof st[d].key, "%s", key);
+            expect_key = st[d].is_obj;
+        } else if (c == '}' || c == ']') {
+            d--;
+        } else if (c == ',') {
+            if (d >= 0 && !st[d].is_obj) st[d].index++;
+            expect_key = d >= 0 && st[d].is_obj;
+        } else if (c == '"') {
+            const char *b = ++p;
+            int nul = 0;
+            for (; *p != '"'; p++)
+                if (*p == '\\') {
+                    p++;
+                    if (*p == 'u' && strncmp(p + 1, "0000", 4) == 0) nul = 1;
+                }
+            if (expect_key) {
+                snprintf(key, sizeof key, "%.*s", (int)(p - b < 63 ? p - b : 63), b);
+                expect_key = 0;
+                if (nul) return snprintf(path, cap, "body"), 1;
+                continue;
+            }
+            if (nul) { /* the path: each level's key or [index], then this value's key */
+                size_t k = 0;
+                path[0] = 0;
+                for (int i = 1; i <= d && k < cap; i++)
+                    k += (size_t)(st[i - 1].is_obj ? snprintf(path + k, cap - k, "%s%s", k ? "." : "", st[i].key)
+                                                   : snprintf(path + k, cap - k, "[%d]", st[i - 1].index));
+                if (d >= 0 && k < cap)
+                    k += (size_t)(st[d].is_obj ? snprintf(path + k, cap - k, "%s%s", k ? "." : "", key)
+                                               : snprintf(path + k, cap - k, "[%d]", st[d].index));
+                return 1;
+            }
+        }
+    }
+    return 0;
+}
+
 static cJSON *parse_body(const req *r, api_err *e) {
     const char *end = NULL;
     cJSON *body = cJSON_ParseWithOpts(r->body ? r->body : "", &end, 1);
@@ -503,6 +595,12 @@ static cJSON *parse_body(const req *r, api_err *e) {
     if (!cJSON_IsObject(body)) {
         cJSON_Delete(body);
         api_seterr(e, 400, "body", "the request body must be a JSON object");
+        return NULL;
+    }
+    char path[256];
+    if (find_nul_string(r->body, path, sizeof path)) {
+        cJSON_Delete(body);
+        api_seterr(e, 400, path, "%s holds a NUL character (\\u0000), which dfl does not accept in text", path);
         return NULL;
     }
     return body;
@@ -655,6 +753,10 @@ static int load(dfl_server *srv, const dfl_server_opts *o) {
         return dfl_seterr("tree budget %d: must be in [0, %d]", o->tree_budget, DDTREE_MAX_BUDGET);
     srv->tree_budget = o->tree_budget;
     if (o->max_queue < 0) return dfl_seterr("max_queue %d: must be >= 0", o->max_queue);
+    if (o->timeout_s < 0) return dfl_seterr("timeout %d s: must be >= 0", o->timeout_s);
+    if (o->max_conns < 1 || o->max_conns_per_client < 1 || o->max_conns_per_client > o->max_conns)
+        return dfl_seterr("connection limits %d in all, %d per client: need 1 <= per client <= in all", o->max_conns,
+                          o->max_conns_per_client);
     if (model_open(&srv->m, o->target, o->check_weights) != DFL_OK) return DFL_ERR;
     if (o->drafter) {
         if (drafter_open(&srv->d, o->drafter, srv->m.cfg.n_layers) != DFL_OK) return DFL_ERR;
@@ -698,14 +800,18 @@ static int listen_start(dfl_server *srv, const dfl_server_opts *o) {
                              .ai_flags = AI_PASSIVE | AI_NUMERICSERV}, *ai = NULL;
     const int gai = getaddrinfo(host, port, &hints, &ai);
     if (gai) return dfl_seterr("cannot resolve host '%s': %s", host, gai_strerror(gai));
-    /* No connection timeout: MHD measures inactivity across our blocking waits (a request queued
-     * behind long generations), which would cut requests that are merely waiting their turn. */
+    /* One thread per connection, so connections are capped (in all and per client address) below
+     * what the process can start: one client holding idle connections cannot lock others out.
+     * Silent connections time out (slow or stalled requests, unread answers); a request waiting
+     * for the engine is exempt (conn_timeout). */
     unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL |
                      MHD_USE_ERROR_LOG;
     if (ai->ai_family == AF_INET6) flags |= MHD_USE_IPv6;
     srv->mhd = MHD_start_daemon(flags, 0, NULL, NULL, on_request, srv, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, srv,
                                 MHD_OPTION_SOCK_ADDR, ai->ai_addr, MHD_OPTION_NOTIFY_COMPLETED, on_completed, srv,
-                                MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)0, MHD_OPTION_END);
+                                MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)o->timeout_s, MHD_OPTION_CONNECTION_LIMIT,
+                                (unsigned)o->max_conns, MHD_OPTION_PER_IP_CONNECTION_LIMIT,
+                                (unsigned)o->max_conns_per_client, MHD_OPTION_END);
     freeaddrinfo(ai);
     if (!srv->mhd) return dfl_seterr("cannot listen on %s port %d (in use, or not an address of this host?)", host, o->port);
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(srv->mhd, MHD_DAEMON_INFO_BIND_PORT);
@@ -724,6 +830,7 @@ dfl_server *server_start(const dfl_server_opts *o) {
     pthread_cond_init(&srv->idle, NULL);
     srv->max_queue = o->max_queue;
     srv->max_body = o->max_body;
+    srv->timeout_s = o->timeout_s > 0 ? (unsigned)o->timeout_s : 0;
     srv->log = o->log_requests;
     srv->seed_ctr = (uint64_t)time(NULL) ^ ((uint64_t)(dfl_now() * 1e9) << 16);
     if (load(srv, o) != DFL_OK) {

@@ -118,6 +118,8 @@ struct dfl_server {
     dfl_tokenizer *tok;
     char *model_name;
     int block, max_ctx, max_queue, log;
+    unsigned timeout_s;       /* the connections' inactivity timeout (0 = none) */
+    int held;                 /* server_hold: the worker starts no job */
     int tree_budget; /* 0 = chain verification, N = DDTree-N */
     size_t max_body;
     struct MHD_Daemon *mhd;
@@ -161,5 +163,11 @@ void api_seterr(api_err *e, int status, const char *param, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 
 void job_free(job *j);
+
+/* Hold the worker (on = 1: it starts no new job; queued requests wait) or release it: lets a
+ * caller bring the queue into a known state (tests of admission and overflow). */
+void server_hold(struct dfl_server *srv, int on);
+/* Requests waiting in the queue and running (0 or 1) now. */
+void server_queue_depth(struct dfl_server *srv, int *waiting, int *running);
 
 #endif
