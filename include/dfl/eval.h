@@ -118,6 +118,7 @@ int eval_write_reports(const eval_summary *s, const char *dir, const char *extra
 
 #define EVAL_MAX_DRAFTERS 8
 #define EVAL_MAX_MODES 16
+#define EVAL_RECORD_AUTO (-2)
 
 typedef struct eval_progress {
     int done, total;     /* prompts */
@@ -130,6 +131,7 @@ typedef struct eval_opts {
     const char *drafters[EVAL_MAX_DRAFTERS];
     int n_drafters;
     const char *prompts;         /* prompt file (not with features_dir) */
+    const char *tokenizer;       /* tokenizer.json or a directory holding one; NULL = the target's */
     eval_format fmt;
     char field[128];
     int have_fmt, limit, max_new, chat, block, first_turn, resume, shard_i, shard_n, keep_going, max_ctx;
@@ -144,7 +146,8 @@ typedef struct eval_opts {
      * replayed on it (modeled speedups). */
     int online;
     int check_ar;                /* replay: also run the target autoregressively, check the truth token for token */
-    int record_budget;           /* replay: the recording run's mode (drafter 1); -1 = the first mode */
+    int record_budget;           /* replay: the recording run's mode (drafter 1); -1 = the first mode,
+                                  * EVAL_RECORD_AUTO = chain rounds or decode steps, whichever is cheaper */
     const char *save_features;   /* replay: write each truth and its features to this directory */
     const int *save_layers;      /* ... also these layers (NULL: only the drafters'); n_save_layers -1 = all */
     int n_save_layers;

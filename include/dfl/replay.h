@@ -84,9 +84,25 @@ typedef struct eval_recorder {
     int V;
     int n_prompt;         /* set by the caller: context updates below it are the prefill's */
     double overhead_s, overhead_prefill_s; /* time spent recording (not drafting), in rounds / in the prefill */
+    /* adaptive (--record-mode auto; eval_recorder_adapt): each round speculates while the tokens
+     * it commits per second of verification beat plain decode steps, and decodes otherwise, with
+     * a speculative probe every EVAL_RECORD_PROBE decode steps. Tokens per round: a moving average
+     * as the run goes; the two costs: the run's measured costs (medians), else moving averages. */
+    int adaptive;
+    int fixed_costs;      /* ema_verify_s and ema_decode_s come from eval_costs */
+    int skipped;          /* the current round is a decode step */
+    int n_spec, n_ar, since_probe;
+    double t_round0, t_drafted; /* when the round began / its draft ended */
+    double ema_verify_s, ema_tokens, ema_decode_s;
 } eval_recorder;
 
+#define EVAL_RECORD_PROBE 16
+
 int eval_recorder_init(eval_recorder *r, dfl_draft_if inner, eval_truth *t, eval_draft_cache *cache, int V);
+struct eval_costs;
+/* Make the recording adaptive (before eval_recorder_if); costs (may be NULL or not ok): a decode
+ * step's and a B-token chain verification's. */
+void eval_recorder_adapt(eval_recorder *r, const struct eval_costs *costs, int B);
 void eval_recorder_free(eval_recorder *r);
 dfl_draft_if eval_recorder_if(eval_recorder *r);
 

@@ -20,6 +20,10 @@ typedef struct dfl_draft_if {
     int (*draft)(void *ctx, int32_t anchor, int B, float *logits);
     /* Positions whose features the drafter holds (must equal the committed length). */
     int (*context_len)(void *ctx);
+    /* Optional (NULL: always draft): asked before each round; nonzero makes the round a plain
+     * decode step (the features still reach add_context). Lossless either way; lets a recording
+     * decode where drafting does not pay. */
+    int (*skip)(void *ctx);
     const int *feature_layers; /* target decoder layers whose outputs make a feature */
     int n_feature_layers;
 } dfl_draft_if;

@@ -34,6 +34,7 @@ static const char *usage_text =
     "                        embedding and lm_head are read, which the drafters share)\n"
     "  --drafter DIR         a DFlash drafter (repeat to compare several, up to 8)\n"
     "  --prompts FILE        prompt set\n"
+    "  --tokenizer PATH      tokenizer.json or a directory holding one (default: the target's)\n"
     "  --format F            gsm8k (\"question\"), mtbench (\"turns\"), jsonl:FIELD, text (a prompt per\n"
     "                        line); default: gsm8k, or mtbench for a file with \"turns\"\n"
     "  --limit N             first N prompts\n"
@@ -52,7 +53,10 @@ static const char *usage_text =
     "  --max-context N       positions to allocate (default: longest prompt + max-new + tree budget)\n"
     "  --progress MODE       auto | bar | lines | none (default auto: a bar on a terminal)\n"
     "replay:\n"
-    "  --record-mode M       the recording run's mode: chain or ddtree-N (default: the first mode)\n"
+    "  --record-mode M       the recording run's mode: chain or ddtree-N (default: the first mode),\n"
+    "                        its stats a result (online); or auto: each round a chain verification\n"
+    "                        or a plain decode step, whichever commits tokens faster as measured so\n"
+    "                        far - cheapest with weak drafters or many of them; no online row\n"
     "  --check-ar            also run the target autoregressively; the truth must equal it token for\n"
     "                        token (a mismatch is reported and makes the exit status 1)\n"
     "  --save-features DIR   write each truth with its features (safetensors per prompt and turn, in\n"
@@ -132,6 +136,7 @@ static int parse_args(eval_opts *o, int *save_layers, const char **progress_mode
             fputs(usage_text, stdout);
             exit(0);
         } else if (strcmp(a, "--target") == 0) o->target = cli_value(argc, argv, &i);
+        else if (strcmp(a, "--tokenizer") == 0) o->tokenizer = cli_value(argc, argv, &i);
         else if (strcmp(a, "--drafter") == 0) {
             if (o->n_drafters == EVAL_MAX_DRAFTERS)
                 return cli_usage_error("eval", "at most %d drafters", EVAL_MAX_DRAFTERS);
@@ -166,8 +171,9 @@ static int parse_args(eval_opts *o, int *save_layers, const char **progress_mode
                                        "found '%s'", EVAL_MAX_MODES, DDTREE_MAX_NODES, s);
         } else if (strcmp(a, "--record-mode") == 0) {
             const char *s = cli_value(argc, argv, &i);
-            if (parse_mode(s, &o->record_budget))
-                return cli_usage_error("eval", "--record-mode: expected chain or ddtree-N with N <= %d, found '%s'",
+            if (strcmp(s, "auto") == 0) o->record_budget = EVAL_RECORD_AUTO;
+            else if (parse_mode(s, &o->record_budget))
+                return cli_usage_error("eval", "--record-mode: expected chain, ddtree-N with N <= %d or auto, found '%s'",
                                        DDTREE_MAX_BUDGET, s);
         } else if (strcmp(a, "--save-layers") == 0) {
             const char *s = cli_value(argc, argv, &i);

@@ -142,12 +142,24 @@ int eval_draft_cache_put(eval_draft_cache *c, int start, int bs, const float *lo
 
 /* ---- recording wrapper ------------------------------------------------------------------ */
 
+static double ema(double avg, double x, int n) { return n == 0 ? x : 0.7 * avg + 0.3 * x; }
+
 static int rec_add(void *ctx, const float *feat, int n) {
     eval_recorder *r = ctx;
     const eval_truth *t = r->truth;
     const int H = t->H, ni = r->inner.n_feature_layers;
     const double t0 = dfl_now();
     const int in_prefill = r->inner.context_len(r->inner.ctx) < r->n_prompt;
+    if (r->adaptive && !in_prefill) { /* a round ends here: what it cost and what it gave */
+        if (r->skipped) {
+            if (!r->fixed_costs) r->ema_decode_s = ema(r->ema_decode_s, t0 - r->t_round0, r->n_ar);
+            r->n_ar++;
+        } else if (r->t_drafted > 0) {
+            if (!r->fixed_costs) r->ema_verify_s = ema(r->ema_verify_s, t0 - r->t_drafted, r->n_spec);
+            r->ema_tokens = ema(r->ema_tokens, n, r->n_spec), r->n_spec++;
+        }
+        r->skipped = 0, r->t_drafted = 0;
+    }
     if (eval_truth_add_rows(r->truth, feat, n)) return DFL_ERR;
     if (n > r->rows_cap) {
         float *p = realloc(r->rows, (size_t)n * ni * H * sizeof(float));
@@ -170,17 +182,39 @@ static int rec_draft(void *ctx, int32_t anchor, int B, float *logits) {
     const int start = r->inner.context_len(r->inner.ctx);
     const double t0 = dfl_now();
     if (r->inner.draft(r->inner.ctx, anchor, B, logits)) return DFL_ERR;
-    if (!r->cache) return DFL_OK;
     const double t1 = dfl_now();
+    r->t_drafted = t1;
+    if (!r->cache) return DFL_OK;
     r->cache->draft_s += t1 - t0, r->cache->drafts++;
     const int rc = eval_draft_cache_put(r->cache, start, B, logits);
     r->overhead_s += dfl_now() - t1;
     return rc;
 }
 
+/* Speculate when a round's verification commits more tokens per second than decode steps do
+ * (the draft is not counted: replay would draft at these positions anyway). */
+static int rec_skip(void *ctx) {
+    eval_recorder *r = ctx;
+    r->t_round0 = dfl_now();
+    int skip = 0;
+    if (r->n_spec < 2) skip = 0;                       /* measure speculation first */
+    else if (r->n_ar < 1 && !r->fixed_costs) skip = 1; /* then one decode step */
+    else if (r->ema_tokens * r->ema_decode_s >= r->ema_verify_s) r->since_probe = 0;
+    else if (++r->since_probe >= EVAL_RECORD_PROBE) r->since_probe = 0; /* probe: acceptance may have risen */
+    else skip = 1;
+    r->skipped = skip;
+    return skip;
+}
+
 static int rec_len(void *ctx) {
     eval_recorder *r = ctx;
     return r->inner.context_len(r->inner.ctx);
+}
+
+void eval_recorder_adapt(eval_recorder *r, const eval_costs *costs, int B) {
+    r->adaptive = 1;
+    const double dec = eval_cost_chain(costs, 1), ver = eval_cost_chain(costs, B);
+    if (dec > 0 && ver > 0) r->fixed_costs = 1, r->ema_decode_s = dec, r->ema_verify_s = ver;
 }
 
 int eval_recorder_init(eval_recorder *r, dfl_draft_if inner, eval_truth *t, eval_draft_cache *cache, int V) {
@@ -200,7 +234,8 @@ void eval_recorder_free(eval_recorder *r) {
 
 dfl_draft_if eval_recorder_if(eval_recorder *r) {
     return (dfl_draft_if){.ctx = r, .add_context = rec_add, .draft = rec_draft, .context_len = rec_len,
-                          .feature_layers = r->truth->layers, .n_feature_layers = r->truth->n_layers};
+                          .skip = r->adaptive ? rec_skip : NULL, .feature_layers = r->truth->layers,
+                          .n_feature_layers = r->truth->n_layers};
 }
 
 /* ---- costs ------------------------------------------------------------------------------ */

@@ -208,6 +208,7 @@ int eval_summarize(eval_summary *s, const eval_result *res, int n) {
         int known = 0;
         for (int j = 0; j < n_seen && !known; j++) known = strcmp(seen[j], key) == 0;
         if (!known) memcpy(seen[n_seen++], key, sizeof key);
+        if (strcmp(r->method, "record") == 0) continue; /* a recording run that mixed modes: no result of its own */
         int k = 0;
         if (strcmp(r->mode, "ar") != 0) {
             for (k = 1; k < s->n_agg; k++)

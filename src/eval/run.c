@@ -221,6 +221,7 @@ typedef struct run {
     eval_target_id id;
     unit_list saved;     /* the save_features manifest (resume) or the features_dir one */
     int max_new, max_block, max_budget, rec_budget;
+    int rec_auto;                /* --record-mode auto */
     int replay;          /* replay (1) or online (0) */
     int from_features;
     eval_outcome res;
@@ -372,14 +373,23 @@ static int unit_online(run *r, const char *pid, int turn, const int32_t *pids, i
 
 /* ---- replay ------------------------------------------------------------------------------- */
 
+/* The line of a unit's recording run: drafter 1's online run in the recording mode; with
+ * --record-mode auto (decode steps mixed in: no online run of any mode) mode "auto", method
+ * "record", which summaries leave out. */
+static const char *rec_row(const run *r, char *mode, size_t n) {
+    if (r->rec_auto) return snprintf(mode, n, "auto"), "record";
+    mode_name(r->rec_budget, mode, n);
+    return "online";
+}
+
 /* Every line a replay unit writes is there already. */
 static int unit_complete(const run *r, const char *pid, int turn) {
     const eval_opts *o = r->o;
     char mode[32];
     if (!r->from_features) {
         if (o->check_ar && done_find(&r->done, pid, turn, "", "ar", "online", "dfl") < 0) return 0;
-        mode_name(r->rec_budget, mode, sizeof mode);
-        if (done_find(&r->done, pid, turn, o->drafters[0], mode, "online", "dfl") < 0) return 0;
+        const char *method = rec_row(r, mode, sizeof mode);
+        if (done_find(&r->done, pid, turn, o->drafters[0], mode, method, "dfl") < 0) return 0;
     }
     for (int d = 0; d < o->n_drafters; d++)
         for (int mi = 0; mi < o->n_modes; mi++) {
@@ -394,8 +404,8 @@ static int unit_complete(const run *r, const char *pid, int turn) {
 /* The truth ids a complete unit recorded (for an MT-Bench second turn). */
 static int unit_truth_ids(const run *r, const char *pid, int turn, int32_t *truth, int *n) {
     char mode[32];
-    mode_name(r->rec_budget, mode, sizeof mode);
-    int k = done_find(&r->done, pid, turn, r->o->drafters[0], mode, "online", "dfl");
+    const char *method = rec_row(r, mode, sizeof mode);
+    int k = done_find(&r->done, pid, turn, r->o->drafters[0], mode, method, "dfl");
     if (k < 0 || !r->done.ids[k]) k = done_find(&r->done, pid, turn, "", "ar", "online", "dfl");
     if (k < 0 || !r->done.ids[k]) return dfl_seterr("prompt %s turn %d: no output ids in %s", pid, turn + 1, r->res_path);
     *n = r->done.n_ids[k] < r->max_new ? r->done.n_ids[k] : r->max_new;
@@ -466,12 +476,13 @@ static int record(run *r, const char *pid, int turn, const int32_t *pids, int np
     const eval_opts *o = r->o;
     eval_recorder rec;
     char mode[32];
-    mode_name(r->rec_budget, mode, sizeof mode);
+    const char *method = rec_row(r, mode, sizeof mode);
     eval_truth_free(t);
     eval_draft_cache_clear(&r->cache[0]);
     state_reset(&r->st);
     dstate_reset(&r->dst[0]);
     if (eval_recorder_init(&rec, spec_dflash_drafter(&r->dst[0]), t, &r->cache[0], r->m.cfg.vocab)) return DFL_ERR;
+    if (r->rec_auto) eval_recorder_adapt(&rec, &r->costs, r->block[0]);
     dfl_draft_if dif = eval_recorder_if(&rec);
     dfl_gen_opts so = {.max_new = r->max_new, .block = r->block[0], .tree_budget = r->rec_budget,
                        .extend = r->max_block - 1, .on_round = on_round, .on_round_ud = r};
@@ -486,10 +497,10 @@ static int record(run *r, const char *pid, int turn, const int32_t *pids, int np
     if (eval_truth_set(t, pids, np, out, gs.generated, gs.extended, strcmp(gs.stop, "eos") == 0))
         return dfl_preperr("prompt %s turn %d", pid, turn + 1);
     eval_result e;
-    result_head(&e, pid, turn, o->drafters[0], mode, "online", "dfl");
+    result_head(&e, pid, turn, o->drafters[0], mode, method, "dfl");
     eval_result_from_stats(&e, &gs);
     e.round_acc = r->acc, e.n_round_acc = r->n_acc;
-    model_online(r, &e, &gs, r->block[0], r->rec_budget);
+    if (!r->rec_auto) model_online(r, &e, &gs, r->block[0], r->rec_budget);
     *last_tau = gs.rounds ? (double)(gs.generated - 1) / gs.rounds : 0;
     if (o->check_ar) { /* the autoregressive run, the truth checked token for token (continuation too) */
         int32_t *ar = malloc((size_t)r->max_new * sizeof *ar);
@@ -518,7 +529,7 @@ static int record(run *r, const char *pid, int turn, const int32_t *pids, int np
         free(ar);
         if (rc) return rc;
     }
-    if (done_find(&r->done, pid, turn, o->drafters[0], mode, "online", "dfl") < 0 &&
+    if (done_find(&r->done, pid, turn, o->drafters[0], mode, method, "dfl") < 0 &&
         write_result(r, &e, t->ids, t->n))
         return DFL_ERR;
     return DFL_OK;
@@ -571,8 +582,8 @@ static int unit_replay(run *r, const eval_prompt *p, int index, int turn, const 
                               "file, --chat or tokenizer?)", o->save_features, saved->file, p->id, turn + 1);
         /* resumed: the saved truth; its online line is there unless a crash fell in between */
         char mode[32];
-        mode_name(r->rec_budget, mode, sizeof mode);
-        if (done_find(&r->done, p->id, turn, o->drafters[0], mode, "online", "dfl") < 0 ||
+        const char *method = rec_row(r, mode, sizeof mode);
+        if (done_find(&r->done, p->id, turn, o->drafters[0], mode, method, "dfl") < 0 ||
             (o->check_ar && done_find(&r->done, p->id, turn, "", "ar", "online", "dfl") < 0)) {
             if (record(r, p->id, turn, pids, np, t, out, last_tau)) return DFL_ERR;
             recorded = 1;
@@ -607,21 +618,21 @@ int eval_opts_check(const eval_opts *o) {
             return dfl_seterr("DDTree (--tree-budget > 0) is greedy: it cannot be combined with --temperature");
     }
     if (o->online) {
-        if (o->features_dir || o->features_from || o->save_features || o->check_ar || o->record_budget >= 0)
+        if (o->features_dir || o->features_from || o->save_features || o->check_ar || o->record_budget != -1)
             return dfl_seterr("--online runs every drafter x mode on the target: --features, --features-from, "
                               "--save-features, --check-ar and --record-mode belong to replay");
     } else {
         if (o->temperature > 0)
             return dfl_seterr("replay is exact at temperature 0 only (at T > 0 the target's sampled continuation "
                               "depends on the drafter's proposals): use --online for sampled evaluation");
-        if (o->features_dir && (o->save_features || o->check_ar || o->record_budget >= 0))
+        if (o->features_dir && (o->save_features || o->check_ar || o->record_budget != -1))
             return dfl_seterr("--features runs no target forward: --save-features, --check-ar and --record-mode "
                               "need a recording run");
         if (o->record_budget >= 0) {
             if (o->record_budget > DDTREE_MAX_BUDGET)
                 return dfl_seterr("--record-mode ddtree-%d: the target verifies at most %d nodes", o->record_budget,
                                   DDTREE_MAX_BUDGET);
-        } else if (o->budgets[0] > DDTREE_MAX_BUDGET) {
+        } else if (o->record_budget == -1 && o->budgets[0] > DDTREE_MAX_BUDGET) {
             return dfl_seterr("the first mode (ddtree-%d) is the recording mode, but the target verifies at most %d "
                               "nodes: give --record-mode", o->budgets[0], DDTREE_MAX_BUDGET);
         }
@@ -796,7 +807,7 @@ static int write_summary(run *r) {
     size_t extra_len = 0;
     FILE *x = open_memstream(&extra, &extra_len);
     char mode[32];
-    mode_name(r->rec_budget, mode, sizeof mode);
+    rec_row(r, mode, sizeof mode);
     fprintf(x, "\"run\": {\"method\": \"%s\", \"target\": ", r->from_features ? "replay-from-features"
                                                             : r->replay        ? "replay"
                                                                                : "online");
@@ -893,7 +904,8 @@ int eval_run(const eval_opts *o, eval_outcome *res) {
     r->max_new = o->max_new;
     r->replay = !o->online;
     r->from_features = o->features_dir != NULL;
-    r->rec_budget = o->record_budget >= 0 ? o->record_budget : o->budgets[0];
+    r->rec_auto = o->record_budget == EVAL_RECORD_AUTO;
+    r->rec_budget = o->record_budget >= 0 ? o->record_budget : r->rec_auto ? 0 : o->budgets[0];
     for (int k = 0; k < o->n_modes; k++) r->max_budget = o->budgets[k] > r->max_budget ? o->budgets[k] : r->max_budget;
     memset(res, 0, sizeof *res);
     int rc = eval_opts_check(o);
@@ -938,7 +950,7 @@ int eval_run(const eval_opts *o, eval_outcome *res) {
     if ((rc = eval_target_identity(&r->m, &r->id))) goto out;
     if ((rc = open_drafters(r))) goto out;
     if (!r->from_features || o->reference) {
-        if (!(r->tok = tok_open(target))) {
+        if (!(r->tok = tok_open(o->tokenizer ? o->tokenizer : target))) {
             rc = DFL_ERR;
             goto out;
         }

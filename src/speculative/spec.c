@@ -238,7 +238,8 @@ int spec_generate(dfl_state *s, dfl_draft_if *dr, const int32_t *prompt, int n_p
         int bs = o->max_new - g.n_out < B ? o->max_new - g.n_out : B; /* tokens this round can add */
         if (bs < 1) bs = 1;
         double tv = dfl_now();
-        if (bs == 1) { /* a plain decode step (also the last step of a speculative run) */
+        if (bs > 1 && dr->skip && dr->skip(dr->ctx)) bs = 1;
+        if (bs == 1) { /* a plain decode step (also the last step of a speculative run, or one the drafter skips) */
             if (model_forward(s, &anchor, 1, logits, 1, dr ? &cap : NULL)) goto done;
             st->t_verify += dfl_now() - tv;
             int32_t next = pick(logits, V, o, probs, &rng);

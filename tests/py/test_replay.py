@@ -65,6 +65,18 @@ def case(name, target, drafters, prompts, n, max_new, budgets, extra=()):
             f"{name}: recorded truths equal the autoregressive outputs")
     eval_(f"{name}-tree", *common, "--record-mode", "ddtree-8")
     same_stats(on, by_key(lines(os.path.join(tmp, f"{name}-tree")), "replay"), f"{name}: recorded in ddtree-8 mode")
+    # auto: chain rounds and decode steps mixed as costs dictate; the truth and every replay the same
+    eval_(f"{name}-auto", *common, "--record-mode", "auto", "--check-ar")
+    ra = lines(os.path.join(tmp, f"{name}-auto"))
+    same_stats(on, by_key(ra, "replay"), f"{name}: recorded in auto mode")
+    recs = [r for r in ra if r["method"] == "record"]
+    t.check(len(recs) == len(on) // len(budgets.split(",")) // len(drafters) and all(r["match"] for r in recs)
+            and all(r["mode"] == "auto" for r in recs) and not any(r["method"] == "online" and r["mode"] != "ar"
+                                                                   for r in ra),
+            f"{name}: auto: one record line per response, equal to the autoregressive run, no online row")
+    sa = json.load(open(os.path.join(tmp, f"{name}-auto", "summary.json")))
+    t.check(sa["run"]["recording"]["mode"] == "auto" and not any(r["mode"] == "auto" for r in sa["results"]),
+            f"{name}: auto: summary.json names the recording mode and has no row for it")
     s = json.load(open(os.path.join(tmp, f"{name}-chain", "summary.json")))
     t.check(s["run"]["method"] == "replay" and s["costs"]["measured"] and
             all(r["speedup_modeled"] for r in s["results"] if r["method"] == "replay"),
