@@ -43,7 +43,8 @@ static const char *usage_text =
     "  --dump-drafts F     write each drafted round r to F (safetensors): draft_logits.{r} F32 [bs-1, V]\n"
     "                      (probabilities when sampling), block_ids.{r} I64 [bs] = the verified block,\n"
     "                      start.{r} = the anchor's position\n"
-    "  --check-weights     scan the weights for NaN/Inf at load\n";
+    "  --check-weights     scan the target's (and drafter's) weights for NaN/Inf at load; without\n"
+    "                      it, the first non-finite logits stop the run with an error\n";
 
 /* Per-round record: acceptance lengths for --json, drafts for --dump-drafts. */
 typedef struct rounds_log {
