@@ -292,7 +292,7 @@ def nonfinite(name, tensor, elems, values, nan, inf):
     count = f"'{tensor}': {nan + inf} non-finite value{'s' if nan + inf > 1 else ''} ({nan} NaN, {inf} Inf) of {n_el}"
     # without the scan, inspect does not read the weights: it succeeds
     expect_ok(["inspect", d])
-    p = expect_fail(["inspect", d, "--check-weights"], d, count, f"first at element {min(elems)}")
+    p = expect_fail(["inspect", d, "--check-weights"], d, count, f"first at element {min(elems)}", f"in {path}")
     t.check(p.stdout == "", f"inspect --check-weights on {name}: prints a report for a bad checkpoint: {p.stdout}")
     expect_fail(["inspect", d, "--check-weights", "--json"], count)
     expect_fail(["generate", "--target", d, *PROMPT, "--check-weights"], count)
