@@ -37,6 +37,8 @@ typedef struct dfl_drafter {
 /* Open a drafter checkpoint. n_target_layers resolves the default target_layer_ids when the
  * config has neither target_layer_ids nor num_target_layers (pass 0 when unknown). */
 int drafter_open(dfl_drafter *d, const char *dir, int n_target_layers);
+/* The same; check_weights scans every tensor it binds for NaN/Inf (DFL_ERR naming each one). */
+int drafter_open_checked(dfl_drafter *d, const char *dir, int n_target_layers, int check_weights);
 void drafter_close(dfl_drafter *d);
 
 /* Compatibility of a drafter with a target: hidden size, vocab (mask id), layer ids, block

@@ -43,7 +43,8 @@ static const char *usage_text =
     "  --dump-drafts F     write each drafted round r to F (safetensors): draft_logits.{r} F32 [bs-1, V]\n"
     "                      (probabilities when sampling), block_ids.{r} I64 [bs] = the verified block,\n"
     "                      start.{r} = the anchor's position\n"
-    "  --check-weights     scan the weights for NaN/Inf at load\n";
+    "  --check-weights     scan the target's (and drafter's) weights for NaN/Inf at load; without\n"
+    "                      it, the first non-finite logits stop the run with an error\n";
 
 /* Per-round record: acceptance lengths for --json, drafts for --dump-drafts. */
 typedef struct rounds_log {
@@ -231,7 +232,7 @@ int cmd_generate(int argc, char **argv) {
     dfl_drafter d;
     int have_d = 0, rc = 0;
     if (drafter_dir) {
-        if (drafter_open(&d, drafter_dir, m.cfg.n_layers) != DFL_OK) {
+        if (drafter_open_checked(&d, drafter_dir, m.cfg.n_layers, check) != DFL_OK) {
             model_close(&m);
             return cli_fail("generate", "%s", dfl_errmsg());
         }
@@ -282,6 +283,8 @@ int cmd_generate(int argc, char **argv) {
     const int chunk = n_prompt < 512 ? (int)n_prompt : 512;
     int max_batch = chunk > block ? chunk : (int)block;
     if (budget + 1 > max_batch) max_batch = (int)budget + 1;
+    /* no forward is longer than the context: a round verifies at most the tokens max_new leaves */
+    if (max_batch > max_ctx) max_batch = (int)max_ctx;
     dfl_state s;
     if (state_init(&s, &m, (int)max_ctx, max_batch, have_d) != DFL_OK) {
         rc = cli_fail("generate", "%s", dfl_errmsg());

@@ -21,7 +21,8 @@ static const char *usage_text =
     "\n"
     "  --json           machine-readable output\n"
     "  --target DIR     (drafters) the target model to check compatibility with\n"
-    "  --check-weights  scan every used tensor for NaN/Inf\n";
+    "  --check-weights  scan every tensor the forward reads for NaN/Inf; names each one with\n"
+    "                   its count of non-finite values (exit 1 when there are any)\n";
 
 static void dtype_counts(const st_model *st, const unsigned char *used, int counts[ST_DTYPE_COUNT]) {
     memset(counts, 0, sizeof(int) * ST_DTYPE_COUNT);
@@ -158,6 +159,7 @@ static int inspect_target(const char *dir, int json, int check) {
                 }
             printf("%s\n", n_unused[k] > shown ? ", ... (--json lists all)" : "");
         }
+        if (check) printf("weights:      every tensor the forward reads is finite (--check-weights)\n");
         printf("eos ids:      ");
         for (int i = 0; i < m.n_eos; i++) printf("%s%d", i ? ", " : "", m.eos_ids[i]);
         printf("%s\n", m.n_eos ? "" : "(none)");
@@ -174,7 +176,7 @@ static int inspect_drafter(const char *dir, const char *target_dir, int json, in
         have_target = 1;
     }
     dfl_drafter d;
-    if (drafter_open(&d, dir, have_target ? t.cfg.n_layers : 0) != DFL_OK) {
+    if (drafter_open_checked(&d, dir, have_target ? t.cfg.n_layers : 0, check) != DFL_OK) {
         if (have_target) model_close(&t);
         return cli_fail("inspect", "%s", dfl_errmsg());
     }
@@ -242,6 +244,7 @@ static int inspect_drafter(const char *dir, const char *target_dir, int json, in
         printf("dtypes used:  ");
         print_dtypes_text(dt);
         printf("tensors:      %d (%.2f MB), %d not used\n", d.st.n_tensors, total_bytes(&d.st) / 1e6, n_unused);
+        if (check) printf("weights:      every tensor the forward reads is finite (--check-weights)\n");
         if (have_target) {
             if (compat == DFL_OK)
                 printf("target:       %s — compatible (hidden %d, vocab %d, %d layers, mask id < vocab)\n", target_dir,

@@ -121,6 +121,10 @@ static int json_uint(const cJSON *v, uint64_t *out) {
 static const char *found_str(const cJSON *v, char *buf, size_t n) {
     if (!v) return "nothing";
     if (cJSON_IsNumber(v)) {
+        if (v->valuedouble == floor(v->valuedouble) && fabs(v->valuedouble) < 1e20) { /* integers exactly */
+            snprintf(buf, n, "%.0f", v->valuedouble);
+            return buf;
+        }
         snprintf(buf, n, "%.15g", v->valuedouble);
         if (strtod(buf, NULL) != v->valuedouble) snprintf(buf, n, "%.17g", v->valuedouble);
         return buf;
@@ -178,8 +182,9 @@ static int parse_entry(const char *path, const cJSON *item, const uint8_t *buf, 
                           path, name, (unsigned long long)(e - b), (unsigned long long)numel, es,
                           st_dtype_name(t->dtype), (unsigned long long)(numel * es));
     if (e > buf_size)
-        return dfl_seterr("%s: tensor '%s': data_offsets end %llu beyond the data buffer (%zu bytes)", path, name,
-                          (unsigned long long)e, buf_size);
+        return dfl_seterr("%s: tensor '%s': data_offsets end %llu beyond the data buffer (%zu bytes): the file is "
+                          "truncated (an incomplete download or copy?) or its header is corrupt",
+                          path, name, (unsigned long long)e, buf_size);
     *begin = (size_t)b;
     *end = (size_t)e;
     t->numel = (int64_t)numel;
@@ -340,9 +345,11 @@ fail:
 static int open_index(st_model *m, const char *dir, const char *index_path) {
     char *text = dfl_read_file(index_path, NULL);
     if (!text) return DFL_ERR;
-    cJSON *root = cJSON_Parse(text);
+    cJSON *root = cJSON_ParseWithOpts(text, NULL, 1);
+    const long at = root || !cJSON_GetErrorPtr() ? -1L : (long)(cJSON_GetErrorPtr() - text);
     free(text);
-    if (!root || !cJSON_IsObject(root)) {
+    if (!root) return dfl_seterr("%s: not valid JSON (near byte %ld)", index_path, at);
+    if (!cJSON_IsObject(root)) {
         cJSON_Delete(root);
         return dfl_seterr("%s: not a JSON object", index_path);
     }

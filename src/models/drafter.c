@@ -16,25 +16,40 @@ static int bind_dlayer(dfl_drafter *d, ld_ctx *c, int i) {
     const int H = g->hidden, hd = g->head_dim;
     char n[512];
 #define NAME(fmt) (snprintf(n, sizeof n, "%slayers.%d." fmt, d->prefix, i), n)
+    c->layer = i;
     l->type = g->layer_types[i];
+    ld_why(c, "hidden_size %d", H);
     if (!(l->input_norm = ld_vec1(c, NAME("input_layernorm.weight"), H, 0))) return DFL_ERR;
+    ld_why(c, "hidden_size %d", H);
     if (!(l->post_norm = ld_vec1(c, NAME("post_attention_layernorm.weight"), H, 0))) return DFL_ERR;
-    if (ld_mat(c, NAME("self_attn.q_proj.weight"), g->n_heads * hd, H, &l->q_proj) ||
-        ld_mat(c, NAME("self_attn.k_proj.weight"), g->n_kv_heads * hd, H, &l->k_proj) ||
-        ld_mat(c, NAME("self_attn.v_proj.weight"), g->n_kv_heads * hd, H, &l->v_proj) ||
-        ld_mat(c, NAME("self_attn.o_proj.weight"), H, g->n_heads * hd, &l->o_proj))
-        return DFL_ERR;
+    ld_why(c, "num_attention_heads %d x head_dim %d, hidden_size %d", g->n_heads, hd, H);
+    if (ld_mat(c, NAME("self_attn.q_proj.weight"), g->n_heads * hd, H, &l->q_proj)) return DFL_ERR;
+    ld_why(c, "num_key_value_heads %d x head_dim %d, hidden_size %d", g->n_kv_heads, hd, H);
+    if (ld_mat(c, NAME("self_attn.k_proj.weight"), g->n_kv_heads * hd, H, &l->k_proj)) return DFL_ERR;
+    ld_why(c, "num_key_value_heads %d x head_dim %d, hidden_size %d", g->n_kv_heads, hd, H);
+    if (ld_mat(c, NAME("self_attn.v_proj.weight"), g->n_kv_heads * hd, H, &l->v_proj)) return DFL_ERR;
+    ld_why(c, "hidden_size %d, num_attention_heads %d x head_dim %d", H, g->n_heads, hd);
+    if (ld_mat(c, NAME("self_attn.o_proj.weight"), H, g->n_heads * hd, &l->o_proj)) return DFL_ERR;
+    ld_why(c, "head_dim %d", hd);
     if (!(l->q_norm = ld_vec1(c, NAME("self_attn.q_norm.weight"), hd, 0))) return DFL_ERR;
+    ld_why(c, "head_dim %d", hd);
     if (!(l->k_norm = ld_vec1(c, NAME("self_attn.k_norm.weight"), hd, 0))) return DFL_ERR;
-    if (ld_mat(c, NAME("mlp.gate_proj.weight"), g->intermediate, H, &l->gate) ||
-        ld_mat(c, NAME("mlp.up_proj.weight"), g->intermediate, H, &l->up) ||
-        ld_mat(c, NAME("mlp.down_proj.weight"), H, g->intermediate, &l->down))
-        return DFL_ERR;
+    ld_why(c, "intermediate_size %d, hidden_size %d", g->intermediate, H);
+    if (ld_mat(c, NAME("mlp.gate_proj.weight"), g->intermediate, H, &l->gate)) return DFL_ERR;
+    ld_why(c, "intermediate_size %d, hidden_size %d", g->intermediate, H);
+    if (ld_mat(c, NAME("mlp.up_proj.weight"), g->intermediate, H, &l->up)) return DFL_ERR;
+    ld_why(c, "hidden_size %d, intermediate_size %d", H, g->intermediate);
+    if (ld_mat(c, NAME("mlp.down_proj.weight"), H, g->intermediate, &l->down)) return DFL_ERR;
 #undef NAME
+    c->layer = -1;
     return DFL_OK;
 }
 
 int drafter_open(dfl_drafter *d, const char *dir, int n_target_layers) {
+    return drafter_open_checked(d, dir, n_target_layers, 0);
+}
+
+int drafter_open_checked(dfl_drafter *d, const char *dir, int n_target_layers, int check_weights) {
     memset(d, 0, sizeof *d);
     d->dir = strdup(dir);
     if (!dfl_is_dir(dir)) {
@@ -75,16 +90,25 @@ int drafter_open(dfl_drafter *d, const char *dir, int n_target_layers) {
     }
     d->used = calloc((size_t)d->st.n_tensors + 1, 1);
     d->layers = calloc((size_t)g->n_layers, sizeof *d->layers);
-    ld_ctx c = {.st = &d->st, .where = dir, .used = d->used};
+    if (!d->used || !d->layers) {
+        dfl_seterr("%s: out of memory", dir);
+        goto fail;
+    }
+    ld_ctx c = {.st = &d->st, .where = dir, .used = d->used, .check_weights = check_weights, .layer = -1,
+                .n_layers = g->n_layers};
     char n[128];
     snprintf(n, sizeof n, "%sfc.weight", d->prefix);
+    ld_why(&c, "hidden_size %d, %d target_layer_ids x hidden_size %d", g->hidden, g->n_target_ids, g->hidden);
     if (ld_mat(&c, n, g->hidden, g->n_target_ids * g->hidden, &d->fc)) goto fail;
     snprintf(n, sizeof n, "%shidden_norm.weight", d->prefix);
+    ld_why(&c, "hidden_size %d", g->hidden);
     if (!(d->hidden_norm = ld_vec1(&c, n, g->hidden, 0))) goto fail;
     snprintf(n, sizeof n, "%snorm.weight", d->prefix);
+    ld_why(&c, "hidden_size %d", g->hidden);
     if (!(d->norm = ld_vec1(&c, n, g->hidden, 0))) goto fail;
     for (int i = 0; i < g->n_layers; i++)
         if (bind_dlayer(d, &c, i) != DFL_OK) goto fail;
+    if (ld_finish(&c) != DFL_OK) goto fail;
     for (int i = 0; i < d->st.n_tensors; i++)
         if (d->used[i]) d->weight_bytes += d->st.tensors[i].nbytes;
     return DFL_OK;

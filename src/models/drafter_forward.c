@@ -1,4 +1,5 @@
 /* DFlash drafter forward (SPEC §4): context K/V from target features, one block per draft. */
+#include <math.h>
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
@@ -176,5 +177,16 @@ int drafter_draft(dfl_dstate *s, int32_t anchor, int B, float *logits) {
         for (size_t i = 0; i < nl; i++) logits[i] *= g->output_multiplier;
     if (g->final_logit_softcap > 0)
         for (size_t i = 0; i < nl; i++) logits[i] = tanhf(logits[i] / g->final_logit_softcap) * g->final_logit_softcap;
+    /* as for the target: NaN/Inf weights are not scanned at load, they are caught here */
+    for (size_t i = 0; i < nl; i++)
+        if (!isfinite(logits[i])) {
+            const int row = (int)(i / (size_t)t->cfg.vocab);
+            int bad = 0;
+            for (size_t j = (size_t)row * t->cfg.vocab; j < (size_t)(row + 1) * t->cfg.vocab; j++) bad += !isfinite(logits[j]);
+            return dfl_seterr("drafter logits are not finite at block position %d (context position %d; %d of %d "
+                              "values): the drafter holds NaN/Inf weights or its input features do; run dfl inspect "
+                              "--check-weights %s",
+                              row + 1, start + row + 1, bad, t->cfg.vocab, d->dir ? d->dir : "DRAFTER");
+        }
     return DFL_OK;
 }

@@ -1,5 +1,6 @@
 /* Target forward pass (SPEC §2–3): Qwen3 dense and Qwen3.5 hybrid layers over a batch of n
  * new tokens on top of the cached context; run-state allocation; rollback. */
+#include <math.h>
 #include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -435,6 +436,21 @@ static int forward_impl(dfl_state *s, const int32_t *tokens, int n, const int *d
         for (int t = first; t < n; t++)
             kn_rmsnorm(s->xn + (size_t)(t - first) * H, s->x + (size_t)t * H, m->final_norm, H, g->rms_eps);
         model_lm_head(m, s->xn, logits, rows);
+        /* NaN/Inf weights are not scanned at load (too costly on a large model) but they reach
+         * the logits: stop there rather than decode garbage */
+        for (int r = 0; r < rows; r++) {
+            const float *row = logits + (size_t)r * g->vocab;
+            int bad = 0, nan = 0;
+            for (int i = 0; i < g->vocab; i++)
+                if (!isfinite(row[i])) bad++, nan += isnan(row[i]) != 0;
+            if (bad) {
+                const int t = first + r, pos = s->n_past - n + (depth ? depth[t] : t);
+                return dfl_seterr("target logits are not finite at position %d (token %d; %d of %d values: %d NaN, "
+                                  "%d Inf): the checkpoint holds NaN/Inf weights or overflows; run dfl inspect "
+                                  "--check-weights %s",
+                                  pos, tokens[t], bad, g->vocab, nan, bad - nan, m->dir ? m->dir : "DIR");
+            }
+        }
     }
     return DFL_OK;
 }

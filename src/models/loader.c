@@ -1,18 +1,24 @@
 /* Checkpoint loading shared by targets and drafters: tensor lookup with dtype and shape
- * checks, alignment-safe views, small vectors converted to float32. */
+ * checks, alignment-safe views, small vectors converted to float32, the optional NaN/Inf scan. */
 #include "models/loader.h"
 
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "dfl/common.h"
 
-static int check_dtype(const char *where, const st_tensor *t) {
+static const char *file_of(const ld_ctx *c, const st_tensor *t) { return c->st->files[t->file_index].path; }
+
+static int check_dtype(const ld_ctx *c, const st_tensor *t) {
     if (t->dtype != ST_F32 && t->dtype != ST_F16 && t->dtype != ST_BF16)
-        return dfl_seterr("%s: tensor '%s' has dtype %s; supported: F32, F16, BF16", where, t->name,
-                          st_dtype_name(t->dtype));
+        return dfl_seterr("%s: tensor '%s' has dtype %s; supported: F32, F16, BF16%s", file_of(c, t), t->name,
+                          st_dtype_name(t->dtype),
+                          t->dtype == ST_F8_E4M3 || t->dtype == ST_F8_E5M2 || t->dtype == ST_I8 || t->dtype == ST_U8
+                              ? " (a quantized checkpoint? dfl loads unquantized weights: use the BF16 release)"
+                              : "");
     return DFL_OK;
 }
 
@@ -24,12 +30,68 @@ static void shape_str(const int64_t *shape, int nd, char *buf, size_t len) {
     if (k < len) snprintf(buf + k, len - k, "]");
 }
 
+void ld_why(ld_ctx *c, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(c->why, sizeof c->why, fmt, ap);
+    va_end(ap);
+}
+
+/* " (DIR/config.json: num_hidden_layers 4, layer 3; hidden_size 64)" or "" */
+static const char *provenance(const ld_ctx *c, int missing, char *buf, size_t len) {
+    char layer[96] = "";
+    if (missing && c->layer >= 0)
+        snprintf(layer, sizeof layer, "num_hidden_layers %d, layer %d%s", c->n_layers, c->layer, c->why[0] ? "; " : "");
+    if (!layer[0] && !c->why[0]) return "";
+    snprintf(buf, len, " (%s/config.json: %s%s)", c->where, layer, c->why);
+    return buf;
+}
+
+/* Count the NaN and Inf values of t; record the tensor in c->bad when there are any. */
+static int scan_tensor(ld_ctx *c, const st_tensor *t) {
+    enum { CHUNK = 16384 };
+    float *buf = malloc(CHUNK * sizeof(float));
+    if (!buf) return dfl_seterr("%s: out of memory checking '%s'", c->where, t->name);
+    int64_t nan = 0, inf = 0, first = -1;
+    for (int64_t i0 = 0; i0 < t->numel; i0 += CHUNK) {
+        const int64_t n = t->numel - i0 < CHUNK ? t->numel - i0 : CHUNK;
+        st_read_f32(t, i0, n, buf);
+        for (int64_t i = 0; i < n; i++)
+            if (!isfinite(buf[i])) {
+                if (first < 0) first = i0 + i;
+                if (isnan(buf[i])) nan++;
+                else inf++;
+            }
+    }
+    free(buf);
+    if (first < 0) return DFL_OK;
+    char pos[96] = "";
+    if (t->ndim == 2)
+        snprintf(pos, sizeof pos, " (row %lld, column %lld)", (long long)(first / t->shape[1]),
+                 (long long)(first % t->shape[1]));
+    char one[768];
+    snprintf(one, sizeof one, "%s'%s': %lld non-finite value%s (%lld NaN, %lld Inf) of %lld, first at element %lld%s, in %s",
+             c->n_bad ? "; " : "", t->name, (long long)(nan + inf), nan + inf == 1 ? "" : "s", (long long)nan, (long long)inf,
+             (long long)t->numel, (long long)first, pos, file_of(c, t));
+    c->n_bad++;
+    const size_t len = strlen(one), room = sizeof c->bad - c->bad_len;
+    if (len < room - 32) {
+        memcpy(c->bad + c->bad_len, one, len + 1);
+        c->bad_len += len;
+    } else if (room > 8 && !strstr(c->bad, "; ...")) {
+        memcpy(c->bad + c->bad_len, "; ...", 6);
+        c->bad_len += 5;
+    }
+    return DFL_OK;
+}
+
 const st_tensor *ld_tensor(ld_ctx *c, const char *name, int nd, const int64_t *shape) {
-    char want[128];
+    char want[128], prov[512];
     shape_str(shape, nd, want, sizeof want);
     const st_tensor *t = st_find(c->st, name);
     if (!t) {
-        dfl_seterr("%s: missing tensor '%s' (expected shape %s)", c->where, name, want);
+        dfl_seterr("%s: missing tensor '%s' (expected shape %s)%s", c->where, name, want,
+                   provenance(c, 1, prov, sizeof prov));
         return NULL;
     }
     int ok = t->ndim == nd;
@@ -37,23 +99,21 @@ const st_tensor *ld_tensor(ld_ctx *c, const char *name, int nd, const int64_t *s
     if (!ok) {
         char got[128];
         shape_str(t->shape, t->ndim, got, sizeof got);
-        dfl_seterr("%s: tensor '%s' has shape %s, expected %s", c->where, name, got, want);
+        dfl_seterr("%s: tensor '%s' has shape %s, expected %s%s", file_of(c, t), name, got, want,
+                   provenance(c, 0, prov, sizeof prov));
         return NULL;
     }
-    if (check_dtype(c->where, t) != DFL_OK) return NULL;
+    c->why[0] = 0;
+    if (check_dtype(c, t) != DFL_OK) return NULL;
     if (c->used) c->used[t - c->st->tensors] = 1;
-    if (c->check_weights) {
-        for (int64_t i = 0; i < t->numel; i++) {
-            float v;
-            st_read_f32(t, i, 1, &v);
-            if (!isfinite(v)) {
-                dfl_seterr("%s: tensor '%s' holds a non-finite value (%g) at element %lld", c->where, name, v,
-                           (long long)i);
-                return NULL;
-            }
-        }
-    }
+    if (c->check_weights && scan_tensor(c, t) != DFL_OK) return NULL;
     return t;
+}
+
+int ld_finish(ld_ctx *c) {
+    if (!c->n_bad) return DFL_OK;
+    return dfl_seterr("%s: --check-weights: %d tensor%s hold%s non-finite values: %s", c->where, c->n_bad,
+                      c->n_bad == 1 ? "" : "s", c->n_bad == 1 ? "s" : "", c->bad);
 }
 
 int ld_mat(ld_ctx *c, const char *name, int rows, int cols, dfl_mat *out) {

@@ -9,9 +9,19 @@ typedef struct ld_ctx {
     const st_model *st;
     const char *where;      /* checkpoint directory, for messages */
     unsigned char *used;    /* [n_tensors] marks, or NULL */
-    int check_weights;      /* scan for NaN/Inf */
+    int check_weights;      /* scan for NaN/Inf (every bound tensor; reported together by ld_finish) */
+    /* where the next tensor's expected shape comes from ("vocab_size 1024, hidden_size 64"),
+     * named in its shape / missing message; set with ld_why, cleared by every bind */
+    char why[256];
+    int layer, n_layers;    /* the decoder layer being bound (-1: none), for missing tensors */
+    /* --check-weights findings */
+    int n_bad;
+    size_t bad_len;
+    char bad[3072];
 } ld_ctx;
 
+/* Set the config fields the next bound tensor's shape comes from (printf format). */
+void ld_why(ld_ctx *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Find a tensor with exactly this shape and a supported dtype; marks it used. NULL + error. */
 const st_tensor *ld_tensor(ld_ctx *c, const char *name, int nd, const int64_t *shape);
 /* Bind a [rows, cols] matrix (zero-copy when element-aligned). */
@@ -20,5 +30,7 @@ int ld_mat(ld_ctx *c, const char *name, int rows, int cols, dfl_mat *out);
 float *ld_vec(ld_ctx *c, const char *name, int nd, const int64_t *shape, float add);
 float *ld_vec1(ld_ctx *c, const char *name, int n, float add);
 void ld_mat_free(dfl_mat *m);
+/* After binding everything: DFL_ERR naming every tensor the weight check found NaN/Inf in. */
+int ld_finish(ld_ctx *c);
 
 #endif

@@ -80,38 +80,61 @@ static int bind_layer(dfl_model *m, ld_ctx *c, int i) {
     const float norm_add = g->arch == DFL_ARCH_QWEN3_5 ? 1.0f : 0.0f; /* Qwen3.5 norms are 1 + w */
     char n[512];
 #define NAME(fmt) (snprintf(n, sizeof n, "%slayers.%d." fmt, m->prefix, i), n)
+    c->layer = i;
     l->type = g->layer_types[i];
+    ld_why(c, "hidden_size %d", H);
     if (!(l->input_norm = ld_vec1(c, NAME("input_layernorm.weight"), H, norm_add))) return DFL_ERR;
+    ld_why(c, "hidden_size %d", H);
     if (!(l->post_norm = ld_vec1(c, NAME("post_attention_layernorm.weight"), H, norm_add))) return DFL_ERR;
     if (l->type == DFL_LAYER_FULL) {
-        int qrows = g->n_heads * hd * (g->arch == DFL_ARCH_QWEN3_5 ? 2 : 1);
-        if (ld_mat(c, NAME("self_attn.q_proj.weight"), qrows, H, &l->q_proj) ||
-            ld_mat(c, NAME("self_attn.k_proj.weight"), g->n_kv_heads * hd, H, &l->k_proj) ||
-            ld_mat(c, NAME("self_attn.v_proj.weight"), g->n_kv_heads * hd, H, &l->v_proj) ||
-            ld_mat(c, NAME("self_attn.o_proj.weight"), H, g->n_heads * hd, &l->o_proj))
-            return DFL_ERR;
+        const int gated = g->arch == DFL_ARCH_QWEN3_5, qrows = g->n_heads * hd * (gated ? 2 : 1);
+        ld_why(c, "%snum_attention_heads %d x head_dim %d%s, hidden_size %d", gated ? "2 x " : "", g->n_heads, hd,
+               gated ? " (query and output gate)" : "", H);
+        if (ld_mat(c, NAME("self_attn.q_proj.weight"), qrows, H, &l->q_proj)) return DFL_ERR;
+        ld_why(c, "num_key_value_heads %d x head_dim %d, hidden_size %d", g->n_kv_heads, hd, H);
+        if (ld_mat(c, NAME("self_attn.k_proj.weight"), g->n_kv_heads * hd, H, &l->k_proj)) return DFL_ERR;
+        ld_why(c, "num_key_value_heads %d x head_dim %d, hidden_size %d", g->n_kv_heads, hd, H);
+        if (ld_mat(c, NAME("self_attn.v_proj.weight"), g->n_kv_heads * hd, H, &l->v_proj)) return DFL_ERR;
+        ld_why(c, "hidden_size %d, num_attention_heads %d x head_dim %d", H, g->n_heads, hd);
+        if (ld_mat(c, NAME("self_attn.o_proj.weight"), H, g->n_heads * hd, &l->o_proj)) return DFL_ERR;
+        ld_why(c, "head_dim %d", hd);
         if (!(l->q_norm = ld_vec1(c, NAME("self_attn.q_norm.weight"), hd, norm_add))) return DFL_ERR;
+        ld_why(c, "head_dim %d", hd);
         if (!(l->k_norm = ld_vec1(c, NAME("self_attn.k_norm.weight"), hd, norm_add))) return DFL_ERR;
     } else {
         const int Hv = g->lin_v_heads, dv = g->lin_v_dim;
-        if (ld_mat(c, NAME("linear_attn.in_proj_qkv.weight"), m->conv_dim, H, &l->in_qkv) ||
-            ld_mat(c, NAME("linear_attn.in_proj_z.weight"), Hv * dv, H, &l->in_z) ||
-            ld_mat(c, NAME("linear_attn.in_proj_b.weight"), Hv, H, &l->in_b) ||
-            ld_mat(c, NAME("linear_attn.in_proj_a.weight"), Hv, H, &l->in_a) ||
-            ld_mat(c, NAME("linear_attn.out_proj.weight"), H, Hv * dv, &l->out_proj))
-            return DFL_ERR;
+        char vd[96];
+        snprintf(vd, sizeof vd, "linear_num_value_heads %d x linear_value_head_dim %d", Hv, dv);
+        ld_why(c, "2 x linear_num_key_heads %d x linear_key_head_dim %d + %s, hidden_size %d", g->lin_k_heads,
+               g->lin_k_dim, vd, H);
+        if (ld_mat(c, NAME("linear_attn.in_proj_qkv.weight"), m->conv_dim, H, &l->in_qkv)) return DFL_ERR;
+        ld_why(c, "%s, hidden_size %d", vd, H);
+        if (ld_mat(c, NAME("linear_attn.in_proj_z.weight"), Hv * dv, H, &l->in_z)) return DFL_ERR;
+        ld_why(c, "linear_num_value_heads %d, hidden_size %d", Hv, H);
+        if (ld_mat(c, NAME("linear_attn.in_proj_b.weight"), Hv, H, &l->in_b)) return DFL_ERR;
+        ld_why(c, "linear_num_value_heads %d, hidden_size %d", Hv, H);
+        if (ld_mat(c, NAME("linear_attn.in_proj_a.weight"), Hv, H, &l->in_a)) return DFL_ERR;
+        ld_why(c, "hidden_size %d, %s", H, vd);
+        if (ld_mat(c, NAME("linear_attn.out_proj.weight"), H, Hv * dv, &l->out_proj)) return DFL_ERR;
         const int64_t conv_shape[3] = {m->conv_dim, 1, g->conv_kernel};
+        ld_why(c, "in_proj_qkv rows %d, 1, linear_conv_kernel_dim %d", m->conv_dim, g->conv_kernel);
         if (!(l->conv_w = ld_vec(c, NAME("linear_attn.conv1d.weight"), 3, conv_shape, 0))) return DFL_ERR;
+        ld_why(c, "linear_num_value_heads %d", Hv);
         if (!(l->neg_exp_A = ld_vec1(c, NAME("linear_attn.A_log"), Hv, 0))) return DFL_ERR;
         for (int h = 0; h < Hv; h++) l->neg_exp_A[h] = -expf(l->neg_exp_A[h]);
+        ld_why(c, "linear_num_value_heads %d", Hv);
         if (!(l->dt_bias = ld_vec1(c, NAME("linear_attn.dt_bias"), Hv, 0))) return DFL_ERR;
+        ld_why(c, "linear_value_head_dim %d", dv);
         if (!(l->gnorm = ld_vec1(c, NAME("linear_attn.norm.weight"), dv, 0))) return DFL_ERR;
     }
-    if (ld_mat(c, NAME("mlp.gate_proj.weight"), g->intermediate, H, &l->gate) ||
-        ld_mat(c, NAME("mlp.up_proj.weight"), g->intermediate, H, &l->up) ||
-        ld_mat(c, NAME("mlp.down_proj.weight"), H, g->intermediate, &l->down))
-        return DFL_ERR;
+    ld_why(c, "intermediate_size %d, hidden_size %d", g->intermediate, H);
+    if (ld_mat(c, NAME("mlp.gate_proj.weight"), g->intermediate, H, &l->gate)) return DFL_ERR;
+    ld_why(c, "intermediate_size %d, hidden_size %d", g->intermediate, H);
+    if (ld_mat(c, NAME("mlp.up_proj.weight"), g->intermediate, H, &l->up)) return DFL_ERR;
+    ld_why(c, "hidden_size %d, intermediate_size %d", H, g->intermediate);
+    if (ld_mat(c, NAME("mlp.down_proj.weight"), H, g->intermediate, &l->down)) return DFL_ERR;
 #undef NAME
+    c->layer = -1;
     return DFL_OK;
 }
 
@@ -133,21 +156,29 @@ int model_open(dfl_model *m, const char *dir, int check_weights) {
     m->conv_dim = 2 * g->lin_k_heads * g->lin_k_dim + g->lin_v_heads * g->lin_v_dim;
     m->used = calloc((size_t)m->st.n_tensors + 1, 1);
     m->layers = calloc((size_t)g->n_layers, sizeof *m->layers);
-    ld_ctx c = {.st = &m->st, .where = dir, .used = m->used, .check_weights = check_weights};
+    if (!m->used || !m->layers) {
+        dfl_seterr("%s: out of memory", dir);
+        goto fail;
+    }
+    ld_ctx c = {.st = &m->st, .where = dir, .used = m->used, .check_weights = check_weights, .layer = -1,
+                .n_layers = g->n_layers};
     char n[256];
     snprintf(n, sizeof n, "%sembed_tokens.weight", m->prefix);
+    ld_why(&c, "vocab_size %d, hidden_size %d", g->vocab, g->hidden);
     if (ld_mat(&c, n, g->vocab, g->hidden, &m->embed)) goto fail;
     snprintf(n, sizeof n, "%snorm.weight", m->prefix);
+    ld_why(&c, "hidden_size %d", g->hidden);
     if (!(m->final_norm = ld_vec1(&c, n, g->hidden, g->arch == DFL_ARCH_QWEN3_5 ? 1.0f : 0.0f))) goto fail;
     for (int i = 0; i < g->n_layers; i++)
         if (bind_layer(m, &c, i) != DFL_OK) goto fail;
     if (g->tie_embeddings) {
         m->lm_head = m->embed;
         m->lm_head.owned = NULL;
-    } else if (ld_mat(&c, "lm_head.weight", g->vocab, g->hidden, &m->lm_head)) {
-        dfl_preperr("tie_word_embeddings is false");
-        goto fail;
+    } else {
+        ld_why(&c, "vocab_size %d, hidden_size %d; tie_word_embeddings is false", g->vocab, g->hidden);
+        if (ld_mat(&c, "lm_head.weight", g->vocab, g->hidden, &m->lm_head)) goto fail;
     }
+    if (ld_finish(&c) != DFL_OK) goto fail;
     for (int i = 0; i < m->st.n_tensors; i++) {
         const st_tensor *t = &m->st.tensors[i];
         dfl_component k = model_component(m, t->name);

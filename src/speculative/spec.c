@@ -181,7 +181,8 @@ int spec_generate(dfl_state *s, dfl_draft_if *dr, const int32_t *prompt, int n_p
     st->max_block = B;
     st->stop = "max_new";
     if (o->max_new < 1) return dfl_seterr("max_new must be >= 1");
-    if (dr && (B < 2 || B > DFL_MAX_BLOCK || B > s->max_batch))
+    /* a round verifies at most the tokens max_new leaves: a short run needs no batch of a full block */
+    if (dr && (B < 2 || B > DFL_MAX_BLOCK || (B < o->max_new ? B : o->max_new) > s->max_batch))
         return dfl_seterr("block size %d: must be in [2, %d] and fit the run state (%d)", B, DFL_MAX_BLOCK,
                           s->max_batch);
     if (dr && !s->record) return dfl_seterr("speculative decoding needs a run state with rollback records");
