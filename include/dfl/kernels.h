@@ -96,6 +96,8 @@ void kn_rope(float *x, const float *cos, const float *sin, int rot);
 void kn_softmax(float *x, int n);
 /* Index of the largest value (first on ties). */
 int kn_argmax(const float *x, int n);
+/* NaN and Inf values in x [n] (exponent bits all set; an integer test the compiler vectorizes). */
+size_t kn_count_nonfinite(const float *x, size_t n);
 
 /* ---- Gated DeltaNet core, one value head (SPEC §3) ------------------------------------ */
 

@@ -278,6 +278,16 @@ void kn_softmax(float *x, int n) {
     for (int i = 0; i < n; i++) x[i] *= inv;
 }
 
+size_t kn_count_nonfinite(const float *x, size_t n) {
+    size_t bad = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t b;
+        memcpy(&b, x + i, sizeof b);
+        bad += (b & 0x7f800000u) == 0x7f800000u;
+    }
+    return bad;
+}
+
 int kn_argmax(const float *x, int n) {
     int best = 0;
     for (int i = 1; i < n; i++)

@@ -178,7 +178,8 @@ int drafter_draft(dfl_dstate *s, int32_t anchor, int B, float *logits) {
     if (g->final_logit_softcap > 0)
         for (size_t i = 0; i < nl; i++) logits[i] = tanhf(logits[i] / g->final_logit_softcap) * g->final_logit_softcap;
     /* as for the target: NaN/Inf weights are not scanned at load, they are caught here */
-    for (size_t i = 0; i < nl; i++)
+    const int any_bad = kn_count_nonfinite(logits, nl) > 0; /* fast path: none */
+    for (size_t i = 0; i < nl && any_bad; i++)
         if (!isfinite(logits[i])) {
             const int row = (int)(i / (size_t)t->cfg.vocab);
             int bad = 0;

@@ -438,7 +438,8 @@ static int forward_impl(dfl_state *s, const int32_t *tokens, int n, const int *d
         model_lm_head(m, s->xn, logits, rows);
         /* NaN/Inf weights are not scanned at load (too costly on a large model) but they reach
          * the logits: stop there rather than decode garbage */
-        for (int r = 0; r < rows; r++) {
+        const int any_bad = kn_count_nonfinite(logits, (size_t)rows * g->vocab) > 0; /* fast path: none */
+        for (int r = 0; r < rows && any_bad; r++) {
             const float *row = logits + (size_t)r * g->vocab;
             int bad = 0, nan = 0;
             for (int i = 0; i < g->vocab; i++)

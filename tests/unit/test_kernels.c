@@ -337,7 +337,20 @@ static void check_isa_api(void) {
               "set %s", kn_isa_name((kn_isa)i));
 }
 
+/* kn_count_nonfinite: NaN and both infinities, not the largest finite or subnormal values. */
+static void check_nonfinite(void) {
+    float x[1000];
+    for (int i = 0; i < 1000; i++) x[i] = (float)i - 500.0f;
+    CHECK(kn_count_nonfinite(x, 1000) == 0, "finite values counted as non-finite");
+    x[3] = 3.4028235e38f, x[4] = -3.4028235e38f, x[5] = 1e-45f;
+    CHECK(kn_count_nonfinite(x, 1000) == 0, "extreme finite values counted as non-finite");
+    x[0] = NAN, x[499] = INFINITY, x[999] = -INFINITY, x[7] = -NAN;
+    CHECK(kn_count_nonfinite(x, 1000) == 4, "NaN, -NaN, +Inf, -Inf: %zu counted", kn_count_nonfinite(x, 1000));
+    CHECK(kn_count_nonfinite(x, 999) == 3 && kn_count_nonfinite(x + 1, 6) == 0, "counts over a range");
+}
+
 int main(void) {
+    check_nonfinite();
     static const int shapes[][2] = {{1, 1},   {3, 7},   {5, 16},   {17, 31},  {4, 32},   {9, 33},  {67, 100},
                                     {6, 257}, {13, 512}, {16, 32}, {37, 64}, {70, 96}, {130, 256},
                                     {20, 4096}, {40, 8192}};
