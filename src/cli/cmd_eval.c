@@ -51,7 +51,8 @@ static const char *usage_text =
     "  --reference FILE      reference outputs: JSON lines {\"id\", [\"turn\",] \"output_ids\" | \"text\"}\n"
     "  --reference-url URL   a server: .../v1/completions (OpenAI-compatible) or .../generate (SGLang)\n"
     "  --max-context N       positions to allocate (default: longest prompt + max-new + tree budget)\n"
-    "  --progress MODE       auto | bar | lines | none (default auto: a bar on a terminal)\n"
+    "  --progress MODE       auto | bar | lines | none (default auto: a bar on a terminal); warnings\n"
+    "                        and mismatches go to stderr in every mode\n"
     "replay:\n"
     "  --record-mode M       the recording run's mode: chain or ddtree-N (default: the first mode),\n"
     "                        its stats a result (online); or auto: each round a chain verification\n"
@@ -228,7 +229,7 @@ int cmd_eval(int argc, char **argv) {
     if (eval_opts_check(&o) != DFL_OK) return cli_usage_error("eval", "%s", dfl_errmsg());
     progress pg = {.t0 = dfl_now(), .quiet = strcmp(pm, "none") == 0};
     pg.bar = strcmp(pm, "bar") == 0 || (strcmp(pm, "auto") == 0 && isatty(2));
-    o.log = pg.quiet ? NULL : stderr;
+    o.log = stderr; /* warnings and mismatches: whatever the progress mode */
     o.on_progress = progress_show, o.progress_ud = &pg;
     eval_outcome res;
     if (eval_run(&o, &res) != DFL_OK) {

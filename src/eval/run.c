@@ -665,6 +665,8 @@ static int open_drafters(run *r) {
             drafter_close(d);
             return DFL_ERR;
         }
+        char warn[512];
+        if (drafter_target_warning(d, &r->m, warn, sizeof warn)) logf_(r, "dfl eval: warning: %s\n", warn);
         if (o->block && o->block > d->cfg.block_size) {
             dfl_seterr("--block-size %d exceeds drafter %s's block_size %d", o->block, o->drafters[r->n_open],
                        d->cfg.block_size);

@@ -179,6 +179,33 @@ def bad_options():
     expect_fail(["frobnicate"], "unknown command", code=2)
 
 
+def num_target_layers():
+    """A drafter whose num_target_layers differs from the target's layer count is a warning naming
+    both values in generate, eval and inspect (z-lab's package does not check it); layer ids past
+    the target's layers are an error."""
+    d = copy_fixture("dflash_qwen3", "ntl6")
+    cfg = json.load(open(os.path.join(d, "config.json")))
+    cfg["num_target_layers"] = 6  # qwen3_tiny has 4 layers; the ids [0, 2] fit it
+    json.dump(cfg, open(os.path.join(d, "config.json"), "w"))
+    want = "num_target_layers 6 differs from the target's 4 layers"
+    tiny = fixture("qwen3_tiny")
+    p = dfl("generate", "--target", tiny, "--drafter", d, "--prompt-ids", "1,2,3", "--max-new", "4", check=False)
+    t.check(p.returncode == 0 and want in p.stderr, f"generate: a warning, not a refusal: rc {p.returncode} {p.stderr}")
+    prompts = os.path.join(tmp, "p.jsonl")
+    with open(prompts, "w") as f:
+        f.write(json.dumps({"question": "What is 2 + 3?"}) + "\n")
+    p = dfl("eval", "--target", tiny, "--drafter", d, "--prompts", prompts, "--max-new", "8", "--out",
+            os.path.join(tmp, "ntl-eval"), "--progress", "none", check=False)
+    t.check(p.returncode == 0 and want in p.stderr, f"eval: a warning: rc {p.returncode} {p.stderr[-400:]}")
+    p = dfl("inspect", d, "--target", tiny, check=False)
+    t.check(want in p.stdout + p.stderr, f"inspect --target: the warning: {p.stdout[-400:]}")
+    cfg["dflash_config"]["target_layer_ids"] = [0, 5]
+    json.dump(cfg, open(os.path.join(d, "config.json"), "w"))
+    expect_fail(["generate", "--target", tiny, "--drafter", d, "--prompt-ids", "1,2,3", "--max-new", "4"],
+                "target_layer_ids", "5")
+
+
 t.run(malformed_checkpoints)
 t.run(bad_options)
+t.run(num_target_layers)
 t.done()
