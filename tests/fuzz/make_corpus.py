@@ -69,6 +69,20 @@ def safetensors():
     write("safetensors", "bad_meta", st_file([], header=b'{"__metadata__":{"a":1}}'))
 
 
+def safetensors_index():
+    h = "safetensors_index"
+    write(h, "both", compact({"metadata": {"total_size": 20}, "weight_map": {"x": "a.safetensors", "y": "a.safetensors",
+                                                                            "z": "b.safetensors"}}))
+    write(h, "one_shard", compact({"weight_map": {"y": "a.safetensors"}}))
+    write(h, "empty_map", compact({"weight_map": {}}))
+    write(h, "bad_wrong_shard", compact({"weight_map": {"x": "b.safetensors", "z": "b.safetensors"}}))
+    write(h, "bad_missing", compact({"weight_map": {"q": "a.safetensors"}}))
+    write(h, "bad_path", compact({"weight_map": {"x": "../a.safetensors"}}))
+    write(h, "bad_nofile", compact({"weight_map": {"x": "c.safetensors"}}))
+    write(h, "bad_types", '{"weight_map": {"x": 1}}')
+    write(h, "bad_json", '{"weight_map": ')
+
+
 # ---- config.json ---------------------------------------------------------------------------
 
 QWEN3 = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 64, "num_hidden_layers": 2,
@@ -221,9 +235,10 @@ def results():
 
 
 def main():
-    for h in ("safetensors", "config", "tokenizer_json", "tokenizer_roundtrip", "prompts", "results"):
+    for h in ("safetensors", "safetensors_index", "config", "tokenizer_json", "tokenizer_roundtrip", "prompts", "results"):
         shutil.rmtree(os.path.join(OUT, h), ignore_errors=True)
     safetensors()
+    safetensors_index()
     config()
     tokenizer_json()
     tokenizer_roundtrip()
