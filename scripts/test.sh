@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Build dfl and run every test: the release build with the reference tests (transformers,
-# tokenizers, dflash in .venv), then an ASan+UBSan build running the unit tests.
+# tokenizers, dflash in .venv), then an ASan+UBSan build running the unit tests, then the fuzz
+# build (clang, libFuzzer) running each parser's harness for a few seconds (ctest -L fuzz).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
@@ -18,3 +19,8 @@ cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDFL_SANITIZE=ON -DD
   -DDFL_FIXTURES_DIR="$PWD/build/fixtures" >/dev/null
 cmake --build build-asan -j"$jobs"
 (cd build-asan && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -L unit -j"$jobs")
+
+# libFuzzer harnesses (tests/fuzz): DFL_FUZZ_SECONDS each over a temporary copy of the seed corpus
+cmake -S . -B build-fuzz -DCMAKE_C_COMPILER=clang-14 -DDFL_FUZZ=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+cmake --build build-fuzz -j"$jobs" --target fuzz
+(cd build-fuzz && ctest --output-on-failure -L fuzz -j"$jobs")

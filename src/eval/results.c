@@ -1,5 +1,6 @@
 /* Per-response results (results.jsonl lines) and their aggregation. */
 #include <cjson/cJSON.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -46,15 +47,20 @@ void eval_result_write(FILE *f, const eval_result *r, const int32_t *ids, int n_
     dfl_json_write_string(f, r->prompt_id);
     fprintf(f, ", \"turn\": %d, \"drafter\": ", r->turn);
     dfl_json_write_string(f, r->drafter);
-    fprintf(f, ", \"mode\": \"%s\", \"tokens\": %d, \"rounds\": %d, \"drafted\": %ld, \"accepted\": %ld, "
+    fputs(", \"mode\": ", f);
+    dfl_json_write_string(f, r->mode);
+    fprintf(f, ", \"tokens\": %d, \"rounds\": %d, \"drafted\": %ld, \"accepted\": %ld, "
                "\"block_size\": %d, \"tau\": %.6f, \"time_s\": %.6f, \"prefill_s\": %.6f, \"draft_s\": %.6f, "
                "\"verify_s\": %.6f, \"rollback_s\": %.6f, \"tree_depth_sum\": %ld, \"match\": %s, "
                "\"first_mismatch\": %d",
-            r->mode, r->tokens, r->rounds, r->drafted, r->accepted, r->max_block,
+            r->tokens, r->rounds, r->drafted, r->accepted, r->max_block,
             r->rounds ? (double)(r->tokens - 1) / r->rounds : 0.0, r->time_s, r->prefill_s, r->draft_s, r->verify_s,
             r->rollback_s, r->tree_depth_sum, r->match < 0 ? "null" : r->match ? "true" : "false", r->first_mismatch);
-    fprintf(f, ", \"method\": \"%s\", \"features\": \"%s\", \"tree_nodes\": %ld", r->method, r->features,
-            r->tree_nodes);
+    fputs(", \"method\": ", f);
+    dfl_json_write_string(f, r->method);
+    fputs(", \"features\": ", f);
+    dfl_json_write_string(f, r->features);
+    fprintf(f, ", \"tree_nodes\": %ld", r->tree_nodes);
     if (r->modeled_s >= 0) fprintf(f, ", \"modeled_s\": %.6f", r->modeled_s);
     if (r->modeled_ar_s >= 0) fprintf(f, ", \"modeled_ar_s\": %.6f", r->modeled_ar_s);
     const int B = r->max_block > 0 ? r->max_block : 1;
@@ -74,20 +80,45 @@ void eval_result_write(FILE *f, const eval_result *r, const int32_t *ids, int n_
     fputc('}', f);
 }
 
+/* The largest magnitude of an integer field: exact in a double, inside a long. */
+#define RES_MAX_INT 9.0e15
+
+/* A number field, finite (the writer could not write inf or nan back as JSON). */
 static int get_num(const cJSON *o, const char *k, double *v) {
     const cJSON *x = cJSON_GetObjectItemCaseSensitive(o, k);
-    if (!cJSON_IsNumber(x)) return dfl_seterr("field '%s' missing or not a number", k);
+    if (!cJSON_IsNumber(x) || !isfinite(x->valuedouble)) return dfl_seterr("field '%s' missing or not a finite number", k);
     *v = x->valuedouble;
+    return DFL_OK;
+}
+
+/* x as an integer in [lo, hi], checked on the double before any cast (an out-of-range cast is
+ * undefined behaviour). */
+static int int_of(const cJSON *x, double lo, double hi, double *v) {
+    if (!cJSON_IsNumber(x) || !(x->valuedouble >= lo && x->valuedouble <= hi) ||
+        x->valuedouble != floor(x->valuedouble))
+        return -1;
+    *v = x->valuedouble;
+    return 0;
+}
+
+static int get_int(const cJSON *o, const char *k, double lo, double hi, double *v) {
+    if (int_of(cJSON_GetObjectItemCaseSensitive(o, k), lo, hi, v))
+        return dfl_seterr("field '%s' missing or not an integer in [%.0f, %.0f]", k, lo, hi);
     return DFL_OK;
 }
 
 static int get_longs(const cJSON *o, const char *k, long *v, int from, int max) {
     const cJSON *x = cJSON_GetObjectItemCaseSensitive(o, k);
     if (!cJSON_IsArray(x) || cJSON_GetArraySize(x) > max - from)
-        return dfl_seterr("field '%s' missing or not an array of at most %d numbers", k, max - from);
+        return dfl_seterr("field '%s' missing or not an array of at most %d integers", k, max - from);
     int i = from;
     const cJSON *e;
-    cJSON_ArrayForEach(e, x) v[i++] = (long)e->valuedouble;
+    cJSON_ArrayForEach(e, x) {
+        double d;
+        if (int_of(e, 0, RES_MAX_INT, &d))
+            return dfl_seterr("field '%s': entry %d is not an integer in [0, %.0f]", k, i - from, RES_MAX_INT);
+        v[i++] = (long)d;
+    }
     return DFL_OK;
 }
 
@@ -100,13 +131,21 @@ static int opt_str(const cJSON *o, const char *k, char *buf, size_t n) {
     return DFL_OK;
 }
 
-static void opt_num(const cJSON *o, const char *k, double *v) {
+/* An optional number field (kept as is when absent or null); finite when present. */
+static int opt_num(const cJSON *o, const char *k, double *v) {
     const cJSON *x = cJSON_GetObjectItemCaseSensitive(o, k);
-    if (cJSON_IsNumber(x)) *v = x->valuedouble;
+    if (!x || cJSON_IsNull(x)) return DFL_OK;
+    if (!cJSON_IsNumber(x) || !isfinite(x->valuedouble)) return dfl_seterr("field '%s' must be a finite number", k);
+    *v = x->valuedouble;
+    return DFL_OK;
 }
 
 int eval_result_parse(const char *line, eval_result *r, int32_t **ids, int *n_ids) {
     eval_result_init(r);
+    if (ids) {
+        *ids = NULL;
+        *n_ids = 0;
+    }
     cJSON *o = cJSON_Parse(line);
     if (!o || !cJSON_IsObject(o)) {
         cJSON_Delete(o);
@@ -125,51 +164,68 @@ int eval_result_parse(const char *line, eval_result *r, int32_t **ids, int *n_id
     snprintf(r->drafter, sizeof r->drafter, "%s", dr->valuestring);
     snprintf(r->mode, sizeof r->mode, "%s", mode->valuestring);
     double v = 0;
-    if (get_num(o, "turn", &v)) goto done;
+    const double IMAX = 2147483647.0;
+    if (get_int(o, "turn", 0, 1, &v)) goto done;
     r->turn = (int)v;
-    if (get_num(o, "tokens", &v)) goto done;
+    if (get_int(o, "tokens", 0, IMAX, &v)) goto done;
     r->tokens = (int)v;
-    if (get_num(o, "rounds", &v)) goto done;
+    if (get_int(o, "rounds", 0, IMAX, &v)) goto done;
     r->rounds = (int)v;
-    if (get_num(o, "drafted", &v)) goto done;
+    if (get_int(o, "drafted", 0, RES_MAX_INT, &v)) goto done;
     r->drafted = (long)v;
-    if (get_num(o, "accepted", &v)) goto done;
+    if (get_int(o, "accepted", 0, RES_MAX_INT, &v)) goto done;
     r->accepted = (long)v;
-    if (get_num(o, "block_size", &v)) goto done;
+    if (get_int(o, "block_size", 0, DFL_MAX_BLOCK, &v)) goto done;
     r->max_block = (int)v;
-    if (r->max_block < 0 || r->max_block > DFL_MAX_BLOCK) {
-        dfl_seterr("block_size %d out of range", r->max_block);
-        goto done;
-    }
     if (get_num(o, "time_s", &r->time_s) || get_num(o, "prefill_s", &r->prefill_s) ||
         get_num(o, "draft_s", &r->draft_s) || get_num(o, "verify_s", &r->verify_s) ||
-        get_num(o, "rollback_s", &r->rollback_s) || get_num(o, "first_mismatch", &v))
+        get_num(o, "rollback_s", &r->rollback_s) || get_int(o, "first_mismatch", -1, IMAX, &v))
         goto done;
     r->first_mismatch = (int)v;
-    if (get_num(o, "tree_depth_sum", &v)) goto done;
+    if (get_int(o, "tree_depth_sum", 0, RES_MAX_INT, &v)) goto done;
     r->tree_depth_sum = (long)v;
     r->match = cJSON_IsBool(match) ? cJSON_IsTrue(match) : -1;
     if (opt_str(o, "method", r->method, sizeof r->method) || opt_str(o, "features", r->features, sizeof r->features))
         goto done;
-    double tn = 0;
-    opt_num(o, "tree_nodes", &tn);
-    r->tree_nodes = (long)tn;
-    opt_num(o, "modeled_s", &r->modeled_s);
-    opt_num(o, "modeled_ar_s", &r->modeled_ar_s);
-    if (get_longs(o, "accept_hist", r->accept_hist, 0, DFL_MAX_BLOCK + 1) ||
-        get_longs(o, "pos_drafted", r->pos_drafted, 1, DFL_MAX_BLOCK) ||
-        get_longs(o, "pos_accepted", r->pos_accepted, 1, DFL_MAX_BLOCK))
+    const cJSON *tn = cJSON_GetObjectItemCaseSensitive(o, "tree_nodes");
+    if (tn && !cJSON_IsNull(tn)) {
+        if (int_of(tn, 0, RES_MAX_INT, &v)) {
+            dfl_seterr("field 'tree_nodes' must be an integer in [0, %.0f]", RES_MAX_INT);
+            goto done;
+        }
+        r->tree_nodes = (long)v;
+    }
+    if (opt_num(o, "modeled_s", &r->modeled_s) || opt_num(o, "modeled_ar_s", &r->modeled_ar_s)) goto done;
+    /* as written: block_size acceptance lengths 0..B-1 and draft positions 1..B-1 (B at least 1) */
+    const int B = r->max_block > 0 ? r->max_block : 1;
+    if (get_longs(o, "accept_hist", r->accept_hist, 0, B) || get_longs(o, "pos_drafted", r->pos_drafted, 1, B) ||
+        get_longs(o, "pos_accepted", r->pos_accepted, 1, B))
         goto done;
     if (ids) {
         const cJSON *x = cJSON_GetObjectItemCaseSensitive(o, "output_ids");
-        *ids = NULL;
-        *n_ids = 0;
-        if (cJSON_IsArray(x)) {
-            *n_ids = cJSON_GetArraySize(x);
-            *ids = malloc(((size_t)*n_ids + 1) * sizeof(int32_t));
+        if (x && !cJSON_IsNull(x)) {
+            if (!cJSON_IsArray(x)) {
+                dfl_seterr("field 'output_ids' must be an array of token ids");
+                goto done;
+            }
+            const int n = cJSON_GetArraySize(x);
+            int32_t *out = malloc(((size_t)n + 1) * sizeof(int32_t));
+            if (!out) {
+                dfl_seterr("out of memory");
+                goto done;
+            }
             int i = 0;
             const cJSON *e;
-            cJSON_ArrayForEach(e, x)(*ids)[i++] = (int32_t)e->valuedouble;
+            cJSON_ArrayForEach(e, x) {
+                if (int_of(e, 0, IMAX, &v)) {
+                    free(out);
+                    dfl_seterr("output_ids[%d] is not a token id (an integer in [0, %.0f])", i, IMAX);
+                    goto done;
+                }
+                out[i++] = (int32_t)v;
+            }
+            *ids = out;
+            *n_ids = n;
         }
     }
     rc = DFL_OK;
