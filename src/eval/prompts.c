@@ -89,6 +89,12 @@ static int parse_line(eval_prompt *p, char *text, eval_format fmt, const char *f
     return rc;
 }
 
+static int prompt_cmp(const void *a, const void *b) {
+    const eval_prompt *x = *(const eval_prompt *const *)a, *y = *(const eval_prompt *const *)b;
+    const int c = strcmp(x->id, y->id);
+    return c ? c : x->line - y->line;
+}
+
 int eval_prompts_load(eval_prompts *ps, const char *path, eval_format fmt, const char *field, int limit,
                       int keep_going) {
     memset(ps, 0, sizeof *ps);
@@ -121,14 +127,20 @@ int eval_prompts_load(eval_prompts *ps, const char *path, eval_format fmt, const
     free(line);
     fclose(f);
     if (rc == DFL_OK && ps->n == 0) rc = dfl_seterr("%s: no prompts", path);
-    /* ids must be unique: results are keyed by them */
-    for (int i = 0; rc == DFL_OK && i < ps->n; i++)
-        for (int j = i + 1; j < ps->n; j++)
-            if (strcmp(ps->p[i].id, ps->p[j].id) == 0) {
-                rc = dfl_seterr("%s:%d: prompt id '%s' repeats line %d's", path, ps->p[j].line, ps->p[j].id,
-                                ps->p[i].line);
+    /* ids must be unique: results are keyed by them (sorted, so a large file stays O(n log n)) */
+    const eval_prompt **by_id = rc == DFL_OK ? malloc((size_t)ps->n * sizeof *by_id) : NULL;
+    if (rc == DFL_OK && !by_id) rc = dfl_seterr("%s: out of memory for %d prompt ids", path, ps->n);
+    if (rc == DFL_OK) {
+        for (int i = 0; i < ps->n; i++) by_id[i] = &ps->p[i];
+        qsort(by_id, (size_t)ps->n, sizeof *by_id, prompt_cmp);
+        for (int i = 1; i < ps->n; i++) /* equal ids sort by line: report the later line */
+            if (strcmp(by_id[i - 1]->id, by_id[i]->id) == 0) {
+                rc = dfl_seterr("%s:%d: prompt id '%s' repeats line %d's", path, by_id[i]->line, by_id[i]->id,
+                                by_id[i - 1]->line);
                 break;
             }
+    }
+    free(by_id);
     if (rc != DFL_OK) eval_prompts_free(ps);
     return rc;
 }

@@ -205,7 +205,19 @@ def num_target_layers():
                 "target_layer_ids", "5")
 
 
+def duplicate_prompt_ids():
+    """Results are keyed by prompt id: a repeated id is refused naming both lines, also in a large file."""
+    p = os.path.join(tmp, "dup.jsonl")
+    with open(p, "w") as f:
+        for i in range(20000):
+            f.write(json.dumps({"id": f"q{i}", "question": "x"}) + "\n")
+        f.write(json.dumps({"id": "q7", "question": "y"}) + "\n")
+    expect_fail(["eval", "--target", fixture("qwen3_tiny"), "--drafter", fixture("dflash_qwen3"), "--prompts", p,
+                 "--out", os.path.join(tmp, "dup-out")], "dup.jsonl:20001", "prompt id 'q7' repeats line 8's")
+
+
 t.run(malformed_checkpoints)
 t.run(bad_options)
+t.run(duplicate_prompt_ids)
 t.run(num_target_layers)
 t.done()
