@@ -9,6 +9,8 @@
  * nonzero and spec_generate stops at once. */
 #include <errno.h>
 #include <netdb.h>
+#include <netinet/in.h>
+#include <unistd.h>
 #include <poll.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -804,18 +806,52 @@ static int listen_start(dfl_server *srv, const dfl_server_opts *o) {
      * what the process can start: one client holding idle connections cannot lock others out.
      * Silent connections time out (slow or stalled requests, unread answers); a request waiting
      * for the engine is exempt (conn_timeout). */
+    /* The listening socket is ours, so that a port in use or an address not on this host is
+     * reported with the host:port and the reason (libmicrohttpd's own log line names neither). */
+    const int v6 = ai->ai_family == AF_INET6;
+    char where[320];
+    snprintf(where, sizeof where, "%s%s%s:%d", v6 ? "[" : "", host, v6 ? "]" : "", o->port);
+    const int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+        const int e = errno;
+        freeaddrinfo(ai);
+        return dfl_seterr("cannot listen on %s: socket: %s", where, strerror(e));
+    }
+    const int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (v6) setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof one);
+    if (bind(fd, ai->ai_addr, ai->ai_addrlen) != 0 || listen(fd, 128) != 0) {
+        const int e = errno;
+        close(fd);
+        freeaddrinfo(ai);
+        if (e == EADDRINUSE)
+            return dfl_seterr("cannot listen on %s: the port is in use (another dfl serve or server? pick another with "
+                              "--port, or --port 0 for a free one)", where);
+        if (e == EADDRNOTAVAIL) return dfl_seterr("cannot listen on %s: %s is not an address of this host", where, host);
+        if (e == EACCES)
+            return dfl_seterr("cannot listen on %s: permission denied (ports below 1024 need privileges)", where);
+        return dfl_seterr("cannot listen on %s: %s", where, strerror(e));
+    }
     unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL |
                      MHD_USE_ERROR_LOG;
-    if (ai->ai_family == AF_INET6) flags |= MHD_USE_IPv6;
+    if (v6) flags |= MHD_USE_IPv6;
+    freeaddrinfo(ai);
     srv->mhd = MHD_start_daemon(flags, 0, NULL, NULL, on_request, srv, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, srv,
-                                MHD_OPTION_SOCK_ADDR, ai->ai_addr, MHD_OPTION_NOTIFY_COMPLETED, on_completed, srv,
+                                MHD_OPTION_LISTEN_SOCKET, fd, MHD_OPTION_NOTIFY_COMPLETED, on_completed, srv,
                                 MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)o->timeout_s, MHD_OPTION_CONNECTION_LIMIT,
                                 (unsigned)o->max_conns, MHD_OPTION_PER_IP_CONNECTION_LIMIT,
                                 (unsigned)o->max_conns_per_client, MHD_OPTION_END);
-    freeaddrinfo(ai);
-    if (!srv->mhd) return dfl_seterr("cannot listen on %s port %d (in use, or not an address of this host?)", host, o->port);
-    const union MHD_DaemonInfo *di = MHD_get_daemon_info(srv->mhd, MHD_DAEMON_INFO_BIND_PORT);
-    srv->port = di ? di->port : o->port;
+    if (!srv->mhd) {
+        close(fd);
+        return dfl_seterr("cannot start the HTTP server on %s (libmicrohttpd refused; see above)", where);
+    }
+    /* the port bound (o->port 0: the one the kernel chose) */
+    struct sockaddr_storage sa;
+    socklen_t sl = sizeof sa;
+    srv->port = o->port;
+    if (getsockname(fd, (struct sockaddr *)&sa, &sl) == 0)
+        srv->port = sa.ss_family == AF_INET6 ? ntohs(((struct sockaddr_in6 *)&sa)->sin6_port)
+                                             : ntohs(((struct sockaddr_in *)&sa)->sin_port);
     return DFL_OK;
 }
 
