@@ -39,8 +39,11 @@ int cli_parse_long_list(const char *cmd, const char *opt, const char *s, long lo
     *n = 0;
     const char *p = s;
     for (;;) {
+        size_t len = strcspn(p, ",");
+        const char *next = p + len;
+        while (len && (*p == ' ' || *p == '\t')) p++, len--; /* "1, 9, 17" */
+        while (len && (p[len - 1] == ' ' || p[len - 1] == '\t')) len--;
         const char *item = p;
-        const size_t len = strcspn(p, ",");
         char buf[64];
         if (len == 0) {
             fprintf(stderr, "dfl %s: %s: expected comma-separated integers, found an empty item in '%s'\n", cmd, opt,
@@ -71,7 +74,7 @@ int cli_parse_long_list(const char *cmd, const char *opt, const char *s, long lo
             return -1;
         }
         out[(*n)++] = v;
-        p += len;
+        p = next;
         if (!*p) return 0;
         p++; /* the comma */
     }

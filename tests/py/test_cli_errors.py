@@ -231,6 +231,12 @@ def messages():
                 code=2)
     expect_fail(gen + ["--max-new", "1e3"], "--max-new: expected an integer, found '1e3'", code=2)
     expect_fail(srv + ["--port", "65536"], "--port: 65536 is out of range [0, 65535]", code=2)
+    expect_fail(["generate", "--target", tiny, "--prompt-ids", "1,99999999999"],
+                "--prompt-ids: token id 99999999999 is out of range")
+    expect_fail(["hidden", "--target", tiny, "--layers", "1, 99999999999", "--prompt-ids", "1", "--out",
+                 os.path.join(tmp, "h.st")], "--layers: 99999999999 is out of range [0, 255]", code=2)
+    expect_fail(["hidden", "--target", tiny, "--layers", "0,,1", "--prompt-ids", "1", "--out",
+                 os.path.join(tmp, "h.st")], "--layers", "empty item", code=2)
 
     # prompt files in another shape: the line and the --format that fits
     def prompt_file(name, text, *needles, fmt=None):
