@@ -21,6 +21,9 @@ int cli_is_help(const char *arg);
 const char *cli_value(int argc, char **argv, int *i);
 /* Parse integers/floats with range checks; on error print "dfl CMD: --opt: ..." and return -1. */
 int cli_parse_long(const char *cmd, const char *opt, const char *s, long lo, long hi, long *out);
+/* Comma-separated integers, each in [lo, hi], at most max of them; an error names the item as given. */
+int cli_parse_long_list(const char *cmd, const char *opt, const char *s, long lo, long hi, long *out, int max,
+                        int *n);
 int cli_parse_double(const char *cmd, const char *opt, const char *s, double *out);
 /* Print "dfl CMD: message" to stderr and return 2 (usage error) — or 1 for cli_fail. */
 int cli_usage_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

@@ -21,16 +21,63 @@ int cli_parse_long(const char *cmd, const char *opt, const char *s, long lo, lon
     char *end;
     errno = 0;
     long v = strtol(s, &end, 10);
-    if (errno || end == s || *end) {
+    if (end == s || *end) {
         fprintf(stderr, "dfl %s: %s: expected an integer, found '%s'\n", cmd, opt, s);
         return -1;
     }
-    if (v < lo || v > hi) {
-        fprintf(stderr, "dfl %s: %s: %ld is out of range [%ld, %ld]\n", cmd, opt, v, lo, hi);
+    /* ERANGE: beyond long itself; the range check happens on the long, before any cast */
+    if (errno == ERANGE || v < lo || v > hi) {
+        fprintf(stderr, "dfl %s: %s: %s is out of range [%ld, %ld]\n", cmd, opt, s, lo, hi);
         return -1;
     }
     *out = v;
     return 0;
+}
+
+int cli_parse_long_list(const char *cmd, const char *opt, const char *s, long lo, long hi, long *out, int max,
+                        int *n) {
+    *n = 0;
+    const char *p = s;
+    for (;;) {
+        size_t len = strcspn(p, ",");
+        const char *next = p + len;
+        while (len && (*p == ' ' || *p == '\t')) p++, len--; /* "1, 9, 17" */
+        while (len && (p[len - 1] == ' ' || p[len - 1] == '\t')) len--;
+        const char *item = p;
+        char buf[64];
+        if (len == 0) {
+            fprintf(stderr, "dfl %s: %s: expected comma-separated integers, found an empty item in '%s'\n", cmd, opt,
+                    s);
+            return -1;
+        }
+        /* copy the item (long ones are cut: strtol reports them as out of range or not a number) */
+        const size_t k = len < sizeof buf ? len : sizeof buf - 1;
+        memcpy(buf, item, k);
+        buf[k] = 0;
+        char *end;
+        errno = 0;
+        const long v = strtol(buf, &end, 10);
+        if (end == buf || *end || len != k || (*buf != '-' && (*buf < '0' || *buf > '9'))) {
+            if (end != buf && !*end && len != k)
+                fprintf(stderr, "dfl %s: %s: %.*s is out of range [%ld, %ld]\n", cmd, opt, (int)len, item, lo, hi);
+            else
+                fprintf(stderr, "dfl %s: %s: expected comma-separated integers, found '%.*s' in '%s'\n", cmd, opt,
+                        (int)len, item, s);
+            return -1;
+        }
+        if (errno == ERANGE || v < lo || v > hi) {
+            fprintf(stderr, "dfl %s: %s: %.*s is out of range [%ld, %ld]\n", cmd, opt, (int)len, item, lo, hi);
+            return -1;
+        }
+        if (*n == max) {
+            fprintf(stderr, "dfl %s: %s: at most %d values, found more in '%s'\n", cmd, opt, max, s);
+            return -1;
+        }
+        out[(*n)++] = v;
+        p = next;
+        if (!*p) return 0;
+        p++; /* the comma */
+    }
 }
 
 int cli_parse_double(const char *cmd, const char *opt, const char *s, double *out) {

@@ -109,22 +109,13 @@ static int parse_mode(const char *s, int *budget) {
     return 0;
 }
 
-/* Comma-separated non-negative integers, each <= hi, at most max of them. */
-static int parse_list(const char *s, int *out, int max, long hi, int *n) {
-    *n = 0;
-    const char *p = s;
-    while (*p) {
-        char *end;
-        errno = 0;
-        if (*p < '0' || *p > '9') return -1;
-        const long v = strtol(p, &end, 10);
-        if (errno || v > hi || *n == max) return -1;
-        out[(*n)++] = (int)v;
-        p = end;
-        if (*p == ',') p++;
-        else if (*p) return -1;
-    }
-    return *n ? 0 : -1;
+/* Comma-separated integers in [0, hi] into ints (the range is checked on the long, before the cast). */
+static int parse_list(const char *opt, const char *s, int *out, int max, long hi, int *n) {
+    long v[EVAL_MAX_FEAT_LAYERS > EVAL_MAX_MODES ? EVAL_MAX_FEAT_LAYERS : EVAL_MAX_MODES];
+    if (max > (int)(sizeof v / sizeof v[0])) max = (int)(sizeof v / sizeof v[0]);
+    if (cli_parse_long_list("eval", opt, s, 0, hi, v, max, n)) return -1;
+    for (int k = 0; k < *n; k++) out[k] = (int)v[k];
+    return 0;
 }
 
 static int parse_args(eval_opts *o, int *save_layers, const char **progress_mode, int argc, char **argv) {
@@ -167,9 +158,8 @@ static int parse_args(eval_opts *o, int *save_layers, const char **progress_mode
             o->block = (int)v;
         } else if (strcmp(a, "--tree-budget") == 0) {
             const char *s = cli_value(argc, argv, &i);
-            if (parse_list(s, o->budgets, EVAL_MAX_MODES, DDTREE_MAX_NODES, &o->n_modes))
-                return cli_usage_error("eval", "--tree-budget: expected up to %d comma-separated budgets in [0, %d], "
-                                       "found '%s'", EVAL_MAX_MODES, DDTREE_MAX_NODES, s);
+            if (parse_list(a, s, o->budgets, EVAL_MAX_MODES, DDTREE_MAX_NODES, &o->n_modes))
+                return 2;
         } else if (strcmp(a, "--record-mode") == 0) {
             const char *s = cli_value(argc, argv, &i);
             if (strcmp(s, "auto") == 0) o->record_budget = EVAL_RECORD_AUTO;
@@ -179,9 +169,8 @@ static int parse_args(eval_opts *o, int *save_layers, const char **progress_mode
         } else if (strcmp(a, "--save-layers") == 0) {
             const char *s = cli_value(argc, argv, &i);
             if (strcmp(s, "all") == 0) o->n_save_layers = -1;
-            else if (parse_list(s, save_layers, EVAL_MAX_FEAT_LAYERS, EVAL_MAX_FEAT_LAYERS - 1, &o->n_save_layers))
-                return cli_usage_error("eval", "--save-layers: expected comma-separated layer ids or 'all', found '%s'",
-                                       s);
+            else if (parse_list(a, s, save_layers, EVAL_MAX_FEAT_LAYERS, EVAL_MAX_FEAT_LAYERS - 1, &o->n_save_layers))
+                return 2;
             o->save_layers = save_layers;
         } else if (strcmp(a, "--temperature") == 0) {
             if (cli_parse_double("eval", a, cli_value(argc, argv, &i), &o->temperature)) return 2;
@@ -208,9 +197,14 @@ static int parse_args(eval_opts *o, int *save_layers, const char **progress_mode
                 return cli_usage_error("eval", "--progress: expected auto, bar, lines or none");
         } else if (strcmp(a, "--shard") == 0) {
             const char *s = cli_value(argc, argv, &i);
-            if (sscanf(s, "%d/%d", &o->shard_i, &o->shard_n) != 2 || o->shard_n < 1 || o->shard_i < 0 ||
-                o->shard_i >= o->shard_n)
-                return cli_usage_error("eval", "--shard: expected i/n with 0 <= i < n, found '%s'", s);
+            char *end, *end2 = NULL;
+            errno = 0;
+            const long si = strtol(s, &end, 10);
+            const long sn = *end == '/' ? strtol(end + 1, &end2, 10) : 0;
+            if (errno || *end != '/' || end == s || end2 == end + 1 || *end2 || sn < 1 || sn > 1 << 20 || si < 0 ||
+                si >= sn)
+                return cli_usage_error("eval", "--shard: expected i/n with 0 <= i < n <= %d, found '%s'", 1 << 20, s);
+            o->shard_i = (int)si, o->shard_n = (int)sn;
         } else return cli_usage_error("eval", "unknown argument '%s' (see dfl eval --help)", a);
     }
     if (!o->n_drafters || !o->out || (!o->features_dir && (!o->target || !o->prompts)))

@@ -14,8 +14,9 @@
 
 static const char *usage_text =
     "usage: dfl generate --target DIR (--prompt STR | --prompt-file F | --prompt-ids IDS)\n"
-    "                    [--drafter DIR [--block-size B]] [--temperature X --seed S]\n"
-    "                    [--max-new N] [--chat MODE] [--max-context N] [--json] [--check-weights]\n"
+    "                    [--drafter DIR [--block-size B] [--tree-budget N]] [--temperature X --seed S]\n"
+    "                    [--max-new N] [--chat MODE] [--tokenizer PATH] [--max-context N] [--ignore-eos]\n"
+    "                    [--json] [--dump-drafts F] [--check-weights]\n"
     "\n"
     "Generate with the target, autoregressively or — with --drafter — by DFlash speculative\n"
     "decoding with chain verification (lossless: the same tokens as without the drafter at\n"

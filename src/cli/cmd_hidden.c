@@ -49,23 +49,20 @@ int cmd_hidden(int argc, char **argv) {
     if (strcmp(layers_arg, "all") == 0) {
         for (int i = 0; i < c->n_layers; i++) layers[n_layers++] = i;
     } else {
-        int32_t *ids = NULL;
-        size_t n = 0;
-        if (prompt_parse_ids(layers_arg, &ids, &n) != DFL_OK || n == 0 || n > DFL_MAX_LAYERS) {
-            free(ids);
-            rc = cli_usage_error("hidden", "--layers: expected comma-separated layer ids, found '%s'", layers_arg);
+        long ids[DFL_MAX_LAYERS];
+        int n = 0;
+        if (cli_parse_long_list("hidden", "--layers", layers_arg, 0, DFL_MAX_LAYERS - 1, ids, DFL_MAX_LAYERS, &n)) {
+            rc = 2;
             goto out0;
         }
-        for (size_t i = 0; i < n; i++) {
+        for (int i = 0; i < n; i++) {
             if (ids[i] >= c->n_layers) {
-                rc = cli_fail("hidden", "--layers: layer %d does not exist; %s has decoder layers 0..%d", ids[i],
+                rc = cli_fail("hidden", "--layers: layer %ld does not exist; %s has decoder layers 0..%d", ids[i],
                               target, c->n_layers - 1);
-                free(ids);
                 goto out0;
             }
-            layers[n_layers++] = ids[i];
+            layers[n_layers++] = (int)ids[i];
         }
-        free(ids);
     }
     dfl_tokenizer *tok = NULL;
     int32_t *prompt = NULL;

@@ -5,6 +5,25 @@
 #include <string.h>
 
 #include "cli/cli.h"
+#include "dfl/kernels.h"
+
+#ifndef DFL_VERSION
+#define DFL_VERSION "unknown"
+#endif
+#ifndef DFL_GIT_COMMIT
+#define DFL_GIT_COMMIT "unknown"
+#endif
+#ifndef DFL_BUILD_TYPE
+#define DFL_BUILD_TYPE "unknown"
+#endif
+
+/* dfl --version / dfl version: what was built, and the kernel path this CPU gets now. */
+static int version(void) {
+    const kn_isa isa = kn_isa_get();
+    printf("dfl %s\ncommit %s\nbuild %s\nisa %s (chosen at run time; DFL_ISA overrides)\n", DFL_VERSION,
+           DFL_GIT_COMMIT, DFL_BUILD_TYPE, kn_isa_name(isa));
+    return 0;
+}
 
 struct subcommand {
     const char *name;
@@ -28,6 +47,7 @@ static void usage(FILE *f) {
     fprintf(f, "usage: dfl <command> [options]   (dfl <command> --help for each)\n\ncommands:\n");
     for (size_t i = 0; i < sizeof subcommands / sizeof subcommands[0]; i++)
         fprintf(f, "  %-12s %s\n", subcommands[i].name, subcommands[i].summary);
+    fprintf(f, "  %-12s %s\n", "version", "version, git commit, build type and kernel ISA (also dfl --version)");
 }
 
 int main(int argc, char **argv) {
@@ -35,6 +55,7 @@ int main(int argc, char **argv) {
         usage(argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;
     }
+    if (strcmp(argv[1], "--version") == 0 || strcmp(argv[1], "version") == 0) return version();
     for (size_t i = 0; i < sizeof subcommands / sizeof subcommands[0]; i++)
         if (strcmp(argv[1], subcommands[i].name) == 0) return subcommands[i].fn(argc - 1, argv + 1);
     fprintf(stderr, "dfl: unknown command '%s'\n", argv[1]);

@@ -38,9 +38,14 @@ int prompt_parse_ids(const char *s, int32_t **ids, size_t *n) {
         char *end;
         errno = 0;
         long x = strtol(p, &end, 10);
-        if (end == p || errno || x < 0 || x > INT32_MAX) {
+        if (end == p) {
             free(v);
             return dfl_seterr("token ids: expected a non-negative integer at '%.20s'", p);
+        }
+        if (errno == ERANGE || x < 0 || x > INT32_MAX) {
+            free(v);
+            return dfl_seterr("token id %.*s is out of range [0, %d]", (int)(end - p < 40 ? end - p : 40), p,
+                              INT32_MAX);
         }
         if (k == cap) {
             int32_t *nv = realloc(v, (cap *= 2) * sizeof *v);

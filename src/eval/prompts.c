@@ -36,6 +36,33 @@ static char *json_id(const cJSON *o, const char *const *names, int line) {
     return strdup(buf);
 }
 
+/* "missing string field F" with a hint: the --format that fits the object's fields. */
+static int missing_field(const cJSON *o, const char *f, eval_format fmt) {
+    static const char *const known[] = {"question", "prompt", "text", "input", "instruction", "content", "problem",
+                                        NULL};
+    if (cJSON_IsArray(cJSON_GetObjectItemCaseSensitive(o, "turns")))
+        return dfl_seterr("missing string field '%s'; the object has \"turns\": use --format mtbench", f);
+    for (int i = 0; known[i]; i++)
+        if (strcmp(known[i], f) && cJSON_IsString(cJSON_GetObjectItemCaseSensitive(o, known[i])))
+            return dfl_seterr("missing string field '%s'; the object has a string field \"%s\": use --format "
+                              "jsonl:%s",
+                              f, known[i], known[i]);
+    /* else name the string fields it has (the first few) */
+    char names[200] = "";
+    int n = 0;
+    size_t used = 0;
+    for (const cJSON *c = o->child; c && n < 6; c = c->next)
+        if (cJSON_IsString(c) && c->string) {
+            int w = snprintf(names + used, sizeof names - used, "%s\"%s\"", n ? ", " : "", c->string);
+            if (w < 0 || (size_t)w >= sizeof names - used) break;
+            used += (size_t)w, n++;
+        }
+    if (n)
+        return dfl_seterr("missing string field '%s'%s; its string fields: %s (use --format jsonl:FIELD)", f,
+                          fmt == EVAL_FMT_GSM8K ? " (format gsm8k)" : "", names);
+    return dfl_seterr("missing string field '%s'; the object has no string field", f);
+}
+
 /* Parse one line into p; DFL_ERR with a message (without file/line, added by the caller). */
 static int parse_line(eval_prompt *p, char *text, eval_format fmt, const char *field, int line) {
     memset(p, 0, sizeof *p);
@@ -50,8 +77,18 @@ static int parse_line(eval_prompt *p, char *text, eval_format fmt, const char *f
     }
     cJSON *o = cJSON_Parse(text);
     if (!o || !cJSON_IsObject(o)) {
+        const int arr = cJSON_IsArray(o);
         cJSON_Delete(o);
-        return dfl_seterr("not a JSON object");
+        const char *t = text;
+        while (*t == ' ' || *t == '\t') t++;
+        if (arr || *t == '[')
+            return dfl_seterr("a JSON array, not a JSON object: the prompt file must be JSON lines (one object per "
+                              "line; convert an array with jq -c '.[]' FILE), or use --format text for a prompt "
+                              "per line");
+        if (*t == '{')
+            return dfl_seterr("not a complete JSON object (JSON lines need one object per line, not one spread over "
+                              "several; reformat with jq -c . FILE)");
+        return dfl_seterr("not a JSON object (a CSV or plain-text file? use --format text for a prompt per line)");
     }
     int rc = DFL_OK;
     if (fmt == EVAL_FMT_MTBENCH) {
@@ -73,7 +110,7 @@ static int parse_line(eval_prompt *p, char *text, eval_format fmt, const char *f
         const char *f = fmt == EVAL_FMT_GSM8K ? "question" : field;
         const cJSON *q = cJSON_GetObjectItemCaseSensitive(o, f);
         if (!cJSON_IsString(q)) {
-            rc = dfl_seterr("missing string field '%s'", f);
+            rc = missing_field(o, f, fmt);
         } else {
             p->turns[0] = strdup(q->valuestring);
             p->n_turns = 1;

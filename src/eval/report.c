@@ -39,6 +39,15 @@ static int has_trees(const eval_summary *s) {
     return 0;
 }
 
+/* The deepest draft position any row proposed (0 if none). */
+static int max_proposed(const eval_summary *s) {
+    int m = 0;
+    for (int k = 1; k < s->n_agg; k++)
+        for (int p = 1; p < s->agg[k].max_block; p++)
+            if (s->agg[k].pos_drafted[p] && p > m) m = p;
+    return m;
+}
+
 static int write_json(const eval_summary *s, const char *path, const char *extra) {
     FILE *f = fopen(path, "w");
     if (!f) return dfl_seterr("%s: cannot create", path);
@@ -86,7 +95,10 @@ static int write_json(const eval_summary *s, const char *path, const char *extra
                 sp, spm, busy > 0 ? a->draft_s / busy : 0, busy > 0 ? a->verify_s / busy : 0,
                 busy > 0 ? a->rollback_s / busy : 0, a->rounds ? (double)a->tree_depth_sum / a->rounds : 0.0,
                 a->rounds ? (double)a->tree_nodes / a->rounds : 0.0, a->mismatches);
-        for (int p = 1; p < a->max_block; p++) fprintf(f, "%s%.6f", p > 1 ? ", " : "", per_pos(a, p));
+        for (int p = 1; p < a->max_block; p++) {
+            if (a->pos_drafted[p]) fprintf(f, "%s%.6f", p > 1 ? ", " : "", per_pos(a, p));
+            else fprintf(f, "%snull", p > 1 ? ", " : ""); /* never proposed */
+        }
         fprintf(f, "], \"accept_hist\": [");
         for (int b = 0; b < a->max_block; b++) fprintf(f, "%s%ld", b ? ", " : "", a->accept_hist[b]);
         fprintf(f, "]}");
@@ -191,16 +203,20 @@ static int write_md(const eval_summary *s, const char *path) {
         }
         fprintf(f, "\n");
     }
-    int maxb = 0;
-    for (int k = 1; k < s->n_agg; k++) maxb = s->agg[k].max_block > maxb ? s->agg[k].max_block : maxb;
-    fprintf(f, "## Per-position acceptance (rounds in which draft k was accepted / proposed)\n\n| drafter | mode |");
+    /* columns up to the deepest position any row proposed; a position a mode never proposed is
+     * "–" (DDTree-8 never drafts deeper than 8), not a rate of 0 */
+    const int maxb = max_proposed(s) + 1;
+    fprintf(f, "## Per-position acceptance (rounds in which draft k was accepted / proposed; – = never "
+               "proposed)\n\n| drafter | mode |");
     for (int p = 1; p < maxb; p++) fprintf(f, " %d |", p);
     fprintf(f, "\n|---|---|");
     for (int p = 1; p < maxb; p++) fprintf(f, "---:|");
     fprintf(f, "\n");
     for (int k = 1; k < s->n_agg; k++) {
         fprintf(f, "| %s | %s |", s->agg[k].label, s->agg[k].mode);
-        for (int p = 1; p < maxb; p++) fprintf(f, " %.3f |", per_pos(&s->agg[k], p));
+        for (int p = 1; p < maxb; p++)
+            if (p < s->agg[k].max_block && s->agg[k].pos_drafted[p]) fprintf(f, " %.3f |", per_pos(&s->agg[k], p));
+            else fprintf(f, " – |");
         fprintf(f, "\n");
     }
     fprintf(f, "\nPlots: [per_position.svg](per_position.svg), [tau_hist.svg](tau_hist.svg)%s.\n",
@@ -210,47 +226,117 @@ static int write_md(const eval_summary *s, const char *path) {
     return fclose(f) == 0 ? DFL_OK : dfl_seterr("%s: write error: %s", path, strerror(errno));
 }
 
-/* A line chart of per-position acceptance, one line per drafter x mode. */
+/* ---- SVG plots: a frame with ticks and labels on both axes, the legend at the right; the plot
+ * area takes the width the legend leaves. ---- */
+typedef struct plot {
+    double W, H, x0, y0, pw, ph;
+} plot;
+
+/* Opens the SVG: legend entries n_leg with the longest legend text leg_chars characters. */
+static plot plot_begin(FILE *f, const char *title, int n_leg, int leg_chars) {
+    plot p = {.W = 1000, .x0 = 72, .y0 = 34, .ph = 330};
+    double lw = 48 + 6.6 * leg_chars;
+    lw = lw < 150 ? 150 : lw > 420 ? 420 : lw;
+    p.pw = p.W - p.x0 - lw - 16;
+    if (18.0 * n_leg + 10 > p.ph) p.ph = 18.0 * n_leg + 10; /* a long legend makes the plot taller */
+    p.H = p.y0 + p.ph + 52;
+    fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" font-family=\"sans-serif\" "
+               "font-size=\"12\">\n<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n",
+            p.W, p.H);
+    fprintf(f, "<text class=\"title\" x=\"%.0f\" y=\"20\" font-size=\"14\">%s</text>\n", p.x0, title);
+    return p;
+}
+
+static void plot_labels(FILE *f, const plot *p, const char *xlabel, const char *ylabel) {
+    fprintf(f, "<rect class=\"frame\" x=\"%.0f\" y=\"%.0f\" width=\"%.0f\" height=\"%.0f\" fill=\"none\" "
+               "stroke=\"#333\"/>\n", p->x0, p->y0, p->pw, p->ph);
+    fprintf(f, "<text class=\"xlabel\" x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">%s</text>\n", p->x0 + p->pw / 2,
+            p->y0 + p->ph + 40, xlabel);
+    fprintf(f, "<text class=\"ylabel\" x=\"18\" y=\"%.1f\" transform=\"rotate(-90 18 %.1f)\" "
+               "text-anchor=\"middle\">%s</text>\n", p->y0 + p->ph / 2, p->y0 + p->ph / 2, ylabel);
+}
+
+/* A tick with its value on the y axis at pixel y, with a grid line across the plot. */
+static void plot_ytick(FILE *f, const plot *p, double y, const char *label) {
+    fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#e4e4e4\"/>\n", p->x0, y, p->x0 + p->pw,
+            y);
+    fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#333\"/>\n", p->x0 - 5, y, p->x0, y);
+    fprintf(f, "<text class=\"ytick\" x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\">%s</text>\n", p->x0 - 8, y + 4, label);
+}
+
+/* A tick with its value on the x axis at pixel x. */
+static void plot_xtick(FILE *f, const plot *p, double x, const char *label) {
+    const double yb = p->y0 + p->ph;
+    fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#333\"/>\n", x, yb, x, yb + 5);
+    fprintf(f, "<text class=\"xtick\" x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">%s</text>\n", x, yb + 19, label);
+}
+
+static void plot_legend(FILE *f, const plot *p, int i, const char *color, const char *text) {
+    const double ly = p->y0 + 14 + 18 * i, lx = p->x0 + p->pw + 14;
+    fprintf(f, "<line x1=\"%.0f\" y1=\"%.1f\" x2=\"%.0f\" y2=\"%.1f\" stroke=\"%s\" stroke-width=\"3\"/>\n", lx,
+            ly - 4, lx + 20, ly - 4, color);
+    fprintf(f, "<text class=\"legend\" x=\"%.0f\" y=\"%.1f\">%s</text>\n", lx + 26, ly, text);
+}
+
+static int legend_chars(const eval_summary *s, int with_mode, int extra) {
+    int m = 0;
+    for (int k = 1; k < s->n_agg; k++) {
+        char name[256];
+        legend_name(&s->agg[k], name, sizeof name);
+        const int n = (int)strlen(name) + (with_mode ? 1 + (int)strlen(s->agg[k].mode) : 0) + extra;
+        if (n > m) m = n;
+    }
+    return m;
+}
+
+/* A line chart of per-position acceptance, one line per drafter x mode; positions a mode never
+ * proposed (DDTree-8 never drafts deeper than 8) are left out, not drawn as 0. */
 static int write_per_position_svg(const eval_summary *s, const char *path) {
     FILE *f = fopen(path, "w");
     if (!f) return dfl_seterr("%s: cannot create", path);
-    int maxb = 2;
-    for (int k = 1; k < s->n_agg; k++) maxb = s->agg[k].max_block > maxb ? s->agg[k].max_block : maxb;
-    const double W = 1000, Hh = 420, x0 = 60, y0 = 30, pw = 460, ph = 330;
-    fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" font-family=\"sans-serif\" "
-               "font-size=\"12\">\n<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n",
-            W, Hh);
-    fprintf(f, "<text x=\"%.0f\" y=\"18\" font-size=\"14\">Per-position acceptance</text>\n", x0);
-    for (int i = 0; i <= 10; i += 2) { /* y grid */
-        const double y = y0 + ph - ph * i / 10.0;
-        fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#ddd\"/>\n", x0, y, x0 + pw, y);
-        fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\">%.1f</text>\n", x0 - 6, y + 4, i / 10.0);
+    const int npos = max_proposed(s) > 0 ? max_proposed(s) : 1;
+    const plot pl = plot_begin(f, "Per-position acceptance (rounds in which draft k was accepted / proposed)",
+                               s->n_agg - 1, legend_chars(s, 1, 0));
+    char lab[32];
+    for (int i = 0; i <= 10; i += 2) {
+        snprintf(lab, sizeof lab, "%.1f", i / 10.0);
+        plot_ytick(f, &pl, pl.y0 + pl.ph - pl.ph * i / 10.0, lab);
     }
-    const int npos = maxb - 1;
+#define PX(p) (pl.x0 + pl.pw * ((p) - 0.5) / npos)
+#define PY(v) (pl.y0 + pl.ph - pl.ph * (v))
     for (int p = 1; p <= npos; p++) {
-        const double x = x0 + (npos > 1 ? pw * (p - 1) / (npos - 1) : pw / 2);
-        fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">%d</text>\n", x, y0 + ph + 16, p);
+        snprintf(lab, sizeof lab, "%d", p);
+        plot_xtick(f, &pl, PX(p), lab);
     }
-    fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">draft position k</text>\n", x0 + pw / 2,
-            y0 + ph + 34);
-    fprintf(f, "<rect x=\"%.0f\" y=\"%.0f\" width=\"%.0f\" height=\"%.0f\" fill=\"none\" stroke=\"#333\"/>\n", x0, y0,
-            pw, ph);
+    plot_labels(f, &pl, "draft position k", "acceptance rate");
     for (int k = 1; k < s->n_agg; k++) {
         const eval_agg *a = &s->agg[k];
         const char *c = colors[(k - 1) % N_COLORS];
         fprintf(f, "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"2\" points=\"", c);
         for (int p = 1; p < a->max_block; p++)
-            fprintf(f, "%.1f,%.1f ", x0 + (npos > 1 ? pw * (p - 1) / (npos - 1) : pw / 2), y0 + ph - ph * per_pos(a, p));
+            if (a->pos_drafted[p]) fprintf(f, "%.1f,%.1f ", PX(p), PY(per_pos(a, p)));
         fprintf(f, "\"/>\n");
-        const double ly = y0 + 14 + 18 * (k - 1);
-        fprintf(f, "<line x1=\"%.0f\" y1=\"%.1f\" x2=\"%.0f\" y2=\"%.1f\" stroke=\"%s\" stroke-width=\"3\"/>\n",
-                x0 + pw + 14, ly - 4, x0 + pw + 34, ly - 4, c);
-        char name[256];
+        for (int p = 1; p < a->max_block; p++)
+            if (a->pos_drafted[p])
+                fprintf(f, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"2.5\" fill=\"%s\"/>\n", PX(p), PY(per_pos(a, p)), c);
+        char name[256], text[300];
         legend_name(a, name, sizeof name);
-        fprintf(f, "<text x=\"%.0f\" y=\"%.1f\">%s %s</text>\n", x0 + pw + 40, ly, name, a->mode);
+        snprintf(text, sizeof text, "%s %s", name, a->mode);
+        plot_legend(f, &pl, k - 1, c, text);
     }
+#undef PX
+#undef PY
     fprintf(f, "</svg>\n");
     return fclose(f) == 0 ? DFL_OK : dfl_seterr("%s: write error: %s", path, strerror(errno));
+}
+
+/* A tick step of 1, 2 or 5 x 10^k giving at most about 6 ticks up to top. */
+static int nice_step(int top) {
+    for (int m = 1;; m *= 10) {
+        if (top <= 6 * m) return m;
+        if (top <= 12 * m) return 2 * m;
+        if (top <= 30 * m) return 5 * m;
+    }
 }
 
 /* Histograms of per-response tau (bins of 0.5), one step line per drafter x mode. */
@@ -267,37 +353,33 @@ static int write_tau_svg(const eval_summary *s, const char *path) {
             b = b < 0 ? 0 : b >= nbins ? nbins - 1 : b;
             if (++cnt[k * nbins + b] > top) top = cnt[k * nbins + b];
         }
-    const double W = 1000, Hh = 420, x0 = 60, y0 = 30, pw = 460, ph = 330;
-    fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" font-family=\"sans-serif\" "
-               "font-size=\"12\">\n<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n",
-            W, Hh);
-    fprintf(f, "<text x=\"%.0f\" y=\"18\" font-size=\"14\">Per-response τ (responses per 0.5 bin)</text>\n", x0);
-    fprintf(f, "<rect x=\"%.0f\" y=\"%.0f\" width=\"%.0f\" height=\"%.0f\" fill=\"none\" stroke=\"#333\"/>\n", x0, y0,
-            pw, ph);
-    for (int t = 1; t <= maxb; t++) {
-        const double x = x0 + pw * (t - 1) / (double)(maxb - 1);
-        fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">%d</text>\n", x, y0 + ph + 16, t);
+    const int step = nice_step(top), ytop = (top + step - 1) / step * step;
+    const plot pl = plot_begin(f, "Per-response τ (responses per 0.5 bin)", s->n_agg - 1, legend_chars(s, 1, 10));
+    char lab[32];
+    for (int v = 0; v <= ytop; v += step) {
+        snprintf(lab, sizeof lab, "%d", v);
+        plot_ytick(f, &pl, pl.y0 + pl.ph - pl.ph * v / (double)ytop, lab);
     }
-    fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">τ</text>\n", x0 + pw / 2, y0 + ph + 34);
-    fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\">%d</text>\n", x0 - 6, y0 + 4, top);
-    fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\">0</text>\n", x0 - 6, y0 + ph + 4);
-    const double bw = pw / (2.0 * (maxb - 1));
+    for (int t = 1; t <= maxb; t++) {
+        snprintf(lab, sizeof lab, "%d", t);
+        plot_xtick(f, &pl, pl.x0 + pl.pw * (t - 1) / (double)(maxb - 1), lab);
+    }
+    plot_labels(f, &pl, "per-response τ (tokens per round)", "responses");
+    const double bw = pl.pw / (2.0 * (maxb - 1));
     for (int k = 1; k < s->n_agg; k++) {
         const char *c = colors[(k - 1) % N_COLORS];
-        fprintf(f, "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"2\" points=\"%.1f,%.1f ", c, x0, y0 + ph);
+        fprintf(f, "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"2\" points=\"%.1f,%.1f ", c, pl.x0,
+                pl.y0 + pl.ph);
         for (int b = 0; b < nbins; b++) {
-            const double y = y0 + ph - ph * cnt[k * nbins + b] / (double)top;
-            const double xa = x0 + bw * b, xb = xa + bw > x0 + pw ? x0 + pw : xa + bw;
+            const double y = pl.y0 + pl.ph - pl.ph * cnt[k * nbins + b] / (double)ytop;
+            const double xa = pl.x0 + bw * b, xb = xa + bw > pl.x0 + pl.pw ? pl.x0 + pl.pw : xa + bw;
             fprintf(f, "%.1f,%.1f %.1f,%.1f ", xa, y, xb, y);
         }
-        fprintf(f, "%.1f,%.1f\"/>\n", x0 + pw, y0 + ph);
-        const double ly = y0 + 14 + 18 * (k - 1);
-        fprintf(f, "<line x1=\"%.0f\" y1=\"%.1f\" x2=\"%.0f\" y2=\"%.1f\" stroke=\"%s\" stroke-width=\"3\"/>\n",
-                x0 + pw + 14, ly - 4, x0 + pw + 34, ly - 4, c);
-        char name[256];
+        fprintf(f, "%.1f,%.1f\"/>\n", pl.x0 + pl.pw, pl.y0 + pl.ph);
+        char name[256], text[320];
         legend_name(&s->agg[k], name, sizeof name);
-        fprintf(f, "<text x=\"%.0f\" y=\"%.1f\">%s %s (τ %.2f)</text>\n", x0 + pw + 40, ly, name, s->agg[k].mode,
-                eval_agg_tau(&s->agg[k]));
+        snprintf(text, sizeof text, "%s %s (τ %.2f)", name, s->agg[k].mode, eval_agg_tau(&s->agg[k]));
+        plot_legend(f, &pl, k - 1, c, text);
     }
     fprintf(f, "</svg>\n");
     free(cnt);
@@ -310,34 +392,33 @@ static int write_tau_budget_svg(const eval_summary *s, const char *path) {
     if (!f) return dfl_seterr("%s: cannot create", path);
     const char **labels = calloc((size_t)s->n_agg + 1, sizeof *labels);
     const int nd = distinct(s, 1, labels);
-    int bmax = 1;
+    int bmax = 1, bmin = 1 << 30;
     double tmax = 1;
     for (int k = 1; k < s->n_agg; k++) {
         const eval_agg *a = &s->agg[k];
         if (strncmp(a->mode, "ddtree-", 7) == 0 && atoi(a->mode + 7) > bmax) bmax = atoi(a->mode + 7);
+        if (strncmp(a->mode, "ddtree-", 7) == 0 && atoi(a->mode + 7) < bmin) bmin = atoi(a->mode + 7);
         if (eval_agg_tau(a) > tmax) tmax = eval_agg_tau(a);
     }
-    const int ymax = (int)tmax + 1, lb = (int)ceil(log2((double)bmax)) > 1 ? (int)ceil(log2((double)bmax)) : 1;
-    const double W = 1000, Hh = 420, x0 = 60, y0 = 30, pw = 560, ph = 330;
-#define BX(b) (x0 + pw * log2((double)(b)) / lb)
-#define TY(t) (y0 + ph - ph * ((t) - 1.0) / (ymax - 1.0))
-    fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" font-family=\"sans-serif\" "
-               "font-size=\"12\">\n<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n",
-            W, Hh);
-    fprintf(f, "<text x=\"%.0f\" y=\"18\" font-size=\"14\">τ against the DDTree budget (dashed: chain)</text>\n", x0);
-    for (int t = 1; t <= ymax; t++) {
-        fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#ddd\"/>\n", x0, TY(t), x0 + pw,
-                TY(t));
-        fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\">%d</text>\n", x0 - 6, TY(t) + 4, t);
+    /* the x axis spans the powers of two around the budgets run */
+    const int l0 = bmin < bmax ? (int)floor(log2((double)bmin)) : 0;
+    int lb = (int)ceil(log2((double)bmax));
+    if (lb <= l0) lb = l0 + 1;
+    const int ymax = (int)tmax + 1;
+    const plot pl = plot_begin(f, "τ against the DDTree budget (dashed: chain)", nd, legend_chars(s, 0, 0));
+#define BX(b) (pl.x0 + pl.pw * (0.03 + 0.94 * (log2((double)(b)) - l0) / (lb - l0)))
+#define TY(t) (pl.y0 + pl.ph - pl.ph * ((t) - 1.0) / (ymax - 1.0))
+    char lab[32];
+    const int ystep = ymax > 12 ? 2 : 1;
+    for (int t = 1; t <= ymax; t += ystep) {
+        snprintf(lab, sizeof lab, "%d", t);
+        plot_ytick(f, &pl, TY(t), lab);
     }
-    for (int e = 0; e <= lb; e++)
-        fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">%d</text>\n", BX(1 << e), y0 + ph + 16, 1 << e);
-    fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">tree budget (draft nodes)</text>\n", x0 + pw / 2,
-            y0 + ph + 34);
-    fprintf(f, "<text x=\"16\" y=\"%.1f\" transform=\"rotate(-90 16 %.1f)\" text-anchor=\"middle\">τ</text>\n",
-            y0 + ph / 2, y0 + ph / 2);
-    fprintf(f, "<rect x=\"%.0f\" y=\"%.0f\" width=\"%.0f\" height=\"%.0f\" fill=\"none\" stroke=\"#333\"/>\n", x0, y0,
-            pw, ph);
+    for (int e = l0; e <= lb; e++) {
+        snprintf(lab, sizeof lab, "%d", 1 << e);
+        plot_xtick(f, &pl, BX(1 << e), lab);
+    }
+    plot_labels(f, &pl, "tree budget (draft nodes, log scale)", "τ (tokens per round)");
     for (int i = 0; i < nd; i++) {
         const char *c = colors[i % N_COLORS];
         int bs[EVAL_MAX_MODES * 4], n = 0;
@@ -364,13 +445,10 @@ static int write_tau_budget_svg(const eval_summary *s, const char *path) {
         }
         if (chain)
             fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"%s\" stroke-dasharray=\"6,4\"/>\n",
-                    x0, TY(eval_agg_tau(chain)), x0 + pw, TY(eval_agg_tau(chain)), c);
-        const double ly = y0 + 14 + 18 * i;
-        fprintf(f, "<line x1=\"%.0f\" y1=\"%.1f\" x2=\"%.0f\" y2=\"%.1f\" stroke=\"%s\" stroke-width=\"3\"/>\n",
-                x0 + pw + 14, ly - 4, x0 + pw + 34, ly - 4, c);
+                    pl.x0, TY(eval_agg_tau(chain)), pl.x0 + pl.pw, TY(eval_agg_tau(chain)), c);
         char name[256];
         legend_name(any, name, sizeof name);
-        fprintf(f, "<text x=\"%.0f\" y=\"%.1f\">%s</text>\n", x0 + pw + 40, ly, name);
+        plot_legend(f, &pl, i, c, name);
     }
 #undef BX
 #undef TY

@@ -9,6 +9,8 @@
  * nonzero and spec_generate stops at once. */
 #include <errno.h>
 #include <netdb.h>
+#include <netinet/in.h>
+#include <unistd.h>
 #include <poll.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -179,10 +181,44 @@ typedef struct run_ctx {
     int failed;
 } run_ctx;
 
+/* vLLM's bucket bounds for its latency histograms (seconds). */
+static const double ttft_bounds[] = {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1,  0.25, 0.5,  0.75,
+                                     1.0,   2.5,   5.0,  7.5,  10.0, 20.0, 40.0, 80.0, 160., 640., 2560.};
+static const double itl_bounds[] = {0.01, 0.025, 0.05, 0.075, 0.1,  0.15, 0.2,  0.3,  0.4, 0.5,
+                                    0.75, 1.0,   2.5,  5.0,   7.5,  10.0, 20.0, 40.0, 80.0};
+static const double e2e_bounds[] = {0.3,  0.5,  0.8,  1.0,  1.5,  2.0,   2.5,   5.0,   10.0,  15.0,  20.0,
+                                    30.0, 40.0, 50.0, 60.0, 120., 240.0, 480.0, 960.0, 1920., 7680.};
+#define NB(a) ((int)(sizeof a / sizeof a[0]))
+
+static void hist_init(server_hist *h, const double *bounds, int n) {
+    memset(h, 0, sizeof *h);
+    h->bounds = bounds, h->n_bounds = n;
+}
+
+/* Caller holds the server mutex. */
+static void hist_observe(server_hist *h, double v) {
+    int i = 0;
+    while (i < h->n_bounds && v > h->bounds[i]) i++;
+    if (i < h->n_bounds) h->buckets[i]++;
+    h->count++;
+    h->sum += v;
+}
+
 static int on_tokens(void *ud, const int32_t *toks, int n) {
     run_ctx *rc = ud;
     job *j = rc->j;
     int stop = 0;
+    /* latencies as vLLM reports them: the first tokens after the request arrived (queueing and
+     * prefill included), then the time between successive outputs of the engine (one per round:
+     * a verification round commits several tokens at once, as with vLLM's speculative decoding) */
+    const double now = dfl_now();
+    if (n > 0) {
+        pthread_mutex_lock(&rc->srv->mu);
+        if (j->t_last_tokens == 0) hist_observe(&rc->srv->ttft, now - j->t_start);
+        else hist_observe(&rc->srv->itl, now - j->t_last_tokens);
+        pthread_mutex_unlock(&rc->srv->mu);
+        j->t_last_tokens = now;
+    }
     for (int i = 0; i < n && !stop; i++) {
         int r = textout_push(&j->out, toks[i]);
         if (r < 0) rc->failed = 1;
@@ -248,6 +284,7 @@ static void *worker_main(void *arg) {
         if (!j->err_status && !j->cancelled) {
             const dfl_gen_stats *st = &j->st;
             srv->requests_ok++;
+            hist_observe(&srv->e2e, j->t_done - j->t_start);
             srv->prompt_tokens += j->n_prompt;
             srv->gen_tokens += j->out.n;
             srv->rounds += st->rounds;
@@ -477,6 +514,58 @@ void server_queue_depth(dfl_server *srv, int *waiting, int *running) {
 
 /* ---- metrics ---- */
 
+/* A label value with \, " and newlines escaped (the text format's rules). */
+static void label_value(FILE *f, const char *v) {
+    for (; *v; v++) {
+        if (*v == '\\' || *v == '"') fputc('\\', f), fputc(*v, f);
+        else if (*v == '\n') fputs("\\n", f);
+        else fputc(*v, f);
+    }
+}
+
+/* HELP and TYPE of a counter: the family is named with its "_total" suffix, as its samples are
+ * (prometheus_client's parser, and Prometheus, pair them so; vLLM's exposition does the same). */
+static void counter_head(FILE *f, const char *name, const char *help) {
+    fprintf(f, "# HELP %s_total %s\n# TYPE %s_total counter\n", name, help, name);
+}
+
+/* One vllm: counter with the model_name label. */
+static void vllm_counter(FILE *f, const char *name, const char *help, const char *mn, long v) {
+    counter_head(f, name, help);
+    fprintf(f, "%s_total{model_name=\"", name);
+    label_value(f, mn);
+    fprintf(f, "\"} %ld\n", v);
+}
+
+static void vllm_gauge(FILE *f, const char *name, const char *help, const char *mn, long v) {
+    fprintf(f, "# HELP %s %s\n# TYPE %s gauge\n%s{model_name=\"", name, help, name, name);
+    label_value(f, mn);
+    fprintf(f, "\"} %ld\n", v);
+}
+
+static void vllm_histogram(FILE *f, const char *name, const char *help, const char *mn, const server_hist *h) {
+    fprintf(f, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
+    long cum = 0;
+    for (int i = 0; i <= h->n_bounds; i++) {
+        char le[32];
+        if (i < h->n_bounds) {
+            cum += h->buckets[i];
+            snprintf(le, sizeof le, "%g", h->bounds[i]);
+        } else {
+            cum = h->count;
+            snprintf(le, sizeof le, "+Inf");
+        }
+        fprintf(f, "%s_bucket{le=\"%s\",model_name=\"", name, le);
+        label_value(f, mn);
+        fprintf(f, "\"} %ld\n", cum);
+    }
+    fprintf(f, "%s_sum{model_name=\"", name);
+    label_value(f, mn);
+    fprintf(f, "\"} %.9g\n%s_count{model_name=\"", h->sum, name);
+    label_value(f, mn);
+    fprintf(f, "\"} %ld\n", h->count);
+}
+
 static char *metrics_text(dfl_server *srv) {
     char *buf = NULL;
     size_t len = 0;
@@ -484,45 +573,44 @@ static char *metrics_text(dfl_server *srv) {
     if (!f) return NULL;
     pthread_mutex_lock(&srv->mu);
     const char *mn = srv->model_name;
-    fprintf(f, "# HELP dfl_http_requests_total HTTP requests answered, by endpoint and status (499: the client "
-               "closed the connection first).\n# TYPE dfl_http_requests_total counter\n");
+    counter_head(f, "dfl_http_requests",
+                 "HTTP requests answered, by endpoint and status (499: the client closed the connection first).");
     for (int e = 0; e < EP_COUNT; e++)
         for (int k = 0; k < N_STATUS; k++)
             if (srv->http[e][k])
                 fprintf(f, "dfl_http_requests_total{endpoint=\"%s\",status=\"%d\"} %ld\n", ep_paths[e],
                         server_statuses[k], srv->http[e][k]);
-    fprintf(f, "# HELP dfl_requests_cancelled_total Generation requests whose client went away before the end.\n"
-               "# TYPE dfl_requests_cancelled_total counter\ndfl_requests_cancelled_total %ld\n", srv->cancelled);
+    counter_head(f, "dfl_requests_cancelled", "Generation requests whose client went away before the end.");
+    fprintf(f, "dfl_requests_cancelled_total %ld\n", srv->cancelled);
     fprintf(f, "# HELP dfl_queue_capacity Requests that may wait behind the running one (--max-queue).\n"
                "# TYPE dfl_queue_capacity gauge\ndfl_queue_capacity %d\n", srv->max_queue);
-    fprintf(f, "# HELP dfl_spec_decode_rounds_total Verification rounds (target forwards after the prefill), "
-               "including plain decode steps.\n# TYPE dfl_spec_decode_rounds_total counter\n"
-               "dfl_spec_decode_rounds_total %ld\n", srv->rounds);
-    fprintf(f, "# HELP vllm:num_requests_running Requests being generated.\n# TYPE vllm:num_requests_running gauge\n"
-               "vllm:num_requests_running{model_name=\"%s\"} %d\n", mn, srv->running);
-    fprintf(f, "# HELP vllm:num_requests_waiting Requests waiting in the queue.\n"
-               "# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{model_name=\"%s\"} %d\n", mn,
-            srv->n_waiting);
-    fprintf(f, "# HELP vllm:request_success Finished generation requests.\n# TYPE vllm:request_success counter\n"
-               "vllm:request_success_total{model_name=\"%s\"} %ld\n", mn, srv->requests_ok);
-    fprintf(f, "# HELP vllm:prompt_tokens Prefilled prompt tokens.\n# TYPE vllm:prompt_tokens counter\n"
-               "vllm:prompt_tokens_total{model_name=\"%s\"} %ld\n", mn, srv->prompt_tokens);
-    fprintf(f, "# HELP vllm:generation_tokens Generated tokens.\n# TYPE vllm:generation_tokens counter\n"
-               "vllm:generation_tokens_total{model_name=\"%s\"} %ld\n", mn, srv->gen_tokens);
-    fprintf(f, "# HELP vllm:spec_decode_num_drafts Verification rounds that checked drafted tokens.\n"
-               "# TYPE vllm:spec_decode_num_drafts counter\nvllm:spec_decode_num_drafts_total{model_name=\"%s\"} %ld\n",
-            mn, srv->drafts);
-    fprintf(f, "# HELP vllm:spec_decode_num_draft_tokens Drafted tokens.\n"
-               "# TYPE vllm:spec_decode_num_draft_tokens counter\n"
-               "vllm:spec_decode_num_draft_tokens_total{model_name=\"%s\"} %ld\n", mn, srv->draft_tokens);
-    fprintf(f, "# HELP vllm:spec_decode_num_accepted_tokens Accepted draft tokens.\n"
-               "# TYPE vllm:spec_decode_num_accepted_tokens counter\n"
-               "vllm:spec_decode_num_accepted_tokens_total{model_name=\"%s\"} %ld\n", mn, srv->accepted_tokens);
-    fprintf(f, "# HELP vllm:spec_decode_num_accepted_tokens_per_pos Accepted draft tokens by position in the block "
-               "(0 = the first draft after the anchor).\n# TYPE vllm:spec_decode_num_accepted_tokens_per_pos counter\n");
-    for (int k = 0; k + 1 < (srv->have_ds ? srv->block : 1); k++)
-        fprintf(f, "vllm:spec_decode_num_accepted_tokens_per_pos_total{model_name=\"%s\",position=\"%d\"} %ld\n", mn,
-                k, srv->acc_pos[k]);
+    counter_head(f, "dfl_spec_decode_rounds",
+                 "Verification rounds (target forwards after the prefill), including plain decode steps.");
+    fprintf(f, "dfl_spec_decode_rounds_total %ld\n", srv->rounds);
+    vllm_gauge(f, "vllm:num_requests_running", "Requests being generated.", mn, srv->running);
+    vllm_gauge(f, "vllm:num_requests_waiting", "Requests waiting in the queue.", mn, srv->n_waiting);
+    vllm_counter(f, "vllm:request_success", "Finished generation requests.", mn, srv->requests_ok);
+    vllm_counter(f, "vllm:prompt_tokens", "Prefilled prompt tokens.", mn, srv->prompt_tokens);
+    vllm_counter(f, "vllm:generation_tokens", "Generated tokens.", mn, srv->gen_tokens);
+    vllm_counter(f, "vllm:spec_decode_num_drafts", "Verification rounds that checked drafted tokens.", mn,
+                 srv->drafts);
+    vllm_counter(f, "vllm:spec_decode_num_draft_tokens", "Drafted tokens.", mn, srv->draft_tokens);
+    vllm_counter(f, "vllm:spec_decode_num_accepted_tokens", "Accepted draft tokens.", mn, srv->accepted_tokens);
+    counter_head(f, "vllm:spec_decode_num_accepted_tokens_per_pos",
+                 "Accepted draft tokens by position in the block (0 = the first draft after the anchor).");
+    for (int k = 0; k + 1 < (srv->have_ds ? srv->block : 1); k++) {
+        fprintf(f, "vllm:spec_decode_num_accepted_tokens_per_pos_total{model_name=\"");
+        label_value(f, mn);
+        fprintf(f, "\",position=\"%d\"} %ld\n", k, srv->acc_pos[k]);
+    }
+    vllm_histogram(f, "vllm:time_to_first_token_seconds",
+                   "Time from the request's arrival to its first generated token (queueing and prefill included).",
+                   mn, &srv->ttft);
+    vllm_histogram(f, "vllm:inter_token_latency_seconds",
+                   "Time between successive outputs of a request (one per verification round, which may commit "
+                   "several tokens).", mn, &srv->itl);
+    vllm_histogram(f, "vllm:e2e_request_latency_seconds",
+                   "Time from the request's arrival to its end, finished requests.", mn, &srv->e2e);
     pthread_mutex_unlock(&srv->mu);
     fclose(f);
     return buf;
@@ -804,18 +892,52 @@ static int listen_start(dfl_server *srv, const dfl_server_opts *o) {
      * what the process can start: one client holding idle connections cannot lock others out.
      * Silent connections time out (slow or stalled requests, unread answers); a request waiting
      * for the engine is exempt (conn_timeout). */
+    /* The listening socket is ours, so that a port in use or an address not on this host is
+     * reported with the host:port and the reason (libmicrohttpd's own log line names neither). */
+    const int v6 = ai->ai_family == AF_INET6;
+    char where[320];
+    snprintf(where, sizeof where, "%s%s%s:%d", v6 ? "[" : "", host, v6 ? "]" : "", o->port);
+    const int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+        const int e = errno;
+        freeaddrinfo(ai);
+        return dfl_seterr("cannot listen on %s: socket: %s", where, strerror(e));
+    }
+    const int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (v6) setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof one);
+    if (bind(fd, ai->ai_addr, ai->ai_addrlen) != 0 || listen(fd, 128) != 0) {
+        const int e = errno;
+        close(fd);
+        freeaddrinfo(ai);
+        if (e == EADDRINUSE)
+            return dfl_seterr("cannot listen on %s: the port is in use (another dfl serve or server? pick another with "
+                              "--port, or --port 0 for a free one)", where);
+        if (e == EADDRNOTAVAIL) return dfl_seterr("cannot listen on %s: %s is not an address of this host", where, host);
+        if (e == EACCES)
+            return dfl_seterr("cannot listen on %s: permission denied (ports below 1024 need privileges)", where);
+        return dfl_seterr("cannot listen on %s: %s", where, strerror(e));
+    }
     unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL |
                      MHD_USE_ERROR_LOG;
-    if (ai->ai_family == AF_INET6) flags |= MHD_USE_IPv6;
+    if (v6) flags |= MHD_USE_IPv6;
+    freeaddrinfo(ai);
     srv->mhd = MHD_start_daemon(flags, 0, NULL, NULL, on_request, srv, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, srv,
-                                MHD_OPTION_SOCK_ADDR, ai->ai_addr, MHD_OPTION_NOTIFY_COMPLETED, on_completed, srv,
+                                MHD_OPTION_LISTEN_SOCKET, fd, MHD_OPTION_NOTIFY_COMPLETED, on_completed, srv,
                                 MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)o->timeout_s, MHD_OPTION_CONNECTION_LIMIT,
                                 (unsigned)o->max_conns, MHD_OPTION_PER_IP_CONNECTION_LIMIT,
                                 (unsigned)o->max_conns_per_client, MHD_OPTION_END);
-    freeaddrinfo(ai);
-    if (!srv->mhd) return dfl_seterr("cannot listen on %s port %d (in use, or not an address of this host?)", host, o->port);
-    const union MHD_DaemonInfo *di = MHD_get_daemon_info(srv->mhd, MHD_DAEMON_INFO_BIND_PORT);
-    srv->port = di ? di->port : o->port;
+    if (!srv->mhd) {
+        close(fd);
+        return dfl_seterr("cannot start the HTTP server on %s (libmicrohttpd refused; see above)", where);
+    }
+    /* the port bound (o->port 0: the one the kernel chose) */
+    struct sockaddr_storage sa;
+    socklen_t sl = sizeof sa;
+    srv->port = o->port;
+    if (getsockname(fd, (struct sockaddr *)&sa, &sl) == 0)
+        srv->port = sa.ss_family == AF_INET6 ? ntohs(((struct sockaddr_in6 *)&sa)->sin6_port)
+                                             : ntohs(((struct sockaddr_in *)&sa)->sin_port);
     return DFL_OK;
 }
 
@@ -832,6 +954,9 @@ dfl_server *server_start(const dfl_server_opts *o) {
     srv->max_body = o->max_body;
     srv->timeout_s = o->timeout_s > 0 ? (unsigned)o->timeout_s : 0;
     srv->log = o->log_requests;
+    hist_init(&srv->ttft, ttft_bounds, NB(ttft_bounds));
+    hist_init(&srv->itl, itl_bounds, NB(itl_bounds));
+    hist_init(&srv->e2e, e2e_bounds, NB(e2e_bounds));
     srv->seed_ctr = (uint64_t)time(NULL) ^ ((uint64_t)(dfl_now() * 1e9) << 16);
     if (load(srv, o) != DFL_OK) {
         server_free(srv);

@@ -105,7 +105,17 @@ typedef struct job {
     int err_status;           /* 0, or the status of a failed generation */
     char err_msg[320];
     double t_done;
+    double t_last_tokens;     /* when on_tokens last ran (0: no token yet), worker only */
 } job;
+
+/* A Prometheus histogram with fixed upper bounds (+Inf implied). */
+#define SERVER_HIST_MAX 24
+typedef struct server_hist {
+    const double *bounds;
+    int n_bounds;
+    long count, buckets[SERVER_HIST_MAX]; /* buckets[i]: observations <= bounds[i] (not cumulative) */
+    double sum;
+} server_hist;
 
 struct dfl_server {
     dfl_model m;
@@ -140,6 +150,7 @@ struct dfl_server {
     long prompt_tokens, gen_tokens, requests_ok;
     long rounds, drafts, draft_tokens, accepted_tokens;
     long acc_pos[DFL_MAX_BLOCK];
+    server_hist ttft, itl, e2e; /* vLLM's latency histograms, seconds */
 };
 
 /* api.c — parse a generation request body into j (prompt, options); fills e on error.

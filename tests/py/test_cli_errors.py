@@ -216,7 +216,91 @@ def duplicate_prompt_ids():
                  "--out", os.path.join(tmp, "dup-out")], "dup.jsonl:20001", "prompt id 'q7' repeats line 8's")
 
 
+def messages():
+    """Issue 22 item 5: every numeric option range-checked before any cast, the message naming the
+    option and the value as given; prompt files in another shape get the line and a hint; a port
+    in use is named; help texts; dfl --version."""
+    tiny, d3 = fixture("qwen3_tiny"), fixture("dflash_qwen3")
+    prompts = os.path.join(tmp, "msg.jsonl")
+    with open(prompts, "w") as f:
+        f.write(json.dumps({"question": "What is 2 + 3?"}) + "\n")
+    ev = ["eval", "--target", tiny, "--drafter", d3, "--prompts", prompts, "--out", os.path.join(tmp, "msg-eval")]
+    gen = ["generate", "--target", tiny, "--drafter", d3, "--prompt-ids", "1,2"]
+    srv = ["serve", "--target", tiny, "--drafter", d3]
+    for big in ("100000", "99999999999999999999", "4294967297"):
+        for cmd in (ev, gen, srv):
+            expect_fail(cmd + ["--tree-budget", big], "--tree-budget", f"{big} is out of range", code=2)
+    expect_fail(ev + ["--tree-budget", "8,100000"], "--tree-budget: 100000 is out of range [0, 4096]", code=2)
+    expect_fail(ev + ["--tree-budget", "8,x"], "--tree-budget", "found 'x' in '8,x'", code=2)
+    expect_fail(ev + ["--tree-budget", "8,,16"], "--tree-budget", "empty item", code=2)
+    expect_fail(ev + ["--tree-budget", ",".join(["1"] * 17)], "--tree-budget", "at most 16", code=2)
+    expect_fail(ev + ["--tree-budget", "300", "--online"], "--tree-budget 300", "[0, 256] online", code=2)
+    expect_fail(ev + ["--save-features", os.path.join(tmp, "f"), "--save-layers", "1,99999999999"],
+                "--save-layers: 99999999999 is out of range", code=2)
+    expect_fail(ev + ["--shard", "4294967296/2"], "--shard", "'4294967296/2'", code=2)
+    expect_fail(ev + ["--max-new", "99999999999999999999"], "--max-new: 99999999999999999999 is out of range",
+                code=2)
+    expect_fail(gen + ["--max-new", "1e3"], "--max-new: expected an integer, found '1e3'", code=2)
+    expect_fail(srv + ["--port", "65536"], "--port: 65536 is out of range [0, 65535]", code=2)
+    expect_fail(["generate", "--target", tiny, "--prompt-ids", "1,99999999999"],
+                "--prompt-ids: token id 99999999999 is out of range")
+    expect_fail(["hidden", "--target", tiny, "--layers", "1, 99999999999", "--prompt-ids", "1", "--out",
+                 os.path.join(tmp, "h.st")], "--layers: 99999999999 is out of range [0, 255]", code=2)
+    expect_fail(["hidden", "--target", tiny, "--layers", "0,,1", "--prompt-ids", "1", "--out",
+                 os.path.join(tmp, "h.st")], "--layers", "empty item", code=2)
+
+    # prompt files in another shape: the line and the --format that fits
+    def prompt_file(name, text, *needles, fmt=None):
+        path = os.path.join(tmp, name)
+        with open(path, "w") as f:
+            f.write(text)
+        args = ["eval", "--target", tiny, "--drafter", d3, "--prompts", path, "--out", os.path.join(tmp, "pf-out"),
+                "--progress", "none"] + (["--format", fmt] if fmt else [])
+        expect_fail(args, *needles, code=1)
+
+    prompt_file("p.csv", 'question,answer\n"What is 2+2?",4\n', "p.csv:1:", "not a JSON object", "--format text")
+    prompt_file("arr.json", json.dumps([{"question": "a"}, {"question": "b"}]) + "\n", "arr.json:1:",
+                "a JSON array", "JSON lines", "--format text")
+    prompt_file("arr2.json", '[\n  {"question": "a"}\n]\n', "arr2.json:1:", "a JSON array")
+    prompt_file("pretty.json", '{"question":\n "a"}\n', "pretty.json:1:", "one object per line")
+    prompt_file("prompt.jsonl", '{"prompt": "a"}\n', "prompt.jsonl:1:", "missing string field 'question'",
+                "use --format jsonl:prompt")
+    prompt_file("late.jsonl", '{"question": "a"}\n\n{"prompt": "b"}\n', "late.jsonl:3:", "--format jsonl:prompt")
+    prompt_file("turns.jsonl", '{"turns": ["a"]}\n', "turns.jsonl:1:", "use --format mtbench", fmt="jsonl:prompt")
+    prompt_file("other.jsonl", '{"q": "a", "n": 1}\n', "other.jsonl:1:", 'its string fields: "q"',
+                "--format jsonl:FIELD")
+
+    # a port in use: the host:port and the reason, not libmicrohttpd's "Failed to bind to port 0"
+    import socket
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen(1)
+    port = s.getsockname()[1]
+    p = dfl("serve", "--target", tiny, "--port", port, check=False, timeout=60)
+    s.close()
+    t.check(p.returncode == 1 and f"cannot listen on 127.0.0.1:{port}: the port is in use" in p.stderr
+            and "Failed to bind" not in p.stderr, f"port in use: rc {p.returncode} {p.stderr}")
+
+    # help: no printf escapes left in any help text; generate's usage lists --tree-budget
+    for cmd in ("inspect", "tokenize", "generate", "hidden", "hidden-diff", "eval", "eval-merge", "bench", "serve"):
+        p = dfl(cmd, "--help", check=False)
+        t.check(p.returncode == 0 and "usage:" in p.stdout and "%%" not in p.stdout, f"{cmd} --help: {p.stdout[:200]}")
+    usage = dfl("generate", "--help").stdout.split("\n\n")[0]
+    t.check("--tree-budget" in usage and "--ignore-eos" in usage, f"generate usage line: {usage}")
+    for args in (["--version"], ["version"]):
+        p = dfl(*args, check=False)
+        lines = dict(ln.split(" ", 1) for ln in p.stdout.strip().splitlines())
+        t.check(p.returncode == 0 and set(lines) == {"dfl", "commit", "build", "isa"}, f"dfl {args}: {p.stdout}")
+        t.check(lines.get("isa", "").split()[0] in ("generic", "avx2", "avx512", "avx512bf16", "amx"),
+                f"dfl {args}: isa {p.stdout}")
+        t.check(len(lines.get("commit", "")) >= 4, f"dfl {args}: commit {p.stdout}")
+    p = dfl("--version", env={**os.environ, "DFL_ISA": "generic"})
+    t.check("isa generic" in p.stdout, f"DFL_ISA=generic: {p.stdout}")
+    t.check("version" in dfl("--help").stdout, "dfl --help lists version")
+
+
 t.run(malformed_checkpoints)
+t.run(messages)
 t.run(bad_options)
 t.run(duplicate_prompt_ids)
 t.run(num_target_layers)

@@ -61,6 +61,48 @@ def basic():
     return out
 
 
+def plots():
+    """The SVG plots have labelled axes with ticks and values on both, use the width the legend
+    leaves; positions a mode never proposed (DDTree-2 drafts 2 deep at most) are left out of the
+    per-position table and plot (summary.json: null) instead of showing 0."""
+    out = os.path.join(tmp, "plots")
+    dfl("eval", "--target", T, "--drafter", D1, "--prompts", GSM, "--limit", 2, "--max-new", 16,
+        "--tree-budget", "0,2,4", "--out", out, "--progress", "none")
+    ns = "{http://www.w3.org/2000/svg}"
+    for name in ("per_position.svg", "tau_hist.svg", "tau_budget.svg"):
+        root = ET.parse(os.path.join(out, name)).getroot()
+        texts = {c: [e.text for e in root.iter(ns + "text") if e.get("class") == c]
+                 for c in ("xlabel", "ylabel", "xtick", "ytick")}
+        t.check(len(texts["xlabel"]) == 1 and len(texts["ylabel"]) == 1 and all(texts["xlabel"] + texts["ylabel"]),
+                f"{name}: axis labels {texts}")
+        for c in ("xtick", "ytick"):
+            t.check(len(texts[c]) >= 2 and all(re.fullmatch(r"[0-9.]+", v or "") for v in texts[c]),
+                    f"{name}: {c} values {texts[c]}")
+        ylab = [e for e in root.iter(ns + "text") if e.get("class") == "ylabel"][0]
+        t.check("rotate(-90" in (ylab.get("transform") or ""), f"{name}: y label along the axis")
+        frame = [e for e in root.iter(ns + "rect") if e.get("class") == "frame"][0]
+        t.check(float(frame.get("width")) >= 0.6 * float(root.get("width")), f"{name}: plot width {frame.get('width')}")
+    s = summary(out)
+    rows = {(r["mode"], r["method"]): r for r in s["results"]}
+    d2 = rows[("ddtree-2", "replay")]["per_position"]
+    t.check(all(v is not None for v in d2[:2]) and all(v is None for v in d2[2:]),
+            f"summary.json: ddtree-2 positions past 2 are null: {d2}")
+    t.check(all(v is not None for v in rows[("chain", "replay")]["per_position"]), "chain proposes every position")
+    md = open(os.path.join(out, "summary.md")).read()
+    row = [ln for ln in md.splitlines() if ln.startswith("| ") and "| ddtree-2 |" in ln][-1]
+    cells = [c.strip() for c in row.strip("|").split("|")][2:]
+    t.check(len(cells) == 7 and cells[2:] == ["–"] * 5 and all(re.fullmatch(r"[0-9.]+", c) for c in cells[:2]),
+            f"summary.md per-position row: {row}")
+    root = ET.parse(os.path.join(out, "per_position.svg")).getroot()
+    legends = [e.text for e in root.iter(ns + "text") if e.get("class") == "legend"]
+    lines_ = root.findall(f".//{ns}polyline")
+    t.check(len(lines_) == len(legends), "a line per legend entry")
+    for leg, pl in zip(legends, lines_):
+        npts = len(pl.get("points").split())
+        want = 2 if leg.endswith("ddtree-2") else 4 if leg.endswith("ddtree-4") else 7
+        t.check(npts == want, f"per_position.svg: {leg}: {npts} points, want {want} (no never-proposed positions)")
+
+
 def resume(base):
     out = os.path.join(tmp, "resume")
     os.makedirs(out)
@@ -202,6 +244,7 @@ except Exception as e:  # noqa: BLE001
 if base:
     t.run(resume, base)
     t.run(shards, base)
+t.run(plots)
 t.run(mtbench)
 t.run(reference_file)
 t.run(reference_url)

@@ -9,6 +9,8 @@
 - stop strings end the text right before them (finish_reason "stop");
 - /tokenize and /detokenize round trip and agree with `dfl tokenize`;
 - /metrics counters (HTTP by endpoint and status, vllm:spec_decode_*) increase as they should;
+  every family parses cleanly with prometheus_client (counters typed under their _total names,
+  no untyped leftovers), and vLLM's latency histograms count the requests made;
 - bad requests get the documented status and a JSON error naming the field (400, 404, 405,
   413, 503 when the queue is full);
 - a client disconnecting mid-stream cancels its generation and leaves the server healthy;
@@ -314,6 +316,69 @@ def stops_tokenize_metrics():
         t.check(srv.stop() == 0, "server exit status")
 
 
+def prometheus():
+    """/metrics parsed by prometheus_client's own parser: every family has its declared type
+    (no 'unknown' family split off a counter), every counter sample ends in _total, and the
+    time-to-first-token / inter-token / end-to-end histograms count the requests made."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    srv = Server(TINY, D3, "--model-name", 'tiny "q"\\3')
+    try:
+        n_req = 0
+        for body in ({"prompt": PROMPTS[0], "max_tokens": 12, "temperature": 0, "ignore_eos": True},
+                     {"prompt": PROMPTS[1], "max_tokens": 9, "temperature": 0, "ignore_eos": True, "stream": True}):
+            st, _ = srv.request("/v1/completions", body)
+            n_req += st == 200
+        st, _ = srv.json("/generate", {"text": PROMPTS[1], "sampling_params": {"max_new_tokens": 7,
+                                                                             "temperature": 0, "ignore_eos": True}})
+        n_req += st == 200
+        t.check(n_req == 3, f"3 requests answered 200: {n_req}")
+        st, text = srv.request("/metrics")
+        fams = {f.name: f for f in text_string_to_metric_families(text)}
+        want = {"dfl_http_requests": "counter", "dfl_requests_cancelled": "counter", "dfl_queue_capacity": "gauge",
+                "dfl_spec_decode_rounds": "counter", "vllm:num_requests_running": "gauge",
+                "vllm:num_requests_waiting": "gauge", "vllm:request_success": "counter",
+                "vllm:prompt_tokens": "counter", "vllm:generation_tokens": "counter",
+                "vllm:spec_decode_num_drafts": "counter", "vllm:spec_decode_num_draft_tokens": "counter",
+                "vllm:spec_decode_num_accepted_tokens": "counter",
+                "vllm:spec_decode_num_accepted_tokens_per_pos": "counter",
+                "vllm:time_to_first_token_seconds": "histogram", "vllm:inter_token_latency_seconds": "histogram",
+                "vllm:e2e_request_latency_seconds": "histogram"}
+        got = {n: f.type for n, f in fams.items()}
+        t.check(got == want, f"families and types: {got}")
+        for n, f in fams.items():
+            t.check(len(f.samples) > 0, f"{n}: has samples")
+            if f.type == "counter":
+                t.check(all(x.name == n + "_total" for x in f.samples), f"{n}: samples named {n}_total")
+            if n.startswith("vllm:"):
+                t.check(all(x.labels.get("model_name") == 'tiny "q"\\3' for x in f.samples),
+                        f"{n}: model_name label escaped and parsed back")
+        val = {n: sum(x.value for x in f.samples) for n, f in fams.items() if f.type in ("counter", "gauge")}
+        t.check(val["vllm:request_success"] == 3 and val["vllm:generation_tokens"] == 12 + 9 + 7,
+                f"counters: {val}")
+
+        def hist(name):
+            f = fams[name]
+            b = [(x.labels["le"], x.value) for x in f.samples if x.name == name + "_bucket"]
+            cnt = [x.value for x in f.samples if x.name == name + "_count"][0]
+            tot = [x.value for x in f.samples if x.name == name + "_sum"][0]
+            vals = [v for _, v in b]
+            t.check(b[-1][0] == "+Inf" and b[-1][1] == cnt and vals == sorted(vals) and len(b) > 10,
+                    f"{name}: cumulative buckets ending at +Inf = count: {b}")
+            return cnt, tot
+
+        c, s_ = hist("vllm:time_to_first_token_seconds")
+        t.check(c == 3 and s_ > 0, f"ttft counts the 3 requests: {c}, sum {s_}")
+        c, s_ = hist("vllm:e2e_request_latency_seconds")
+        t.check(c == 3 and s_ > 0, f"e2e counts the 3 requests: {c}, sum {s_}")
+        c, s_ = hist("vllm:inter_token_latency_seconds")
+        rounds = val["dfl_spec_decode_rounds"]
+        # an interval per engine output after the first: at most one per round of each request
+        t.check(3 <= c <= rounds and s_ > 0, f"inter-token latency: {c} intervals, {rounds} rounds")
+    finally:
+        t.check(srv.stop() == 0, "server exit status")
+
+
 def stream_until(srv, body, nbytes):
     """Start a streamed request with curl; return the process once nbytes arrived."""
     p = subprocess.Popen(["curl", "-sS", "-N", "-H", "Content-Type: application/json", "--data-binary",
@@ -389,5 +454,6 @@ t.run(outputs_match, TINY, D3)
 t.run(outputs_match, TINY, None)
 t.run(outputs_match, VLM, D35)
 t.run(stops_tokenize_metrics)
+t.run(prometheus)
 t.run(queue_disconnect_sigterm)
 t.done()
