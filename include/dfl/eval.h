@@ -139,6 +139,7 @@ typedef struct eval_opts {
     int budgets[EVAL_MAX_MODES], n_modes; /* 0 = chain, N = DDTree-N */
     double temperature;
     long seed;
+    int accept_rule;             /* dfl_accept_rule: at temperature > 0 (online) */
     const char *out;
     const char *reference, *reference_url;
     /* online: every drafter x mode runs the speculative loop on the target after an autoregressive

@@ -31,12 +31,25 @@ typedef struct dfl_draft_if {
 /* Wrap a DFlash drafter state. */
 dfl_draft_if spec_dflash_drafter(dfl_dstate *ds);
 
+/* Acceptance at temperature > 0 (both lossless: every committed token is distributed as the
+ * target's sample): DFL_ACCEPT_PQ, speculative sampling — drafts sampled from the drafter's q,
+ * accepted with min(1, p/q), the first rejection resampled from norm(max(0, p - q));
+ * DFL_ACCEPT_MATCH, z-lab's reference loop — greedy drafts, each position's token sampled from
+ * the target's p, drafts accepted while they equal it, the first sample that differs is the
+ * bonus. At temperature 0 both are greedy verification. */
+typedef enum dfl_accept_rule { DFL_ACCEPT_PQ = 0, DFL_ACCEPT_MATCH = 1 } dfl_accept_rule;
+
+/* "pq" / "match"; parse: -1 if neither. */
+const char *spec_accept_rule_name(dfl_accept_rule r);
+int spec_accept_rule_parse(const char *s);
+
 typedef struct dfl_gen_opts {
     int max_new;        /* tokens to generate at most */
     int block;          /* block size B (verification width); ignored without a drafter */
     int tree_budget;    /* 0 = chain verification; N > 0 = DDTree with N draft nodes (greedy only) */
     float temperature;  /* 0 = greedy */
     uint64_t seed;      /* sampling seed */
+    dfl_accept_rule accept_rule; /* temperature > 0: how drafts are accepted */
     int ignore_eos;
     /* At temperature 0, after an eos stop: write the target's greedy continuation past the eos,
      * up to `extend` tokens (and max_new in all), to out[generated..] (not streamed, not in the
@@ -44,8 +57,8 @@ typedef struct dfl_gen_opts {
      * replay evaluation needs these tokens to score the last round exactly. */
     int extend;
     /* Optional: called after each verification round with the verified block [bs] at position
-     * start, the drafter's output [bs-1, V] (logits when greedy, its sampling probabilities when
-     * temperature > 0; NULL for a plain decode step) and the accepted draft count. */
+     * start, the drafter's output [bs-1, V] (its sampling probabilities with DFL_ACCEPT_PQ at
+     * temperature > 0, else its logits; NULL for a plain decode step) and the accepted draft count. */
     void (*on_round)(void *ud, int start, const int32_t *block, int bs, const float *draft, int V, int accepted);
     void *on_round_ud;
 } dfl_gen_opts;
@@ -61,6 +74,7 @@ typedef struct dfl_gen_stats {
     long pos_accepted[DFL_MAX_BLOCK];      /* ... and accepted */
     int max_block;
     const char *stop;       /* "eos" or "max_new" */
+    const char *accept_rule; /* "greedy" (temperature 0), "pq" or "match" */
     double t_prefill, t_decode, t_draft, t_verify, t_rollback;
     int ctx_check_failures; /* rounds where the drafter's context length != committed length */
     long tree_nodes;        /* DDTree: draft nodes verified over all rounds */

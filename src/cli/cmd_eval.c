@@ -74,7 +74,10 @@ static const char *usage_text =
     "  --online              run every drafter x mode on the target (after an autoregressive run that\n"
     "                        gives the truth; every output checked against it at temperature 0)\n"
     "  --temperature X       sampling temperature (default 0; > 0 needs --online, skips the check)\n"
-    "  --seed S              sampling seed (default 0)\n";
+    "  --seed S              sampling seed (default 0)\n"
+    "  --accept-rule R       at --temperature > 0: pq = speculative sampling (accept with min(1, p/q),\n"
+    "                        residual; default) or match = z-lab's reference loop (greedy drafts kept\n"
+    "                        while they equal the target's sample); both lossless, tau differs\n";
 
 /* Progress on stderr: a bar with ETA on a terminal, plain lines otherwise. */
 typedef struct progress {
@@ -172,6 +175,10 @@ static int parse_args(eval_opts *o, int *save_layers, const char **progress_mode
             else if (parse_list(a, s, save_layers, EVAL_MAX_FEAT_LAYERS, EVAL_MAX_FEAT_LAYERS - 1, &o->n_save_layers))
                 return 2;
             o->save_layers = save_layers;
+        } else if (strcmp(a, "--accept-rule") == 0) {
+            const char *v = cli_value(argc, argv, &i);
+            if ((o->accept_rule = spec_accept_rule_parse(v)) < 0)
+                return cli_usage_error("eval", "--accept-rule: expected pq or match, found '%s'", v);
         } else if (strcmp(a, "--temperature") == 0) {
             if (cli_parse_double("eval", a, cli_value(argc, argv, &i), &o->temperature)) return 2;
             if (!(o->temperature >= 0)) return cli_usage_error("eval", "--temperature must be >= 0");

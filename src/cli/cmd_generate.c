@@ -14,7 +14,7 @@
 
 static const char *usage_text =
     "usage: dfl generate --target DIR (--prompt STR | --prompt-file F | --prompt-ids IDS)\n"
-    "                    [--drafter DIR [--block-size B] [--tree-budget N]] [--temperature X --seed S]\n"
+    "                    [--drafter DIR [--block-size B] [--tree-budget N]] [--temperature X --seed S [--accept-rule pq|match]]\n"
     "                    [--max-new N] [--chat MODE] [--tokenizer PATH] [--max-context N] [--ignore-eos]\n"
     "                    [--json] [--dump-drafts F] [--check-weights]\n"
     "\n"
@@ -32,6 +32,10 @@ static const char *usage_text =
     "                      draft prefixes as a tree in one forward (greedy only; N <= 256)\n"
     "  --temperature X     0 = greedy (default); > 0 samples (speculative sampling with a drafter)\n"
     "  --seed S            sampling seed (default 0)\n"
+    "  --accept-rule R     temperature > 0 with a drafter: pq = speculative sampling (drafts sampled\n"
+    "                      from the drafter, accepted with min(1, p/q); default), match = z-lab's\n"
+    "                      reference loop (greedy drafts kept while they equal the target's sample);\n"
+    "                      both lossless\n"
     "  --max-new N         tokens to generate at most (default 128)\n"
     "  --max-context N     positions to allocate caches for (default prompt + max-new)\n"
     "  --ignore-eos        do not stop at eos ids\n"
@@ -158,6 +162,7 @@ static void print_stats_json(const dfl_gen_stats *st, const rounds_log *rl, cons
            (gen - 1) / (st->t_decode > 0 ? st->t_decode : 1e-9), (unsigned long long)m->weight_bytes,
            (unsigned long long)state_bytes, max_ctx);
     if (drafting) {
+        printf(", \"accept_rule\": \"%s\"", st->accept_rule);
         printf(", \"block_size\": %d, \"rounds\": %d, \"drafted\": %ld, \"accepted\": %ld, \"tau\": %.6f, "
                "\"tau_token_weighted\": %.6f, \"draft_s\": %.6f, \"verify_s\": %.6f, \"rollback_s\": %.6f, "
                "\"per_position\": [",
@@ -181,6 +186,7 @@ int cmd_generate(int argc, char **argv) {
     cli_prompt pr = {0};
     long max_new = 128, max_ctx = 0, block = 0, seed = 0, budget = 0;
     double temperature = 0;
+    int accept_rule = DFL_ACCEPT_PQ;
     int json = 0, check = 0, ignore_eos = 0;
     for (int i = 1; i < argc; i++) {
         int r = cli_prompt_option("generate", &pr, argc, argv, &i);
@@ -202,6 +208,10 @@ int cmd_generate(int argc, char **argv) {
         } else if (strcmp(argv[i], "--temperature") == 0) {
             if (cli_parse_double("generate", "--temperature", cli_value(argc, argv, &i), &temperature)) return 2;
             if (temperature < 0) return cli_usage_error("generate", "--temperature must be >= 0");
+        } else if (strcmp(argv[i], "--accept-rule") == 0) {
+            const char *v = cli_value(argc, argv, &i);
+            if ((accept_rule = spec_accept_rule_parse(v)) < 0)
+                return cli_usage_error("generate", "--accept-rule: expected pq or match, found '%s'", v);
         } else if (strcmp(argv[i], "--seed") == 0) {
             if (cli_parse_long("generate", "--seed", cli_value(argc, argv, &i), 0, 0x7fffffffffffffffL, &seed))
                 return 2;
@@ -307,7 +317,8 @@ int cmd_generate(int argc, char **argv) {
     dfl_draft_if dif;
     if (have_ds) dif = spec_dflash_drafter(&ds);
     dfl_gen_opts o = {.max_new = (int)max_new, .block = (int)block, .temperature = (float)temperature,
-                      .seed = (uint64_t)seed, .ignore_eos = ignore_eos, .tree_budget = (int)budget};
+                      .seed = (uint64_t)seed, .ignore_eos = ignore_eos, .tree_budget = (int)budget,
+                      .accept_rule = (dfl_accept_rule)accept_rule};
     rounds_log rl = {.keep_drafts = dump_path != NULL, .tree_budget = (int)budget};
     if (have_ds) o.on_round = on_round, o.on_round_ud = &rl;
     int32_t *out = malloc((size_t)max_new * sizeof(int32_t));

@@ -319,7 +319,8 @@ static int check_reference(run *r, const char *pid, int turn, const int32_t *pro
 static int unit_online(run *r, const char *pid, int turn, const int32_t *pids, int np, int32_t *truth, int *n_truth,
                        int32_t *out, double *last_tau) {
     const eval_opts *o = r->o;
-    dfl_gen_opts go = {.max_new = r->max_new, .temperature = (float)o->temperature, .seed = (uint64_t)o->seed};
+    dfl_gen_opts go = {.max_new = r->max_new, .temperature = (float)o->temperature, .seed = (uint64_t)o->seed,
+                       .accept_rule = (dfl_accept_rule)o->accept_rule};
     dfl_gen_stats gs;
     int k = done_find(&r->done, pid, turn, "", "ar", "online", "dfl");
     if (k >= 0 && r->done.ids[k]) {
@@ -831,7 +832,9 @@ static int write_summary(run *r) {
     }
     fprintf(x, ", \"feature_layers\": [");
     for (int i = 0; i < r->n_layers; i++) fprintf(x, "%s%d", i ? ", " : "", r->layers[i]);
-    fprintf(x, "], \"max_new\": %d, \"chat\": \"%s\", \"temperature\": %g, \"seed\": %ld, \"shard\": \"%d/%d\", "
+    fprintf(x, "], \"accept_rule\": \"%s\"",
+            o->temperature > 0 ? spec_accept_rule_name((dfl_accept_rule)o->accept_rule) : "greedy");
+    fprintf(x, ", \"max_new\": %d, \"chat\": \"%s\", \"temperature\": %g, \"seed\": %ld, \"shard\": \"%d/%d\", "
                "\"threads\": %d, \"weight_bytes\": %llu, \"state_bytes\": %llu, \"peak_rss_bytes\": %ld, "
                "\"bad_prompt_lines\": [",
             r->max_new, o->chat == DFL_CHAT_NONE ? "none" : o->chat == DFL_CHAT_CHATML ? "chatml" : "chatml-nothink",

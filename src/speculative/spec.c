@@ -171,6 +171,14 @@ static int tree_round(dfl_state *s, dfl_draft_if *dr, dfl_tree *tree, int N, int
     return DFL_OK;
 }
 
+const char *spec_accept_rule_name(dfl_accept_rule r) { return r == DFL_ACCEPT_MATCH ? "match" : "pq"; }
+
+int spec_accept_rule_parse(const char *s) {
+    if (strcmp(s, "pq") == 0) return DFL_ACCEPT_PQ;
+    if (strcmp(s, "match") == 0) return DFL_ACCEPT_MATCH;
+    return -1;
+}
+
 int spec_generate(dfl_state *s, dfl_draft_if *dr, const int32_t *prompt, int n_prompt, const dfl_gen_opts *o,
                   int32_t *out, dfl_gen_stats *st, dfl_token_cb cb, void *ud) {
     const dfl_model *m = s->m;
@@ -180,6 +188,7 @@ int spec_generate(dfl_state *s, dfl_draft_if *dr, const int32_t *prompt, int n_p
     st->prompt_tokens = n_prompt;
     st->max_block = B;
     st->stop = "max_new";
+    st->accept_rule = o->temperature > 0 ? spec_accept_rule_name(o->accept_rule) : "greedy";
     if (o->max_new < 1) return dfl_seterr("max_new must be >= 1");
     /* a round verifies at most the tokens max_new leaves: a short run needs no batch of a full block */
     if (dr && (B < 2 || B > DFL_MAX_BLOCK || (B < o->max_new ? B : o->max_new) > s->max_batch))
@@ -272,7 +281,7 @@ int spec_generate(dfl_state *s, dfl_draft_if *dr, const int32_t *prompt, int n_p
         block[0] = anchor;
         for (int k = 1; k < bs; k++) {
             float *q = dlogits + (size_t)(k - 1) * V;
-            if (o->temperature > 0) {
+            if (o->temperature > 0 && o->accept_rule == DFL_ACCEPT_PQ) {
                 softmax_t(q, q, V, o->temperature); /* keep q_k for the acceptance test */
                 block[k] = sample(q, V, &rng);
             } else {
@@ -291,6 +300,12 @@ int spec_generate(dfl_state *s, dfl_draft_if *dr, const int32_t *prompt, int n_p
         if (o->temperature <= 0) {
             while (a < bs - 1 && block[a + 1] == kn_argmax(logits + (size_t)a * V, V)) a++;
             bonus = kn_argmax(logits + (size_t)a * V, V);
+        } else if (o->accept_rule == DFL_ACCEPT_MATCH) {
+            for (;; a++) { /* the target samples each position; greedy drafts are kept while they agree */
+                softmax_t(probs, logits + (size_t)a * V, V, o->temperature);
+                bonus = sample(probs, V, &rng);
+                if (a == bs - 1 || bonus != block[a + 1]) break;
+            }
         } else {
             bonus = -1;
             for (; a < bs - 1; a++) {

@@ -244,7 +244,33 @@ except Exception as e:  # noqa: BLE001
 if base:
     t.run(resume, base)
     t.run(shards, base)
+def accept_rules():
+    """Temperature > 0: both acceptance rules run, summary.json says which was used, and tau differs
+    as expected: on the embedded pair the drafter's q is close to the target's p, so speculative
+    sampling (accepts with probability sum min(p, q) = 1 - TV(p, q)) keeps more drafts than the match
+    rule (a greedy draft survives only when the target's sample equals it: max p). Seeded: the same
+    numbers every run. Losslessness in distribution is unit.test_spec's chi-square."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    et, ed = os.path.join(root, "models", "target"), os.path.join(root, "models", "drafter")
+    prompts = os.path.join(root, "data", "gsm8k_test_40.jsonl")
+    tau = {}
+    for rule in ("pq", "match"):
+        out = os.path.join(tmp, f"rule-{rule}")
+        dfl("eval", "--online", "--target", et, "--drafter", ed, "--prompts", prompts, "--limit", 6, "--max-new", 128,
+            "--temperature", 1, "--seed", 5, "--accept-rule", rule, "--out", out, "--progress", "none")
+        s = summary(out)
+        t.check(s["run"]["accept_rule"] == rule, f"summary.json run.accept_rule {s['run'].get('accept_rule')} != {rule}")
+        tau[rule] = [r["tau_token_weighted"] for r in s["results"] if r["mode"] == "chain"][0]
+    t.check(tau["pq"] > tau["match"], f"T=1: tau pq {tau['pq']:.3f} should exceed match {tau['match']:.3f}")
+    s = summary(os.path.join(tmp, "basic")) if os.path.isdir(os.path.join(tmp, "basic")) else None
+    t.check(s is None or s["run"]["accept_rule"] == "greedy", "temperature 0: accept_rule greedy")
+    p = dfl("eval", "--target", et, "--drafter", ed, "--prompts", prompts, "--accept-rule", "maybe", "--out",
+            os.path.join(tmp, "rule-bad"), check=False)
+    t.check(p.returncode == 2 and "--accept-rule" in p.stderr, f"--accept-rule maybe: {p.stderr[-200:]}")
+
+
 t.run(plots)
+t.run(accept_rules)
 t.run(mtbench)
 t.run(reference_file)
 t.run(reference_url)

@@ -149,6 +149,13 @@ static void sampling(const char *target, const char *drafter) {
     const int V = m.cfg.vocab, K = 3, RUNS = 1000;
     int *cnt_ar = calloc((size_t)K * V, sizeof(int)), *cnt_sp = calloc((size_t)K * V, sizeof(int));
     int *cnt_or = calloc((size_t)K * V, sizeof(int));
+    /* the match rule (greedy drafts kept while they equal the target's sample): the random drafter
+     * (its greedy drafts are rejected: every token is the target's sample), and at a low
+     * temperature, where the target's samples follow its greedy tokens, the oracle proposing those
+     * (drafts accepted: the acceptance path), each against autoregressive sampling at that T */
+    int *cnt_md = calloc((size_t)K * V, sizeof(int)), *cnt_mo = calloc((size_t)K * V, sizeof(int));
+    int *cnt_cool = calloc((size_t)K * V, sizeof(int));
+    long acc_match = 0;
     dfl_state s;
     CHECK(state_init(&s, &m, NP + K + 16, 16, 1) == DFL_OK, "state: %s", dfl_errmsg());
     dfl_dstate ds;
@@ -177,6 +184,26 @@ static void sampling(const char *target, const char *drafter) {
         state_reset(&s);
         spec_generate(&s, &odif, prompt, NP, &o, out, &st, NULL, NULL);
         for (int k = 0; k < K; k++) cnt_or[k * V + out[k]]++;
+        dfl_gen_opts om = o;
+        om.accept_rule = DFL_ACCEPT_MATCH;
+        om.seed = 7000000 + (uint64_t)r;
+        state_reset(&s);
+        dstate_reset(&ds);
+        dif = spec_dflash_drafter(&ds);
+        CHECK(spec_generate(&s, &dif, prompt, NP, &om, out, &st, NULL, NULL) == DFL_OK && !strcmp(st.accept_rule, "match"),
+              "match sample: %s", dfl_errmsg());
+        for (int k = 0; k < K; k++) cnt_md[k * V + out[k]]++;
+        om.temperature = 0.3f;
+        om.seed = 8000000 + (uint64_t)r;
+        orc = (oracle){.truth = truth, .n_prompt = NP, .V = V, .round = 0}; /* round 0: no draft corrupted */
+        state_reset(&s);
+        spec_generate(&s, &odif, prompt, NP, &om, out, &st, NULL, NULL);
+        for (int k = 0; k < K; k++) cnt_mo[k * V + out[k]]++;
+        acc_match += st.accepted;
+        om.seed = 9000000 + (uint64_t)r;
+        state_reset(&s);
+        spec_generate(&s, NULL, prompt, NP, &om, out, &st, NULL, NULL);
+        for (int k = 0; k < K; k++) cnt_cool[k * V + out[k]]++;
     }
     for (int k = 0; k < K; k++) {
         double stat;
@@ -187,7 +214,15 @@ static void sampling(const char *target, const char *drafter) {
         CHECK(homogeneous(cnt_ar + k * V, cnt_or + k * V, V, RUNS, &stat, &df),
               "%s: sampled token %d: oracle-drafted distribution differs (chi2 %.1f, df %d, crit %.1f)", target, k,
               stat, df, chi2_crit(df));
+        CHECK(homogeneous(cnt_ar + k * V, cnt_md + k * V, V, RUNS, &stat, &df),
+              "%s: sampled token %d: match rule, drafter: distribution differs (chi2 %.1f, df %d, crit %.1f)", target,
+              k, stat, df, chi2_crit(df));
+        CHECK(homogeneous(cnt_cool + k * V, cnt_mo + k * V, V, RUNS, &stat, &df),
+              "%s: sampled token %d: match rule, oracle, T 0.3: distribution differs (chi2 %.1f, df %d, crit %.1f)",
+              target, k, stat, df, chi2_crit(df));
     }
+    CHECK(acc_match > RUNS / 10, "%s: match rule: the oracle's drafts were accepted in %ld of %d runs: the acceptance "
+          "path is not exercised", target, acc_match, RUNS);
     /* a wrong distribution must be caught: the same counts against temperature 0.5 */
     int *cnt_cold = calloc((size_t)V, sizeof(int));
     for (int r = 0; r < RUNS; r++) {
@@ -209,7 +244,7 @@ static void sampling(const char *target, const char *drafter) {
         spec_generate(&s, &dif, prompt, NP, &o, rep ? o2 : o1, &st, NULL, NULL);
     }
     CHECK(memcmp(o1, o2, sizeof o1) == 0, "%s: same seed gave different samples", target);
-    free(cnt_ar), free(cnt_sp), free(cnt_or), free(cnt_cold);
+    free(cnt_ar), free(cnt_sp), free(cnt_or), free(cnt_cold), free(cnt_md), free(cnt_mo), free(cnt_cool);
     dstate_free(&ds);
     state_free(&s);
     drafter_close(&d);
