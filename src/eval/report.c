@@ -165,6 +165,7 @@ static const eval_agg *widest_spread(const eval_summary *s, int modeled, double 
 
 /* "How to read this": what a drafter author should conclude, in this run's own numbers. */
 static void write_howto(FILE *f, const eval_summary *s, const char **dr, int nd) {
+    if (s->n_agg < 2) return; /* no drafter rows */
     fprintf(f, "## How to read this\n\n");
     /* 1. the two tau definitions: which is larger here, by how much, and why */
     int rows = 0, n_mean = 0, n_tw = 0;
@@ -264,7 +265,8 @@ static void write_howto(FILE *f, const eval_summary *s, const char **dr, int nd)
     const eval_agg *w;
     if (any_measured) {
         fprintf(f, "- **Measured speedups** (online rows) are ratios of wall-clock times: on a loaded machine they "
-                   "move between repeated runs. ");
+                   "move between repeated runs%s. ",
+                any_modeled ? "" : " (a replay's modeled speedups do not move with load this way)");
         if ((w = widest_spread(s, 0, q)))
             fprintf(f, "Per response (AR time per token of the same prompt / this time per token) they spread "
                        "here from %.2fx (p10) to %.2fx (p90), median %.2fx, for %s %s, the widest; each row's "
