@@ -93,6 +93,10 @@ typedef struct eval_agg {
     long accept_hist[DFL_MAX_BLOCK + 1];
     long pos_drafted[DFL_MAX_BLOCK], pos_accepted[DFL_MAX_BLOCK];
     double *taus;        /* per-response tau, for the histogram */
+    double *speedups;    /* per-response measured speedup (online rows with the AR row of the same prompt/turn) */
+    int n_speedups;
+    double *speedups_modeled; /* per-response modeled speedup (rows with modeled times) */
+    int n_speedups_modeled;
 } eval_agg;
 
 typedef struct eval_summary {
@@ -109,6 +113,9 @@ double eval_agg_tau(const eval_agg *a);        /* mean of per-response tau (z-la
 double eval_agg_tau_tokens(const eval_agg *a); /* token-weighted: (tokens - responses) / rounds */
 double eval_agg_speedup(const eval_agg *a);    /* AR time per token / this time per token (measured); 0: n/a */
 double eval_agg_speedup_modeled(const eval_agg *a); /* the same from modeled times; 0: n/a */
+/* The 10th, 50th and 90th percentiles of v[0..n) (linear interpolation between order statistics,
+ * as numpy's default) into q[3]; 0 when n >= 2, -1 (no spread) otherwise. */
+int eval_spread(const double *v, int n, double q[3]);
 
 /* Reports into dir: summary.json (extra: a JSON object's members to merge in, or NULL),
  * summary.md, per_position.svg, tau_hist.svg, and tau_budget.svg when DDTree modes ran. */

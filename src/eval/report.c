@@ -48,6 +48,13 @@ static int max_proposed(const eval_summary *s) {
     return m;
 }
 
+/* {"responses": n, "p10": .., "p50": .., "p90": ..} of per-response speedups; null under 2 responses */
+static void json_spread(FILE *f, const double *v, int n) {
+    double q[3];
+    if (eval_spread(v, n, q)) fprintf(f, "null");
+    else fprintf(f, "{\"responses\": %d, \"p10\": %.4f, \"p50\": %.4f, \"p90\": %.4f}", n, q[0], q[1], q[2]);
+}
+
 static int write_json(const eval_summary *s, const char *path, const char *extra) {
     FILE *f = fopen(path, "w");
     if (!f) return dfl_seterr("%s: cannot create", path);
@@ -66,6 +73,9 @@ static int write_json(const eval_summary *s, const char *path, const char *extra
                "this run plus, per round, the target's verification cost for that many tokens (or that tree budget) "
                "measured in this run; the autoregressive side is one measured decode step per token. A model, not a "
                "measurement\",\n"
+               "    \"speedup_spread\": \"10th, 50th and 90th percentile over responses of the per-response measured "
+               "speedup (AR decode time per token of that prompt and turn / this row's decode time per token); null "
+               "under 2 responses. speedup_modeled_spread: the same of modeled speedups\",\n"
                "    \"method\": \"online: the speculative loop ran on the target; replay: the drafter alone on the "
                "recorded target truth and features (exact at temperature 0: same rounds as online)\"\n"
                "  },\n");
@@ -101,7 +111,11 @@ static int write_json(const eval_summary *s, const char *path, const char *extra
         }
         fprintf(f, "], \"accept_hist\": [");
         for (int b = 0; b < a->max_block; b++) fprintf(f, "%s%ld", b ? ", " : "", a->accept_hist[b]);
-        fprintf(f, "]}");
+        fprintf(f, "], \"speedup_spread\": ");
+        json_spread(f, a->speedups, a->n_speedups);
+        fprintf(f, ", \"speedup_modeled_spread\": ");
+        json_spread(f, a->speedups_modeled, a->n_speedups_modeled);
+        fprintf(f, "}");
     }
     fprintf(f, "\n  ]%s%s\n}\n", extra && *extra ? ",\n  " : "", extra ? extra : "");
     return fclose(f) == 0 ? DFL_OK : dfl_seterr("%s: write error: %s", path, strerror(errno));
@@ -125,6 +139,155 @@ static const eval_agg *find(const eval_summary *s, const char *drafter, const ch
     return NULL;
 }
 
+/* The budget of a DDTree mode, 0 for any other mode. */
+static int tree_budget(const eval_agg *a) { return strncmp(a->mode, "ddtree-", 7) == 0 ? atoi(a->mode + 7) : 0; }
+
+/* " (p10–p90)" of per-response speedups after a table cell's aggregate; nothing under 2 responses. */
+static void md_spread(FILE *f, const double *v, int n) {
+    double q[3];
+    if (eval_spread(v, n, q) == 0) fprintf(f, " (%.2f–%.2f)", q[0], q[2]);
+}
+
+/* The row whose per-response speedups spread most (p90 - p10); NULL when none has 2 responses. */
+static const eval_agg *widest_spread(const eval_summary *s, int modeled, double q[3]) {
+    const eval_agg *w = NULL;
+    double best = -1, t[3];
+    for (int k = 1; k < s->n_agg; k++) {
+        const eval_agg *a = &s->agg[k];
+        if (eval_spread(modeled ? a->speedups_modeled : a->speedups, modeled ? a->n_speedups_modeled : a->n_speedups,
+                        t) == 0 && t[2] - t[0] > best) {
+            best = t[2] - t[0], w = a;
+            memcpy(q, t, sizeof t);
+        }
+    }
+    return w;
+}
+
+/* "How to read this": what a drafter author should conclude, in this run's own numbers. */
+static void write_howto(FILE *f, const eval_summary *s, const char **dr, int nd) {
+    if (s->n_agg < 2) return; /* no drafter rows */
+    fprintf(f, "## How to read this\n\n");
+    /* 1. the two tau definitions: which is larger here, by how much, and why */
+    int rows = 0, n_mean = 0, n_tw = 0;
+    const eval_agg *gap = NULL;
+    double gmax = -1;
+    for (int k = 1; k < s->n_agg; k++) {
+        const eval_agg *a = &s->agg[k];
+        if (!a->rounds) continue;
+        const double d = eval_agg_tau(a) - eval_agg_tau_tokens(a);
+        rows++;
+        n_mean += d > 0.0005;
+        n_tw += d < -0.0005;
+        if (fabs(d) > gmax) gmax = fabs(d), gap = a;
+    }
+    if (rows) {
+        fprintf(f, "- **Which τ to quote.** τ (mean over responses of per-response (tokens − 1) / rounds) is z-lab's "
+                   "dataset τ, the number model cards quote; token-weighted τ (Σ(tokens − 1) / Σ rounds) is what "
+                   "throughput follows. ");
+        if (n_mean == rows) fprintf(f, "Here τ is larger than token-weighted τ in every row");
+        else if (n_tw == rows) fprintf(f, "Here token-weighted τ is larger than τ in every row");
+        else if (!n_mean && !n_tw) fprintf(f, "Here the two agree in every row (to 0.001)");
+        else fprintf(f, "Here τ is larger in %d of %d rows, token-weighted τ in %d", n_mean, rows, n_tw);
+        if (n_mean || n_tw) {
+            const double t = eval_agg_tau(gap), w = eval_agg_tau_tokens(gap);
+            fprintf(f, "; the largest gap: %s %s, τ %.3f vs token-weighted %.3f (%+.3f, %+.1f%%)", gap->label,
+                    gap->mode, t, w, t - w, w > 0 ? 100.0 * (t - w) / w : 0.0);
+        }
+        if (n_mean >= n_tw && n_mean)
+            fprintf(f, ". The mean gives every response the same weight whatever its length, so short responses "
+                       "(few rounds) with a high τ weigh more in it than in the token-weighted τ, which counts each response by "
+                       "its rounds");
+        else if (n_tw)
+            fprintf(f, ". The token-weighted τ counts each response by its rounds, so long responses with a high τ "
+                       "weigh more in it than in the mean, where a short response with a low τ counts as much as a "
+                       "long one");
+        const eval_agg *v = gap ? gap : &s->agg[1];
+        fprintf(f, ". vLLM's 1 + accepted / rounds (`tau_accept` in summary.json) is %.3f for %s %s: the "
+                   "token-weighted τ but for rounds cut short by eos or --max-new.\n",
+                v->rounds ? 1.0 + (double)v->accepted / v->rounds : 0.0, v->label, v->mode);
+    }
+    /* 2. a DDTree budget below the block's drafts that trails the chain */
+    int first = 1;
+    for (int i = 0; i < nd; i++) {
+        const eval_agg *chain = find(s, dr[i], "chain");
+        if (!chain) continue;
+        const int drafts = chain->max_block - 1;
+        for (int k = 1; k < s->n_agg; k++) {
+            const eval_agg *a = &s->agg[k];
+            const int n = tree_budget(a);
+            if (strcmp(a->label, dr[i]) != 0 || n <= 0 || n >= drafts || eval_agg_tau(a) >= eval_agg_tau(chain) - 0.0005)
+                continue;
+            if (first)
+                fprintf(f, "- **A DDTree budget below the block trails the chain.** DDTree-N caps the tree at N "
+                           "nodes, so a round can never accept more than N drafts (τ ≤ N + 1), while a chain of "
+                           "block %d proposes %d: at high acceptance the small tree loses. Here:",
+                        chain->max_block, drafts);
+            fprintf(f, "%s %s %s τ %.3f (at most %d) vs chain %.3f", first ? "" : ";", a->label, a->mode,
+                    eval_agg_tau(a), n + 1, eval_agg_tau(chain));
+            first = 0;
+        }
+    }
+    if (!first) fprintf(f, ".\n");
+    /* 3. the best mode of each drafter, by tau and by speedup */
+    first = 1;
+    for (int i = 0; i < nd; i++) {
+        const eval_agg *bt = NULL, *bm = NULL, *bs = NULL;
+        int modes = 0;
+        for (int k = 1; k < s->n_agg; k++) {
+            const eval_agg *a = &s->agg[k];
+            if (strcmp(a->label, dr[i]) != 0) continue;
+            modes++;
+            if (!bt || eval_agg_tau(a) > eval_agg_tau(bt)) bt = a;
+            if (eval_agg_speedup(a) > 0 && (!bs || eval_agg_speedup(a) > eval_agg_speedup(bs))) bs = a;
+            if (eval_agg_speedup_modeled(a) > 0 && (!bm || eval_agg_speedup_modeled(a) > eval_agg_speedup_modeled(bm)))
+                bm = a;
+        }
+        if (modes < 2) continue;
+        fprintf(f, "%s%s: by τ %s", first ? "- **Best mode.** " : "; ", dr[i], bt->mode);
+        for (int k = 1; k < s->n_agg; k++) /* modes tied with the best (to the 3 decimals shown) */
+            if (&s->agg[k] != bt && strcmp(s->agg[k].label, dr[i]) == 0 &&
+                fabs(eval_agg_tau(&s->agg[k]) - eval_agg_tau(bt)) < 0.0005)
+                fprintf(f, " = %s", s->agg[k].mode);
+        fprintf(f, " (%.3f)", eval_agg_tau(bt));
+        if (bs) fprintf(f, ", by measured speedup %s (%.2fx)", bs->mode, eval_agg_speedup(bs));
+        if (bm) fprintf(f, ", by modeled speedup %s (%.2fx)", bm->mode, eval_agg_speedup_modeled(bm));
+        first = 0;
+    }
+    if (!first)
+        fprintf(f, ". More τ is not more speed when a round costs more (a bigger tree to verify, a deeper draft).\n");
+    /* 4. speedups and their spread over responses */
+    int any_measured = 0, any_modeled = 0;
+    for (int k = 1; k < s->n_agg; k++) {
+        any_measured |= eval_agg_speedup(&s->agg[k]) > 0;
+        any_modeled |= eval_agg_speedup_modeled(&s->agg[k]) > 0;
+    }
+    double q[3];
+    const eval_agg *w;
+    if (any_measured) {
+        fprintf(f, "- **Measured speedups** (online rows) are ratios of wall-clock times: on a loaded machine they "
+                   "move between repeated runs%s. ",
+                any_modeled ? "" : " (a replay's modeled speedups do not move with load this way)");
+        if ((w = widest_spread(s, 0, q)))
+            fprintf(f, "Per response (AR time per token of the same prompt / this time per token) they spread "
+                       "here from %.2fx (p10) to %.2fx (p90), median %.2fx, for %s %s, the widest; each row's "
+                       "p10–p90 is in parentheses in the speedup table (`speedup_spread` in summary.json).\n",
+                    q[0], q[2], q[1], w->label, w->mode);
+        else fprintf(f, "One response per row here: no spread.\n");
+    }
+    if (any_modeled) {
+        fprintf(f, "- **Modeled speedups** (replay) price each verification, and the autoregressive side, with "
+                   "target costs measured once at the start of the run (only the drafter's work is timed as it "
+                   "goes), so load during the run does not move them the way it moves measured ones; load during "
+                   "the cost measurement shifts them all together. ");
+        if ((w = widest_spread(s, 1, q)))
+            fprintf(f, "Their spread over responses reflects the responses, not the machine: widest %s %s, "
+                       "%.2fx–%.2fx (p10–p90), median %.2fx (`speedup_modeled_spread`).\n",
+                    w->label, w->mode, q[0], q[2], q[1]);
+        else fprintf(f, "One response per row here: no spread.\n");
+    }
+    fprintf(f, "\n");
+}
+
 static int write_md(const eval_summary *s, const char *path) {
     FILE *f = fopen(path, "w");
     if (!f) return dfl_seterr("%s: cannot create", path);
@@ -144,10 +307,13 @@ static int write_md(const eval_summary *s, const char *path) {
     }
     fprintf(f, ".%s\n\n", any_replay ? " Rows are replays (drafter-only on the recorded target truth; docs/eval.md) "
                                         "unless marked (online)." : "");
+    write_howto(f, s, dr, nd);
     static const char *const titles[] = {
         "τ (mean over responses of (tokens − 1) / rounds)", "τ token-weighted (Σ(tokens − 1) / Σ rounds)",
-        "speedup, measured (AR time per token / speculative time per token)",
-        "speedup, modeled (drafter work + per-round verification costs measured in this run)", "tokens/s",
+        "speedup, measured (AR time per token / speculative time per token; in parentheses p10–p90 over responses)",
+        "speedup, modeled (drafter work + per-round verification costs measured in this run; in parentheses p10–p90 "
+        "over responses)",
+        "tokens/s",
         "mismatches vs autoregressive"};
     for (int t = 0; t < 6; t++) {
         if ((t == 2 && !any_measured) || (t == 3 && !any_modeled) || (t == 4 && !any_measured)) continue;
@@ -168,12 +334,18 @@ static int write_md(const eval_summary *s, const char *path) {
                 case 0: fprintf(f, " %.3f |", eval_agg_tau(a)); break;
                 case 1: fprintf(f, " %.3f |", eval_agg_tau_tokens(a)); break;
                 case 2:
-                    if (eval_agg_speedup(a) > 0) fprintf(f, " %.2fx |", eval_agg_speedup(a));
-                    else fprintf(f, " – |");
+                    if (eval_agg_speedup(a) > 0) {
+                        fprintf(f, " %.2fx", eval_agg_speedup(a));
+                        md_spread(f, a->speedups, a->n_speedups);
+                        fprintf(f, " |");
+                    } else fprintf(f, " – |");
                     break;
                 case 3:
-                    if (eval_agg_speedup_modeled(a) > 0) fprintf(f, " %.2fx |", eval_agg_speedup_modeled(a));
-                    else fprintf(f, " – |");
+                    if (eval_agg_speedup_modeled(a) > 0) {
+                        fprintf(f, " %.2fx", eval_agg_speedup_modeled(a));
+                        md_spread(f, a->speedups_modeled, a->n_speedups_modeled);
+                        fprintf(f, " |");
+                    } else fprintf(f, " – |");
                     break;
                 case 4:
                     if (a->time_s > 0) fprintf(f, " %.1f |", (a->tokens - a->responses) / a->time_s);

@@ -253,11 +253,13 @@ int eval_summarize(eval_summary *s, const eval_result *res, int n) {
     int any_replay = 0;
     for (int i = 0; i < n; i++) any_replay |= strcmp(res[i].method, "replay") == 0;
     char(*seen)[300] = calloc((size_t)n + 1, sizeof *seen); /* distinct prompt/turn pairs */
+    char *dups = calloc((size_t)n + 1, 1);                    /* a later copy of an earlier response */
     int n_seen = 0;
     for (int i = 0; i < n; i++) {
         const eval_result *r = &res[i];
         int dup = 0;
         for (int j = 0; j < i && !dup; j++) dup = same_response(r, &res[j]);
+        dups[i] = (char)dup;
         if (dup) continue;
         char key[300];
         snprintf(key, sizeof key, "%d\t%s", r->turn, r->prompt_id);
@@ -288,6 +290,10 @@ int eval_summarize(eval_summary *s, const eval_result *res, int n) {
             a->modeled++;
             a->modeled_s += r->modeled_s;
             a->modeled_ar_s += r->modeled_ar_s;
+            if (k > 0 && r->modeled_s > 0 && r->modeled_ar_s > 0) {
+                a->speedups_modeled = realloc(a->speedups_modeled, (size_t)(a->n_speedups_modeled + 1) * sizeof(double));
+                a->speedups_modeled[a->n_speedups_modeled++] = r->modeled_ar_s / r->modeled_s;
+            }
         }
         a->tree_nodes += r->tree_nodes;
         a->taus = realloc(a->taus, (size_t)(a->responses + 1) * sizeof(double));
@@ -311,27 +317,39 @@ int eval_summarize(eval_summary *s, const eval_result *res, int n) {
     }
     s->n_prompts = n_seen;
     free(seen);
-    /* the autoregressive time over the same responses each drafter x mode produced (measured) */
+    /* the autoregressive time over the same responses each drafter x mode produced (measured), and
+     * per response: AR time per decoded token / this row's time per decoded token (the first token
+     * of a response comes from the prefill on both sides, as in eval_agg_speedup) */
     for (int k = 1; k < s->n_agg; k++) {
         eval_agg *a = &s->agg[k];
         if (strcmp(a->method, "online") != 0) continue;
         for (int i = 0; i < n; i++) {
             const eval_result *r = &res[i];
-            if (!same_row(a, r)) continue;
+            if (dups[i] || !same_row(a, r)) continue;
             for (int j = 0; j < n; j++)
                 if (strcmp(res[j].mode, "ar") == 0 && res[j].turn == r->turn &&
                     strcmp(res[j].prompt_id, r->prompt_id) == 0) {
-                    a->ar_time_s += res[j].time_s;
-                    a->ar_tokens += res[j].tokens;
+                    const eval_result *q = &res[j];
+                    a->ar_time_s += q->time_s;
+                    a->ar_tokens += q->tokens;
+                    if (r->tokens > 1 && q->tokens > 1 && r->time_s > 0 && q->time_s > 0) {
+                        a->speedups = realloc(a->speedups, (size_t)(a->n_speedups + 1) * sizeof(double));
+                        a->speedups[a->n_speedups++] = (q->time_s / (q->tokens - 1)) / (r->time_s / (r->tokens - 1));
+                    }
                     break;
                 }
         }
     }
+    free(dups);
     return DFL_OK;
 }
 
 void eval_summary_free(eval_summary *s) {
-    for (int k = 0; k < s->n_agg; k++) free(s->agg[k].taus);
+    for (int k = 0; k < s->n_agg; k++) {
+        free(s->agg[k].taus);
+        free(s->agg[k].speedups);
+        free(s->agg[k].speedups_modeled);
+    }
     free(s->agg);
     memset(s, 0, sizeof *s);
 }
@@ -352,4 +370,25 @@ double eval_agg_speedup(const eval_agg *a) {
     const int dec = a->tokens - a->responses, ar_dec = a->ar_tokens - a->responses;
     if (dec <= 0 || ar_dec <= 0 || a->time_s <= 0 || a->ar_time_s <= 0) return 0;
     return (a->ar_time_s / ar_dec) / (a->time_s / dec);
+}
+
+static int cmp_double(const void *x, const void *y) {
+    const double a = *(const double *)x, b = *(const double *)y;
+    return (a > b) - (a < b);
+}
+
+int eval_spread(const double *v, int n, double q[3]) {
+    if (n < 2) return -1;
+    double *c = malloc((size_t)n * sizeof *c);
+    if (!c) return -1;
+    memcpy(c, v, (size_t)n * sizeof *c);
+    qsort(c, (size_t)n, sizeof *c, cmp_double);
+    static const double at[3] = {0.1, 0.5, 0.9};
+    for (int i = 0; i < 3; i++) {
+        const double h = at[i] * (n - 1);
+        const int lo = (int)floor(h), hi = lo + 1 < n ? lo + 1 : lo;
+        q[i] = c[lo] + (h - lo) * (c[hi] - c[lo]);
+    }
+    free(c);
+    return 0;
 }

@@ -11,7 +11,7 @@ import subprocess
 import tempfile
 import xml.etree.ElementTree as ET
 
-from dfltest import DFL, SHARED, Tally, dfl, fixture
+from dfltest import DFL, SHARED, SOURCE, Tally, dfl, fixture
 
 t = Tally("eval")
 tmp = tempfile.mkdtemp(prefix="dfl-eval-")
@@ -101,6 +101,80 @@ def plots():
         npts = len(pl.get("points").split())
         want = 2 if leg.endswith("ddtree-2") else 4 if leg.endswith("ddtree-4") else 7
         t.check(npts == want, f"per_position.svg: {leg}: {npts} points, want {want} (no never-proposed positions)")
+
+
+def how_to_read():
+    """summary.md's "How to read this" section, from the run's own numbers: which τ definition is
+    larger (as the tables say), a DDTree budget below the block that trails the chain (the embedded
+    pair: ddtree-4 accepts at most 4 drafts a round, chain proposes 15), the best mode; per-response
+    speedup spreads (measured: the --check-ar recording row; modeled: the replays) ordered
+    p10 <= p50 <= p90 in summary.json and next to the aggregates in summary.md; one response: no spread."""
+    tgt, drf = os.path.join(SOURCE, "models", "target"), os.path.join(SOURCE, "models", "drafter")
+    prompts = os.path.join(SOURCE, "data", "gsm8k_test_40.jsonl")
+    out = os.path.join(tmp, "howto")
+    dfl("eval", "--target", tgt, "--drafter", drf, "--prompts", prompts, "--limit", 6, "--max-new", 64,
+        "--tree-budget", "0,4", "--check-ar", "--out", out, "--progress", "none")
+    md = open(os.path.join(out, "summary.md")).read()
+    t.check("## How to read this" in md, "summary.md has the How to read this section")
+    sec = md.split("## How to read this", 1)[-1].split("\n## ", 1)[0]
+    rows = summary(out)["results"]
+    # 1. the larger tau definition, consistent with the tables (3 decimals as printed)
+    tau = {(r["label"], r["mode"]): (round(r["tau"], 3), round(r["tau_token_weighted"], 3)) for r in rows}
+    n_mean = sum(a > b for a, b in tau.values())
+    n_tw = sum(b > a for a, b in tau.values())
+    if n_mean == len(tau):
+        want = "τ is larger than token-weighted τ in every row"
+    elif n_tw == len(tau):
+        want = "token-weighted τ is larger than τ in every row"
+    elif not n_mean and not n_tw:
+        want = "agree in every row"
+    else:
+        want = f"τ is larger in {n_mean} of {len(tau)} rows, token-weighted τ in {n_tw}"
+    t.check(want in sec, f"How to read names the larger τ ({want!r}): {sec}")
+    m = re.search(r"largest gap: (.+) (\S+), τ ([0-9.]+) vs token-weighted ([0-9.]+) \(([+-][0-9.]+),", sec)
+    t.check(m is not None, f"the largest τ gap quoted: {sec}")
+    if m:
+        label, mode, a, b = m.group(1), m.group(2), float(m.group(3)), float(m.group(4))
+        t.check(tau.get((label, mode)) == (a, b), f"quoted gap {label} {mode} {a} {b} is the table's {tau.get((label, mode))}")
+        gaps = [abs(x - y) for x, y in tau.values()]
+        t.check(abs(abs(a - b) - max(gaps)) < 0.0015, f"the quoted gap {a - b:.3f} is the largest {max(gaps):.3f}")
+        t.check(f"| {label} |" in md and f" {a:.3f} |" in md and f" {b:.3f} |" in md, "quoted τ values are in the tables")
+    t.check("tau_accept" in sec and "vLLM" in sec, "vLLM's τ is named")
+    # 2. DDTree-4 below the block (15 drafts) trails chain on this pair: flagged with its numbers
+    rr = {(r["label"], r["mode"]): r for r in rows if r["method"] == "replay"}
+    d4, ch = rr[(drf, "ddtree-4")], rr[(drf, "chain")]
+    t.check(d4["tau"] < ch["tau"], f"the embedded pair's ddtree-4 trails chain: {d4['tau']} vs {ch['tau']}")
+    t.check("budget below the block trails the chain" in sec and
+            f"{drf} ddtree-4 τ {d4['tau']:.3f} (at most 5) vs chain {ch['tau']:.3f}" in sec,
+            f"ddtree-4 trailing chain flagged with the numbers: {sec}")
+    best = max((r for r in rows if r["label"] == drf), key=lambda r: r["tau"])
+    t.check(f"{drf}: by τ {best['mode']} ({best['tau']:.3f})" in sec, f"best mode by τ named: {sec}")
+    # 3. spreads: present, ordered, next to the aggregate
+    for r in rows:
+        for key, agg in (("speedup_spread", "speedup"), ("speedup_modeled_spread", "speedup_modeled")):
+            sp = r.get(key, "absent")
+            t.check(sp != "absent", f"{r['label']} {r['mode']}: {key} present")
+            if r[agg] is None:
+                continue
+            t.check(isinstance(sp, dict) and sp["responses"] == 6 and sp["p10"] <= sp["p50"] <= sp["p90"] and sp["p10"] > 0,
+                    f"{r['label']} {r['mode']}: {key} {sp}")
+            if isinstance(sp, dict):  # the table cell, to the printed 2 decimals (JSON has 4: allow a rounding step)
+                cells = [tuple(map(float, c)) for c in re.findall(r"([0-9.]+)x \(([0-9.]+)–([0-9.]+)\)", md)]
+                t.check(any(all(abs(x - y) < 0.006 for x, y in zip(c, (r[agg], sp["p10"], sp["p90"]))) for c in cells),
+                        f"summary.md: {agg} {r[agg]} with its p10–p90 {sp}: {cells}")
+    rec = [r for r in rows if r["method"] == "online"]
+    t.check(len(rec) == 1 and rec[0]["speedup"] and rec[0]["speedup_spread"], "the --check-ar recording row: measured spread")
+    t.check("Measured speedups" in sec and "Modeled speedups" in sec and "not move them" in sec, f"speedup kinds: {sec}")
+    # one response, chain only: no spread, nothing about tree budgets
+    one = os.path.join(tmp, "howto1")
+    dfl("eval", "--target", tgt, "--drafter", drf, "--prompts", prompts, "--limit", 1, "--max-new", 32, "--check-ar",
+        "--out", one, "--progress", "none")
+    s1 = summary(one)["results"]
+    t.check(all(r["speedup_spread"] is None and r["speedup_modeled_spread"] is None for r in s1),
+            f"one response: no spread {[(r['speedup_spread'], r['speedup_modeled_spread']) for r in s1]}")
+    md1 = open(os.path.join(one, "summary.md")).read()
+    t.check("no spread" in md1 and "trails the chain" not in md1,
+            "one response: summary.md says no spread, flags no tree budget")
 
 
 def resume(base):
@@ -271,6 +345,7 @@ def accept_rules():
 
 t.run(plots)
 t.run(accept_rules)
+t.run(how_to_read)
 t.run(mtbench)
 t.run(reference_file)
 t.run(reference_url)
