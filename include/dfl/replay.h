@@ -87,7 +87,7 @@ typedef struct eval_recorder {
     /* adaptive (--record-mode auto; eval_recorder_adapt): each round speculates while the tokens
      * it commits per second of verification beat plain decode steps, and decodes otherwise, with
      * a speculative probe every EVAL_RECORD_PROBE decode steps. Tokens per round: a moving average
-     * as the run goes; the two costs: the run's measured costs (medians), else moving averages. */
+     * as the run goes; the two costs: the run's measured costs, else moving averages. */
     int adaptive;
     int fixed_costs;      /* ema_verify_s and ema_decode_s come from eval_costs */
     int skipped;          /* the current round is a decode step */
@@ -126,8 +126,8 @@ typedef struct eval_costs {
 
 /* Measure them on a context of the first prompt (up to 512 tokens): a decode step, a chain
  * verification of each block size (forward + rollback), a tree verification of each budget
- * (forward + commit) on a tree built from a real draft of ds (reset afterwards); the median of
- * reps. Budgets above DDTREE_MAX_BUDGET, or whose tree state does not fit, get no cost (note). */
+ * (forward + commit) on a tree built from a real draft of ds (reset afterwards); after a warm-up,
+ * the fastest of at least reps repetitions (more, up to 64, until 25 ms are timed). Budgets above DDTREE_MAX_BUDGET, or whose tree state does not fit, get no cost (note). */
 int eval_costs_measure(eval_costs *c, const dfl_model *m, dfl_dstate *ds, const int32_t *prompt, int n_prompt,
                        const int *blocks, int n_blocks, const int *budgets, int n_budgets, int reps);
 /* Seconds of a chain forward of n tokens (linear between measured sizes), of a tree of budget

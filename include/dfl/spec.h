@@ -34,7 +34,7 @@ dfl_draft_if spec_dflash_drafter(dfl_dstate *ds);
 /* Acceptance at temperature > 0 (both lossless: every committed token is distributed as the
  * target's sample): DFL_ACCEPT_PQ, speculative sampling — drafts sampled from the drafter's q,
  * accepted with min(1, p/q), the first rejection resampled from norm(max(0, p - q));
- * DFL_ACCEPT_MATCH, z-lab's reference loop — greedy drafts, each position's token sampled from
+ * DFL_ACCEPT_MATCH, the original DFlash generate loop's rule — greedy drafts, each position's token sampled from
  * the target's p, drafts accepted while they equal it, the first sample that differs is the
  * bonus. At temperature 0 both are greedy verification. */
 typedef enum dfl_accept_rule { DFL_ACCEPT_PQ = 0, DFL_ACCEPT_MATCH = 1 } dfl_accept_rule;

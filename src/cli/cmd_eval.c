@@ -68,15 +68,15 @@ static const char *usage_text =
     "  --features-from PATH  also replay on another pipeline's features for the same sequences (a\n"
     "                        directory with the --features file names, `dfl hidden` layout): summary.md\n"
     "                        puts tau on dfl's and on the pipeline's features side by side\n"
-    "  --cost-reps N         repetitions of each cost measurement for the modeled speedup (default 3,\n"
-    "                        0 = no modeled speedup)\n"
+    "  --cost-reps N         at least N timed repetitions of each cost measurement for the modeled\n"
+    "                        speedup, the fastest kept (default 3; 0 = no modeled speedup)\n"
     "online:\n"
     "  --online              run every drafter x mode on the target (after an autoregressive run that\n"
     "                        gives the truth; every output checked against it at temperature 0)\n"
     "  --temperature X       sampling temperature (default 0; > 0 needs --online, skips the check)\n"
     "  --seed S              sampling seed (default 0)\n"
     "  --accept-rule R       at --temperature > 0: pq = speculative sampling (accept with min(1, p/q),\n"
-    "                        residual; default) or match = z-lab's reference loop (greedy drafts kept\n"
+    "                        residual; default) or match = the original DFlash loop (greedy drafts kept\n"
     "                        while they equal the target's sample); both lossless, tau differs\n";
 
 /* Progress on stderr: a bar with ETA on a terminal, plain lines otherwise. */

@@ -6,15 +6,18 @@
 #include "dfl/ddtree.h"
 #include "dfl/replay.h"
 
-static int dbl_cmp(const void *a, const void *b) {
-    const double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
+static double minimum(const double *v, int n) {
+    double m = v[0];
+    for (int i = 1; i < n; i++) m = v[i] < m ? v[i] : m;
+    return m;
 }
 
-static double median(double *v, int n) {
-    qsort(v, (size_t)n, sizeof *v, dbl_cmp);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
+/* Repetitions per size: after one untimed warm-up (first touch of buffers and tree slots), at
+ * least `reps` and until COST_MIN_S has been timed, at most COST_MAX_REPS. The cost is the
+ * fastest repetition: load on the machine only ever adds time, and a forward of a small model
+ * lasts less than one scheduler slice, so a median of a few can be a preemption. */
+#define COST_MIN_S 0.025
+#define COST_MAX_REPS 64
 
 static int add_size(int *v, int n, int x) {
     for (int i = 0; i < n; i++)
@@ -45,14 +48,15 @@ int eval_costs_measure(eval_costs *c, const dfl_model *m, dfl_dstate *ds, const 
     const int L = n_prompt < 512 ? n_prompt : 512, B = ds->max_block < maxb ? ds->max_block : maxb;
     int batch = L > maxb ? L : maxb;
     batch = batch > max_nodes ? batch : max_nodes;
-    const int max_ctx = L + reps * (c->n_chain + c->n_tree + 1) + batch + 8;
+    if (reps > COST_MAX_REPS) reps = COST_MAX_REPS;
+    const int max_ctx = L + (COST_MAX_REPS + 1) * (c->n_chain + c->n_tree + 1) + batch + 8;
     const int V = m->cfg.vocab, H = m->cfg.hidden, nf = ds->d->cfg.n_target_ids;
     dfl_state s;
     if (state_init(&s, m, max_ctx, batch, 1) != DFL_OK) return dfl_preperr("measuring verification costs");
     const int vrows = maxb > max_nodes ? maxb : max_nodes;
     float *logits = malloc((size_t)B * V * sizeof(float)), *feat = malloc((size_t)L * nf * H * sizeof(float));
     float *vlog = malloc((size_t)vrows * V * sizeof(float)); /* verification logits, as online */
-    double *t = malloc((size_t)reps * sizeof(double));
+    double *t = malloc((size_t)COST_MAX_REPS * sizeof(double));
     int32_t *toks = malloc((size_t)batch * sizeof(int32_t));
     dfl_tree tree = {0};
     int rc = DFL_ERR;
@@ -72,18 +76,21 @@ int eval_costs_measure(eval_costs *c, const dfl_model *m, dfl_dstate *ds, const 
     for (int k = 1; k < batch; k++) toks[k] = kn_argmax(logits + (size_t)((k - 1) % (B - 1)) * V, V);
     for (int k = 0; k < B - 1; k++) kn_softmax(logits + (size_t)k * V, V);
     c->context = L;
-    c->reps = reps;
+    c->reps = 0; /* the most repetitions any size took */
     for (int i = 0; i < c->n_chain; i++) {
         const int n = c->chain_n[i];
-        for (int r = 0; r < reps; r++) {
+        double total = 0;
+        int r = -1; /* -1: the warm-up */
+        for (; r < reps || (total < COST_MIN_S && r < COST_MAX_REPS); r++) {
             const int start = s.n_past;
             const double t0 = dfl_now();
             s.no_record = n == 1; /* a decode step keeps no record; a verification is rolled back */
             if (model_forward(&s, toks, n, vlog, 0, NULL)) goto done;
             if (n > 1 && state_rollback(&s, start + 1)) goto done;
-            t[r] = dfl_now() - t0;
+            if (r >= 0) total += t[r] = dfl_now() - t0;
         }
-        c->chain_s[i] = median(t, reps);
+        c->chain_s[i] = minimum(t, r);
+        c->reps = r > c->reps ? r : c->reps;
     }
     s.no_record = 1;
     for (int i = 0; i < c->n_tree; i++) {
@@ -99,14 +106,17 @@ int eval_costs_measure(eval_costs *c, const dfl_model *m, dfl_dstate *ds, const 
         }
         if (ddtree_alloc(&tree, N) || ddtree_build(&tree, anchor, logits, B - 1, V, N)) goto done;
         const int root[1] = {0};
-        for (int r = 0; r < reps; r++) {
+        double total = 0;
+        int r = -1;
+        for (; r < reps || (total < COST_MIN_S && r < COST_MAX_REPS); r++) {
             const double t0 = dfl_now();
             if (model_forward_tree(&s, tree.token, tree.parent, tree.n, vlog, NULL) || state_tree_commit(&s, root, 1))
                 goto done;
-            t[r] = dfl_now() - t0;
+            if (r >= 0) total += t[r] = dfl_now() - t0;
         }
         ddtree_free(&tree);
-        c->tree_s[i] = median(t, reps);
+        c->tree_s[i] = minimum(t, r);
+        c->reps = r > c->reps ? r : c->reps;
     }
     c->ok = 1;
     rc = DFL_OK;
