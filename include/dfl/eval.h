@@ -38,6 +38,23 @@ int eval_prompts_load(eval_prompts *ps, const char *path, eval_format fmt, const
                       int keep_going);
 void eval_prompts_free(eval_prompts *ps);
 
+/* ---- --protocol zlab: z-lab's dflash benchmark prompts (docs/eval.md) ----------------------- */
+
+enum { EVAL_PROTOCOL_NONE = 0, EVAL_PROTOCOL_ZLAB = 1 };
+enum { EVAL_ZLAB_GSM8K, EVAL_ZLAB_MATH500, EVAL_ZLAB_HUMANEVAL, EVAL_ZLAB_MBPP, EVAL_ZLAB_MTBENCH, EVAL_ZLAB_N };
+#define EVAL_ZLAB_SEED 42       /* _select_dataset: random.Random(42).shuffle */
+#define EVAL_ZLAB_MAX_NEW 2048  /* dflash cli.py --max-new-tokens default */
+
+const char *eval_zlab_dataset_name(int d);   /* "gsm8k", "math500", "humaneval", "mbpp", "mt-bench" */
+int eval_zlab_dataset_parse(const char *s);  /* -1: unknown ("mtbench" is accepted too) */
+/* The JSON members naming a dataset's prompt format ("field", and "suffix" or "template"). */
+void eval_zlab_format_json(FILE *f, int d);
+struct eval_opts;
+/* Load o->prompts as the benchmark builds its prompts: the dataset (o->zlab_dataset, else from
+ * --format, else from the first object's fields) formatted as DATASETS[name]["format"], then
+ * random.Random(42).shuffle of the row order and the first o->limit rows (all when 0). */
+int eval_zlab_load(eval_prompts *ps, const struct eval_opts *o, int *dataset);
+
 /* ---- results and aggregates ------------------------------------------------------------- */
 
 /* One response: the autoregressive run (mode "ar") or a drafter in a verification mode. */
@@ -134,6 +151,10 @@ typedef struct eval_progress {
 } eval_progress;
 
 typedef struct eval_opts {
+    int protocol;                /* EVAL_PROTOCOL_ZLAB: z-lab's prompts, selection and template */
+    int zlab_dataset;            /* EVAL_ZLAB_*; -1: from --format or the fields */
+    const char *dump_prompts;    /* write each prompt (per turn) as JSON lines: text and token ids */
+    const char *dump_answer;     /* prompts only (no drafters): the first answer second turns are built on */
     const char *target;          /* target checkpoint (with features_dir: optional, default the recorded one) */
     const char *drafters[EVAL_MAX_DRAFTERS];
     int n_drafters;
@@ -181,5 +202,8 @@ typedef struct eval_outcome {
  * Every input is checked before any target work. DFL_ERR with the message on failure; mismatches
  * are not errors (the caller decides the exit status). */
 int eval_run(const eval_opts *o, eval_outcome *res);
+/* Only build the prompts and write them to o->dump_prompts (no target, no drafters): the
+ * tokenizer is o->tokenizer or o->target's; second turns only with o->dump_answer. */
+int eval_dump_prompts(const eval_opts *o);
 
 #endif

@@ -15,6 +15,7 @@
 static const char *usage_text =
     "usage: dfl eval --target T --drafter D1 [--drafter D2 ...] --prompts FILE --out DIR [options]\n"
     "       dfl eval --features DIR --drafter D1 [...] --out DIR2 [--target T] [options]\n"
+    "       dfl eval --prompts FILE --tokenizer PATH --dump-prompts F [--protocol zlab] (prompts only)\n"
     "\n"
     "tau of one or more drafters on chain and DDTree verification over a prompt set (docs/eval.md).\n"
     "\n"
@@ -51,6 +52,15 @@ static const char *usage_text =
     "  --reference FILE      reference outputs: JSON lines {\"id\", [\"turn\",] \"output_ids\" | \"text\"}\n"
     "  --reference-url URL   a server: .../v1/completions (OpenAI-compatible) or .../generate (SGLang)\n"
     "  --max-context N       positions to allocate (default: longest prompt + max-new + tree budget)\n"
+"  --protocol zlab       z-lab's dflash benchmark: its prompt format per dataset, its selection\n"
+    "                        (random.Random(42).shuffle, then the first --limit), Qwen3's template with\n"
+    "                        thinking off (--chat chatml-nothink), --max-new 2048 unless given; tau is\n"
+    "                        its acceptance length (docs/eval.md)\n"
+    "  --protocol-dataset D  gsm8k, math500, humaneval, mbpp or mt-bench (default: from --format or the\n"
+    "                        fields of the first line)\n"
+    "  --dump-prompts F      write every prompt (per turn) as JSON lines: text and token ids; without\n"
+    "                        --drafter only the prompts are built (second turns need --dump-answer TEXT,\n"
+    "                        the first answer they are built on)\n"
     "  --progress MODE       auto | bar | lines | none (default auto: a bar on a terminal); warnings\n"
     "                        and mismatches go to stderr in every mode\n"
     "replay:\n"
@@ -121,8 +131,11 @@ static int parse_list(const char *opt, const char *s, int *out, int max, long hi
     return 0;
 }
 
-static int parse_args(eval_opts *o, int *save_layers, const char **progress_mode, int argc, char **argv) {
+static int parse_args(eval_opts *o, int *save_layers, const char **progress_mode, int *prompts_only, int argc,
+                      char **argv) {
     eval_opts_default(o);
+    int chat_set = 0;
+    *prompts_only = 0;
     *progress_mode = "auto";
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -152,7 +165,21 @@ static int parse_args(eval_opts *o, int *save_layers, const char **progress_mode
         } else if (strcmp(a, "--max-context") == 0) {
             if (cli_parse_long("eval", a, cli_value(argc, argv, &i), 1, 1 << 24, &v)) return 2;
             o->max_ctx = (int)v;
+        } else if (strcmp(a, "--protocol") == 0) {
+            const char *pv = cli_value(argc, argv, &i);
+            if (strcmp(pv, "zlab") != 0) return cli_usage_error("eval", "--protocol: expected zlab, found '%s'", pv);
+            o->protocol = EVAL_PROTOCOL_ZLAB;
+        } else if (strcmp(a, "--protocol-dataset") == 0) {
+            const char *dv = cli_value(argc, argv, &i);
+            if ((o->zlab_dataset = eval_zlab_dataset_parse(dv)) < 0)
+                return cli_usage_error("eval", "--protocol-dataset: expected gsm8k, math500, humaneval, mbpp or "
+                                               "mt-bench, found '%s'", dv);
+        } else if (strcmp(a, "--dump-prompts") == 0) {
+            o->dump_prompts = cli_value(argc, argv, &i);
+        } else if (strcmp(a, "--dump-answer") == 0) {
+            o->dump_answer = cli_value(argc, argv, &i);
         } else if (strcmp(a, "--chat") == 0) {
+            chat_set = 1;
             const char *c = cli_value(argc, argv, &i);
             if ((o->chat = prompt_chat_parse(c)) < 0)
                 return cli_usage_error("eval", "--chat: expected chatml, chatml-nothink or none, found '%s'", c);
@@ -214,6 +241,21 @@ static int parse_args(eval_opts *o, int *save_layers, const char **progress_mode
             o->shard_i = (int)si, o->shard_n = (int)sn;
         } else return cli_usage_error("eval", "unknown argument '%s' (see dfl eval --help)", a);
     }
+    if (o->zlab_dataset >= 0 && !o->protocol) return cli_usage_error("eval", "--protocol-dataset needs --protocol zlab");
+    if (o->protocol) {
+        if (!chat_set) o->chat = DFL_CHAT_CHATML_NOTHINK;
+        if (!o->max_new_set) o->max_new = EVAL_ZLAB_MAX_NEW;
+    }
+    if (o->dump_answer && !o->dump_prompts) return cli_usage_error("eval", "--dump-answer needs --dump-prompts");
+    if (o->dump_prompts && !o->n_drafters) {
+        *prompts_only = 1;
+        if (!o->prompts || (!o->tokenizer && !o->target))
+            return cli_usage_error("eval", "--dump-prompts without --drafter builds the prompts only: it needs "
+                                           "--prompts and --tokenizer (or --target)");
+        return 0;
+    }
+    if (o->dump_answer) return cli_usage_error("eval", "--dump-answer: only without --drafter (a run builds second "
+                                                       "turns on the model's own answers)");
     if (!o->n_drafters || !o->out || (!o->features_dir && (!o->target || !o->prompts)))
         return cli_usage_error("eval", "needs --target, at least one --drafter, --prompts and --out (or --features "
                                        "DIR instead of --target and --prompts)");
@@ -225,8 +267,13 @@ int cmd_eval(int argc, char **argv) {
     eval_opts o;
     int save_layers[EVAL_MAX_FEAT_LAYERS];
     const char *pm;
-    int rc = parse_args(&o, save_layers, &pm, argc, argv);
+    int prompts_only;
+    int rc = parse_args(&o, save_layers, &pm, &prompts_only, argc, argv);
     if (rc) return rc;
+    if (prompts_only) {
+        if (eval_dump_prompts(&o) != DFL_OK) return cli_fail("eval", "%s", dfl_errmsg());
+        return 0;
+    }
     if (eval_opts_check(&o) != DFL_OK) return cli_usage_error("eval", "%s", dfl_errmsg());
     progress pg = {.t0 = dfl_now(), .quiet = strcmp(pm, "none") == 0};
     pg.bar = strcmp(pm, "bar") == 0 || (strcmp(pm, "auto") == 0 && isatty(2));

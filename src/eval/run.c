@@ -30,6 +30,7 @@ void eval_opts_default(eval_opts *o) {
     o->shard_n = 1;
     o->record_budget = -1;
     o->cost_reps = 3;
+    o->zlab_dataset = -1;
 }
 
 /* ---- results already written (resume) -------------------------------------------------- */
@@ -113,6 +114,23 @@ static int mkdir_p(const char *dir) {
 
 /* The conversation text for a turn: turn 1 alone, or turn 1 + the model's answer + turn 2. */
 static char *turn_text(const eval_prompt *p, int turn, const char *answer1, dfl_chat chat) {
+    if (turn == 1 && chat == DFL_CHAT_CHATML_NOTHINK) {
+        /* Qwen3's chat template (enable_thinking false) renders an assistant message before the last
+         * user message as '<|im_start|>assistant\n' + content + '<|im_end|>\n' with no think block,
+         * content being what follows its last '</think>' with leading newlines stripped (when it has
+         * one); only the generation prompt gets the empty '<think>\n\n</think>\n\n'. */
+        const char *content = answer1, *e;
+        while ((e = strstr(content, "</think>"))) content = e + strlen("</think>");
+        if (content != answer1)
+            while (*content == '\n') content++;
+        char *first = prompt_format(p->turns[0], DFL_CHAT_CHATML), *second = prompt_format(p->turns[1], chat);
+        size_t n = strlen(first) + strlen(content) + strlen(second) + 32;
+        char *s = malloc(n);
+        snprintf(s, n, "%s%s<|im_end|>\n%s", first, content, second);
+        free(first);
+        free(second);
+        return s;
+    }
     char *first = prompt_format(p->turns[0], chat);
     if (turn == 0 || chat == DFL_CHAT_NONE) {
         if (turn == 0) return first;
@@ -130,6 +148,37 @@ static char *turn_text(const eval_prompt *p, int turn, const char *answer1, dfl_
     free(first);
     free(second);
     return s;
+}
+
+/* The prompt set: a prompt file (its --format, or sniffed), or z-lab's selection with --protocol zlab. */
+static void sniff_format(const char *path, eval_format *fmt);
+static int load_prompts(eval_prompts *ps, const eval_opts *o, int *zlab_dataset) {
+    if (o->protocol == EVAL_PROTOCOL_ZLAB) return eval_zlab_load(ps, o, zlab_dataset);
+    eval_format fmt = o->fmt;
+    if (!o->have_fmt) sniff_format(o->prompts, &fmt);
+    return eval_prompts_load(ps, o->prompts, fmt, o->field, o->limit, o->keep_going);
+}
+
+/* One --dump-prompts line: the prompt of a turn as dfl tokenizes it. */
+static int dump_prompt(FILE *f, const char *path, int index, const eval_prompt *p, int turn, const char *answer1,
+                       const char *text, const int32_t *ids, size_t n) {
+    fprintf(f, "{\"index\": %d, \"prompt_id\": ", index);
+    dfl_json_write_string(f, p->id);
+    fprintf(f, ", \"line\": %d, \"turn\": %d", p->line, turn);
+    fprintf(f, ", \"user\": "); /* the user message(s), formatted */
+    dfl_json_write_string(f, p->turns[0]);
+    if (turn) {
+        fprintf(f, ", \"answer\": "); /* the assistant message the second turn is built on */
+        dfl_json_write_string(f, answer1);
+        fprintf(f, ", \"user_2\": ");
+        dfl_json_write_string(f, p->turns[1]);
+    }
+    fprintf(f, ", \"text\": ");
+    dfl_json_write_string(f, text);
+    fprintf(f, ", \"ids\": [");
+    for (size_t i = 0; i < n; i++) fprintf(f, "%s%d", i ? ", " : "", ids[i]);
+    fprintf(f, "]}\n");
+    return fflush(f) == 0 ? DFL_OK : dfl_seterr("%s: write error: %s", path, strerror(errno));
 }
 
 /* ---- saved features: the manifest -------------------------------------------------------- */
@@ -212,7 +261,8 @@ typedef struct run {
     dfl_tokenizer *tok;
     ref_set refs;
     done_set done;
-    FILE *resf, *reff, *manf;
+    FILE *resf, *reff, *manf, *dumpf;
+    int zlab_dataset;    /* with --protocol zlab: the dataset (EVAL_ZLAB_*) */
     char *res_path, *ref_path;
     int lock_fd;
     dfl_state st;
@@ -607,6 +657,11 @@ static int unit_replay(run *r, const eval_prompt *p, int index, int turn, const 
 int eval_opts_check(const eval_opts *o) {
     if (!o->n_drafters || !o->out) return dfl_seterr("needs at least one --drafter and --out");
     if (!o->features_dir && (!o->target || !o->prompts)) return dfl_seterr("needs --target and --prompts");
+    if (o->protocol == EVAL_PROTOCOL_ZLAB && o->chat != DFL_CHAT_CHATML_NOTHINK)
+        return dfl_seterr("--protocol zlab uses Qwen3's template with thinking off (--chat chatml-nothink)");
+    if (o->protocol == EVAL_PROTOCOL_ZLAB && o->features_dir)
+        return dfl_seterr("--protocol zlab builds prompts: not with --features (the saved truths hold theirs)");
+    if (o->dump_prompts && o->features_dir) return dfl_seterr("--dump-prompts: not with --features (no prompts are built)");
     if (o->features_dir && o->prompts) return dfl_seterr("--features replays the saved prompts: give no --prompts");
     if (o->reference && o->reference_url) return dfl_seterr("give --reference or --reference-url, not both");
     if (o->n_modes < 1 || o->n_modes > EVAL_MAX_MODES) return dfl_seterr("1 to %d modes", EVAL_MAX_MODES);
@@ -843,6 +898,16 @@ static int write_summary(run *r) {
             ru.ru_maxrss * 1024L);
     for (int i = 0; i < r->ps.n_bad; i++) fprintf(x, "%s%d", i ? ", " : "", r->ps.bad_lines[i]);
     fprintf(x, "]}");
+    if (o->protocol == EVAL_PROTOCOL_ZLAB) {
+        fprintf(x, ",\n  \"protocol\": {\"name\": \"zlab\", \"dataset\": \"%s\", \"shuffle_seed\": %d, \"max_samples\": ",
+                eval_zlab_dataset_name(r->zlab_dataset), EVAL_ZLAB_SEED);
+        if (o->limit > 0) fprintf(x, "%d", o->limit);
+        else fprintf(x, "null");
+        fprintf(x, ", \"selected\": %d, ", r->ps.n);
+        eval_zlab_format_json(x, r->zlab_dataset);
+        fprintf(x, ", \"chat\": \"qwen3, thinking off\", \"max_new\": %d, \"max_new_default\": %d, \"tau\": \"tau\"}",
+                r->max_new, EVAL_ZLAB_MAX_NEW);
+    }
     if (r->replay) {
         fprintf(x, ",\n  \"costs\": ");
         write_costs_json(x, &r->costs);
@@ -877,6 +942,7 @@ static void run_free(run *r) {
     if (r->resf) fclose(r->resf);
     if (r->reff) fclose(r->reff);
     if (r->manf) fclose(r->manf);
+    if (r->dumpf) fclose(r->dumpf);
     free(r->res_path), free(r->ref_path), free(r->acc), free(r->saved.u);
     done_free(&r->done);
     ref_set_free(&r->refs);
@@ -940,9 +1006,7 @@ int eval_run(const eval_opts *o, eval_outcome *res) {
         if (rc) goto out;
         if (!target) target = rec_target;
     } else {
-        eval_format fmt = o->fmt;
-        if (!o->have_fmt) sniff_format(o->prompts, &fmt);
-        if ((rc = eval_prompts_load(&r->ps, o->prompts, fmt, o->field, o->limit, o->keep_going))) goto out;
+        if ((rc = load_prompts(&r->ps, o, &r->zlab_dataset))) goto out;
         for (int i = 0; i < r->ps.n_bad; i++)
             logf_(r, "dfl eval: %s:%d: malformed prompt line skipped\n", o->prompts, r->ps.bad_lines[i]);
     }
@@ -972,6 +1036,10 @@ int eval_run(const eval_opts *o, eval_outcome *res) {
             rc = dfl_seterr("%s/manifest.jsonl: cannot write", o->save_features);
             goto out;
         }
+    }
+    if (o->dump_prompts && !(r->dumpf = fopen(o->dump_prompts, "w"))) {
+        rc = dfl_seterr("%s: cannot create: %s", o->dump_prompts, strerror(errno));
+        goto out;
     }
     r->res_path = dfl_path_join(o->out, "results.jsonl");
     r->ref_path = dfl_path_join(o->out, "reference.jsonl");
@@ -1015,7 +1083,7 @@ int eval_run(const eval_opts *o, eval_outcome *res) {
                     rc = dfl_preperr("prompt %s", r->ps.p[i].id);
                     goto out;
                 }
-                need += (int)n + (t ? o->max_new + 8 : 0);
+                need += (int)n + (t ? r->max_new + 8 : 0);
                 free(ids);
                 free(txt);
             }
@@ -1076,6 +1144,8 @@ int eval_run(const eval_opts *o, eval_outcome *res) {
                 int32_t *pids = NULL;
                 size_t np = 0;
                 rc = tok_encode(r->tok, txt, strlen(txt), &pids, &np);
+                if (rc == DFL_OK && r->dumpf)
+                    rc = dump_prompt(r->dumpf, o->dump_prompts, i, p, turn, answer1 ? answer1 : "", txt, pids, np);
                 free(txt);
                 if (rc == DFL_OK && (int)np + r->max_new + tree_slots > max_ctx)
                     rc = dfl_seterr("prompt %s turn %d: %zu tokens + --max-new %d exceed the context %d", p->id,
@@ -1104,5 +1174,38 @@ int eval_run(const eval_opts *o, eval_outcome *res) {
 out:
     *res = r->res;
     run_free(r);
+    return rc;
+}
+
+int eval_dump_prompts(const eval_opts *o) {
+    if (!o->prompts || !o->dump_prompts) return dfl_seterr("--dump-prompts needs --prompts");
+    if (!o->tokenizer && !o->target) return dfl_seterr("--dump-prompts needs --tokenizer (or --target)");
+    if (o->protocol == EVAL_PROTOCOL_ZLAB && o->chat != DFL_CHAT_CHATML_NOTHINK)
+        return dfl_seterr("--protocol zlab uses Qwen3's template with thinking off (--chat chatml-nothink)");
+    eval_prompts ps;
+    int d = -1;
+    if (load_prompts(&ps, o, &d)) return DFL_ERR;
+    dfl_tokenizer *tok = tok_open(o->tokenizer ? o->tokenizer : o->target);
+    FILE *f = tok ? fopen(o->dump_prompts, "w") : NULL;
+    int rc = tok ? DFL_OK : DFL_ERR;
+    if (tok && !f) rc = dfl_seterr("%s: cannot create: %s", o->dump_prompts, strerror(errno));
+    for (int i = 0; i < ps.n && rc == DFL_OK; i++) {
+        if (i % o->shard_n != o->shard_i) continue;
+        const eval_prompt *p = &ps.p[i];
+        const int turns = o->first_turn || !o->dump_answer ? 1 : p->n_turns;
+        for (int turn = 0; turn < turns && rc == DFL_OK; turn++) {
+            char *txt = turn_text(p, turn, o->dump_answer ? o->dump_answer : "", (dfl_chat)o->chat);
+            int32_t *ids = NULL;
+            size_t n = 0;
+            rc = txt ? tok_encode(tok, txt, strlen(txt), &ids, &n) : dfl_seterr("out of memory");
+            if (rc == DFL_OK) rc = dump_prompt(f, o->dump_prompts, i, p, turn, o->dump_answer, txt, ids, n);
+            else dfl_preperr("prompt %s", p->id);
+            free(ids);
+            free(txt);
+        }
+    }
+    if (f && fclose(f) != 0 && rc == DFL_OK) rc = dfl_seterr("%s: write error: %s", o->dump_prompts, strerror(errno));
+    if (tok) tok_close(tok);
+    eval_prompts_free(&ps);
     return rc;
 }
