@@ -22,18 +22,9 @@ static int bind_dlayer(dfl_drafter *d, ld_ctx *c, int i) {
     if (!(l->input_norm = ld_vec1(c, NAME("input_layernorm.weight"), H, 0))) return DFL_ERR;
     ld_why(c, "hidden_size %d", H);
     if (!(l->post_norm = ld_vec1(c, NAME("post_attention_layernorm.weight"), H, 0))) return DFL_ERR;
-    ld_why(c, "num_attention_heads %d x head_dim %d, hidden_size %d", g->n_heads, hd, H);
-    if (ld_mat(c, NAME("self_attn.q_proj.weight"), g->n_heads * hd, H, &l->q_proj)) return DFL_ERR;
-    ld_why(c, "num_key_value_heads %d x head_dim %d, hidden_size %d", g->n_kv_heads, hd, H);
-    if (ld_mat(c, NAME("self_attn.k_proj.weight"), g->n_kv_heads * hd, H, &l->k_proj)) return DFL_ERR;
-    ld_why(c, "num_key_value_heads %d x head_dim %d, hidden_size %d", g->n_kv_heads, hd, H);
-    if (ld_mat(c, NAME("self_attn.v_proj.weight"), g->n_kv_heads * hd, H, &l->v_proj)) return DFL_ERR;
-    ld_why(c, "hidden_size %d, num_attention_heads %d x head_dim %d", H, g->n_heads, hd);
-    if (ld_mat(c, NAME("self_attn.o_proj.weight"), H, g->n_heads * hd, &l->o_proj)) return DFL_ERR;
-    ld_why(c, "head_dim %d", hd);
-    if (!(l->q_norm = ld_vec1(c, NAME("self_attn.q_norm.weight"), hd, 0))) return DFL_ERR;
-    ld_why(c, "head_dim %d", hd);
-    if (!(l->k_norm = ld_vec1(c, NAME("self_attn.k_norm.weight"), hd, 0))) return DFL_ERR;
+    if (ld_attention(c, NAME(""), H, g->n_heads, g->n_kv_heads, hd, 0, 0,
+                     (ld_attn){&l->q_proj, &l->k_proj, &l->v_proj, &l->o_proj, &l->q_norm, &l->k_norm}))
+        return DFL_ERR;
     ld_why(c, "intermediate_size %d, hidden_size %d", g->intermediate, H);
     if (ld_mat(c, NAME("mlp.gate_proj.weight"), g->intermediate, H, &l->gate)) return DFL_ERR;
     ld_why(c, "intermediate_size %d, hidden_size %d", g->intermediate, H);

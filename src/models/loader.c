@@ -158,3 +158,24 @@ void ld_mat_free(dfl_mat *m) {
     free(m->owned);
     m->owned = NULL;
 }
+
+int ld_attention(ld_ctx *c, const char *pre, int H, int n_heads, int n_kv, int hd, int gated, float norm_add,
+                 ld_attn out) {
+    char n[512];
+#define ANAME(s) (snprintf(n, sizeof n, "%sself_attn." s ".weight", pre), n)
+    ld_why(c, "%snum_attention_heads %d x head_dim %d%s, hidden_size %d", gated ? "2 x " : "", n_heads, hd,
+           gated ? " (query and output gate)" : "", H);
+    if (ld_mat(c, ANAME("q_proj"), n_heads * hd * (gated ? 2 : 1), H, out.q)) return DFL_ERR;
+    ld_why(c, "num_key_value_heads %d x head_dim %d, hidden_size %d", n_kv, hd, H);
+    if (ld_mat(c, ANAME("k_proj"), n_kv * hd, H, out.k)) return DFL_ERR;
+    ld_why(c, "num_key_value_heads %d x head_dim %d, hidden_size %d", n_kv, hd, H);
+    if (ld_mat(c, ANAME("v_proj"), n_kv * hd, H, out.v)) return DFL_ERR;
+    ld_why(c, "hidden_size %d, num_attention_heads %d x head_dim %d", H, n_heads, hd);
+    if (ld_mat(c, ANAME("o_proj"), H, n_heads * hd, out.o)) return DFL_ERR;
+    ld_why(c, "head_dim %d", hd);
+    if (!(*out.q_norm = ld_vec1(c, ANAME("q_norm"), hd, norm_add))) return DFL_ERR;
+    ld_why(c, "head_dim %d", hd);
+    if (!(*out.k_norm = ld_vec1(c, ANAME("k_norm"), hd, norm_add))) return DFL_ERR;
+#undef ANAME
+    return DFL_OK;
+}

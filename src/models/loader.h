@@ -30,6 +30,15 @@ int ld_mat(ld_ctx *c, const char *name, int rows, int cols, dfl_mat *out);
 float *ld_vec(ld_ctx *c, const char *name, int nd, const int64_t *shape, float add);
 float *ld_vec1(ld_ctx *c, const char *name, int n, float add);
 void ld_mat_free(dfl_mat *m);
+/* A Qwen3-style attention block under `pre` ("<prefix>layers.<i>."), shapes from the config:
+ * q_proj [n_heads*hd (x2 when gated: query and output gate), H], k_proj / v_proj [n_kv*hd, H],
+ * o_proj [H, n_heads*hd], q_norm / k_norm [hd] (+ norm_add). */
+typedef struct ld_attn {
+    dfl_mat *q, *k, *v, *o;
+    float **q_norm, **k_norm;
+} ld_attn;
+int ld_attention(ld_ctx *c, const char *pre, int H, int n_heads, int n_kv, int hd, int gated, float norm_add,
+                 ld_attn out);
 /* After binding everything: DFL_ERR naming every tensor the weight check found NaN/Inf in. */
 int ld_finish(ld_ctx *c);
 

@@ -87,20 +87,9 @@ static int bind_layer(dfl_model *m, ld_ctx *c, int i) {
     ld_why(c, "hidden_size %d", H);
     if (!(l->post_norm = ld_vec1(c, NAME("post_attention_layernorm.weight"), H, norm_add))) return DFL_ERR;
     if (l->type == DFL_LAYER_FULL) {
-        const int gated = g->arch == DFL_ARCH_QWEN3_5, qrows = g->n_heads * hd * (gated ? 2 : 1);
-        ld_why(c, "%snum_attention_heads %d x head_dim %d%s, hidden_size %d", gated ? "2 x " : "", g->n_heads, hd,
-               gated ? " (query and output gate)" : "", H);
-        if (ld_mat(c, NAME("self_attn.q_proj.weight"), qrows, H, &l->q_proj)) return DFL_ERR;
-        ld_why(c, "num_key_value_heads %d x head_dim %d, hidden_size %d", g->n_kv_heads, hd, H);
-        if (ld_mat(c, NAME("self_attn.k_proj.weight"), g->n_kv_heads * hd, H, &l->k_proj)) return DFL_ERR;
-        ld_why(c, "num_key_value_heads %d x head_dim %d, hidden_size %d", g->n_kv_heads, hd, H);
-        if (ld_mat(c, NAME("self_attn.v_proj.weight"), g->n_kv_heads * hd, H, &l->v_proj)) return DFL_ERR;
-        ld_why(c, "hidden_size %d, num_attention_heads %d x head_dim %d", H, g->n_heads, hd);
-        if (ld_mat(c, NAME("self_attn.o_proj.weight"), H, g->n_heads * hd, &l->o_proj)) return DFL_ERR;
-        ld_why(c, "head_dim %d", hd);
-        if (!(l->q_norm = ld_vec1(c, NAME("self_attn.q_norm.weight"), hd, norm_add))) return DFL_ERR;
-        ld_why(c, "head_dim %d", hd);
-        if (!(l->k_norm = ld_vec1(c, NAME("self_attn.k_norm.weight"), hd, norm_add))) return DFL_ERR;
+        if (ld_attention(c, NAME(""), H, g->n_heads, g->n_kv_heads, hd, g->arch == DFL_ARCH_QWEN3_5, norm_add,
+                         (ld_attn){&l->q_proj, &l->k_proj, &l->v_proj, &l->o_proj, &l->q_norm, &l->k_norm}))
+            return DFL_ERR;
     } else {
         const int Hv = g->lin_v_heads, dv = g->lin_v_dim;
         char vd[96];
