@@ -506,6 +506,11 @@ void server_hold(dfl_server *srv, int on) {
     pthread_mutex_unlock(&srv->mu);
 }
 
+int server_connections(dfl_server *srv) {
+    const union MHD_DaemonInfo *di = MHD_get_daemon_info(srv->mhd, MHD_DAEMON_INFO_CURRENT_CONNECTIONS);
+    return di ? (int)di->num_connections : -1;
+}
+
 void server_queue_depth(dfl_server *srv, int *waiting, int *running) {
     pthread_mutex_lock(&srv->mu);
     *waiting = srv->n_waiting, *running = srv->running;

@@ -180,5 +180,7 @@ void job_free(job *j);
 void server_hold(struct dfl_server *srv, int on);
 /* Requests waiting in the queue and running (0 or 1) now. */
 void server_queue_depth(struct dfl_server *srv, int *waiting, int *running);
+/* Connections the HTTP daemon holds open now (a closed client is counted until its thread sees it). */
+int server_connections(struct dfl_server *srv);
 
 #endif
