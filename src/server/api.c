@@ -297,10 +297,11 @@ static int check_unsupported(const cJSON *obj, const char *prefix, int greedy, e
     for (size_t i = 0; i < sizeof flags / sizeof flags[0]; i++) {
         cJSON *v = field(obj, flags[i]);
         if (!v || cJSON_IsFalse(v) || (cJSON_IsNumber(v) && v->valuedouble == 0)) continue;
-        if (ep == EP_COMPLETIONS && i < 2) continue; /* parsed in api_parse_generation */
+        /* parsed in api_parse_generation: completions' logprobs and echo, chat's logprobs and top_logprobs */
+        if ((ep == EP_COMPLETIONS && i < 2) || (ep == EP_CHAT && (i == 0 || i == 3))) continue;
         snprintf(param, sizeof param, "%s%s", prefix, flags[i]);
-        api_seterr(e, 400, param, "'%s' is not supported on %s (logprobs and echo are served by POST "
-                   "/v1/completions, see docs/serve.md)", param,
+        api_seterr(e, 400, param, "'%s' is not supported on %s (see docs/serve.md: logprobs and echo on POST "
+                   "/v1/completions, logprobs and top_logprobs on chat)", param,
                    ep == EP_CHAT ? "/v1/chat/completions" : "/generate");
         return -1;
     }
@@ -390,6 +391,17 @@ int api_parse_generation(struct dfl_server *srv, endpoint ep, cJSON *body, job *
     if (ep == EP_COMPLETIONS) {
         if (get_int(body, "logprobs", "logprobs", 0, 20, &lp, e) < 0) return -1;
         if (get_bool(body, "echo", "echo", &j->echo, e) < 0) return -1;
+    } else if (ep == EP_CHAT) { /* logprobs: bool, top_logprobs: 0..20 (needs logprobs) */
+        int on = 0;
+        if (get_bool(body, "logprobs", "logprobs", &on, e) < 0) return -1;
+        long long k = 0;
+        const int rk = get_int(body, "top_logprobs", "top_logprobs", 0, 20, &k, e);
+        if (rk < 0) return -1;
+        if (rk && !on) {
+            api_seterr(e, 400, "top_logprobs", "'top_logprobs' needs \"logprobs\": true");
+            return -1;
+        }
+        if (on) lp = k;
     }
     j->logprobs = (int)lp;
     r = get_int(o, ep == EP_GENERATE ? "max_new_tokens" : "max_tokens", p_max, j->echo ? 0 : 1, max_new_hi,
@@ -420,7 +432,7 @@ int api_parse_generation(struct dfl_server *srv, endpoint ep, cJSON *body, job *
     if (check_unsupported(o, pre, temp == 0, ep, e) < 0) return -1;
     if (ep == EP_GENERATE && check_unsupported(body, "", temp == 0, ep, e) < 0) return -1;
     if (get_bool(body, "stream", "stream", &j->stream, e) < 0) return -1;
-    if (ep == EP_COMPLETIONS && j->stream && (j->logprobs >= 0 || j->echo)) {
+    if (ep != EP_GENERATE && j->stream && (j->logprobs >= 0 || j->echo)) {
         const char *f = j->logprobs >= 0 ? "logprobs" : "echo";
         api_seterr(e, 400, f, "'%s' is not supported with \"stream\": true (send the request unstreamed)", f);
         return -1;
@@ -538,6 +550,45 @@ float api_logprobs_row(const float *row, int V, int32_t token, int k, int32_t *t
 static char *token_str(struct dfl_server *srv, int32_t id) {
     if (!tok_has_id(srv->tok, id)) return strdup("");
     return tok_decode(srv->tok, &id, 1, 0);
+}
+
+/* Chat: {"content": [{"token", "logprob", "bytes", "top_logprobs": [{"token", "logprob", "bytes"}]}]}
+ * over the output tokens, top_logprobs the k most probable. */
+static cJSON *bytes_of(const char *s) {
+    cJSON *a = cJSON_CreateArray();
+    for (; *s; s++) cJSON_AddItemToArray(a, cJSON_CreateNumber((unsigned char)*s));
+    return a;
+}
+
+static cJSON *chat_logprobs(struct dfl_server *srv, const job *j) {
+    cJSON *lo = cJSON_CreateObject(), *content = cJSON_AddArrayToObject(lo, "content");
+    const size_t k = (size_t)j->logprobs;
+    for (int i = 0; i < j->out.n; i++) {
+        const size_t p = (size_t)j->n_prompt + (size_t)i;
+        char *ts = token_str(srv, j->out.ids[i]);
+        if (!ts) {
+            cJSON_Delete(lo);
+            return NULL;
+        }
+        cJSON *x = cJSON_CreateObject();
+        cJSON_AddStringToObject(x, "token", ts);
+        cJSON_AddNumberToObject(x, "logprob", j->lp[p]);
+        cJSON_AddItemToObject(x, "bytes", bytes_of(ts));
+        free(ts);
+        cJSON *tops = cJSON_AddArrayToObject(x, "top_logprobs");
+        for (size_t a = 0; a < k; a++) {
+            char *as = token_str(srv, j->top_id[p * k + a]);
+            if (!as) continue;
+            cJSON *t = cJSON_CreateObject();
+            cJSON_AddStringToObject(t, "token", as);
+            cJSON_AddNumberToObject(t, "logprob", j->top_lp[p * k + a]);
+            cJSON_AddItemToObject(t, "bytes", bytes_of(as));
+            cJSON_AddItemToArray(tops, t);
+            free(as);
+        }
+        cJSON_AddItemToArray(content, x);
+    }
+    return lo;
 }
 
 static size_t utf8_chars(const char *s) {
@@ -704,6 +755,9 @@ cJSON *api_response(struct dfl_server *srv, const job *j) {
             cJSON *msg = cJSON_AddObjectToObject(c, "message");
             cJSON_AddStringToObject(msg, "role", "assistant");
             cJSON_AddStringToObject(msg, "content", text);
+            cJSON *lo = j->logprobs >= 0 ? chat_logprobs(srv, j) : NULL;
+            if (lo) cJSON_AddItemToObject(c, "logprobs", lo);
+            else cJSON_AddNullToObject(c, "logprobs");
         } else {
             cJSON_AddStringToObject(c, "text", text);
             cJSON *lo = j->logprobs >= 0 ? completion_logprobs(srv, j) : NULL;

@@ -548,9 +548,28 @@ def logprobs_echo():
                             ({"logprobs": 1, "stream": True}, "logprobs"), ({"echo": True, "stream": True}, "echo")]:
             st, r = srv.json("/v1/completions", {"prompt": "a", **body})
             t.check(st == 400 and r.get("error", {}).get("param") == param, f"{body}: {st} {r}")
-        for body, param in [({"logprobs": True, "top_logprobs": 2}, "logprobs"), ({"top_logprobs": 2}, "top_logprobs")]:
+        for body, param in [({"logprobs": True, "stream": True}, "logprobs"), ({"top_logprobs": 2}, "top_logprobs"),
+                            ({"logprobs": 1}, "logprobs"), ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+                            ({"echo": True}, "echo")]:
             st, r = srv.json("/v1/chat/completions", {"messages": [{"role": "user", "content": "a"}], **body})
             t.check(st == 400 and r.get("error", {}).get("param") == param, f"chat {body}: {st} {r}")
+        # chat: the same numbers as a completion of the ChatML text
+        msgs = [{"role": "user", "content": PROMPTS[1]}]
+        st, c = srv.json("/v1/chat/completions", {"messages": msgs, "max_tokens": 8, "temperature": 0, "ignore_eos": True,
+                                                  "logprobs": True, "top_logprobs": 3})
+        chatml = f"<|im_start|>user\n{PROMPTS[1]}<|im_end|>\n<|im_start|>assistant\n"
+        _, p = srv.json("/v1/completions", {"prompt": chatml, "max_tokens": 8, "temperature": 0, "ignore_eos": True,
+                                            "logprobs": 3})
+        content = (c.get("choices", [{}])[0].get("logprobs") or {}).get("content", [])
+        pl = p["choices"][0]["logprobs"]
+        t.check(st == 200 and len(content) == 8 and c["choices"][0]["token_ids"] == p["choices"][0]["token_ids"]
+                and [x["token"] for x in content] == pl["tokens"]
+                and all(abs(x["logprob"] - y) < 1e-6 for x, y in zip(content, pl["token_logprobs"]))
+                and all(len(x["top_logprobs"]) == 3 and x["top_logprobs"][0]["token"] == x["token"]
+                        and x["top_logprobs"][0]["logprob"] == x["logprob"] and bytes(x["bytes"]).decode() == x["token"]
+                        for x in content), f"chat logprobs: {st} {c}")
+        _, c0 = srv.json("/v1/chat/completions", {"messages": msgs, "max_tokens": 2, "logprobs": False})
+        t.check(c0["choices"][0]["logprobs"] is None, "chat without logprobs: null")
     finally:
         t.check(srv.stop() == 0, "logprobs server exits cleanly")
 

@@ -455,7 +455,10 @@ static void test_logprobs(int port) {
     expect_error(port, NULL, "/v1/completions", "{\"prompt\": \"x\", \"logprobs\": 2, \"stream\": true}", 400,
                  "logprobs");
     expect_error(port, NULL, "/v1/chat/completions",
-                 "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"logprobs\": true}", 400, "logprobs");
+                 "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"logprobs\": true, \"stream\": true}", 400,
+                 "logprobs");
+    expect_error(port, NULL, "/v1/chat/completions",
+                 "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"top_logprobs\": 2}", 400, "top_logprobs");
 }
 
 static void test_errors(int port, size_t max_body) {
