@@ -445,6 +445,19 @@ def tree_budget():
             t.check(r.get("meta_info", {}).get("spec_verify_ct") == ref["stats"]["rounds"], "DDTree rounds")
         st, r = srv.json("/v1/completions", {"prompt": PROMPTS[0], "max_tokens": 4, "temperature": 0.7})
         t.check(st == 400 and "DDTree" in r.get("error", {}).get("message", ""), f"sampling with DDTree: {st} {r}")
+        # logprobs from the tree's rows (the accepted path's nodes) against transformers
+        import tempfile
+        from safetensors.numpy import load_file
+        st, r = srv.json("/v1/completions", {"prompt": PROMPTS[0], "max_tokens": 24, "temperature": 0,
+                                             "ignore_eos": True, "logprobs": 2})
+        _, tk = srv.json("/tokenize", {"text": PROMPTS[0]})
+        gen, pids = r["choices"][0]["token_ids"], tk["tokens"]
+        ref_path = os.path.join(tempfile.mkdtemp(prefix="dfl-lp-"), "ref.safetensors")
+        reference("--model", VLM, "--ids", ",".join(map(str, pids + gen)), "--out", ref_path)
+        ref = log_softmax_rows(load_file(ref_path)["logits"])
+        tl = r["choices"][0]["logprobs"]["token_logprobs"]
+        worst = max(abs(ref[len(pids) - 1 + i, g] - tl[i]) for i, g in enumerate(gen))
+        t.check(st == 200 and len(tl) == 24 and worst < 1e-4, f"DDTree logprobs vs transformers: worst {worst:.3g}")
     finally:
         t.check(srv.stop() == 0, "DDTree server exits cleanly")
 

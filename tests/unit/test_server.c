@@ -445,6 +445,22 @@ static void test_logprobs(int port) {
     cJSON_Delete(o);
     free(r.body);
     free(lp);
+    /* chat: the logprobs of the generated tokens, top_logprobs k entries, the first the greedy token */
+    r = http(port, NULL, "/v1/chat/completions",
+             "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"max_tokens\": 6, \"temperature\": 0, "
+             "\"ignore_eos\": true, \"logprobs\": true, \"top_logprobs\": 2}", 0);
+    o = json_of(&r);
+    cJSON *content = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(choice0(o), "logprobs"), "content");
+    int chat_ok = r.status == 200 && cJSON_GetArraySize(content) == 6;
+    for (cJSON *x = content ? content->child : NULL; x && chat_ok; x = x->next) {
+        cJSON *tops = cJSON_GetObjectItemCaseSensitive(x, "top_logprobs");
+        chat_ok = cJSON_GetArraySize(tops) == 2 &&
+                  cJSON_GetObjectItemCaseSensitive(tops->child, "logprob")->valuedouble ==
+                      cJSON_GetObjectItemCaseSensitive(x, "logprob")->valuedouble;
+    }
+    CHECK(chat_ok, "chat logprobs: %ld %s", r.status, r.body ? r.body : "");
+    cJSON_Delete(o);
+    free(r.body);
     const char *bad[] = {"21", "-1", "\"x\"", "true", "2.5"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         snprintf(body, sizeof body, "{\"prompt\": \"x\", \"logprobs\": %s}", bad[i]);
