@@ -391,6 +391,7 @@ int api_parse_generation(struct dfl_server *srv, endpoint ep, cJSON *body, job *
     if (ep == EP_COMPLETIONS) {
         if (get_int(body, "logprobs", "logprobs", 0, 20, &lp, e) < 0) return -1;
         if (get_bool(body, "echo", "echo", &j->echo, e) < 0) return -1;
+        if (!j->echo) free(j->echo_text), j->echo_text = NULL; /* kept for echo only */
     } else if (ep == EP_CHAT) { /* logprobs: bool, top_logprobs: 0..20 (needs logprobs) */
         int on = 0;
         if (get_bool(body, "logprobs", "logprobs", &on, e) < 0) return -1;
