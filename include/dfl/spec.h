@@ -61,6 +61,15 @@ typedef struct dfl_gen_opts {
      * temperature > 0, else its logits; NULL for a plain decode step) and the accepted draft count. */
     void (*on_round)(void *ud, int start, const int32_t *block, int bs, const float *draft, int V, int accepted);
     void *on_round_ud;
+    /* Optional (NULL: no cost): the target's raw logits row [V] (temperature 1, before any
+     * sampling transform) that predicted a token. Called with prompt = 0 for each committed
+     * output token i (out[i] = token), before the token callback sees it; with prompt_logits
+     * set, also with prompt = 1 during the prefill for each prompt token i = 1..n_prompt-1 (the
+     * row of position i-1; the prefill then computes every row's logits, a [chunk, V] buffer).
+     * The committed tokens are the same with or without it. */
+    void (*on_logits)(void *ud, int prompt, int i, int32_t token, const float *row, int V);
+    void *on_logits_ud;
+    int prompt_logits;
 } dfl_gen_opts;
 
 typedef struct dfl_gen_stats {
@@ -85,7 +94,8 @@ typedef struct dfl_gen_stats {
 /* Called with each newly committed run of tokens (for streaming); nonzero return stops. */
 typedef int (*dfl_token_cb)(void *ud, const int32_t *tokens, int n);
 
-/* Generate from prompt. drafter NULL = autoregressive. out: [max_new] generated ids.
+/* Generate from prompt. drafter NULL = autoregressive. out: [max_new] generated ids
+ * (max_new 0: the prefill only, e.g. for the prompt's logits).
  * s must have max_batch >= max(prompt length, B) and record=1 when drafting (with a tree
  * budget N: max_batch >= N + 1 and state_enable_tree(s, N + 1));
  * the drafter's context must be empty (it is filled with the prompt's features). */

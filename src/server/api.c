@@ -268,7 +268,7 @@ static int parse_stop(const cJSON *obj, const char *param, job *j, api_err *e) {
 /* Sampling controls dfl does not implement are accepted only at their neutral values (or with
  * greedy decoding, where they change nothing), so that no request silently gets another
  * distribution than it asked for. */
-static int check_unsupported(const cJSON *obj, const char *prefix, int greedy, api_err *e) {
+static int check_unsupported(const cJSON *obj, const char *prefix, int greedy, endpoint ep, api_err *e) {
     static const struct {
         const char *name;
         double neutral, alt;   /* accepted values (alt: a second neutral spelling) */
@@ -297,8 +297,12 @@ static int check_unsupported(const cJSON *obj, const char *prefix, int greedy, a
     for (size_t i = 0; i < sizeof flags / sizeof flags[0]; i++) {
         cJSON *v = field(obj, flags[i]);
         if (!v || cJSON_IsFalse(v) || (cJSON_IsNumber(v) && v->valuedouble == 0)) continue;
+        /* parsed in api_parse_generation: completions' logprobs and echo, chat's logprobs and top_logprobs */
+        if ((ep == EP_COMPLETIONS && i < 2) || (ep == EP_CHAT && (i == 0 || i == 3))) continue;
         snprintf(param, sizeof param, "%s%s", prefix, flags[i]);
-        api_seterr(e, 400, param, "'%s' is not supported", param);
+        api_seterr(e, 400, param, "'%s' is not supported on %s (see docs/serve.md: logprobs and echo on POST "
+                   "/v1/completions, logprobs and top_logprobs on chat)", param,
+                   ep == EP_CHAT ? "/v1/chat/completions" : "/generate");
         return -1;
     }
     return 0;
@@ -307,12 +311,17 @@ static int check_unsupported(const cJSON *obj, const char *prefix, int greedy, a
 int api_parse_generation(struct dfl_server *srv, endpoint ep, cJSON *body, job *j, api_err *e) {
     const int vocab = srv->m.cfg.vocab;
     j->ep = ep;
+    j->logprobs = -1;
     /* the prompt */
     if (ep == EP_COMPLETIONS) {
         cJSON *p = cJSON_GetObjectItemCaseSensitive(body, "prompt");
         if (cJSON_IsArray(p) && cJSON_GetArraySize(p) == 1 && !cJSON_IsNumber(p->child)) p = p->child; /* a batch of one */
         if (cJSON_IsString(p)) {
             if (encode(srv, p->valuestring, &j->prompt, &j->n_prompt, e)) return -1;
+            if (!(j->echo_text = strdup(p->valuestring))) {
+                api_seterr(e, 500, NULL, "out of memory");
+                return -1;
+            }
         } else if (is_id_list(p)) {
             if (get_ids(p, "prompt", vocab, &j->prompt, &j->n_prompt, e)) return -1;
         } else if (cJSON_IsArray(p) && cJSON_GetArraySize(p) > 1) {
@@ -377,8 +386,27 @@ int api_parse_generation(struct dfl_server *srv, endpoint ep, cJSON *body, job *
         p_seed = "sampling_params.seed", p_stop = "sampling_params.stop", p_eos = "sampling_params.ignore_eos";
     }
     const double max_new_hi = 1 << 24;
-    long long max_new = 0, seed = 0;
-    int r = get_int(o, ep == EP_GENERATE ? "max_new_tokens" : "max_tokens", p_max, 1, max_new_hi, &max_new, e);
+    long long max_new = 0, seed = 0, lp = -1;
+    int r;
+    if (ep == EP_COMPLETIONS) {
+        if (get_int(body, "logprobs", "logprobs", 0, 20, &lp, e) < 0) return -1;
+        if (get_bool(body, "echo", "echo", &j->echo, e) < 0) return -1;
+        if (!j->echo) free(j->echo_text), j->echo_text = NULL; /* kept for echo only */
+    } else if (ep == EP_CHAT) { /* logprobs: bool, top_logprobs: 0..20 (needs logprobs) */
+        int on = 0;
+        if (get_bool(body, "logprobs", "logprobs", &on, e) < 0) return -1;
+        long long k = 0;
+        const int rk = get_int(body, "top_logprobs", "top_logprobs", 0, 20, &k, e);
+        if (rk < 0) return -1;
+        if (rk && !on) {
+            api_seterr(e, 400, "top_logprobs", "'top_logprobs' needs \"logprobs\": true");
+            return -1;
+        }
+        if (on) lp = k;
+    }
+    j->logprobs = (int)lp;
+    r = get_int(o, ep == EP_GENERATE ? "max_new_tokens" : "max_tokens", p_max, j->echo ? 0 : 1, max_new_hi,
+                &max_new, e);
     if (r < 0) return -1;
     if (r == 0 && ep == EP_CHAT) {
         r = get_int(o, "max_completion_tokens", "max_completion_tokens", 1, max_new_hi, &max_new, e);
@@ -402,9 +430,14 @@ int api_parse_generation(struct dfl_server *srv, endpoint ep, cJSON *body, job *
     j->seed_given = r;
     if (get_bool(o, "ignore_eos", p_eos, &j->ignore_eos, e) < 0) return -1;
     if (parse_stop(o, p_stop, j, e) < 0) return -1;
-    if (check_unsupported(o, pre, temp == 0, e) < 0) return -1;
-    if (ep == EP_GENERATE && check_unsupported(body, "", temp == 0, e) < 0) return -1;
+    if (check_unsupported(o, pre, temp == 0, ep, e) < 0) return -1;
+    if (ep == EP_GENERATE && check_unsupported(body, "", temp == 0, ep, e) < 0) return -1;
     if (get_bool(body, "stream", "stream", &j->stream, e) < 0) return -1;
+    if (ep != EP_GENERATE && j->stream && (j->logprobs >= 0 || j->echo)) {
+        const char *f = j->logprobs >= 0 ? "logprobs" : "echo";
+        api_seterr(e, 400, f, "'%s' is not supported with \"stream\": true (send the request unstreamed)", f);
+        return -1;
+    }
     cJSON *so = field(body, "stream_options");
     if (so && ep != EP_GENERATE) {
         if (!cJSON_IsObject(so)) {
@@ -491,6 +524,127 @@ cJSON *api_detokenize(struct dfl_server *srv, cJSON *body, api_err *e) {
 
 /* ---- responses ---- */
 
+float api_logprobs_row(const float *row, int V, int32_t token, int k, int32_t *top_id, float *top_lp) {
+    float mx = row[0];
+    for (int i = 1; i < V; i++)
+        if (row[i] > mx) mx = row[i];
+    double sum = 0;
+    for (int i = 0; i < V; i++) sum += exp((double)row[i] - mx);
+    const double lse = mx + log(sum);
+    /* the k largest, kept sorted (most probable first; a later id never displaces an equal one) */
+    int n = 0;
+    for (int i = 0; i < V && k > 0; i++) {
+        if (n == k && row[i] <= row[top_id[k - 1]]) continue;
+        int at = n < k ? n++ : k - 1;
+        while (at > 0 && row[top_id[at - 1]] < row[i]) {
+            top_id[at] = top_id[at - 1];
+            at--;
+        }
+        top_id[at] = i;
+    }
+    for (int i = 0; i < n; i++) top_lp[i] = (float)(row[top_id[i]] - lse);
+    return (float)(row[token] - lse);
+}
+
+/* A token's text as the logprobs list it: the token decoded alone ("" for an id the tokenizer
+ * does not know, as its decode drops those). */
+static char *token_str(struct dfl_server *srv, int32_t id) {
+    if (!tok_has_id(srv->tok, id)) return strdup("");
+    return tok_decode(srv->tok, &id, 1, 0);
+}
+
+/* Chat: {"content": [{"token", "logprob", "bytes", "top_logprobs": [{"token", "logprob", "bytes"}]}]}
+ * over the output tokens, top_logprobs the k most probable. */
+static cJSON *bytes_of(const char *s) {
+    cJSON *a = cJSON_CreateArray();
+    for (; *s; s++) cJSON_AddItemToArray(a, cJSON_CreateNumber((unsigned char)*s));
+    return a;
+}
+
+static cJSON *chat_logprobs(struct dfl_server *srv, const job *j) {
+    cJSON *lo = cJSON_CreateObject(), *content = cJSON_AddArrayToObject(lo, "content");
+    const size_t k = (size_t)j->logprobs;
+    for (int i = 0; i < j->out.n; i++) {
+        const size_t p = (size_t)j->n_prompt + (size_t)i;
+        char *ts = token_str(srv, j->out.ids[i]);
+        if (!ts) {
+            cJSON_Delete(lo);
+            return NULL;
+        }
+        cJSON *x = cJSON_CreateObject();
+        cJSON_AddStringToObject(x, "token", ts);
+        cJSON_AddNumberToObject(x, "logprob", j->lp[p]);
+        cJSON_AddItemToObject(x, "bytes", bytes_of(ts));
+        free(ts);
+        cJSON *tops = cJSON_AddArrayToObject(x, "top_logprobs");
+        for (size_t a = 0; a < k; a++) {
+            char *as = token_str(srv, j->top_id[p * k + a]);
+            if (!as) continue;
+            cJSON *t = cJSON_CreateObject();
+            cJSON_AddStringToObject(t, "token", as);
+            cJSON_AddNumberToObject(t, "logprob", j->top_lp[p * k + a]);
+            cJSON_AddItemToObject(t, "bytes", bytes_of(as));
+            cJSON_AddItemToArray(tops, t);
+            free(as);
+        }
+        cJSON_AddItemToArray(content, x);
+    }
+    return lo;
+}
+
+static size_t utf8_chars(const char *s) {
+    size_t n = 0;
+    for (; *s; s++) n += ((unsigned char)*s & 0xC0) != 0x80;
+    return n;
+}
+
+/* OpenAI completions logprobs: tokens, token_logprobs, top_logprobs, text_offset over the echoed
+ * prompt tokens (the first has none: null) and the output tokens. text_offset counts characters
+ * as vLLM does (each token's offset is the previous one's plus the length of its token string)
+ * from 0, the start of the returned text. */
+static cJSON *completion_logprobs(struct dfl_server *srv, const job *j) {
+    cJSON *lo = cJSON_CreateObject();
+    cJSON *toks = cJSON_AddArrayToObject(lo, "tokens"), *lps = cJSON_AddArrayToObject(lo, "token_logprobs");
+    cJSON *tops = cJSON_AddArrayToObject(lo, "top_logprobs"), *offs = cJSON_AddArrayToObject(lo, "text_offset");
+    const int np = j->echo ? j->n_prompt : 0, k = j->logprobs;
+    size_t off = 0;
+    for (int q = 0; q < np + j->out.n; q++) {
+        const int32_t id = q < np ? j->prompt[q] : j->out.ids[q - np];
+        const size_t p = q < np ? (size_t)q : (size_t)j->n_prompt + (size_t)(q - np);
+        char *ts = token_str(srv, id);
+        if (!ts) {
+            cJSON_Delete(lo);
+            return NULL;
+        }
+        cJSON_AddItemToArray(toks, cJSON_CreateString(ts));
+        cJSON_AddItemToArray(offs, cJSON_CreateNumber((double)off));
+        off += utf8_chars(ts);
+        if (isnan(j->lp[p])) {
+            cJSON_AddItemToArray(lps, cJSON_CreateNull());
+            cJSON_AddItemToArray(tops, cJSON_CreateNull());
+            free(ts);
+            continue;
+        }
+        cJSON_AddItemToArray(lps, cJSON_CreateNumber(j->lp[p]));
+        /* the k most probable, and the token itself when it is not among them (as OpenAI: up to
+         * logprobs + 1 entries); token strings that repeat keep their first (most probable) entry */
+        cJSON *t = cJSON_CreateObject();
+        int have_self = 0;
+        for (int i = 0; i < k; i++) {
+            const int32_t a = j->top_id[p * (size_t)k + (size_t)i];
+            have_self |= a == id;
+            char *as = token_str(srv, a);
+            if (as && !cJSON_GetObjectItemCaseSensitive(t, as))
+                cJSON_AddNumberToObject(t, as, j->top_lp[p * (size_t)k + (size_t)i]);
+            free(as);
+        }
+        if (!have_self && !cJSON_GetObjectItemCaseSensitive(t, ts)) cJSON_AddNumberToObject(t, ts, j->lp[p]);
+        cJSON_AddItemToArray(tops, t);
+        free(ts);
+    }
+    return lo;
+}
+
 static int eos_stop(const job *j) {
     return j->out.stop_at < 0 && j->out.n > 0 && strcmp(j->finish, "stop") == 0;
 }
@@ -556,9 +710,37 @@ static cJSON *meta_info(const job *j, int final) {
     return m;
 }
 
+/* The prompt's text for echo (malloc'd): the request's string, or its ids decoded. */
+static char *echo_prefix(struct dfl_server *srv, const job *j) {
+    if (j->echo_text) return strdup(j->echo_text);
+    int32_t *ids = malloc((size_t)j->n_prompt * sizeof *ids);
+    if (!ids) return NULL;
+    int k = 0;
+    for (int i = 0; i < j->n_prompt; i++)
+        if (tok_has_id(srv->tok, j->prompt[i])) ids[k++] = j->prompt[i];
+    char *s = tok_decode(srv->tok, ids, (size_t)k, 0);
+    free(ids);
+    return s;
+}
+
 cJSON *api_response(struct dfl_server *srv, const job *j) {
     char *text = textout_final(&j->out);
     if (!text) return NULL;
+    char *echo = NULL;
+    if (j->ep == EP_COMPLETIONS && j->echo) {
+        char *pre = echo_prefix(srv, j);
+        const size_t a = pre ? strlen(pre) : 0, b = strlen(text);
+        echo = pre ? malloc(a + b + 1) : NULL;
+        if (!echo) {
+            free(pre), free(text);
+            return NULL;
+        }
+        memcpy(echo, pre, a);
+        memcpy(echo + a, text, b + 1);
+        free(text);
+        text = echo;
+        echo = pre;
+    }
     cJSON *r;
     if (j->ep == EP_GENERATE) {
         r = cJSON_CreateObject();
@@ -574,9 +756,14 @@ cJSON *api_response(struct dfl_server *srv, const job *j) {
             cJSON *msg = cJSON_AddObjectToObject(c, "message");
             cJSON_AddStringToObject(msg, "role", "assistant");
             cJSON_AddStringToObject(msg, "content", text);
+            cJSON *lo = j->logprobs >= 0 ? chat_logprobs(srv, j) : NULL;
+            if (lo) cJSON_AddItemToObject(c, "logprobs", lo);
+            else cJSON_AddNullToObject(c, "logprobs");
         } else {
             cJSON_AddStringToObject(c, "text", text);
-            cJSON_AddNullToObject(c, "logprobs");
+            cJSON *lo = j->logprobs >= 0 ? completion_logprobs(srv, j) : NULL;
+            if (lo) cJSON_AddItemToObject(c, "logprobs", lo);
+            else cJSON_AddNullToObject(c, "logprobs");
         }
         cJSON_AddItemToObject(c, "token_ids", int_array(j->out.ids, j->out.n));
         cJSON_AddStringToObject(c, "finish_reason", j->finish);
@@ -585,6 +772,7 @@ cJSON *api_response(struct dfl_server *srv, const job *j) {
         cJSON_AddItemToObject(r, "usage", usage(j));
     }
     free(text);
+    free(echo);
     return r;
 }
 

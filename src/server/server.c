@@ -8,6 +8,7 @@
  * callback appends. A connection that goes away cancels its job: the token callback returns
  * nonzero and spec_generate stops at once. */
 #include <errno.h>
+#include <math.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <unistd.h>
@@ -70,6 +71,7 @@ void job_free(job *j) {
     free(j->stops);
     free(j->sb);
     free(j->acc_len);
+    free(j->echo_text), free(j->lp), free(j->top_id), free(j->top_lp);
     textout_free(&j->out);
     pthread_cond_destroy(&j->cv);
     free(j);
@@ -175,6 +177,14 @@ static void on_round(void *ud, int start, const int32_t *block, int bs, const fl
     j->acc_len[j->n_rounds++] = accepted + 1;
 }
 
+/* opts.on_logits: the logprob of each committed token (prompt tokens with echo) and its top
+ * alternatives, from the target's logits row */
+static void on_logits(void *ud, int prompt, int i, int32_t token, const float *row, int V) {
+    job *j = ud;
+    const size_t p = prompt ? (size_t)i : (size_t)j->n_prompt + (size_t)i, k = (size_t)j->logprobs;
+    j->lp[p] = api_logprobs_row(row, V, token, j->logprobs, j->top_id + p * k, j->top_lp + p * k);
+}
+
 typedef struct run_ctx {
     dfl_server *srv;
     job *j;
@@ -242,10 +252,24 @@ static void run_job(dfl_server *srv, job *j) {
     if (srv->have_ds) dstate_reset(&srv->ds);
     dfl_draft_if dif;
     if (srv->have_ds) dif = spec_dflash_drafter(&srv->ds);
-    const dfl_gen_opts o = {.max_new = j->max_new, .block = srv->block, .tree_budget = srv->tree_budget,
-                            .temperature = j->temperature,
-                            .seed = j->seed, .ignore_eos = j->ignore_eos, .on_round = on_round, .on_round_ud = j};
-    int32_t *out = malloc((size_t)j->max_new * sizeof *out);
+    dfl_gen_opts o = {.max_new = j->max_new, .block = srv->block, .tree_budget = srv->tree_budget,
+                      .temperature = j->temperature,
+                      .seed = j->seed, .ignore_eos = j->ignore_eos, .on_round = on_round, .on_round_ud = j};
+    if (j->logprobs >= 0) {
+        const size_t n = (size_t)j->n_prompt + (size_t)j->max_new, k = (size_t)(j->logprobs ? j->logprobs : 1);
+        j->lp = malloc(n * sizeof *j->lp);
+        j->top_id = malloc(n * k * sizeof *j->top_id);
+        j->top_lp = malloc(n * k * sizeof *j->top_lp);
+        if (!j->lp || !j->top_id || !j->top_lp) {
+            j->err_status = 500;
+            snprintf(j->err_msg, sizeof j->err_msg, "out of memory for the logprobs of %zu tokens", n);
+            j->t_done = dfl_now();
+            return;
+        }
+        for (size_t p = 0; p < n; p++) j->lp[p] = NAN;
+        o.on_logits = on_logits, o.on_logits_ud = j, o.prompt_logits = j->echo;
+    }
+    int32_t *out = malloc((size_t)(j->max_new ? j->max_new : 1) * sizeof *out);
     run_ctx rc = {.srv = srv, .j = j};
     if (j->stream) stream_put_locked(srv, j, api_stream_start(srv, j));
     int r = out ? spec_generate(&srv->s, srv->have_ds ? &dif : NULL, j->prompt, j->n_prompt, &o, out, &j->st,

@@ -82,6 +82,9 @@ typedef struct job {
     char **stops;
     int n_stops;
     int stream, include_usage;
+    int logprobs;             /* completions: top alternatives per token (0..20); -1 = no logprobs */
+    int echo;                 /* completions: the prompt is prepended to the text (and scored) */
+    char *echo_text;          /* the prompt as echoed: the request's string, or its ids decoded */
     char id[48];
     long created;
     double t_start;
@@ -106,7 +109,16 @@ typedef struct job {
     char err_msg[320];
     double t_done;
     double t_last_tokens;     /* when on_tokens last ran (0: no token yet), worker only */
+    /* logprobs (log_softmax of the target's logits at temperature 1), logprobs >= 0 only:
+     * entry p < n_prompt is prompt token p (p >= 1, with echo), n_prompt + i output token i */
+    float *lp;                /* [n_prompt + max_new] the token's logprob; NAN = none */
+    int32_t *top_id;          /* [(n_prompt + max_new) * logprobs] most probable first */
+    float *top_lp;
 } job;
+
+/* log_softmax of row [V] at `token`, and the k most probable ids (most probable first, ties by
+ * lower id) with their logprobs; k <= 20. */
+float api_logprobs_row(const float *row, int V, int32_t token, int k, int32_t *top_id, float *top_lp);
 
 /* A Prometheus histogram with fixed upper bounds (+Inf implied). */
 #define SERVER_HIST_MAX 24

@@ -85,10 +85,12 @@ typedef struct gen {
     void *ud;
 } gen;
 
-/* Append committed tokens, stopping after an eos or at max_new; calls the stream callback. */
-static void commit(gen *g, const int32_t *toks, int n) {
+/* Append committed tokens, stopping after an eos or at max_new; calls the stream callback.
+ * rows[k]: the target's logits row behind toks[k] (for opts.on_logits; NULL when unset). */
+static void commit(gen *g, const int32_t *toks, int n, const float *const *rows) {
     int k = 0;
     while (k < n && !g->stopped) {
+        if (g->o->on_logits && rows) g->o->on_logits(g->o->on_logits_ud, 0, g->n_out, toks[k], rows[k], g->m->cfg.vocab);
         g->out[g->n_out++] = toks[k++];
         if (!g->o->ignore_eos && spec_is_eos(g->m, toks[k - 1])) {
             g->stopped = 1;
@@ -167,7 +169,9 @@ static int tree_round(dfl_state *s, dfl_draft_if *dr, dfl_tree *tree, int N, int
     int32_t acc[DFL_MAX_BLOCK];
     for (int k = 1; k < len; k++) acc[k - 1] = tree->token[path[k]];
     acc[a] = bonus;
-    commit(g, acc, a + 1);
+    const float *rows[DFL_MAX_BLOCK];
+    for (int k = 0; k <= a; k++) rows[k] = logits + (size_t)path[k] * V;
+    commit(g, acc, a + 1, rows);
     return DFL_OK;
 }
 
@@ -189,7 +193,7 @@ int spec_generate(dfl_state *s, dfl_draft_if *dr, const int32_t *prompt, int n_p
     st->max_block = B;
     st->stop = "max_new";
     st->accept_rule = o->temperature > 0 ? spec_accept_rule_name(o->accept_rule) : "greedy";
-    if (o->max_new < 1) return dfl_seterr("max_new must be >= 1");
+    if (o->max_new < 0) return dfl_seterr("max_new must be >= 0");
     /* a round verifies at most the tokens max_new leaves: a short run needs no batch of a full block */
     if (dr && (B < 2 || B > DFL_MAX_BLOCK || (B < o->max_new ? B : o->max_new) > s->max_batch))
         return dfl_seterr("block size %d: must be in [2, %d] and fit the run state (%d)", B, DFL_MAX_BLOCK,
@@ -214,8 +218,11 @@ int spec_generate(dfl_state *s, dfl_draft_if *dr, const int32_t *prompt, int n_p
     float *probs = malloc((size_t)V * sizeof(float));
     float *dlogits = dr ? malloc((size_t)B * V * sizeof(float)) : NULL;
     float *feat = dr ? malloc((size_t)rows * nf * H * sizeof(float)) : NULL;
+    /* every prompt row's logits, for opts.prompt_logits */
+    const int want_plog = o->on_logits && o->prompt_logits;
+    float *plog = want_plog ? malloc((size_t)(n_prompt < chunk ? n_prompt : chunk) * V * sizeof(float)) : NULL;
     int rc = DFL_ERR;
-    if (!logits || !probs || (dr && (!dlogits || !feat))) {
+    if (!logits || !probs || (dr && (!dlogits || !feat)) || (want_plog && !plog)) {
         dfl_seterr("out of memory for generation buffers");
         goto done;
     }
@@ -233,13 +240,26 @@ int spec_generate(dfl_state *s, dfl_draft_if *dr, const int32_t *prompt, int n_p
     for (int c0 = 0; c0 < n_prompt; c0 += chunk) {
         const int n = n_prompt - c0 < chunk ? n_prompt - c0 : chunk;
         const int last = c0 + n == n_prompt;
-        if (model_forward(s, prompt + c0, n, last ? logits : NULL, 1, dr ? &cap : NULL)) goto done;
+        if (want_plog) {
+            if (model_forward(s, prompt + c0, n, plog, 0, dr ? &cap : NULL)) goto done;
+            for (int r = 0; r < n && c0 + r + 1 < n_prompt; r++)
+                o->on_logits(o->on_logits_ud, 1, c0 + r + 1, prompt[c0 + r + 1], plog + (size_t)r * V, V);
+            if (last) memcpy(logits, plog + (size_t)(n - 1) * V, (size_t)V * sizeof(float));
+        } else if (model_forward(s, prompt + c0, n, last ? logits : NULL, 1, dr ? &cap : NULL)) {
+            goto done;
+        }
         if (dr && dr->add_context(dr->ctx, feat, n)) goto done;
+    }
+    st->t_prefill = dfl_now() - t0;
+    if (o->max_new == 0) { /* the prefill only */
+        rc = DFL_OK;
+        goto done;
     }
     int32_t first = pick(logits, V, o, probs, &rng);
     st->t_prefill = dfl_now() - t0;
     t0 = dfl_now();
-    commit(&g, &first, 1);
+    const float *row0 = logits;
+    commit(&g, &first, 1, &row0);
 
     int32_t block[DFL_MAX_BLOCK], acc[DFL_MAX_BLOCK];
     while (!g.stopped) {
@@ -261,7 +281,7 @@ int spec_generate(dfl_state *s, dfl_draft_if *dr, const int32_t *prompt, int n_p
             st->rounds++;
             st->accept_hist[0]++;
             if (o->on_round) o->on_round(o->on_round_ud, start, &anchor, 1, NULL, V, 0);
-            commit(&g, &next, 1);
+            commit(&g, &next, 1, &row0);
             continue;
         }
         /* 2. draft; the drafter's context must end right before the anchor */
@@ -342,7 +362,9 @@ int spec_generate(dfl_state *s, dfl_draft_if *dr, const int32_t *prompt, int n_p
         if (o->on_round) o->on_round(o->on_round_ud, start, block, bs, dlogits, V, a);
         for (int k = 0; k < a; k++) acc[k] = block[k + 1];
         acc[a] = bonus;
-        commit(&g, acc, a + 1);
+        const float *rows[DFL_MAX_BLOCK];
+        for (int k = 0; k <= a; k++) rows[k] = logits + (size_t)k * V;
+        commit(&g, acc, a + 1, rows);
     }
     st->t_decode = dfl_now() - t0;
     st->generated = g.n_out;
@@ -352,6 +374,6 @@ int spec_generate(dfl_state *s, dfl_draft_if *dr, const int32_t *prompt, int n_p
 done:
     s->no_record = no_record0;
     ddtree_free(&tree);
-    free(logits), free(probs), free(dlogits), free(feat);
+    free(logits), free(probs), free(dlogits), free(feat), free(plog);
     return rc;
 }

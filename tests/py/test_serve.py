@@ -23,7 +23,7 @@ import subprocess
 import threading
 import time
 
-from dfltest import DFL, Tally, dfl, dfl_json, fixture
+from dfltest import DFL, Tally, dfl, dfl_json, fixture, reference
 
 t = Tally("serve")
 TINY, D3 = fixture("qwen3_tiny"), fixture("dflash_qwen3")
@@ -445,10 +445,149 @@ def tree_budget():
             t.check(r.get("meta_info", {}).get("spec_verify_ct") == ref["stats"]["rounds"], "DDTree rounds")
         st, r = srv.json("/v1/completions", {"prompt": PROMPTS[0], "max_tokens": 4, "temperature": 0.7})
         t.check(st == 400 and "DDTree" in r.get("error", {}).get("message", ""), f"sampling with DDTree: {st} {r}")
+        # logprobs from the tree's rows (the accepted path's nodes) against transformers
+        import tempfile
+        from safetensors.numpy import load_file
+        st, r = srv.json("/v1/completions", {"prompt": PROMPTS[0], "max_tokens": 24, "temperature": 0,
+                                             "ignore_eos": True, "logprobs": 2})
+        _, tk = srv.json("/tokenize", {"text": PROMPTS[0]})
+        gen, pids = r["choices"][0]["token_ids"], tk["tokens"]
+        ref_path = os.path.join(tempfile.mkdtemp(prefix="dfl-lp-"), "ref.safetensors")
+        reference("--model", VLM, "--ids", ",".join(map(str, pids + gen)), "--out", ref_path)
+        ref = log_softmax_rows(load_file(ref_path)["logits"])
+        tl = r["choices"][0]["logprobs"]["token_logprobs"]
+        worst = max(abs(ref[len(pids) - 1 + i, g] - tl[i]) for i, g in enumerate(gen))
+        t.check(st == 200 and len(tl) == 24 and worst < 1e-4, f"DDTree logprobs vs transformers: worst {worst:.3g}")
     finally:
         t.check(srv.stop() == 0, "DDTree server exits cleanly")
 
 
+def log_softmax_rows(logits):
+    """float64 log_softmax over the last axis of a numpy array."""
+    import numpy as np
+    x = logits.astype(np.float64)
+    m = x.max(axis=-1, keepdims=True)
+    return x - m - np.log(np.exp(x - m).sum(axis=-1, keepdims=True))
+
+
+def logprobs_echo():
+    """logprobs and echo on /v1/completions: greedy tokens' logprobs against transformers'
+    log_softmax over the same sequence (tools/reference/hf_forward.py), the top-1 alternative is
+    the greedy token, the tokens are the same with and without logprobs (greedy and sampled),
+    echo + max_tokens 0/1 scores the prompt as lm-eval's loglikelihood requests do, bad values
+    give 400 naming the field."""
+    import tempfile
+    from safetensors.numpy import load_file
+    tol = 1e-4
+    srv = Server(TINY, D3)
+    try:
+        n_new = 12
+        base = {"prompt": PROMPTS[0], "max_tokens": n_new, "temperature": 0, "ignore_eos": True}
+        st, plain = srv.json("/v1/completions", base)
+        st2, lp = srv.json("/v1/completions", {**base, "logprobs": 5})
+        t.check(st == st2 == 200, f"logprobs request: {st} {st2} {lp}")
+        gen = plain["choices"][0]["token_ids"]
+        ref_gen = generate(TINY, D3, PROMPTS[0], n_new, ignore_eos=True)["tokens"]
+        t.check(gen == lp["choices"][0]["token_ids"] == ref_gen,
+                f"greedy tokens with/without logprobs/generate: {gen} {lp['choices'][0]['token_ids']} {ref_gen}")
+        t.check(plain["choices"][0]["logprobs"] is None, "no logprobs unless asked")
+        L = lp["choices"][0]["logprobs"]
+        t.check(len(L["tokens"]) == len(L["token_logprobs"]) == len(L["top_logprobs"]) == len(L["text_offset"])
+                == n_new, f"logprobs lengths: {L}")
+        t.check("".join(L["tokens"]) == lp["choices"][0]["text"], "tokens concatenate to the text")
+        t.check(L["text_offset"][0] == 0 and all(L["text_offset"][i + 1] == L["text_offset"][i] + len(L["tokens"][i])
+                                                 for i in range(n_new - 1)), f"text_offset {L['text_offset']}")
+        for i in range(n_new):
+            top = L["top_logprobs"][i]
+            best = max(top, key=top.get)
+            t.check(len(top) <= 5 + 1 and best == L["tokens"][i] and abs(top[best] - L["token_logprobs"][i]) < 1e-6,
+                    f"top-1 at {i} is the greedy token: {top} vs {L['tokens'][i]}")
+        # the reference: transformers over prompt + output, log_softmax at temperature 1
+        _, tk = srv.json("/tokenize", {"text": PROMPTS[0]})
+        pids = tk["tokens"]
+        seq = pids + gen
+        tmp = tempfile.mkdtemp(prefix="dfl-lp-")
+        ref_path = os.path.join(tmp, "ref.safetensors")
+        reference("--model", TINY, "--ids", ",".join(map(str, seq)), "--out", ref_path)
+        ref = log_softmax_rows(load_file(ref_path)["logits"])
+        want = [ref[len(pids) - 1 + i, gen[i]] for i in range(n_new)]
+        worst = max(abs(a - b) for a, b in zip(want, L["token_logprobs"]))
+        t.check(worst < tol, f"greedy token logprobs vs transformers: worst |diff| {worst:.3g}")
+        for i in range(n_new):  # the alternatives' values too
+            row = ref[len(pids) - 1 + i]
+            order = sorted(range(len(row)), key=lambda v: -row[v])[:5]
+            t.check(abs(row[order[0]] - max(L["top_logprobs"][i].values())) < tol
+                    and abs(row[order[1]] - sorted(L["top_logprobs"][i].values())[-2]) < tol,
+                    f"top_logprobs at {i} vs transformers")
+        print(f"logprobs vs transformers: worst |diff| {worst:.3g}", flush=True)
+        # sampled: the same tokens with and without logprobs
+        samp = {"prompt": PROMPTS[1], "max_tokens": 24, "temperature": 0.8, "seed": 7, "ignore_eos": True}
+        _, a = srv.json("/v1/completions", samp)
+        _, b = srv.json("/v1/completions", {**samp, "logprobs": 3})
+        t.check(a["choices"][0]["token_ids"] == b["choices"][0]["token_ids"] and len(a["choices"][0]["token_ids"]) == 24,
+                "sampled tokens with and without logprobs")
+        t.check(all(x <= 0 for x in b["choices"][0]["logprobs"]["token_logprobs"]), "logprobs <= 0")
+        # lm-eval's loglikelihood shape: prompt = context + continuation ids, echo, logprobs 1, max_tokens 0 or 1
+        ctx = len(pids)
+        cont_ref = sum(want[:6])
+        for mt in (0, 1):
+            st, r = srv.json("/v1/completions", {"prompt": [seq[:ctx + 6]], "echo": True, "logprobs": 1,
+                                                 "max_tokens": mt, "temperature": 0, "seed": 1234})
+            c = r.get("choices", [{}])[0]
+            L = c.get("logprobs") or {}
+            tl = L.get("token_logprobs", [])
+            t.check(st == 200 and len(tl) == ctx + 6 + mt and tl[0] is None and L["top_logprobs"][0] is None,
+                    f"echo max_tokens {mt}: {st} {r}")
+            if len(tl) != ctx + 6 + mt:
+                continue
+            got = sum(tl[ctx:ctx + 6])
+            t.check(abs(got - cont_ref) < tol, f"echo max_tokens {mt}: continuation logprob {got} vs {cont_ref}")
+            prompt_ref = [ref[p - 1, seq[p]] for p in range(1, ctx + 6)]
+            w = max(abs(a - b) for a, b in zip(prompt_ref, tl[1:ctx + 6]))
+            t.check(w < tol, f"echo max_tokens {mt}: prompt logprobs vs transformers, worst {w:.3g}")
+            greedy = all(tl[p] == max(L["top_logprobs"][p].values()) for p in range(ctx, ctx + 6))
+            t.check(greedy, "the greedy continuation is greedy by lm-eval's test")
+            t.check(c["text"].startswith(PROMPTS[0]) and len(c["token_ids"]) == mt, f"echo text {c['text']!r}")
+            if mt:
+                t.check(c["token_ids"] == [gen[6]], f"max_tokens 1 after the echo: {c['token_ids']} vs {gen[6]}")
+        st, r = srv.json("/v1/completions", {"prompt": PROMPTS[0], "echo": True, "max_tokens": 3, "temperature": 0,
+                                             "ignore_eos": True})
+        t.check(st == 200 and r["choices"][0]["text"].startswith(PROMPTS[0]) and r["choices"][0]["token_ids"] == gen[:3]
+                and plain["choices"][0]["text"].startswith(r["choices"][0]["text"][len(PROMPTS[0]):])
+                and r["choices"][0]["logprobs"] is None, f"echo without logprobs: {r}")
+        # bad values name the field
+        for body, param in [({"logprobs": 21}, "logprobs"), ({"logprobs": -1}, "logprobs"), ({"logprobs": "x"}, "logprobs"),
+                            ({"logprobs": 1.5}, "logprobs"), ({"echo": "yes"}, "echo"), ({"max_tokens": 0}, "max_tokens"),
+                            ({"logprobs": 1, "stream": True}, "logprobs"), ({"echo": True, "stream": True}, "echo")]:
+            st, r = srv.json("/v1/completions", {"prompt": "a", **body})
+            t.check(st == 400 and r.get("error", {}).get("param") == param, f"{body}: {st} {r}")
+        for body, param in [({"logprobs": True, "stream": True}, "logprobs"), ({"top_logprobs": 2}, "top_logprobs"),
+                            ({"logprobs": 1}, "logprobs"), ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+                            ({"echo": True}, "echo")]:
+            st, r = srv.json("/v1/chat/completions", {"messages": [{"role": "user", "content": "a"}], **body})
+            t.check(st == 400 and r.get("error", {}).get("param") == param, f"chat {body}: {st} {r}")
+        # chat: the same numbers as a completion of the ChatML text
+        msgs = [{"role": "user", "content": PROMPTS[1]}]
+        st, c = srv.json("/v1/chat/completions", {"messages": msgs, "max_tokens": 8, "temperature": 0, "ignore_eos": True,
+                                                  "logprobs": True, "top_logprobs": 3})
+        chatml = f"<|im_start|>user\n{PROMPTS[1]}<|im_end|>\n<|im_start|>assistant\n"
+        _, p = srv.json("/v1/completions", {"prompt": chatml, "max_tokens": 8, "temperature": 0, "ignore_eos": True,
+                                            "logprobs": 3})
+        content = (c.get("choices", [{}])[0].get("logprobs") or {}).get("content", [])
+        pl = p["choices"][0]["logprobs"]
+        t.check(st == 200 and len(content) == 8 and c["choices"][0]["token_ids"] == p["choices"][0]["token_ids"]
+                and [x["token"] for x in content] == pl["tokens"]
+                and all(abs(x["logprob"] - y) < 1e-6 for x, y in zip(content, pl["token_logprobs"]))
+                and all(len(x["top_logprobs"]) == 3 and x["top_logprobs"][0]["token"] == x["token"]
+                        and x["top_logprobs"][0]["logprob"] == x["logprob"] and bytes(x["bytes"]).decode() == x["token"]
+                        for x in content), f"chat logprobs: {st} {c}")
+        _, c0 = srv.json("/v1/chat/completions", {"messages": msgs, "max_tokens": 2, "logprobs": False})
+        t.check(c0["choices"][0]["logprobs"] is None, "chat without logprobs: null")
+    finally:
+        t.check(srv.stop() == 0, "logprobs server exits cleanly")
+
+
+t.run(logprobs_echo)
 t.run(tree_budget)
 t.run(outputs_match, TINY, D3)
 t.run(outputs_match, TINY, None)

@@ -1,6 +1,8 @@
 /* dfl serve in-process (qwen3_tiny + dflash_qwen3 on a free port), driven with libcurl:
  * /health; completions (greedy and seeded sampling, OpenAI and SGLang forms, streamed) equal
- * spec_generate's output for the same prompt and options; stop strings cut the text; a bounded
+ * spec_generate's output for the same prompt and options; logprobs (greedy and echoed prompt
+ * tokens) equal a plain forward's log_softmax, with the same tokens as without them; stop
+ * strings cut the text; a bounded
  * load run (200 requests from 4 client threads) completes without error; malformed JSON and
  * wrong types -> 400, unknown path -> 404, wrong method -> 405, oversize body -> 413, queue
  * overflow -> 503 (the queue brought into a known state with server_hold); a NUL in a JSON string
@@ -10,6 +12,7 @@
  * checks for leaks). Every wait is bounded and generous: nothing depends on timing. */
 #include <arpa/inet.h>
 #include <errno.h>
+#include <math.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
@@ -332,6 +335,148 @@ static void expect_error(int port, const char *method, const char *path, const c
     free(r.body);
 }
 
+/* log_softmax rows of the target over seq in one plain forward (no speculation): ref[t * V + v]
+ * = log p(v | seq[0..t]); malloc'd, NULL on error. */
+static double *ref_logprobs(const int32_t *seq, int n, int *V) {
+    dfl_model m;
+    if (model_open(&m, test_fixture("qwen3_tiny"), 0) != DFL_OK) return NULL;
+    *V = m.cfg.vocab;
+    dfl_state s;
+    float *lg = malloc((size_t)n * *V * sizeof *lg);
+    double *out = malloc((size_t)n * *V * sizeof *out);
+    int ok = 0;
+    if (lg && out && state_init(&s, &m, n, n, 0) == DFL_OK) {
+        ok = model_forward(&s, seq, n, lg, 0, NULL) == DFL_OK;
+        state_free(&s);
+    }
+    for (int t = 0; t < n && ok; t++) {
+        const float *row = lg + (size_t)t * *V;
+        double mx = row[0], sum = 0;
+        for (int v = 0; v < *V; v++) mx = row[v] > mx ? row[v] : mx;
+        for (int v = 0; v < *V; v++) sum += exp(row[v] - mx);
+        for (int v = 0; v < *V; v++) out[(size_t)t * *V + v] = row[v] - mx - log(sum);
+    }
+    free(lg);
+    model_close(&m);
+    if (!ok) free(out);
+    return ok ? out : NULL;
+}
+
+static cJSON *choice0(cJSON *o) { return cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(o, "choices"), 0); }
+
+static cJSON *lp_field(cJSON *o, const char *name) {
+    return cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(choice0(o), "logprobs"), name);
+}
+
+/* logprobs and echo on /v1/completions against a plain forward's log_softmax. */
+static void test_logprobs(int port) {
+    enum { NG = 12, NC = 5 };
+    char body[1024];
+    int32_t ref[64], got[64], seq[NP + NG];
+    dfl_gen_stats st;
+    const int nr = reference(NG, 0, 0, 1, ref, &st);
+    CHECK(nr == NG, "reference failed: %s", dfl_errmsg());
+    if (nr != NG) return;
+    memcpy(seq, prompt, sizeof prompt);
+    memcpy(seq + NP, ref, NG * sizeof *ref);
+    int V = 0;
+    double *lp = ref_logprobs(seq, NP + NG, &V);
+    CHECK(lp, "reference logprobs: %s", dfl_errmsg());
+    if (!lp) return;
+    /* greedy: the tokens of spec_generate, each token's logprob, the top-1 alternative is it */
+    snprintf(body, sizeof body, "{\"prompt\": %s, \"max_tokens\": %d, \"temperature\": 0, \"ignore_eos\": true, "
+             "\"logprobs\": 3}", prompt_json(), NG);
+    reply r = http(port, NULL, "/v1/completions", body, 0);
+    cJSON *o = json_of(&r);
+    CHECK(r.status == 200 && o, "logprobs completion: %ld %s", r.status, r.body ? r.body : "");
+    check_equal("greedy completion with logprobs", got, ids_at(o, completion_ids, 3, got, 64), ref, nr);
+    cJSON *tl = lp_field(o, "token_logprobs"), *top = lp_field(o, "top_logprobs");
+    CHECK(cJSON_GetArraySize(tl) == NG && cJSON_GetArraySize(top) == NG &&
+              cJSON_GetArraySize(lp_field(o, "tokens")) == NG && cJSON_GetArraySize(lp_field(o, "text_offset")) == NG,
+          "logprobs arrays: %s", r.body ? r.body : "");
+    double worst = 0;
+    for (int i = 0; i < NG && cJSON_GetArraySize(tl) == NG; i++) {
+        const double want = lp[(size_t)(NP - 1 + i) * V + ref[i]], g = cJSON_GetArrayItem(tl, i)->valuedouble;
+        worst = fabs(want - g) > worst ? fabs(want - g) : worst;
+        cJSON *t = cJSON_GetArrayItem(top, i), *best = t ? t->child : NULL;
+        const char *tok = cJSON_GetStringValue(cJSON_GetArrayItem(lp_field(o, "tokens"), i));
+        CHECK(best && tok && strcmp(best->string, tok) == 0 && best->valuedouble == g && cJSON_GetArraySize(t) <= 4,
+              "top-1 at %d is not the greedy token %s", i, tok ? tok : "?");
+    }
+    CHECK(worst < 1e-4, "greedy token logprobs vs a plain forward: worst |diff| %g", worst);
+    cJSON_Delete(o);
+    free(r.body);
+    /* sampled: the same tokens with and without logprobs */
+    int32_t a[64];
+    int na = -1, nb = -2;
+    for (int with = 0; with < 2; with++) {
+        snprintf(body, sizeof body, "{\"prompt\": %s, \"max_tokens\": 20, \"temperature\": 0.8, \"seed\": 5, "
+                 "\"ignore_eos\": true%s}", prompt_json(), with ? ", \"logprobs\": 0" : "");
+        r = http(port, NULL, "/v1/completions", body, 0);
+        o = json_of(&r);
+        if (with) nb = ids_at(o, completion_ids, 3, got, 64);
+        else na = ids_at(o, completion_ids, 3, a, 64);
+        if (with) CHECK(cJSON_GetArraySize(lp_field(o, "token_logprobs")) == 20, "sampled logprobs: %s", r.body);
+        cJSON_Delete(o);
+        free(r.body);
+    }
+    check_equal("sampled completion with logprobs", got, nb, a, na);
+    /* echo, max_tokens 0 (lm-eval's loglikelihood): prompt = context + continuation */
+    char ids[512];
+    int k = snprintf(ids, sizeof ids, "[");
+    for (int i = 0; i < NP + NC; i++) k += snprintf(ids + k, sizeof ids - k, "%s%d", i ? "," : "", seq[i]);
+    snprintf(ids + k, sizeof ids - k, "]");
+    snprintf(body, sizeof body, "{\"prompt\": %s, \"max_tokens\": 0, \"echo\": true, \"logprobs\": 1}", ids);
+    r = http(port, NULL, "/v1/completions", body, 0);
+    o = json_of(&r);
+    tl = lp_field(o, "token_logprobs");
+    CHECK(r.status == 200 && cJSON_GetArraySize(tl) == NP + NC && cJSON_IsNull(cJSON_GetArrayItem(tl, 0)) &&
+              cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(choice0(o), "token_ids")) == 0,
+          "echo max_tokens 0: %ld %s", r.status, r.body ? r.body : "");
+    double sum = 0, want = 0;
+    worst = 0;
+    for (int p = 1; p < NP + NC && cJSON_GetArraySize(tl) == NP + NC; p++) {
+        const double w = lp[(size_t)(p - 1) * V + seq[p]], g = cJSON_GetArrayItem(tl, p)->valuedouble;
+        worst = fabs(w - g) > worst ? fabs(w - g) : worst;
+        if (p >= NP) sum += g, want += w;
+    }
+    CHECK(worst < 1e-4 && fabs(sum - want) < 1e-4, "echo logprobs: worst |diff| %g, continuation %g vs %g", worst, sum,
+          want);
+    cJSON_Delete(o);
+    free(r.body);
+    free(lp);
+    /* chat: the logprobs of the generated tokens, top_logprobs k entries, the first the greedy token */
+    r = http(port, NULL, "/v1/chat/completions",
+             "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"max_tokens\": 6, \"temperature\": 0, "
+             "\"ignore_eos\": true, \"logprobs\": true, \"top_logprobs\": 2}", 0);
+    o = json_of(&r);
+    cJSON *content = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(choice0(o), "logprobs"), "content");
+    int chat_ok = r.status == 200 && cJSON_GetArraySize(content) == 6;
+    for (cJSON *x = content ? content->child : NULL; x && chat_ok; x = x->next) {
+        cJSON *tops = cJSON_GetObjectItemCaseSensitive(x, "top_logprobs");
+        chat_ok = cJSON_GetArraySize(tops) == 2 &&
+                  cJSON_GetObjectItemCaseSensitive(tops->child, "logprob")->valuedouble ==
+                      cJSON_GetObjectItemCaseSensitive(x, "logprob")->valuedouble;
+    }
+    CHECK(chat_ok, "chat logprobs: %ld %s", r.status, r.body ? r.body : "");
+    cJSON_Delete(o);
+    free(r.body);
+    const char *bad[] = {"21", "-1", "\"x\"", "true", "2.5"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        snprintf(body, sizeof body, "{\"prompt\": \"x\", \"logprobs\": %s}", bad[i]);
+        expect_error(port, NULL, "/v1/completions", body, 400, "logprobs");
+    }
+    expect_error(port, NULL, "/v1/completions", "{\"prompt\": \"x\", \"echo\": 1}", 400, "echo");
+    expect_error(port, NULL, "/v1/completions", "{\"prompt\": \"x\", \"max_tokens\": 0}", 400, "max_tokens");
+    expect_error(port, NULL, "/v1/completions", "{\"prompt\": \"x\", \"logprobs\": 2, \"stream\": true}", 400,
+                 "logprobs");
+    expect_error(port, NULL, "/v1/chat/completions",
+                 "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"logprobs\": true, \"stream\": true}", 400,
+                 "logprobs");
+    expect_error(port, NULL, "/v1/chat/completions",
+                 "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"top_logprobs\": 2}", 400, "top_logprobs");
+}
+
 static void test_errors(int port, size_t max_body) {
     expect_error(port, NULL, "/v1/completions", "{\"prompt\": \"x\", ", 400, "body");
     expect_error(port, NULL, "/v1/completions", "[1, 2]", 400, "body");
@@ -604,8 +749,12 @@ int main(void) {
     curl_global_init(CURL_GLOBAL_DEFAULT);
     dfl_server_opts o;
     server_opts_default(&o);
-    o.target = test_fixture("qwen3_tiny");
-    o.drafter = test_fixture("dflash_qwen3");
+    /* own copies: test_fixture's buffers are a ring of 8, reused by the reference runs */
+    char target[4096], drafter[4096];
+    snprintf(target, sizeof target, "%s", test_fixture("qwen3_tiny"));
+    snprintf(drafter, sizeof drafter, "%s", test_fixture("dflash_qwen3"));
+    o.target = target;
+    o.drafter = drafter;
     o.port = 0;
     o.max_context = 2048;
     o.max_body = 16 * 1024;
@@ -620,6 +769,9 @@ int main(void) {
     double t0 = dfl_now();
     test_outputs(port);
     printf("outputs: %.2f s\n", dfl_now() - t0);
+    t0 = dfl_now();
+    test_logprobs(port);
+    printf("logprobs: %.2f s\n", dfl_now() - t0);
     test_errors(port, o.max_body);
     test_load(port);
     t0 = dfl_now();
