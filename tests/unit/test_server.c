@@ -116,12 +116,20 @@ static int reference(int max_new, float temp, uint64_t seed, int ignore_eos, int
     return rc;
 }
 
-static char *prompt_json(void) {
-    static char buf[128];
-    int k = snprintf(buf, sizeof buf, "[");
-    for (int i = 0; i < NP; i++) k += snprintf(buf + k, sizeof buf - k, "%s%d", i ? "," : "", prompt[i]);
-    snprintf(buf + k, sizeof buf - k, "]");
-    return buf;
+/* The prompt as a JSON array, written once: client threads read it concurrently (rewriting a
+ * shared buffer on every call let one thread read another's half-written text: a 400 now and then). */
+static char prompt_buf[128];
+static pthread_once_t prompt_once = PTHREAD_ONCE_INIT;
+
+static void prompt_fill(void) {
+    int k = snprintf(prompt_buf, sizeof prompt_buf, "[");
+    for (int i = 0; i < NP; i++) k += snprintf(prompt_buf + k, sizeof prompt_buf - k, "%s%d", i ? "," : "", prompt[i]);
+    snprintf(prompt_buf + k, sizeof prompt_buf - k, "]");
+}
+
+static const char *prompt_json(void) {
+    pthread_once(&prompt_once, prompt_fill);
+    return prompt_buf;
 }
 
 static void check_equal(const char *what, const int32_t *a, int na, const int32_t *b, int nb) {
