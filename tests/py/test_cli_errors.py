@@ -242,6 +242,12 @@ def messages():
                 code=2)
     expect_fail(gen + ["--max-new", "1e3"], "--max-new: expected an integer, found '1e3'", code=2)
     expect_fail(srv + ["--port", "65536"], "--port: 65536 is out of range [0, 65535]", code=2)
+    expect_fail(srv + ["--timeout", "-1"], "--timeout", "-1", code=2)
+    expect_fail(srv + ["--max-connections", "0"], "--max-connections", "0", code=2)
+    expect_fail(srv + ["--max-connections", "8", "--max-connections-per-client", "9"],
+                "--max-connections-per-client 9 exceeds --max-connections 8", code=2)
+    expect_fail(ev + ["--record-mode", "sometimes"], "--record-mode", "auto", "'sometimes'", code=2)
+    expect_fail(ev + ["--tokenizer", os.path.join(tmp, "no-such-tokenizer.json")], "no-such-tokenizer.json")
     expect_fail(["generate", "--target", tiny, "--prompt-ids", "1,99999999999"],
                 "--prompt-ids: token id 99999999999 is out of range")
     expect_fail(["hidden", "--target", tiny, "--layers", "1, 99999999999", "--prompt-ids", "1", "--out",
