@@ -112,6 +112,16 @@ static int mkdir_p(const char *dir) {
     return DFL_OK;
 }
 
+/* ChatML: the templated first turn, the assistant's content and its end, the templated second turn. */
+static char *chatml_two_turns(char *first, const char *content, char *second) {
+    const size_t n = strlen(first) + strlen(content) + strlen(second) + 32;
+    char *s = malloc(n);
+    if (s) snprintf(s, n, "%s%s<|im_end|>\n%s", first, content, second);
+    free(first);
+    free(second);
+    return s;
+}
+
 /* The conversation text for a turn: turn 1 alone, or turn 1 + the model's answer + turn 2. */
 static char *turn_text(const eval_prompt *p, int turn, const char *answer1, dfl_chat chat) {
     if (turn == 1 && chat == DFL_CHAT_CHATML_NOTHINK) {
@@ -123,13 +133,8 @@ static char *turn_text(const eval_prompt *p, int turn, const char *answer1, dfl_
         while ((e = strstr(content, "</think>"))) content = e + strlen("</think>");
         if (content != answer1)
             while (*content == '\n') content++;
-        char *first = prompt_format(p->turns[0], DFL_CHAT_CHATML), *second = prompt_format(p->turns[1], chat);
-        size_t n = strlen(first) + strlen(content) + strlen(second) + 32;
-        char *s = malloc(n);
-        snprintf(s, n, "%s%s<|im_end|>\n%s", first, content, second);
-        free(first);
-        free(second);
-        return s;
+        return chatml_two_turns(prompt_format(p->turns[0], DFL_CHAT_CHATML), content,
+                                prompt_format(p->turns[1], chat));
     }
     char *first = prompt_format(p->turns[0], chat);
     if (turn == 0 || chat == DFL_CHAT_NONE) {
@@ -141,13 +146,7 @@ static char *turn_text(const eval_prompt *p, int turn, const char *answer1, dfl_
         free(first);
         return s;
     }
-    char *second = prompt_format(p->turns[1], chat);
-    size_t n = strlen(first) + strlen(answer1) + strlen(second) + 32;
-    char *s = malloc(n);
-    snprintf(s, n, "%s%s<|im_end|>\n%s", first, answer1, second);
-    free(first);
-    free(second);
-    return s;
+    return chatml_two_turns(first, answer1, prompt_format(p->turns[1], chat));
 }
 
 /* The prompt set: a prompt file (its --format, or sniffed), or z-lab's selection with --protocol zlab. */

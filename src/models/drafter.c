@@ -25,12 +25,7 @@ static int bind_dlayer(dfl_drafter *d, ld_ctx *c, int i) {
     if (ld_attention(c, NAME(""), H, g->n_heads, g->n_kv_heads, hd, 0, 0,
                      (ld_attn){&l->q_proj, &l->k_proj, &l->v_proj, &l->o_proj, &l->q_norm, &l->k_norm}))
         return DFL_ERR;
-    ld_why(c, "intermediate_size %d, hidden_size %d", g->intermediate, H);
-    if (ld_mat(c, NAME("mlp.gate_proj.weight"), g->intermediate, H, &l->gate)) return DFL_ERR;
-    ld_why(c, "intermediate_size %d, hidden_size %d", g->intermediate, H);
-    if (ld_mat(c, NAME("mlp.up_proj.weight"), g->intermediate, H, &l->up)) return DFL_ERR;
-    ld_why(c, "hidden_size %d, intermediate_size %d", H, g->intermediate);
-    if (ld_mat(c, NAME("mlp.down_proj.weight"), H, g->intermediate, &l->down)) return DFL_ERR;
+    if (ld_mlp(c, NAME(""), H, g->intermediate, &l->gate, &l->up, &l->down)) return DFL_ERR;
 #undef NAME
     c->layer = -1;
     return DFL_OK;

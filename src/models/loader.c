@@ -179,3 +179,13 @@ int ld_attention(ld_ctx *c, const char *pre, int H, int n_heads, int n_kv, int h
 #undef ANAME
     return DFL_OK;
 }
+
+int ld_mlp(ld_ctx *c, const char *pre, int H, int I, dfl_mat *gate, dfl_mat *up, dfl_mat *down) {
+    char n[512];
+    ld_why(c, "intermediate_size %d, hidden_size %d", I, H);
+    if (ld_mat(c, (snprintf(n, sizeof n, "%smlp.gate_proj.weight", pre), n), I, H, gate)) return DFL_ERR;
+    ld_why(c, "intermediate_size %d, hidden_size %d", I, H);
+    if (ld_mat(c, (snprintf(n, sizeof n, "%smlp.up_proj.weight", pre), n), I, H, up)) return DFL_ERR;
+    ld_why(c, "hidden_size %d, intermediate_size %d", H, I);
+    return ld_mat(c, (snprintf(n, sizeof n, "%smlp.down_proj.weight", pre), n), H, I, down);
+}

@@ -37,6 +37,8 @@ typedef struct ld_attn {
     dfl_mat *q, *k, *v, *o;
     float **q_norm, **k_norm;
 } ld_attn;
+/* A SwiGLU MLP under `pre`: gate_proj / up_proj [I, H], down_proj [H, I]. */
+int ld_mlp(ld_ctx *c, const char *pre, int H, int I, dfl_mat *gate, dfl_mat *up, dfl_mat *down);
 int ld_attention(ld_ctx *c, const char *pre, int H, int n_heads, int n_kv, int hd, int gated, float norm_add,
                  ld_attn out);
 /* After binding everything: DFL_ERR naming every tensor the weight check found NaN/Inf in. */

@@ -116,12 +116,7 @@ static int bind_layer(dfl_model *m, ld_ctx *c, int i) {
         ld_why(c, "linear_value_head_dim %d", dv);
         if (!(l->gnorm = ld_vec1(c, NAME("linear_attn.norm.weight"), dv, 0))) return DFL_ERR;
     }
-    ld_why(c, "intermediate_size %d, hidden_size %d", g->intermediate, H);
-    if (ld_mat(c, NAME("mlp.gate_proj.weight"), g->intermediate, H, &l->gate)) return DFL_ERR;
-    ld_why(c, "intermediate_size %d, hidden_size %d", g->intermediate, H);
-    if (ld_mat(c, NAME("mlp.up_proj.weight"), g->intermediate, H, &l->up)) return DFL_ERR;
-    ld_why(c, "hidden_size %d, intermediate_size %d", H, g->intermediate);
-    if (ld_mat(c, NAME("mlp.down_proj.weight"), H, g->intermediate, &l->down)) return DFL_ERR;
+    if (ld_mlp(c, NAME(""), H, g->intermediate, &l->gate, &l->up, &l->down)) return DFL_ERR;
 #undef NAME
     c->layer = -1;
     return DFL_OK;

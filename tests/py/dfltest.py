@@ -2,6 +2,7 @@
 a tiny pass/fail tally that prints the closing 'N passed, N failed' line."""
 import json
 import os
+import struct
 import subprocess
 import sys
 
@@ -61,3 +62,22 @@ class Tally:
     def done(self):
         print(f"{self.name}: {self.passed} passed, {self.failed} failed")
         sys.exit(1 if self.failed else 0)
+
+
+# ---- raw safetensors files, for tests that damage them ----
+
+def st_read_raw(path):
+    """(header length, header dict, data bytes) of a .safetensors file."""
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        hdr = json.loads(f.read(n))
+        return n, hdr, f.read()
+
+
+def st_write_raw(path, hdr, data, hlen=None):
+    """Write a header dict and data bytes; hlen overrides the length field (a lie about the header)."""
+    h = json.dumps(hdr).encode()
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", hlen if hlen is not None else len(h)))
+        f.write(h)
+        f.write(data)

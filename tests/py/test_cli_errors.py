@@ -11,7 +11,7 @@ import tempfile
 import numpy as np
 from safetensors.numpy import load_file, save_file
 
-from dfltest import Tally, dfl, fixture
+from dfltest import Tally, dfl, fixture, st_read_raw, st_write_raw
 
 t = Tally("cli errors")
 tmp = tempfile.mkdtemp(prefix="dfl-bad-")
@@ -33,19 +33,7 @@ def expect_fail(args, *needles, code=None):
 
 
 def raw_header(path):
-    with open(path, "rb") as f:
-        n = struct.unpack("<Q", f.read(8))[0]
-        hdr = json.loads(f.read(n))
-        data = f.read()
-    return hdr, data
-
-
-def write_raw(path, hdr, data, hlen=None):
-    h = json.dumps(hdr).encode()
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", hlen if hlen is not None else len(h)))
-        f.write(h)
-        f.write(data)
+    return st_read_raw(path)[1:]
 
 
 def malformed_checkpoints():
@@ -61,7 +49,7 @@ def malformed_checkpoints():
     names = sorted((k for k in hdr if k != "__metadata__"), key=lambda k: hdr[k]["data_offsets"][0])
     b0, e0 = hdr[names[1]]["data_offsets"]
     hdr[names[1]]["data_offsets"] = [b0 - 4, e0 - 4]  # overlaps the previous tensor
-    write_raw(os.path.join(d, st), hdr, data)
+    st_write_raw(os.path.join(d, st), hdr, data)
     expect_fail(["inspect", d], "overlaps the previous tensor")
 
     d = copy_fixture("qwen3_tiny", "hole")
@@ -69,12 +57,12 @@ def malformed_checkpoints():
     last = names[-1]
     b, e = hdr[last]["data_offsets"]
     hdr[last]["data_offsets"] = [b + 4, e + 4]
-    write_raw(os.path.join(d, st), hdr, data + b"\0" * 4)
+    st_write_raw(os.path.join(d, st), hdr, data + b"\0" * 4)
     expect_fail(["inspect", d], "hole before it")
 
     d = copy_fixture("qwen3_tiny", "hdrsize")
     hdr, data = raw_header(os.path.join(d, st))
-    write_raw(os.path.join(d, st), hdr, data, hlen=10**8 - 1)
+    st_write_raw(os.path.join(d, st), hdr, data, hlen=10**8 - 1)
     expect_fail(["inspect", d], "beyond the end of the file")
 
     d = copy_fixture("qwen3_tiny", "badheader")

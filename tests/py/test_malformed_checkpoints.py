@@ -26,7 +26,7 @@ import torch
 from safetensors.numpy import load_file, save_file
 from safetensors.torch import load_file as load_torch, save_file as save_torch
 
-from dfltest import DFL, Tally, dfl, fixture
+from dfltest import DFL, Tally, dfl, fixture, st_read_raw, st_write_raw
 
 t = Tally("malformed checkpoints")
 tmp = tempfile.mkdtemp(prefix="dfl-malformed-")
@@ -77,17 +77,7 @@ def both(d, *needles, drafter=None):
 
 
 def read_header(path):
-    with open(path, "rb") as f:
-        n = struct.unpack("<Q", f.read(8))[0]
-        return n, json.loads(f.read(n))
-
-
-def write_raw(path, hdr, data, hlen=None):
-    h = json.dumps(hdr).encode()
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", hlen if hlen is not None else len(h)))
-        f.write(h)
-        f.write(data)
+    return st_read_raw(path)[:2]
 
 
 def data_of(path):
@@ -195,43 +185,43 @@ def offsets():
     d = copy_fixture(name, "offsets-past-eof")
     h = json.loads(json.dumps(hdr))
     h[last]["data_offsets"] = [b + 10**6, e + 10**6]
-    write_raw(os.path.join(d, ST), h, data)
+    st_write_raw(os.path.join(d, ST), h, data)
     both(d, os.path.join(d, ST), f"tensor '{last}'", f"data_offsets end {e + 10**6} beyond the data buffer "
          f"({len(data)} bytes)")
 
     d = copy_fixture(name, "offsets-huge")
     h = json.loads(json.dumps(hdr))
     h[last]["data_offsets"] = [2**62, 2**62 + (e - b)]
-    write_raw(os.path.join(d, ST), h, data)
+    st_write_raw(os.path.join(d, ST), h, data)
     both(d, os.path.join(d, ST), f"tensor '{last}'", "invalid data_offsets [4611686018427387904")
 
     d = copy_fixture(name, "offsets-negative")
     h = json.loads(json.dumps(hdr))
     h[last]["data_offsets"] = [-4, e - b - 4]
-    write_raw(os.path.join(d, ST), h, data)
+    st_write_raw(os.path.join(d, ST), h, data)
     both(d, os.path.join(d, ST), f"tensor '{last}'", "invalid data_offsets [-4")
 
     d = copy_fixture(name, "offsets-span")
     h = json.loads(json.dumps(hdr))
     h[last]["data_offsets"] = [b, e + 4]
-    write_raw(os.path.join(d, ST), h, data + b"\0" * 4)
+    st_write_raw(os.path.join(d, ST), h, data + b"\0" * 4)
     both(d, os.path.join(d, ST), f"tensor '{last}'", f"data_offsets span {e - b + 4} bytes, expected numel")
 
     d = copy_fixture(name, "shape-huge")
     h = json.loads(json.dumps(hdr))
     h[last]["shape"] = [2**40, 2**40]
-    write_raw(os.path.join(d, ST), h, data)
+    st_write_raw(os.path.join(d, ST), h, data)
     both(d, os.path.join(d, ST), f"tensor '{last}'", "shape overflows")
 
     for hlen, needle in ((len(json.dumps(hdr)) + len(data) + 1, "is beyond the end of the file"),
                          (2**63 + 5, "exceeds the limit of 100000000 bytes"),
                          (os.path.getsize(src) * 3, "is beyond the end of the file")):
         d = copy_fixture(name, f"hlen-{hlen}")
-        write_raw(os.path.join(d, ST), hdr, data, hlen=hlen)
+        st_write_raw(os.path.join(d, ST), hdr, data, hlen=hlen)
         both(d, os.path.join(d, ST), f"header length {hlen}", needle)
 
     d = copy_fixture(name, "hlen-short")  # header length cuts the JSON short
-    write_raw(os.path.join(d, ST), hdr, data, hlen=len(json.dumps(hdr)) - 10)
+    st_write_raw(os.path.join(d, ST), hdr, data, hlen=len(json.dumps(hdr)) - 10)
     both(d, os.path.join(d, ST), "header is not valid JSON")
 
 
