@@ -235,6 +235,9 @@ def messages():
     expect_fail(srv + ["--max-connections", "8", "--max-connections-per-client", "9"],
                 "--max-connections-per-client 9 exceeds --max-connections 8", code=2)
     expect_fail(ev + ["--record-mode", "sometimes"], "--record-mode", "auto", "'sometimes'", code=2)
+    expect_fail(ev + ["--protocol", "foo"], "--protocol: expected zlab, found 'foo'", code=2)
+    expect_fail(ev + ["--protocol", "zlab", "--dump-prompts", os.path.join(tmp, "no", "such", "dir", "p.jsonl")],
+                "p.jsonl: cannot create")
     expect_fail(ev + ["--tokenizer", os.path.join(tmp, "no-such-tokenizer.json")], "no-such-tokenizer.json")
     expect_fail(["generate", "--target", tiny, "--prompt-ids", "1,99999999999"],
                 "--prompt-ids: token id 99999999999 is out of range")
