@@ -1,5 +1,5 @@
-/* Speculative decoding is lossless: token-identical to autoregressive greedy decoding on dense
- * and hybrid fixtures, with (a) random DFlash drafters (rejections everywhere) and (b) an
+/* Speculative decoding is lossless: token-identical to autoregressive greedy decoding on dense,
+ * hybrid and mixture-of-experts fixtures, with (a) random DFlash drafters (rejections everywhere) and (b) an
  * oracle drafter that proposes the true continuation corrupted at a chosen position each
  * round, so that every acceptance length 0..B-1 — rollback at every position — and the
  * full-accept path occur. The drafter's context length is checked against the committed
@@ -289,8 +289,11 @@ int main(void) {
     lossless("qwen3_tiny", "dflash_qwen3");
     lossless("qwen35_vlm", "dflash_qwen35");
     lossless("qwen35_bf16", NULL); /* no drafter fits this target: the oracle alone */
+    lossless("qwen3_moe", "dflash_qwen3");
+    lossless("qwen35_moe_vlm", "dflash_qwen35_moe");
     sampling("qwen3_tiny", "dflash_qwen3");
     sampling("qwen35_vlm", "dflash_qwen35");
+    sampling("qwen35_moe_vlm", "dflash_qwen35_moe");
     bad_input();
     return test_done("test_spec");
 }
