@@ -63,6 +63,21 @@ static void layer_types_json(const dfl_config *c) {
     printf("]");
 }
 
+/* Parameters the forward reads (total) and those one token uses: a token runs k of the E routed
+ * experts of every sparse layer, so active = total - (E - k) x one expert's parameters per layer. */
+static void param_counts(const dfl_model *m, uint64_t *total, uint64_t *active) {
+    *total = 0;
+    for (int i = 0; i < m->st.n_tensors; i++)
+        if (m->used[i]) *total += (uint64_t)m->st.tensors[i].numel;
+    *active = *total - (uint64_t)(m->cfg.n_experts - m->cfg.n_experts_per_tok) * m->expert_params;
+}
+
+static int expert_layout_fused(const dfl_model *m) {
+    for (int i = 0; i < m->cfg.n_layers; i++)
+        if (m->layers[i].moe) return m->layers[i].exp_fused;
+    return 0;
+}
+
 static int inspect_target(const char *dir, int json, int check) {
     dfl_model m;
     if (model_open(&m, dir, check) != DFL_OK) return cli_fail("inspect", "%s", dfl_errmsg());
@@ -76,6 +91,9 @@ static int inspect_target(const char *dir, int json, int check) {
     int n_unused[DFL_COMP_COUNT] = {0};
     for (int i = 0; i < m.st.n_tensors; i++)
         if (!m.used[i]) n_unused[model_component(&m, m.st.tensors[i].name)]++;
+    uint64_t p_total, p_active;
+    param_counts(&m, &p_total, &p_active);
+    const int n_sparse = config_n_moe_layers(c);
     if (json) {
         printf("{\"path\": ");
         cli_json_string(stdout, dir);
@@ -97,6 +115,17 @@ static int inspect_target(const char *dir, int json, int check) {
             printf(", \"linear_attention\": {\"key_heads\": %d, \"value_heads\": %d, \"key_head_dim\": %d, "
                    "\"value_head_dim\": %d, \"conv_kernel\": %d}",
                    c->lin_k_heads, c->lin_v_heads, c->lin_k_dim, c->lin_v_dim, c->conv_kernel);
+        printf(", \"parameters\": {\"total\": %llu, \"active\": %llu}, \"moe\": ", (unsigned long long)p_total,
+               (unsigned long long)p_active);
+        if (c->n_experts > 0)
+            printf("{\"experts\": %d, \"experts_per_tok\": %d, \"moe_intermediate_size\": %d, \"norm_topk_prob\": %s, "
+                   "\"shared_expert\": %s, \"shared_expert_intermediate_size\": %d, \"sparse_layers\": %d, "
+                   "\"dense_layers\": %d, \"expert_layout\": \"%s\"}",
+                   c->n_experts, c->n_experts_per_tok, c->moe_intermediate, c->norm_topk_prob ? "true" : "false",
+                   c->shared_intermediate > 0 ? "true" : "false", c->shared_intermediate, n_sparse,
+                   c->n_layers - n_sparse, expert_layout_fused(&m) ? "fused" : "per_expert");
+        else
+            printf("null");
         printf(", \"dtypes\": ");
         print_dtypes_json(dt);
         printf(", \"tensors\": {");
@@ -129,8 +158,10 @@ static int inspect_target(const char *dir, int json, int check) {
                m.layout == DFL_LAYOUT_VLM ? " (vision-language checkpoint; only the text model is loaded)" : "");
         printf("config:       model_type %s%s%s%s\n", c->model_type, c->text_config ? ", text settings from text_config" : "",
                c->architecture[0] ? ", architectures " : "", c->architecture);
-        printf("architecture: %s\n", c->arch == DFL_ARCH_QWEN3 ? "qwen3 dense"
-                                                                : "qwen3_5 hybrid (Gated DeltaNet + gated attention)");
+        printf("architecture: %s%s\n",
+               c->arch == DFL_ARCH_QWEN3 ? (c->n_experts ? "qwen3 attention" : "qwen3 dense")
+                                         : "qwen3_5 hybrid (Gated DeltaNet + gated attention)",
+               c->n_experts ? ", sparse mixture of experts" : "");
         printf("layers:       %d  %s  (%d linear_attention, %d full_attention)\n", c->n_layers, pattern, n_lin,
                c->n_layers - n_lin);
         printf("sizes:        hidden %d, intermediate %d, vocab %d\n", c->hidden, c->intermediate, c->vocab);
@@ -140,6 +171,22 @@ static int inspect_target(const char *dir, int json, int check) {
         if (c->arch == DFL_ARCH_QWEN3_5)
             printf("linear attn:  %d key heads / %d value heads, key dim %d, value dim %d, conv kernel %d\n",
                    c->lin_k_heads, c->lin_v_heads, c->lin_k_dim, c->lin_v_dim, c->conv_kernel);
+        if (c->n_experts > 0) {
+            printf("experts:      %d routed, top-%d per token (softmax, top-k%s), expert inner size %d", c->n_experts,
+                   c->n_experts_per_tok, c->norm_topk_prob ? " renormalised to sum 1" : ", not renormalised",
+                   c->moe_intermediate);
+            if (c->shared_intermediate > 0)
+                printf("; shared expert inner size %d, sigmoid-gated", c->shared_intermediate);
+            printf("\n              %d of %d layers sparse%s, experts stored %s\n", n_sparse, c->n_layers,
+                   n_sparse < c->n_layers ? " (others dense MLP)" : "",
+                   expert_layout_fused(&m) ? "fused (mlp.experts.gate_up_proj / down_proj)"
+                                           : "per expert (mlp.experts.{e}.*_proj)");
+        }
+        printf("parameters:   %.4g M read by the forward", p_total / 1e6);
+        if (c->n_experts > 0)
+            printf(", %.4g M active per token (%d of %d experts per sparse layer)", p_active / 1e6,
+                   c->n_experts_per_tok, c->n_experts);
+        printf("\n");
         printf("embeddings:   %s\n", c->tie_embeddings ? "tied (lm_head = embed_tokens)" : "untied (lm_head.weight)");
         printf("dtypes used:  ");
         print_dtypes_text(dt);
