@@ -2,7 +2,7 @@
 checked against the autoregressive one; --resume after an interruption; --shard + eval-merge
 equal to one run; MT-Bench's second turn; reference agreement from a file and from a running
 `dfl serve` (OpenAI and SGLang endpoints), including a deliberately different target whose
-divergence must be caught; bad input."""
+divergence must be caught; an MoE target (online and replay); bad input."""
 import json
 import os
 import re
@@ -59,6 +59,26 @@ def basic():
                 f"{svg}: one line per drafter x mode")
     t.check("[dfl eval] 4/4" in p.stderr, "plain progress lines off a terminal")
     return out
+
+
+def moe():
+    """An eval on the hybrid MoE fixture with its random drafter: online chain and DDTree outputs equal
+    the autoregressive ones, and a replay eval recorded with --check-ar gives the same statistics."""
+    tgt, drf = fixture("qwen35_moe_vlm"), fixture("dflash_qwen35_moe")
+    on, rp = os.path.join(tmp, "moe-online"), os.path.join(tmp, "moe-replay")
+    args = ["--target", tgt, "--drafter", drf, "--prompts", GSM, "--limit", 3, "--max-new", 20, "--tree-budget", "0,8",
+            "--progress", "none"]
+    dfl("eval", "--online", *args, "--out", on)
+    dfl("eval", *args, "--check-ar", "--out", rp)
+    rs = lines(on)
+    t.check(len(rs) == 3 * 3 and all(r["match"] for r in rs if r["mode"] != "ar"), "MoE: every speculative output matches")
+    so, sr = summary(on), summary(rp)
+    t.check(all(r["mismatches"] == 0 and r["responses"] == 3 and r["tau"] >= 1 for r in so["results"]),
+            f"MoE summary rows {so['results']}")
+    key = ("mode", "tokens", "rounds", "drafted", "accepted", "tau", "per_position", "accept_hist")
+    pick = lambda s, m: sorted(tuple(json.dumps(r[k]) for k in key) for r in s["results"] if r["method"] == m)
+    t.check(len(pick(so, "online")) == 2 and pick(so, "online") == pick(sr, "replay"),
+            "MoE: replay statistics equal the online run's")
 
 
 def plots():
@@ -344,6 +364,7 @@ def accept_rules():
 
 
 t.run(plots)
+t.run(moe)
 t.run(accept_rules)
 t.run(how_to_read)
 t.run(mtbench)
