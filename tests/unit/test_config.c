@@ -1,5 +1,6 @@
 /* config.json parsing: architectures, nested/top-level rope, layer types, drafter fields,
- * range checks of every integer field, eos ids from the other config files. */
+ * mixture-of-experts fields (which layers are sparse, transformers' defaults), range checks of
+ * every integer field, eos ids from the other config files. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -91,6 +92,45 @@ static void test_ranges(void) {
     refused(DRAFTER_BASE, "\"mask_token_id\":1,\"dflash_config\":{\"block_size\":1e300}",
             "block_size: expected an integer in [2, 256], found 1e+300");
     refused(DRAFTER_BASE, "\"mask_token_id\":1,\"output_multiplier\":1e39", "output_multiplier: expected a number");
+}
+
+#define QWEN3_MOE_BASE                                                                                  \
+    "{\"model_type\":\"qwen3_moe\",\"hidden_size\":64,\"num_hidden_layers\":4,\"num_attention_heads\":4,"     \
+    "\"vocab_size\":100,\"num_experts_per_tok\":2,\"moe_intermediate_size\":32"
+
+/* MoE configs: qwen3_moe's sparse layers (decoder_sparse_step, mlp_only_layers), num_experts
+ * written as num_local_experts by transformers 5, qwen3_5_moe's defaults and shared expert. */
+static void test_moe(void) {
+    dfl_config c;
+    CHECK(parse(&c, QWEN3_MOE_BASE ",\"num_local_experts\":8,\"intermediate_size\":96,\"decoder_sparse_step\":2,"
+                    "\"mlp_only_layers\":[3],\"norm_topk_prob\":true}") == DFL_OK,
+          "qwen3_moe: %s", dfl_errmsg());
+    CHECK(c.arch == DFL_ARCH_QWEN3 && c.n_experts == 8 && c.n_experts_per_tok == 2 && c.moe_intermediate == 32 &&
+              c.shared_intermediate == 0 && c.norm_topk_prob && c.intermediate == 96 && !c.moe_layer[0] &&
+              c.moe_layer[1] && !c.moe_layer[2] && !c.moe_layer[3] && config_n_moe_layers(&c) == 1,
+          "qwen3_moe fields");
+    CHECK(parse(&c, QWEN3_MOE_BASE ",\"num_experts\":8}") == DFL_OK && !c.norm_topk_prob && config_n_moe_layers(&c) == 4 &&
+              c.intermediate == 0,
+          "qwen3_moe, every layer sparse, no intermediate_size: %s", dfl_errmsg());
+    refused(QWEN3_MOE_BASE, "\"num_experts\":8,\"mlp_only_layers\":[1]",
+            "layer 1 has a dense MLP but intermediate_size is missing");
+    refused(QWEN3_MOE_BASE, "\"num_experts\":1", "num_experts_per_tok 2 exceeds num_experts 1");
+    refused(QWEN3_MOE_BASE, "\"num_experts\":8,\"num_local_experts\":6", "num_experts 8 and num_local_experts 6 disagree");
+    refused(QWEN3_MOE_BASE, "\"num_experts\":8,\"mlp_only_layers\":[4]",
+            "mlp_only_layers[0]: expected an integer in [0, num_hidden_layers = 4), found 4");
+    refused(QWEN3_MOE_BASE, "\"num_experts\":8,\"decoder_sparse_step\":0", "decoder_sparse_step: expected an integer in [1,");
+    CHECK(parse(&c, "{\"model_type\":\"qwen3_5_moe\",\"text_config\":{\"hidden_size\":64,\"num_hidden_layers\":4,"
+                    "\"num_attention_heads\":2,\"vocab_size\":100,\"num_experts\":16}}") == DFL_OK,
+          "qwen3_5_moe: %s", dfl_errmsg());
+    CHECK(c.arch == DFL_ARCH_QWEN3_5 && c.text_config && c.n_experts == 16 && c.n_experts_per_tok == 8 &&
+              c.moe_intermediate == 512 && c.shared_intermediate == 512 && c.norm_topk_prob &&
+              config_n_moe_layers(&c) == 4,
+          "qwen3_5_moe defaults (transformers' Qwen3_5MoeTextConfig)");
+    CHECK(parse(&c, "{\"model_type\":\"qwen3_5_moe_text\",\"hidden_size\":64,\"num_hidden_layers\":4,"
+                    "\"num_attention_heads\":2,\"vocab_size\":100,\"num_experts\":4,\"num_experts_per_tok\":1,"
+                    "\"shared_expert_intermediate_size\":40}") == DFL_OK &&
+              !c.text_config && c.n_experts_per_tok == 1 && c.shared_intermediate == 40,
+          "qwen3_5_moe_text: %s", dfl_errmsg());
 }
 
 static void write_text(const char *dir, const char *name, const char *text) {
@@ -230,5 +270,6 @@ int main(void) {
           "sliding without window: %s", dfl_errmsg());
     test_ranges();
     test_extra_eos();
+    test_moe();
     return test_done("test_config");
 }
