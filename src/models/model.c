@@ -142,17 +142,21 @@ static int bind_moe(dfl_model *m, ld_ctx *c, dfl_layer_w *l, const char *pre) {
     if (st_find(c->st, n)) {
         if (bind_fused_experts(m, c, l, pre)) return DFL_ERR;
     } else {
+#define PER_EXPERT "experts stored per expert: no fused mlp.experts.gate_up_proj"
         for (int e = 0; e < E; e++) {
             char ep[768];
             snprintf(ep, sizeof ep, "%smlp.experts.%d.", pre, e);
-            ld_why(c, "moe_intermediate_size %d, hidden_size %d (expert %d of num_experts %d; no fused %s)", Ie, H,
-                   e, E, n + strlen(pre));
+            ld_why(c, "moe_intermediate_size %d, hidden_size %d (expert %d of num_experts %d; " PER_EXPERT ")", Ie, H,
+                   e, E);
             if (ld_mat(c, (snprintf(n, sizeof n, "%sgate_proj.weight", ep), n), Ie, H, &l->exp_gate[e])) return DFL_ERR;
-            ld_why(c, "moe_intermediate_size %d, hidden_size %d (expert %d of num_experts %d)", Ie, H, e, E);
+            ld_why(c, "moe_intermediate_size %d, hidden_size %d (expert %d of num_experts %d; " PER_EXPERT ")", Ie, H,
+                   e, E);
             if (ld_mat(c, (snprintf(n, sizeof n, "%sup_proj.weight", ep), n), Ie, H, &l->exp_up[e])) return DFL_ERR;
-            ld_why(c, "hidden_size %d, moe_intermediate_size %d (expert %d of num_experts %d)", H, Ie, e, E);
+            ld_why(c, "hidden_size %d, moe_intermediate_size %d (expert %d of num_experts %d; " PER_EXPERT ")", H, Ie,
+                   e, E);
             if (ld_mat(c, (snprintf(n, sizeof n, "%sdown_proj.weight", ep), n), H, Ie, &l->exp_down[e])) return DFL_ERR;
         }
+#undef PER_EXPERT
     }
     if (g->shared_intermediate > 0) {
         const int Is = g->shared_intermediate;
