@@ -401,7 +401,7 @@ def make_dflash_qwen35_moe(out, tok, tokdir):
                          num_key_value_heads=2, head_dim=32, intermediate_size=128, block_size=16,
                          num_target_layers=4, use_sliding_window=True, sliding_window=4, max_window_layers=2,
                          layer_types=["sliding_attention", "full_attention"],
-                         dflash_config={"mask_token_id": tok["<|mask|>"]})
+                         dflash_config={"mask_token_id": tok["<|mask|>"], "target_layer_ids": [0, 2]})
     save_drafter(cfg, 14, out, tok, tokdir)
 
 
