@@ -164,7 +164,10 @@ static int inspect_target(const char *dir, int json, int check) {
                c->n_experts ? ", sparse mixture of experts" : "");
         printf("layers:       %d  %s  (%d linear_attention, %d full_attention)\n", c->n_layers, pattern, n_lin,
                c->n_layers - n_lin);
-        printf("sizes:        hidden %d, intermediate %d, vocab %d\n", c->hidden, c->intermediate, c->vocab);
+        if (c->intermediate)
+            printf("sizes:        hidden %d, intermediate %d, vocab %d\n", c->hidden, c->intermediate, c->vocab);
+        else /* every layer sparse (qwen3_5_moe) */
+            printf("sizes:        hidden %d, no dense MLP, vocab %d\n", c->hidden, c->vocab);
         printf("attention:    %d q heads / %d kv heads, head_dim %d, rope theta %g, rotary %d of %d dims%s\n", c->n_heads,
                c->n_kv_heads, c->head_dim, c->rope_theta, c->rot_dim, c->head_dim,
                c->arch == DFL_ARCH_QWEN3_5 ? ", output gate" : "");
