@@ -257,6 +257,8 @@ typedef struct run {
     dfl_mtp mtp[EVAL_MAX_DRAFTERS];
     dfl_mstate mst[EVAL_MAX_DRAFTERS];
     dfl_draft_if dif[EVAL_MAX_DRAFTERS]; /* each drafter as the loops drive it (alloc_states) */
+    char *label[EVAL_MAX_DRAFTERS];      /* its name in results and summaries: the --drafter argument, or
+                                          * "mtp (DIR)" for the MTP head of checkpoint DIR */
     eval_draft_cache cache[EVAL_MAX_DRAFTERS];
     int n_open, n_dstate, n_cache;
     int block[EVAL_MAX_DRAFTERS];
@@ -395,7 +397,7 @@ static int unit_online(run *r, const char *pid, int turn, const int32_t *pids, i
         for (int mi = 0; mi < o->n_modes; mi++) {
             char mode[32];
             mode_name(o->budgets[mi], mode, sizeof mode);
-            if (done_find(&r->done, pid, turn, o->drafters[d], mode, "online", "dfl") >= 0) continue;
+            if (done_find(&r->done, pid, turn, r->label[d], mode, "online", "dfl") >= 0) continue;
             state_reset(&r->st);
             dfl_draft_if dif = r->dif[d];
             dif.reset(dif.ctx);
@@ -405,9 +407,9 @@ static int unit_online(run *r, const char *pid, int turn, const int32_t *pids, i
             so.on_round = on_round, so.on_round_ud = r;
             r->n_acc = 0;
             if (spec_generate(&r->st, &dif, pids, np, &so, out, &gs, NULL, NULL) != DFL_OK)
-                return dfl_preperr("prompt %s, drafter %s, %s", pid, o->drafters[d], mode);
+                return dfl_preperr("prompt %s, drafter %s, %s", pid, r->label[d], mode);
             eval_result e;
-            result_head(&e, pid, turn, o->drafters[d], mode, "online", "dfl");
+            result_head(&e, pid, turn, r->label[d], mode, "online", "dfl");
             eval_result_from_stats(&e, &gs);
             e.round_acc = r->acc, e.n_round_acc = r->n_acc;
             if (o->temperature <= 0) {
@@ -416,7 +418,7 @@ static int unit_online(run *r, const char *pid, int turn, const int32_t *pids, i
                 if (!e.match) {
                     r->res.mismatches++;
                     logf_(r, "\ndfl eval: MISMATCH prompt %s turn %d, drafter %s, %s: the speculative output differs "
-                             "from the autoregressive one at token %d\n", pid, turn + 1, o->drafters[d], mode,
+                             "from the autoregressive one at token %d\n", pid, turn + 1, r->label[d], mode,
                           e.first_mismatch);
                 }
             }
@@ -444,13 +446,13 @@ static int unit_complete(const run *r, const char *pid, int turn) {
     if (!r->from_features) {
         if (o->check_ar && done_find(&r->done, pid, turn, "", "ar", "online", "dfl") < 0) return 0;
         const char *method = rec_row(r, mode, sizeof mode);
-        if (done_find(&r->done, pid, turn, o->drafters[0], mode, method, "dfl") < 0) return 0;
+        if (done_find(&r->done, pid, turn, r->label[0], mode, method, "dfl") < 0) return 0;
     }
     for (int d = 0; d < o->n_drafters; d++)
         for (int mi = 0; mi < o->n_modes; mi++) {
             mode_name(o->budgets[mi], mode, sizeof mode);
-            if (done_find(&r->done, pid, turn, o->drafters[d], mode, "replay", "dfl") < 0) return 0;
-            if (o->features_from && done_find(&r->done, pid, turn, o->drafters[d], mode, "replay", "pipeline") < 0)
+            if (done_find(&r->done, pid, turn, r->label[d], mode, "replay", "dfl") < 0) return 0;
+            if (o->features_from && done_find(&r->done, pid, turn, r->label[d], mode, "replay", "pipeline") < 0)
                 return 0;
         }
     return 1;
@@ -460,7 +462,7 @@ static int unit_complete(const run *r, const char *pid, int turn) {
 static int unit_truth_ids(const run *r, const char *pid, int turn, int32_t *truth, int *n) {
     char mode[32];
     const char *method = rec_row(r, mode, sizeof mode);
-    int k = done_find(&r->done, pid, turn, r->o->drafters[0], mode, method, "dfl");
+    int k = done_find(&r->done, pid, turn, r->label[0], mode, method, "dfl");
     if (k < 0 || !r->done.ids[k]) k = done_find(&r->done, pid, turn, "", "ar", "online", "dfl");
     if (k < 0 || !r->done.ids[k]) return dfl_seterr("prompt %s turn %d: no output ids in %s", pid, turn + 1, r->res_path);
     *n = r->done.n_ids[k] < r->max_new ? r->done.n_ids[k] : r->max_new;
@@ -479,20 +481,20 @@ static int replay_all(run *r, const char *pid, int turn, const eval_truth *t, co
         char mode[32];
         for (int mi = 0; mi < o->n_modes; mi++) {
             mode_name(o->budgets[mi], mode, sizeof mode);
-            todo += done_find(&r->done, pid, turn, o->drafters[d], mode, "replay", features) < 0;
+            todo += done_find(&r->done, pid, turn, r->label[d], mode, "replay", features) < 0;
         }
         if (!todo) continue;
         if (!(d == 0 && keep_cache0)) eval_draft_cache_clear(&r->cache[d]);
         r->dif[d].reset(r->dif[d].ctx);
         if (eval_replay(t, &r->dif[d], r->m.cfg.vocab, r->col[d], r->block[d], r->max_new, o->budgets, o->n_modes,
                         &r->cache[d], &r->costs, outs) != DFL_OK)
-            return dfl_preperr("prompt %s turn %d, drafter %s, replay", pid, turn + 1, o->drafters[d]);
+            return dfl_preperr("prompt %s turn %d, drafter %s, replay", pid, turn + 1, r->label[d]);
         int rc = DFL_OK;
         for (int mi = 0; mi < o->n_modes; mi++) {
             mode_name(o->budgets[mi], mode, sizeof mode);
-            if (rc == DFL_OK && done_find(&r->done, pid, turn, o->drafters[d], mode, "replay", features) < 0) {
+            if (rc == DFL_OK && done_find(&r->done, pid, turn, r->label[d], mode, "replay", features) < 0) {
                 eval_result e;
-                result_head(&e, pid, turn, o->drafters[d], mode, "replay", features);
+                result_head(&e, pid, turn, r->label[d], mode, "replay", features);
                 eval_result_from_stats(&e, &outs[mi].st);
                 e.time_s = e.verify_s = e.rollback_s = e.prefill_s = 0; /* nothing of it ran on the target */
                 e.draft_s = outs[mi].draft_s;
@@ -548,11 +550,11 @@ static int record(run *r, const char *pid, int turn, const int32_t *pids, int np
     /* the online figures without the recording's own copies and summaries */
     gs.t_draft -= rec.overhead_s, gs.t_decode -= rec.overhead_s, gs.t_prefill -= rec.overhead_prefill_s;
     eval_recorder_free(&rec);
-    if (rc) return dfl_preperr("prompt %s turn %d, recording with drafter %s, %s", pid, turn + 1, o->drafters[0], mode);
+    if (rc) return dfl_preperr("prompt %s turn %d, recording with drafter %s, %s", pid, turn + 1, r->label[0], mode);
     if (eval_truth_set(t, pids, np, out, gs.generated, gs.extended, strcmp(gs.stop, "eos") == 0))
         return dfl_preperr("prompt %s turn %d", pid, turn + 1);
     eval_result e;
-    result_head(&e, pid, turn, o->drafters[0], mode, method, "dfl");
+    result_head(&e, pid, turn, r->label[0], mode, method, "dfl");
     eval_result_from_stats(&e, &gs);
     e.round_acc = r->acc, e.n_round_acc = r->n_acc;
     if (!r->rec_auto) model_online(r, &e, &gs, r->block[0], r->rec_budget);
@@ -573,7 +575,7 @@ static int record(run *r, const char *pid, int turn, const int32_t *pids, int np
         if (!e.match) {
             r->res.mismatches++;
             logf_(r, "\ndfl eval: MISMATCH prompt %s turn %d: the recording run (drafter %s, %s) differs from the "
-                     "autoregressive one at token %d\n", pid, turn + 1, o->drafters[0], mode, e.first_mismatch);
+                     "autoregressive one at token %d\n", pid, turn + 1, r->label[0], mode, e.first_mismatch);
         }
         if (done_find(&r->done, pid, turn, "", "ar", "online", "dfl") < 0) {
             eval_result a;
@@ -584,7 +586,7 @@ static int record(run *r, const char *pid, int turn, const int32_t *pids, int np
         free(ar);
         if (rc) return rc;
     }
-    if (done_find(&r->done, pid, turn, o->drafters[0], mode, method, "dfl") < 0 &&
+    if (done_find(&r->done, pid, turn, r->label[0], mode, method, "dfl") < 0 &&
         write_result(r, &e, t->ids, t->n))
         return DFL_ERR;
     return DFL_OK;
@@ -638,7 +640,7 @@ static int unit_replay(run *r, const eval_prompt *p, int index, int turn, const 
         /* resumed: the saved truth; its online line is there unless a crash fell in between */
         char mode[32];
         const char *method = rec_row(r, mode, sizeof mode);
-        if (done_find(&r->done, p->id, turn, o->drafters[0], mode, method, "dfl") < 0 ||
+        if (done_find(&r->done, p->id, turn, r->label[0], mode, method, "dfl") < 0 ||
             (o->check_ar && done_find(&r->done, p->id, turn, "", "ar", "online", "dfl") < 0)) {
             if (record(r, p->id, turn, pids, np, t, out, last_tau)) return DFL_ERR;
             recorded = 1;
@@ -728,7 +730,14 @@ static int open_drafters(run *r) {
     for (; r->n_open < o->n_drafters; r->n_open++) {
         char mdir[4096];
         if ((r->is_mtp[r->n_open] = mtp_parse_arg(o->drafters[r->n_open], r->m.dir, mdir, sizeof mdir))) {
-            if (mtp_open(&r->mtp[r->n_open], mdir, &r->m, 0) != DFL_OK) return DFL_ERR;
+            if (mtp_open(&r->mtp[r->n_open], mdir, &r->m, 0) != DFL_OK)
+                return dfl_preperr("--drafter %s", o->drafters[r->n_open]);
+            const size_t len = strlen(mdir) + 8;
+            if (!(r->label[r->n_open] = malloc(len))) {
+                mtp_close(&r->mtp[r->n_open]);
+                return dfl_seterr("out of memory");
+            }
+            snprintf(r->label[r->n_open], len, "mtp (%s)", mdir);
             r->mst[r->n_open].feature_layer = r->m.cfg.n_layers - 1; /* read before alloc_states */
             const int b = o->block ? o->block : DFL_MTP_DEFAULT_BLOCK;
             r->block[r->n_open] = b;
@@ -736,6 +745,7 @@ static int open_drafters(run *r) {
             continue;
         }
         dfl_drafter *d = &r->ds[r->n_open];
+        if (!(r->label[r->n_open] = strdup(o->drafters[r->n_open]))) return dfl_seterr("out of memory");
         if (drafter_open(d, o->drafters[r->n_open], r->m.cfg.n_layers) != DFL_OK) {
             if (d->dir) drafter_close(d);
             return DFL_ERR;
@@ -905,7 +915,7 @@ static int write_summary(run *r) {
     dfl_json_write_string(x, o->prompts ? o->prompts : "");
     if (r->replay && !r->from_features) {
         fprintf(x, ", \"recording\": {\"drafter\": ");
-        dfl_json_write_string(x, o->drafters[0]);
+        dfl_json_write_string(x, r->label[0]);
         fprintf(x, ", \"mode\": \"%s\", \"checked_against_autoregressive\": %s}", mode, o->check_ar ? "true" : "false");
     }
     if (o->features_dir || o->save_features) {
@@ -984,6 +994,7 @@ static void run_free(run *r) {
         else dstate_free(&r->dst[d]);
     }
     if (r->have_state) state_free(&r->st);
+    for (int d = 0; d < EVAL_MAX_DRAFTERS; d++) free(r->label[d]);
     for (int d = 0; d < r->n_open; d++) {
         if (r->is_mtp[d]) mtp_close(&r->mtp[d]);
         else drafter_close(&r->ds[d]);

@@ -125,7 +125,7 @@ def fit_mtp(model, mtp_tensors, prompts, n_new, steps, lr, seed):
     sd = head.state_dict()
     for k in mtp_tensors:
         mtp_tensors[k] = sd[k[len("mtp."):]].detach().to(mtp_tensors[k].dtype).contiguous()
-    return float(loss) / len(data)
+    return float(loss.detach()) / len(data)
 
 
 def ints(s):
