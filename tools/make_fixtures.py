@@ -230,9 +230,11 @@ def make_qwen35_vlm(out, tok, tokdir):
     add_mtp(out, model, 3, torch.float32)
 
 
-# Prompts the qwen35_mtp head is fitted on (tests/py/test_mtp.py decodes them: drafts get accepted).
+# Prompts the qwen35_mtp head is fitted on (tests/py/test_mtp.py decodes them, and evaluates the
+# texts with --chat none: drafts get accepted there).
 MTP_FIT_PROMPTS = [[11, 200, 37, 512, 99, 3, 641, 77, 12], [5, 6, 7, 8, 9, 10, 11, 12], [300, 301, 302],
                    [949, 459, 688, 340, 258, 209]]
+MTP_FIT_TEXTS = ["The cat sat on the mat.", "Two plus two is four.", "Where is the red ball?"]
 
 
 def make_qwen35_mtp(out, tok, tokdir):
@@ -244,7 +246,10 @@ def make_qwen35_mtp(out, tok, tokdir):
     path = os.path.join(out, "model.safetensors")
     tensors = load_file(path)
     mtp = {k: v for k, v in tensors.items() if k.startswith("mtp.")}
-    mtp_reference.fit_mtp(mtp_reference.load_target(out), mtp, MTP_FIT_PROMPTS, 40, 100, 3e-3, 0)
+    from tokenizers import Tokenizer
+    enc = Tokenizer.from_file(os.path.join(tokdir, "tokenizer.json"))
+    prompts = MTP_FIT_PROMPTS + [enc.encode(x).ids for x in MTP_FIT_TEXTS]
+    mtp_reference.fit_mtp(mtp_reference.load_target(out), mtp, prompts, 40, 100, 3e-3, 0)
     tensors.update(mtp)
     save_file(tensors, path, metadata={"format": "pt"})
 
