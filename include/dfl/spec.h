@@ -10,8 +10,9 @@
 
 #define DFL_MAX_BLOCK 256
 
-/* A block drafter as the loop sees it. The DFlash drafter is one (spec_dflash_drafter);
- * tests plug in others (e.g. an oracle that proposes known continuations). */
+/* A drafter as the loop sees it: B-1 distributions per round from the committed context. The
+ * DFlash drafter is one (spec_dflash_drafter), the target's MTP head another (mtp_drafter_if,
+ * dfl/mtp.h); tests plug in others (e.g. an oracle that proposes known continuations). */
 typedef struct dfl_draft_if {
     void *ctx;
     /* Append newly committed positions: feat [n, n_feat*H] the target's features there, tokens [n]
