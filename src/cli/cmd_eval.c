@@ -86,6 +86,9 @@ static const char *usage_text =
     "                        gives the truth; every output checked against it at temperature 0)\n"
     "  --temperature X       sampling temperature (default 0; > 0 needs --online, skips the check)\n"
     "  --seed S              sampling seed (default 0)\n"
+    "  --repeat N            run the autoregressive and every speculative run of each prompt N times\n"
+    "                        (default 1): each measured speedup with its spread over runs (wall-clock\n"
+    "                        ratios move with the machine's load); statistics come from the first run\n"
     "  --accept-rule R       at --temperature > 0: pq = speculative sampling (accept with min(1, p/q),\n"
     "                        residual; default) or match = the original DFlash loop (greedy drafts kept\n"
     "                        while they equal the target's sample); both lossless, tau differs\n";
@@ -212,6 +215,9 @@ static int parse_args(eval_opts *o, int *save_layers, const char **progress_mode
             if (!(o->temperature >= 0)) return cli_usage_error("eval", "--temperature must be >= 0");
         } else if (strcmp(a, "--seed") == 0) {
             if (cli_parse_long("eval", a, cli_value(argc, argv, &i), 0, 0x7fffffffffffffffL, &o->seed)) return 2;
+        } else if (strcmp(a, "--repeat") == 0) {
+            if (cli_parse_long("eval", a, cli_value(argc, argv, &i), 1, EVAL_MAX_REPEAT, &v)) return 2;
+            o->repeat = (int)v;
         } else if (strcmp(a, "--cost-reps") == 0) {
             if (cli_parse_long("eval", a, cli_value(argc, argv, &i), 0, 100, &v)) return 2;
             o->cost_reps = (int)v;

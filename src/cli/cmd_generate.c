@@ -46,8 +46,8 @@ static const char *usage_text =
     "                      streaming; tokens are the generated ids only. stats: prefill/decode times and\n"
     "                      tokens/s; with a drafter also rounds, drafted, accepted, tau (mean accepted+1\n"
     "                      per round), tau_token_weighted (tokens after the first / rounds), per_position\n"
-    "                      (acceptance rate of draft k), accept_hist, acceptance_lengths (a+1 per round),\n"
-    "                      draft_s, verify_s, rollback_s\n"
+    "                      (acceptance rate of draft k; null where never proposed), accept_hist,\n"
+    "                      acceptance_lengths (a+1 per round), draft_s, verify_s, rollback_s\n"
     "  --dump-drafts F     write each drafted round r to F (safetensors): draft_logits.{r} F32 [bs-1, V]\n"
     "                      (probabilities when sampling), block_ids.{r} I64 [bs] = the verified block,\n"
     "                      start.{r} = the anchor's position\n"
@@ -171,9 +171,10 @@ static void print_stats_json(const dfl_gen_stats *st, const rounds_log *rl, cons
                "\"per_position\": [",
                st->max_block, st->rounds, st->drafted, st->accepted, spec_tau(st), spec_tau_token_weighted(st),
                st->t_draft, st->t_verify, st->t_rollback);
-        for (int k = 1; k < st->max_block; k++)
-            printf("%s%.6f", k > 1 ? ", " : "",
-                   st->pos_drafted[k] ? (double)st->pos_accepted[k] / st->pos_drafted[k] : 0.0);
+        for (int k = 1; k < st->max_block; k++) { /* null: never proposed (a tree shallower than the block) */
+            if (st->pos_drafted[k]) printf("%s%.6f", k > 1 ? ", " : "", (double)st->pos_accepted[k] / st->pos_drafted[k]);
+            else printf("%snull", k > 1 ? ", " : "");
+        }
         printf("], \"accept_hist\": [");
         for (int a = 0; a < st->max_block; a++) printf("%s%ld", a ? ", " : "", st->accept_hist[a]);
         printf("], \"tree_budget\": %d, \"mean_tree_depth\": %.4f, \"acceptance_lengths\": [", rl->tree_budget,

@@ -31,6 +31,7 @@ void eval_opts_default(eval_opts *o) {
     o->shard_n = 1;
     o->record_budget = -1;
     o->cost_reps = 3;
+    o->repeat = 1;
     o->zlab_dataset = -1;
 }
 
@@ -85,14 +86,21 @@ static void done_free(done_set *d) {
     memset(d, 0, sizeof *d);
 }
 
-static int done_find(const done_set *d, const char *pid, int turn, const char *drafter, const char *mode,
-                     const char *method, const char *features) {
+/* The row of a response of repetition rep (--repeat; 0 is the first run), -1 if not there. */
+static int done_find_rep(const done_set *d, const char *pid, int turn, const char *drafter, const char *mode,
+                         const char *method, const char *features, int rep) {
     for (int i = 0; i < d->n; i++)
-        if (d->r[i].turn == turn && strcmp(d->r[i].prompt_id, pid) == 0 && strcmp(d->r[i].drafter, drafter) == 0 &&
+        if (d->r[i].turn == turn && d->r[i].rep == rep && strcmp(d->r[i].prompt_id, pid) == 0 &&
+            strcmp(d->r[i].drafter, drafter) == 0 &&
             strcmp(d->r[i].mode, mode) == 0 && strcmp(d->r[i].method, method) == 0 &&
             strcmp(d->r[i].features, features) == 0)
             return i;
     return -1;
+}
+
+static int done_find(const done_set *d, const char *pid, int turn, const char *drafter, const char *mode,
+                     const char *method, const char *features) {
+    return done_find_rep(d, pid, turn, drafter, mode, method, features, 0);
 }
 
 static void mode_name(int budget, char *buf, size_t n) {
@@ -378,53 +386,66 @@ static int unit_online(run *r, const char *pid, int turn, const int32_t *pids, i
     dfl_gen_opts go = {.max_new = r->max_new, .temperature = (float)o->temperature, .seed = (uint64_t)o->seed,
                        .accept_rule = (dfl_accept_rule)o->accept_rule};
     dfl_gen_stats gs;
-    int k = done_find(&r->done, pid, turn, "", "ar", "online", "dfl");
-    if (k >= 0 && r->done.ids[k]) {
-        *n_truth = r->done.n_ids[k] < r->max_new ? r->done.n_ids[k] : r->max_new;
-        memcpy(truth, r->done.ids[k], (size_t)*n_truth * sizeof(int32_t));
-    } else {
-        state_reset(&r->st);
-        if (spec_generate(&r->st, NULL, pids, np, &go, truth, &gs, NULL, NULL) != DFL_OK)
-            return dfl_preperr("prompt %s", pid);
-        *n_truth = gs.generated;
-        eval_result e;
-        result_head(&e, pid, turn, "", "ar", "online", "dfl");
-        eval_result_from_stats(&e, &gs);
-        if (write_result(r, &e, truth, *n_truth)) return DFL_ERR;
-    }
-    if (check_reference(r, pid, turn, pids, np, truth, *n_truth)) return DFL_ERR;
-    for (int d = 0; d < o->n_drafters; d++)
-        for (int mi = 0; mi < o->n_modes; mi++) {
-            char mode[32];
-            mode_name(o->budgets[mi], mode, sizeof mode);
-            if (done_find(&r->done, pid, turn, r->label[d], mode, "online", "dfl") >= 0) continue;
+    /* --repeat: every run of the prompt again, in the same order (the autoregressive one, then each
+     * drafter x mode), so that each repetition's speedup compares runs made close in time */
+    for (int rep = 0; rep < o->repeat; rep++) {
+        int k = done_find_rep(&r->done, pid, turn, "", "ar", "online", "dfl", rep);
+        if (rep == 0 && k >= 0 && r->done.ids[k]) {
+            *n_truth = r->done.n_ids[k] < r->max_new ? r->done.n_ids[k] : r->max_new;
+            memcpy(truth, r->done.ids[k], (size_t)*n_truth * sizeof(int32_t));
+        } else if (k < 0) {
+            int32_t *ids = rep == 0 ? truth : out;
             state_reset(&r->st);
-            dfl_draft_if dif = r->dif[d];
-            dif.reset(dif.ctx);
-            dfl_gen_opts so = go;
-            so.block = r->block[d];
-            so.tree_budget = o->budgets[mi];
-            so.on_round = on_round, so.on_round_ud = r;
-            r->n_acc = 0;
-            if (spec_generate(&r->st, &dif, pids, np, &so, out, &gs, NULL, NULL) != DFL_OK)
-                return dfl_preperr("prompt %s, drafter %s, %s", pid, r->label[d], mode);
+            if (spec_generate(&r->st, NULL, pids, np, &go, ids, &gs, NULL, NULL) != DFL_OK)
+                return dfl_preperr("prompt %s", pid);
             eval_result e;
-            result_head(&e, pid, turn, r->label[d], mode, "online", "dfl");
+            result_head(&e, pid, turn, "", "ar", "online", "dfl");
             eval_result_from_stats(&e, &gs);
-            e.round_acc = r->acc, e.n_round_acc = r->n_acc;
-            if (o->temperature <= 0) {
-                e.first_mismatch = ref_first_divergence(out, gs.generated, truth, *n_truth);
-                e.match = e.first_mismatch < 0;
-                if (!e.match) {
-                    r->res.mismatches++;
-                    logf_(r, "\ndfl eval: MISMATCH prompt %s turn %d, drafter %s, %s: the speculative output differs "
-                             "from the autoregressive one at token %d\n", pid, turn + 1, r->label[d], mode,
-                          e.first_mismatch);
-                }
+            e.rep = rep;
+            if (rep == 0) *n_truth = gs.generated;
+            else if ((e.first_mismatch = ref_first_divergence(ids, gs.generated, truth, *n_truth)) >= 0) {
+                e.match = 0; /* the same seeded run twice: anything else is a fault */
+                r->res.mismatches++;
+                logf_(r, "\ndfl eval: MISMATCH prompt %s turn %d: autoregressive repetition %d differs from the first "
+                         "run at token %d\n", pid, turn + 1, rep + 1, e.first_mismatch);
             }
-            if (write_result(r, &e, out, gs.generated)) return DFL_ERR;
-            *last_tau = gs.rounds ? (double)(gs.generated - 1) / gs.rounds : 0;
+            if (write_result(r, &e, ids, gs.generated)) return DFL_ERR;
         }
+        if (rep == 0 && check_reference(r, pid, turn, pids, np, truth, *n_truth)) return DFL_ERR;
+        for (int d = 0; d < o->n_drafters; d++)
+            for (int mi = 0; mi < o->n_modes; mi++) {
+                char mode[32];
+                mode_name(o->budgets[mi], mode, sizeof mode);
+                if (done_find_rep(&r->done, pid, turn, r->label[d], mode, "online", "dfl", rep) >= 0) continue;
+                state_reset(&r->st);
+                dfl_draft_if dif = r->dif[d];
+                dif.reset(dif.ctx);
+                dfl_gen_opts so = go;
+                so.block = r->block[d];
+                so.tree_budget = o->budgets[mi];
+                so.on_round = on_round, so.on_round_ud = r;
+                r->n_acc = 0;
+                if (spec_generate(&r->st, &dif, pids, np, &so, out, &gs, NULL, NULL) != DFL_OK)
+                    return dfl_preperr("prompt %s, drafter %s, %s", pid, r->label[d], mode);
+                eval_result e;
+                result_head(&e, pid, turn, r->label[d], mode, "online", "dfl");
+                eval_result_from_stats(&e, &gs);
+                e.rep = rep;
+                e.round_acc = r->acc, e.n_round_acc = r->n_acc;
+                if (o->temperature <= 0) {
+                    e.first_mismatch = ref_first_divergence(out, gs.generated, truth, *n_truth);
+                    e.match = e.first_mismatch < 0;
+                    if (!e.match) {
+                        r->res.mismatches++;
+                        logf_(r, "\ndfl eval: MISMATCH prompt %s turn %d, drafter %s, %s: the speculative output "
+                                 "differs from the autoregressive one at token %d\n", pid, turn + 1, r->label[d],
+                              mode, e.first_mismatch);
+                    }
+                }
+                if (write_result(r, &e, out, gs.generated)) return DFL_ERR;
+                if (rep == 0) *last_tau = gs.rounds ? (double)(gs.generated - 1) / gs.rounds : 0;
+            }
+    }
     return DFL_OK;
 }
 
@@ -670,6 +691,7 @@ int eval_opts_check(const eval_opts *o) {
     if (o->dump_prompts && o->features_dir) return dfl_seterr("--dump-prompts: not with --features (no prompts are built)");
     if (o->features_dir && o->prompts) return dfl_seterr("--features replays the saved prompts: give no --prompts");
     if (o->reference && o->reference_url) return dfl_seterr("give --reference or --reference-url, not both");
+    if (o->repeat < 1 || o->repeat > EVAL_MAX_REPEAT) return dfl_seterr("--repeat: 1 to %d runs", EVAL_MAX_REPEAT);
     if (o->n_modes < 1 || o->n_modes > EVAL_MAX_MODES) return dfl_seterr("1 to %d modes", EVAL_MAX_MODES);
     for (int k = 0; k < o->n_modes; k++) {
         const int lim = o->online ? DDTREE_MAX_BUDGET : DDTREE_MAX_NODES;
@@ -684,6 +706,9 @@ int eval_opts_check(const eval_opts *o) {
             return dfl_seterr("--online runs every drafter x mode on the target: --features, --features-from, "
                               "--save-features, --check-ar and --record-mode belong to replay");
     } else {
+        if (o->repeat > 1)
+            return dfl_seterr("--repeat %d repeats the timed runs of --online; replay's speedups are modeled from "
+                              "target costs measured at the start (their repetitions: --cost-reps)", o->repeat);
         if (o->temperature > 0)
             return dfl_seterr("replay is exact at temperature 0 only (at T > 0 the target's sampled continuation "
                               "depends on the drafter's proposals): use --online for sampled evaluation");
