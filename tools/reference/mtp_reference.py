@@ -4,7 +4,8 @@
         --starts S1,S2,... --steps K1,K2,... --out REF.safetensors
 
 Written from vLLM's Qwen3_5MultiTokenPredictor (vllm/model_executor/models/qwen3_5_mtp.py) and the
-EAGLE/MTP proposer that drives it (vllm/v1/spec_decode/eagle.py); transformers has no MTP module,
+EAGLE/MTP proposer that drives it (vllm/v1/spec_decode/eagle.py); SGLang's Qwen3_5ForCausalLMMTP
+(python/sglang/srt/models/qwen3_5_mtp.py) builds the same module. transformers has no MTP module,
 so its Qwen3.5 decoder layer and zero-centred RMSNorm are reused for the parts they share:
   - the target's hidden state h_i is its output after the final norm (what vLLM's model returns and
     its lm_head reads: transformers' last hidden_states entry);
