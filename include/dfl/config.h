@@ -46,6 +46,8 @@ typedef struct dfl_config {
     int lin_k_dim;           /* dk */
     int lin_v_dim;           /* dv */
     int conv_kernel;         /* K */
+    int mtp_layers;          /* mtp_num_hidden_layers (1 when absent, as vLLM reads it; mtp.* tensors decide
+                              * whether the checkpoint has an MTP head) */
 
     /* Mixture of experts (qwen3_moe, qwen3_5_moe): n_experts == 0 for dense models */
     int n_experts;           /* E: routed experts per sparse layer (num_experts) */
