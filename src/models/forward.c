@@ -406,23 +406,6 @@ static void linear_layer(dfl_state *s, int li, int n) {
     add_par(s->x, s->xn, (size_t)n * H);
 }
 
-static void moe_block(dfl_state *s, int li, int n);
-
-static void mlp(dfl_state *s, int li, int n) {
-    const dfl_config *g = &s->m->cfg;
-    const dfl_layer_w *l = &s->m->layers[li];
-    const int H = g->hidden, I = g->intermediate;
-    rmsnorm_rows(s->xn, s->x, l->post_norm, n, H, g->rms_eps);
-    if (l->moe) {
-        moe_block(s, li, n);
-        return;
-    }
-    kn_matmul_multi(2, (float *[]){s->mlp1, s->mlp2}, s->xn, (const dfl_mat *[]){&l->gate, &l->up}, n);
-    swiglu_par(s->mlp1, s->mlp2, (size_t)n * I);
-    kn_matmul(s->xn, s->mlp1, &l->down, n);
-    add_par(s->x, s->xn, (size_t)n * H);
-}
-
 /* Router of one token, as transformers' TopKRouter: p = softmax(logits) in float32, the k
  * largest (the lower expert id first on ties), divided by their sum (taken in that order) when
  * norm_topk_prob; then listed by ascending expert id, the order transformers adds the experts'
@@ -505,6 +488,21 @@ static void moe_block(dfl_state *s, int li, int n) {
         }
     }
     add_par(s->x, s->moe_x, (size_t)n * H);
+}
+
+static void mlp(dfl_state *s, int li, int n) {
+    const dfl_config *g = &s->m->cfg;
+    const dfl_layer_w *l = &s->m->layers[li];
+    const int H = g->hidden, I = g->intermediate;
+    rmsnorm_rows(s->xn, s->x, l->post_norm, n, H, g->rms_eps);
+    if (l->moe) {
+        moe_block(s, li, n);
+        return;
+    }
+    kn_matmul_multi(2, (float *[]){s->mlp1, s->mlp2}, s->xn, (const dfl_mat *[]){&l->gate, &l->up}, n);
+    swiglu_par(s->mlp1, s->mlp2, (size_t)n * I);
+    kn_matmul(s->xn, s->mlp1, &l->down, n);
+    add_par(s->x, s->xn, (size_t)n * H);
 }
 
 static int forward_impl(dfl_state *s, const int32_t *tokens, int n, const int *depth, float *logits,
