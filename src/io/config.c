@@ -253,7 +253,8 @@ static int parse_dflash2(dfl_config *c, const cJSON *const srcs[2], const char *
         return dfl_seterr("%s: DFlash2DraftModel needs 'vocab_size' (the rows of the selector's codebooks)", where);
     static const char *const names[4] = {"conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k"};
     int *const dst[4] = {&c->conv_taps, &c->conv_group, &c->selector_rank, &c->selector_top_k};
-    const double hi[4] = {c->block_size, c->hidden, c->hidden, c->vocab > 0 ? c->vocab : MAX_VOCAB};
+    /* taps reach back inside the block; a group divides the hidden size; K candidates of V */
+    const double hi[4] = {c->block_size, c->hidden, MAX_HIDDEN, c->vocab};
     for (int f = 0; f < 4; f++) {
         const cJSON *v = NULL;
         for (int s = 0; s < 2 && !v; s++)

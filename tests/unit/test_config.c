@@ -121,7 +121,7 @@ static void test_dflash2(void) {
     refused(DFLASH2_BASE, "\"conv_kernel_size\":2,\"conv_group_size\":48,\"selector_rank\":8,\"selector_top_k\":4",
             "conv_group_size 48 does not divide hidden_size 64");
     refused(DFLASH2_BASE, "\"conv_kernel_size\":2,\"conv_group_size\":16,\"selector_rank\":0,\"selector_top_k\":4",
-            "selector_rank: expected an integer in [1, 64], found 0");
+            "selector_rank: expected an integer in [1, 65536], found 0");
     refused(DFLASH2_BASE, "\"conv_kernel_size\":2,\"conv_group_size\":16,\"selector_rank\":8,\"selector_top_k\":1001",
             "selector_top_k: expected an integer in [1, 1000], found 1001");
     refused(DFLASH2_BASE, "\"conv_kernel_size\":2,\"conv_group_size\":16,\"selector_rank\":8,\"selector_top_k\":4,"
