@@ -6,6 +6,10 @@
   (speculators schema, 3 taps, output multiplier and softcap), and a block below block_size;
 - lossless: greedy speculative output == autoregressive, chain and DDTree, dense and hybrid;
 - dfl eval with a DFlash and a DFlash2 drafter in one run: replay statistics equal online ones;
+- on the embedded trained pair (models/): DFlash2 drafters made from the DFlash drafter's bf16
+  weights; with a neutral conv and selector (identity taps, zero codebooks) greedy chain decoding
+  equals the DFlash drafter's round for round; with a perturbed one, agreement with the reference
+  over rounds that accept drafts, and lossless chain and DDTree with acceptance well above 1;
 - dfl serve with a DFlash2 drafter gives dfl generate's tokens; inspect names it and its fields;
 - bad configs and tensors refused with the field or tensor named."""
 import json
@@ -28,9 +32,10 @@ TINY, VLM = fixture("qwen3_tiny"), fixture("qwen35_vlm")
 D2, D2H, D1 = fixture("dflash2_qwen3"), fixture("dflash2_qwen35"), fixture("dflash_qwen3")
 PROMPTS = ["11,200,37,512,99,3,641,77,12", "5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,21,22,23,24,25,26,27,28"]
 GSM = os.path.join(SHARED, "datasets", "gsm8k", "test.jsonl")
+ET, ED = os.path.join(SOURCE, "models", "target"), os.path.join(SOURCE, "models", "drafter")
 
 
-def vs_reference(target, drafter, ids, rounds, block=None):
+def vs_reference(target, drafter, ids, rounds, block=None, accepting=False):
     tag = f"{os.path.basename(drafter)} B={block or 'default'} prompt {len(ids.split(','))}"
     ref = os.path.join(tmp, "ref.safetensors")
     mine = os.path.join(tmp, "dfl.safetensors")
@@ -55,7 +60,71 @@ def vs_reference(target, drafter, ids, rounds, block=None):
     # the selector's block is its own: not the per-position argmax of the drafter's logits
     walk_differs = any(not np.array_equal(r[f"unary.{k}"].argmax(-1), r[f"block_ids.{k}"][1:]) for k in range(rounds))
     t.check(walk_differs, f"{tag}: the fixture's selector never departs from the per-position argmax")
+    if accepting:
+        t.check(sum(out["accepted"]) >= rounds, f"{tag}: accepted drafts {out['accepted']}: too few to test")
     print(f"{tag}: {rounds} rounds match the reference", flush=True)
+
+
+def from_embedded(name, perturb):
+    """The embedded DFlash drafter as a DFlash2 drafter: identity taps and zero deltas and codebooks
+    (perturb 0: the same block as DFlash), or small random ones."""
+    import torch
+    from safetensors.torch import load_file as load_pt, save_file as save_pt
+    d = os.path.join(tmp, name)
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(ED, "config.json")) as f:
+        c = json.load(f)
+    c["architectures"] = ["DFlash2DraftModel"]
+    c["dflash_config"].update(block_size=16, conv_kernel_size=2, conv_group_size=16, selector_rank=16,
+                              selector_top_k=8)
+    with open(os.path.join(d, "config.json"), "w") as f:
+        json.dump(c, f)
+    w = load_pt(os.path.join(ED, "model.safetensors"))
+    H, V, R, G = c["hidden_size"], c["vocab_size"], 16, c["hidden_size"] // 16
+    g = torch.Generator().manual_seed(5)
+
+    def rnd(*shape, std):
+        return torch.randn(*shape, generator=g) * std * perturb
+
+    for i in range(c["num_hidden_layers"]):
+        for conv in ("attention_conv", "mlp_conv"):
+            base = rnd(2, 2, H, std=0.05)
+            base[:, 0] += 1.0
+            w[f"layers.{i}.{conv}.base_kernel"] = base.bfloat16()
+            w[f"layers.{i}.{conv}.kernel_projection.weight"] = rnd(2 * 2 * G, H, std=0.05 / H ** 0.5).bfloat16()
+    w["candidate_selector.hidden_projection.weight"] = rnd(R, H, std=1 / H ** 0.5).bfloat16()
+    w["candidate_selector.predecessor_codebook"] = rnd(V, R, std=0.5).bfloat16()
+    w["candidate_selector.successor_codebook"] = rnd(V, R, std=0.5).bfloat16()
+    save_pt(w, os.path.join(d, "model.safetensors"), metadata={"format": "pt"})
+    return d
+
+
+def embedded_ids():
+    with open(os.path.join(SOURCE, "data", "gsm8k_test_40.jsonl")) as f:
+        q = [json.loads(x)["question"] for x in f][:2]
+    text = [f"<|im_start|>user\n{x}<|im_end|>\n<|im_start|>assistant\n" for x in q]
+    return [",".join(map(str, dfl_json("tokenize", "--tokenizer", ET, "--text", x, "--json"))) for x in text]
+
+
+def embedded():
+    neutral, perturbed = from_embedded("neutral", 0.0), from_embedded("perturbed", 1.0)
+    ids = embedded_ids()
+    for p in ids:
+        run_ = lambda d, *x: dfl_json("generate", "--target", ET, "--drafter", d, "--prompt-ids", p, "--max-new", 64,
+                                      "--ignore-eos", "--json", *x)
+        a, b = run_(ED), run_(neutral)
+        t.check(a["tokens"] == b["tokens"] and a["stats"]["acceptance_lengths"] == b["stats"]["acceptance_lengths"],
+                f"neutral DFlash2 != DFlash: {b['stats']['acceptance_lengths']} vs {a['stats']['acceptance_lengths']}")
+        greedy = dfl_json("generate", "--target", ET, "--prompt-ids", p, "--max-new", 64, "--ignore-eos",
+                          "--json")["tokens"]
+        for budget in (0, 16):
+            g = run_(perturbed, "--tree-budget", budget)
+            t.check(g["tokens"] == greedy and g["stats"]["tau"] > 2,
+                    f"perturbed DFlash2, tree budget {budget}: lossless {g['tokens'] == greedy}, tau "
+                    f"{g['stats']['tau']}")
+        print(f"embedded pair: DFlash tau {a['stats']['tau']:.2f} = neutral DFlash2; perturbed DFlash2 chain tau "
+              f"{run_(perturbed)['stats']['tau']:.2f}", flush=True)
+    vs_reference(ET, perturbed, ids[0], 4, accepting=True)
 
 
 def lossless(target, drafter):
@@ -178,6 +247,7 @@ for ids in PROMPTS:
 t.run(vs_reference, TINY, D2, PROMPTS[0], 3, 5)
 t.run(vs_reference, VLM, D2H, PROMPTS[1], 3)
 t.run(vs_reference, VLM, D2H, PROMPTS[0], 2, 6)
+t.run(embedded)
 t.run(lossless, TINY, D2)
 t.run(lossless, VLM, D2H)
 t.run(eval_side_by_side)
