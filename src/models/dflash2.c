@@ -25,8 +25,6 @@ int dflash2_state_init(dfl_dstate *s) {
 
 void dflash2_state_free(dfl_dstate *s) {
     free(s->cdelta), free(s->conv), free(s->sel_h), free(s->cand), free(s->cand_logit), free(s->walk);
-    s->cdelta = s->conv = s->sel_h = s->cand_logit = NULL;
-    s->cand = s->walk = NULL;
 }
 
 void dflash2_conv_deltas(dfl_dstate *s, const dfl_mat *proj, const float *xn, int B) {

@@ -4,7 +4,8 @@
 
 #include "dfl/drafter.h"
 
-/* Scratch of a DFlash2 drafter state (nothing for DFlash); DFL_ERR when out of memory. */
+/* Scratch of a DFlash2 drafter state (nothing for DFlash); DFL_ERR when out of memory. The free
+ * leaves the pointers to dstate_free, which clears the whole state. */
 int dflash2_state_init(dfl_dstate *s);
 void dflash2_state_free(dfl_dstate *s);
 
