@@ -5,8 +5,8 @@
  * full-accept path occur. The drafter's context length is checked against the committed
  * length every round (the anchor never enters it). Sampling: the distribution of the first
  * sampled tokens with a drafter (DFlash, and DFlash2 whose q is zero outside its candidates)
- * matches the target's own sampling (chi-square homogeneity
- * test, false-alarm rate 1e-3 per comparison, fixed seeds). */
+ * matches the target's own sampling (chi-square homogeneity test, false-alarm rate 1e-3 per
+ * comparison, fixed seeds). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
