@@ -232,6 +232,30 @@ def make_qwen35_vlm(out, tok, tokdir):
     add_mtp(out, model, 3, torch.float32)
 
 
+# Prompts the qwen35_mtp head is fitted on (tests/py/test_mtp.py decodes them, and evaluates the
+# texts with --chat none: drafts get accepted there).
+MTP_FIT_PROMPTS = [[11, 200, 37, 512, 99, 3, 641, 77, 12], [5, 6, 7, 8, 9, 10, 11, 12], [300, 301, 302],
+                   [949, 459, 688, 340, 258, 209]]
+MTP_FIT_TEXTS = ["The cat sat on the mat.", "Two plus two is four.", "Where is the red ball?"]
+
+
+def make_qwen35_mtp(out, tok, tokdir):
+    """qwen35_vlm's target with its MTP head fitted to the target's own greedy continuations of
+    MTP_FIT_PROMPTS (mtp_reference.fit_mtp), so that MTP drafts are accepted there."""
+    make_qwen35_vlm(out, tok, tokdir)
+    sys.path.insert(0, os.path.join(HERE, "reference"))
+    import mtp_reference
+    path = os.path.join(out, "model.safetensors")
+    tensors = load_file(path)
+    mtp = {k: v for k, v in tensors.items() if k.startswith("mtp.")}
+    from tokenizers import Tokenizer
+    enc = Tokenizer.from_file(os.path.join(tokdir, "tokenizer.json"))
+    prompts = MTP_FIT_PROMPTS + [enc.encode(x).ids for x in MTP_FIT_TEXTS]
+    mtp_reference.fit_mtp(mtp_reference.load_target(out), mtp, prompts, 40, 100, 3e-3, 0)
+    tensors.update(mtp)
+    save_file(tensors, path, metadata={"format": "pt"})
+
+
 def make_qwen35_text(out, tok, tokdir):
     save(text_only(build_qwen35_vlm(tok)), out, tok, tokdir)
 
@@ -372,6 +396,7 @@ FIXTURES = {
     "qwen3_tiny": make_qwen3_tiny,
     "qwen3_bf16": make_qwen3_bf16,
     "qwen35_vlm": make_qwen35_vlm,
+    "qwen35_mtp": make_qwen35_mtp,
     "qwen35_text": make_qwen35_text,
     "qwen35_bf16": make_qwen35_bf16,
     "qwen35_r1": make_qwen35_r1,

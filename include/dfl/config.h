@@ -44,6 +44,8 @@ typedef struct dfl_config {
     int lin_k_dim;           /* dk */
     int lin_v_dim;           /* dv */
     int conv_kernel;         /* K */
+    int mtp_layers;          /* mtp_num_hidden_layers (1 when absent, as vLLM reads it; mtp.* tensors decide
+                              * whether the checkpoint has an MTP head) */
 
     /* DFlash drafter */
     int block_size;

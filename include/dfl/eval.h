@@ -63,6 +63,8 @@ typedef struct eval_result {
     char drafter[512];   /* "" for the autoregressive run */
     char mode[32];       /* "ar", "chain" or "ddtree-N" */
     int turn;            /* 0 or 1 (MT-Bench second turn) */
+    int rep;             /* repetition of a timed online run (--repeat): 0 is the first, the one the
+                          * statistics use; rows of later repetitions only add speedups over runs */
     int tokens;          /* generated tokens */
     int rounds;
     long drafted, accepted;
@@ -114,6 +116,9 @@ typedef struct eval_agg {
     int n_speedups;
     double *speedups_modeled; /* per-response modeled speedup (rows with modeled times) */
     int n_speedups_modeled;
+    double *run_speedups; /* per repetition (--repeat) of an online run: its measured speedup over all
+                           * responses of that repetition; [n_run_speedups], index = rep */
+    int n_run_speedups;
 } eval_agg;
 
 typedef struct eval_summary {
@@ -143,6 +148,7 @@ int eval_write_reports(const eval_summary *s, const char *dir, const char *extra
 #define EVAL_MAX_DRAFTERS 8
 #define EVAL_MAX_MODES 16
 #define EVAL_RECORD_AUTO (-2)
+#define EVAL_MAX_REPEAT 100
 
 typedef struct eval_progress {
     int done, total;     /* prompts */
@@ -174,6 +180,8 @@ typedef struct eval_opts {
      * run (measured speedups). Otherwise replay: one recording run per prompt, every drafter x mode
      * replayed on it (modeled speedups). */
     int online;
+    int repeat;                  /* online: run the autoregressive and every speculative run of each prompt this
+                                  * many times (rows with rep 0..repeat-1): speedups with their spread over runs */
     int check_ar;                /* replay: also run the target autoregressively, check the truth token for token */
     int record_budget;           /* replay: the recording run's mode (drafter 1); -1 = the first mode,
                                   * EVAL_RECORD_AUTO = chain rounds or decode steps, whichever is cheaper */
@@ -188,7 +196,7 @@ typedef struct eval_opts {
     void *progress_ud;
 } eval_opts;
 
-/* Defaults: max_new 256, chatml, chain only, shard 0/1, replay, cost_reps 3. */
+/* Defaults: max_new 256, chatml, chain only, shard 0/1, replay, cost_reps 3, repeat 1. */
 void eval_opts_default(eval_opts *o);
 /* The options' consistency (modes, budgets, replay vs online); eval_run checks it too. */
 int eval_opts_check(const eval_opts *o);

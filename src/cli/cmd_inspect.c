@@ -7,6 +7,7 @@
 #include "dfl/common.h"
 #include "dfl/drafter.h"
 #include "dfl/model.h"
+#include "dfl/mtp.h"
 
 static const char *usage_text =
     "usage: dfl inspect DIR [--json] [--check-weights]\n"
@@ -18,6 +19,8 @@ static const char *usage_text =
     "text tensor is checked for presence and shape. With --target, check a drafter against a\n"
     "target and print the effective target_layer_ids; a drafter whose num_target_layers differs\n"
     "from the target's layer count is compatible when the layers it reads exist (warning).\n"
+    "A target's report says which drafters the checkpoint itself offers: its MTP head (mtp.*\n"
+    "tensors, mtp_num_hidden_layers; --drafter mtp) when present and loadable.\n"
     "\n"
     "  --json           machine-readable output\n"
     "  --target DIR     (drafters) the target model to check compatibility with\n"
@@ -76,6 +79,16 @@ static int inspect_target(const char *dir, int json, int check) {
     int n_unused[DFL_COMP_COUNT] = {0};
     for (int i = 0; i < m.st.n_tensors; i++)
         if (!m.used[i]) n_unused[model_component(&m, m.st.tensors[i].name)]++;
+    /* the drafters the checkpoint offers: its MTP head, when its tensors load for this target */
+    const int n_mtp = mtp_count_tensors(&m.st);
+    int mtp_ok = 0;
+    char mtp_why[1024] = "";
+    if (n_mtp) {
+        dfl_mtp h;
+        mtp_ok = mtp_open(&h, dir, &m, check) == DFL_OK;
+        if (mtp_ok) mtp_close(&h);
+        else snprintf(mtp_why, sizeof mtp_why, "%s", dfl_errmsg());
+    }
     if (json) {
         printf("{\"path\": ");
         cli_json_string(stdout, dir);
@@ -122,7 +135,11 @@ static int inspect_target(const char *dir, int json, int check) {
         }
         printf("}, \"eos_token_ids\": [");
         for (int i = 0; i < m.n_eos; i++) printf("%s%d", i ? ", " : "", m.eos_ids[i]);
-        printf("]}\n");
+        printf("], \"mtp\": {\"tensors\": %d, \"num_hidden_layers\": %d, \"usable\": %s, \"error\": ", n_mtp,
+               c->mtp_layers, mtp_ok ? "true" : "false");
+        if (n_mtp && !mtp_ok) cli_json_string(stdout, mtp_why);
+        else printf("null");
+        printf("}, \"drafters\": [%s]}\n", mtp_ok ? "\"mtp\"" : "");
     } else {
         printf("checkpoint:   %s (%d file%s)\n", dir, m.st.n_files, m.st.n_files == 1 ? "" : "s");
         printf("layout:       %s — text tensors under '%s'%s\n", model_layout_name(m.layout), m.prefix,
@@ -159,6 +176,13 @@ static int inspect_target(const char *dir, int json, int check) {
                 }
             printf("%s\n", n_unused[k] > shown ? ", ... (--json lists all)" : "");
         }
+        if (mtp_ok)
+            printf("drafters:     mtp — the checkpoint's own MTP head (%d layer, %d mtp.* tensors): --drafter mtp\n",
+                   c->mtp_layers, n_mtp);
+        else if (n_mtp)
+            printf("drafters:     none — %d mtp.* tensors, but no usable MTP head: %s\n", n_mtp, mtp_why);
+        else
+            printf("drafters:     none — no MTP head (no mtp.* tensors)\n");
         if (check) printf("weights:      every tensor the forward reads is finite (--check-weights)\n");
         printf("eos ids:      ");
         for (int i = 0; i < m.n_eos; i++) printf("%s%d", i ? ", " : "", m.eos_ids[i]);

@@ -17,6 +17,7 @@
 #include "dfl/common.h"
 #include "dfl/ddtree.h"
 #include "dfl/eval.h"
+#include "dfl/mtp.h"
 #include "dfl/prompt.h"
 #include "dfl/reference.h"
 #include "dfl/replay.h"
@@ -30,6 +31,7 @@ void eval_opts_default(eval_opts *o) {
     o->shard_n = 1;
     o->record_budget = -1;
     o->cost_reps = 3;
+    o->repeat = 1;
     o->zlab_dataset = -1;
 }
 
@@ -84,14 +86,21 @@ static void done_free(done_set *d) {
     memset(d, 0, sizeof *d);
 }
 
-static int done_find(const done_set *d, const char *pid, int turn, const char *drafter, const char *mode,
-                     const char *method, const char *features) {
+/* The row of a response of repetition rep (--repeat; 0 is the first run), -1 if not there. */
+static int done_find_rep(const done_set *d, const char *pid, int turn, const char *drafter, const char *mode,
+                         const char *method, const char *features, int rep) {
     for (int i = 0; i < d->n; i++)
-        if (d->r[i].turn == turn && strcmp(d->r[i].prompt_id, pid) == 0 && strcmp(d->r[i].drafter, drafter) == 0 &&
+        if (d->r[i].turn == turn && d->r[i].rep == rep && strcmp(d->r[i].prompt_id, pid) == 0 &&
+            strcmp(d->r[i].drafter, drafter) == 0 &&
             strcmp(d->r[i].mode, mode) == 0 && strcmp(d->r[i].method, method) == 0 &&
             strcmp(d->r[i].features, features) == 0)
             return i;
     return -1;
+}
+
+static int done_find(const done_set *d, const char *pid, int turn, const char *drafter, const char *mode,
+                     const char *method, const char *features) {
+    return done_find_rep(d, pid, turn, drafter, mode, method, features, 0);
 }
 
 static void mode_name(int budget, char *buf, size_t n) {
@@ -252,6 +261,12 @@ typedef struct run {
     int have_model;
     dfl_drafter ds[EVAL_MAX_DRAFTERS];
     dfl_dstate dst[EVAL_MAX_DRAFTERS];
+    int is_mtp[EVAL_MAX_DRAFTERS];     /* drafter d is a target's MTP head (mtp, mst) instead of ds, dst */
+    dfl_mtp mtp[EVAL_MAX_DRAFTERS];
+    dfl_mstate mst[EVAL_MAX_DRAFTERS];
+    dfl_draft_if dif[EVAL_MAX_DRAFTERS]; /* each drafter as the loops drive it (alloc_states) */
+    char *label[EVAL_MAX_DRAFTERS];      /* its name in results and summaries: the --drafter argument, or
+                                          * "mtp (DIR)" for the MTP head of checkpoint DIR */
     eval_draft_cache cache[EVAL_MAX_DRAFTERS];
     int n_open, n_dstate, n_cache;
     int block[EVAL_MAX_DRAFTERS];
@@ -371,53 +386,66 @@ static int unit_online(run *r, const char *pid, int turn, const int32_t *pids, i
     dfl_gen_opts go = {.max_new = r->max_new, .temperature = (float)o->temperature, .seed = (uint64_t)o->seed,
                        .accept_rule = (dfl_accept_rule)o->accept_rule};
     dfl_gen_stats gs;
-    int k = done_find(&r->done, pid, turn, "", "ar", "online", "dfl");
-    if (k >= 0 && r->done.ids[k]) {
-        *n_truth = r->done.n_ids[k] < r->max_new ? r->done.n_ids[k] : r->max_new;
-        memcpy(truth, r->done.ids[k], (size_t)*n_truth * sizeof(int32_t));
-    } else {
-        state_reset(&r->st);
-        if (spec_generate(&r->st, NULL, pids, np, &go, truth, &gs, NULL, NULL) != DFL_OK)
-            return dfl_preperr("prompt %s", pid);
-        *n_truth = gs.generated;
-        eval_result e;
-        result_head(&e, pid, turn, "", "ar", "online", "dfl");
-        eval_result_from_stats(&e, &gs);
-        if (write_result(r, &e, truth, *n_truth)) return DFL_ERR;
-    }
-    if (check_reference(r, pid, turn, pids, np, truth, *n_truth)) return DFL_ERR;
-    for (int d = 0; d < o->n_drafters; d++)
-        for (int mi = 0; mi < o->n_modes; mi++) {
-            char mode[32];
-            mode_name(o->budgets[mi], mode, sizeof mode);
-            if (done_find(&r->done, pid, turn, o->drafters[d], mode, "online", "dfl") >= 0) continue;
+    /* --repeat: every run of the prompt again, in the same order (the autoregressive one, then each
+     * drafter x mode), so that each repetition's speedup compares runs made close in time */
+    for (int rep = 0; rep < o->repeat; rep++) {
+        int k = done_find_rep(&r->done, pid, turn, "", "ar", "online", "dfl", rep);
+        if (rep == 0 && k >= 0 && r->done.ids[k]) {
+            *n_truth = r->done.n_ids[k] < r->max_new ? r->done.n_ids[k] : r->max_new;
+            memcpy(truth, r->done.ids[k], (size_t)*n_truth * sizeof(int32_t));
+        } else if (k < 0) {
+            int32_t *ids = rep == 0 ? truth : out;
             state_reset(&r->st);
-            dstate_reset(&r->dst[d]);
-            dfl_draft_if dif = spec_dflash_drafter(&r->dst[d]);
-            dfl_gen_opts so = go;
-            so.block = r->block[d];
-            so.tree_budget = o->budgets[mi];
-            so.on_round = on_round, so.on_round_ud = r;
-            r->n_acc = 0;
-            if (spec_generate(&r->st, &dif, pids, np, &so, out, &gs, NULL, NULL) != DFL_OK)
-                return dfl_preperr("prompt %s, drafter %s, %s", pid, o->drafters[d], mode);
+            if (spec_generate(&r->st, NULL, pids, np, &go, ids, &gs, NULL, NULL) != DFL_OK)
+                return dfl_preperr("prompt %s", pid);
             eval_result e;
-            result_head(&e, pid, turn, o->drafters[d], mode, "online", "dfl");
+            result_head(&e, pid, turn, "", "ar", "online", "dfl");
             eval_result_from_stats(&e, &gs);
-            e.round_acc = r->acc, e.n_round_acc = r->n_acc;
-            if (o->temperature <= 0) {
-                e.first_mismatch = ref_first_divergence(out, gs.generated, truth, *n_truth);
-                e.match = e.first_mismatch < 0;
-                if (!e.match) {
-                    r->res.mismatches++;
-                    logf_(r, "\ndfl eval: MISMATCH prompt %s turn %d, drafter %s, %s: the speculative output differs "
-                             "from the autoregressive one at token %d\n", pid, turn + 1, o->drafters[d], mode,
-                          e.first_mismatch);
-                }
+            e.rep = rep;
+            if (rep == 0) *n_truth = gs.generated;
+            else if ((e.first_mismatch = ref_first_divergence(ids, gs.generated, truth, *n_truth)) >= 0) {
+                e.match = 0; /* the same seeded run twice: anything else is a fault */
+                r->res.mismatches++;
+                logf_(r, "\ndfl eval: MISMATCH prompt %s turn %d: autoregressive repetition %d differs from the first "
+                         "run at token %d\n", pid, turn + 1, rep + 1, e.first_mismatch);
             }
-            if (write_result(r, &e, out, gs.generated)) return DFL_ERR;
-            *last_tau = gs.rounds ? (double)(gs.generated - 1) / gs.rounds : 0;
+            if (write_result(r, &e, ids, gs.generated)) return DFL_ERR;
         }
+        if (rep == 0 && check_reference(r, pid, turn, pids, np, truth, *n_truth)) return DFL_ERR;
+        for (int d = 0; d < o->n_drafters; d++)
+            for (int mi = 0; mi < o->n_modes; mi++) {
+                char mode[32];
+                mode_name(o->budgets[mi], mode, sizeof mode);
+                if (done_find_rep(&r->done, pid, turn, r->label[d], mode, "online", "dfl", rep) >= 0) continue;
+                state_reset(&r->st);
+                dfl_draft_if dif = r->dif[d];
+                dif.reset(dif.ctx);
+                dfl_gen_opts so = go;
+                so.block = r->block[d];
+                so.tree_budget = o->budgets[mi];
+                so.on_round = on_round, so.on_round_ud = r;
+                r->n_acc = 0;
+                if (spec_generate(&r->st, &dif, pids, np, &so, out, &gs, NULL, NULL) != DFL_OK)
+                    return dfl_preperr("prompt %s, drafter %s, %s", pid, r->label[d], mode);
+                eval_result e;
+                result_head(&e, pid, turn, r->label[d], mode, "online", "dfl");
+                eval_result_from_stats(&e, &gs);
+                e.rep = rep;
+                e.round_acc = r->acc, e.n_round_acc = r->n_acc;
+                if (o->temperature <= 0) {
+                    e.first_mismatch = ref_first_divergence(out, gs.generated, truth, *n_truth);
+                    e.match = e.first_mismatch < 0;
+                    if (!e.match) {
+                        r->res.mismatches++;
+                        logf_(r, "\ndfl eval: MISMATCH prompt %s turn %d, drafter %s, %s: the speculative output "
+                                 "differs from the autoregressive one at token %d\n", pid, turn + 1, r->label[d],
+                              mode, e.first_mismatch);
+                    }
+                }
+                if (write_result(r, &e, out, gs.generated)) return DFL_ERR;
+                if (rep == 0) *last_tau = gs.rounds ? (double)(gs.generated - 1) / gs.rounds : 0;
+            }
+    }
     return DFL_OK;
 }
 
@@ -439,13 +467,13 @@ static int unit_complete(const run *r, const char *pid, int turn) {
     if (!r->from_features) {
         if (o->check_ar && done_find(&r->done, pid, turn, "", "ar", "online", "dfl") < 0) return 0;
         const char *method = rec_row(r, mode, sizeof mode);
-        if (done_find(&r->done, pid, turn, o->drafters[0], mode, method, "dfl") < 0) return 0;
+        if (done_find(&r->done, pid, turn, r->label[0], mode, method, "dfl") < 0) return 0;
     }
     for (int d = 0; d < o->n_drafters; d++)
         for (int mi = 0; mi < o->n_modes; mi++) {
             mode_name(o->budgets[mi], mode, sizeof mode);
-            if (done_find(&r->done, pid, turn, o->drafters[d], mode, "replay", "dfl") < 0) return 0;
-            if (o->features_from && done_find(&r->done, pid, turn, o->drafters[d], mode, "replay", "pipeline") < 0)
+            if (done_find(&r->done, pid, turn, r->label[d], mode, "replay", "dfl") < 0) return 0;
+            if (o->features_from && done_find(&r->done, pid, turn, r->label[d], mode, "replay", "pipeline") < 0)
                 return 0;
         }
     return 1;
@@ -455,7 +483,7 @@ static int unit_complete(const run *r, const char *pid, int turn) {
 static int unit_truth_ids(const run *r, const char *pid, int turn, int32_t *truth, int *n) {
     char mode[32];
     const char *method = rec_row(r, mode, sizeof mode);
-    int k = done_find(&r->done, pid, turn, r->o->drafters[0], mode, method, "dfl");
+    int k = done_find(&r->done, pid, turn, r->label[0], mode, method, "dfl");
     if (k < 0 || !r->done.ids[k]) k = done_find(&r->done, pid, turn, "", "ar", "online", "dfl");
     if (k < 0 || !r->done.ids[k]) return dfl_seterr("prompt %s turn %d: no output ids in %s", pid, turn + 1, r->res_path);
     *n = r->done.n_ids[k] < r->max_new ? r->done.n_ids[k] : r->max_new;
@@ -474,20 +502,20 @@ static int replay_all(run *r, const char *pid, int turn, const eval_truth *t, co
         char mode[32];
         for (int mi = 0; mi < o->n_modes; mi++) {
             mode_name(o->budgets[mi], mode, sizeof mode);
-            todo += done_find(&r->done, pid, turn, o->drafters[d], mode, "replay", features) < 0;
+            todo += done_find(&r->done, pid, turn, r->label[d], mode, "replay", features) < 0;
         }
         if (!todo) continue;
         if (!(d == 0 && keep_cache0)) eval_draft_cache_clear(&r->cache[d]);
-        dstate_reset(&r->dst[d]);
-        if (eval_replay(t, &r->dst[d], r->col[d], r->block[d], r->max_new, o->budgets, o->n_modes, &r->cache[d],
-                        &r->costs, outs) != DFL_OK)
-            return dfl_preperr("prompt %s turn %d, drafter %s, replay", pid, turn + 1, o->drafters[d]);
+        r->dif[d].reset(r->dif[d].ctx);
+        if (eval_replay(t, &r->dif[d], r->m.cfg.vocab, r->col[d], r->block[d], r->max_new, o->budgets, o->n_modes,
+                        &r->cache[d], &r->costs, outs) != DFL_OK)
+            return dfl_preperr("prompt %s turn %d, drafter %s, replay", pid, turn + 1, r->label[d]);
         int rc = DFL_OK;
         for (int mi = 0; mi < o->n_modes; mi++) {
             mode_name(o->budgets[mi], mode, sizeof mode);
-            if (rc == DFL_OK && done_find(&r->done, pid, turn, o->drafters[d], mode, "replay", features) < 0) {
+            if (rc == DFL_OK && done_find(&r->done, pid, turn, r->label[d], mode, "replay", features) < 0) {
                 eval_result e;
-                result_head(&e, pid, turn, o->drafters[d], mode, "replay", features);
+                result_head(&e, pid, turn, r->label[d], mode, "replay", features);
                 eval_result_from_stats(&e, &outs[mi].st);
                 e.time_s = e.verify_s = e.rollback_s = e.prefill_s = 0; /* nothing of it ran on the target */
                 e.draft_s = outs[mi].draft_s;
@@ -530,8 +558,8 @@ static int record(run *r, const char *pid, int turn, const int32_t *pids, int np
     eval_truth_free(t);
     eval_draft_cache_clear(&r->cache[0]);
     state_reset(&r->st);
-    dstate_reset(&r->dst[0]);
-    if (eval_recorder_init(&rec, spec_dflash_drafter(&r->dst[0]), t, &r->cache[0], r->m.cfg.vocab)) return DFL_ERR;
+    r->dif[0].reset(r->dif[0].ctx);
+    if (eval_recorder_init(&rec, r->dif[0], t, &r->cache[0], r->m.cfg.vocab)) return DFL_ERR;
     if (r->rec_auto) eval_recorder_adapt(&rec, &r->costs, r->block[0]);
     dfl_draft_if dif = eval_recorder_if(&rec);
     dfl_gen_opts so = {.max_new = r->max_new, .block = r->block[0], .tree_budget = r->rec_budget,
@@ -543,11 +571,11 @@ static int record(run *r, const char *pid, int turn, const int32_t *pids, int np
     /* the online figures without the recording's own copies and summaries */
     gs.t_draft -= rec.overhead_s, gs.t_decode -= rec.overhead_s, gs.t_prefill -= rec.overhead_prefill_s;
     eval_recorder_free(&rec);
-    if (rc) return dfl_preperr("prompt %s turn %d, recording with drafter %s, %s", pid, turn + 1, o->drafters[0], mode);
+    if (rc) return dfl_preperr("prompt %s turn %d, recording with drafter %s, %s", pid, turn + 1, r->label[0], mode);
     if (eval_truth_set(t, pids, np, out, gs.generated, gs.extended, strcmp(gs.stop, "eos") == 0))
         return dfl_preperr("prompt %s turn %d", pid, turn + 1);
     eval_result e;
-    result_head(&e, pid, turn, o->drafters[0], mode, method, "dfl");
+    result_head(&e, pid, turn, r->label[0], mode, method, "dfl");
     eval_result_from_stats(&e, &gs);
     e.round_acc = r->acc, e.n_round_acc = r->n_acc;
     if (!r->rec_auto) model_online(r, &e, &gs, r->block[0], r->rec_budget);
@@ -568,7 +596,7 @@ static int record(run *r, const char *pid, int turn, const int32_t *pids, int np
         if (!e.match) {
             r->res.mismatches++;
             logf_(r, "\ndfl eval: MISMATCH prompt %s turn %d: the recording run (drafter %s, %s) differs from the "
-                     "autoregressive one at token %d\n", pid, turn + 1, o->drafters[0], mode, e.first_mismatch);
+                     "autoregressive one at token %d\n", pid, turn + 1, r->label[0], mode, e.first_mismatch);
         }
         if (done_find(&r->done, pid, turn, "", "ar", "online", "dfl") < 0) {
             eval_result a;
@@ -579,7 +607,7 @@ static int record(run *r, const char *pid, int turn, const int32_t *pids, int np
         free(ar);
         if (rc) return rc;
     }
-    if (done_find(&r->done, pid, turn, o->drafters[0], mode, method, "dfl") < 0 &&
+    if (done_find(&r->done, pid, turn, r->label[0], mode, method, "dfl") < 0 &&
         write_result(r, &e, t->ids, t->n))
         return DFL_ERR;
     return DFL_OK;
@@ -633,7 +661,7 @@ static int unit_replay(run *r, const eval_prompt *p, int index, int turn, const 
         /* resumed: the saved truth; its online line is there unless a crash fell in between */
         char mode[32];
         const char *method = rec_row(r, mode, sizeof mode);
-        if (done_find(&r->done, p->id, turn, o->drafters[0], mode, method, "dfl") < 0 ||
+        if (done_find(&r->done, p->id, turn, r->label[0], mode, method, "dfl") < 0 ||
             (o->check_ar && done_find(&r->done, p->id, turn, "", "ar", "online", "dfl") < 0)) {
             if (record(r, p->id, turn, pids, np, t, out, last_tau)) return DFL_ERR;
             recorded = 1;
@@ -663,6 +691,7 @@ int eval_opts_check(const eval_opts *o) {
     if (o->dump_prompts && o->features_dir) return dfl_seterr("--dump-prompts: not with --features (no prompts are built)");
     if (o->features_dir && o->prompts) return dfl_seterr("--features replays the saved prompts: give no --prompts");
     if (o->reference && o->reference_url) return dfl_seterr("give --reference or --reference-url, not both");
+    if (o->repeat < 1 || o->repeat > EVAL_MAX_REPEAT) return dfl_seterr("--repeat: 1 to %d runs", EVAL_MAX_REPEAT);
     if (o->n_modes < 1 || o->n_modes > EVAL_MAX_MODES) return dfl_seterr("1 to %d modes", EVAL_MAX_MODES);
     for (int k = 0; k < o->n_modes; k++) {
         const int lim = o->online ? DDTREE_MAX_BUDGET : DDTREE_MAX_NODES;
@@ -677,6 +706,9 @@ int eval_opts_check(const eval_opts *o) {
             return dfl_seterr("--online runs every drafter x mode on the target: --features, --features-from, "
                               "--save-features, --check-ar and --record-mode belong to replay");
     } else {
+        if (o->repeat > 1)
+            return dfl_seterr("--repeat %d repeats the timed runs of --online; replay's speedups are modeled from "
+                              "target costs measured at the start (their repetitions: --cost-reps)", o->repeat);
         if (o->temperature > 0)
             return dfl_seterr("replay is exact at temperature 0 only (at T > 0 the target's sampled continuation "
                               "depends on the drafter's proposals): use --online for sampled evaluation");
@@ -708,10 +740,37 @@ static int take_lock(run *r) {
     return rc;
 }
 
+/* The decoder layers drafter d reads: the target's last one for an MTP head. */
+static int drafter_layers(const run *r, int d, const int **ids) {
+    if (r->is_mtp[d]) {
+        *ids = &r->mst[d].feature_layer;
+        return 1;
+    }
+    *ids = r->ds[d].cfg.target_layer_ids;
+    return r->ds[d].cfg.n_target_ids;
+}
+
 static int open_drafters(run *r) {
     const eval_opts *o = r->o;
     for (; r->n_open < o->n_drafters; r->n_open++) {
+        char mdir[4096];
+        if ((r->is_mtp[r->n_open] = mtp_parse_arg(o->drafters[r->n_open], r->m.dir, mdir, sizeof mdir))) {
+            if (mtp_open(&r->mtp[r->n_open], mdir, &r->m, 0) != DFL_OK)
+                return dfl_preperr("--drafter %s", o->drafters[r->n_open]);
+            const size_t len = strlen(mdir) + 8;
+            if (!(r->label[r->n_open] = malloc(len))) {
+                mtp_close(&r->mtp[r->n_open]);
+                return dfl_seterr("out of memory");
+            }
+            snprintf(r->label[r->n_open], len, "mtp (%s)", mdir);
+            r->mst[r->n_open].feature_layer = r->m.cfg.n_layers - 1; /* read before alloc_states */
+            const int b = o->block ? o->block : DFL_MTP_DEFAULT_BLOCK;
+            r->block[r->n_open] = b;
+            r->max_block = b > r->max_block ? b : r->max_block;
+            continue;
+        }
         dfl_drafter *d = &r->ds[r->n_open];
+        if (!(r->label[r->n_open] = strdup(o->drafters[r->n_open]))) return dfl_seterr("out of memory");
         if (drafter_open(d, o->drafters[r->n_open], r->m.cfg.n_layers) != DFL_OK) {
             if (d->dir) drafter_close(d);
             return DFL_ERR;
@@ -734,9 +793,11 @@ static int open_drafters(run *r) {
     }
     /* the truth's layers: every drafter's, and --save-layers */
     int all[EVAL_MAX_FEAT_LAYERS * 2], n = 0;
-    for (int d = 0; d < o->n_drafters; d++)
-        for (int i = 0; i < r->ds[d].cfg.n_target_ids && n < EVAL_MAX_FEAT_LAYERS; i++)
-            all[n++] = r->ds[d].cfg.target_layer_ids[i];
+    for (int d = 0; d < o->n_drafters; d++) {
+        const int *ids;
+        const int nd = drafter_layers(r, d, &ids);
+        for (int i = 0; i < nd && n < EVAL_MAX_FEAT_LAYERS; i++) all[n++] = ids[i];
+    }
     if (o->n_save_layers < 0)
         for (int k = 0; k < r->m.cfg.n_layers && n < 2 * EVAL_MAX_FEAT_LAYERS; k++) all[n++] = k;
     for (int i = 0; i < o->n_save_layers && n < 2 * EVAL_MAX_FEAT_LAYERS; i++) {
@@ -749,9 +810,11 @@ static int open_drafters(run *r) {
     if (eval_truth_init(&t, r->m.cfg.hidden, all, n)) return DFL_ERR;
     r->n_layers = t.n_layers;
     memcpy(r->layers, t.layers, sizeof r->layers);
-    for (int d = 0; d < o->n_drafters; d++)
-        for (int i = 0; i < r->ds[d].cfg.n_target_ids; i++)
-            r->col[d][i] = eval_truth_column(&t, r->ds[d].cfg.target_layer_ids[i]);
+    for (int d = 0; d < o->n_drafters; d++) {
+        const int *ids;
+        const int nd = drafter_layers(r, d, &ids);
+        for (int i = 0; i < nd; i++) r->col[d][i] = eval_truth_column(&t, ids[i]);
+    }
     return DFL_OK;
 }
 
@@ -766,9 +829,13 @@ static int alloc_states(run *r, int max_ctx, int batch) {
         else online_trees = r->rec_budget;
         if (online_trees && state_enable_tree(&r->st, online_trees + 1) != DFL_OK) return DFL_ERR;
     }
-    for (; r->n_dstate < o->n_drafters; r->n_dstate++)
-        if (dstate_init(&r->dst[r->n_dstate], &r->ds[r->n_dstate], &r->m, max_ctx, r->block[r->n_dstate]) != DFL_OK)
+    for (; r->n_dstate < o->n_drafters; r->n_dstate++) {
+        const int d = r->n_dstate;
+        if (r->is_mtp[d] ? mstate_init(&r->mst[d], &r->mtp[d], &r->m, max_ctx, r->block[d])
+                         : dstate_init(&r->dst[d], &r->ds[d], &r->m, max_ctx, r->block[d]))
             return DFL_ERR;
+        r->dif[d] = r->is_mtp[d] ? mtp_drafter_if(&r->mst[d]) : spec_dflash_drafter(&r->dst[d]);
+    }
     if (!o->online)
         for (; r->n_cache < o->n_drafters; r->n_cache++)
             if (eval_draft_cache_init(&r->cache[r->n_cache], r->max_budget, r->m.cfg.vocab, r->block[r->n_cache]))
@@ -873,7 +940,7 @@ static int write_summary(run *r) {
     dfl_json_write_string(x, o->prompts ? o->prompts : "");
     if (r->replay && !r->from_features) {
         fprintf(x, ", \"recording\": {\"drafter\": ");
-        dfl_json_write_string(x, o->drafters[0]);
+        dfl_json_write_string(x, r->label[0]);
         fprintf(x, ", \"mode\": \"%s\", \"checked_against_autoregressive\": %s}", mode, o->check_ar ? "true" : "false");
     }
     if (o->features_dir || o->save_features) {
@@ -947,9 +1014,16 @@ static void run_free(run *r) {
     ref_set_free(&r->refs);
     if (r->tok) tok_close(r->tok);
     for (int d = 0; d < r->n_cache; d++) eval_draft_cache_free(&r->cache[d]);
-    for (int d = 0; d < r->n_dstate; d++) dstate_free(&r->dst[d]);
+    for (int d = 0; d < r->n_dstate; d++) {
+        if (r->is_mtp[d]) mstate_free(&r->mst[d]);
+        else dstate_free(&r->dst[d]);
+    }
     if (r->have_state) state_free(&r->st);
-    for (int d = 0; d < r->n_open; d++) drafter_close(&r->ds[d]);
+    for (int d = 0; d < EVAL_MAX_DRAFTERS; d++) free(r->label[d]);
+    for (int d = 0; d < r->n_open; d++) {
+        if (r->is_mtp[d]) mtp_close(&r->mtp[d]);
+        else drafter_close(&r->ds[d]);
+    }
     if (r->have_model) model_close(&r->m);
     if (r->lock_fd > 0) close(r->lock_fd);
     eval_prompts_free(&r->ps);
@@ -1104,7 +1178,7 @@ int eval_run(const eval_opts *o, eval_outcome *res) {
         rc = tok_encode(r->tok, txt, strlen(txt), &ids, &n);
         free(txt);
         if (rc == DFL_OK)
-            rc = eval_costs_measure(&r->costs, &r->m, &r->dst[0], ids, (int)n, r->block, o->n_drafters, o->budgets,
+            rc = eval_costs_measure(&r->costs, &r->m, &r->dif[0], ids, (int)n, r->block, o->n_drafters, o->budgets,
                                     o->n_modes, o->cost_reps);
         free(ids);
         if (rc) goto out;

@@ -446,6 +446,8 @@ int config_parse(dfl_config *c, const char *json, const char *where) {
             get_int(tc, "linear_value_head_dim", where, 0, 1, 512, &c->lin_v_dim) ||
             get_int(tc, "linear_conv_kernel_dim", where, 0, 1, 16, &c->conv_kernel))
             goto done;
+        c->mtp_layers = 1;
+        if (get_int(tc, "mtp_num_hidden_layers", where, 0, 0, DFL_MAX_LAYERS, &c->mtp_layers)) goto done;
         if (c->lin_v_heads % c->lin_k_heads) {
             dfl_seterr("%s: linear_num_value_heads (%d) is not a multiple of linear_num_key_heads (%d)", where,
                        c->lin_v_heads, c->lin_k_heads);

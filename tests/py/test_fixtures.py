@@ -11,6 +11,7 @@ import traceback
 
 import torch
 from safetensors import safe_open
+from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoTokenizer
 from transformers.utils import logging as hf_logging
 
@@ -18,7 +19,8 @@ from dflash.model import DFlashDraftModel, dflash_generate
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 FIX = os.environ.get("DFL_FIXTURES") or os.path.join(ROOT, "build", "fixtures")
-TARGETS = ["qwen3_tiny", "qwen3_bf16", "qwen35_vlm", "qwen35_text", "qwen35_bf16", "qwen35_r1", "qwen35_sharded"]
+TARGETS = ["qwen3_tiny", "qwen3_bf16", "qwen35_vlm", "qwen35_text", "qwen35_bf16", "qwen35_r1", "qwen35_sharded",
+           "qwen35_mtp"]
 DRAFTERS = ["dflash_qwen3", "dflash_qwen35", "dflash_qwen3_toplevel"]
 IDS = torch.tensor([[997, 348, 266, 198, 45, 288, 282, 741, 645, 220, 19, 23, 14, 17, 279, 998, 5, 700]])
 
@@ -147,6 +149,29 @@ def vlm_layout():
     r1 = tensors("qwen35_r1")
     assert r1["model.layers.0.linear_attn.in_proj_qkv.weight"][1] == [2 * 2 * 32 + 2 * 32, 64]
     assert "lm_head.weight" in r1
+
+
+@test
+def mtp_layout():
+    """mtp.* as released Qwen3.5 checkpoints name and shape them (15 tensors, one layer), with
+    mtp_num_hidden_layers in text_config; qwen35_mtp is qwen35_vlm with another head."""
+    for name, H, I, Hq, Hkv, hd in [("qwen35_vlm", 128, 256, 4, 2, 64), ("qwen35_bf16", 96, 192, 3, 1, 32),
+                                    ("qwen35_mtp", 128, 256, 4, 2, 64)]:
+        t = {k: s for k, (_, s) in tensors(name).items() if k.startswith("mtp.")}
+        want = {"mtp.fc.weight": [H, 2 * H], "mtp.pre_fc_norm_embedding.weight": [H],
+                "mtp.pre_fc_norm_hidden.weight": [H], "mtp.norm.weight": [H]}
+        L = "mtp.layers.0."
+        want.update({L + "input_layernorm.weight": [H], L + "post_attention_layernorm.weight": [H],
+                     L + "self_attn.q_proj.weight": [Hq * hd * 2, H], L + "self_attn.k_proj.weight": [Hkv * hd, H],
+                     L + "self_attn.v_proj.weight": [Hkv * hd, H], L + "self_attn.o_proj.weight": [H, Hq * hd],
+                     L + "self_attn.q_norm.weight": [hd], L + "self_attn.k_norm.weight": [hd],
+                     L + "mlp.gate_proj.weight": [I, H], L + "mlp.up_proj.weight": [I, H],
+                     L + "mlp.down_proj.weight": [H, I]})
+        assert t == want, (name, sorted(set(t) ^ set(want)))
+        assert config(name)["text_config"]["mtp_num_hidden_layers"] == 1, name
+    a, b = load_file(path("qwen35_vlm", "model.safetensors")), load_file(path("qwen35_mtp", "model.safetensors"))
+    assert set(a) == set(b) and all(torch.equal(a[k], b[k]) for k in a if not k.startswith("mtp."))
+    assert not torch.equal(a["mtp.fc.weight"], b["mtp.fc.weight"])  # the fitted head
 
 
 @test

@@ -1,8 +1,11 @@
 """`dfl inspect` on every fixture layout: the layout and the prefix that matched, architecture,
 layer types, tensor counts per component checked against the files themselves, every unused
-tensor listed, drafter target_layer_ids and their meaning, drafter/target compatibility."""
+tensor listed, drafter target_layer_ids and their meaning, drafter/target compatibility, the
+drafters a target checkpoint offers (its MTP head present, absent, or present but unusable)."""
 import json
 import os
+import shutil
+import tempfile
 
 from safetensors import safe_open
 
@@ -42,6 +45,26 @@ def target(name, layout, prefix, arch, pattern, untied):
     t.check(j["bytes"] == sum(j["tensor_bytes"].values()) and j["used_bytes"] <= j["bytes"], f"{name}: bytes")
     text = dfl("inspect", fixture(name)).stdout
     t.check(f"layout:       {layout}" in text and prefix in text and pattern in text, f"{name}: text report")
+    # the MTP head: offered as a drafter exactly when the checkpoint carries mtp.* tensors
+    t.check(j["mtp"]["tensors"] == len(mtp) and j["mtp"]["usable"] == bool(mtp) and
+            j["drafters"] == (["mtp"] if mtp else []), f"{name}: drafters {j['drafters']} mtp {j['mtp']}")
+    want = (f"drafters:     mtp — the checkpoint's own MTP head (1 layer, {len(mtp)} mtp.* tensors): --drafter mtp"
+            if mtp else "drafters:     none — no MTP head (no mtp.* tensors)")
+    t.check(want in text, f"{name}: drafters line in the text report")
+
+
+def mtp_unusable():
+    """mtp.* tensors the head cannot run: the report says why, and offers no drafter."""
+    d = os.path.join(tempfile.mkdtemp(prefix="dfl-inspect-"), "two_mtp_layers")
+    shutil.copytree(fixture("qwen35_vlm"), d)
+    cfg = json.load(open(os.path.join(d, "config.json")))
+    cfg["text_config"]["mtp_num_hidden_layers"] = 2
+    json.dump(cfg, open(os.path.join(d, "config.json"), "w"))
+    j = dfl_json("inspect", d, "--json")
+    t.check(j["mtp"]["tensors"] == 15 and not j["mtp"]["usable"] and j["drafters"] == [] and
+            "mtp_num_hidden_layers is 2" in j["mtp"]["error"], f"two MTP layers: {j['mtp']}")
+    t.check("drafters:     none — 15 mtp.* tensors, but no usable MTP head" in dfl("inspect", d).stdout,
+            "two MTP layers: text report")
 
 
 def drafters():
@@ -71,4 +94,5 @@ t.run(target, "qwen35_bf16", "vlm", "model.language_model.", "qwen3_5", "LLFLLF"
 t.run(target, "qwen35_r1", "text", "model.", "qwen3_5", "LLLF", True)
 t.run(target, "qwen35_sharded", "text", "model.", "qwen3_5", "LLLFLLLF", False)
 t.run(drafters)
+t.run(mtp_unusable)
 t.done()

@@ -24,8 +24,8 @@ typedef struct oracle {
     int full_every;       /* when > 0 and round % full_every == 0: no corruption */
 } oracle;
 
-static int o_add(void *ctx, const float *feat, int n) {
-    (void)feat;
+static int o_add(void *ctx, const float *feat, const int32_t *tokens, int n) {
+    (void)feat, (void)tokens;
     ((oracle *)ctx)->n_ctx += n;
     return DFL_OK;
 }
@@ -49,7 +49,9 @@ static int o_draft(void *ctx, int32_t anchor, int B, float *logits) {
 
 /* A drafter that takes one feature too many (the `<=` bug: the anchor's position enters its
  * context): the loop must refuse it on the first round. */
-static int leaky_add(void *ctx, const float *feat, int n) { return o_add(ctx, feat, n + 1); }
+static int leaky_add(void *ctx, const float *feat, const int32_t *tokens, int n) {
+    return o_add(ctx, feat, tokens, n + 1);
+}
 
 static int32_t prompt[] = {11, 200, 37, 512, 99, 3, 641, 77, 12};
 #define NP ((int)(sizeof prompt / sizeof prompt[0]))
