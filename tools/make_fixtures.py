@@ -34,6 +34,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import fixture_tokenizer  # noqa: E402
 from dflash.model import DFlashDraftModel  # noqa: E402
+sys.path.insert(0, os.path.join(HERE, "reference"))
+from dflash2_reference import DFlash2DraftModel  # noqa: E402
 
 STAMP = "fixture.stamp"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
@@ -441,6 +443,61 @@ def make_dflash_qwen3_toplevel(out, tok, tokdir):
     edit_config(out, older_format)
 
 
+# ---------------------------------------------------------------------------------------------
+# DFlash2 drafters: written with tools/reference/dflash2_reference.py's model class (no released
+# Python class runs on a CPU) in the released tensor layout (docs/dflash2.md).
+
+def save_dflash2(cfg, seed, out, tok, tokdir):
+    torch.manual_seed(seed)
+    model = randomize(DFlash2DraftModel(cfg), seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            g = _gen(seed, name)
+            if name.endswith("base_kernel"):  # tap 0 near identity, the others small
+                _normal(p, g, 0.2)
+                p[:, 0] += 1.0
+            elif name.endswith("kernel_projection.weight"):
+                _normal(p, g, 0.3 / p.shape[1] ** 0.5)
+            elif name.endswith("_codebook"):  # edge terms comparable to the logits' spread
+                _normal(p, g, 0.5)
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, os.path.join(out, "model.safetensors"),
+              metadata={"format": "pt"})
+    with open(os.path.join(out, "config.json"), "w") as f:
+        json.dump(cfg, f, indent=2, sort_keys=True)
+        f.write("\n")
+    for f in TOKENIZER_FILES:
+        shutil.copy(os.path.join(tokdir, f), os.path.join(out, f))
+
+
+def dflash2_config(tok, **kw):
+    return {"architectures": ["DFlash2DraftModel"], "model_type": "qwen3", "vocab_size": VOCAB,
+            "max_position_embeddings": 4096, "rms_norm_eps": 1e-6, "hidden_act": "silu",
+            "rope_parameters": {"rope_type": "default", "rope_theta": 1e6}, "tie_word_embeddings": False,
+            "dtype": "float32", "is_causal": False, **special_ids(tok), **kw}
+
+
+def make_dflash2_qwen3(out, tok, tokdir):
+    """z-lab schema (dflash_config), one sliding and one full layer, both bidirectional in the block."""
+    cfg = dflash2_config(tok, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         head_dim=32, intermediate_size=128, block_size=8, num_target_layers=4,
+                         layer_types=["sliding_attention", "full_attention"], sliding_window=8,
+                         dflash_config={"mask_token_id": tok["<|mask|>"], "target_layer_ids": [0, 2],
+                                        "block_size": 8, "conv_kernel_size": 2, "conv_group_size": 16,
+                                        "selector_rank": 16, "selector_top_k": 8})
+    save_dflash2(cfg, 21, out, tok, tokdir)
+
+
+def make_dflash2_qwen35(out, tok, tokdir):
+    """speculators schema (fields at the top level), 3 taps, output multiplier and softcap."""
+    cfg = dflash2_config(tok, hidden_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         head_dim=32, intermediate_size=256, block_size=16, num_target_layers=8,
+                         layer_types=["full_attention", "full_attention"], speculators_model_type="dflash2",
+                         mask_token_id=tok["<|mask|>"], target_layer_ids=[1, 4, 6], conv_kernel_size=3,
+                         conv_group_size=32, selector_rank=16, selector_top_k=6, output_multiplier=0.8,
+                         final_logit_softcapping=20.0)
+    save_dflash2(cfg, 22, out, tok, tokdir)
+
+
 FIXTURES = {
     "qwen3_tiny": make_qwen3_tiny,
     "qwen3_bf16": make_qwen3_bf16,
@@ -460,6 +517,8 @@ FIXTURES = {
     "dflash_qwen35": make_dflash_qwen35,
     "dflash_qwen3_toplevel": make_dflash_qwen3_toplevel,
     "dflash_qwen35_moe": make_dflash_qwen35_moe,
+    "dflash2_qwen3": make_dflash2_qwen3,
+    "dflash2_qwen35": make_dflash2_qwen35,
 }
 
 

@@ -10,7 +10,7 @@ typedef enum dfl_arch {
     DFL_ARCH_QWEN3,   /* Qwen3 attention layers (model_type qwen3; qwen3_moe: n_experts > 0) */
     DFL_ARCH_QWEN3_5, /* hybrid Gated-DeltaNet + gated attention (qwen3_5, qwen3_5_text;
                        * qwen3_5_moe, qwen3_5_moe_text: n_experts > 0) */
-    DFL_ARCH_DFLASH,  /* DFlash block drafter (architectures: DFlashDraftModel) */
+    DFL_ARCH_DFLASH,  /* DFlash block drafter (architectures: DFlashDraftModel or DFlash2DraftModel) */
 } dfl_arch;
 
 typedef enum dfl_layer_type {
@@ -69,6 +69,14 @@ typedef struct dfl_config {
     float input_embedding_scale;
     float output_multiplier;
     float final_logit_softcap; /* 0 = none */
+
+    /* DFlash2 drafter (architectures: DFlash2DraftModel; docs/dflash2.md); dflash2 = 0 for DFlash */
+    int dflash2;
+    int conv_taps;           /* conv_kernel_size: taps of the grouped depthwise convolution */
+    int conv_group;          /* conv_group_size: channels sharing one dynamic coefficient */
+    int selector_rank;       /* R of the candidate selector's codebooks */
+    int selector_top_k;      /* K candidates per block position */
+    int causal;              /* is_causal (or dflash_config.causal): -1 unset (sliding layers causal), 0, 1 */
 
     int eos_ids[DFL_MAX_EOS]; /* config.json eos_token_id, then config_load_eos's */
     int n_eos;

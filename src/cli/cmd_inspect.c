@@ -276,7 +276,8 @@ static int inspect_drafter(const char *dir, const char *target_dir, int json, in
         cli_json_string(stdout, dir);
         printf(", \"layout\": \"drafter\", \"prefix\": ");
         cli_json_string(stdout, d.prefix);
-        printf(", \"architecture\": \"dflash\", \"num_layers\": %d, \"layer_types\": ", c->n_layers);
+        printf(", \"architecture\": \"%s\", \"num_layers\": %d, \"layer_types\": ", c->dflash2 ? "dflash2" : "dflash",
+               c->n_layers);
         layer_types_json(c);
         printf(", \"layer_pattern\": \"%s\", \"sliding_window\": %d, \"hidden_size\": %d, \"intermediate_size\": %d, "
                "\"num_attention_heads\": %d, \"num_key_value_heads\": %d, \"head_dim\": %d, \"rope_theta\": %g, "
@@ -287,7 +288,13 @@ static int inspect_drafter(const char *dir, const char *target_dir, int json, in
         printf("], \"target_layer_ids_source\": \"%s\", \"hidden_states_indices\": [",
                c->target_ids_default ? "default formula" : "config");
         for (int i = 0; i < c->n_target_ids; i++) printf("%s%d", i ? ", " : "", c->target_layer_ids[i] + 1);
-        printf("], \"dtypes\": ");
+        printf("]");
+        if (c->dflash2)
+            printf(", \"dflash2\": {\"conv_kernel_size\": %d, \"conv_group_size\": %d, \"selector_rank\": %d, "
+                   "\"selector_top_k\": %d, \"is_causal\": %s}",
+                   c->conv_taps, c->conv_group, c->selector_rank, c->selector_top_k,
+                   c->causal < 0 ? "null" : c->causal ? "true" : "false");
+        printf(", \"dtypes\": ");
         print_dtypes_json(dt);
         printf(", \"tensors\": {\"text\": 0, \"vision\": 0, \"mtp\": 0, \"other\": %d, \"drafter\": %d}, "
                "\"n_tensors\": %d, \"bytes\": %llu",
@@ -303,12 +310,17 @@ static int inspect_drafter(const char *dir, const char *target_dir, int json, in
         printf("}\n");
     } else {
         printf("checkpoint:   %s\n", dir);
-        printf("layout:       drafter (DFlash, tensors under '%s')\n", d.prefix[0] ? d.prefix : "(no prefix)");
+        printf("layout:       drafter (%s, tensors under '%s')\n", c->dflash2 ? "DFlash2" : "DFlash",
+               d.prefix[0] ? d.prefix : "(no prefix)");
         printf("layers:       %d  %s%s", c->n_layers, pattern, c->sliding_window ? "" : "\n");
         if (c->sliding_window) printf("  (sliding window %d)\n", c->sliding_window);
         printf("sizes:        hidden %d, intermediate %d; %d q heads / %d kv heads, head_dim %d, rope theta %g\n",
                c->hidden, c->intermediate, c->n_heads, c->n_kv_heads, c->head_dim, c->rope_theta);
         printf("block size:   %d   mask token id: %d\n", c->block_size, c->mask_token_id);
+        if (c->dflash2)
+            printf("dflash2:      grouped conv of %d taps, groups of %d channels; selector rank %d over the top %d "
+                   "candidates; attention %s\n", c->conv_taps, c->conv_group, c->selector_rank, c->selector_top_k,
+                   c->causal < 0 ? "causal in sliding layers only" : c->causal ? "causal" : "bidirectional in the block");
         printf("target layers:");
         for (int i = 0; i < c->n_target_ids; i++) printf(" %d", c->target_layer_ids[i]);
         printf("  (%s) = output of those decoder layers = transformers hidden_states[",

@@ -14,7 +14,7 @@
 #define SUPPORTED \
     "qwen3 (Qwen3ForCausalLM), qwen3_moe (Qwen3MoeForCausalLM), qwen3_5 (Qwen3_5ForConditionalGeneration), " \
     "qwen3_5_text (Qwen3_5ForCausalLM), qwen3_5_moe (Qwen3_5MoeForConditionalGeneration), " \
-    "qwen3_5_moe_text (Qwen3_5MoeForCausalLM), DFlashDraftModel"
+    "qwen3_5_moe_text (Qwen3_5MoeForCausalLM), DFlashDraftModel, DFlash2DraftModel"
 
 const char *config_arch_name(dfl_arch a) {
     switch (a) {
@@ -256,6 +256,41 @@ static int parse_common(dfl_config *c, const cJSON *tc, const char *where, int n
     return DFL_OK;
 }
 
+/* DFlash2's fields, each in dflash_config (z-lab's files) or at the top level (speculators'
+ * files); none has a default: vLLM reads all four from the config. */
+static int parse_dflash2(dfl_config *c, const cJSON *const srcs[2], const char *where) {
+    if (c->vocab <= 0)
+        return dfl_seterr("%s: DFlash2DraftModel needs 'vocab_size' (the rows of the selector's codebooks)", where);
+    static const char *const names[4] = {"conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k"};
+    int *const dst[4] = {&c->conv_taps, &c->conv_group, &c->selector_rank, &c->selector_top_k};
+    /* taps reach back inside the block; a group divides the hidden size; K candidates of V */
+    const double hi[4] = {c->block_size, c->hidden, MAX_HIDDEN, c->vocab};
+    for (int f = 0; f < 4; f++) {
+        const cJSON *v = NULL;
+        for (int s = 0; s < 2 && !v; s++)
+            if (srcs[s] && cJSON_IsObject(srcs[s])) {
+                v = cJSON_GetObjectItemCaseSensitive(srcs[s], names[f]);
+                if (cJSON_IsNull(v)) v = NULL;
+            }
+        if (!v) return dfl_seterr("%s: DFlash2DraftModel needs '%s' (in dflash_config or at top level)", where, names[f]);
+        if (int_value(v, where, names[f], 1, hi[f], NULL, dst[f])) return DFL_ERR;
+    }
+    if (c->hidden % c->conv_group)
+        return dfl_seterr("%s: conv_group_size %d does not divide hidden_size %d", where, c->conv_group, c->hidden);
+    /* vLLM's order: top-level is_causal, then dflash_config.causal, else sliding layers causal */
+    int causal = 0, present = 0;
+    if (get_bool(srcs[1], "is_causal", where, &causal, &present)) return DFL_ERR;
+    if (!present && srcs[0] && cJSON_IsObject(srcs[0]) && get_bool(srcs[0], "causal", where, &causal, &present))
+        return DFL_ERR;
+    c->causal = present ? causal : -1;
+    /* a bidirectional window is only unambiguous when the block fits in it */
+    for (int i = 0; i < c->n_layers; i++)
+        if (c->layer_types[i] == DFL_LAYER_SLIDING && c->causal == 0 && c->sliding_window < c->block_size)
+            return dfl_seterr("%s: sliding_window %d is smaller than block_size %d in a non-causal (is_causal false) "
+                              "sliding_attention layer %d", where, c->sliding_window, c->block_size, i);
+    return DFL_OK;
+}
+
 static int parse_drafter(dfl_config *c, const cJSON *root, const char *where) {
     c->arch = DFL_ARCH_DFLASH;
     c->rope_theta = 1e6;
@@ -324,7 +359,8 @@ static int parse_drafter(dfl_config *c, const cJSON *root, const char *where) {
     c->input_embedding_scale = (float)scale;
     c->output_multiplier = (float)mult;
     c->final_logit_softcap = (float)cap;
-    return DFL_OK;
+    c->causal = -1;
+    return c->dflash2 ? parse_dflash2(c, srcs, where) : DFL_OK;
 }
 
 /* Sparse-MoE settings with transformers' defaults (Qwen3MoeConfig, Qwen3_5MoeTextConfig).
@@ -413,8 +449,10 @@ int config_parse(dfl_config *c, const char *json, const char *where) {
     int is_drafter = 0;
     if (cJSON_IsArray(archs)) {
         const cJSON *a;
-        cJSON_ArrayForEach(a, archs) if (cJSON_IsString(a) && strcmp(a->valuestring, "DFlashDraftModel") == 0)
-            is_drafter = 1;
+        cJSON_ArrayForEach(a, archs) {
+            if (cJSON_IsString(a) && strcmp(a->valuestring, "DFlashDraftModel") == 0) is_drafter = 1;
+            if (cJSON_IsString(a) && strcmp(a->valuestring, "DFlash2DraftModel") == 0) is_drafter = 1, c->dflash2 = 1;
+        }
     }
     if (is_drafter) {
         rc = parse_drafter(c, root, where);

@@ -7,8 +7,8 @@
 - Lossless: greedy output with the MTP drafter equals autoregressive decoding, chain at several
   block sizes and DDTree, with drafts accepted; DIR:mtp takes the head of another checkpoint
   (a text-only export, which has none, with the head of the VLM checkpoint of the same weights).
-- dfl eval puts a DFlash drafter and the MTP head in one table; replay equals online for the MTP,
-  whether it records the truth or replays one a DFlash drafter recorded.
+- dfl eval puts a DFlash drafter, a DFlash2 drafter and the MTP head in one table; replay equals online for each,
+  whether the MTP records the truth or replays one a DFlash2 drafter recorded.
 - A target without mtp.* tensors (or a dense Qwen3) is refused with a clear message."""
 import json
 import os
@@ -104,27 +104,34 @@ def summary_rows(out):
 
 
 def evaluate():
+    """The three kinds of drafter in one eval: a DFlash drafter, a DFlash2 drafter and the target's
+    MTP head, chain and DDTree, on the same prompts; whichever records, every replay row equals its
+    online row."""
     prompts = os.path.join(tmp, "texts.txt")
     with open(prompts, "w") as f:
         f.write("\n".join(TEXTS) + "\n")
     mtp = f"mtp ({fixture('qwen35_mtp')})"
+    d1, d2 = fixture("dflash_qwen35"), fixture("dflash2_qwen35")
     common = ["--target", fixture("qwen35_mtp"), "--prompts", prompts, "--format", "text", "--chat", "none",
               "--max-new", 32, "--tree-budget", "0,4"]
     online = os.path.join(tmp, "online")
-    dfl("eval", "--online", "--drafter", "mtp", "--drafter", fixture("dflash_qwen35"), *common, "--out", online)
+    dfl("eval", "--online", "--drafter", "mtp", "--drafter", d1, "--drafter", d2, *common, "--out", online)
     on = summary_rows(online)
-    for order in (["mtp", fixture("dflash_qwen35")], [fixture("dflash_qwen35"), "mtp"]):
+    for order in (["mtp", d1, d2], [d2, d1, "mtp"]):
         out = os.path.join(tmp, "replay-" + os.path.basename(order[0]))
-        dfl("eval", "--drafter", order[0], "--drafter", order[1], *common, "--check-ar", "--out", out)
+        dfl("eval", "--drafter", order[0], "--drafter", order[1], "--drafter", order[2], *common, "--check-ar",
+            "--out", out)
         rows = summary_rows(out)
         md = open(os.path.join(out, "summary.md")).read()
-        t.check(f"| {mtp} |" in md and f"| {fixture('dflash_qwen35')} |" in md,
-                f"{order}: one table with the DFlash drafter and the MTP head")
-        for mode in ("chain", "ddtree-4"):
-            r, o = rows[(mtp, mode, "replay")], on[(mtp, mode, "online")]
-            t.check(r["mismatches"] == 0 and r["accept_hist"] == o["accept_hist"] and r["tau"] == o["tau"] and
-                    r["per_position"] == o["per_position"],
-                    f"{order} {mode}: MTP replay {r['tau']} {r['accept_hist']} != online {o['tau']} {o['accept_hist']}")
+        t.check(all(f"| {x} |" in md for x in (mtp, d1, d2)),
+                f"{order}: one table with the DFlash drafter, the DFlash2 drafter and the MTP head")
+        for label in (mtp, d1, d2):
+            for mode in ("chain", "ddtree-4"):
+                r, o = rows[(label, mode, "replay")], on[(label, mode, "online")]
+                t.check(r["mismatches"] == 0 and r["accept_hist"] == o["accept_hist"] and r["tau"] == o["tau"] and
+                        r["per_position"] == o["per_position"],
+                        f"{order} {label} {mode}: replay {r['tau']} {r['accept_hist']} != online {o['tau']} "
+                        f"{o['accept_hist']}")
         t.check(rows[(mtp, "chain", "replay")]["tau"] > 2, f"{order}: MTP drafts accepted in eval")
     print(f"eval: MTP chain tau {on[(mtp, 'chain', 'online')]['tau']:.3f}, ddtree-4 "
           f"{on[(mtp, 'ddtree-4', 'online')]['tau']:.3f}; replay = online", flush=True)

@@ -133,6 +133,44 @@ static void test_moe(void) {
           "qwen3_5_moe_text: %s", dfl_errmsg());
 }
 
+/* DFlash2: its four fields from dflash_config (z-lab) or the top level (speculators), is_causal,
+ * and the refusals naming the field. */
+#define DFLASH2_BASE                                                                                    \
+    "{\"architectures\":[\"DFlash2DraftModel\"],\"hidden_size\":64,\"num_hidden_layers\":2,"             \
+    "\"intermediate_size\":128,\"num_attention_heads\":4,\"vocab_size\":1000,\"mask_token_id\":5,"        \
+    "\"target_layer_ids\":[0,2],\"block_size\":8"
+static void test_dflash2(void) {
+    dfl_config c;
+    CHECK(parse(&c, DFLASH2_BASE ",\"is_causal\":false,\"dflash_config\":{\"conv_kernel_size\":2,"
+                    "\"conv_group_size\":16,\"selector_rank\":32,\"selector_top_k\":16}}") == DFL_OK &&
+              c.arch == DFL_ARCH_DFLASH && c.dflash2 && c.conv_taps == 2 && c.conv_group == 16 &&
+              c.selector_rank == 32 && c.selector_top_k == 16 && c.causal == 0,
+          "dflash2 in dflash_config: %s", dfl_errmsg());
+    CHECK(parse(&c, DFLASH2_BASE ",\"conv_kernel_size\":3,\"conv_group_size\":32,\"selector_rank\":8,"
+                    "\"selector_top_k\":4,\"dflash_config\":{\"causal\":true,\"selector_top_k\":6}}") == DFL_OK &&
+              c.conv_taps == 3 && c.conv_group == 32 && c.selector_rank == 8 && c.selector_top_k == 6 && c.causal == 1,
+          "dflash2 at top level, dflash_config first: %s", dfl_errmsg());
+    CHECK(parse(&c, DRAFTER_BASE ",\"mask_token_id\":1}") == DFL_OK && !c.dflash2 && c.causal == -1,
+          "DFlash is not DFlash2: %s", dfl_errmsg());
+    const char *four = "\"conv_group_size\":16,\"selector_rank\":8,\"selector_top_k\":4";
+    char extra[512];
+    snprintf(extra, sizeof extra, "%s", four);
+    refused(DFLASH2_BASE, extra, "DFlash2DraftModel needs 'conv_kernel_size' (in dflash_config or at top level)");
+    snprintf(extra, sizeof extra, "\"conv_kernel_size\":9,%s", four);
+    refused(DFLASH2_BASE, extra, "conv_kernel_size: expected an integer in [1, 8], found 9");
+    refused(DFLASH2_BASE, "\"conv_kernel_size\":2,\"conv_group_size\":48,\"selector_rank\":8,\"selector_top_k\":4",
+            "conv_group_size 48 does not divide hidden_size 64");
+    refused(DFLASH2_BASE, "\"conv_kernel_size\":2,\"conv_group_size\":16,\"selector_rank\":0,\"selector_top_k\":4",
+            "selector_rank: expected an integer in [1, 65536], found 0");
+    refused(DFLASH2_BASE, "\"conv_kernel_size\":2,\"conv_group_size\":16,\"selector_rank\":8,\"selector_top_k\":1001",
+            "selector_top_k: expected an integer in [1, 1000], found 1001");
+    refused(DFLASH2_BASE, "\"conv_kernel_size\":2,\"conv_group_size\":16,\"selector_rank\":8,\"selector_top_k\":4,"
+            "\"is_causal\":1", "'is_causal' must be true or false");
+    refused(DFLASH2_BASE, "\"conv_kernel_size\":2,\"conv_group_size\":16,\"selector_rank\":8,\"selector_top_k\":4,"
+            "\"is_causal\":false,\"layer_types\":[\"full_attention\",\"sliding_attention\"],\"sliding_window\":4",
+            "sliding_window 4 is smaller than block_size 8 in a non-causal (is_causal false) sliding_attention layer 1");
+}
+
 static void write_text(const char *dir, const char *name, const char *text) {
     char p[1024];
     snprintf(p, sizeof p, "%s/%s", dir, name);
@@ -269,6 +307,7 @@ int main(void) {
               strstr(dfl_errmsg(), "sliding_window"),
           "sliding without window: %s", dfl_errmsg());
     test_ranges();
+    test_dflash2();
     test_extra_eos();
     test_moe();
     return test_done("test_config");

@@ -4,8 +4,9 @@
  * round, so that every acceptance length 0..B-1 — rollback at every position — and the
  * full-accept path occur. The drafter's context length is checked against the committed
  * length every round (the anchor never enters it). Sampling: the distribution of the first
- * sampled tokens with a drafter matches the target's own sampling (chi-square homogeneity
- * test, false-alarm rate 1e-3 per comparison, fixed seeds). */
+ * sampled tokens with a drafter (DFlash, and DFlash2 whose q is zero outside its candidates)
+ * matches the target's own sampling (chi-square homogeneity test, false-alarm rate 1e-3 per
+ * comparison, fixed seeds). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -295,6 +296,7 @@ int main(void) {
     lossless("qwen35_moe_vlm", "dflash_qwen35_moe");
     sampling("qwen3_tiny", "dflash_qwen3");
     sampling("qwen35_vlm", "dflash_qwen35");
+    sampling("qwen3_tiny", "dflash2_qwen3"); /* q is zero outside each position's candidates */
     bad_input();
     return test_done("test_spec");
 }
