@@ -88,6 +88,10 @@ static int bind_fused_experts(dfl_model *m, ld_ctx *c, dfl_layer_w *l, const cha
                E, k ? H : Ie, k ? Ie : H);
         snprintf(n, sizeof n, "%smlp.experts.%s", pre, names[k]);
         if (!(t[k] = ld_tensor(c, n, 3, shapes[k]))) return DFL_ERR;
+        /* views carry no per-block scales: quantized fused experts would read as plain numbers */
+        if (t[k]->dtype != ST_F32 && t[k]->dtype != ST_F16 && t[k]->dtype != ST_BF16)
+            return dfl_seterr("%s: fused expert tensor '%s' has dtype %s; fused experts are read as F32, F16 or BF16 "
+                              "(quantized experts: stored per expert)", c->where, n, st_dtype_name(t[k]->dtype));
     }
     const unsigned char *base[2];
     size_t off = 0;
