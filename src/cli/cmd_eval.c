@@ -279,6 +279,15 @@ int cmd_eval(int argc, char **argv) {
     pg.bar = strcmp(pm, "bar") == 0 || (strcmp(pm, "auto") == 0 && isatty(2));
     o.log = stderr; /* warnings and mismatches: whatever the progress mode */
     o.on_progress = progress_show, o.progress_ud = &pg;
+    if (eval_mpi_launched()) { /* one of several ranks: the prompts are spread over them */
+#ifdef DFL_HAVE_MPI
+        return eval_mpi_run(&o, pg.quiet);
+#else
+        return cli_fail("eval", "launched as one of several MPI ranks, but this dfl was built without MPI (CMake "
+                                "found none; dfl --version says so): each rank would run every prompt. Install "
+                                "libopenmpi-dev and rebuild, or use --shard i/n and dfl eval-merge");
+#endif
+    }
     eval_outcome res;
     if (eval_run(&o, &res) != DFL_OK) {
         if (pg.bar) fputc('\n', stderr);
