@@ -903,7 +903,8 @@ static int write_target_json(run *r) {
     return rc;
 }
 
-static int write_summary(run *r) {
+/* missing: a spread run's units that no process finished (the dist's message), or NULL */
+static int write_summary(run *r, const char *missing) {
     const eval_opts *o = r->o;
     done_free(&r->done);
     if (load_done(&r->done, r->res_path) != DFL_OK) return DFL_ERR;
@@ -948,6 +949,10 @@ static int write_summary(run *r) {
             ru.ru_maxrss * 1024L);
     for (int i = 0; i < r->ps.n_bad; i++) fprintf(x, "%s%d", i ? ", " : "", r->ps.bad_lines[i]);
     fprintf(x, "]}");
+    if (missing) { /* the run is incomplete: what is missing, for scripts (mpirun may exit 0) */
+        fprintf(x, ",\n  \"incomplete\": ");
+        dfl_json_write_string(x, missing);
+    }
     if (o->protocol == EVAL_PROTOCOL_ZLAB) {
         fprintf(x, ",\n  \"protocol\": {\"name\": \"zlab\", \"dataset\": \"%s\", \"shuffle_seed\": %d, \"max_samples\": ",
                 eval_zlab_dataset_name(r->zlab_dataset), EVAL_ZLAB_SEED);
@@ -1319,7 +1324,7 @@ int eval_run(const eval_opts *o, eval_outcome *res) {
     if (rc == DFL_OK && writes) {
         if (r->resf) fclose(r->resf);
         r->resf = NULL;
-        rc = write_summary(r);
+        rc = write_summary(r, missing);
     }
     if (rc == DFL_OK && missing) rc = dfl_seterr("%s", missing);
     free(missing);
