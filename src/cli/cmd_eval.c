@@ -48,6 +48,8 @@ static const char *usage_text =
     "                        model's own first answer, as FastChat does)\n"
     "  --resume              keep DIR/results.jsonl and skip what it already holds\n"
     "  --shard i/n           only prompts whose index mod n == i (merge shards with dfl eval-merge)\n"
+    "                        (or `mpirun -n N dfl eval ...`: rank 0 hands the prompts out, longest first,\n"
+    "                        and alone writes DIR; dfl --version says whether MPI is built in)\n"
     "  --keep-going          skip malformed prompt lines (listed in summary.json) instead of failing\n"
     "  --reference FILE      reference outputs: JSON lines {\"id\", [\"turn\",] \"output_ids\" | \"text\"}\n"
     "  --reference-url URL   a server: .../v1/completions (OpenAI-compatible) or .../generate (SGLang)\n"
