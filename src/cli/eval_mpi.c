@@ -22,7 +22,7 @@
 #include "dfl/common.h"
 #include "dfl/eval.h"
 
-enum { TAG_REQ = 1, TAG_UNIT, TAG_LINE, TAG_DONE };
+enum { TAG_REQ = 1, TAG_UNIT, TAG_LINE, TAG_DONE, TAG_BYE };
 
 typedef struct peer {
     char host[256];
@@ -54,11 +54,13 @@ typedef struct mpi_ctx {
     int *queue, n_queue, q_next; /* units to run, heaviest first */
     rank_info *ranks;          /* [size] */
     int remote_mismatches;
+    int deaths;                /* ranks that died: then nobody calls MPI_Finalize (below) */
     int progress_done;
     void (*on_progress)(void *ud, const eval_progress *p);
     void *progress_ud;
     /* other ranks */
     int sent, exit_after;      /* lines sent; the test hook's count (0: off) */
+    int rank0_gone;            /* rank 0 died: nothing more can be said to it */
 } mpi_ctx;
 
 static mpi_ctx ctx;
@@ -182,11 +184,16 @@ static void *serve(void *arg) {
                 serve_pending(c, r);
                 if (c->ranks[r].finished) continue;
                 c->ranks[r].dead = c->ranks[r].finished = 1;
+                c->deaths++;
                 fprintf(stderr, "\ndfl eval: rank %d (host %s, pid %d) died%s%s\n", r, c->peers[r].host,
                         c->peers[r].pid, c->ranks[r].current >= 0 ? " running prompt " : "",
                         c->ranks[r].current >= 0 ? c->names[c->ranks[r].current] : "");
             }
     }
+    /* every rank is done: tell the living ones whether a rank died. Open MPI 4.1's MPI_Finalize
+     * waits for every rank, the dead one too (now and then forever, under --enable-recovery) */
+    for (int r = 1; r < c->size; r++)
+        if (!c->ranks[r].dead) MPI_Send(&c->deaths, 1, MPI_INT, r, TAG_BYE, MPI_COMM_WORLD);
     return NULL;
 }
 
@@ -277,21 +284,40 @@ static int d_finish(void *ud) {
 
 /* ---- the other ranks --------------------------------------------------------------------- */
 
+static int rank0_gone(mpi_ctx *c) {
+    c->rank0_gone = 1;
+    return dfl_seterr("rank 0 (host %s, pid %d) is gone", c->peers[0].host, c->peers[0].pid);
+}
+
+/* A message to rank 0 (a large one waits for rank 0 to take it): without hanging when rank 0 on
+ * this host is gone. */
+static int send0(mpi_ctx *c, const void *buf, int len, MPI_Datatype type, int tag) {
+    MPI_Request req;
+    if (MPI_Isend(buf, len, type, 0, tag, MPI_COMM_WORLD, &req) != MPI_SUCCESS)
+        return dfl_seterr("cannot reach rank 0");
+    for (int polls = 1;; polls++) {
+        int flag = 0;
+        if (MPI_Test(&req, &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS)
+            return dfl_seterr("cannot reach rank 0");
+        if (flag) return DFL_OK;
+        if (polls > 1000) sleep_ms(1); /* a first stretch of pure polling: rank 0 usually answers at once */
+        if (polls % 1000 == 0 && local_dead(&c->peers[0], c->peers[c->rank].host)) return rank0_gone(c);
+    }
+}
+
 static int d_next(void *ud, int *unit, char **held) {
     mpi_ctx *c = ud;
     int zero = 0;
     *held = NULL;
-    if (MPI_Send(&zero, 1, MPI_INT, 0, TAG_REQ, MPI_COMM_WORLD) != MPI_SUCCESS)
-        return dfl_seterr("rank %d: cannot reach rank 0", c->rank);
+    if (send0(c, &zero, 1, MPI_INT, TAG_REQ)) return DFL_ERR;
     MPI_Status st;
     for (int polls = 1;; polls++) { /* wait for the answer, or for rank 0 to be gone */
         int flag = 0;
         if (MPI_Iprobe(0, TAG_UNIT, MPI_COMM_WORLD, &flag, &st) != MPI_SUCCESS)
-            return dfl_seterr("rank %d: cannot reach rank 0", c->rank);
+            return dfl_seterr("cannot reach rank 0");
         if (flag) break;
         sleep_ms(1);
-        if (polls % 100 == 0 && local_dead(&c->peers[0], c->peers[c->rank].host))
-            return dfl_seterr("rank %d: rank 0 (pid %d) is gone", c->rank, c->peers[0].pid);
+        if (polls % 100 == 0 && local_dead(&c->peers[0], c->peers[c->rank].host)) return rank0_gone(c);
     }
     int len = 0;
     MPI_Get_count(&st, MPI_CHAR, &len);
@@ -302,15 +328,14 @@ static int d_next(void *ud, int *unit, char **held) {
     char *tab = strchr(msg, '\t'), *nl = tab ? strchr(tab, '\n') : NULL;
     int rc = DFL_OK;
     if (!tab || !nl) {
-        rc = dfl_seterr("rank %d: a malformed message from rank 0", c->rank);
+        rc = dfl_seterr("a malformed message from rank 0");
     } else {
         *nl = 0;
         *unit = atoi(msg);
         /* every rank must see the same units: the same prompt file (or features) and options */
         if (*unit >= c->n || (*unit >= 0 && strcmp(c->names[*unit], tab + 1) != 0))
-            rc = dfl_seterr("rank %d: rank 0's unit %d is prompt %s, here it is %s: every rank must read the same "
-                            "prompts (--prompts, --limit, --shard, --features) with the same options",
-                            c->rank, *unit, tab + 1, *unit < c->n ? c->names[*unit] : "(none)");
+            rc = dfl_seterr("rank 0's unit %d is prompt %s, here it is %s: every rank must read the same "
+                            "prompts (--prompts, --limit, --shard, --features) with the same options", *unit, tab + 1, *unit < c->n ? c->names[*unit] : "(none)");
         else if (nl[1])
             *held = strdup(nl + 1);
     }
@@ -320,8 +345,7 @@ static int d_next(void *ud, int *unit, char **held) {
 
 static int d_emit(void *ud, const char *line) {
     mpi_ctx *c = ud;
-    if (MPI_Send(line, (int)strlen(line) + 1, MPI_CHAR, 0, TAG_LINE, MPI_COMM_WORLD) != MPI_SUCCESS)
-        return dfl_seterr("rank %d: cannot send a result to rank 0", c->rank);
+    if (send0(c, line, (int)strlen(line) + 1, MPI_CHAR, TAG_LINE)) return DFL_ERR;
     /* test hook (tests/py/test_mpi.py): die without a word after this many lines */
     if (c->exit_after && ++c->sent == c->exit_after) _exit(3);
     return DFL_OK;
@@ -398,11 +422,24 @@ int eval_mpi_run(eval_opts *o, int quiet) {
         else fprintf(m, "1\t%s", dfl_errmsg());
         fclose(m);
         if (rc != DFL_OK) fprintf(stderr, "dfl eval: rank %d: %s\n", c->rank, dfl_errmsg());
-        MPI_Send(msg, (int)len + 1, MPI_CHAR, 0, TAG_DONE, MPI_COMM_WORLD);
+        if (!c->rank0_gone && send0(c, msg, (int)len + 1, MPI_CHAR, TAG_DONE) == DFL_OK) {
+            /* rank 0's word on whether a rank died */
+            for (int polls = 1; !c->rank0_gone; polls++) {
+                int flag = 0;
+                if (MPI_Iprobe(0, TAG_BYE, MPI_COMM_WORLD, &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS) break;
+                if (flag) {
+                    MPI_Recv(&c->deaths, 1, MPI_INT, 0, TAG_BYE, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+                    break;
+                }
+                sleep_ms(1);
+                if (polls % 100 == 0 && local_dead(&c->peers[0], c->peers[c->rank].host)) c->rank0_gone = 1;
+            }
+        }
         free(msg);
         status = rc != DFL_OK;
     }
-    MPI_Finalize();
+    /* MPI_Finalize waits for every rank: not when one died (rank 0 said so), or rank 0 is gone */
+    if (!c->deaths && !c->rank0_gone) MPI_Finalize();
     if (c->resf) fclose(c->resf);
     for (int k = 0; k < c->n; k++) free(c->names[k]), free(c->held ? c->held[k] : NULL);
     for (int r = 0; r < c->size; r++) free(c->ranks[r].error);

@@ -49,7 +49,7 @@ static void usage(FILE *f) {
     fprintf(f, "usage: dfl <command> [options]   (dfl <command> --help for each)\n\ncommands:\n");
     for (size_t i = 0; i < sizeof subcommands / sizeof subcommands[0]; i++)
         fprintf(f, "  %-12s %s\n", subcommands[i].name, subcommands[i].summary);
-    fprintf(f, "  %-12s %s\n", "version", "version, git commit, build type and kernel ISA (also dfl --version)");
+    fprintf(f, "  %-12s %s\n", "version", "version, git commit, build type, kernel ISA, MPI (also dfl --version)");
 }
 
 int main(int argc, char **argv) {

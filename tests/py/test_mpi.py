@@ -31,7 +31,7 @@ REPLAY = ["--target", TGT, "--drafter", DRF, "--prompts", GSM40, "--limit", "7",
           "--tree-budget", "0,4", "--check-ar", "--progress", "lines"]
 
 
-def mpirun(n, *args, extra=(), env=None, timeout=300):
+def mpirun(n, *args, extra=(), env=None, timeout=120):
     cmd = [MPIRUN, "--oversubscribe", *extra, "-n", str(n), DFL, "eval", *map(str, args)]
     return subprocess.run(cmd, capture_output=True, text=True, env=env or ENV, timeout=timeout)
 
