@@ -44,7 +44,7 @@ typedef struct mpi_ctx {
     /* rank 0 */
     pthread_mutex_t mu;        /* the queue, results.jsonl, progress */
     pthread_t thread;
-    int thread_started, thread_joined;
+    int thread_joined;
     FILE *resf;
     char *res_path;
     int n;                     /* units */
@@ -92,6 +92,20 @@ static void progress_tick(mpi_ctx *c, const char *what, double tau) {
     c->on_progress(c->progress_ud, &p);
 }
 
+/* A message to rank dst (a large one waits for dst to take it) that does not hang when dst is a
+ * process on this host that is gone: 0 sent, 1 dst gone, -1 an MPI error. */
+static int send_to(mpi_ctx *c, int dst, const void *buf, int len, MPI_Datatype type, int tag) {
+    MPI_Request req;
+    if (MPI_Isend(buf, len, type, dst, tag, MPI_COMM_WORLD, &req) != MPI_SUCCESS) return -1;
+    for (int polls = 1;; polls++) {
+        int flag = 0;
+        if (MPI_Test(&req, &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS) return -1;
+        if (flag) return 0;
+        if (polls > 1000) sleep_ms(1); /* a first stretch of pure polling: it is usually taken at once */
+        if (polls % 1000 == 0 && local_dead(&c->peers[dst], c->peers[c->rank].host)) return 1;
+    }
+}
+
 /* ---- rank 0 ------------------------------------------------------------------------------ */
 
 static int take_unit(mpi_ctx *c, int rank) { /* under mu */
@@ -113,7 +127,7 @@ static void set_error(rank_info *ri, const char *msg) {
     if (!ri->error) ri->error = strdup(msg);
 }
 
-/* One message from rank src (tag, text of len bytes). */
+/* One message (tag, NUL-terminated text) from rank src. */
 static void serve_one(mpi_ctx *c, int src, int tag, char *msg) {
     rank_info *ri = &c->ranks[src];
     if (tag == TAG_REQ) {
@@ -128,7 +142,7 @@ static void serve_one(mpi_ctx *c, int src, int tag, char *msg) {
         FILE *m = open_memstream(&held, &len);
         fprintf(m, "%d\t%s\n%s", k, k >= 0 ? c->names[k] : "", k >= 0 && c->held[k] ? c->held[k] : "");
         fclose(m);
-        MPI_Send(held, (int)len + 1, MPI_CHAR, src, TAG_UNIT, MPI_COMM_WORLD);
+        send_to(c, src, held, (int)len + 1, MPI_CHAR, TAG_UNIT); /* a death is seen by serve */
         free(held);
     } else if (tag == TAG_LINE) {
         eval_result e;
@@ -193,7 +207,7 @@ static void *serve(void *arg) {
     /* every rank is done: tell the living ones whether a rank died. Open MPI 4.1's MPI_Finalize
      * waits for every rank, the dead one too (now and then forever, under --enable-recovery) */
     for (int r = 1; r < c->size; r++)
-        if (!c->ranks[r].dead) MPI_Send(&c->deaths, 1, MPI_INT, r, TAG_BYE, MPI_COMM_WORLD);
+        if (!c->ranks[r].dead) send_to(c, r, &c->deaths, 1, MPI_INT, TAG_BYE);
     return NULL;
 }
 
@@ -206,16 +220,17 @@ static int cmp_weight_desc(const void *a, const void *b, void *w) {
 static int d_plan(void *ud, int n, char *const *names, const long *weight, const int *complete, char *const *done) {
     mpi_ctx *c = ud;
     c->n = n;
-    c->names = calloc((size_t)n + 1, sizeof *c->names);
+    if (!(c->names = calloc((size_t)n + 1, sizeof *c->names))) return dfl_seterr("out of memory");
+    for (int k = 0; k < n; k++)
+        if (!(c->names[k] = strdup(names[k]))) return dfl_seterr("out of memory");
+    if (c->rank != 0) return DFL_OK; /* the names, to check what rank 0 hands out */
     c->state = calloc((size_t)n + 1, sizeof *c->state);
     c->queue = calloc((size_t)n + 1, sizeof *c->queue);
-    if (!c->names || !c->state || !c->queue) return dfl_seterr("out of memory");
+    if (!c->state || !c->queue) return dfl_seterr("out of memory");
     for (int k = 0; k < n; k++) {
-        if (!(c->names[k] = strdup(names[k]))) return dfl_seterr("out of memory");
         if (complete[k]) c->progress_done++;
         else c->queue[c->n_queue++] = k;
     }
-    if (c->rank != 0) return DFL_OK; /* the names, to check what rank 0 hands out */
     qsort_r(c->queue, (size_t)c->n_queue, sizeof *c->queue, cmp_weight_desc, (void *)weight);
     c->res_path = dfl_path_join(c->o->out, "results.jsonl");
     if (!(c->resf = fopen(c->res_path, "a"))) return dfl_seterr("%s: cannot write: %s", c->res_path, strerror(errno));
@@ -223,7 +238,6 @@ static int d_plan(void *ud, int n, char *const *names, const long *weight, const
     if (!(c->held = calloc((size_t)n + 1, sizeof *c->held))) return dfl_seterr("out of memory");
     for (int k = 0; k < n; k++) c->held[k] = done[k][0] ? strdup(done[k]) : NULL;
     if (pthread_create(&c->thread, NULL, serve, c) != 0) return dfl_seterr("cannot start rank 0's MPI thread");
-    c->thread_started = 1;
     return DFL_OK;
 }
 
@@ -289,20 +303,10 @@ static int rank0_gone(mpi_ctx *c) {
     return dfl_seterr("rank 0 (host %s, pid %d) is gone", c->peers[0].host, c->peers[0].pid);
 }
 
-/* A message to rank 0 (a large one waits for rank 0 to take it): without hanging when rank 0 on
- * this host is gone. */
 static int send0(mpi_ctx *c, const void *buf, int len, MPI_Datatype type, int tag) {
-    MPI_Request req;
-    if (MPI_Isend(buf, len, type, 0, tag, MPI_COMM_WORLD, &req) != MPI_SUCCESS)
-        return dfl_seterr("cannot reach rank 0");
-    for (int polls = 1;; polls++) {
-        int flag = 0;
-        if (MPI_Test(&req, &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS)
-            return dfl_seterr("cannot reach rank 0");
-        if (flag) return DFL_OK;
-        if (polls > 1000) sleep_ms(1); /* a first stretch of pure polling: rank 0 usually answers at once */
-        if (polls % 1000 == 0 && local_dead(&c->peers[0], c->peers[c->rank].host)) return rank0_gone(c);
-    }
+    const int rc = send_to(c, 0, buf, len, type, tag);
+    if (rc == 1) return rank0_gone(c);
+    return rc ? dfl_seterr("cannot reach rank 0") : DFL_OK;
 }
 
 static int d_next(void *ud, int *unit, char **held) {
