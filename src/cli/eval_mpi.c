@@ -1,4 +1,5 @@
-/* dfl eval under mpirun (docs/eval.md, "Across machines: MPI"): built when CMake finds MPI.
+/* dfl eval under mpirun (docs/eval.md, "Across machines: MPI, or job arrays"): built when CMake
+ * finds MPI.
  *
  * Work is handed out dynamically, longest unit first: rank 0 keeps a queue of the units results.jsonl
  * does not complete, sorted by weight (prompt tokens plus --max-new per turn), and every rank
@@ -7,7 +8,9 @@
  * main thread and serves the other ranks on a second one, the only thread of rank 0 that calls
  * MPI (MPI_THREAD_SERIALIZED): requests for work, and each finished results line, written to
  * results.jsonl (flushed) when it arrives. A rank that dies: its unit in progress is missing, the
- * others run the rest; rank 0 writes the reports of what it has and fails naming what is missing. */
+ * others run the rest; rank 0 writes the reports of what it has and fails naming what is missing.
+ * Open MPI 4.1 says nothing of a death (with mpirun --enable-recovery the job goes on), so a rank
+ * sees one only of a process on its own host: its pid gone. */
 #include <errno.h>
 #include <mpi.h>
 #include <pthread.h>
@@ -32,7 +35,7 @@ typedef struct peer {
 typedef struct rank_info {
     int current;   /* the unit it runs, -1 none */
     int finished;  /* said it is done (or failed), or died */
-    int dead;
+    int dead;      /* its process is gone (seen from rank 0's host) */
     double last_tau; /* of the last line it sent */
     char *error;   /* its failure, if any (malloc'd) */
 } rank_info;
@@ -62,8 +65,6 @@ typedef struct mpi_ctx {
     int sent, exit_after;      /* lines sent; the test hook's count (0: off) */
     int rank0_gone;            /* rank 0 died: nothing more can be said to it */
 } mpi_ctx;
-
-static mpi_ctx ctx;
 
 static void sleep_ms(int ms) {
     struct timespec ts = {.tv_sec = 0, .tv_nsec = ms * 1000000L};
@@ -366,7 +367,7 @@ const char *eval_mpi_library(void) {
 }
 
 int eval_mpi_run(eval_opts *o, int quiet) {
-    mpi_ctx *c = &ctx;
+    mpi_ctx cc, *c = &cc; /* lives until the serve thread is joined: this function's whole run */
     memset(c, 0, sizeof *c);
     c->o = o;
     int prov = 0;
