@@ -427,6 +427,7 @@ int eval_mpi_run(eval_opts *o, int quiet) {
         else fprintf(m, "1\t%s", dfl_errmsg());
         fclose(m);
         if (rc != DFL_OK) fprintf(stderr, "dfl eval: rank %d: %s\n", c->rank, dfl_errmsg());
+        int heard = 0; /* rank 0 took the word: it names the failure, and its exit status says it */
         if (!c->rank0_gone && send0(c, msg, (int)len + 1, MPI_CHAR, TAG_DONE) == DFL_OK) {
             /* rank 0's word on whether a rank died */
             for (int polls = 1; !c->rank0_gone; polls++) {
@@ -434,6 +435,7 @@ int eval_mpi_run(eval_opts *o, int quiet) {
                 if (MPI_Iprobe(0, TAG_BYE, MPI_COMM_WORLD, &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS) break;
                 if (flag) {
                     MPI_Recv(&c->deaths, 1, MPI_INT, 0, TAG_BYE, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+                    heard = 1;
                     break;
                 }
                 sleep_ms(1);
@@ -441,7 +443,9 @@ int eval_mpi_run(eval_opts *o, int quiet) {
             }
         }
         free(msg);
-        status = rc != DFL_OK;
+        /* a failure rank 0 heard of ends this rank with 0: by default mpirun ends the whole job at a
+         * non-zero exit, before rank 0 could write the others' results and the reports */
+        status = rc != DFL_OK && !heard;
     }
     /* MPI_Finalize waits for every rank: not when one died (rank 0 said so), or rank 0 is gone */
     if (!c->deaths && !c->rank0_gone) MPI_Finalize();

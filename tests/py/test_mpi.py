@@ -161,6 +161,10 @@ def refusals():
                         "eval", *args1, "--out", mm], capture_output=True, text=True, env=ENV, timeout=300)
     t.check(p.returncode != 0 and "every rank must read the same prompts" in p.stderr,
             f"another prompt set on rank 1 is refused: rc {p.returncode} {p.stderr[-400:]}")
+    # rank 0 ran the rest, wrote the reports and names the unit rank 1 refused
+    s = json.load(open(os.path.join(mm, "summary.json")))
+    t.check("missing" in s.get("incomplete", "") and "rank 1:" in s["incomplete"] and s["prompts"] == 6,
+            f"rank 0 finished the other prompts and names rank 1's failure: {s.get('incomplete')} {s['prompts']}")
 
 
 t.run(version)
