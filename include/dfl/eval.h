@@ -156,6 +156,26 @@ typedef struct eval_progress {
     double last_tau;
 } eval_progress;
 
+/* A run spread over processes (dfl eval under MPI: src/cli/eval_mpi.c, docs/eval.md). A unit is
+ * a prompt (both turns) or, with --features, a saved truth. One process, the writer, keeps
+ * results.jsonl and the reports; every process runs the units next hands it. */
+typedef struct eval_dist {
+    int writer;       /* this process writes results.jsonl and the reports (MPI rank 0) */
+    void *ud;
+    /* writer only, once before any unit: the n units in run order, their names, weights (prompt
+     * tokens plus --max-new per turn), whether results.jsonl holds all of their lines already, and
+     * the lines it holds for each (JSON lines, "" for none) */
+    int (*plan)(void *ud, int n, char *const *names, const long *weight, const int *complete, char *const *done);
+    /* the next unit to run (-1: none left) and the results lines already held for it (malloc'd,
+     * NULL when none): a process elsewhere skips them as a resumed run does */
+    int (*next)(void *ud, int *unit, char **done);
+    /* a finished results.jsonl line (no newline): written by the writer, or sent to it */
+    int (*emit)(void *ud, const char *line);
+    /* writer only, after its last unit: waits for the others. DFL_ERR with a message naming
+     * the units that are missing (a process that died or failed) */
+    int (*finish)(void *ud);
+} eval_dist;
+
 typedef struct eval_opts {
     int protocol;                /* EVAL_PROTOCOL_ZLAB: z-lab's prompts, selection and template */
     int zlab_dataset;            /* EVAL_ZLAB_*; -1: from --format or the fields */
@@ -191,6 +211,7 @@ typedef struct eval_opts {
     const char *features_dir;    /* replay from saved features: no target forward */
     const char *features_from;   /* also replay on features written by another pipeline (hidden-diff format) */
     int cost_reps;               /* repetitions of each cost measurement (0 = no modeled speedup) */
+    const eval_dist *dist;       /* spread over processes (NULL: this process runs every unit) */
     FILE *log;                   /* warnings and per-run lines (NULL: quiet) */
     void (*on_progress)(void *ud, const eval_progress *p);
     void *progress_ud;

@@ -49,6 +49,8 @@ static const char *usage_text =
     "                        model's own first answer, as FastChat does)\n"
     "  --resume              keep DIR/results.jsonl and skip what it already holds\n"
     "  --shard i/n           only prompts whose index mod n == i (merge shards with dfl eval-merge)\n"
+    "                        (or `mpirun -n N dfl eval ...`: rank 0 hands the prompts out, longest first,\n"
+    "                        and alone writes DIR; dfl --version says whether MPI is built in)\n"
     "  --keep-going          skip malformed prompt lines (listed in summary.json) instead of failing\n"
     "  --reference FILE      reference outputs: JSON lines {\"id\", [\"turn\",] \"output_ids\" | \"text\"}\n"
     "  --reference-url URL   a server: .../v1/completions (OpenAI-compatible) or .../generate (SGLang)\n"
@@ -286,6 +288,15 @@ int cmd_eval(int argc, char **argv) {
     pg.bar = strcmp(pm, "bar") == 0 || (strcmp(pm, "auto") == 0 && isatty(2));
     o.log = stderr; /* warnings and mismatches: whatever the progress mode */
     o.on_progress = progress_show, o.progress_ud = &pg;
+    if (eval_mpi_launched()) { /* one of several ranks: the prompts are spread over them */
+#ifdef DFL_HAVE_MPI
+        return eval_mpi_run(&o, pg.quiet);
+#else
+        return cli_fail("eval", "launched as one of several MPI ranks, but this dfl was built without MPI (CMake "
+                                "found none; dfl --version says so): each rank would run every prompt. Install "
+                                "libopenmpi-dev and rebuild, or use --shard i/n and dfl eval-merge");
+#endif
+    }
     eval_outcome res;
     if (eval_run(&o, &res) != DFL_OK) {
         if (pg.bar) fputc('\n', stderr);

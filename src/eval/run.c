@@ -80,6 +80,40 @@ static int load_done(done_set *d, const char *path) {
     return rc;
 }
 
+/* Results lines handed over with a unit (a run spread over processes): added as if read back. */
+static int done_add_text(done_set *d, const char *text) {
+    while (*text) {
+        const char *nl = strchr(text, '\n');
+        const size_t n = nl ? (size_t)(nl - text) : strlen(text);
+        if (n) {
+            char *line = strndup(text, n);
+            d->r = realloc(d->r, (size_t)(d->n + 1) * sizeof *d->r);
+            d->ids = realloc(d->ids, (size_t)(d->n + 1) * sizeof *d->ids);
+            d->n_ids = realloc(d->n_ids, (size_t)(d->n + 1) * sizeof *d->n_ids);
+            const int rc = line ? eval_result_parse(line, &d->r[d->n], &d->ids[d->n], &d->n_ids[d->n]) : DFL_ERR;
+            free(line);
+            if (rc != DFL_OK) return dfl_preperr("a results line handed over with a unit");
+            d->n++;
+        }
+        text += n + (nl != NULL);
+    }
+    return DFL_OK;
+}
+
+/* The lines held for a prompt (every turn), as results.jsonl has them: for another process. */
+static char *done_text(const done_set *d, const char *pid) {
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *m = open_memstream(&buf, &len);
+    if (!m) return NULL;
+    for (int i = 0; i < d->n; i++)
+        if (strcmp(d->r[i].prompt_id, pid) == 0) {
+            eval_result_write(m, &d->r[i], d->ids[i], d->n_ids[i]);
+            fputc('\n', m);
+        }
+    return fclose(m) == 0 ? buf : NULL;
+}
+
 static void done_free(done_set *d) {
     for (int i = 0; i < d->n; i++) free(d->ids[i]);
     free(d->r), free(d->ids), free(d->n_ids);
@@ -314,10 +348,23 @@ static void on_round(void *ud, int start, const int32_t *block, int bs, const fl
 }
 
 static int write_result(run *r, eval_result *e, const int32_t *ids, int n_ids) {
-    eval_result_write(r->resf, e, ids, n_ids);
-    fputc('\n', r->resf);
-    if (fflush(r->resf) != 0 || ferror(r->resf))
-        return dfl_seterr("%s: write error: %s", r->res_path, strerror(errno));
+    const eval_dist *dd = r->o->dist;
+    if (dd) { /* the writer's file, or a message to it */
+        char *line = NULL;
+        size_t len = 0;
+        FILE *m = open_memstream(&line, &len);
+        if (!m) return dfl_seterr("out of memory");
+        eval_result_write(m, e, ids, n_ids);
+        fclose(m);
+        const int rc = dd->emit(dd->ud, line);
+        free(line);
+        if (rc) return rc;
+    } else {
+        eval_result_write(r->resf, e, ids, n_ids);
+        fputc('\n', r->resf);
+        if (fflush(r->resf) != 0 || ferror(r->resf))
+            return dfl_seterr("%s: write error: %s", r->res_path, strerror(errno));
+    }
     r->res.responses++;
     return DFL_OK;
 }
@@ -689,6 +736,10 @@ int eval_opts_check(const eval_opts *o) {
     if (o->protocol == EVAL_PROTOCOL_ZLAB && o->features_dir)
         return dfl_seterr("--protocol zlab builds prompts: not with --features (the saved truths hold theirs)");
     if (o->dump_prompts && o->features_dir) return dfl_seterr("--dump-prompts: not with --features (no prompts are built)");
+    if (o->dist && (o->save_features || o->dump_prompts || o->reference || o->reference_url))
+        return dfl_seterr("a run spread over processes (MPI) writes results.jsonl and the reports only: "
+                          "--save-features, --dump-prompts, --reference and --reference-url need one process "
+                          "(or --shard i/n per process and dfl eval-merge)");
     if (o->features_dir && o->prompts) return dfl_seterr("--features replays the saved prompts: give no --prompts");
     if (o->reference && o->reference_url) return dfl_seterr("give --reference or --reference-url, not both");
     if (o->repeat < 1 || o->repeat > EVAL_MAX_REPEAT) return dfl_seterr("--repeat: 1 to %d runs", EVAL_MAX_REPEAT);
@@ -919,7 +970,8 @@ static int write_target_json(run *r) {
     return rc;
 }
 
-static int write_summary(run *r) {
+/* missing: a spread run's units that no process finished (the dist's message), or NULL */
+static int write_summary(run *r, const char *missing) {
     const eval_opts *o = r->o;
     done_free(&r->done);
     if (load_done(&r->done, r->res_path) != DFL_OK) return DFL_ERR;
@@ -964,6 +1016,10 @@ static int write_summary(run *r) {
             ru.ru_maxrss * 1024L);
     for (int i = 0; i < r->ps.n_bad; i++) fprintf(x, "%s%d", i ? ", " : "", r->ps.bad_lines[i]);
     fprintf(x, "]}");
+    if (missing) { /* the run is incomplete: what is missing, for scripts (mpirun may exit 0) */
+        fprintf(x, ",\n  \"incomplete\": ");
+        dfl_json_write_string(x, missing);
+    }
     if (o->protocol == EVAL_PROTOCOL_ZLAB) {
         fprintf(x, ",\n  \"protocol\": {\"name\": \"zlab\", \"dataset\": \"%s\", \"shuffle_seed\": %d, \"max_samples\": ",
                 eval_zlab_dataset_name(r->zlab_dataset), EVAL_ZLAB_SEED);
@@ -1040,6 +1096,98 @@ static void sniff_format(const char *path, eval_format *fmt) {
     *fmt = strstr(line, "\"turns\"") ? EVAL_FMT_MTBENCH : EVAL_FMT_GSM8K;
 }
 
+/* The buffers a unit runs in: the truth, an output, and the sizes they were made for. */
+typedef struct unit_bufs {
+    eval_truth t;
+    int32_t *truth, *out; /* [max_new + max_block] */
+    int max_ctx, tree_slots;
+} unit_bufs;
+
+/* A saved truth (--features): replayed unless every line is there. */
+static int run_saved(run *r, int i, unit_bufs *b, double *last_tau) {
+    const eval_opts *o = r->o;
+    const unit *u = &r->saved.u[i];
+    if (unit_complete(r, u->prompt_id, u->turn)) return DFL_OK;
+    int rc = load_truth(r, o->features_dir, u, &b->t);
+    if (rc == DFL_OK) rc = check_reference(r, u->prompt_id, u->turn, b->t.prompt, b->t.n_prompt, b->t.ids, b->t.n);
+    if (rc == DFL_OK) rc = replay_all(r, u->prompt_id, u->turn, &b->t, "dfl", 0, last_tau);
+    if (rc == DFL_OK && o->features_from) rc = replay_pipeline(r, u->prompt_id, u->turn, u->index, &b->t, last_tau);
+    return rc;
+}
+
+/* Prompt i, every turn: replay or online. */
+static int run_prompt(run *r, int i, unit_bufs *b, double *last_tau) {
+    const eval_opts *o = r->o;
+    const eval_prompt *p = &r->ps.p[i];
+    char *answer1 = NULL;
+    int rc = DFL_OK;
+    for (int turn = 0; turn < (o->first_turn ? 1 : p->n_turns) && rc == DFL_OK; turn++) {
+        char *txt = turn_text(p, turn, answer1 ? answer1 : "", (dfl_chat)o->chat);
+        int32_t *pids = NULL;
+        size_t np = 0;
+        rc = tok_encode(r->tok, txt, strlen(txt), &pids, &np);
+        if (rc == DFL_OK && r->dumpf)
+            rc = dump_prompt(r->dumpf, o->dump_prompts, i, p, turn, answer1 ? answer1 : "", txt, pids, np);
+        free(txt);
+        if (rc == DFL_OK && (int)np + r->max_new + b->tree_slots > b->max_ctx)
+            rc = dfl_seterr("prompt %s turn %d: %zu tokens + --max-new %d exceed the context %d", p->id, turn + 1, np,
+                            r->max_new, b->max_ctx);
+        int n_truth = 0;
+        if (rc == DFL_OK)
+            rc = r->replay ? unit_replay(r, p, i, turn, pids, (int)np, &b->t, b->out, b->truth, &n_truth, last_tau)
+                           : unit_online(r, p->id, turn, pids, (int)np, b->truth, &n_truth, b->out, last_tau);
+        if (rc == DFL_OK && turn == 0 && !o->first_turn && p->n_turns > 1)
+            answer1 = prompt_decode(r->tok, b->truth, (size_t)n_truth, NULL);
+        free(pids);
+    }
+    free(answer1);
+    return rc;
+}
+
+/* Every line of an online turn is there: the autoregressive run and each drafter x mode. */
+static int online_complete(const run *r, const char *pid, int turn) {
+    const eval_opts *o = r->o;
+    if (done_find(&r->done, pid, turn, "", "ar", "online", "dfl") < 0) return 0;
+    char mode[32];
+    for (int d = 0; d < o->n_drafters; d++)
+        for (int mi = 0; mi < o->n_modes; mi++) {
+            mode_name(o->budgets[mi], mode, sizeof mode);
+            if (done_find(&r->done, pid, turn, o->drafters[d], mode, "online", "dfl") < 0) return 0;
+        }
+    return 1;
+}
+
+/* Hand the units to the dist: names, weights, what results.jsonl holds of each. */
+static int plan_units(run *r, const int *list, const long *weight, int n) {
+    const eval_opts *o = r->o;
+    char **names = calloc((size_t)n + 1, sizeof *names), **held = calloc((size_t)n + 1, sizeof *held);
+    int *complete = calloc((size_t)n + 1, sizeof *complete);
+    int rc = names && held && complete ? DFL_OK : dfl_seterr("out of memory");
+    for (int k = 0; k < n && rc == DFL_OK; k++) {
+        const char *pid;
+        if (r->from_features) {
+            const unit *u = &r->saved.u[list[k]];
+            pid = u->prompt_id;
+            complete[k] = unit_complete(r, pid, u->turn);
+            names[k] = malloc(strlen(pid) + 16);
+            if (names[k]) sprintf(names[k], u->turn ? "%s turn 2" : "%s", pid);
+        } else {
+            const eval_prompt *p = &r->ps.p[list[k]];
+            pid = p->id;
+            complete[k] = 1;
+            for (int turn = 0; turn < (o->first_turn ? 1 : p->n_turns); turn++)
+                complete[k] &= r->replay ? unit_complete(r, pid, turn) : online_complete(r, pid, turn);
+            names[k] = strdup(pid);
+        }
+        held[k] = done_text(&r->done, pid);
+        if (!names[k] || !held[k]) rc = dfl_seterr("out of memory");
+    }
+    if (rc == DFL_OK) rc = o->dist->plan(o->dist->ud, n, names, weight, complete, held);
+    for (int k = 0; names && held && k < n; k++) free(names[k]), free(held[k]);
+    free(names), free(held), free(complete);
+    return rc;
+}
+
 int eval_run(const eval_opts *o, eval_outcome *res) {
     run rr, *r = &rr;
     memset(r, 0, sizeof *r);
@@ -1098,7 +1246,9 @@ int eval_run(const eval_opts *o, eval_outcome *res) {
         }
     }
     if (o->reference && (rc = ref_file_load(&r->refs, o->reference, r->tok))) goto out;
-    if ((rc = mkdir_p(o->out)) || (rc = take_lock(r))) goto out;
+    /* a worker of a spread run writes nothing: its lines go to the writer */
+    const int writes = !o->dist || o->dist->writer;
+    if (writes && ((rc = mkdir_p(o->out)) || (rc = take_lock(r)))) goto out;
     if (o->save_features) {
         if ((rc = mkdir_p(o->save_features))) goto out;
         if (o->resume && (rc = manifest_load(&r->saved, o->save_features, 0))) goto out;
@@ -1116,59 +1266,83 @@ int eval_run(const eval_opts *o, eval_outcome *res) {
     }
     r->res_path = dfl_path_join(o->out, "results.jsonl");
     r->ref_path = dfl_path_join(o->out, "reference.jsonl");
-    struct stat stt;
-    if (!o->resume && stat(r->res_path, &stt) == 0 && stt.st_size > 0) {
-        rc = dfl_seterr("%s already holds results: use --resume to continue it, or another --out", r->res_path);
-        goto out;
-    }
-    if ((rc = load_done(&r->done, r->res_path))) goto out;
-    if (o->resume && stat(r->res_path, &stt) == 0 && r->done.good_end < stt.st_size &&
-        truncate(r->res_path, r->done.good_end) != 0) {
-        rc = dfl_seterr("%s: cannot drop the partial last line", r->res_path);
-        goto out;
-    }
-    r->resf = fopen(r->res_path, o->resume ? "a" : "w");
-    r->reff = (o->reference || o->reference_url) ? fopen(r->ref_path, o->resume ? "a" : "w") : NULL;
-    if (!r->resf || ((o->reference || o->reference_url) && !r->reff)) {
-        rc = dfl_seterr("%s: cannot write", o->out);
-        goto out;
+    if (writes) {
+        struct stat stt;
+        if (!o->resume && stat(r->res_path, &stt) == 0 && stt.st_size > 0) {
+            rc = dfl_seterr("%s already holds results: use --resume to continue it, or another --out", r->res_path);
+            goto out;
+        }
+        if ((rc = load_done(&r->done, r->res_path))) goto out;
+        if (o->resume && stat(r->res_path, &stt) == 0 && r->done.good_end < stt.st_size &&
+            truncate(r->res_path, r->done.good_end) != 0) {
+            rc = dfl_seterr("%s: cannot drop the partial last line", r->res_path);
+            goto out;
+        }
+        /* spread: the writer's dist appends the lines (its own and the others') */
+        r->resf = o->dist ? NULL : fopen(r->res_path, o->resume ? "a" : "w");
+        r->reff = (o->reference || o->reference_url) ? fopen(r->ref_path, o->resume ? "a" : "w") : NULL;
+        if ((!o->dist && !r->resf) || ((o->reference || o->reference_url) && !r->reff)) {
+            rc = dfl_seterr("%s: cannot write", o->out);
+            goto out;
+        }
     }
 
-    /* sizes: the longest unit; second turns add an answer and a question */
-    int max_prompt = 0, n_units = 0;
+    /* sizes: the longest unit; second turns add an answer and a question. The units this process
+     * may run: the prompts (or saved truths) of its shard, weighed by their tokens. */
+    int max_prompt = 0, n_all = r->from_features ? r->saved.n : r->ps.n;
+    int *list = malloc((size_t)(n_all + 1) * sizeof *list), n_units = 0;
+    long *weight = malloc((size_t)(n_all + 1) * sizeof *weight);
+    if (!list || !weight) {
+        free(list), free(weight);
+        rc = dfl_seterr("out of memory");
+        goto out;
+    }
     if (r->from_features) {
         for (int i = 0; i < r->saved.n; i++) {
             const unit *u = &r->saved.u[i];
             if (u->index % o->shard_n != o->shard_i) continue;
-            n_units++;
+            weight[n_units] = u->prompt_tokens + u->tokens;
+            list[n_units++] = i;
             max_prompt = u->prompt_tokens > max_prompt ? u->prompt_tokens : max_prompt;
         }
     } else {
         for (int i = 0; i < r->ps.n; i++) {
             int need = 0;
-            n_units += i % o->shard_n == o->shard_i;
+            long w = 0;
             for (int t = 0; t < (o->first_turn ? 1 : r->ps.p[i].n_turns); t++) {
                 char *txt = prompt_format(r->ps.p[i].turns[t], (dfl_chat)o->chat);
                 int32_t *ids;
                 size_t n;
                 if (tok_encode(r->tok, txt, strlen(txt), &ids, &n) != DFL_OK) {
                     free(txt);
+                    free(list), free(weight);
                     rc = dfl_preperr("prompt %s", r->ps.p[i].id);
                     goto out;
                 }
                 need += (int)n + (t ? r->max_new + 8 : 0);
+                w += (long)n + r->max_new;
                 free(ids);
                 free(txt);
             }
             max_prompt = need > max_prompt ? need : max_prompt;
+            if (i % o->shard_n == o->shard_i) weight[n_units] = w, list[n_units++] = i;
         }
+    }
+    rc = o->dist ? plan_units(r, list, weight, n_units) : DFL_OK;
+    free(weight);
+    if (rc) {
+        free(list);
+        goto out;
     }
     const int tree_slots = o->online ? r->max_budget : r->rec_budget;
     const int max_ctx = o->max_ctx ? o->max_ctx : max_prompt + r->max_new + tree_slots + r->max_block;
     const int chunk = max_prompt < 512 ? max_prompt : 512;
     int batch = chunk > r->max_block ? chunk : r->max_block;
     if (tree_slots + 1 > batch) batch = tree_slots + 1;
-    if ((rc = alloc_states(r, max_ctx, batch))) goto out;
+    if ((rc = alloc_states(r, max_ctx, batch))) {
+        free(list);
+        goto out;
+    }
 
     /* the target's costs for the modeled speedup, on the first prompt */
     if (r->replay && !r->from_features && o->cost_reps > 0 && r->ps.n > 0) {
@@ -1181,69 +1355,53 @@ int eval_run(const eval_opts *o, eval_outcome *res) {
             rc = eval_costs_measure(&r->costs, &r->m, &r->dif[0], ids, (int)n, r->block, o->n_drafters, o->budgets,
                                     o->n_modes, o->cost_reps);
         free(ids);
-        if (rc) goto out;
     } else if (r->from_features) {
         costs_load(&r->costs, o->features_dir);
     }
-    if (o->save_features && (rc = write_target_json(r))) goto out;
+    if (rc == DFL_OK && o->save_features) rc = write_target_json(r);
+    if (rc) {
+        free(list);
+        goto out;
+    }
 
-    int32_t *truth = malloc((size_t)(r->max_new + r->max_block) * sizeof(int32_t));
-    int32_t *out = malloc((size_t)(r->max_new + r->max_block) * sizeof(int32_t));
-    eval_truth t;
-    eval_truth_init(&t, r->m.cfg.hidden, r->layers, r->n_layers);
+    unit_bufs ub = {.truth = malloc((size_t)(r->max_new + r->max_block) * sizeof(int32_t)),
+                    .out = malloc((size_t)(r->max_new + r->max_block) * sizeof(int32_t)),
+                    .max_ctx = max_ctx, .tree_slots = tree_slots};
+    eval_truth_init(&ub.t, r->m.cfg.hidden, r->layers, r->n_layers);
     eval_progress pg = {.total = n_units};
-    if (r->from_features) {
-        for (int i = 0; i < r->saved.n && rc == DFL_OK; i++) {
-            const unit *u = &r->saved.u[i];
-            if (u->index % o->shard_n != o->shard_i) continue;
-            double last_tau = 0;
-            if (!unit_complete(r, u->prompt_id, u->turn)) {
-                rc = load_truth(r, o->features_dir, u, &t);
-                if (rc == DFL_OK) rc = check_reference(r, u->prompt_id, u->turn, t.prompt, t.n_prompt, t.ids, t.n);
-                if (rc == DFL_OK) rc = replay_all(r, u->prompt_id, u->turn, &t, "dfl", 0, &last_tau);
-                if (rc == DFL_OK && o->features_from) rc = replay_pipeline(r, u->prompt_id, u->turn, u->index, &t, &last_tau);
-            }
-            pg.done++, pg.what = u->prompt_id, pg.last_tau = last_tau;
-            if (o->on_progress) o->on_progress(o->progress_ud, &pg);
+    for (int j = 0; rc == DFL_OK; j++) {
+        int k;
+        if (o->dist) { /* the unit the dist hands out, with the lines held for it */
+            char *held = NULL;
+            rc = o->dist->next(o->dist->ud, &k, &held);
+            if (rc == DFL_OK && k >= 0 && held) rc = done_add_text(&r->done, held);
+            free(held);
+            if (rc || k < 0) break;
+        } else if (j == n_units) {
+            break;
+        } else {
+            k = j;
         }
-    } else {
-        for (int i = 0; i < r->ps.n && rc == DFL_OK; i++) {
-            if (i % o->shard_n != o->shard_i) continue;
-            const eval_prompt *p = &r->ps.p[i];
-            char *answer1 = NULL;
-            double last_tau = 0;
-            for (int turn = 0; turn < (o->first_turn ? 1 : p->n_turns) && rc == DFL_OK; turn++) {
-                char *txt = turn_text(p, turn, answer1 ? answer1 : "", (dfl_chat)o->chat);
-                int32_t *pids = NULL;
-                size_t np = 0;
-                rc = tok_encode(r->tok, txt, strlen(txt), &pids, &np);
-                if (rc == DFL_OK && r->dumpf)
-                    rc = dump_prompt(r->dumpf, o->dump_prompts, i, p, turn, answer1 ? answer1 : "", txt, pids, np);
-                free(txt);
-                if (rc == DFL_OK && (int)np + r->max_new + tree_slots > max_ctx)
-                    rc = dfl_seterr("prompt %s turn %d: %zu tokens + --max-new %d exceed the context %d", p->id,
-                                    turn + 1, np, r->max_new, max_ctx);
-                int n_truth = 0;
-                if (rc == DFL_OK)
-                    rc = r->replay ? unit_replay(r, p, i, turn, pids, (int)np, &t, out, truth, &n_truth, &last_tau)
-                                   : unit_online(r, p->id, turn, pids, (int)np, truth, &n_truth, out, &last_tau);
-                if (rc == DFL_OK && turn == 0 && !o->first_turn && p->n_turns > 1)
-                    answer1 = prompt_decode(r->tok, truth, (size_t)n_truth, NULL);
-                free(pids);
-            }
-            free(answer1);
-            pg.done++, pg.what = p->id, pg.last_tau = last_tau;
-            if (o->on_progress) o->on_progress(o->progress_ud, &pg);
-        }
+        double last_tau = 0;
+        rc = r->from_features ? run_saved(r, list[k], &ub, &last_tau) : run_prompt(r, list[k], &ub, &last_tau);
+        pg.done++, pg.last_tau = last_tau;
+        pg.what = r->from_features ? r->saved.u[list[k]].prompt_id : r->ps.p[list[k]].id;
+        if (rc == DFL_OK && o->on_progress) o->on_progress(o->progress_ud, &pg);
     }
-    eval_truth_free(&t);
-    free(truth);
-    free(out);
-    if (rc == DFL_OK) {
-        fclose(r->resf);
+    free(list);
+    eval_truth_free(&ub.t);
+    free(ub.truth);
+    free(ub.out);
+    char *missing = NULL; /* a spread run: the writer waits for the others and names what is missing */
+    if (rc == DFL_OK && o->dist && o->dist->writer && o->dist->finish(o->dist->ud) != DFL_OK)
+        missing = strdup(dfl_errmsg());
+    if (rc == DFL_OK && writes) {
+        if (r->resf) fclose(r->resf);
         r->resf = NULL;
-        rc = write_summary(r);
+        rc = write_summary(r, missing);
     }
+    if (rc == DFL_OK && missing) rc = dfl_seterr("%s", missing);
+    free(missing);
 out:
     *res = r->res;
     run_free(r);
