@@ -100,7 +100,6 @@ typedef struct dfl_capture {
     float *out;         /* [n_tokens][n_layers][H]; rows written at out + t*n_layers*H */
 } dfl_capture;
 
-/* Run state of one sequence. */
 /* Scratch of a sparse MoE block over up to B tokens (k = experts per token); the target's forward
  * and the MTP head's layer each hold one. */
 typedef struct dfl_moe_buf {
@@ -114,6 +113,7 @@ typedef struct dfl_moe_buf {
     float *sh;            /* [B] shared-expert gate logits */
 } dfl_moe_buf;
 
+/* Run state of one sequence. */
 typedef struct dfl_state {
     const dfl_model *m;
     int max_ctx;          /* positions the caches hold */

@@ -5,9 +5,9 @@
  * It follows vLLM's Qwen3_5MultiTokenPredictor and its EAGLE/MTP proposer:
  *   u = fc([RMSNorm_emb(embed(x_{i+1})) ; RMSNorm_hidden(h_i)])       (zero-centred norms, 1 + w)
  *   y = RMSNorm_mtp(layer(u))  at position i, with its own KV cache;  logits = lm_head(y)
- * h_i is the target's hidden state after its final norm (what the target's lm_head reads).
- * On a Qwen3.5-MoE checkpoint the layer's MLP is a sparse MoE block, computed as the target's;
- * step k+1 feeds y of step k at position i+1. */
+ * h_i is the target's hidden state after its final norm (what the target's lm_head reads);
+ * step k+1 feeds y of step k at position i+1. On a Qwen3.5-MoE checkpoint the layer's MLP is a
+ * sparse MoE block, computed by the target's own MoE routine (moe_forward). */
 #ifndef DFL_MTP_H
 #define DFL_MTP_H
 

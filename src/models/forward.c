@@ -428,18 +428,21 @@ size_t moe_inner_per_token(const dfl_config *g) {
 }
 
 int moe_buf_init(dfl_moe_buf *b, const dfl_config *g, int rows, uint64_t *bytes) {
-    memset(b, 0, sizeof *b);
-    const size_t E = (size_t)g->n_experts, k = (size_t)g->n_experts_per_tok, B = (size_t)rows;
-    const size_t n[8] = {B * E, B * k, B * k, B * k, 2 * E + 1, B * k * g->hidden, B * k * g->hidden, B};
-    void **p[8] = {(void **)&b->logits, (void **)&b->idx, (void **)&b->w, (void **)&b->rows,
-                   (void **)&b->count,  (void **)&b->x,   (void **)&b->y, (void **)&b->sh};
-    for (int i = 0; i < 8; i++) { /* the int arrays take float-sized slots */
-        if (!(*p[i] = dfl_zalloc(n[i] * sizeof(float)))) {
-            moe_buf_free(b);
-            return dfl_seterr("out of memory allocating the MoE scratch");
-        }
-        if (bytes) *bytes += n[i] * sizeof(float);
+    const size_t E = (size_t)g->n_experts, k = (size_t)g->n_experts_per_tok, B = (size_t)rows, H = (size_t)g->hidden;
+    b->logits = dfl_zalloc(B * E * sizeof(float));
+    b->idx = dfl_zalloc(B * k * sizeof(int));
+    b->w = dfl_zalloc(B * k * sizeof(float));
+    b->rows = dfl_zalloc(B * k * sizeof(int));
+    b->count = dfl_zalloc((2 * E + 1) * sizeof(int));
+    b->x = dfl_zalloc(B * k * H * sizeof(float));
+    b->y = dfl_zalloc(B * k * H * sizeof(float));
+    b->sh = dfl_zalloc(B * sizeof(float));
+    if (!b->logits || !b->idx || !b->w || !b->rows || !b->count || !b->x || !b->y || !b->sh) {
+        moe_buf_free(b);
+        return dfl_seterr("out of memory allocating the MoE scratch for %d rows", rows);
     }
+    /* as state_bytes counts them: 4-byte slots */
+    if (bytes) *bytes += (B * E + 3 * B * k + 2 * E + 1 + 2 * B * k * H + B) * sizeof(float);
     return DFL_OK;
 }
 
