@@ -1,7 +1,10 @@
 """dfl bench and bench/run work end to end on small fixtures (structure of the results, option
 errors); no timing is checked: the figures depend on the machine."""
+import importlib.machinery
+import importlib.util
 import json
 import os
+import tempfile
 
 from dfltest import DFL, PY, SOURCE, Tally, dfl, fixture, run
 
@@ -126,6 +129,32 @@ def check_run_script(t):
     t.check(r["transformers"]["fp32"]["decode_tokens_per_s"] > 0, "torch decode measured")
 
 
+def check_peer_llamacpp(t):
+    """bench/peer-llamacpp (downloads and builds, so never run here): its help, bad options, a
+    clear failure with no package index reachable, and the pre-tokenizer check that lets the
+    embedded tokenizer through llama.cpp's converter."""
+    script = os.path.join(SOURCE, "bench", "peer-llamacpp")
+    p = run([PY, script, "--help"])
+    t.check("llama-cpp-python" in p.stdout and "--rounds" in p.stdout, f"--help: {p.stdout[:200]}")
+    p = run([PY, script, "--threads", "0"], check=False)
+    t.check(p.returncode == 2 and "--threads" in p.stderr, f"--threads 0: {p.returncode} {p.stderr}")
+    with tempfile.TemporaryDirectory() as work:
+        env = dict(os.environ, PIP_CONFIG_FILE=os.devnull, PIP_NO_INDEX="1", PIP_FIND_LINKS=work)
+        p = run([PY, script, "--work", work, "--setup-only"], check=False, env=env)
+        t.check(p.returncode == 1 and "could not download llama-cpp-python" in p.stderr and "Traceback" not in p.stderr,
+                f"offline: {p.returncode} {p.stderr[-500:]}")
+    loader = importlib.machinery.SourceFileLoader("peer_llamacpp", script)
+    mod = importlib.util.module_from_spec(importlib.util.spec_from_loader(loader.name, loader))
+    loader.exec_module(mod)
+    t.check(mod.tokenizer_pre(os.path.join(SOURCE, "models", "target", "tokenizer.json")) == "qwen2",
+            "the embedded tokenizer pre-tokenizes as Qwen's")
+    with tempfile.TemporaryDirectory() as d:
+        tj = json.load(open(os.path.join(SOURCE, "models", "target", "tokenizer.json")))
+        tj["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = "\\s+"
+        json.dump(tj, open(os.path.join(d, "tokenizer.json"), "w"))
+        t.check(mod.tokenizer_pre(os.path.join(d, "tokenizer.json")) is None, "another regex is not called qwen2")
+
+
 def main():
     t = Tally("test_bench")
     t.run(check_full, t)
@@ -136,6 +165,7 @@ def main():
     t.run(check_isas, t)
     t.run(check_errors, t)
     t.run(check_run_script, t)
+    t.run(check_peer_llamacpp, t)
     t.done()
 
 
