@@ -2,11 +2,13 @@
  * tools do not give, written against llama.cpp's C API (llama.h) and built by that script.
  *
  *   llamacpp_probe verify MODEL.gguf THREADS CONTEXT NMAX REPS
- *       the verification cost: after CONTEXT fixed pseudo-random tokens, one llama_decode over
+ *       decode as dfl bench times it: after CONTEXT fixed pseudo-random tokens, 16 single-token
+ *       forwards (greedy), the median token time; then the verification cost: one llama_decode over
  *       n = 1..NMAX new tokens with logits for every row (as a speculative verification needs;
  *       llama-bench's prompt processing asks for the last row only), best of REPS, the sequence
  *       state restored to the context before each (restore not timed). Prints one JSON object:
- *       {"context": C, "verify_ms": [t(1), ..., t(NMAX)]}.
+ *       {"context": C, "decode_ms": [16 token times, sorted], "decode_median_ms": m,
+ *        "verify_ms": [t(1), ..., t(NMAX)]}.
  *   llamacpp_probe greedy MODEL.gguf THREADS NGEN TEXT
  *       greedy autoregressive generation (argmax of the raw logits, first index on ties) of up to
  *       NGEN tokens after TEXT, tokenized by the model's vocabulary with special tokens parsed and
@@ -55,6 +57,21 @@ static void fill(struct llama_batch *b, const llama_token *tok, int n, int pos0,
     }
 }
 
+enum { DECODE_TOKENS = 16 }; /* as dfl bench --decode's default */
+
+static int cmp_double(const void *a, const void *b) {
+    const double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* first index of the largest logit */
+static int argmax(const float *lg, int n) {
+    int best = 0;
+    for (int v = 1; v < n; v++)
+        if (lg[v] > lg[best]) best = v;
+    return best;
+}
+
 static int cmd_verify(struct llama_model *model, int threads, int context, int nmax, int reps) {
     const struct llama_vocab *vocab = llama_model_get_vocab(model);
     int n_vocab = llama_vocab_n_tokens(vocab);
@@ -73,7 +90,20 @@ static int cmd_verify(struct llama_model *model, int threads, int context, int n
     size_t state_n = llama_state_seq_get_size(ctx, 0);
     uint8_t *state = malloc(state_n);
     if (llama_state_seq_get_data(ctx, state, state_n, 0) != state_n) return fail("state save failed");
-    printf("{\"context\": %d, \"verify_ms\": [", context);
+    double dt[DECODE_TOKENS];
+    for (int i = 0; i < DECODE_TOKENS; i++) {
+        llama_token next = argmax(llama_get_logits_ith(ctx, -1), n_vocab);
+        fill(&b, &next, 1, context + i, 1);
+        int64_t t0 = llama_time_us();
+        if (llama_decode(ctx, b) != 0) return fail("decode failed");
+        llama_synchronize(ctx);
+        dt[i] = (double)(llama_time_us() - t0) / 1e3;
+    }
+    qsort(dt, DECODE_TOKENS, sizeof(double), cmp_double);
+    printf("{\"context\": %d, \"decode_ms\": [", context);
+    for (int i = 0; i < DECODE_TOKENS; i++) printf("%s%.4f", i ? ", " : "", dt[i]);
+    printf("], \"decode_median_ms\": %.4f, \"verify_ms\": [",
+           0.5 * (dt[DECODE_TOKENS / 2 - 1] + dt[DECODE_TOKENS / 2]));
     for (int n = 1; n <= nmax; n++) {
         double best = 1e30;
         for (int r = 0; r < reps; r++) {
@@ -121,22 +151,17 @@ static int cmd_greedy(struct llama_model *model, int threads, int ngen, const ch
     if (!ctx) return fail("cannot create a context");
     struct llama_batch b = llama_batch_init(np, 0, 1);
     fill(&b, tok, np, 0, 0);
-    int64_t t0 = llama_time_us();
     if (llama_decode(ctx, b) != 0) return fail("prompt decode failed");
     int n = 0;
     int64_t t1 = llama_time_us();
     for (; n < ngen; n++) {
-        const float *lg = llama_get_logits_ith(ctx, -1);
-        int best = 0;
-        for (int v = 1; v < n_vocab; v++)
-            if (lg[v] > lg[best]) best = v;
+        const int best = argmax(llama_get_logits_ith(ctx, -1), n_vocab);
         tok[np + n] = best;
         if (llama_vocab_is_eog(vocab, best)) { n++; break; }
         fill(&b, tok + np + n, 1, np + n, 1);
         if (llama_decode(ctx, b) != 0) return fail("decode failed");
     }
     double dec_s = (double)(llama_time_us() - t1) / 1e6;
-    (void)t0;
     fputs("{\"prompt_ids\": [", stdout);
     for (int i = 0; i < np; i++) printf("%s%d", i ? ", " : "", tok[i]);
     fputs("], \"tokens\": [", stdout);
