@@ -1,6 +1,6 @@
 """Write the random-weight benchmark pair `dfl bench` runs on (see bench/README.md):
 
-    python tools/make_bench_model.py [OUTDIR]        # default build/bench-model; ~1 min
+    python tools/make_bench_model.py [OUTDIR]        # default build/bench-model
 
 OUTDIR/target: a Qwen3.5-0.8B-shaped text model written by transformers (`Qwen3_5ForCausalLM`,
 save_pretrained, BF16): hidden 1024, 24 layers (full attention every 4th), head_dim 256, 8/2
