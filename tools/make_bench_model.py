@@ -11,7 +11,7 @@ target layers [1, 6, 11, 16, 21]. Weights are random (fixed seeds): acceptance i
 pair measures costs, not speedups from drafting. Skips directories that already hold a model
 unless --force. Not for git: OUTDIR is a build directory.
 
-    python tools/make_bench_model.py --moe qwen3_5_moe [OUTDIR]   # OUTDIR/qwen3_5_moe; ~1 min
+    python tools/make_bench_model.py --moe qwen3_5_moe [OUTDIR]   # OUTDIR/qwen3_5_moe
     python tools/make_bench_model.py --moe qwen3_moe [OUTDIR]     # OUTDIR/qwen3_moe
 
 An MoE bench target instead (no drafter; `dfl bench --model OUTDIR/qwen3_5_moe --drafter none`),
