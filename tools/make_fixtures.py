@@ -28,6 +28,7 @@ from transformers.models.qwen3_5.modeling_qwen3_5 import (Qwen3_5GatedDeltaNet, 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import fixture_tokenizer  # noqa: E402
+import make_fp8  # noqa: E402
 from dflash.model import DFlashDraftModel  # noqa: E402
 
 STAMP = "fixture.stamp"
@@ -37,7 +38,7 @@ VOCAB = 1024  # model rows >= tokenizer size (1000)
 
 def script_hash():
     h = hashlib.sha256()
-    for f in ("make_fixtures.py", "fixture_tokenizer.py"):
+    for f in ("make_fixtures.py", "fixture_tokenizer.py", "make_fp8.py"):
         with open(os.path.join(HERE, f), "rb") as fh:
             h.update(fh.read())
     return h.hexdigest()[:16]
@@ -267,6 +268,27 @@ def make_qwen35_r1(out, tok, tokdir):
 # ---------------------------------------------------------------------------------------------
 # DFlash drafters (z-lab format: fc, hidden_norm, layers.{i}.*, norm; no embedding / lm_head)
 
+# ---------------------------------------------------------------------------------------------
+# Fine-grained FP8 targets: a BF16 fixture written as above, then converted by tools/make_fp8.py
+# (128 x 128 blocks, BF16 weight_scale_inv, the released layout)
+
+def fp8_of(make_src, out, tok, tokdir):
+    src = out + ".bf16-src"
+    shutil.rmtree(src, ignore_errors=True)
+    os.makedirs(src)
+    make_src(src, tok, tokdir)
+    make_fp8.convert(src, out)
+    shutil.rmtree(src)
+
+
+def make_qwen3_fp8(out, tok, tokdir):
+    fp8_of(make_qwen3_bf16, out, tok, tokdir)
+
+
+def make_qwen35_fp8(out, tok, tokdir):
+    fp8_of(make_qwen35_bf16, out, tok, tokdir)
+
+
 def drafter_config(tok, **kw):
     return Qwen3Config(architectures=["DFlashDraftModel"], vocab_size=VOCAB, max_position_embeddings=4096,
                        rms_norm_eps=1e-6, rope_parameters={"rope_type": "default", "rope_theta": 1e6},
@@ -319,6 +341,8 @@ FIXTURES = {
     "qwen35_bf16": make_qwen35_bf16,
     "qwen35_r1": make_qwen35_r1,
     "qwen35_sharded": make_qwen35_sharded,
+    "qwen3_fp8": make_qwen3_fp8,
+    "qwen35_fp8": make_qwen35_fp8,
     "dflash_qwen3": make_dflash_qwen3,
     "dflash_qwen35": make_dflash_qwen35,
     "dflash_qwen3_toplevel": make_dflash_qwen3_toplevel,
