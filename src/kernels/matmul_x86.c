@@ -16,6 +16,7 @@
 
 #if KN_X86
 #include <immintrin.h>
+#include <math.h>
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
@@ -188,37 +189,53 @@ TGT_AVX512 INLINE void tile_w16_512(float *y, int ldy, const void *w, int cols, 
         for (int t = 0; t < T; t++) y[(size_t)t * ldy + r] = _mm512_reduce_add_ps(acc[r][t]);
 }
 
-/* F8_E4M3 weights, 16 columns per step, activations in natural order (masked tails): the
- * codes widened to 32 bits, the magnitude bits shifted into a float32's exponent and mantissa
- * fields, rebiased by 2^120 (exact) and multiplied by the block's scale, the NaN codes made NaN:
- * each weight equals st_f8e4m3_to_f32(code) * scale bit for bit. The driver gives this tile
- * rows of one block row (brow % RB == 0) and steps inside one column block (bcol % 16 == 0);
- * sc holds the block row's scales. */
-TGT_AVX512 INLINE __m512 f8_dequant_512(const uint8_t *p, __mmask16 m, __m512 s) {
-    const __m512i b = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(m, p));
-    const __m512i mag = _mm512_and_si512(b, _mm512_set1_epi32(0x7f));
-    const __m512i sign = _mm512_and_si512(_mm512_slli_epi32(b, 24), _mm512_set1_epi32((int)0x80000000u));
-    const __m512 v = _mm512_castsi512_ps(_mm512_or_si512(_mm512_slli_epi32(mag, 20), sign));
-    const __m512 w = _mm512_mul_ps(_mm512_mul_ps(v, _mm512_set1_ps(0x1p120f)), s);
-    return _mm512_mask_mov_ps(w, _mm512_cmpeq_epi32_mask(mag, _mm512_set1_epi32(0x7f)), _mm512_set1_ps(__builtin_nanf("")));
+/* The multiplier of a block's F8_E4M3 codes widened as below: scale * 2^120, or the scale itself
+ * with *big set when that product could overflow. */
+static inline float step_scale(float scale, int *big) {
+    *big = !(fabsf(scale) < 0x1p8f);
+    return *big ? scale : scale * 0x1p120f;
+}
+
+/* F8_E4M3 weights, 16 columns per step, activations in natural order (masked tails): each code
+ * sign-extended to 32 bits and shifted left by 20 puts its magnitude bits into a float32's
+ * exponent and mantissa fields (the value times 2^-120, exactly) and its sign into bits 27-31,
+ * of which the mask keeps bit 31; one product by scale * 2^120 then rounds the exact value
+ * once: each weight equals st_f8e4m3_to_f32(code) * scale bit for bit, but for the NaN codes,
+ * which are only noted (*nan), their row's outputs then set to NaN as a NaN weight makes them.
+ * A scale of magnitude 2^8 or more (or not finite), where scale * 2^120 would overflow, takes a
+ * separate exact product by 2^120 first (step_scale). The driver gives this tile rows of one
+ * block row (brow % RB == 0) and steps inside one column block (bcol % 16 == 0); sc holds the
+ * block row's scales. */
+TGT_AVX512 INLINE __m512 f8_dequant_512(const uint8_t *p, __mmask16 m, __m512 s, int big, __mmask16 *nan) {
+    const __m128i raw = _mm_maskz_loadu_epi8(m, p);
+    *nan |= _mm_cmpeq_epi8_mask(_mm_or_si128(raw, _mm_set1_epi8((char)0x80)), _mm_set1_epi8((char)0xff));
+    __m512 v = _mm512_castsi512_ps(_mm512_and_si512(_mm512_slli_epi32(_mm512_cvtepi8_epi32(raw), 20),
+                                                    _mm512_set1_epi32((int)0x87f00000u)));
+    if (big) v = _mm512_mul_ps(v, _mm512_set1_ps(0x1p120f));
+    return _mm512_mul_ps(v, s);
 }
 
 TGT_AVX512 INLINE void tile_f8_512(float *y, int ldy, const void *wv, int cols, const void *xv, size_t ldx,
                                    const int R, const int T, const float *sc, int bcol) {
     const uint8_t *w = wv;
     const float *x = xv;
-    __m512 acc[RB][TB];
+    __m512 acc[RB][TB], s = _mm512_setzero_ps();
+    int big = 0, left = 0; /* columns of the current block left */
+    __mmask16 nan[RB];
 #pragma GCC unroll 8
-    for (int r = 0; r < R; r++)
+    for (int r = 0; r < R; r++) {
+        nan[r] = 0;
 #pragma GCC unroll 8
         for (int t = 0; t < T; t++) acc[r][t] = _mm512_setzero_ps();
+    }
     for (int c = 0; c < cols; c += 16) {
         const __mmask16 m = cols - c >= 16 ? 0xffff : (__mmask16)((1u << (cols - c)) - 1);
-        const __m512 s = _mm512_set1_ps(sc[c / bcol]);
+        if (left == 0) s = _mm512_set1_ps(step_scale(*sc++, &big)), left = bcol; /* a new block */
+        left -= 16;
         __m512 wr[RB];
 #pragma GCC unroll 8
         for (int r = 0; r < R; r++) {
-            wr[r] = f8_dequant_512(w + (size_t)r * cols + c, m, s);
+            wr[r] = f8_dequant_512(w + (size_t)r * cols + c, m, s, big, &nan[r]);
             _mm_prefetch((const char *)(w + (size_t)(r + R) * cols + c), _MM_HINT_T0);
         }
 #pragma GCC unroll 8
@@ -231,7 +248,7 @@ TGT_AVX512 INLINE void tile_f8_512(float *y, int ldy, const void *wv, int cols, 
 #pragma GCC unroll 8
     for (int r = 0; r < R; r++)
 #pragma GCC unroll 8
-        for (int t = 0; t < T; t++) y[(size_t)t * ldy + r] = _mm512_reduce_add_ps(acc[r][t]);
+        for (int t = 0; t < T; t++) y[(size_t)t * ldy + r] = nan[r] ? __builtin_nanf("") : _mm512_reduce_add_ps(acc[r][t]);
 }
 
 #define TILE_F16_512(y, ldy, w, cols, xp, ldx, R, T) tile_w16_512(y, ldy, w, cols, xp, ldx, R, T, ST_F16)
@@ -584,34 +601,37 @@ TGT_AVX2 INLINE void tile_w8_256(float *y, int ldy, const void *w, int cols, con
 
 /* F8_E4M3 weights, 8 columns per step (bcol % 8 == 0), as tile_f8_512; the tail of a row
  * (< 8 columns) goes through a zero-padded copy. */
-TGT_AVX2 INLINE __m256 f8_dequant_256(const uint8_t *p, int k, __m256 s) {
+TGT_AVX2 INLINE __m256 f8_dequant_256(const uint8_t *p, int k, __m256 s, int big) {
     uint8_t pad[8] = {0};
     if (k < 8) memcpy(pad, p, (size_t)k), p = pad;
-    const __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p));
-    const __m256i mag = _mm256_and_si256(b, _mm256_set1_epi32(0x7f));
-    const __m256i sign = _mm256_and_si256(_mm256_slli_epi32(b, 24), _mm256_set1_epi32((int)0x80000000u));
-    const __m256 v = _mm256_castsi256_ps(_mm256_or_si256(_mm256_slli_epi32(mag, 20), sign));
-    const __m256 w = _mm256_mul_ps(_mm256_mul_ps(v, _mm256_set1_ps(0x1p120f)), s);
-    const __m256 nan = _mm256_castsi256_ps(_mm256_cmpeq_epi32(mag, _mm256_set1_epi32(0x7f)));
-    return _mm256_blendv_ps(w, _mm256_set1_ps(__builtin_nanf("")), nan);
+    const __m256i bits = _mm256_and_si256(_mm256_slli_epi32(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)), 20),
+                                          _mm256_set1_epi32((int)0x87f00000u));
+    __m256 v = _mm256_castsi256_ps(bits);
+    if (big) v = _mm256_mul_ps(v, _mm256_set1_ps(0x1p120f));
+    const __m256 w = _mm256_mul_ps(v, s);
+    const __m256i nan = _mm256_cmpeq_epi32(_mm256_and_si256(bits, _mm256_set1_epi32(0x7ff00000)),
+                                           _mm256_set1_epi32(0x07f00000));
+    return _mm256_blendv_ps(w, _mm256_set1_ps(__builtin_nanf("")), _mm256_castsi256_ps(nan));
 }
 
 TGT_AVX2 INLINE void tile_f8_256(float *y, int ldy, const void *wv, int cols, const void *xv, size_t ldx,
                                  const int R, const int T, const float *sc, int bcol) {
     const uint8_t *w = wv;
     const float *x = xv;
-    __m256 acc[RB2][TB];
+    __m256 acc[RB2][TB], s = _mm256_setzero_ps();
+    int big = 0, left = 0; /* columns of the current block left */
 #pragma GCC unroll 8
     for (int r = 0; r < R; r++)
 #pragma GCC unroll 8
         for (int t = 0; t < T; t++) acc[r][t] = _mm256_setzero_ps();
     for (int c = 0; c < cols; c += 8) {
         const int k = cols - c;
-        const __m256 s = _mm256_set1_ps(sc[c / bcol]);
+        if (left == 0) s = _mm256_set1_ps(step_scale(*sc++, &big)), left = bcol; /* a new block */
+        left -= 8;
         __m256 wr[RB2];
 #pragma GCC unroll 8
         for (int r = 0; r < R; r++) {
-            wr[r] = f8_dequant_256(w + (size_t)r * cols + c, k, s);
+            wr[r] = f8_dequant_256(w + (size_t)r * cols + c, k, s, big);
             _mm_prefetch((const char *)(w + (size_t)(r + R) * cols + c), _MM_HINT_T0);
         }
 #pragma GCC unroll 8
