@@ -18,7 +18,8 @@ tools/make_fp8.py.
   DDTree); `dfl eval` on the BF16 and FP8 targets, then tools/eval_compare.py puts their tau side
   by side (both printed).
 - inspect reports the quantization (text and --json); bad input is refused naming the file,
-  tensor or field with expected vs found."""
+  tensor or field with expected vs found (no sanitizer report with DFL_BIN pointing at an ASan
+  build)."""
 import json
 import os
 import shutil
@@ -182,7 +183,8 @@ def bad_input():
     def refused(d, *needles):
         for args in (["inspect", d], ["generate", "--target", d, "--prompt-ids", "1,2,3", "--max-new", 2]):
             p = dfl(*args, check=False)
-            t.check(p.returncode == 1 and all(n in p.stderr for n in needles),
+            t.check(p.returncode == 1 and all(n in p.stderr for n in needles) and "Sanitizer" not in p.stderr
+                    and "runtime error:" not in p.stderr,
                     f"{os.path.basename(d)} {args[0]}: exit {p.returncode}, expected {needles} in: {p.stderr[-500:]}")
 
     for method in ("gptq", "awq"):
@@ -211,6 +213,14 @@ def bad_input():
     norm = "model.layers.0.input_layernorm.weight"
     refused(variant("f8-norm", st_edit=lambda x: x.__setitem__(norm, x[norm].to(torch.float8_e4m3fn))),
             f"'{norm}' has dtype F8_E4M3; FP8 checkpoints quantize linear weights only")
+    drafter = os.path.join(tmp, "drafter-f8")
+    shutil.copytree(fixture("dflash_qwen3"), drafter)
+    x = load_torch(os.path.join(drafter, ST))
+    x["fc.weight"] = x["fc.weight"].to(torch.float8_e4m3fn)
+    save_torch(x, os.path.join(drafter, ST), metadata={"format": "pt"})
+    p = dfl("inspect", drafter, "--target", fixture("qwen3_tiny"), check=False)
+    t.check(p.returncode == 1 and "'fc.weight' has dtype F8_E4M3 but dfl reads FP8 weights in target models only"
+            in p.stderr, f"F8 drafter: {p.returncode} {p.stderr[-400:]}")
     nan = variant("nan-code", st_edit=lambda x: x[w].view(torch.uint8).view(-1).__setitem__(5, 0x7F))
     p = dfl("inspect", nan, "--check-weights", check=False)
     t.check(p.returncode == 1 and f"'{w}': 1 non-finite value (1 NaN, 0 Inf)" in p.stderr,
