@@ -26,8 +26,10 @@ int quant_parse(dfl_quant *q, const char *json, const char *where);
 int quant_load(dfl_quant *q, const char *dir);
 void quant_free(dfl_quant *q);
 /* 1 if the module (a tensor name without ".weight") is left unquantized by
- * modules_to_not_convert: an entry equal to it, a prefix of it, or a suffix of it (the literal
- * forms transformers' should_convert_module matches). */
+ * modules_to_not_convert: an entry equal to it, or a prefix or suffix of it that ends or starts
+ * at a '.' ("lm_head", "model.visual", "in_proj_a"). transformers matches entries as regular
+ * expressions from the name's start, or as plain suffixes; dfl uses the list only to refuse an
+ * F8_E4M3 weight of a module it excludes, so it takes the narrower literal reading. */
 int quant_module_excluded(const dfl_quant *q, const char *module);
 
 #endif

@@ -134,7 +134,9 @@ int quant_module_excluded(const dfl_quant *q, const char *module) {
     for (int i = 0; i < q->n_not_convert; i++) {
         const char *p = q->not_convert[i];
         const size_t k = strlen(p);
-        if (strncmp(module, p, k) == 0 || (k <= n && strcmp(module + n - k, p) == 0)) return 1;
+        if (k > n) continue;
+        if (strncmp(module, p, k) == 0 && (module[k] == 0 || module[k] == '.')) return 1;
+        if (strcmp(module + n - k, p) == 0 && (k == n || module[n - k - 1] == '.')) return 1;
     }
     return 0;
 }
