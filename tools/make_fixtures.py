@@ -18,18 +18,25 @@ import zlib
 import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
-from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
+from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
 from transformers.utils import logging as hf_logging
 from transformers.models.qwen3_5 import (Qwen3_5Config, Qwen3_5ForCausalLM, Qwen3_5ForConditionalGeneration,
                                          Qwen3_5TextConfig)
 from transformers.models.qwen3_5.modeling_qwen3_5 import (Qwen3_5GatedDeltaNet, Qwen3_5RMSNorm,
                                                           Qwen3_5RMSNormGated, Qwen3_5VisionModel)
+from transformers.models.qwen3_5_moe import (Qwen3_5MoeConfig, Qwen3_5MoeForCausalLM,
+                                             Qwen3_5MoeForConditionalGeneration, Qwen3_5MoeTextConfig)
+from transformers.models.qwen3_5_moe.modeling_qwen3_5_moe import (Qwen3_5MoeExperts, Qwen3_5MoeGatedDeltaNet,
+                                                                  Qwen3_5MoeRMSNorm, Qwen3_5MoeTopKRouter)
+from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeExperts, Qwen3MoeTopKRouter
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import fixture_tokenizer  # noqa: E402
 import make_fp8  # noqa: E402
 from dflash.model import DFlashDraftModel  # noqa: E402
+sys.path.insert(0, os.path.join(HERE, "reference"))
+from dflash2_reference import DFlash2DraftModel  # noqa: E402
 
 STAMP = "fixture.stamp"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
@@ -70,15 +77,18 @@ def randomize(model, seed):
             continue  # transformers' default init is fine for the (unused) vision tower
         g = _gen(seed, mname)
         gain = LOGIT_STD if mname in FINAL_NORMS else 1.0
-        if isinstance(m, Qwen3_5RMSNorm):  # zero-centred: y = x_hat * (1 + w)
+        if isinstance(m, (Qwen3_5RMSNorm, Qwen3_5MoeRMSNorm)):  # zero-centred: y = x_hat * (1 + w)
             _normal(m.weight, g, 0.1, mean=gain - 1.0)
         elif "RMSNorm" in type(m).__name__:  # Qwen3RMSNorm, Qwen3_5RMSNormGated: y = w * x_hat
             _normal(m.weight, g, 0.1, mean=gain)
-        elif isinstance(m, (nn.Embedding, nn.Linear)):
-            _normal(m.weight, g, 1.0 / m.weight.shape[1] ** 0.5)
+        elif isinstance(m, (nn.Embedding, nn.Linear, Qwen3MoeTopKRouter, Qwen3_5MoeTopKRouter)):
+            _normal(m.weight, g, 1.0 / m.weight.shape[1] ** 0.5)  # routers: logits std ~1, routing spread
+        elif isinstance(m, (Qwen3MoeExperts, Qwen3_5MoeExperts)):  # [E, 2I, H] and [E, H, I]: N(0, 1/fan_in)
+            _normal(m.gate_up_proj, g, 1.0 / m.gate_up_proj.shape[2] ** 0.5)
+            _normal(m.down_proj, g, 1.0 / m.down_proj.shape[2] ** 0.5)
         elif isinstance(m, nn.Conv1d):
             _normal(m.weight, g, 1.0 / m.kernel_size[0] ** 0.5)
-        elif isinstance(m, Qwen3_5GatedDeltaNet):
+        elif isinstance(m, (Qwen3_5GatedDeltaNet, Qwen3_5MoeGatedDeltaNet)):
             # decay exp(g) per token roughly 0.3..0.95, so the recurrent state matters
             m.A_log.copy_(torch.empty(m.A_log.shape).uniform_(0.05, 1.0, generator=g).log())
             _normal(m.dt_bias, g, 0.5)
@@ -231,6 +241,30 @@ def make_qwen35_vlm(out, tok, tokdir):
     add_mtp(out, model, 3, torch.float32)
 
 
+# Prompts the qwen35_mtp head is fitted on (tests/py/test_mtp.py decodes them, and evaluates the
+# texts with --chat none: drafts get accepted there).
+MTP_FIT_PROMPTS = [[11, 200, 37, 512, 99, 3, 641, 77, 12], [5, 6, 7, 8, 9, 10, 11, 12], [300, 301, 302],
+                   [949, 459, 688, 340, 258, 209]]
+MTP_FIT_TEXTS = ["The cat sat on the mat.", "Two plus two is four.", "Where is the red ball?"]
+
+
+def make_qwen35_mtp(out, tok, tokdir):
+    """qwen35_vlm's target with its MTP head fitted to the target's own greedy continuations of
+    MTP_FIT_PROMPTS (mtp_reference.fit_mtp), so that MTP drafts are accepted there."""
+    make_qwen35_vlm(out, tok, tokdir)
+    sys.path.insert(0, os.path.join(HERE, "reference"))
+    import mtp_reference
+    path = os.path.join(out, "model.safetensors")
+    tensors = load_file(path)
+    mtp = {k: v for k, v in tensors.items() if k.startswith("mtp.")}
+    from tokenizers import Tokenizer
+    enc = Tokenizer.from_file(os.path.join(tokdir, "tokenizer.json"))
+    prompts = MTP_FIT_PROMPTS + [enc.encode(x).ids for x in MTP_FIT_TEXTS]
+    mtp_reference.fit_mtp(mtp_reference.load_target(out), mtp, prompts, 40, 100, 3e-3, 0)
+    tensors.update(mtp)
+    save_file(tensors, path, metadata={"format": "pt"})
+
+
 def make_qwen35_text(out, tok, tokdir):
     save(text_only(build_qwen35_vlm(tok)), out, tok, tokdir)
 
@@ -263,6 +297,95 @@ def make_qwen35_r1(out, tok, tokdir):
         num_key_value_heads=1, head_dim=32, linear_num_key_heads=2, linear_num_value_heads=2,
         linear_key_head_dim=32, linear_value_head_dim=32))
     save(randomize(Qwen3_5ForCausalLM(cfg), 6), out, tok, tokdir)
+
+
+# ---------------------------------------------------------------------------------------------
+# Mixture-of-experts targets. save_pretrained writes the routed experts per expert
+# (mlp.experts.{e}.{gate,up,down}_proj.weight, as Qwen3-30B-A3B ships); the *_fused fixtures hold
+# the same weights with the experts fused as transformers' parameters (mlp.experts.gate_up_proj
+# [E, 2I, H], mlp.experts.down_proj [E, H, I]), the layout of the released Qwen3.5 MoE checkpoints.
+
+def fuse_experts(out, model):
+    """Rewrite OUTDIR/model.safetensors with the experts as the model's own fused parameters."""
+    path = os.path.join(out, "model.safetensors")
+    tensors = {k: v for k, v in load_file(path).items() if ".mlp.experts." not in k}
+    for k, v in model.state_dict().items():
+        if k.endswith((".mlp.experts.gate_up_proj", ".mlp.experts.down_proj")):
+            tensors[k] = v.contiguous()
+    save_file(tensors, path, metadata={"format": "pt"})
+
+
+def qwen3_moe_config(tok, **kw):
+    return Qwen3MoeConfig(vocab_size=VOCAB, max_position_embeddings=4096, rms_norm_eps=1e-6,
+                          rope_parameters={"rope_type": "default", "rope_theta": 1e6}, **special_ids(tok), **kw)
+
+
+def build_qwen3_moe(tok):
+    torch.manual_seed(11)
+    cfg = qwen3_moe_config(tok, hidden_size=64, num_hidden_layers=4, num_attention_heads=4,
+                           num_key_value_heads=2, head_dim=32, intermediate_size=128, moe_intermediate_size=32,
+                           num_experts=8, num_experts_per_tok=2, norm_topk_prob=True, mlp_only_layers=[2],
+                           tie_word_embeddings=True)
+    return randomize(Qwen3MoeForCausalLM(cfg), 11)
+
+
+def make_qwen3_moe(out, tok, tokdir):
+    save(build_qwen3_moe(tok), out, tok, tokdir)
+
+
+def make_qwen3_moe_fused(out, tok, tokdir):
+    model = build_qwen3_moe(tok)
+    save(model, out, tok, tokdir)
+    fuse_experts(out, model)
+
+
+def make_qwen3_moe_bf16(out, tok, tokdir):
+    torch.manual_seed(12)
+    cfg = qwen3_moe_config(tok, hidden_size=96, num_hidden_layers=4, num_attention_heads=6,
+                           num_key_value_heads=2, head_dim=32, intermediate_size=192, moe_intermediate_size=48,
+                           num_experts=6, num_experts_per_tok=3, norm_topk_prob=False, decoder_sparse_step=2,
+                           tie_word_embeddings=False)
+    save(randomize(Qwen3MoeForCausalLM(cfg), 12), out, tok, tokdir, dtype=torch.bfloat16)
+
+
+QWEN35_MOE = dict(hidden_size=64, num_hidden_layers=4, layer_types=["linear_attention"] * 3 + ["full_attention"],
+                  num_attention_heads=2, num_key_value_heads=1, head_dim=32, linear_num_key_heads=2,
+                  linear_num_value_heads=2, linear_key_head_dim=32, linear_value_head_dim=32,
+                  moe_intermediate_size=32, shared_expert_intermediate_size=48, num_experts=8,
+                  num_experts_per_tok=2)
+
+
+def build_qwen35_moe_vlm(tok):
+    torch.manual_seed(13)
+    t = qwen35_text_config(tok, True, **QWEN35_MOE)
+    for k in ("attn_output_gate", "mtp_num_hidden_layers", "mtp_use_dedicated_embeddings"):
+        t.pop(k)
+    cfg = Qwen3_5MoeConfig(text_config=t, vision_config=dict(TINY_VISION, out_hidden_size=t["hidden_size"]),
+                           tie_word_embeddings=True, vision_start_token_id=1000, vision_end_token_id=1001,
+                           image_token_id=1002, video_token_id=1003)
+    return randomize(Qwen3_5MoeForConditionalGeneration(cfg), 13)
+
+
+def make_qwen35_moe_vlm(out, tok, tokdir):
+    save(build_qwen35_moe_vlm(tok), out, tok, tokdir)
+
+
+def make_qwen35_moe_fused(out, tok, tokdir):
+    model = build_qwen35_moe_vlm(tok)
+    save(model, out, tok, tokdir)
+    fuse_experts(out, model)
+
+
+def make_qwen35_moe_text(out, tok, tokdir):
+    vlm = build_qwen35_moe_vlm(tok)
+    cfg = Qwen3_5MoeTextConfig(**vlm.config.text_config.to_dict())
+    cfg.architectures = ["Qwen3_5MoeForCausalLM"]
+    model = Qwen3_5MoeForCausalLM(cfg)
+    sd = {k.replace("model.language_model.", "model."): v for k, v in vlm.state_dict().items()
+          if not k.startswith("model.visual.")}
+    missing, unexpected = model.load_state_dict(sd, strict=False)
+    assert not unexpected and set(missing) <= {"lm_head.weight"}, (missing, unexpected)
+    save(model, out, tok, tokdir)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -321,6 +444,15 @@ def make_dflash_qwen35(out, tok, tokdir):
     save_drafter(cfg, 9, out, tok, tokdir)
 
 
+def make_dflash_qwen35_moe(out, tok, tokdir):
+    cfg = drafter_config(tok, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, head_dim=32, intermediate_size=128, block_size=16,
+                         num_target_layers=4, use_sliding_window=True, sliding_window=4, max_window_layers=2,
+                         layer_types=["sliding_attention", "full_attention"],
+                         dflash_config={"mask_token_id": tok["<|mask|>"], "target_layer_ids": [0, 2]})
+    save_drafter(cfg, 14, out, tok, tokdir)
+
+
 def make_dflash_qwen3_toplevel(out, tok, tokdir):
     cfg = drafter_config(tok, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
                          num_key_value_heads=2, head_dim=32, intermediate_size=128, block_size=8,
@@ -333,19 +465,84 @@ def make_dflash_qwen3_toplevel(out, tok, tokdir):
     edit_config(out, older_format)
 
 
+# ---------------------------------------------------------------------------------------------
+# DFlash2 drafters: written with tools/reference/dflash2_reference.py's model class (no released
+# Python class runs on a CPU) in the released tensor layout (docs/dflash2.md).
+
+def save_dflash2(cfg, seed, out, tok, tokdir):
+    torch.manual_seed(seed)
+    model = randomize(DFlash2DraftModel(cfg), seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            g = _gen(seed, name)
+            if name.endswith("base_kernel"):  # tap 0 near identity, the others small
+                _normal(p, g, 0.2)
+                p[:, 0] += 1.0
+            elif name.endswith("kernel_projection.weight"):
+                _normal(p, g, 0.3 / p.shape[1] ** 0.5)
+            elif name.endswith("_codebook"):  # edge terms comparable to the logits' spread
+                _normal(p, g, 0.5)
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, os.path.join(out, "model.safetensors"),
+              metadata={"format": "pt"})
+    with open(os.path.join(out, "config.json"), "w") as f:
+        json.dump(cfg, f, indent=2, sort_keys=True)
+        f.write("\n")
+    for f in TOKENIZER_FILES:
+        shutil.copy(os.path.join(tokdir, f), os.path.join(out, f))
+
+
+def dflash2_config(tok, **kw):
+    return {"architectures": ["DFlash2DraftModel"], "model_type": "qwen3", "vocab_size": VOCAB,
+            "max_position_embeddings": 4096, "rms_norm_eps": 1e-6, "hidden_act": "silu",
+            "rope_parameters": {"rope_type": "default", "rope_theta": 1e6}, "tie_word_embeddings": False,
+            "dtype": "float32", "is_causal": False, **special_ids(tok), **kw}
+
+
+def make_dflash2_qwen3(out, tok, tokdir):
+    """z-lab schema (dflash_config), one sliding and one full layer, both bidirectional in the block."""
+    cfg = dflash2_config(tok, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         head_dim=32, intermediate_size=128, block_size=8, num_target_layers=4,
+                         layer_types=["sliding_attention", "full_attention"], sliding_window=8,
+                         dflash_config={"mask_token_id": tok["<|mask|>"], "target_layer_ids": [0, 2],
+                                        "block_size": 8, "conv_kernel_size": 2, "conv_group_size": 16,
+                                        "selector_rank": 16, "selector_top_k": 8})
+    save_dflash2(cfg, 21, out, tok, tokdir)
+
+
+def make_dflash2_qwen35(out, tok, tokdir):
+    """speculators schema (fields at the top level), 3 taps, output multiplier and softcap."""
+    cfg = dflash2_config(tok, hidden_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         head_dim=32, intermediate_size=256, block_size=16, num_target_layers=8,
+                         layer_types=["full_attention", "full_attention"], speculators_model_type="dflash2",
+                         mask_token_id=tok["<|mask|>"], target_layer_ids=[1, 4, 6], conv_kernel_size=3,
+                         conv_group_size=32, selector_rank=16, selector_top_k=6, output_multiplier=0.8,
+                         final_logit_softcapping=20.0)
+    save_dflash2(cfg, 22, out, tok, tokdir)
+
+
 FIXTURES = {
     "qwen3_tiny": make_qwen3_tiny,
     "qwen3_bf16": make_qwen3_bf16,
     "qwen35_vlm": make_qwen35_vlm,
+    "qwen35_mtp": make_qwen35_mtp,
     "qwen35_text": make_qwen35_text,
     "qwen35_bf16": make_qwen35_bf16,
     "qwen35_r1": make_qwen35_r1,
     "qwen35_sharded": make_qwen35_sharded,
+    "qwen3_moe": make_qwen3_moe,
+    "qwen3_moe_fused": make_qwen3_moe_fused,
+    "qwen3_moe_bf16": make_qwen3_moe_bf16,
+    "qwen35_moe_vlm": make_qwen35_moe_vlm,
+    "qwen35_moe_text": make_qwen35_moe_text,
+    "qwen35_moe_fused": make_qwen35_moe_fused,
     "qwen3_fp8": make_qwen3_fp8,
     "qwen35_fp8": make_qwen35_fp8,
     "dflash_qwen3": make_dflash_qwen3,
     "dflash_qwen35": make_dflash_qwen35,
     "dflash_qwen3_toplevel": make_dflash_qwen3_toplevel,
+    "dflash_qwen35_moe": make_dflash_qwen35_moe,
+    "dflash2_qwen3": make_dflash2_qwen3,
+    "dflash2_qwen35": make_dflash2_qwen35,
 }
 
 

@@ -1,4 +1,5 @@
-/* config.json of targets (qwen3, qwen3_5, qwen3_5_text) and DFlash drafters. */
+/* config.json of targets (qwen3, qwen3_moe, qwen3_5, qwen3_5_text, qwen3_5_moe, qwen3_5_moe_text)
+ * and DFlash drafters. */
 #ifndef DFL_CONFIG_H
 #define DFL_CONFIG_H
 
@@ -6,9 +7,10 @@
 #define DFL_MAX_EOS 8
 
 typedef enum dfl_arch {
-    DFL_ARCH_QWEN3,   /* dense Qwen3 (model_type qwen3) */
-    DFL_ARCH_QWEN3_5, /* hybrid Gated-DeltaNet + gated attention (qwen3_5, qwen3_5_text) */
-    DFL_ARCH_DFLASH,  /* DFlash block drafter (architectures: DFlashDraftModel) */
+    DFL_ARCH_QWEN3,   /* Qwen3 attention layers (model_type qwen3; qwen3_moe: n_experts > 0) */
+    DFL_ARCH_QWEN3_5, /* hybrid Gated-DeltaNet + gated attention (qwen3_5, qwen3_5_text;
+                       * qwen3_5_moe, qwen3_5_moe_text: n_experts > 0) */
+    DFL_ARCH_DFLASH,  /* DFlash block drafter (architectures: DFlashDraftModel or DFlash2DraftModel) */
 } dfl_arch;
 
 typedef enum dfl_layer_type {
@@ -25,7 +27,7 @@ typedef struct dfl_config {
 
     int hidden;              /* H */
     int n_layers;            /* L */
-    int intermediate;        /* MLP inner size */
+    int intermediate;        /* dense MLP inner size (0 when every layer is sparse) */
     int n_heads;             /* Hq */
     int n_kv_heads;          /* Hkv */
     int head_dim;            /* hd */
@@ -44,6 +46,17 @@ typedef struct dfl_config {
     int lin_k_dim;           /* dk */
     int lin_v_dim;           /* dv */
     int conv_kernel;         /* K */
+    int mtp_layers;          /* mtp_num_hidden_layers (1 when absent, as vLLM reads it; mtp.* tensors decide
+                              * whether the checkpoint has an MTP head) */
+
+    /* Mixture of experts (qwen3_moe, qwen3_5_moe): n_experts == 0 for dense models */
+    int n_experts;           /* E: routed experts per sparse layer (num_experts) */
+    int n_experts_per_tok;   /* k: experts each token is routed to (num_experts_per_tok) */
+    int moe_intermediate;    /* inner size of one routed expert (moe_intermediate_size) */
+    int shared_intermediate; /* inner size of the gated shared expert; 0 = none (qwen3_moe) */
+    int norm_topk_prob;      /* renormalise the k routing weights to sum 1 (always for qwen3_5_moe) */
+    unsigned char moe_layer[DFL_MAX_LAYERS]; /* 1: sparse MoE block, 0: dense MLP (qwen3_moe's
+                                               * decoder_sparse_step and mlp_only_layers) */
 
     /* DFlash drafter */
     int block_size;
@@ -56,6 +69,14 @@ typedef struct dfl_config {
     float input_embedding_scale;
     float output_multiplier;
     float final_logit_softcap; /* 0 = none */
+
+    /* DFlash2 drafter (architectures: DFlash2DraftModel; docs/dflash2.md); dflash2 = 0 for DFlash */
+    int dflash2;
+    int conv_taps;           /* conv_kernel_size: taps of the grouped depthwise convolution */
+    int conv_group;          /* conv_group_size: channels sharing one dynamic coefficient */
+    int selector_rank;       /* R of the candidate selector's codebooks */
+    int selector_top_k;      /* K candidates per block position */
+    int causal;              /* is_causal (or dflash_config.causal): -1 unset (sliding layers causal), 0, 1 */
 
     int eos_ids[DFL_MAX_EOS]; /* config.json eos_token_id, then config_load_eos's */
     int n_eos;
@@ -75,6 +96,8 @@ int config_load_eos(dfl_config *c, const char *dir);
 void config_default_target_ids(int n_target_layers, int k, int *out);
 
 const char *config_arch_name(dfl_arch a);
+/* Number of sparse (MoE) layers. */
+int config_n_moe_layers(const dfl_config *c);
 const char *config_layer_type_name(dfl_layer_type t);
 /* Pattern string such as "LLLFLLLF" (L linear, F full, S sliding) into buf. */
 void config_layer_pattern(const dfl_config *c, char *buf, int buflen);

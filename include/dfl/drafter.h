@@ -1,5 +1,7 @@
 /* DFlash block drafter (z-lab format, SPEC §4): Qwen3 layers over [context ; block] keys,
- * the target's embedding and lm_head. */
+ * the target's embedding and lm_head. A DFlash2 drafter (docs/dflash2.md) adds a grouped
+ * depthwise convolution around each attention and MLP and a candidate selector that turns the
+ * per-position logits into one coherent block. */
 #ifndef DFL_DRAFTER_H
 #define DFL_DRAFTER_H
 
@@ -19,6 +21,12 @@ typedef struct dfl_dlayer_w {
     float *q_norm, *k_norm;/* [hd] */
     dfl_mat gate, up;      /* [I, H] */
     dfl_mat down;          /* [H, I] */
+    /* DFlash2 (NULL / unbound for DFlash), G = H / conv_group_size groups, T = conv_kernel_size:
+     * side 0 convolves a sublayer's input, side 1 its output */
+    float *attn_conv_base; /* [2, T, H] attention_conv.base_kernel */
+    dfl_mat attn_conv_proj;/* [2*T*G, H] attention_conv.kernel_projection: per-row deltas [2][T][G] */
+    float *mlp_conv_base;  /* [2, T, H] mlp_conv.base_kernel */
+    dfl_mat mlp_conv_proj; /* [2*T*G, H] mlp_conv.kernel_projection */
 } dfl_dlayer_w;
 
 typedef struct dfl_drafter {
@@ -30,6 +38,10 @@ typedef struct dfl_drafter {
     float *hidden_norm;    /* [H] */
     float *norm;           /* [H] final norm */
     dfl_dlayer_w *layers;  /* [L_d] */
+    /* DFlash2 candidate selector (unbound for DFlash), R = selector_rank */
+    dfl_mat sel_proj;      /* [R, H] candidate_selector.hidden_projection */
+    dfl_mat sel_pred;      /* [V, R] candidate_selector.predecessor_codebook */
+    dfl_mat sel_succ;      /* [V, R] candidate_selector.successor_codebook */
     unsigned char *used;   /* [n_tensors] */
     uint64_t weight_bytes;
 } dfl_drafter;
@@ -68,6 +80,13 @@ typedef struct dfl_dstate {
     float *mlp1, *mlp2;   /* [B, I] */
     float *scores;        /* [threads, max_ctx + B] */
     float *inv_freq;      /* [hd/2] */
+    /* DFlash2 (NULL for DFlash); K = selector_top_k */
+    float *cdelta;        /* [B, 2*T*G] convolution deltas of the sublayer being run */
+    float *conv;          /* [B, H] convolution output */
+    float *sel_h;         /* [B + 2, R] hidden_projection of the final hidden states; 2 rows scratch */
+    int32_t *cand;        /* [B, K] last draft: each position's candidates, best logit first */
+    float *cand_logit;    /* [B, K] their logits */
+    int32_t *walk;        /* [B] last draft: the selector's block (row k: the token at start+k+1) */
     uint64_t bytes;
 } dfl_dstate;
 
@@ -82,7 +101,10 @@ int drafter_add_context(dfl_dstate *s, const float *feat, int n);
 
 /* Draft one block [anchor, MASK x (B-1)] at positions n_ctx..n_ctx+B-1 (the anchor's own
  * position never has a feature: the context ends right before it). logits: [B-1, V], row k-1
- * predicts the token at position n_ctx+k. */
+ * predicts the token at position n_ctx+k. For a DFlash2 drafter the rows are the selector's
+ * scores along its walk: -inf except at row k-1's candidates, each scored from the token the
+ * walk chose before it (the anchor for row 0), so each row's argmax is the selector's block
+ * (s->walk) and a sampler draws among the candidates. */
 int drafter_draft(dfl_dstate *s, int32_t anchor, int B, float *logits);
 
 #endif

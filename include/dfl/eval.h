@@ -63,6 +63,8 @@ typedef struct eval_result {
     char drafter[512];   /* "" for the autoregressive run */
     char mode[32];       /* "ar", "chain" or "ddtree-N" */
     int turn;            /* 0 or 1 (MT-Bench second turn) */
+    int rep;             /* repetition of a timed online run (--repeat): 0 is the first, the one the
+                          * statistics use; rows of later repetitions only add speedups over runs */
     int tokens;          /* generated tokens */
     int rounds;
     long drafted, accepted;
@@ -114,6 +116,9 @@ typedef struct eval_agg {
     int n_speedups;
     double *speedups_modeled; /* per-response modeled speedup (rows with modeled times) */
     int n_speedups_modeled;
+    double *run_speedups; /* per repetition (--repeat) of an online run: its measured speedup over all
+                           * responses of that repetition; [n_run_speedups], index = rep */
+    int n_run_speedups;
 } eval_agg;
 
 typedef struct eval_summary {
@@ -143,12 +148,33 @@ int eval_write_reports(const eval_summary *s, const char *dir, const char *extra
 #define EVAL_MAX_DRAFTERS 8
 #define EVAL_MAX_MODES 16
 #define EVAL_RECORD_AUTO (-2)
+#define EVAL_MAX_REPEAT 100
 
 typedef struct eval_progress {
     int done, total;     /* prompts */
     const char *what;    /* the prompt just finished */
     double last_tau;
 } eval_progress;
+
+/* A run spread over processes (dfl eval under MPI: src/cli/eval_mpi.c, docs/eval.md). A unit is
+ * a prompt (both turns) or, with --features, a saved truth. One process, the writer, keeps
+ * results.jsonl and the reports; every process runs the units next hands it. */
+typedef struct eval_dist {
+    int writer;       /* this process writes results.jsonl and the reports (MPI rank 0) */
+    void *ud;
+    /* writer only, once before any unit: the n units in run order, their names, weights (prompt
+     * tokens plus --max-new per turn), whether results.jsonl holds all of their lines already, and
+     * the lines it holds for each (JSON lines, "" for none) */
+    int (*plan)(void *ud, int n, char *const *names, const long *weight, const int *complete, char *const *done);
+    /* the next unit to run (-1: none left) and the results lines already held for it (malloc'd,
+     * NULL when none): a process elsewhere skips them as a resumed run does */
+    int (*next)(void *ud, int *unit, char **done);
+    /* a finished results.jsonl line (no newline): written by the writer, or sent to it */
+    int (*emit)(void *ud, const char *line);
+    /* writer only, after its last unit: waits for the others. DFL_ERR with a message naming
+     * the units that are missing (a process that died or failed) */
+    int (*finish)(void *ud);
+} eval_dist;
 
 typedef struct eval_opts {
     int protocol;                /* EVAL_PROTOCOL_ZLAB: z-lab's prompts, selection and template */
@@ -174,6 +200,8 @@ typedef struct eval_opts {
      * run (measured speedups). Otherwise replay: one recording run per prompt, every drafter x mode
      * replayed on it (modeled speedups). */
     int online;
+    int repeat;                  /* online: run the autoregressive and every speculative run of each prompt this
+                                  * many times (rows with rep 0..repeat-1): speedups with their spread over runs */
     int check_ar;                /* replay: also run the target autoregressively, check the truth token for token */
     int record_budget;           /* replay: the recording run's mode (drafter 1); -1 = the first mode,
                                   * EVAL_RECORD_AUTO = chain rounds or decode steps, whichever is cheaper */
@@ -183,12 +211,13 @@ typedef struct eval_opts {
     const char *features_dir;    /* replay from saved features: no target forward */
     const char *features_from;   /* also replay on features written by another pipeline (hidden-diff format) */
     int cost_reps;               /* repetitions of each cost measurement (0 = no modeled speedup) */
+    const eval_dist *dist;       /* spread over processes (NULL: this process runs every unit) */
     FILE *log;                   /* warnings and per-run lines (NULL: quiet) */
     void (*on_progress)(void *ud, const eval_progress *p);
     void *progress_ud;
 } eval_opts;
 
-/* Defaults: max_new 256, chatml, chain only, shard 0/1, replay, cost_reps 3. */
+/* Defaults: max_new 256, chatml, chain only, shard 0/1, replay, cost_reps 3, repeat 1. */
 void eval_opts_default(eval_opts *o);
 /* The options' consistency (modes, budgets, replay vs online); eval_run checks it too. */
 int eval_opts_check(const eval_opts *o);

@@ -1,4 +1,5 @@
-/* Target models: Qwen3 dense and Qwen3.5/3.6 hybrid (Gated DeltaNet + gated attention).
+/* Target models: Qwen3 dense and Qwen3.5/3.6 hybrid (Gated DeltaNet + gated attention), each
+ * with a dense MLP or a sparse mixture of experts per layer (qwen3_moe, qwen3_5_moe).
  * Weights stay in the safetensors mmap; run state (caches, scratch) is allocated once. */
 #ifndef DFL_MODEL_H
 #define DFL_MODEL_H
@@ -42,9 +43,22 @@ typedef struct dfl_layer_w {
     float *neg_exp_A;    /* [Hv] = -exp(A_log) */
     float *dt_bias;      /* [Hv] */
     float *gnorm;        /* [dv] plain multiplier of the gated RMSNorm */
-    /* MLP */
+    /* dense MLP (moe == 0) */
     dfl_mat gate, up;    /* [I, H] */
     dfl_mat down;        /* [H, I] */
+    /* sparse MoE block (moe == 1); E experts of inner size Ie, shared expert of inner size Is */
+    int moe;
+    dfl_mat router;      /* [E, H] mlp.gate */
+    dfl_mat *exp_gate;   /* [E] each [Ie, H]: views into the per-expert tensors or the fused
+                          * gate_up_proj [E, 2*Ie, H] (rows 0..Ie-1 of expert e) */
+    dfl_mat *exp_up;     /* [E] each [Ie, H] (fused: rows Ie..2*Ie-1) */
+    dfl_mat *exp_down;   /* [E] each [H, Ie] (fused: down_proj [E, H, Ie]) */
+    void *exp_owned;     /* private aligned copy of fused expert tensors stored unaligned */
+    int exp_fused;       /* 1: the checkpoint stores the experts fused (gate_up_proj / down_proj) */
+    dfl_mat sh_gate, sh_up; /* [Is, H] shared expert */
+    dfl_mat sh_down;     /* [H, Is] */
+    dfl_mat sh_score;    /* [1, H] shared_expert_gate: the shared expert's output is scaled by
+                          * sigmoid(sh_score . x) */
 } dfl_layer_w;
 
 typedef struct dfl_model {
@@ -65,6 +79,8 @@ typedef struct dfl_model {
     int eos_ids[DFL_MAX_EOS];    /* config + generation_config.json + tokenizer_config.json */
     int n_eos;
     int conv_dim;                /* 2*Hk*dk + Hv*dv */
+    uint64_t expert_params;      /* parameters of one routed expert summed over the sparse layers
+                                  * (3 * H * Ie per layer): total - (E - k) * this = active */
 } dfl_model;
 
 /* Known text-layer prefixes, tried in order; exactly one must match. */
@@ -126,7 +142,19 @@ typedef struct dfl_state {
     float *att;           /* [B, max(Hq*hd, Hv*dv)] */
     float *z;             /* [B, Hv*dv] */
     float *ab;            /* [B, 2*Hv] */
-    float *mlp1, *mlp2;   /* [B, I] */
+    float *mlp1, *mlp2;   /* [B * max(I, k*Ie, Is)] dense MLP / expert / shared expert inner rows */
+    /* MoE scratch (n_experts > 0), k = experts per token */
+    float *moe_logits;    /* [B, E] router logits, then probabilities */
+    int *moe_idx;         /* [B, k] experts of each token, ascending expert id */
+    float *moe_w;         /* [B, k] their routing weights */
+    int *moe_rows;        /* [B * k] (token * k + slot) of each expert-sorted row */
+    int *moe_count;       /* [E + 1] rows per expert, then prefix offsets */
+    float *moe_x;         /* [B * k, H] inputs gathered by expert */
+    float *moe_y;         /* [B * k, H] expert outputs, same order */
+    float *moe_sh;        /* [B] shared-expert gate logits */
+    /* distinct experts the last forward touched, summed over the sparse layers (the weights a
+     * forward streams: verification of n tokens reads up to n*k experts per layer) */
+    long moe_touched;
     float *scores;        /* [threads, max_ctx] */
     float *rope_cos, *rope_sin; /* [B, rot/2] */
     float *inv_freq;      /* [rot/2] */

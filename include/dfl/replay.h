@@ -126,9 +126,9 @@ typedef struct eval_costs {
 
 /* Measure them on a context of the first prompt (up to 512 tokens): a decode step, a chain
  * verification of each block size (forward + rollback), a tree verification of each budget
- * (forward + commit) on a tree built from a real draft of ds (reset afterwards); after a warm-up,
+ * (forward + commit) on a tree built from a real draft of dr (block blocks[0]; reset afterwards); after a warm-up,
  * the fastest of at least reps repetitions (more, up to 64, until 25 ms are timed). Budgets above DDTREE_MAX_BUDGET, or whose tree state does not fit, get no cost (note). */
-int eval_costs_measure(eval_costs *c, const dfl_model *m, dfl_dstate *ds, const int32_t *prompt, int n_prompt,
+int eval_costs_measure(eval_costs *c, const dfl_model *m, dfl_draft_if *dr, const int32_t *prompt, int n_prompt,
                        const int *blocks, int n_blocks, const int *budgets, int n_budgets, int reps);
 /* Seconds of a chain forward of n tokens (linear between measured sizes), of a tree of budget
  * N (-1 if not measured). */
@@ -145,11 +145,13 @@ typedef struct eval_replay_out {
 } eval_replay_out;
 
 /* Replay one drafter on a truth in every mode (budgets[i] = 0: chain, N: DDTree-N) at once:
- * each distinct (position, block size) is drafted once. ds: a reset drafter state; layer_col:
- * truth column of each of the drafter's target_layer_ids; B: block size; max_new: the run's.
- * costs may be NULL. out[i] is filled for each mode. */
-int eval_replay(const eval_truth *t, dfl_dstate *ds, const int *layer_col, int B, int max_new, const int *budgets,
-                int n_modes, eval_draft_cache *cache, const eval_costs *costs, eval_replay_out *out);
+ * each distinct (position, block size) is drafted once. dft: a drafter with an empty context
+ * (every drafter kind: DFlash, the MTP head); V: the vocabulary; layer_col: truth column of each
+ * of the drafter's feature layers; B: block size; max_new: the run's. costs may be NULL. out[i]
+ * is filled for each mode. */
+int eval_replay(const eval_truth *t, dfl_draft_if *dft, int V, const int *layer_col, int B, int max_new,
+                const int *budgets, int n_modes, eval_draft_cache *cache, const eval_costs *costs,
+                eval_replay_out *out);
 void eval_replay_out_free(eval_replay_out *o);
 
 #endif

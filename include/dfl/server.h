@@ -12,7 +12,7 @@
 
 typedef struct dfl_server_opts {
     const char *target;     /* target checkpoint directory */
-    const char *drafter;    /* DFlash drafter directory; NULL = autoregressive decoding */
+    const char *drafter;    /* DFlash drafter directory, "mtp" or "DIR:mtp" (an MTP head); NULL = autoregressive */
     const char *tokenizer;  /* tokenizer.json or a directory holding one; NULL = the target's */
     const char *model_name; /* the "model" of responses and metrics; NULL = target dir basename */
     int block;              /* verification block; 0 = the drafter's block_size */

@@ -15,6 +15,15 @@ int cmd_eval(int argc, char **argv);
 int cmd_eval_merge(int argc, char **argv);
 int cmd_serve(int argc, char **argv);
 
+/* dfl eval under mpirun (eval_mpi.c, built with DFL_HAVE_MPI). eval_mpi_launched: the process
+ * environment says it is one of several MPI ranks (Open MPI's OMPI_COMM_WORLD_SIZE, or PMI_SIZE).
+ * eval_mpi_run: the whole run of this rank; its exit status. */
+int eval_mpi_launched(void);
+struct eval_opts;
+int eval_mpi_run(struct eval_opts *o, int quiet);
+/* The MPI library dfl was built with ("Open MPI v4.1.4"), or "no". */
+const char *eval_mpi_library(void);
+
 /* "--flag" handling helpers. cli_is_help returns 1 for -h / --help. */
 int cli_is_help(const char *arg);
 /* Value of an option that takes an argument: argv[*i+1]; exits with a message if missing. */

@@ -116,3 +116,13 @@ int cli_fail(const char *cmd, const char *fmt, ...) {
 }
 
 void cli_json_string(FILE *f, const char *s) { dfl_json_write_string(f, s); }
+
+#ifndef DFL_HAVE_MPI
+const char *eval_mpi_library(void) { return "no"; }
+#endif
+
+int eval_mpi_launched(void) {
+    const char *s = getenv("OMPI_COMM_WORLD_SIZE");
+    if (!s) s = getenv("PMI_SIZE");
+    return s && atoi(s) > 1;
+}

@@ -78,6 +78,10 @@ typedef struct bench_res {
     double decode_tps, decode_mean_tps, decode_gbps; /* tps: median token time; mean_tps: mean */
     int n_verify;
     double verify_ms[MAX_VERIFY];
+    /* MoE targets: distinct experts the n-token verification touched, mean per sparse layer, and
+     * the weight bytes it reads (the dense part once, each touched expert once) */
+    double verify_experts[MAX_VERIFY];
+    uint64_t verify_bytes[MAX_VERIFY];
     double draft_block_ms, draft_ctx_ms;
     double ar_tps, spec_tps, spec_tau;
     int e2e_generated;
@@ -115,18 +119,34 @@ static void fill_tokens(int32_t *t, int n, int V, uint64_t seed) {
 
 static uint64_t mat_bytes(const dfl_mat *w) { return (uint64_t)w->rows * w->cols * st_dtype_size(w->dtype); }
 
-/* Weight bytes one decoded token reads: every layer matrix and the lm_head (the embedding
- * lookup reads one row; small vectors are not counted). */
-static uint64_t token_bytes(const dfl_model *m) {
-    uint64_t b = mat_bytes(&m->lm_head);
+/* Bytes of one routed expert (gate, up, down; the same shapes and dtype in every sparse layer). */
+static uint64_t expert_bytes(const dfl_model *m) {
     for (int i = 0; i < m->cfg.n_layers; i++) {
         const dfl_layer_w *l = &m->layers[i];
-        const dfl_mat *ms[] = {&l->q_proj, &l->k_proj, &l->v_proj, &l->o_proj, &l->in_qkv, &l->in_z,
-                               &l->in_b,   &l->in_a,   &l->out_proj, &l->gate, &l->up,    &l->down};
+        if (l->moe) return mat_bytes(&l->exp_gate[0]) + mat_bytes(&l->exp_up[0]) + mat_bytes(&l->exp_down[0]);
+    }
+    return 0;
+}
+
+/* Weight bytes a forward reads when it touches `experts` routed experts over all sparse layers:
+ * every layer matrix, router and shared expert, those experts, and the lm_head (the embedding
+ * lookup reads one row; small vectors are not counted). */
+static uint64_t forward_bytes(const dfl_model *m, long experts) {
+    uint64_t b = mat_bytes(&m->lm_head) + (uint64_t)experts * expert_bytes(m);
+    for (int i = 0; i < m->cfg.n_layers; i++) {
+        const dfl_layer_w *l = &m->layers[i];
+        const dfl_mat *ms[] = {&l->q_proj, &l->k_proj, &l->v_proj, &l->o_proj, &l->in_qkv,  &l->in_z,
+                               &l->in_b,   &l->in_a,   &l->out_proj, &l->gate, &l->up,      &l->down,
+                               &l->router, &l->sh_gate, &l->sh_up,  &l->sh_down, &l->sh_score};
         for (size_t k = 0; k < sizeof ms / sizeof ms[0]; k++)
             if (ms[k]->data) b += mat_bytes(ms[k]);
     }
     return b;
+}
+
+/* Weight bytes one decoded token reads (its k experts in every sparse layer). */
+static uint64_t token_bytes(const dfl_model *m) {
+    return forward_bytes(m, (long)m->cfg.n_experts_per_tok * config_n_moe_layers(&m->cfg));
 }
 
 static int cmp_double(const void *a, const void *b) {
@@ -275,6 +295,16 @@ static void print_json(const bench_opts *o, const bench_res *r, const dfl_model 
         printf("], \"verify_cost\": [");
         for (int i = 0; i < r->n_verify; i++) printf("%s%.4f", i ? ", " : "", r->verify_ms[i] / r->verify_ms[0]);
         printf("]");
+        if (m->cfg.n_experts > 0) {
+            printf(", \"moe\": {\"experts\": %d, \"experts_per_tok\": %d, \"sparse_layers\": %d, \"expert_bytes\": %llu}",
+                   m->cfg.n_experts, m->cfg.n_experts_per_tok, config_n_moe_layers(&m->cfg),
+                   (unsigned long long)expert_bytes(m));
+            printf(", \"verify_experts_per_layer\": [");
+            for (int i = 0; i < r->n_verify; i++) printf("%s%.3f", i ? ", " : "", r->verify_experts[i]);
+            printf("], \"verify_weight_bytes\": [");
+            for (int i = 0; i < r->n_verify; i++) printf("%s%llu", i ? ", " : "", (unsigned long long)r->verify_bytes[i]);
+            printf("]");
+        }
     }
     if ((o->parts & P_DRAFT) && o->drafter)
         printf(", \"block\": %d, \"draft_block_ms\": %.3f, \"draft_context_ms_per_token\": %.4f", o->block,
@@ -318,7 +348,16 @@ static void print_table(const bench_opts *o, const bench_res *r, const dfl_model
                    100 * r->decode_gbps / r->probe_best_gbps);
         printf("\n");
     }
-    if (o->parts & P_VERIFY) {
+    if (o->parts & P_VERIFY && m->cfg.n_experts > 0) {
+        /* the numbers behind MoE speedups: n tokens touch up to n*k experts per layer, and a
+         * verification reads each touched expert once */
+        printf("verify     n   ms      x n=1   experts/layer (of %d, k %d)  weights MB  x n=1\n", m->cfg.n_experts,
+               m->cfg.n_experts_per_tok);
+        for (int i = 0; i < r->n_verify; i++)
+            printf("           %-3d %-7.1f %-7.3f %-28.2f %-11.1f %.3f\n", i + 1, r->verify_ms[i],
+                   r->verify_ms[i] / r->verify_ms[0], r->verify_experts[i], r->verify_bytes[i] / 1e6,
+                   (double)r->verify_bytes[i] / (double)r->verify_bytes[0]);
+    } else if (o->parts & P_VERIFY) {
         printf("verify     n   ms      x n=1\n");
         for (int i = 0; i < r->n_verify; i++)
             printf("           %-3d %-7.1f %.3f\n", i + 1, r->verify_ms[i], r->verify_ms[i] / r->verify_ms[0]);
@@ -473,6 +512,9 @@ static int run_bench(const bench_opts *o, const dfl_model *m, const dfl_drafter 
             const double t = time_verify(&s, toks, n, logits, o->reps);
             if (t < 0) goto done;
             r->verify_ms[n - 1] = 1e3 * t;
+            const int n_sparse = config_n_moe_layers(g);
+            r->verify_experts[n - 1] = n_sparse ? (double)s.moe_touched / n_sparse : 0;
+            r->verify_bytes[n - 1] = forward_bytes(m, s.moe_touched);
         }
     }
     if ((o->parts & P_DRAFT) && d) {

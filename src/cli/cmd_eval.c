@@ -33,7 +33,8 @@ static const char *usage_text =
     "\n"
     "  --target DIR          target checkpoint (with --features: default the recorded one; only its\n"
     "                        embedding and lm_head are read, which the drafters share)\n"
-    "  --drafter DIR         a DFlash drafter (repeat to compare several, up to 8)\n"
+    "  --drafter DIR         a DFlash drafter (repeat to compare several, up to 8); 'mtp' = the target's\n"
+    "                        own MTP head, 'DIR:mtp' = the MTP head of checkpoint DIR (labelled 'mtp (DIR)')\n"
     "  --prompts FILE        prompt set\n"
     "  --tokenizer PATH      tokenizer.json or a directory holding one (default: the target's)\n"
     "  --format F            gsm8k (\"question\"), mtbench (\"turns\"), jsonl:FIELD, text (a prompt per\n"
@@ -41,13 +42,15 @@ static const char *usage_text =
     "  --limit N             first N prompts\n"
     "  --max-new N           tokens per response (default 256; with --features: the recorded one)\n"
     "  --chat MODE           prompt template: chatml, chatml-nothink or none (default chatml)\n"
-    "  --block-size B        verification block (default: each drafter's block_size)\n"
+    "  --block-size B        verification block (default: each drafter's block_size; 4 for an MTP head)\n"
     "  --tree-budget LIST    modes, comma-separated, up to 16: 0 = chain, N = DDTree-N (default 0);\n"
     "                        replay takes budgets up to 4096, online up to 256\n"
     "  --first-turn          MT-Bench: only the first turn (default: both, the second built on the\n"
     "                        model's own first answer, as FastChat does)\n"
     "  --resume              keep DIR/results.jsonl and skip what it already holds\n"
     "  --shard i/n           only prompts whose index mod n == i (merge shards with dfl eval-merge)\n"
+    "                        (or `mpirun -n N dfl eval ...`: rank 0 hands the prompts out, longest first,\n"
+    "                        and alone writes DIR; dfl --version says whether MPI is built in)\n"
     "  --keep-going          skip malformed prompt lines (listed in summary.json) instead of failing\n"
     "  --reference FILE      reference outputs: JSON lines {\"id\", [\"turn\",] \"output_ids\" | \"text\"}\n"
     "  --reference-url URL   a server: .../v1/completions (OpenAI-compatible) or .../generate (SGLang)\n"
@@ -85,6 +88,9 @@ static const char *usage_text =
     "                        gives the truth; every output checked against it at temperature 0)\n"
     "  --temperature X       sampling temperature (default 0; > 0 needs --online, skips the check)\n"
     "  --seed S              sampling seed (default 0)\n"
+    "  --repeat N            run the autoregressive and every speculative run of each prompt N times\n"
+    "                        (default 1): each measured speedup with its spread over runs (wall-clock\n"
+    "                        ratios move with the machine's load); statistics come from the first run\n"
     "  --accept-rule R       at --temperature > 0: pq = speculative sampling (accept with min(1, p/q),\n"
     "                        residual; default) or match = the original DFlash loop (greedy drafts kept\n"
     "                        while they equal the target's sample); both lossless, tau differs\n";
@@ -211,6 +217,9 @@ static int parse_args(eval_opts *o, int *save_layers, const char **progress_mode
             if (!(o->temperature >= 0)) return cli_usage_error("eval", "--temperature must be >= 0");
         } else if (strcmp(a, "--seed") == 0) {
             if (cli_parse_long("eval", a, cli_value(argc, argv, &i), 0, 0x7fffffffffffffffL, &o->seed)) return 2;
+        } else if (strcmp(a, "--repeat") == 0) {
+            if (cli_parse_long("eval", a, cli_value(argc, argv, &i), 1, EVAL_MAX_REPEAT, &v)) return 2;
+            o->repeat = (int)v;
         } else if (strcmp(a, "--cost-reps") == 0) {
             if (cli_parse_long("eval", a, cli_value(argc, argv, &i), 0, 100, &v)) return 2;
             o->cost_reps = (int)v;
@@ -279,6 +288,15 @@ int cmd_eval(int argc, char **argv) {
     pg.bar = strcmp(pm, "bar") == 0 || (strcmp(pm, "auto") == 0 && isatty(2));
     o.log = stderr; /* warnings and mismatches: whatever the progress mode */
     o.on_progress = progress_show, o.progress_ud = &pg;
+    if (eval_mpi_launched()) { /* one of several ranks: the prompts are spread over them */
+#ifdef DFL_HAVE_MPI
+        return eval_mpi_run(&o, pg.quiet);
+#else
+        return cli_fail("eval", "launched as one of several MPI ranks, but this dfl was built without MPI (CMake "
+                                "found none; dfl --version says so): each rank would run every prompt. Install "
+                                "libopenmpi-dev and rebuild, or use --shard i/n and dfl eval-merge");
+#endif
+    }
     eval_outcome res;
     if (eval_run(&o, &res) != DFL_OK) {
         if (pg.bar) fputc('\n', stderr);

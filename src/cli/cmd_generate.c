@@ -7,6 +7,7 @@
 #include "cli/cli.h"
 #include "dfl/common.h"
 #include "dfl/model.h"
+#include "dfl/mtp.h"
 #include "dfl/ddtree.h"
 #include "dfl/prompt.h"
 #include "dfl/safetensors.h"
@@ -14,7 +15,7 @@
 
 static const char *usage_text =
     "usage: dfl generate --target DIR (--prompt STR | --prompt-file F | --prompt-ids IDS)\n"
-    "                    [--drafter DIR [--block-size B] [--tree-budget N]] [--temperature X --seed S [--accept-rule pq|match]]\n"
+    "                    [--drafter DIR|mtp|DIR:mtp [--block-size B] [--tree-budget N]] [--temperature X --seed S [--accept-rule pq|match]]\n"
     "                    [--max-new N] [--chat MODE] [--tokenizer PATH] [--max-context N] [--ignore-eos]\n"
     "                    [--json] [--dump-drafts F] [--check-weights]\n"
     "\n"
@@ -26,8 +27,10 @@ static const char *usage_text =
     "directory, no --tokenizer) the output is the generated ids instead of text (--json: \"text\": null).\n"
     "\n"
     "  --target DIR        target checkpoint (qwen3, qwen3_5 or qwen3_5_text)\n" CLI_PROMPT_HELP
-    "  --drafter DIR       DFlash drafter checkpoint (z-lab format)\n"
-    "  --block-size B      verification block (default: the drafter's block_size; 2..block_size)\n"
+    "  --drafter DIR       DFlash drafter checkpoint (z-lab format); 'mtp' = the target's own MTP head\n"
+    "                      (its mtp.* tensors), 'DIR:mtp' = the MTP head of checkpoint DIR\n"
+    "  --block-size B      verification block (default: the drafter's block_size; 2..block_size);\n"
+    "                      with the MTP head B-1 autoregressive steps (default 4, 2..256)\n"
     "  --tree-budget N     0 = chain verification (default); N > 0 = DDTree: verify the N most probable\n"
     "                      draft prefixes as a tree in one forward (greedy only; N <= 256)\n"
     "  --temperature X     0 = greedy (default); > 0 samples (speculative sampling with a drafter)\n"
@@ -43,8 +46,8 @@ static const char *usage_text =
     "                      streaming; tokens are the generated ids only. stats: prefill/decode times and\n"
     "                      tokens/s; with a drafter also rounds, drafted, accepted, tau (mean accepted+1\n"
     "                      per round), tau_token_weighted (tokens after the first / rounds), per_position\n"
-    "                      (acceptance rate of draft k), accept_hist, acceptance_lengths (a+1 per round),\n"
-    "                      draft_s, verify_s, rollback_s\n"
+    "                      (acceptance rate of draft k; null where never proposed), accept_hist,\n"
+    "                      acceptance_lengths (a+1 per round), draft_s, verify_s, rollback_s\n"
     "  --dump-drafts F     write each drafted round r to F (safetensors): draft_logits.{r} F32 [bs-1, V]\n"
     "                      (probabilities when sampling), block_ids.{r} I64 [bs] = the verified block,\n"
     "                      start.{r} = the anchor's position\n"
@@ -168,9 +171,10 @@ static void print_stats_json(const dfl_gen_stats *st, const rounds_log *rl, cons
                "\"per_position\": [",
                st->max_block, st->rounds, st->drafted, st->accepted, spec_tau(st), spec_tau_token_weighted(st),
                st->t_draft, st->t_verify, st->t_rollback);
-        for (int k = 1; k < st->max_block; k++)
-            printf("%s%.6f", k > 1 ? ", " : "",
-                   st->pos_drafted[k] ? (double)st->pos_accepted[k] / st->pos_drafted[k] : 0.0);
+        for (int k = 1; k < st->max_block; k++) { /* null: never proposed (a tree shallower than the block) */
+            if (st->pos_drafted[k]) printf("%s%.6f", k > 1 ? ", " : "", (double)st->pos_accepted[k] / st->pos_drafted[k]);
+            else printf("%snull", k > 1 ? ", " : "");
+        }
         printf("], \"accept_hist\": [");
         for (int a = 0; a < st->max_block; a++) printf("%s%ld", a ? ", " : "", st->accept_hist[a]);
         printf("], \"tree_budget\": %d, \"mean_tree_depth\": %.4f, \"acceptance_lengths\": [", rl->tree_budget,
@@ -241,8 +245,17 @@ int cmd_generate(int argc, char **argv) {
     double t0 = dfl_now();
     if (model_open(&m, target, check) != DFL_OK) return cli_fail("generate", "%s", dfl_errmsg());
     dfl_drafter d;
-    int have_d = 0, rc = 0;
-    if (drafter_dir) {
+    dfl_mtp mtp;
+    char mtp_dir[4096];
+    int have_d = 0, have_mtp = 0, rc = 0;
+    if (drafter_dir && mtp_parse_arg(drafter_dir, target, mtp_dir, sizeof mtp_dir)) {
+        if (mtp_open(&mtp, mtp_dir, &m, check) != DFL_OK) {
+            model_close(&m);
+            return cli_fail("generate", "--drafter %s: %s", drafter_dir, dfl_errmsg());
+        }
+        have_mtp = 1;
+        if (!block) block = DFL_MTP_DEFAULT_BLOCK;
+    } else if (drafter_dir) {
         if (drafter_open_checked(&d, drafter_dir, m.cfg.n_layers, check) != DFL_OK) {
             model_close(&m);
             return cli_fail("generate", "%s", dfl_errmsg());
@@ -297,7 +310,7 @@ int cmd_generate(int argc, char **argv) {
     /* no forward is longer than the context: a round verifies at most the tokens max_new leaves */
     if (max_batch > max_ctx) max_batch = (int)max_ctx;
     dfl_state s;
-    if (state_init(&s, &m, (int)max_ctx, max_batch, have_d) != DFL_OK) {
+    if (state_init(&s, &m, (int)max_ctx, max_batch, have_d || have_mtp) != DFL_OK) {
         rc = cli_fail("generate", "%s", dfl_errmsg());
         goto out1;
     }
@@ -306,16 +319,24 @@ int cmd_generate(int argc, char **argv) {
         goto out2;
     }
     dfl_dstate ds;
+    dfl_mstate ms;
     int have_ds = 0;
+    dfl_draft_if dif;
     if (have_d) {
         if (dstate_init(&ds, &d, &m, (int)max_ctx, (int)block) != DFL_OK) {
             rc = cli_fail("generate", "%s", dfl_errmsg());
             goto out2;
         }
         have_ds = 1;
+        dif = spec_dflash_drafter(&ds);
+    } else if (have_mtp) {
+        if (mstate_init(&ms, &mtp, &m, (int)max_ctx, (int)block) != DFL_OK) {
+            rc = cli_fail("generate", "%s", dfl_errmsg());
+            goto out2;
+        }
+        have_ds = 1;
+        dif = mtp_drafter_if(&ms);
     }
-    dfl_draft_if dif;
-    if (have_ds) dif = spec_dflash_drafter(&ds);
     dfl_gen_opts o = {.max_new = (int)max_new, .block = (int)block, .temperature = (float)temperature,
                       .seed = (uint64_t)seed, .ignore_eos = ignore_eos, .tree_budget = (int)budget,
                       .accept_rule = (dfl_accept_rule)accept_rule};
@@ -336,7 +357,8 @@ int cmd_generate(int argc, char **argv) {
         if (tok) cli_json_string(stdout, text ? text : "");
         else printf("null");
         printf(", \"unknown_ids\": %d, ", unknown);
-        print_stats_json(&st, have_ds ? &rl : NULL, &m, s.bytes + (have_ds ? ds.bytes : 0), max_ctx, t_load);
+        print_stats_json(&st, have_ds ? &rl : NULL, &m,
+                         s.bytes + (have_d ? ds.bytes : 0) + (have_mtp ? ms.bytes : 0), max_ctx, t_load);
         printf("}\n");
         free(text);
     } else {
@@ -356,7 +378,8 @@ int cmd_generate(int argc, char **argv) {
     rounds_free(&rl);
     free(out);
     free(sm.ids);
-    if (have_ds) dstate_free(&ds);
+    if (have_d) dstate_free(&ds);
+    if (have_mtp) mstate_free(&ms);
 out2:
     state_free(&s);
 out1:
@@ -364,6 +387,7 @@ out1:
     if (tok) tok_close(tok);
 out0:
     if (have_d) drafter_close(&d);
+    if (have_mtp) mtp_close(&mtp);
     model_close(&m);
     return rc;
 }

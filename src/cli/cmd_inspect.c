@@ -7,6 +7,7 @@
 #include "dfl/common.h"
 #include "dfl/drafter.h"
 #include "dfl/model.h"
+#include "dfl/mtp.h"
 
 static const char *usage_text =
     "usage: dfl inspect DIR [--json] [--check-weights]\n"
@@ -20,6 +21,8 @@ static const char *usage_text =
     "text tensor is checked for presence and shape. With --target, check a drafter against a\n"
     "target and print the effective target_layer_ids; a drafter whose num_target_layers differs\n"
     "from the target's layer count is compatible when the layers it reads exist (warning).\n"
+    "A target's report says which drafters the checkpoint itself offers: its MTP head (mtp.*\n"
+    "tensors, mtp_num_hidden_layers; --drafter mtp) when present and loadable.\n"
     "\n"
     "  --json           machine-readable output\n"
     "  --target DIR     (drafters) the target model to check compatibility with\n"
@@ -120,6 +123,21 @@ static void layer_types_json(const dfl_config *c) {
     printf("]");
 }
 
+/* Parameters the forward reads (total) and those one token uses: a token runs k of the E routed
+ * experts of every sparse layer, so active = total - (E - k) x one expert's parameters per layer. */
+static void param_counts(const dfl_model *m, uint64_t *total, uint64_t *active) {
+    *total = 0;
+    for (int i = 0; i < m->st.n_tensors; i++)
+        if (m->used[i]) *total += (uint64_t)m->st.tensors[i].numel;
+    *active = *total - (uint64_t)(m->cfg.n_experts - m->cfg.n_experts_per_tok) * m->expert_params;
+}
+
+static int expert_layout_fused(const dfl_model *m) {
+    for (int i = 0; i < m->cfg.n_layers; i++)
+        if (m->layers[i].moe) return m->layers[i].exp_fused;
+    return 0;
+}
+
 static int inspect_target(const char *dir, int json, int check) {
     dfl_model m;
     if (model_open(&m, dir, check) != DFL_OK) return cli_fail("inspect", "%s", dfl_errmsg());
@@ -133,6 +151,19 @@ static int inspect_target(const char *dir, int json, int check) {
     int n_unused[DFL_COMP_COUNT] = {0};
     for (int i = 0; i < m.st.n_tensors; i++)
         if (!m.used[i]) n_unused[model_component(&m, m.st.tensors[i].name)]++;
+    uint64_t p_total, p_active;
+    param_counts(&m, &p_total, &p_active);
+    const int n_sparse = config_n_moe_layers(c);
+    /* the drafters the checkpoint offers: its MTP head, when its tensors load for this target */
+    const int n_mtp = mtp_count_tensors(&m.st);
+    int mtp_ok = 0;
+    char mtp_why[1024] = "";
+    if (n_mtp) {
+        dfl_mtp h;
+        mtp_ok = mtp_open(&h, dir, &m, check) == DFL_OK;
+        if (mtp_ok) mtp_close(&h);
+        else snprintf(mtp_why, sizeof mtp_why, "%s", dfl_errmsg());
+    }
     if (json) {
         printf("{\"path\": ");
         cli_json_string(stdout, dir);
@@ -154,6 +185,17 @@ static int inspect_target(const char *dir, int json, int check) {
             printf(", \"linear_attention\": {\"key_heads\": %d, \"value_heads\": %d, \"key_head_dim\": %d, "
                    "\"value_head_dim\": %d, \"conv_kernel\": %d}",
                    c->lin_k_heads, c->lin_v_heads, c->lin_k_dim, c->lin_v_dim, c->conv_kernel);
+        printf(", \"parameters\": {\"total\": %llu, \"active\": %llu}, \"moe\": ", (unsigned long long)p_total,
+               (unsigned long long)p_active);
+        if (c->n_experts > 0)
+            printf("{\"experts\": %d, \"experts_per_tok\": %d, \"moe_intermediate_size\": %d, \"norm_topk_prob\": %s, "
+                   "\"shared_expert\": %s, \"shared_expert_intermediate_size\": %d, \"sparse_layers\": %d, "
+                   "\"dense_layers\": %d, \"expert_layout\": \"%s\"}",
+                   c->n_experts, c->n_experts_per_tok, c->moe_intermediate, c->norm_topk_prob ? "true" : "false",
+                   c->shared_intermediate > 0 ? "true" : "false", c->shared_intermediate, n_sparse,
+                   c->n_layers - n_sparse, expert_layout_fused(&m) ? "fused" : "per_expert");
+        else
+            printf("null");
         printf(", \"dtypes\": ");
         print_dtypes_json(dt);
         printf(", \"quantization\": ");
@@ -181,24 +223,49 @@ static int inspect_target(const char *dir, int json, int check) {
         }
         printf("}, \"eos_token_ids\": [");
         for (int i = 0; i < m.n_eos; i++) printf("%s%d", i ? ", " : "", m.eos_ids[i]);
-        printf("]}\n");
+        printf("], \"mtp\": {\"tensors\": %d, \"num_hidden_layers\": %d, \"usable\": %s, \"error\": ", n_mtp,
+               c->mtp_layers, mtp_ok ? "true" : "false");
+        if (n_mtp && !mtp_ok) cli_json_string(stdout, mtp_why);
+        else printf("null");
+        printf("}, \"drafters\": [%s]}\n", mtp_ok ? "\"mtp\"" : "");
     } else {
         printf("checkpoint:   %s (%d file%s)\n", dir, m.st.n_files, m.st.n_files == 1 ? "" : "s");
         printf("layout:       %s — text tensors under '%s'%s\n", model_layout_name(m.layout), m.prefix,
                m.layout == DFL_LAYOUT_VLM ? " (vision-language checkpoint; only the text model is loaded)" : "");
         printf("config:       model_type %s%s%s%s\n", c->model_type, c->text_config ? ", text settings from text_config" : "",
                c->architecture[0] ? ", architectures " : "", c->architecture);
-        printf("architecture: %s\n", c->arch == DFL_ARCH_QWEN3 ? "qwen3 dense"
-                                                                : "qwen3_5 hybrid (Gated DeltaNet + gated attention)");
+        printf("architecture: %s%s\n",
+               c->arch == DFL_ARCH_QWEN3 ? (c->n_experts ? "qwen3 attention" : "qwen3 dense")
+                                         : "qwen3_5 hybrid (Gated DeltaNet + gated attention)",
+               c->n_experts ? ", sparse mixture of experts" : "");
         printf("layers:       %d  %s  (%d linear_attention, %d full_attention)\n", c->n_layers, pattern, n_lin,
                c->n_layers - n_lin);
-        printf("sizes:        hidden %d, intermediate %d, vocab %d\n", c->hidden, c->intermediate, c->vocab);
+        if (c->intermediate)
+            printf("sizes:        hidden %d, intermediate %d, vocab %d\n", c->hidden, c->intermediate, c->vocab);
+        else /* every layer sparse (qwen3_5_moe) */
+            printf("sizes:        hidden %d, no dense MLP, vocab %d\n", c->hidden, c->vocab);
         printf("attention:    %d q heads / %d kv heads, head_dim %d, rope theta %g, rotary %d of %d dims%s\n", c->n_heads,
                c->n_kv_heads, c->head_dim, c->rope_theta, c->rot_dim, c->head_dim,
                c->arch == DFL_ARCH_QWEN3_5 ? ", output gate" : "");
         if (c->arch == DFL_ARCH_QWEN3_5)
             printf("linear attn:  %d key heads / %d value heads, key dim %d, value dim %d, conv kernel %d\n",
                    c->lin_k_heads, c->lin_v_heads, c->lin_k_dim, c->lin_v_dim, c->conv_kernel);
+        if (c->n_experts > 0) {
+            printf("experts:      %d routed, top-%d per token (softmax, top-k%s), expert inner size %d", c->n_experts,
+                   c->n_experts_per_tok, c->norm_topk_prob ? " renormalised to sum 1" : ", not renormalised",
+                   c->moe_intermediate);
+            if (c->shared_intermediate > 0)
+                printf("; shared expert inner size %d, sigmoid-gated", c->shared_intermediate);
+            printf("\n              %d of %d layers sparse%s, experts stored %s\n", n_sparse, c->n_layers,
+                   n_sparse < c->n_layers ? " (others dense MLP)" : "",
+                   expert_layout_fused(&m) ? "fused (mlp.experts.gate_up_proj / down_proj)"
+                                           : "per expert (mlp.experts.{e}.*_proj)");
+        }
+        printf("parameters:   %.4g M read by the forward", p_total / 1e6);
+        if (c->n_experts > 0)
+            printf(", %.4g M active per token (%d of %d experts per sparse layer)", p_active / 1e6,
+                   c->n_experts_per_tok, c->n_experts);
+        printf("\n");
         printf("embeddings:   %s\n", c->tie_embeddings ? "tied (lm_head = embed_tokens)" : "untied (lm_head.weight)");
         printf("dtypes used:  ");
         print_dtypes_text(dt);
@@ -219,6 +286,13 @@ static int inspect_target(const char *dir, int json, int check) {
                 }
             printf("%s\n", n_unused[k] > shown ? ", ... (--json lists all)" : "");
         }
+        if (mtp_ok)
+            printf("drafters:     mtp — the checkpoint's own MTP head (%d layer, %d mtp.* tensors): --drafter mtp\n",
+                   c->mtp_layers, n_mtp);
+        else if (n_mtp)
+            printf("drafters:     none — %d mtp.* tensors, but no usable MTP head: %s\n", n_mtp, mtp_why);
+        else
+            printf("drafters:     none — no MTP head (no mtp.* tensors)\n");
         if (check) printf("weights:      every tensor the forward reads is finite (--check-weights)\n");
         printf("eos ids:      ");
         for (int i = 0; i < m.n_eos; i++) printf("%s%d", i ? ", " : "", m.eos_ids[i]);
@@ -262,7 +336,8 @@ static int inspect_drafter(const char *dir, const char *target_dir, int json, in
         cli_json_string(stdout, dir);
         printf(", \"layout\": \"drafter\", \"prefix\": ");
         cli_json_string(stdout, d.prefix);
-        printf(", \"architecture\": \"dflash\", \"num_layers\": %d, \"layer_types\": ", c->n_layers);
+        printf(", \"architecture\": \"%s\", \"num_layers\": %d, \"layer_types\": ", c->dflash2 ? "dflash2" : "dflash",
+               c->n_layers);
         layer_types_json(c);
         printf(", \"layer_pattern\": \"%s\", \"sliding_window\": %d, \"hidden_size\": %d, \"intermediate_size\": %d, "
                "\"num_attention_heads\": %d, \"num_key_value_heads\": %d, \"head_dim\": %d, \"rope_theta\": %g, "
@@ -273,7 +348,13 @@ static int inspect_drafter(const char *dir, const char *target_dir, int json, in
         printf("], \"target_layer_ids_source\": \"%s\", \"hidden_states_indices\": [",
                c->target_ids_default ? "default formula" : "config");
         for (int i = 0; i < c->n_target_ids; i++) printf("%s%d", i ? ", " : "", c->target_layer_ids[i] + 1);
-        printf("], \"dtypes\": ");
+        printf("]");
+        if (c->dflash2)
+            printf(", \"dflash2\": {\"conv_kernel_size\": %d, \"conv_group_size\": %d, \"selector_rank\": %d, "
+                   "\"selector_top_k\": %d, \"is_causal\": %s}",
+                   c->conv_taps, c->conv_group, c->selector_rank, c->selector_top_k,
+                   c->causal < 0 ? "null" : c->causal ? "true" : "false");
+        printf(", \"dtypes\": ");
         print_dtypes_json(dt);
         printf(", \"tensors\": {\"text\": 0, \"vision\": 0, \"mtp\": 0, \"other\": %d, \"drafter\": %d}, "
                "\"n_tensors\": %d, \"bytes\": %llu",
@@ -289,12 +370,17 @@ static int inspect_drafter(const char *dir, const char *target_dir, int json, in
         printf("}\n");
     } else {
         printf("checkpoint:   %s\n", dir);
-        printf("layout:       drafter (DFlash, tensors under '%s')\n", d.prefix[0] ? d.prefix : "(no prefix)");
+        printf("layout:       drafter (%s, tensors under '%s')\n", c->dflash2 ? "DFlash2" : "DFlash",
+               d.prefix[0] ? d.prefix : "(no prefix)");
         printf("layers:       %d  %s%s", c->n_layers, pattern, c->sliding_window ? "" : "\n");
         if (c->sliding_window) printf("  (sliding window %d)\n", c->sliding_window);
         printf("sizes:        hidden %d, intermediate %d; %d q heads / %d kv heads, head_dim %d, rope theta %g\n",
                c->hidden, c->intermediate, c->n_heads, c->n_kv_heads, c->head_dim, c->rope_theta);
         printf("block size:   %d   mask token id: %d\n", c->block_size, c->mask_token_id);
+        if (c->dflash2)
+            printf("dflash2:      grouped conv of %d taps, groups of %d channels; selector rank %d over the top %d "
+                   "candidates; attention %s\n", c->conv_taps, c->conv_group, c->selector_rank, c->selector_top_k,
+                   c->causal < 0 ? "causal in sliding layers only" : c->causal ? "causal" : "bidirectional in the block");
         printf("target layers:");
         for (int i = 0; i < c->n_target_ids; i++) printf(" %d", c->target_layer_ids[i]);
         printf("  (%s) = output of those decoder layers = transformers hidden_states[",

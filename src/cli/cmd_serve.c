@@ -10,7 +10,7 @@
 #include "dfl/spec.h"
 
 static const char *usage_text =
-    "usage: dfl serve --target DIR [--drafter DIR [--block-size B] [--tree-budget N]] [--host ADDR] [--port P]\n"
+    "usage: dfl serve --target DIR [--drafter DIR|mtp|DIR:mtp [--block-size B] [--tree-budget N]] [--host ADDR] [--port P]\n"
     "                 [--max-queue N] [--max-context N] [--max-body BYTES] [--tokenizer PATH]\n"
     "                 [--timeout S] [--max-connections N] [--max-connections-per-client N]\n"
     "                 [--model-name NAME] [--quiet] [--check-weights]\n"
@@ -25,8 +25,10 @@ static const char *usage_text =
     "dfl generate with the same prompt and options. See docs/serve.md.\n"
     "\n"
     "  --target DIR        target checkpoint (qwen3, qwen3_5 or qwen3_5_text)\n"
-    "  --drafter DIR       DFlash drafter checkpoint (z-lab format)\n"
-    "  --block-size B      verification block (default: the drafter's block_size)\n"
+    "  --drafter DIR       DFlash drafter checkpoint (z-lab format); 'mtp' = the target's own MTP head,\n"
+    "                      'DIR:mtp' = the MTP head of checkpoint DIR\n"
+    "  --block-size B      verification block (default: the drafter's block_size; the MTP head: 4 =\n"
+    "                      3 autoregressive steps)\n"
     "  --tree-budget N     verify with DDTree of N draft nodes (0 = chain, default); greedy requests\n"
     "                      only (temperature 0), others get 400\n"
     "  --host ADDR         address to bind (default 127.0.0.1, loopback only)\n"

@@ -22,6 +22,8 @@ static int version(void) {
     const kn_isa isa = kn_isa_get();
     printf("dfl %s\ncommit %s\nbuild %s\nisa %s (chosen at run time; DFL_ISA overrides)\n", DFL_VERSION,
            DFL_GIT_COMMIT, DFL_BUILD_TYPE, kn_isa_name(isa));
+    /* "mpi no": built without MPI (mpirun -n N dfl eval refuses to run) */
+    printf("mpi %s\n", eval_mpi_library());
     return 0;
 }
 
@@ -47,7 +49,7 @@ static void usage(FILE *f) {
     fprintf(f, "usage: dfl <command> [options]   (dfl <command> --help for each)\n\ncommands:\n");
     for (size_t i = 0; i < sizeof subcommands / sizeof subcommands[0]; i++)
         fprintf(f, "  %-12s %s\n", subcommands[i].name, subcommands[i].summary);
-    fprintf(f, "  %-12s %s\n", "version", "version, git commit, build type and kernel ISA (also dfl --version)");
+    fprintf(f, "  %-12s %s\n", "version", "version, git commit, build type, kernel ISA, MPI (also dfl --version)");
 }
 
 int main(int argc, char **argv) {

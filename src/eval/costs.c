@@ -28,7 +28,7 @@ static int add_size(int *v, int n, int x) {
     return n + 1;
 }
 
-int eval_costs_measure(eval_costs *c, const dfl_model *m, dfl_dstate *ds, const int32_t *prompt, int n_prompt,
+int eval_costs_measure(eval_costs *c, const dfl_model *m, dfl_draft_if *dr, const int32_t *prompt, int n_prompt,
                        const int *blocks, int n_blocks, const int *budgets, int n_budgets, int reps) {
     memset(c, 0, sizeof *c);
     if (reps < 1 || n_prompt < 1) return DFL_OK;
@@ -45,12 +45,12 @@ int eval_costs_measure(eval_costs *c, const dfl_model *m, dfl_dstate *ds, const 
             c->n_tree = add_size(c->tree_budget, c->n_tree, budgets[i]);
             if (budgets[i] <= DDTREE_MAX_BUDGET && budgets[i] + 1 > max_nodes) max_nodes = budgets[i] + 1;
         }
-    const int L = n_prompt < 512 ? n_prompt : 512, B = ds->max_block < maxb ? ds->max_block : maxb;
+    const int L = n_prompt < 512 ? n_prompt : 512, B = blocks[0] < maxb ? blocks[0] : maxb;
     int batch = L > maxb ? L : maxb;
     batch = batch > max_nodes ? batch : max_nodes;
     if (reps > COST_MAX_REPS) reps = COST_MAX_REPS;
     const int max_ctx = L + (COST_MAX_REPS + 1) * (c->n_chain + c->n_tree + 1) + batch + 8;
-    const int V = m->cfg.vocab, H = m->cfg.hidden, nf = ds->d->cfg.n_target_ids;
+    const int V = m->cfg.vocab, H = m->cfg.hidden, nf = dr->n_feature_layers;
     dfl_state s;
     if (state_init(&s, m, max_ctx, batch, 1) != DFL_OK) return dfl_preperr("measuring verification costs");
     const int vrows = maxb > max_nodes ? maxb : max_nodes;
@@ -65,13 +65,13 @@ int eval_costs_measure(eval_costs *c, const dfl_model *m, dfl_dstate *ds, const 
         goto done;
     }
     /* a real draft on the first prompt gives the trees a realistic shape */
-    dfl_capture cap = {.n_layers = nf, .layers = ds->d->cfg.target_layer_ids, .out = feat};
+    dfl_capture cap = {.n_layers = nf, .layers = dr->feature_layers, .out = feat};
     s.no_record = 1;
-    dstate_reset(ds);
-    if (model_forward(&s, prompt, L, logits, 1, &cap) || drafter_add_context(ds, feat, L)) goto done;
+    dr->reset(dr->ctx);
+    if (model_forward(&s, prompt, L, logits, 1, &cap) || dr->add_context(dr->ctx, feat, prompt, L)) goto done;
     const int32_t anchor = kn_argmax(logits, V);
-    if (drafter_draft(ds, anchor, B, logits)) goto done;
-    dstate_reset(ds);
+    if (dr->draft(dr->ctx, anchor, B, logits)) goto done;
+    dr->reset(dr->ctx);
     toks[0] = anchor;
     for (int k = 1; k < batch; k++) toks[k] = kn_argmax(logits + (size_t)((k - 1) % (B - 1)) * V, V);
     for (int k = 0; k < B - 1; k++) kn_softmax(logits + (size_t)k * V, V);

@@ -144,7 +144,7 @@ int eval_draft_cache_put(eval_draft_cache *c, int start, int bs, const float *lo
 
 static double ema(double avg, double x, int n) { return n == 0 ? x : 0.7 * avg + 0.3 * x; }
 
-static int rec_add(void *ctx, const float *feat, int n) {
+static int rec_add(void *ctx, const float *feat, const int32_t *tokens, int n) {
     eval_recorder *r = ctx;
     const eval_truth *t = r->truth;
     const int H = t->H, ni = r->inner.n_feature_layers;
@@ -172,7 +172,7 @@ static int rec_add(void *ctx, const float *feat, int n) {
                    (size_t)H * sizeof(float));
     const double t1 = dfl_now();
     *(in_prefill ? &r->overhead_prefill_s : &r->overhead_s) += t1 - t0;
-    if (r->inner.add_context(r->inner.ctx, r->rows, n)) return DFL_ERR;
+    if (r->inner.add_context(r->inner.ctx, r->rows, tokens, n)) return DFL_ERR;
     if (r->cache) r->cache->ctx_s += dfl_now() - t1, r->cache->ctx_rows += n;
     return DFL_OK;
 }
@@ -287,34 +287,39 @@ static void advance(mode_run *m, const eval_truth *t, int a) {
     if (m->n_out >= t->n) m->n_out = t->n, m->done = 1;
 }
 
-/* Extend the drafter's context to `upto` positions. */
-static int grow_context(dfl_dstate *ds, const eval_truth *t, const int *col, float *rows, int upto,
-                        eval_draft_cache *c) {
-    const int nd = ds->d->cfg.n_target_ids, H = t->H, chunk = ds->max_block;
+/* Extend the drafter's context to `upto` positions, chunk positions per call. */
+static int grow_context(dfl_draft_if *dr, const eval_truth *t, const int *col, float *rows, int32_t *toks, int chunk,
+                        int upto, eval_draft_cache *c) {
+    const int nd = dr->n_feature_layers, H = t->H;
     const double t0 = dfl_now();
-    c->ctx_rows += upto > ds->n_ctx ? upto - ds->n_ctx : 0;
-    while (ds->n_ctx < upto) {
-        const int p0 = ds->n_ctx, n = upto - p0 < chunk ? upto - p0 : chunk;
-        for (int p = 0; p < n; p++)
+    int have = dr->context_len(dr->ctx);
+    c->ctx_rows += upto > have ? upto - have : 0;
+    while (have < upto) {
+        const int p0 = have, n = upto - p0 < chunk ? upto - p0 : chunk;
+        for (int p = 0; p < n; p++) {
             for (int i = 0; i < nd; i++)
                 memcpy(rows + ((size_t)p * nd + i) * H, t->feat + ((size_t)(p0 + p) * t->n_layers + col[i]) * H,
                        (size_t)H * sizeof(float));
-        if (drafter_add_context(ds, rows, n)) return DFL_ERR;
+            toks[p] = p0 + p < t->n_prompt ? t->prompt[p0 + p] : t->ids[p0 + p - t->n_prompt];
+        }
+        if (dr->add_context(dr->ctx, rows, toks, n)) return DFL_ERR;
+        have += n;
     }
     c->ctx_s += dfl_now() - t0;
     return DFL_OK;
 }
 
-int eval_replay(const eval_truth *t, dfl_dstate *ds, const int *layer_col, int B, int max_new, const int *budgets,
-                int n_modes, eval_draft_cache *cache, const eval_costs *costs, eval_replay_out *out) {
-    const int V = ds->t->cfg.vocab, H = t->H, nd = ds->d->cfg.n_target_ids;
+int eval_replay(const eval_truth *t, dfl_draft_if *dft, int V, const int *layer_col, int B, int max_new,
+                const int *budgets, int n_modes, eval_draft_cache *cache, const eval_costs *costs,
+                eval_replay_out *out) {
+    const int H = t->H, nd = dft->n_feature_layers;
     int max_budget = 0;
     for (int i = 0; i < n_modes; i++) max_budget = budgets[i] > max_budget ? budgets[i] : max_budget;
-    if (B < 2 || B > ds->max_block) return dfl_seterr("replay: block size %d outside [2, %d]", B, ds->max_block);
+    if (B < 2 || B > DFL_MAX_BLOCK) return dfl_seterr("replay: block size %d outside [2, %d]", B, DFL_MAX_BLOCK);
     if (max_budget > 0 && cache->K < (max_budget < V ? max_budget : V))
         return dfl_seterr("replay: the draft cache keeps %d candidates, budget %d needs %d", cache->K, max_budget,
                           max_budget < V ? max_budget : V);
-    if (ds->n_ctx != 0) return dfl_seterr("replay: the drafter context is not empty");
+    if (dft->context_len(dft->ctx) != 0) return dfl_seterr("replay: the drafter context is not empty");
     if (t->n > max_new) return dfl_seterr("replay: the truth has %d tokens, more than --max-new %d", t->n, max_new);
     /* the last round may look B-1 tokens past the output (drafts accepted past an eos) */
     const int need = t->eos_stop ? (max_new - t->n < B - 1 ? max_new - t->n : B - 1) : 0;
@@ -323,10 +328,11 @@ int eval_replay(const eval_truth *t, dfl_dstate *ds, const int *layer_col, int B
                           need);
     mode_run *mr = calloc((size_t)n_modes, sizeof *mr);
     float *logits = malloc((size_t)(B - 1) * V * sizeof(float));
-    float *rows = malloc((size_t)ds->max_block * nd * H * sizeof(float));
+    float *rows = malloc((size_t)B * nd * H * sizeof(float));
+    int32_t *toks = malloc((size_t)B * sizeof(int32_t));
     dfl_tree tree = {0};
     int rc = DFL_ERR;
-    if (!mr || !logits || !rows) {
+    if (!mr || !logits || !rows || !toks) {
         dfl_seterr("out of memory for a replay");
         goto done;
     }
@@ -353,9 +359,9 @@ int eval_replay(const eval_truth *t, dfl_dstate *ds, const int *layer_col, int B
         if (bs < 1) bs = 1;
         const eval_draft *dr = NULL;
         if (bs > 1 && !(dr = eval_draft_cache_get(cache, start, bs))) {
-            if (grow_context(ds, t, layer_col, rows, start, cache)) goto done;
+            if (grow_context(dft, t, layer_col, rows, toks, B, start, cache)) goto done;
             const double t0 = dfl_now();
-            if (drafter_draft(ds, anchor, bs, logits)) goto done;
+            if (dft->draft(dft->ctx, anchor, bs, logits)) goto done;
             cache->draft_s += dfl_now() - t0, cache->drafts++;
             if (eval_draft_cache_put(cache, start, bs, logits)) goto done;
             dr = eval_draft_cache_get(cache, start, bs);
@@ -422,7 +428,7 @@ int eval_replay(const eval_truth *t, dfl_dstate *ds, const int *layer_col, int B
 done:
     if (mr)
         for (int i = 0; i < n_modes; i++) free(mr[i].acc);
-    free(mr), free(logits), free(rows);
+    free(mr), free(logits), free(rows), free(toks);
     ddtree_free(&tree);
     return rc;
 }

@@ -55,6 +55,35 @@ static void json_spread(FILE *f, const double *v, int n) {
     else fprintf(f, "{\"responses\": %d, \"p10\": %.4f, \"p50\": %.4f, \"p90\": %.4f}", n, q[0], q[1], q[2]);
 }
 
+/* min, median and max of a row's speedups over repeated runs (--repeat) into q; 0 when the run
+ * was not repeated (or a repetition has no speedup). */
+static int run_range(const eval_agg *a, double q[3]) {
+    const int n = a->n_run_speedups;
+    if (n < 2) return 0;
+    double *c = malloc((size_t)n * sizeof *c);
+    if (!c) return 0;
+    for (int i = 0; i < n; i++) c[i] = a->run_speedups[i];
+    int ok = 1;
+    for (int i = 0; i < n; i++) { /* insertion sort: a handful of runs */
+        ok &= c[i] > 0;
+        for (int j = i; j > 0 && c[j - 1] > c[j]; j--) {
+            const double t = c[j];
+            c[j] = c[j - 1], c[j - 1] = t;
+        }
+    }
+    q[0] = c[0], q[2] = c[n - 1], q[1] = n % 2 ? c[n / 2] : 0.5 * (c[n / 2 - 1] + c[n / 2]);
+    free(c);
+    return ok;
+}
+
+/* The repeated runs of this summary (--repeat), 0 when none. */
+static int repeated_runs(const eval_summary *s) {
+    int n = 0;
+    for (int k = 1; k < s->n_agg; k++)
+        if (s->agg[k].n_run_speedups > n) n = s->agg[k].n_run_speedups;
+    return n;
+}
+
 static int write_json(const eval_summary *s, const char *path, const char *extra) {
     FILE *f = fopen(path, "w");
     if (!f) return dfl_seterr("%s: cannot create", path);
@@ -76,6 +105,9 @@ static int write_json(const eval_summary *s, const char *path, const char *extra
                "    \"speedup_spread\": \"10th, 50th and 90th percentile over responses of the per-response measured "
                "speedup (AR decode time per token of that prompt and turn / this row's decode time per token); null "
                "under 2 responses. speedup_modeled_spread: the same of modeled speedups\",\n"
+               "    \"speedup_runs\": \"with --repeat N (online): each repetition's measured speedup over all its "
+               "responses (values, index = repetition) with their min, median and max; null for a single run. tau and "
+               "every other figure come from the first run\",\n"
                "    \"method\": \"online: the speculative loop ran on the target; replay: the drafter alone on the "
                "recorded target truth and features (exact at temperature 0: same rounds as online)\"\n"
                "  },\n");
@@ -115,6 +147,14 @@ static int write_json(const eval_summary *s, const char *path, const char *extra
         json_spread(f, a->speedups, a->n_speedups);
         fprintf(f, ", \"speedup_modeled_spread\": ");
         json_spread(f, a->speedups_modeled, a->n_speedups_modeled);
+        fprintf(f, ", \"speedup_runs\": ");
+        double r3[3];
+        if (run_range(a, r3)) {
+            fprintf(f, "{\"runs\": %d, \"min\": %.4f, \"median\": %.4f, \"max\": %.4f, \"values\": [", a->n_run_speedups,
+                    r3[0], r3[1], r3[2]);
+            for (int i = 0; i < a->n_run_speedups; i++) fprintf(f, "%s%.4f", i ? ", " : "", a->run_speedups[i]);
+            fprintf(f, "]}");
+        } else fprintf(f, "null");
         fprintf(f, "}");
     }
     fprintf(f, "\n  ]%s%s\n}\n", extra && *extra ? ",\n  " : "", extra ? extra : "");
@@ -273,6 +313,19 @@ static void write_howto(FILE *f, const eval_summary *s, const char **dr, int nd)
                        "p10–p90 is in parentheses in the speedup table (`speedup_spread` in summary.json).\n",
                     q[0], q[2], q[1], w->label, w->mode);
         else fprintf(f, "One response per row here: no spread.\n");
+        const int runs = repeated_runs(s);
+        const eval_agg *wr = NULL;
+        double rq[3], wq[3];
+        for (int k = 1; k < s->n_agg; k++)
+            if (run_range(&s->agg[k], rq) && (!wr || rq[2] - rq[0] > wq[2] - wq[0])) wr = &s->agg[k], memcpy(wq, rq, sizeof rq);
+        if (wr)
+            fprintf(f, "  Over the %d repeated runs here (`--repeat`) the speedups moved most for %s %s: %.2fx to %.2fx "
+                       "(median %.2fx); every row's median and range are in the table \"speedup over repeated "
+                       "runs\". A difference between two rows smaller than their ranges is not a result.\n",
+                    runs, wr->label, wr->mode, wq[0], wq[2], wq[1]);
+        else
+            fprintf(f, "  This was one run: `--repeat N` runs every prompt N times and gives each speedup's range "
+                       "over runs.\n");
     }
     if (any_modeled) {
         fprintf(f, "- **Modeled speedups** (replay) price each verification, and the autoregressive side, with "
@@ -314,10 +367,15 @@ static int write_md(const eval_summary *s, const char *path) {
         "speedup, modeled (drafter work + per-round verification costs measured in this run; in parentheses p10–p90 "
         "over responses)",
         "tokens/s",
-        "mismatches vs autoregressive"};
-    for (int t = 0; t < 6; t++) {
-        if ((t == 2 && !any_measured) || (t == 3 && !any_modeled) || (t == 4 && !any_measured)) continue;
-        fprintf(f, "## %s\n\n| drafter |", titles[t]);
+        "mismatches vs autoregressive",
+        "speedup over repeated runs (--repeat; median, in parentheses min–max over the runs)"};
+    const int runs = repeated_runs(s);
+    static const int order[] = {0, 1, 2, 6, 3, 4, 5}; /* the runs' range right after the measured speedups */
+    for (int oi = 0; oi < 7; oi++) {
+        const int t = order[oi];
+        if ((t == 2 && !any_measured) || (t == 3 && !any_modeled) || (t == 4 && !any_measured) || (t == 6 && !runs))
+            continue;
+        fprintf(f, "## %s%s\n\n| drafter |", titles[t], t == 2 && runs ? " — the first of the repeated runs" : "");
         for (int j = 0; j < nm; j++) fprintf(f, " %s |", md[j]);
         fprintf(f, "\n|---|");
         for (int j = 0; j < nm; j++) fprintf(f, "---:|");
@@ -351,7 +409,12 @@ static int write_md(const eval_summary *s, const char *path) {
                     if (a->time_s > 0) fprintf(f, " %.1f |", (a->tokens - a->responses) / a->time_s);
                     else fprintf(f, " – |");
                     break;
-                default: fprintf(f, " %d |", a->mismatches);
+                case 5: fprintf(f, " %d |", a->mismatches); break;
+                default: {
+                    double q[3];
+                    if (run_range(a, q)) fprintf(f, " %.2fx (%.2f–%.2f) |", q[1], q[0], q[2]);
+                    else fprintf(f, " – |");
+                }
                 }
             }
             fprintf(f, "\n");

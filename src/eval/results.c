@@ -45,7 +45,9 @@ static void long_array(FILE *f, const char *name, const long *v, int from, int t
 void eval_result_write(FILE *f, const eval_result *r, const int32_t *ids, int n_ids) {
     fputs("{\"prompt_id\": ", f);
     dfl_json_write_string(f, r->prompt_id);
-    fprintf(f, ", \"turn\": %d, \"drafter\": ", r->turn);
+    fprintf(f, ", \"turn\": %d, ", r->turn);
+    if (r->rep > 0) fprintf(f, "\"rep\": %d, ", r->rep);
+    fputs("\"drafter\": ", f);
     dfl_json_write_string(f, r->drafter);
     fputs(", \"mode\": ", f);
     dfl_json_write_string(f, r->mode);
@@ -167,6 +169,10 @@ int eval_result_parse(const char *line, eval_result *r, int32_t **ids, int *n_id
     const double IMAX = 2147483647.0;
     if (get_int(o, "turn", 0, 1, &v)) goto done;
     r->turn = (int)v;
+    if (cJSON_GetObjectItemCaseSensitive(o, "rep")) { /* absent: the first (or only) run */
+        if (get_int(o, "rep", 0, EVAL_MAX_REPEAT - 1, &v)) goto done;
+        r->rep = (int)v;
+    }
     if (get_int(o, "tokens", 0, IMAX, &v)) goto done;
     r->tokens = (int)v;
     if (get_int(o, "rounds", 0, IMAX, &v)) goto done;
@@ -235,7 +241,8 @@ done:
 }
 
 static int same_response(const eval_result *a, const eval_result *b) {
-    return strcmp(a->prompt_id, b->prompt_id) == 0 && a->turn == b->turn && strcmp(a->drafter, b->drafter) == 0 &&
+    return strcmp(a->prompt_id, b->prompt_id) == 0 && a->turn == b->turn && a->rep == b->rep &&
+           strcmp(a->drafter, b->drafter) == 0 &&
            strcmp(a->mode, b->mode) == 0 && strcmp(a->method, b->method) == 0 &&
            strcmp(a->features, b->features) == 0;
 }
@@ -243,6 +250,36 @@ static int same_response(const eval_result *a, const eval_result *b) {
 static int same_row(const eval_agg *a, const eval_result *r) {
     return strcmp(a->drafter, r->drafter) == 0 && strcmp(a->mode, r->mode) == 0 && strcmp(a->method, r->method) == 0 &&
            strcmp(a->features, r->features) == 0;
+}
+
+/* With repeated online runs (--repeat): each repetition's speedup over all of its responses
+ * (decode time per token of its autoregressive runs / of this row's runs, the same prompts on
+ * both sides), index = rep; nothing when the run was not repeated. */
+static void run_speedups(eval_agg *a, const eval_result *res, const char *dups, int n) {
+    int reps = 0;
+    for (int i = 0; i < n; i++)
+        if (!dups[i] && same_row(a, &res[i]) && res[i].rep + 1 > reps) reps = res[i].rep + 1;
+    if (reps < 2) return;
+    a->run_speedups = calloc((size_t)reps, sizeof(double));
+    a->n_run_speedups = reps;
+    for (int rep = 0; rep < reps; rep++) {
+        double t = 0, t_ar = 0;
+        long dec = 0, dec_ar = 0;
+        for (int i = 0; i < n; i++) {
+            const eval_result *r = &res[i];
+            if (dups[i] || r->rep != rep || !same_row(a, r)) continue;
+            for (int j = 0; j < n; j++) {
+                const eval_result *q = &res[j];
+                if (dups[j] || q->rep != rep || strcmp(q->mode, "ar") != 0 || q->turn != r->turn ||
+                    strcmp(q->prompt_id, r->prompt_id) != 0)
+                    continue;
+                t += r->time_s, dec += r->tokens - 1;
+                t_ar += q->time_s, dec_ar += q->tokens - 1;
+                break;
+            }
+        }
+        a->run_speedups[rep] = dec > 0 && dec_ar > 0 && t > 0 && t_ar > 0 ? (t_ar / dec_ar) / (t / dec) : 0;
+    }
 }
 
 int eval_summarize(eval_summary *s, const eval_result *res, int n) {
@@ -260,7 +297,7 @@ int eval_summarize(eval_summary *s, const eval_result *res, int n) {
         int dup = 0;
         for (int j = 0; j < i && !dup; j++) dup = same_response(r, &res[j]);
         dups[i] = (char)dup;
-        if (dup) continue;
+        if (dup || r->rep > 0) continue; /* repetitions only add speedups over runs (below) */
         char key[300];
         snprintf(key, sizeof key, "%d\t%s", r->turn, r->prompt_id);
         int known = 0;
@@ -325,9 +362,9 @@ int eval_summarize(eval_summary *s, const eval_result *res, int n) {
         if (strcmp(a->method, "online") != 0) continue;
         for (int i = 0; i < n; i++) {
             const eval_result *r = &res[i];
-            if (dups[i] || !same_row(a, r)) continue;
+            if (dups[i] || r->rep > 0 || !same_row(a, r)) continue;
             for (int j = 0; j < n; j++)
-                if (strcmp(res[j].mode, "ar") == 0 && res[j].turn == r->turn &&
+                if (strcmp(res[j].mode, "ar") == 0 && res[j].rep == 0 && res[j].turn == r->turn &&
                     strcmp(res[j].prompt_id, r->prompt_id) == 0) {
                     const eval_result *q = &res[j];
                     a->ar_time_s += q->time_s;
@@ -339,6 +376,7 @@ int eval_summarize(eval_summary *s, const eval_result *res, int n) {
                     break;
                 }
         }
+        run_speedups(a, res, dups, n);
     }
     free(dups);
     return DFL_OK;
@@ -349,6 +387,7 @@ void eval_summary_free(eval_summary *s) {
         free(s->agg[k].taus);
         free(s->agg[k].speedups);
         free(s->agg[k].speedups_modeled);
+        free(s->agg[k].run_speedups);
     }
     free(s->agg);
     memset(s, 0, sizeof *s);

@@ -17,6 +17,7 @@
 #include "dfl/common.h"
 #include "dfl/ddtree.h"
 #include "dfl/eval.h"
+#include "dfl/mtp.h"
 #include "dfl/prompt.h"
 #include "dfl/reference.h"
 #include "dfl/replay.h"
@@ -30,6 +31,7 @@ void eval_opts_default(eval_opts *o) {
     o->shard_n = 1;
     o->record_budget = -1;
     o->cost_reps = 3;
+    o->repeat = 1;
     o->zlab_dataset = -1;
 }
 
@@ -78,20 +80,61 @@ static int load_done(done_set *d, const char *path) {
     return rc;
 }
 
+/* Results lines handed over with a unit (a run spread over processes): added as if read back. */
+static int done_add_text(done_set *d, const char *text) {
+    while (*text) {
+        const char *nl = strchr(text, '\n');
+        const size_t n = nl ? (size_t)(nl - text) : strlen(text);
+        if (n) {
+            char *line = strndup(text, n);
+            d->r = realloc(d->r, (size_t)(d->n + 1) * sizeof *d->r);
+            d->ids = realloc(d->ids, (size_t)(d->n + 1) * sizeof *d->ids);
+            d->n_ids = realloc(d->n_ids, (size_t)(d->n + 1) * sizeof *d->n_ids);
+            const int rc = line ? eval_result_parse(line, &d->r[d->n], &d->ids[d->n], &d->n_ids[d->n]) : DFL_ERR;
+            free(line);
+            if (rc != DFL_OK) return dfl_preperr("a results line handed over with a unit");
+            d->n++;
+        }
+        text += n + (nl != NULL);
+    }
+    return DFL_OK;
+}
+
+/* The lines held for a prompt (every turn), as results.jsonl has them: for another process. */
+static char *done_text(const done_set *d, const char *pid) {
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *m = open_memstream(&buf, &len);
+    if (!m) return NULL;
+    for (int i = 0; i < d->n; i++)
+        if (strcmp(d->r[i].prompt_id, pid) == 0) {
+            eval_result_write(m, &d->r[i], d->ids[i], d->n_ids[i]);
+            fputc('\n', m);
+        }
+    return fclose(m) == 0 ? buf : NULL;
+}
+
 static void done_free(done_set *d) {
     for (int i = 0; i < d->n; i++) free(d->ids[i]);
     free(d->r), free(d->ids), free(d->n_ids);
     memset(d, 0, sizeof *d);
 }
 
-static int done_find(const done_set *d, const char *pid, int turn, const char *drafter, const char *mode,
-                     const char *method, const char *features) {
+/* The row of a response of repetition rep (--repeat; 0 is the first run), -1 if not there. */
+static int done_find_rep(const done_set *d, const char *pid, int turn, const char *drafter, const char *mode,
+                         const char *method, const char *features, int rep) {
     for (int i = 0; i < d->n; i++)
-        if (d->r[i].turn == turn && strcmp(d->r[i].prompt_id, pid) == 0 && strcmp(d->r[i].drafter, drafter) == 0 &&
+        if (d->r[i].turn == turn && d->r[i].rep == rep && strcmp(d->r[i].prompt_id, pid) == 0 &&
+            strcmp(d->r[i].drafter, drafter) == 0 &&
             strcmp(d->r[i].mode, mode) == 0 && strcmp(d->r[i].method, method) == 0 &&
             strcmp(d->r[i].features, features) == 0)
             return i;
     return -1;
+}
+
+static int done_find(const done_set *d, const char *pid, int turn, const char *drafter, const char *mode,
+                     const char *method, const char *features) {
+    return done_find_rep(d, pid, turn, drafter, mode, method, features, 0);
 }
 
 static void mode_name(int budget, char *buf, size_t n) {
@@ -252,6 +295,12 @@ typedef struct run {
     int have_model;
     dfl_drafter ds[EVAL_MAX_DRAFTERS];
     dfl_dstate dst[EVAL_MAX_DRAFTERS];
+    int is_mtp[EVAL_MAX_DRAFTERS];     /* drafter d is a target's MTP head (mtp, mst) instead of ds, dst */
+    dfl_mtp mtp[EVAL_MAX_DRAFTERS];
+    dfl_mstate mst[EVAL_MAX_DRAFTERS];
+    dfl_draft_if dif[EVAL_MAX_DRAFTERS]; /* each drafter as the loops drive it (alloc_states) */
+    char *label[EVAL_MAX_DRAFTERS];      /* its name in results and summaries: the --drafter argument, or
+                                          * "mtp (DIR)" for the MTP head of checkpoint DIR */
     eval_draft_cache cache[EVAL_MAX_DRAFTERS];
     int n_open, n_dstate, n_cache;
     int block[EVAL_MAX_DRAFTERS];
@@ -299,10 +348,23 @@ static void on_round(void *ud, int start, const int32_t *block, int bs, const fl
 }
 
 static int write_result(run *r, eval_result *e, const int32_t *ids, int n_ids) {
-    eval_result_write(r->resf, e, ids, n_ids);
-    fputc('\n', r->resf);
-    if (fflush(r->resf) != 0 || ferror(r->resf))
-        return dfl_seterr("%s: write error: %s", r->res_path, strerror(errno));
+    const eval_dist *dd = r->o->dist;
+    if (dd) { /* the writer's file, or a message to it */
+        char *line = NULL;
+        size_t len = 0;
+        FILE *m = open_memstream(&line, &len);
+        if (!m) return dfl_seterr("out of memory");
+        eval_result_write(m, e, ids, n_ids);
+        fclose(m);
+        const int rc = dd->emit(dd->ud, line);
+        free(line);
+        if (rc) return rc;
+    } else {
+        eval_result_write(r->resf, e, ids, n_ids);
+        fputc('\n', r->resf);
+        if (fflush(r->resf) != 0 || ferror(r->resf))
+            return dfl_seterr("%s: write error: %s", r->res_path, strerror(errno));
+    }
     r->res.responses++;
     return DFL_OK;
 }
@@ -371,53 +433,66 @@ static int unit_online(run *r, const char *pid, int turn, const int32_t *pids, i
     dfl_gen_opts go = {.max_new = r->max_new, .temperature = (float)o->temperature, .seed = (uint64_t)o->seed,
                        .accept_rule = (dfl_accept_rule)o->accept_rule};
     dfl_gen_stats gs;
-    int k = done_find(&r->done, pid, turn, "", "ar", "online", "dfl");
-    if (k >= 0 && r->done.ids[k]) {
-        *n_truth = r->done.n_ids[k] < r->max_new ? r->done.n_ids[k] : r->max_new;
-        memcpy(truth, r->done.ids[k], (size_t)*n_truth * sizeof(int32_t));
-    } else {
-        state_reset(&r->st);
-        if (spec_generate(&r->st, NULL, pids, np, &go, truth, &gs, NULL, NULL) != DFL_OK)
-            return dfl_preperr("prompt %s", pid);
-        *n_truth = gs.generated;
-        eval_result e;
-        result_head(&e, pid, turn, "", "ar", "online", "dfl");
-        eval_result_from_stats(&e, &gs);
-        if (write_result(r, &e, truth, *n_truth)) return DFL_ERR;
-    }
-    if (check_reference(r, pid, turn, pids, np, truth, *n_truth)) return DFL_ERR;
-    for (int d = 0; d < o->n_drafters; d++)
-        for (int mi = 0; mi < o->n_modes; mi++) {
-            char mode[32];
-            mode_name(o->budgets[mi], mode, sizeof mode);
-            if (done_find(&r->done, pid, turn, o->drafters[d], mode, "online", "dfl") >= 0) continue;
+    /* --repeat: every run of the prompt again, in the same order (the autoregressive one, then each
+     * drafter x mode), so that each repetition's speedup compares runs made close in time */
+    for (int rep = 0; rep < o->repeat; rep++) {
+        int k = done_find_rep(&r->done, pid, turn, "", "ar", "online", "dfl", rep);
+        if (rep == 0 && k >= 0 && r->done.ids[k]) {
+            *n_truth = r->done.n_ids[k] < r->max_new ? r->done.n_ids[k] : r->max_new;
+            memcpy(truth, r->done.ids[k], (size_t)*n_truth * sizeof(int32_t));
+        } else if (k < 0) {
+            int32_t *ids = rep == 0 ? truth : out;
             state_reset(&r->st);
-            dstate_reset(&r->dst[d]);
-            dfl_draft_if dif = spec_dflash_drafter(&r->dst[d]);
-            dfl_gen_opts so = go;
-            so.block = r->block[d];
-            so.tree_budget = o->budgets[mi];
-            so.on_round = on_round, so.on_round_ud = r;
-            r->n_acc = 0;
-            if (spec_generate(&r->st, &dif, pids, np, &so, out, &gs, NULL, NULL) != DFL_OK)
-                return dfl_preperr("prompt %s, drafter %s, %s", pid, o->drafters[d], mode);
+            if (spec_generate(&r->st, NULL, pids, np, &go, ids, &gs, NULL, NULL) != DFL_OK)
+                return dfl_preperr("prompt %s", pid);
             eval_result e;
-            result_head(&e, pid, turn, o->drafters[d], mode, "online", "dfl");
+            result_head(&e, pid, turn, "", "ar", "online", "dfl");
             eval_result_from_stats(&e, &gs);
-            e.round_acc = r->acc, e.n_round_acc = r->n_acc;
-            if (o->temperature <= 0) {
-                e.first_mismatch = ref_first_divergence(out, gs.generated, truth, *n_truth);
-                e.match = e.first_mismatch < 0;
-                if (!e.match) {
-                    r->res.mismatches++;
-                    logf_(r, "\ndfl eval: MISMATCH prompt %s turn %d, drafter %s, %s: the speculative output differs "
-                             "from the autoregressive one at token %d\n", pid, turn + 1, o->drafters[d], mode,
-                          e.first_mismatch);
-                }
+            e.rep = rep;
+            if (rep == 0) *n_truth = gs.generated;
+            else if ((e.first_mismatch = ref_first_divergence(ids, gs.generated, truth, *n_truth)) >= 0) {
+                e.match = 0; /* the same seeded run twice: anything else is a fault */
+                r->res.mismatches++;
+                logf_(r, "\ndfl eval: MISMATCH prompt %s turn %d: autoregressive repetition %d differs from the first "
+                         "run at token %d\n", pid, turn + 1, rep + 1, e.first_mismatch);
             }
-            if (write_result(r, &e, out, gs.generated)) return DFL_ERR;
-            *last_tau = gs.rounds ? (double)(gs.generated - 1) / gs.rounds : 0;
+            if (write_result(r, &e, ids, gs.generated)) return DFL_ERR;
         }
+        if (rep == 0 && check_reference(r, pid, turn, pids, np, truth, *n_truth)) return DFL_ERR;
+        for (int d = 0; d < o->n_drafters; d++)
+            for (int mi = 0; mi < o->n_modes; mi++) {
+                char mode[32];
+                mode_name(o->budgets[mi], mode, sizeof mode);
+                if (done_find_rep(&r->done, pid, turn, r->label[d], mode, "online", "dfl", rep) >= 0) continue;
+                state_reset(&r->st);
+                dfl_draft_if dif = r->dif[d];
+                dif.reset(dif.ctx);
+                dfl_gen_opts so = go;
+                so.block = r->block[d];
+                so.tree_budget = o->budgets[mi];
+                so.on_round = on_round, so.on_round_ud = r;
+                r->n_acc = 0;
+                if (spec_generate(&r->st, &dif, pids, np, &so, out, &gs, NULL, NULL) != DFL_OK)
+                    return dfl_preperr("prompt %s, drafter %s, %s", pid, r->label[d], mode);
+                eval_result e;
+                result_head(&e, pid, turn, r->label[d], mode, "online", "dfl");
+                eval_result_from_stats(&e, &gs);
+                e.rep = rep;
+                e.round_acc = r->acc, e.n_round_acc = r->n_acc;
+                if (o->temperature <= 0) {
+                    e.first_mismatch = ref_first_divergence(out, gs.generated, truth, *n_truth);
+                    e.match = e.first_mismatch < 0;
+                    if (!e.match) {
+                        r->res.mismatches++;
+                        logf_(r, "\ndfl eval: MISMATCH prompt %s turn %d, drafter %s, %s: the speculative output "
+                                 "differs from the autoregressive one at token %d\n", pid, turn + 1, r->label[d],
+                              mode, e.first_mismatch);
+                    }
+                }
+                if (write_result(r, &e, out, gs.generated)) return DFL_ERR;
+                if (rep == 0) *last_tau = gs.rounds ? (double)(gs.generated - 1) / gs.rounds : 0;
+            }
+    }
     return DFL_OK;
 }
 
@@ -439,13 +514,13 @@ static int unit_complete(const run *r, const char *pid, int turn) {
     if (!r->from_features) {
         if (o->check_ar && done_find(&r->done, pid, turn, "", "ar", "online", "dfl") < 0) return 0;
         const char *method = rec_row(r, mode, sizeof mode);
-        if (done_find(&r->done, pid, turn, o->drafters[0], mode, method, "dfl") < 0) return 0;
+        if (done_find(&r->done, pid, turn, r->label[0], mode, method, "dfl") < 0) return 0;
     }
     for (int d = 0; d < o->n_drafters; d++)
         for (int mi = 0; mi < o->n_modes; mi++) {
             mode_name(o->budgets[mi], mode, sizeof mode);
-            if (done_find(&r->done, pid, turn, o->drafters[d], mode, "replay", "dfl") < 0) return 0;
-            if (o->features_from && done_find(&r->done, pid, turn, o->drafters[d], mode, "replay", "pipeline") < 0)
+            if (done_find(&r->done, pid, turn, r->label[d], mode, "replay", "dfl") < 0) return 0;
+            if (o->features_from && done_find(&r->done, pid, turn, r->label[d], mode, "replay", "pipeline") < 0)
                 return 0;
         }
     return 1;
@@ -455,7 +530,7 @@ static int unit_complete(const run *r, const char *pid, int turn) {
 static int unit_truth_ids(const run *r, const char *pid, int turn, int32_t *truth, int *n) {
     char mode[32];
     const char *method = rec_row(r, mode, sizeof mode);
-    int k = done_find(&r->done, pid, turn, r->o->drafters[0], mode, method, "dfl");
+    int k = done_find(&r->done, pid, turn, r->label[0], mode, method, "dfl");
     if (k < 0 || !r->done.ids[k]) k = done_find(&r->done, pid, turn, "", "ar", "online", "dfl");
     if (k < 0 || !r->done.ids[k]) return dfl_seterr("prompt %s turn %d: no output ids in %s", pid, turn + 1, r->res_path);
     *n = r->done.n_ids[k] < r->max_new ? r->done.n_ids[k] : r->max_new;
@@ -474,20 +549,20 @@ static int replay_all(run *r, const char *pid, int turn, const eval_truth *t, co
         char mode[32];
         for (int mi = 0; mi < o->n_modes; mi++) {
             mode_name(o->budgets[mi], mode, sizeof mode);
-            todo += done_find(&r->done, pid, turn, o->drafters[d], mode, "replay", features) < 0;
+            todo += done_find(&r->done, pid, turn, r->label[d], mode, "replay", features) < 0;
         }
         if (!todo) continue;
         if (!(d == 0 && keep_cache0)) eval_draft_cache_clear(&r->cache[d]);
-        dstate_reset(&r->dst[d]);
-        if (eval_replay(t, &r->dst[d], r->col[d], r->block[d], r->max_new, o->budgets, o->n_modes, &r->cache[d],
-                        &r->costs, outs) != DFL_OK)
-            return dfl_preperr("prompt %s turn %d, drafter %s, replay", pid, turn + 1, o->drafters[d]);
+        r->dif[d].reset(r->dif[d].ctx);
+        if (eval_replay(t, &r->dif[d], r->m.cfg.vocab, r->col[d], r->block[d], r->max_new, o->budgets, o->n_modes,
+                        &r->cache[d], &r->costs, outs) != DFL_OK)
+            return dfl_preperr("prompt %s turn %d, drafter %s, replay", pid, turn + 1, r->label[d]);
         int rc = DFL_OK;
         for (int mi = 0; mi < o->n_modes; mi++) {
             mode_name(o->budgets[mi], mode, sizeof mode);
-            if (rc == DFL_OK && done_find(&r->done, pid, turn, o->drafters[d], mode, "replay", features) < 0) {
+            if (rc == DFL_OK && done_find(&r->done, pid, turn, r->label[d], mode, "replay", features) < 0) {
                 eval_result e;
-                result_head(&e, pid, turn, o->drafters[d], mode, "replay", features);
+                result_head(&e, pid, turn, r->label[d], mode, "replay", features);
                 eval_result_from_stats(&e, &outs[mi].st);
                 e.time_s = e.verify_s = e.rollback_s = e.prefill_s = 0; /* nothing of it ran on the target */
                 e.draft_s = outs[mi].draft_s;
@@ -530,8 +605,8 @@ static int record(run *r, const char *pid, int turn, const int32_t *pids, int np
     eval_truth_free(t);
     eval_draft_cache_clear(&r->cache[0]);
     state_reset(&r->st);
-    dstate_reset(&r->dst[0]);
-    if (eval_recorder_init(&rec, spec_dflash_drafter(&r->dst[0]), t, &r->cache[0], r->m.cfg.vocab)) return DFL_ERR;
+    r->dif[0].reset(r->dif[0].ctx);
+    if (eval_recorder_init(&rec, r->dif[0], t, &r->cache[0], r->m.cfg.vocab)) return DFL_ERR;
     if (r->rec_auto) eval_recorder_adapt(&rec, &r->costs, r->block[0]);
     dfl_draft_if dif = eval_recorder_if(&rec);
     dfl_gen_opts so = {.max_new = r->max_new, .block = r->block[0], .tree_budget = r->rec_budget,
@@ -543,11 +618,11 @@ static int record(run *r, const char *pid, int turn, const int32_t *pids, int np
     /* the online figures without the recording's own copies and summaries */
     gs.t_draft -= rec.overhead_s, gs.t_decode -= rec.overhead_s, gs.t_prefill -= rec.overhead_prefill_s;
     eval_recorder_free(&rec);
-    if (rc) return dfl_preperr("prompt %s turn %d, recording with drafter %s, %s", pid, turn + 1, o->drafters[0], mode);
+    if (rc) return dfl_preperr("prompt %s turn %d, recording with drafter %s, %s", pid, turn + 1, r->label[0], mode);
     if (eval_truth_set(t, pids, np, out, gs.generated, gs.extended, strcmp(gs.stop, "eos") == 0))
         return dfl_preperr("prompt %s turn %d", pid, turn + 1);
     eval_result e;
-    result_head(&e, pid, turn, o->drafters[0], mode, method, "dfl");
+    result_head(&e, pid, turn, r->label[0], mode, method, "dfl");
     eval_result_from_stats(&e, &gs);
     e.round_acc = r->acc, e.n_round_acc = r->n_acc;
     if (!r->rec_auto) model_online(r, &e, &gs, r->block[0], r->rec_budget);
@@ -568,7 +643,7 @@ static int record(run *r, const char *pid, int turn, const int32_t *pids, int np
         if (!e.match) {
             r->res.mismatches++;
             logf_(r, "\ndfl eval: MISMATCH prompt %s turn %d: the recording run (drafter %s, %s) differs from the "
-                     "autoregressive one at token %d\n", pid, turn + 1, o->drafters[0], mode, e.first_mismatch);
+                     "autoregressive one at token %d\n", pid, turn + 1, r->label[0], mode, e.first_mismatch);
         }
         if (done_find(&r->done, pid, turn, "", "ar", "online", "dfl") < 0) {
             eval_result a;
@@ -579,7 +654,7 @@ static int record(run *r, const char *pid, int turn, const int32_t *pids, int np
         free(ar);
         if (rc) return rc;
     }
-    if (done_find(&r->done, pid, turn, o->drafters[0], mode, method, "dfl") < 0 &&
+    if (done_find(&r->done, pid, turn, r->label[0], mode, method, "dfl") < 0 &&
         write_result(r, &e, t->ids, t->n))
         return DFL_ERR;
     return DFL_OK;
@@ -633,7 +708,7 @@ static int unit_replay(run *r, const eval_prompt *p, int index, int turn, const 
         /* resumed: the saved truth; its online line is there unless a crash fell in between */
         char mode[32];
         const char *method = rec_row(r, mode, sizeof mode);
-        if (done_find(&r->done, p->id, turn, o->drafters[0], mode, method, "dfl") < 0 ||
+        if (done_find(&r->done, p->id, turn, r->label[0], mode, method, "dfl") < 0 ||
             (o->check_ar && done_find(&r->done, p->id, turn, "", "ar", "online", "dfl") < 0)) {
             if (record(r, p->id, turn, pids, np, t, out, last_tau)) return DFL_ERR;
             recorded = 1;
@@ -661,8 +736,13 @@ int eval_opts_check(const eval_opts *o) {
     if (o->protocol == EVAL_PROTOCOL_ZLAB && o->features_dir)
         return dfl_seterr("--protocol zlab builds prompts: not with --features (the saved truths hold theirs)");
     if (o->dump_prompts && o->features_dir) return dfl_seterr("--dump-prompts: not with --features (no prompts are built)");
+    if (o->dist && (o->save_features || o->dump_prompts || o->reference || o->reference_url))
+        return dfl_seterr("a run spread over processes (MPI) writes results.jsonl and the reports only: "
+                          "--save-features, --dump-prompts, --reference and --reference-url need one process "
+                          "(or --shard i/n per process and dfl eval-merge)");
     if (o->features_dir && o->prompts) return dfl_seterr("--features replays the saved prompts: give no --prompts");
     if (o->reference && o->reference_url) return dfl_seterr("give --reference or --reference-url, not both");
+    if (o->repeat < 1 || o->repeat > EVAL_MAX_REPEAT) return dfl_seterr("--repeat: 1 to %d runs", EVAL_MAX_REPEAT);
     if (o->n_modes < 1 || o->n_modes > EVAL_MAX_MODES) return dfl_seterr("1 to %d modes", EVAL_MAX_MODES);
     for (int k = 0; k < o->n_modes; k++) {
         const int lim = o->online ? DDTREE_MAX_BUDGET : DDTREE_MAX_NODES;
@@ -677,6 +757,9 @@ int eval_opts_check(const eval_opts *o) {
             return dfl_seterr("--online runs every drafter x mode on the target: --features, --features-from, "
                               "--save-features, --check-ar and --record-mode belong to replay");
     } else {
+        if (o->repeat > 1)
+            return dfl_seterr("--repeat %d repeats the timed runs of --online; replay's speedups are modeled from "
+                              "target costs measured at the start (their repetitions: --cost-reps)", o->repeat);
         if (o->temperature > 0)
             return dfl_seterr("replay is exact at temperature 0 only (at T > 0 the target's sampled continuation "
                               "depends on the drafter's proposals): use --online for sampled evaluation");
@@ -708,10 +791,37 @@ static int take_lock(run *r) {
     return rc;
 }
 
+/* The decoder layers drafter d reads: the target's last one for an MTP head. */
+static int drafter_layers(const run *r, int d, const int **ids) {
+    if (r->is_mtp[d]) {
+        *ids = &r->mst[d].feature_layer;
+        return 1;
+    }
+    *ids = r->ds[d].cfg.target_layer_ids;
+    return r->ds[d].cfg.n_target_ids;
+}
+
 static int open_drafters(run *r) {
     const eval_opts *o = r->o;
     for (; r->n_open < o->n_drafters; r->n_open++) {
+        char mdir[4096];
+        if ((r->is_mtp[r->n_open] = mtp_parse_arg(o->drafters[r->n_open], r->m.dir, mdir, sizeof mdir))) {
+            if (mtp_open(&r->mtp[r->n_open], mdir, &r->m, 0) != DFL_OK)
+                return dfl_preperr("--drafter %s", o->drafters[r->n_open]);
+            const size_t len = strlen(mdir) + 8;
+            if (!(r->label[r->n_open] = malloc(len))) {
+                mtp_close(&r->mtp[r->n_open]);
+                return dfl_seterr("out of memory");
+            }
+            snprintf(r->label[r->n_open], len, "mtp (%s)", mdir);
+            r->mst[r->n_open].feature_layer = r->m.cfg.n_layers - 1; /* read before alloc_states */
+            const int b = o->block ? o->block : DFL_MTP_DEFAULT_BLOCK;
+            r->block[r->n_open] = b;
+            r->max_block = b > r->max_block ? b : r->max_block;
+            continue;
+        }
         dfl_drafter *d = &r->ds[r->n_open];
+        if (!(r->label[r->n_open] = strdup(o->drafters[r->n_open]))) return dfl_seterr("out of memory");
         if (drafter_open(d, o->drafters[r->n_open], r->m.cfg.n_layers) != DFL_OK) {
             if (d->dir) drafter_close(d);
             return DFL_ERR;
@@ -734,9 +844,11 @@ static int open_drafters(run *r) {
     }
     /* the truth's layers: every drafter's, and --save-layers */
     int all[EVAL_MAX_FEAT_LAYERS * 2], n = 0;
-    for (int d = 0; d < o->n_drafters; d++)
-        for (int i = 0; i < r->ds[d].cfg.n_target_ids && n < EVAL_MAX_FEAT_LAYERS; i++)
-            all[n++] = r->ds[d].cfg.target_layer_ids[i];
+    for (int d = 0; d < o->n_drafters; d++) {
+        const int *ids;
+        const int nd = drafter_layers(r, d, &ids);
+        for (int i = 0; i < nd && n < EVAL_MAX_FEAT_LAYERS; i++) all[n++] = ids[i];
+    }
     if (o->n_save_layers < 0)
         for (int k = 0; k < r->m.cfg.n_layers && n < 2 * EVAL_MAX_FEAT_LAYERS; k++) all[n++] = k;
     for (int i = 0; i < o->n_save_layers && n < 2 * EVAL_MAX_FEAT_LAYERS; i++) {
@@ -749,9 +861,11 @@ static int open_drafters(run *r) {
     if (eval_truth_init(&t, r->m.cfg.hidden, all, n)) return DFL_ERR;
     r->n_layers = t.n_layers;
     memcpy(r->layers, t.layers, sizeof r->layers);
-    for (int d = 0; d < o->n_drafters; d++)
-        for (int i = 0; i < r->ds[d].cfg.n_target_ids; i++)
-            r->col[d][i] = eval_truth_column(&t, r->ds[d].cfg.target_layer_ids[i]);
+    for (int d = 0; d < o->n_drafters; d++) {
+        const int *ids;
+        const int nd = drafter_layers(r, d, &ids);
+        for (int i = 0; i < nd; i++) r->col[d][i] = eval_truth_column(&t, ids[i]);
+    }
     return DFL_OK;
 }
 
@@ -766,9 +880,13 @@ static int alloc_states(run *r, int max_ctx, int batch) {
         else online_trees = r->rec_budget;
         if (online_trees && state_enable_tree(&r->st, online_trees + 1) != DFL_OK) return DFL_ERR;
     }
-    for (; r->n_dstate < o->n_drafters; r->n_dstate++)
-        if (dstate_init(&r->dst[r->n_dstate], &r->ds[r->n_dstate], &r->m, max_ctx, r->block[r->n_dstate]) != DFL_OK)
+    for (; r->n_dstate < o->n_drafters; r->n_dstate++) {
+        const int d = r->n_dstate;
+        if (r->is_mtp[d] ? mstate_init(&r->mst[d], &r->mtp[d], &r->m, max_ctx, r->block[d])
+                         : dstate_init(&r->dst[d], &r->ds[d], &r->m, max_ctx, r->block[d]))
             return DFL_ERR;
+        r->dif[d] = r->is_mtp[d] ? mtp_drafter_if(&r->mst[d]) : spec_dflash_drafter(&r->dst[d]);
+    }
     if (!o->online)
         for (; r->n_cache < o->n_drafters; r->n_cache++)
             if (eval_draft_cache_init(&r->cache[r->n_cache], r->max_budget, r->m.cfg.vocab, r->block[r->n_cache]))
@@ -852,7 +970,8 @@ static int write_target_json(run *r) {
     return rc;
 }
 
-static int write_summary(run *r) {
+/* missing: a spread run's units that no process finished (the dist's message), or NULL */
+static int write_summary(run *r, const char *missing) {
     const eval_opts *o = r->o;
     done_free(&r->done);
     if (load_done(&r->done, r->res_path) != DFL_OK) return DFL_ERR;
@@ -873,7 +992,7 @@ static int write_summary(run *r) {
     dfl_json_write_string(x, o->prompts ? o->prompts : "");
     if (r->replay && !r->from_features) {
         fprintf(x, ", \"recording\": {\"drafter\": ");
-        dfl_json_write_string(x, o->drafters[0]);
+        dfl_json_write_string(x, r->label[0]);
         fprintf(x, ", \"mode\": \"%s\", \"checked_against_autoregressive\": %s}", mode, o->check_ar ? "true" : "false");
     }
     if (o->features_dir || o->save_features) {
@@ -897,6 +1016,10 @@ static int write_summary(run *r) {
             ru.ru_maxrss * 1024L);
     for (int i = 0; i < r->ps.n_bad; i++) fprintf(x, "%s%d", i ? ", " : "", r->ps.bad_lines[i]);
     fprintf(x, "]}");
+    if (missing) { /* the run is incomplete: what is missing, for scripts (mpirun may exit 0) */
+        fprintf(x, ",\n  \"incomplete\": ");
+        dfl_json_write_string(x, missing);
+    }
     if (o->protocol == EVAL_PROTOCOL_ZLAB) {
         fprintf(x, ",\n  \"protocol\": {\"name\": \"zlab\", \"dataset\": \"%s\", \"shuffle_seed\": %d, \"max_samples\": ",
                 eval_zlab_dataset_name(r->zlab_dataset), EVAL_ZLAB_SEED);
@@ -947,9 +1070,16 @@ static void run_free(run *r) {
     ref_set_free(&r->refs);
     if (r->tok) tok_close(r->tok);
     for (int d = 0; d < r->n_cache; d++) eval_draft_cache_free(&r->cache[d]);
-    for (int d = 0; d < r->n_dstate; d++) dstate_free(&r->dst[d]);
+    for (int d = 0; d < r->n_dstate; d++) {
+        if (r->is_mtp[d]) mstate_free(&r->mst[d]);
+        else dstate_free(&r->dst[d]);
+    }
     if (r->have_state) state_free(&r->st);
-    for (int d = 0; d < r->n_open; d++) drafter_close(&r->ds[d]);
+    for (int d = 0; d < EVAL_MAX_DRAFTERS; d++) free(r->label[d]);
+    for (int d = 0; d < r->n_open; d++) {
+        if (r->is_mtp[d]) mtp_close(&r->mtp[d]);
+        else drafter_close(&r->ds[d]);
+    }
     if (r->have_model) model_close(&r->m);
     if (r->lock_fd > 0) close(r->lock_fd);
     eval_prompts_free(&r->ps);
@@ -964,6 +1094,98 @@ static void sniff_format(const char *path, eval_format *fmt) {
         fclose(f);
     }
     *fmt = strstr(line, "\"turns\"") ? EVAL_FMT_MTBENCH : EVAL_FMT_GSM8K;
+}
+
+/* The buffers a unit runs in: the truth, an output, and the sizes they were made for. */
+typedef struct unit_bufs {
+    eval_truth t;
+    int32_t *truth, *out; /* [max_new + max_block] */
+    int max_ctx, tree_slots;
+} unit_bufs;
+
+/* A saved truth (--features): replayed unless every line is there. */
+static int run_saved(run *r, int i, unit_bufs *b, double *last_tau) {
+    const eval_opts *o = r->o;
+    const unit *u = &r->saved.u[i];
+    if (unit_complete(r, u->prompt_id, u->turn)) return DFL_OK;
+    int rc = load_truth(r, o->features_dir, u, &b->t);
+    if (rc == DFL_OK) rc = check_reference(r, u->prompt_id, u->turn, b->t.prompt, b->t.n_prompt, b->t.ids, b->t.n);
+    if (rc == DFL_OK) rc = replay_all(r, u->prompt_id, u->turn, &b->t, "dfl", 0, last_tau);
+    if (rc == DFL_OK && o->features_from) rc = replay_pipeline(r, u->prompt_id, u->turn, u->index, &b->t, last_tau);
+    return rc;
+}
+
+/* Prompt i, every turn: replay or online. */
+static int run_prompt(run *r, int i, unit_bufs *b, double *last_tau) {
+    const eval_opts *o = r->o;
+    const eval_prompt *p = &r->ps.p[i];
+    char *answer1 = NULL;
+    int rc = DFL_OK;
+    for (int turn = 0; turn < (o->first_turn ? 1 : p->n_turns) && rc == DFL_OK; turn++) {
+        char *txt = turn_text(p, turn, answer1 ? answer1 : "", (dfl_chat)o->chat);
+        int32_t *pids = NULL;
+        size_t np = 0;
+        rc = tok_encode(r->tok, txt, strlen(txt), &pids, &np);
+        if (rc == DFL_OK && r->dumpf)
+            rc = dump_prompt(r->dumpf, o->dump_prompts, i, p, turn, answer1 ? answer1 : "", txt, pids, np);
+        free(txt);
+        if (rc == DFL_OK && (int)np + r->max_new + b->tree_slots > b->max_ctx)
+            rc = dfl_seterr("prompt %s turn %d: %zu tokens + --max-new %d exceed the context %d", p->id, turn + 1, np,
+                            r->max_new, b->max_ctx);
+        int n_truth = 0;
+        if (rc == DFL_OK)
+            rc = r->replay ? unit_replay(r, p, i, turn, pids, (int)np, &b->t, b->out, b->truth, &n_truth, last_tau)
+                           : unit_online(r, p->id, turn, pids, (int)np, b->truth, &n_truth, b->out, last_tau);
+        if (rc == DFL_OK && turn == 0 && !o->first_turn && p->n_turns > 1)
+            answer1 = prompt_decode(r->tok, b->truth, (size_t)n_truth, NULL);
+        free(pids);
+    }
+    free(answer1);
+    return rc;
+}
+
+/* Every line of an online turn is there: the autoregressive run and each drafter x mode. */
+static int online_complete(const run *r, const char *pid, int turn) {
+    const eval_opts *o = r->o;
+    if (done_find(&r->done, pid, turn, "", "ar", "online", "dfl") < 0) return 0;
+    char mode[32];
+    for (int d = 0; d < o->n_drafters; d++)
+        for (int mi = 0; mi < o->n_modes; mi++) {
+            mode_name(o->budgets[mi], mode, sizeof mode);
+            if (done_find(&r->done, pid, turn, o->drafters[d], mode, "online", "dfl") < 0) return 0;
+        }
+    return 1;
+}
+
+/* Hand the units to the dist: names, weights, what results.jsonl holds of each. */
+static int plan_units(run *r, const int *list, const long *weight, int n) {
+    const eval_opts *o = r->o;
+    char **names = calloc((size_t)n + 1, sizeof *names), **held = calloc((size_t)n + 1, sizeof *held);
+    int *complete = calloc((size_t)n + 1, sizeof *complete);
+    int rc = names && held && complete ? DFL_OK : dfl_seterr("out of memory");
+    for (int k = 0; k < n && rc == DFL_OK; k++) {
+        const char *pid;
+        if (r->from_features) {
+            const unit *u = &r->saved.u[list[k]];
+            pid = u->prompt_id;
+            complete[k] = unit_complete(r, pid, u->turn);
+            names[k] = malloc(strlen(pid) + 16);
+            if (names[k]) sprintf(names[k], u->turn ? "%s turn 2" : "%s", pid);
+        } else {
+            const eval_prompt *p = &r->ps.p[list[k]];
+            pid = p->id;
+            complete[k] = 1;
+            for (int turn = 0; turn < (o->first_turn ? 1 : p->n_turns); turn++)
+                complete[k] &= r->replay ? unit_complete(r, pid, turn) : online_complete(r, pid, turn);
+            names[k] = strdup(pid);
+        }
+        held[k] = done_text(&r->done, pid);
+        if (!names[k] || !held[k]) rc = dfl_seterr("out of memory");
+    }
+    if (rc == DFL_OK) rc = o->dist->plan(o->dist->ud, n, names, weight, complete, held);
+    for (int k = 0; names && held && k < n; k++) free(names[k]), free(held[k]);
+    free(names), free(held), free(complete);
+    return rc;
 }
 
 int eval_run(const eval_opts *o, eval_outcome *res) {
@@ -1024,7 +1246,9 @@ int eval_run(const eval_opts *o, eval_outcome *res) {
         }
     }
     if (o->reference && (rc = ref_file_load(&r->refs, o->reference, r->tok))) goto out;
-    if ((rc = mkdir_p(o->out)) || (rc = take_lock(r))) goto out;
+    /* a worker of a spread run writes nothing: its lines go to the writer */
+    const int writes = !o->dist || o->dist->writer;
+    if (writes && ((rc = mkdir_p(o->out)) || (rc = take_lock(r)))) goto out;
     if (o->save_features) {
         if ((rc = mkdir_p(o->save_features))) goto out;
         if (o->resume && (rc = manifest_load(&r->saved, o->save_features, 0))) goto out;
@@ -1042,59 +1266,83 @@ int eval_run(const eval_opts *o, eval_outcome *res) {
     }
     r->res_path = dfl_path_join(o->out, "results.jsonl");
     r->ref_path = dfl_path_join(o->out, "reference.jsonl");
-    struct stat stt;
-    if (!o->resume && stat(r->res_path, &stt) == 0 && stt.st_size > 0) {
-        rc = dfl_seterr("%s already holds results: use --resume to continue it, or another --out", r->res_path);
-        goto out;
-    }
-    if ((rc = load_done(&r->done, r->res_path))) goto out;
-    if (o->resume && stat(r->res_path, &stt) == 0 && r->done.good_end < stt.st_size &&
-        truncate(r->res_path, r->done.good_end) != 0) {
-        rc = dfl_seterr("%s: cannot drop the partial last line", r->res_path);
-        goto out;
-    }
-    r->resf = fopen(r->res_path, o->resume ? "a" : "w");
-    r->reff = (o->reference || o->reference_url) ? fopen(r->ref_path, o->resume ? "a" : "w") : NULL;
-    if (!r->resf || ((o->reference || o->reference_url) && !r->reff)) {
-        rc = dfl_seterr("%s: cannot write", o->out);
-        goto out;
+    if (writes) {
+        struct stat stt;
+        if (!o->resume && stat(r->res_path, &stt) == 0 && stt.st_size > 0) {
+            rc = dfl_seterr("%s already holds results: use --resume to continue it, or another --out", r->res_path);
+            goto out;
+        }
+        if ((rc = load_done(&r->done, r->res_path))) goto out;
+        if (o->resume && stat(r->res_path, &stt) == 0 && r->done.good_end < stt.st_size &&
+            truncate(r->res_path, r->done.good_end) != 0) {
+            rc = dfl_seterr("%s: cannot drop the partial last line", r->res_path);
+            goto out;
+        }
+        /* spread: the writer's dist appends the lines (its own and the others') */
+        r->resf = o->dist ? NULL : fopen(r->res_path, o->resume ? "a" : "w");
+        r->reff = (o->reference || o->reference_url) ? fopen(r->ref_path, o->resume ? "a" : "w") : NULL;
+        if ((!o->dist && !r->resf) || ((o->reference || o->reference_url) && !r->reff)) {
+            rc = dfl_seterr("%s: cannot write", o->out);
+            goto out;
+        }
     }
 
-    /* sizes: the longest unit; second turns add an answer and a question */
-    int max_prompt = 0, n_units = 0;
+    /* sizes: the longest unit; second turns add an answer and a question. The units this process
+     * may run: the prompts (or saved truths) of its shard, weighed by their tokens. */
+    int max_prompt = 0, n_all = r->from_features ? r->saved.n : r->ps.n;
+    int *list = malloc((size_t)(n_all + 1) * sizeof *list), n_units = 0;
+    long *weight = malloc((size_t)(n_all + 1) * sizeof *weight);
+    if (!list || !weight) {
+        free(list), free(weight);
+        rc = dfl_seterr("out of memory");
+        goto out;
+    }
     if (r->from_features) {
         for (int i = 0; i < r->saved.n; i++) {
             const unit *u = &r->saved.u[i];
             if (u->index % o->shard_n != o->shard_i) continue;
-            n_units++;
+            weight[n_units] = u->prompt_tokens + u->tokens;
+            list[n_units++] = i;
             max_prompt = u->prompt_tokens > max_prompt ? u->prompt_tokens : max_prompt;
         }
     } else {
         for (int i = 0; i < r->ps.n; i++) {
             int need = 0;
-            n_units += i % o->shard_n == o->shard_i;
+            long w = 0;
             for (int t = 0; t < (o->first_turn ? 1 : r->ps.p[i].n_turns); t++) {
                 char *txt = prompt_format(r->ps.p[i].turns[t], (dfl_chat)o->chat);
                 int32_t *ids;
                 size_t n;
                 if (tok_encode(r->tok, txt, strlen(txt), &ids, &n) != DFL_OK) {
                     free(txt);
+                    free(list), free(weight);
                     rc = dfl_preperr("prompt %s", r->ps.p[i].id);
                     goto out;
                 }
                 need += (int)n + (t ? r->max_new + 8 : 0);
+                w += (long)n + r->max_new;
                 free(ids);
                 free(txt);
             }
             max_prompt = need > max_prompt ? need : max_prompt;
+            if (i % o->shard_n == o->shard_i) weight[n_units] = w, list[n_units++] = i;
         }
+    }
+    rc = o->dist ? plan_units(r, list, weight, n_units) : DFL_OK;
+    free(weight);
+    if (rc) {
+        free(list);
+        goto out;
     }
     const int tree_slots = o->online ? r->max_budget : r->rec_budget;
     const int max_ctx = o->max_ctx ? o->max_ctx : max_prompt + r->max_new + tree_slots + r->max_block;
     const int chunk = max_prompt < 512 ? max_prompt : 512;
     int batch = chunk > r->max_block ? chunk : r->max_block;
     if (tree_slots + 1 > batch) batch = tree_slots + 1;
-    if ((rc = alloc_states(r, max_ctx, batch))) goto out;
+    if ((rc = alloc_states(r, max_ctx, batch))) {
+        free(list);
+        goto out;
+    }
 
     /* the target's costs for the modeled speedup, on the first prompt */
     if (r->replay && !r->from_features && o->cost_reps > 0 && r->ps.n > 0) {
@@ -1104,72 +1352,56 @@ int eval_run(const eval_opts *o, eval_outcome *res) {
         rc = tok_encode(r->tok, txt, strlen(txt), &ids, &n);
         free(txt);
         if (rc == DFL_OK)
-            rc = eval_costs_measure(&r->costs, &r->m, &r->dst[0], ids, (int)n, r->block, o->n_drafters, o->budgets,
+            rc = eval_costs_measure(&r->costs, &r->m, &r->dif[0], ids, (int)n, r->block, o->n_drafters, o->budgets,
                                     o->n_modes, o->cost_reps);
         free(ids);
-        if (rc) goto out;
     } else if (r->from_features) {
         costs_load(&r->costs, o->features_dir);
     }
-    if (o->save_features && (rc = write_target_json(r))) goto out;
+    if (rc == DFL_OK && o->save_features) rc = write_target_json(r);
+    if (rc) {
+        free(list);
+        goto out;
+    }
 
-    int32_t *truth = malloc((size_t)(r->max_new + r->max_block) * sizeof(int32_t));
-    int32_t *out = malloc((size_t)(r->max_new + r->max_block) * sizeof(int32_t));
-    eval_truth t;
-    eval_truth_init(&t, r->m.cfg.hidden, r->layers, r->n_layers);
+    unit_bufs ub = {.truth = malloc((size_t)(r->max_new + r->max_block) * sizeof(int32_t)),
+                    .out = malloc((size_t)(r->max_new + r->max_block) * sizeof(int32_t)),
+                    .max_ctx = max_ctx, .tree_slots = tree_slots};
+    eval_truth_init(&ub.t, r->m.cfg.hidden, r->layers, r->n_layers);
     eval_progress pg = {.total = n_units};
-    if (r->from_features) {
-        for (int i = 0; i < r->saved.n && rc == DFL_OK; i++) {
-            const unit *u = &r->saved.u[i];
-            if (u->index % o->shard_n != o->shard_i) continue;
-            double last_tau = 0;
-            if (!unit_complete(r, u->prompt_id, u->turn)) {
-                rc = load_truth(r, o->features_dir, u, &t);
-                if (rc == DFL_OK) rc = check_reference(r, u->prompt_id, u->turn, t.prompt, t.n_prompt, t.ids, t.n);
-                if (rc == DFL_OK) rc = replay_all(r, u->prompt_id, u->turn, &t, "dfl", 0, &last_tau);
-                if (rc == DFL_OK && o->features_from) rc = replay_pipeline(r, u->prompt_id, u->turn, u->index, &t, &last_tau);
-            }
-            pg.done++, pg.what = u->prompt_id, pg.last_tau = last_tau;
-            if (o->on_progress) o->on_progress(o->progress_ud, &pg);
+    for (int j = 0; rc == DFL_OK; j++) {
+        int k;
+        if (o->dist) { /* the unit the dist hands out, with the lines held for it */
+            char *held = NULL;
+            rc = o->dist->next(o->dist->ud, &k, &held);
+            if (rc == DFL_OK && k >= 0 && held) rc = done_add_text(&r->done, held);
+            free(held);
+            if (rc || k < 0) break;
+        } else if (j == n_units) {
+            break;
+        } else {
+            k = j;
         }
-    } else {
-        for (int i = 0; i < r->ps.n && rc == DFL_OK; i++) {
-            if (i % o->shard_n != o->shard_i) continue;
-            const eval_prompt *p = &r->ps.p[i];
-            char *answer1 = NULL;
-            double last_tau = 0;
-            for (int turn = 0; turn < (o->first_turn ? 1 : p->n_turns) && rc == DFL_OK; turn++) {
-                char *txt = turn_text(p, turn, answer1 ? answer1 : "", (dfl_chat)o->chat);
-                int32_t *pids = NULL;
-                size_t np = 0;
-                rc = tok_encode(r->tok, txt, strlen(txt), &pids, &np);
-                if (rc == DFL_OK && r->dumpf)
-                    rc = dump_prompt(r->dumpf, o->dump_prompts, i, p, turn, answer1 ? answer1 : "", txt, pids, np);
-                free(txt);
-                if (rc == DFL_OK && (int)np + r->max_new + tree_slots > max_ctx)
-                    rc = dfl_seterr("prompt %s turn %d: %zu tokens + --max-new %d exceed the context %d", p->id,
-                                    turn + 1, np, r->max_new, max_ctx);
-                int n_truth = 0;
-                if (rc == DFL_OK)
-                    rc = r->replay ? unit_replay(r, p, i, turn, pids, (int)np, &t, out, truth, &n_truth, &last_tau)
-                                   : unit_online(r, p->id, turn, pids, (int)np, truth, &n_truth, out, &last_tau);
-                if (rc == DFL_OK && turn == 0 && !o->first_turn && p->n_turns > 1)
-                    answer1 = prompt_decode(r->tok, truth, (size_t)n_truth, NULL);
-                free(pids);
-            }
-            free(answer1);
-            pg.done++, pg.what = p->id, pg.last_tau = last_tau;
-            if (o->on_progress) o->on_progress(o->progress_ud, &pg);
-        }
+        double last_tau = 0;
+        rc = r->from_features ? run_saved(r, list[k], &ub, &last_tau) : run_prompt(r, list[k], &ub, &last_tau);
+        pg.done++, pg.last_tau = last_tau;
+        pg.what = r->from_features ? r->saved.u[list[k]].prompt_id : r->ps.p[list[k]].id;
+        if (rc == DFL_OK && o->on_progress) o->on_progress(o->progress_ud, &pg);
     }
-    eval_truth_free(&t);
-    free(truth);
-    free(out);
-    if (rc == DFL_OK) {
-        fclose(r->resf);
+    free(list);
+    eval_truth_free(&ub.t);
+    free(ub.truth);
+    free(ub.out);
+    char *missing = NULL; /* a spread run: the writer waits for the others and names what is missing */
+    if (rc == DFL_OK && o->dist && o->dist->writer && o->dist->finish(o->dist->ud) != DFL_OK)
+        missing = strdup(dfl_errmsg());
+    if (rc == DFL_OK && writes) {
+        if (r->resf) fclose(r->resf);
         r->resf = NULL;
-        rc = write_summary(r);
+        rc = write_summary(r, missing);
     }
+    if (rc == DFL_OK && missing) rc = dfl_seterr("%s", missing);
+    free(missing);
 out:
     *res = r->res;
     run_free(r);

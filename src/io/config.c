@@ -12,8 +12,9 @@
 #include "dfl/common.h"
 
 #define SUPPORTED \
-    "qwen3 (Qwen3ForCausalLM), qwen3_5 (Qwen3_5ForConditionalGeneration), " \
-    "qwen3_5_text (Qwen3_5ForCausalLM), DFlashDraftModel"
+    "qwen3 (Qwen3ForCausalLM), qwen3_moe (Qwen3MoeForCausalLM), qwen3_5 (Qwen3_5ForConditionalGeneration), " \
+    "qwen3_5_text (Qwen3_5ForCausalLM), qwen3_5_moe (Qwen3_5MoeForConditionalGeneration), " \
+    "qwen3_5_moe_text (Qwen3_5MoeForCausalLM), DFlashDraftModel, DFlash2DraftModel"
 
 const char *config_arch_name(dfl_arch a) {
     switch (a) {
@@ -31,6 +32,12 @@ const char *config_layer_type_name(dfl_layer_type t) {
     case DFL_LAYER_SLIDING: return "sliding_attention";
     }
     return "?";
+}
+
+int config_n_moe_layers(const dfl_config *c) {
+    int k = 0;
+    for (int i = 0; i < c->n_layers; i++) k += c->n_experts > 0 && c->moe_layer[i];
+    return k;
 }
 
 void config_layer_pattern(const dfl_config *c, char *buf, int buflen) {
@@ -57,6 +64,7 @@ void config_default_target_ids(int n, int k, int *out) {
 #define MAX_HEAD_DIM 512 /* the drafter's RoPE tables are stack arrays of head_dim / 2 */
 #define MAX_VOCAB (1 << 24)
 #define MAX_POSITION (1 << 30)
+#define MAX_EXPERTS 4096
 
 /* A JSON value for messages: numbers as written (9e+98, inf), anything else as JSON, cut short. */
 static const char *found_str(const cJSON *v, char *buf, size_t n) {
@@ -206,11 +214,13 @@ static int parse_eos(dfl_config *c, const cJSON *o, const char *where) {
     return DFL_OK;
 }
 
-static int parse_common(dfl_config *c, const cJSON *tc, const char *where) {
+/* need_intermediate: intermediate_size is required (dense models, drafters); MoE configs may
+ * omit it and need it only for dense layers (parse_moe checks). */
+static int parse_common(dfl_config *c, const cJSON *tc, const char *where, int need_intermediate) {
     c->head_dim = 0;
     if (get_int(tc, "hidden_size", where, 1, 1, MAX_HIDDEN, &c->hidden) ||
         get_int(tc, "num_hidden_layers", where, 1, 1, DFL_MAX_LAYERS, &c->n_layers) ||
-        get_int(tc, "intermediate_size", where, 1, 1, MAX_INTERMEDIATE, &c->intermediate) ||
+        get_int(tc, "intermediate_size", where, need_intermediate, 1, MAX_INTERMEDIATE, &c->intermediate) ||
         get_int(tc, "num_attention_heads", where, 1, 1, MAX_HEADS, &c->n_heads) ||
         get_int(tc, "num_key_value_heads", where, 0, 1, MAX_HEADS, &c->n_kv_heads) ||
         get_int(tc, "head_dim", where, 0, 1, MAX_HEAD_DIM, &c->head_dim) ||
@@ -246,11 +256,46 @@ static int parse_common(dfl_config *c, const cJSON *tc, const char *where) {
     return DFL_OK;
 }
 
+/* DFlash2's fields, each in dflash_config (z-lab's files) or at the top level (speculators'
+ * files); none has a default: vLLM reads all four from the config. */
+static int parse_dflash2(dfl_config *c, const cJSON *const srcs[2], const char *where) {
+    if (c->vocab <= 0)
+        return dfl_seterr("%s: DFlash2DraftModel needs 'vocab_size' (the rows of the selector's codebooks)", where);
+    static const char *const names[4] = {"conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k"};
+    int *const dst[4] = {&c->conv_taps, &c->conv_group, &c->selector_rank, &c->selector_top_k};
+    /* taps reach back inside the block; a group divides the hidden size; K candidates of V */
+    const double hi[4] = {c->block_size, c->hidden, MAX_HIDDEN, c->vocab};
+    for (int f = 0; f < 4; f++) {
+        const cJSON *v = NULL;
+        for (int s = 0; s < 2 && !v; s++)
+            if (srcs[s] && cJSON_IsObject(srcs[s])) {
+                v = cJSON_GetObjectItemCaseSensitive(srcs[s], names[f]);
+                if (cJSON_IsNull(v)) v = NULL;
+            }
+        if (!v) return dfl_seterr("%s: DFlash2DraftModel needs '%s' (in dflash_config or at top level)", where, names[f]);
+        if (int_value(v, where, names[f], 1, hi[f], NULL, dst[f])) return DFL_ERR;
+    }
+    if (c->hidden % c->conv_group)
+        return dfl_seterr("%s: conv_group_size %d does not divide hidden_size %d", where, c->conv_group, c->hidden);
+    /* vLLM's order: top-level is_causal, then dflash_config.causal, else sliding layers causal */
+    int causal = 0, present = 0;
+    if (get_bool(srcs[1], "is_causal", where, &causal, &present)) return DFL_ERR;
+    if (!present && srcs[0] && cJSON_IsObject(srcs[0]) && get_bool(srcs[0], "causal", where, &causal, &present))
+        return DFL_ERR;
+    c->causal = present ? causal : -1;
+    /* a bidirectional window is only unambiguous when the block fits in it */
+    for (int i = 0; i < c->n_layers; i++)
+        if (c->layer_types[i] == DFL_LAYER_SLIDING && c->causal == 0 && c->sliding_window < c->block_size)
+            return dfl_seterr("%s: sliding_window %d is smaller than block_size %d in a non-causal (is_causal false) "
+                              "sliding_attention layer %d", where, c->sliding_window, c->block_size, i);
+    return DFL_OK;
+}
+
 static int parse_drafter(dfl_config *c, const cJSON *root, const char *where) {
     c->arch = DFL_ARCH_DFLASH;
     c->rope_theta = 1e6;
     c->partial_rotary = 1.0f;
-    if (parse_common(c, root, where)) return DFL_ERR;
+    if (parse_common(c, root, where, 1)) return DFL_ERR;
     if (get_int(root, "vocab_size", where, 0, 1, MAX_VOCAB, &c->vocab)) return DFL_ERR;
     const cJSON *dc = cJSON_GetObjectItemCaseSensitive(root, "dflash_config");
     if (dc && !cJSON_IsNull(dc) && !cJSON_IsObject(dc))
@@ -314,6 +359,56 @@ static int parse_drafter(dfl_config *c, const cJSON *root, const char *where) {
     c->input_embedding_scale = (float)scale;
     c->output_multiplier = (float)mult;
     c->final_logit_softcap = (float)cap;
+    c->causal = -1;
+    return c->dflash2 ? parse_dflash2(c, srcs, where) : DFL_OK;
+}
+
+/* Sparse-MoE settings with transformers' defaults (Qwen3MoeConfig, Qwen3_5MoeTextConfig).
+ * qwen3_moe: layer i is sparse unless listed in mlp_only_layers or (i + 1) % decoder_sparse_step
+ * != 0, routing weights renormalised when norm_topk_prob; no shared expert. qwen3_5_moe: every
+ * layer is sparse, weights always renormalised, plus a sigmoid-gated shared expert. */
+static int parse_moe(dfl_config *c, const cJSON *tc, const char *where, int hybrid) {
+    c->n_experts = hybrid ? 256 : 128;
+    c->n_experts_per_tok = 8;
+    c->moe_intermediate = hybrid ? 512 : 768;
+    c->shared_intermediate = hybrid ? 512 : 0;
+    c->norm_topk_prob = hybrid;
+    int step = 1, local = -1;
+    /* transformers 5 writes qwen3_moe's num_experts as num_local_experts (an attribute alias) */
+    if (!hybrid && get_int(tc, "num_local_experts", where, 0, 0, MAX_EXPERTS, &local)) return DFL_ERR;
+    if (local >= 0) c->n_experts = local;
+    if (get_int(tc, "num_experts", where, 0, 0, MAX_EXPERTS, &c->n_experts) ||
+        get_int(tc, "num_experts_per_tok", where, 0, 1, MAX_EXPERTS, &c->n_experts_per_tok) ||
+        get_int(tc, "moe_intermediate_size", where, 0, 1, MAX_INTERMEDIATE, &c->moe_intermediate))
+        return DFL_ERR;
+    if (local >= 0 && local != c->n_experts)
+        return dfl_seterr("%s: num_experts %d and num_local_experts %d disagree", where, c->n_experts, local);
+    if (hybrid && get_int(tc, "shared_expert_intermediate_size", where, 0, 1, MAX_INTERMEDIATE,
+                          &c->shared_intermediate))
+        return DFL_ERR;
+    if (!hybrid && (get_bool(tc, "norm_topk_prob", where, &c->norm_topk_prob, NULL) ||
+                    get_int(tc, "decoder_sparse_step", where, 0, 1, DFL_MAX_LAYERS, &step)))
+        return DFL_ERR;
+    if (c->n_experts > 0 && c->n_experts_per_tok > c->n_experts)
+        return dfl_seterr("%s: num_experts_per_tok %d exceeds num_experts %d", where, c->n_experts_per_tok,
+                          c->n_experts);
+    for (int i = 0; i < c->n_layers; i++) c->moe_layer[i] = c->n_experts > 0 && (hybrid || (i + 1) % step == 0);
+    const cJSON *only = hybrid ? NULL : cJSON_GetObjectItemCaseSensitive(tc, "mlp_only_layers");
+    if (only && !cJSON_IsNull(only)) {
+        if (!cJSON_IsArray(only)) return dfl_seterr("%s: field 'mlp_only_layers' must be an array of integers", where);
+        for (int j = 0; j < cJSON_GetArraySize(only); j++) {
+            char field[48];
+            int li;
+            snprintf(field, sizeof field, "mlp_only_layers[%d]", j);
+            if (int_value(cJSON_GetArrayItem(only, j), where, field, 0, c->n_layers - 1, "num_hidden_layers", &li))
+                return DFL_ERR;
+            c->moe_layer[li] = 0;
+        }
+    }
+    for (int i = 0; i < c->n_layers; i++)
+        if (!c->moe_layer[i] && c->intermediate == 0)
+            return dfl_seterr("%s: layer %d has a dense MLP but intermediate_size is missing", where, i);
+    if (c->n_experts == 0) c->n_experts_per_tok = c->moe_intermediate = c->shared_intermediate = 0;
     return DFL_OK;
 }
 
@@ -354,8 +449,10 @@ int config_parse(dfl_config *c, const char *json, const char *where) {
     int is_drafter = 0;
     if (cJSON_IsArray(archs)) {
         const cJSON *a;
-        cJSON_ArrayForEach(a, archs) if (cJSON_IsString(a) && strcmp(a->valuestring, "DFlashDraftModel") == 0)
-            is_drafter = 1;
+        cJSON_ArrayForEach(a, archs) {
+            if (cJSON_IsString(a) && strcmp(a->valuestring, "DFlashDraftModel") == 0) is_drafter = 1;
+            if (cJSON_IsString(a) && strcmp(a->valuestring, "DFlash2DraftModel") == 0) is_drafter = 1, c->dflash2 = 1;
+        }
     }
     if (is_drafter) {
         rc = parse_drafter(c, root, where);
@@ -366,18 +463,22 @@ int config_parse(dfl_config *c, const char *json, const char *where) {
         goto done;
     }
     const cJSON *tc = root;
-    if (strcmp(c->model_type, "qwen3") == 0) {
+    const char *mt_s = c->model_type;
+    const int moe = strcmp(mt_s, "qwen3_moe") == 0 || strcmp(mt_s, "qwen3_5_moe") == 0 ||
+                    strcmp(mt_s, "qwen3_5_moe_text") == 0;
+    if (strcmp(mt_s, "qwen3") == 0 || strcmp(mt_s, "qwen3_moe") == 0) {
         c->arch = DFL_ARCH_QWEN3;
         c->rope_theta = 1e6;
         c->partial_rotary = 1.0f;
-    } else if (strcmp(c->model_type, "qwen3_5") == 0 || strcmp(c->model_type, "qwen3_5_text") == 0) {
+    } else if (strcmp(mt_s, "qwen3_5") == 0 || strcmp(mt_s, "qwen3_5_text") == 0 || strcmp(mt_s, "qwen3_5_moe") == 0 ||
+               strcmp(mt_s, "qwen3_5_moe_text") == 0) {
         c->arch = DFL_ARCH_QWEN3_5;
         c->rope_theta = 1e7;
         c->partial_rotary = 0.25f;
-        if (strcmp(c->model_type, "qwen3_5") == 0) {
+        if (strcmp(mt_s, "qwen3_5") == 0 || strcmp(mt_s, "qwen3_5_moe") == 0) {
             tc = cJSON_GetObjectItemCaseSensitive(root, "text_config");
             if (!cJSON_IsObject(tc)) {
-                dfl_seterr("%s: model_type qwen3_5 (vision-language) needs an object 'text_config'", where);
+                dfl_seterr("%s: model_type %s (vision-language) needs an object 'text_config'", where, mt_s);
                 goto done;
             }
             c->text_config = 1;
@@ -386,7 +487,8 @@ int config_parse(dfl_config *c, const char *json, const char *where) {
         dfl_seterr("%s: unsupported model_type '%s'; supported: " SUPPORTED, where, c->model_type);
         goto done;
     }
-    if (parse_common(c, tc, where) || get_int(tc, "vocab_size", where, 1, 1, MAX_VOCAB, &c->vocab)) goto done;
+    if (parse_common(c, tc, where, !moe) || get_int(tc, "vocab_size", where, 1, 1, MAX_VOCAB, &c->vocab)) goto done;
+    if (moe && parse_moe(c, tc, where, c->arch == DFL_ARCH_QWEN3_5)) goto done;
     /* Tied embeddings: top level and text_config may both say; they must agree. */
     int tie_top = 0, tie_text = 0, has_top = 0, has_text = 0;
     if (get_bool(root, "tie_word_embeddings", where, &tie_top, &has_top)) goto done;
@@ -408,6 +510,8 @@ int config_parse(dfl_config *c, const char *json, const char *where) {
             get_int(tc, "linear_value_head_dim", where, 0, 1, 512, &c->lin_v_dim) ||
             get_int(tc, "linear_conv_kernel_dim", where, 0, 1, 16, &c->conv_kernel))
             goto done;
+        c->mtp_layers = 1;
+        if (get_int(tc, "mtp_num_hidden_layers", where, 0, 0, DFL_MAX_LAYERS, &c->mtp_layers)) goto done;
         if (c->lin_v_heads % c->lin_k_heads) {
             dfl_seterr("%s: linear_num_value_heads (%d) is not a multiple of linear_num_key_heads (%d)", where,
                        c->lin_v_heads, c->lin_k_heads);

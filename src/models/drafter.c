@@ -26,6 +26,22 @@ static int bind_dlayer(dfl_drafter *d, ld_ctx *c, int i) {
                      (ld_attn){&l->q_proj, &l->k_proj, &l->v_proj, &l->o_proj, &l->q_norm, &l->k_norm}))
         return DFL_ERR;
     if (ld_mlp(c, NAME(""), H, g->intermediate, &l->gate, &l->up, &l->down)) return DFL_ERR;
+    if (g->dflash2) {
+        const int T = g->conv_taps, G = H / g->conv_group;
+        const int64_t base[3] = {2, T, H};
+        const char *const conv[2] = {"attention_conv", "mlp_conv"};
+        float **bases[2] = {&l->attn_conv_base, &l->mlp_conv_base};
+        dfl_mat *projs[2] = {&l->attn_conv_proj, &l->mlp_conv_proj};
+        for (int k = 0; k < 2; k++) {
+            snprintf(n, sizeof n, "%slayers.%d.%s.base_kernel", d->prefix, i, conv[k]);
+            ld_why(c, "2 sides, conv_kernel_size %d, hidden_size %d", T, H);
+            if (!(*bases[k] = ld_vec(c, n, 3, base, 0))) return DFL_ERR;
+            snprintf(n, sizeof n, "%slayers.%d.%s.kernel_projection.weight", d->prefix, i, conv[k]);
+            ld_why(c, "2 x conv_kernel_size %d x hidden_size %d / conv_group_size %d, hidden_size %d", T, H,
+                   g->conv_group, H);
+            if (ld_mat(c, n, 2 * T * G, H, projs[k])) return DFL_ERR;
+        }
+    }
 #undef NAME
     c->layer = -1;
     return DFL_OK;
@@ -45,7 +61,8 @@ int drafter_open_checked(dfl_drafter *d, const char *dir, int n_target_layers, i
     if (config_load(&d->cfg, dir) != DFL_OK) goto fail;
     dfl_config *g = &d->cfg;
     if (g->arch != DFL_ARCH_DFLASH) {
-        dfl_seterr("%s: not a DFlash drafter (architectures does not list DFlashDraftModel; model_type '%s')", dir,
+        dfl_seterr("%s: not a DFlash drafter (architectures lists neither DFlashDraftModel nor DFlash2DraftModel; "
+                   "model_type '%s')", dir,
                    g->model_type);
         goto fail;
     }
@@ -94,6 +111,18 @@ int drafter_open_checked(dfl_drafter *d, const char *dir, int n_target_layers, i
     if (!(d->norm = ld_vec1(&c, n, g->hidden, 0))) goto fail;
     for (int i = 0; i < g->n_layers; i++)
         if (bind_dlayer(d, &c, i) != DFL_OK) goto fail;
+    if (g->dflash2) {
+        const int R = g->selector_rank;
+        snprintf(n, sizeof n, "%scandidate_selector.hidden_projection.weight", d->prefix);
+        ld_why(&c, "selector_rank %d, hidden_size %d", R, g->hidden);
+        if (ld_mat(&c, n, R, g->hidden, &d->sel_proj)) goto fail;
+        snprintf(n, sizeof n, "%scandidate_selector.predecessor_codebook", d->prefix);
+        ld_why(&c, "vocab_size %d, selector_rank %d", g->vocab, R);
+        if (ld_mat(&c, n, g->vocab, R, &d->sel_pred)) goto fail;
+        snprintf(n, sizeof n, "%scandidate_selector.successor_codebook", d->prefix);
+        ld_why(&c, "vocab_size %d, selector_rank %d", g->vocab, R);
+        if (ld_mat(&c, n, g->vocab, R, &d->sel_succ)) goto fail;
+    }
     if (ld_finish(&c) != DFL_OK) goto fail;
     for (int i = 0; i < d->st.n_tensors; i++)
         if (d->used[i]) d->weight_bytes += d->st.tensors[i].nbytes;
@@ -108,12 +137,15 @@ void drafter_close(dfl_drafter *d) {
         for (int i = 0; i < d->cfg.n_layers; i++) {
             dfl_dlayer_w *l = &d->layers[i];
             free(l->input_norm), free(l->post_norm), free(l->q_norm), free(l->k_norm);
-            dfl_mat *mats[] = {&l->q_proj, &l->k_proj, &l->v_proj, &l->o_proj, &l->gate, &l->up, &l->down};
+            free(l->attn_conv_base), free(l->mlp_conv_base);
+            dfl_mat *mats[] = {&l->q_proj, &l->k_proj, &l->v_proj, &l->o_proj, &l->gate, &l->up, &l->down,
+                               &l->attn_conv_proj, &l->mlp_conv_proj};
             for (size_t k = 0; k < sizeof mats / sizeof mats[0]; k++) ld_mat_free(mats[k]);
         }
         free(d->layers);
     }
     ld_mat_free(&d->fc);
+    ld_mat_free(&d->sel_proj), ld_mat_free(&d->sel_pred), ld_mat_free(&d->sel_succ);
     free(d->hidden_norm);
     free(d->norm);
     free(d->used);

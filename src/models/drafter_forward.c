@@ -6,6 +6,7 @@
 
 #include "dfl/common.h"
 #include "dfl/drafter.h"
+#include "models/dflash2.h"
 
 /* ALLOC: zeroed and cache-line aligned (activations); ALLOC_LAZY: calloc, whose large blocks
  * take physical pages only when first written (the context caches sized by max_ctx). */
@@ -53,6 +54,7 @@ int dstate_init(dfl_dstate *s, const dfl_drafter *d, const dfl_model *t, int max
     ALLOC(s->inv_freq, g->rot_dim / 2);
     for (int i = 0; i < g->rot_dim / 2; i++)
         s->inv_freq[i] = 1.0f / powf((float)g->rope_theta, (float)(2 * i) / (float)g->rot_dim);
+    if (dflash2_state_init(s) != DFL_OK) goto oom;
     return DFL_OK;
 oom:
     dstate_free(s);
@@ -67,6 +69,7 @@ void dstate_free(dfl_dstate *s) {
         }
     free(s->k_ctx), free(s->v_ctx), free(s->ctx), free(s->x), free(s->xn), free(s->q), free(s->kb), free(s->vb);
     free(s->att), free(s->mlp1), free(s->mlp2), free(s->scores), free(s->inv_freq);
+    dflash2_state_free(s);
     memset(s, 0, sizeof *s);
 }
 
@@ -114,7 +117,7 @@ int drafter_draft(dfl_dstate *s, int32_t anchor, int B, float *logits) {
     const dfl_config *g = &d->cfg;
     const dfl_model *t = s->t;
     const int H = g->hidden, hd = g->head_dim, Hq = g->n_heads, Hkv = g->n_kv_heads, kv = Hkv * hd;
-    const int start = s->n_ctx, group = Hq / Hkv;
+    const int start = s->n_ctx, group = Hq / Hkv, dflash2 = g->dflash2;
     if (B < 2 || B > s->max_block) return dfl_seterr("draft block of %d: must be in [2, %d]", B, s->max_block);
     if (anchor < 0 || anchor >= t->cfg.vocab) return dfl_seterr("anchor token %d outside the vocabulary", anchor);
     /* block = [anchor, MASK x (B-1)], embedded with the target's embedding */
@@ -127,8 +130,16 @@ int drafter_draft(dfl_dstate *s, int32_t anchor, int B, float *logits) {
     for (int li = 0; li < g->n_layers; li++) {
         const dfl_dlayer_w *l = &d->layers[li];
         const int sliding = l->type == DFL_LAYER_SLIDING, window = g->sliding_window;
+        /* is_causal (DFlash2 configs) overrides the default: sliding layers causal, full ones not */
+        const int causal = g->causal >= 0 ? g->causal : sliding;
         for (int i = 0; i < B; i++) kn_rmsnorm(s->xn + (size_t)i * H, s->x + (size_t)i * H, l->input_norm, H, g->rms_eps);
-        kn_matmul_multi(3, (float *[]){s->q, s->kb, s->vb}, s->xn, (const dfl_mat *[]){&l->q_proj, &l->k_proj, &l->v_proj},
+        const float *ain = s->xn; /* the attention's input: DFlash2 convolves the normed rows first */
+        if (dflash2) {
+            dflash2_conv_deltas(s, &l->attn_conv_proj, s->xn, B);
+            dflash2_conv(s, l->attn_conv_base, 0, s->xn, s->conv, B);
+            ain = s->conv;
+        }
+        kn_matmul_multi(3, (float *[]){s->q, s->kb, s->vb}, ain, (const dfl_mat *[]){&l->q_proj, &l->k_proj, &l->v_proj},
                         B);
         for (int i = 0; i < B; i++) {
             norm_rope(s, s->q + (size_t)i * Hq * hd, Hq, l->q_norm, start + i);
@@ -145,14 +156,14 @@ int drafter_draft(dfl_dstate *s, int32_t anchor, int B, float *logits) {
                 const float *q = s->q + ((size_t)i * Hq + h0) * hd;
                 const int kvh = h0 / group, qpos = start + i;
                 /* visible keys: context 0..start-1 then block 0..B-1 (absolute positions);
-                 * full layers see everything, sliding layers are causal within a window */
+                 * full layers see everything but the future in causal ones, sliding layers a window */
                 const int n_keys = start + B;
                 kn_dot_rows(sc, ldsc, q, (size_t)hd, G, kc + (size_t)kvh * hd, (size_t)kv, start, hd);
                 kn_dot_rows(sc + start, ldsc, q, (size_t)hd, G, s->kb + (size_t)kvh * hd, (size_t)kv, B, hd);
                 for (int gi = 0; gi < G; gi++) {
                     float *sg = sc + gi * ldsc;
                     for (int j = 0; j < n_keys; j++)
-                        sg[j] = sliding && (j > qpos || qpos - j >= window) ? -INFINITY : sg[j] * scale;
+                        sg[j] = (causal && j > qpos) || (sliding && qpos - j >= window) ? -INFINITY : sg[j] * scale;
                     kn_softmax(sg, n_keys);
                 }
                 float *o = s->att + ((size_t)i * Hq + h0) * hd;
@@ -162,12 +173,28 @@ int drafter_draft(dfl_dstate *s, int32_t anchor, int B, float *logits) {
             }
         }
         kn_matmul(s->xn, s->att, &l->o_proj, B);
-        for (size_t i = 0; i < (size_t)B * H; i++) s->x[i] += s->xn[i];
+        const float *aout = s->xn;
+        if (dflash2) { /* the output side, with the deltas taken from the attention's normed input */
+            dflash2_conv(s, l->attn_conv_base, 1, s->xn, s->conv, B);
+            aout = s->conv;
+        }
+        for (size_t i = 0; i < (size_t)B * H; i++) s->x[i] += aout[i];
         for (int i = 0; i < B; i++) kn_rmsnorm(s->xn + (size_t)i * H, s->x + (size_t)i * H, l->post_norm, H, g->rms_eps);
-        kn_matmul_multi(2, (float *[]){s->mlp1, s->mlp2}, s->xn, (const dfl_mat *[]){&l->gate, &l->up}, B);
+        const float *mlp_in = s->xn;
+        if (dflash2) {
+            dflash2_conv_deltas(s, &l->mlp_conv_proj, s->xn, B);
+            dflash2_conv(s, l->mlp_conv_base, 0, s->xn, s->conv, B);
+            mlp_in = s->conv;
+        }
+        kn_matmul_multi(2, (float *[]){s->mlp1, s->mlp2}, mlp_in, (const dfl_mat *[]){&l->gate, &l->up}, B);
         kn_swiglu(s->mlp1, s->mlp2, B * g->intermediate);
         kn_matmul(s->xn, s->mlp1, &l->down, B);
-        for (size_t i = 0; i < (size_t)B * H; i++) s->x[i] += s->xn[i];
+        const float *mout = s->xn;
+        if (dflash2) {
+            dflash2_conv(s, l->mlp_conv_base, 1, s->xn, s->conv, B);
+            mout = s->conv;
+        }
+        for (size_t i = 0; i < (size_t)B * H; i++) s->x[i] += mout[i];
     }
     /* positions 1..B-1 predict the tokens at start+1..start+B-1 */
     for (int i = 1; i < B; i++) kn_rmsnorm(s->xn + (size_t)(i - 1) * H, s->x + (size_t)i * H, d->norm, H, g->rms_eps);
@@ -189,5 +216,6 @@ int drafter_draft(dfl_dstate *s, int32_t anchor, int B, float *logits) {
                               "--check-weights %s",
                               row + 1, start + row + 1, bad, t->cfg.vocab, d->dir ? d->dir : "DRAFTER");
         }
+    if (dflash2) dflash2_select(s, s->xn, anchor, B - 1, logits);
     return DFL_OK;
 }

@@ -1,5 +1,6 @@
-/* Target forward pass (SPEC §2–3): Qwen3 dense and Qwen3.5 hybrid layers over a batch of n
- * new tokens on top of the cached context; run-state allocation; rollback. */
+/* Target forward pass (SPEC §2–3): Qwen3 dense and Qwen3.5 hybrid layers, dense MLP or sparse
+ * mixture of experts, over a batch of n new tokens on top of the cached context; run-state
+ * allocation; rollback. */
 #include <math.h>
 #include <omp.h>
 #include <stdio.h>
@@ -22,14 +23,28 @@ static uint64_t mem_available(void) {
 
 static int max3(int a, int b, int c) { return a > b ? (a > c ? a : c) : (b > c ? b : c); }
 
+/* Inner rows per batch token of mlp1 / mlp2: the dense MLP, the k routed experts of a token
+ * (gathered by expert) or the shared expert. */
+static size_t inner_per_token(const dfl_config *g) {
+    return (size_t)max3(g->intermediate, g->n_experts_per_tok * g->moe_intermediate, g->shared_intermediate);
+}
+
+/* MoE scratch per batch token: router logits, k (expert, weight, row) triples, gathered inputs
+ * and outputs [k, H], the shared-expert gate logit. */
+static size_t moe_per_token(const dfl_config *g) {
+    if (g->n_experts == 0) return 0;
+    const size_t k = (size_t)g->n_experts_per_tok;
+    return (size_t)g->n_experts + 3 * k + 2 * k * g->hidden + 1;
+}
+
 /* Scratch floats per batch token. */
 static size_t scratch_per_token(const dfl_model *m) {
     const dfl_config *g = &m->cfg;
     size_t qw = (size_t)max3(g->n_heads * g->head_dim * 2, m->conv_dim, 1);
     size_t aw = (size_t)max3(g->n_heads * g->head_dim, g->lin_v_heads * g->lin_v_dim, 1);
     return 2 * (size_t)g->hidden + qw + 2 * (size_t)g->n_kv_heads * g->head_dim + aw +
-           (size_t)g->lin_v_heads * g->lin_v_dim + 2 * (size_t)g->lin_v_heads + 2 * (size_t)g->intermediate +
-           (size_t)g->rot_dim;
+           (size_t)g->lin_v_heads * g->lin_v_dim + 2 * (size_t)g->lin_v_heads + 2 * inner_per_token(g) +
+           moe_per_token(g) + (size_t)g->rot_dim;
 }
 
 uint64_t state_bytes(const dfl_model *m, int max_ctx, int max_batch, int record) {
@@ -44,7 +59,7 @@ uint64_t state_bytes(const dfl_model *m, int max_ctx, int max_batch, int record)
             if (record) f += lin + (uint64_t)max_batch * (m->conv_dim + 2 * g->lin_v_heads);
         }
     }
-    f += (uint64_t)max_batch * scratch_per_token(m);
+    f += (uint64_t)max_batch * scratch_per_token(m) + 2ull * g->n_experts + 1; /* + expert counts */
     f += (uint64_t)omp_get_max_threads() * (g->n_heads / g->n_kv_heads) * max_ctx + g->rot_dim; /* scores */
     return f * sizeof(float);
 }
@@ -119,8 +134,19 @@ int state_init(dfl_state *s, const dfl_model *m, int max_ctx, int max_batch, int
     ALLOC(s->att, B * aw);
     ALLOC(s->z, B * g->lin_v_heads * g->lin_v_dim);
     ALLOC(s->ab, B * 2 * g->lin_v_heads);
-    ALLOC(s->mlp1, B * g->intermediate);
-    ALLOC(s->mlp2, B * g->intermediate);
+    ALLOC(s->mlp1, B * inner_per_token(g));
+    ALLOC(s->mlp2, B * inner_per_token(g));
+    if (g->n_experts > 0) { /* the int arrays take float-sized slots */
+        const size_t E = (size_t)g->n_experts, k = (size_t)g->n_experts_per_tok;
+        ALLOC(s->moe_logits, B * E);
+        ALLOC(s->moe_idx, B * k);
+        ALLOC(s->moe_w, B * k);
+        ALLOC(s->moe_rows, B * k);
+        ALLOC(s->moe_count, 2 * E + 1);
+        ALLOC(s->moe_x, B * k * g->hidden);
+        ALLOC(s->moe_y, B * k * g->hidden);
+        ALLOC(s->moe_sh, B);
+    }
     ALLOC(s->scores, (size_t)omp_get_max_threads() * (g->n_heads / g->n_kv_heads) * max_ctx);
     ALLOC(s->rope_cos, B * g->rot_dim / 2);
     ALLOC(s->rope_sin, B * g->rot_dim / 2);
@@ -145,7 +171,9 @@ void state_free(dfl_state *s) {
     free(s->k_cache), free(s->v_cache), free(s->conv_state), free(s->rec_state);
     free(s->rec_conv0), free(s->rec_S0), free(s->rec_qkv), free(s->rec_ab);
     free(s->x), free(s->xn), free(s->q), free(s->k), free(s->v), free(s->att), free(s->z), free(s->ab);
-    free(s->mlp1), free(s->mlp2), free(s->scores), free(s->rope_cos), free(s->rope_sin), free(s->inv_freq);
+    free(s->mlp1), free(s->mlp2), free(s->scores);
+    free(s->moe_logits), free(s->moe_idx), free(s->moe_w), free(s->moe_rows), free(s->moe_count), free(s->moe_x);
+    free(s->moe_y), free(s->moe_sh), free(s->rope_cos), free(s->rope_sin), free(s->inv_freq);
     if (s->m) state_disable_tree(s);
     memset(s, 0, sizeof *s);
 }
@@ -378,11 +406,99 @@ static void linear_layer(dfl_state *s, int li, int n) {
     add_par(s->x, s->xn, (size_t)n * H);
 }
 
+/* Router of one token, as transformers' TopKRouter: p = softmax(logits) in float32, the k
+ * largest (the lower expert id first on ties), divided by their sum (taken in that order) when
+ * norm_topk_prob; then listed by ascending expert id, the order transformers adds the experts'
+ * outputs in. p [E] is overwritten. */
+static void moe_route(float *p, int E, int k, int norm, int *idx, float *w) {
+    kn_softmax(p, E);
+    float sum = 0;
+    for (int j = 0; j < k; j++) {
+        int best = 0;
+        for (int e = 1; e < E; e++)
+            if (p[e] > p[best]) best = e;
+        idx[j] = best, w[j] = p[best];
+        sum += p[best];
+        p[best] = -1.0f; /* taken: probabilities are >= 0 */
+    }
+    if (norm)
+        for (int j = 0; j < k; j++) w[j] /= sum;
+    for (int j = 1; j < k; j++) /* insertion sort by expert id */
+        for (int i = j; i > 0 && idx[i - 1] > idx[i]; i--) {
+            const int ti = idx[i];
+            const float tw = w[i];
+            idx[i] = idx[i - 1], w[i] = w[i - 1];
+            idx[i - 1] = ti, w[i - 1] = tw;
+        }
+}
+
+/* Sparse MoE block on s->xn (already post-normed), added to the residual stream. The n*k
+ * (token, expert) pairs are grouped by expert so that each touched expert's weights stream
+ * once for all its tokens; every row goes through the same kernels whatever the batch, so a
+ * token's output does not depend on the other tokens of the forward. */
+static void moe_block(dfl_state *s, int li, int n) {
+    const dfl_config *g = &s->m->cfg;
+    const dfl_layer_w *l = &s->m->layers[li];
+    const int H = g->hidden, E = g->n_experts, k = g->n_experts_per_tok, Ie = g->moe_intermediate;
+    int *start = s->moe_count, *cursor = s->moe_count + E + 1; /* [E + 1] row offsets, [E] fill */
+    kn_matmul(s->moe_logits, s->xn, &l->router, n);
+    memset(start, 0, (size_t)(E + 1) * sizeof(int));
+    for (int t = 0; t < n; t++) {
+        moe_route(s->moe_logits + (size_t)t * E, E, k, g->norm_topk_prob, s->moe_idx + (size_t)t * k,
+                  s->moe_w + (size_t)t * k);
+        for (int j = 0; j < k; j++) start[s->moe_idx[(size_t)t * k + j] + 1]++;
+    }
+    for (int e = 0; e < E; e++) start[e + 1] += start[e], cursor[e] = start[e];
+    for (int t = 0; t < n; t++) /* gather: expert e's rows are start[e] .. start[e+1]-1, in token order */
+        for (int j = 0; j < k; j++) {
+            const int r = cursor[s->moe_idx[(size_t)t * k + j]]++;
+            s->moe_rows[(size_t)t * k + j] = r;
+            memcpy(s->moe_x + (size_t)r * H, s->xn + (size_t)t * H, (size_t)H * sizeof(float));
+        }
+    for (int e = 0; e < E; e++) {
+        const int cnt = start[e + 1] - start[e];
+        if (!cnt) continue;
+        s->moe_touched++;
+        kn_matmul_multi(2, (float *[]){s->mlp1, s->mlp2}, s->moe_x + (size_t)start[e] * H,
+                        (const dfl_mat *[]){&l->exp_gate[e], &l->exp_up[e]}, cnt);
+        swiglu_par(s->mlp1, s->mlp2, (size_t)cnt * Ie);
+        kn_matmul(s->moe_y + (size_t)start[e] * H, s->mlp1, &l->exp_down[e], cnt);
+    }
+    /* combine into moe_x (free now): out_t = sum over its experts, ascending id, of w * y */
+#pragma omp parallel for schedule(static) if ((size_t)n * k * H >= KN_PAR_MIN_WORK)
+    for (int t = 0; t < n; t++) {
+        float *o = s->moe_x + (size_t)t * H;
+        memset(o, 0, (size_t)H * sizeof(float));
+        for (int j = 0; j < k; j++) {
+            const float w = s->moe_w[(size_t)t * k + j];
+            const float *y = s->moe_y + (size_t)s->moe_rows[(size_t)t * k + j] * H;
+            for (int i = 0; i < H; i++) o[i] += y[i] * w;
+        }
+    }
+    if (g->shared_intermediate > 0) { /* + sigmoid(sh_score . x) * shared_expert(x), into moe_y */
+        kn_matmul_multi(2, (float *[]){s->mlp1, s->mlp2}, s->xn, (const dfl_mat *[]){&l->sh_gate, &l->sh_up}, n);
+        swiglu_par(s->mlp1, s->mlp2, (size_t)n * g->shared_intermediate);
+        kn_matmul(s->moe_y, s->mlp1, &l->sh_down, n);
+        kn_matmul(s->moe_sh, s->xn, &l->sh_score, n);
+        for (int t = 0; t < n; t++) {
+            const float gate = kn_sigmoid(s->moe_sh[t]);
+            float *o = s->moe_x + (size_t)t * H;
+            const float *y = s->moe_y + (size_t)t * H;
+            for (int i = 0; i < H; i++) o[i] += gate * y[i];
+        }
+    }
+    add_par(s->x, s->moe_x, (size_t)n * H);
+}
+
 static void mlp(dfl_state *s, int li, int n) {
     const dfl_config *g = &s->m->cfg;
     const dfl_layer_w *l = &s->m->layers[li];
     const int H = g->hidden, I = g->intermediate;
     rmsnorm_rows(s->xn, s->x, l->post_norm, n, H, g->rms_eps);
+    if (l->moe) {
+        moe_block(s, li, n);
+        return;
+    }
     kn_matmul_multi(2, (float *[]){s->mlp1, s->mlp2}, s->xn, (const dfl_mat *[]){&l->gate, &l->up}, n);
     swiglu_par(s->mlp1, s->mlp2, (size_t)n * I);
     kn_matmul(s->xn, s->mlp1, &l->down, n);
@@ -417,6 +533,7 @@ static int forward_impl(dfl_state *s, const int32_t *tokens, int n, const int *d
             s->rope_sin[(size_t)t * g->rot_dim / 2 + i] = sinf(f);
         }
     }
+    s->moe_touched = 0;
     s->rec_n_past = s->n_past;
     s->rec_n = s->record && !s->no_record && !depth ? n : -1;
     for (int li = 0; li < g->n_layers; li++) {

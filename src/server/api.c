@@ -695,9 +695,10 @@ static cJSON *meta_info(const job *j, int final) {
     cJSON_AddNumberToObject(m, "spec_draft_tokens", (double)st->drafted);
     cJSON_AddNumberToObject(m, "spec_accepted_tokens", (double)st->accepted);
     cJSON *rate = cJSON_AddArrayToObject(m, "spec_accept_rate_per_pos");
-    for (int k = 1; k < st->max_block; k++)
-        cJSON_AddItemToArray(rate, cJSON_CreateNumber(st->pos_drafted[k] ? (double)st->pos_accepted[k] /
-                                                                               st->pos_drafted[k] : 0.0));
+    for (int k = 1; k < st->max_block; k++) /* null: never proposed (a tree shallower than the block) */
+        cJSON_AddItemToArray(rate, st->pos_drafted[k]
+                                       ? cJSON_CreateNumber((double)st->pos_accepted[k] / st->pos_drafted[k])
+                                       : cJSON_CreateNull());
     cJSON *hist = cJSON_AddArrayToObject(m, "spec_accept_histogram");
     for (int a = 0; a < st->max_block && st->max_block > 1; a++)
         cJSON_AddItemToArray(hist, cJSON_CreateNumber((double)st->accept_hist[a]));

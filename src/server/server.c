@@ -249,9 +249,7 @@ static int on_tokens(void *ud, const int32_t *toks, int n) {
 
 static void run_job(dfl_server *srv, job *j) {
     state_reset(&srv->s);
-    if (srv->have_ds) dstate_reset(&srv->ds);
-    dfl_draft_if dif;
-    if (srv->have_ds) dif = spec_dflash_drafter(&srv->ds);
+    if (srv->drafting) srv->dif.reset(srv->dif.ctx);
     dfl_gen_opts o = {.max_new = j->max_new, .block = srv->block, .tree_budget = srv->tree_budget,
                       .temperature = j->temperature,
                       .seed = j->seed, .ignore_eos = j->ignore_eos, .on_round = on_round, .on_round_ud = j};
@@ -272,7 +270,7 @@ static void run_job(dfl_server *srv, job *j) {
     int32_t *out = malloc((size_t)(j->max_new ? j->max_new : 1) * sizeof *out);
     run_ctx rc = {.srv = srv, .j = j};
     if (j->stream) stream_put_locked(srv, j, api_stream_start(srv, j));
-    int r = out ? spec_generate(&srv->s, srv->have_ds ? &dif : NULL, j->prompt, j->n_prompt, &o, out, &j->st,
+    int r = out ? spec_generate(&srv->s, srv->drafting ? &srv->dif : NULL, j->prompt, j->n_prompt, &o, out, &j->st,
                                 on_tokens, &rc)
                 : dfl_seterr("out of memory for %d output tokens", j->max_new);
     free(out);
@@ -627,7 +625,7 @@ static char *metrics_text(dfl_server *srv) {
     vllm_counter(f, "vllm:spec_decode_num_accepted_tokens", "Accepted draft tokens.", mn, srv->accepted_tokens);
     counter_head(f, "vllm:spec_decode_num_accepted_tokens_per_pos",
                  "Accepted draft tokens by position in the block (0 = the first draft after the anchor).");
-    for (int k = 0; k + 1 < (srv->have_ds ? srv->block : 1); k++) {
+    for (int k = 0; k + 1 < (srv->drafting ? srv->block : 1); k++) {
         fprintf(f, "vllm:spec_decode_num_accepted_tokens_per_pos_total{model_name=\"");
         label_value(f, mn);
         fprintf(f, "\",position=\"%d\"} %ld\n", k, srv->acc_pos[k]);
@@ -843,9 +841,11 @@ static void mhd_log(void *cls, const char *fmt, va_list ap) {
 
 static void server_free(dfl_server *srv) {
     if (srv->have_ds) dstate_free(&srv->ds);
+    if (srv->have_ms) mstate_free(&srv->ms);
     if (srv->have_s) state_free(&srv->s);
     if (srv->tok) tok_close(srv->tok);
     if (srv->have_d) drafter_close(&srv->d);
+    if (srv->have_mtp) mtp_close(&srv->mtp);
     model_close(&srv->m);
     free(srv->model_name);
     pthread_cond_destroy(&srv->cv);
@@ -875,7 +875,14 @@ static int load(dfl_server *srv, const dfl_server_opts *o) {
         return dfl_seterr("connection limits %d in all, %d per client: need 1 <= per client <= in all", o->max_conns,
                           o->max_conns_per_client);
     if (model_open(&srv->m, o->target, o->check_weights) != DFL_OK) return DFL_ERR;
-    if (o->drafter) {
+    char mtp_dir[4096];
+    if (o->drafter && mtp_parse_arg(o->drafter, o->target, mtp_dir, sizeof mtp_dir)) {
+        if (mtp_open(&srv->mtp, mtp_dir, &srv->m, o->check_weights) != DFL_OK) return DFL_ERR;
+        srv->have_mtp = 1;
+        srv->block = o->block ? o->block : DFL_MTP_DEFAULT_BLOCK;
+        if (srv->block < 2 || srv->block > DFL_MAX_BLOCK)
+            return dfl_seterr("block size %d: must be in [2, %d] (B-1 MTP steps)", srv->block, DFL_MAX_BLOCK);
+    } else if (o->drafter) {
         if (drafter_open(&srv->d, o->drafter, srv->m.cfg.n_layers) != DFL_OK) return DFL_ERR;
         srv->have_d = 1;
         if (drafter_check_target(&srv->d, &srv->m) != DFL_OK) return DFL_ERR;
@@ -896,14 +903,21 @@ static int load(dfl_server *srv, const dfl_server_opts *o) {
     int max_batch = chunk > srv->block ? chunk : srv->block;
     if (srv->tree_budget + 1 > max_batch) max_batch = srv->tree_budget + 1;
     /* a DDTree round holds its nodes in cache slots past the committed positions */
-    if (state_init(&srv->s, &srv->m, srv->max_ctx + srv->tree_budget, max_batch, srv->have_d) != DFL_OK)
+    if (state_init(&srv->s, &srv->m, srv->max_ctx + srv->tree_budget, max_batch, srv->have_d || srv->have_mtp) !=
+        DFL_OK)
         return DFL_ERR;
     srv->have_s = 1;
     if (srv->tree_budget && state_enable_tree(&srv->s, srv->tree_budget + 1) != DFL_OK) return DFL_ERR;
     if (srv->have_d) {
         if (dstate_init(&srv->ds, &srv->d, &srv->m, srv->max_ctx, srv->block) != DFL_OK) return DFL_ERR;
         srv->have_ds = 1;
+        srv->dif = spec_dflash_drafter(&srv->ds);
+    } else if (srv->have_mtp) {
+        if (mstate_init(&srv->ms, &srv->mtp, &srv->m, srv->max_ctx, srv->block) != DFL_OK) return DFL_ERR;
+        srv->have_ms = 1;
+        srv->dif = mtp_drafter_if(&srv->ms);
     }
+    srv->drafting = srv->have_ds || srv->have_ms;
     srv->model_name = o->model_name ? strdup(o->model_name) : default_name(o->target);
     if (!srv->model_name) return dfl_seterr("out of memory");
     return DFL_OK;

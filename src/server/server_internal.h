@@ -11,6 +11,7 @@
 #include <cjson/cJSON.h>
 
 #include "dfl/drafter.h"
+#include "dfl/mtp.h"
 #include "dfl/model.h"
 #include "dfl/server.h"
 #include "dfl/spec.h"
@@ -137,6 +138,12 @@ struct dfl_server {
     int have_s;
     dfl_dstate ds;
     int have_ds;
+    dfl_mtp mtp;              /* --drafter mtp / DIR:mtp: the MTP head instead of d */
+    int have_mtp;
+    dfl_mstate ms;
+    int have_ms;
+    dfl_draft_if dif;         /* the drafter the jobs use (ds or ms) */
+    int drafting;             /* a drafter state exists */
     dfl_tokenizer *tok;
     char *model_name;
     int block, max_ctx, max_queue, log;

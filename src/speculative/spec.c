@@ -65,13 +65,17 @@ static int32_t pick(const float *logits, int V, const dfl_gen_opts *o, float *pr
     return sample(probs, V, r);
 }
 
-static int dflash_add(void *ctx, const float *feat, int n) { return drafter_add_context(ctx, feat, n); }
+static int dflash_add(void *ctx, const float *feat, const int32_t *tokens, int n) {
+    (void)tokens; /* DFlash reads features only */
+    return drafter_add_context(ctx, feat, n);
+}
 static int dflash_draft(void *ctx, int32_t anchor, int B, float *logits) { return drafter_draft(ctx, anchor, B, logits); }
 static int dflash_len(void *ctx) { return ((dfl_dstate *)ctx)->n_ctx; }
+static void dflash_reset(void *ctx) { dstate_reset(ctx); }
 
 dfl_draft_if spec_dflash_drafter(dfl_dstate *ds) {
     return (dfl_draft_if){.ctx = ds, .add_context = dflash_add, .draft = dflash_draft, .context_len = dflash_len,
-                          .feature_layers = ds->d->cfg.target_layer_ids, .n_feature_layers = ds->d->cfg.n_target_ids};
+                          .reset = dflash_reset, .feature_layers = ds->d->cfg.target_layer_ids, .n_feature_layers = ds->d->cfg.n_target_ids};
 }
 
 typedef struct gen {
@@ -152,7 +156,9 @@ static int tree_round(dfl_state *s, dfl_draft_if *dr, dfl_tree *tree, int N, int
     for (int k = 0; k < len; k++)
         if (path[k] != k)
             memcpy(feat + (size_t)k * nf * H, feat + (size_t)path[k] * nf * H, (size_t)nf * H * sizeof(float));
-    if (dr->add_context(dr->ctx, feat, len)) return DFL_ERR;
+    int32_t path_tok[DFL_MAX_BLOCK];
+    for (int k = 0; k < len; k++) path_tok[k] = tree->token[path[k]];
+    if (dr->add_context(dr->ctx, feat, path_tok, len)) return DFL_ERR;
     st->t_draft += dfl_now() - td;
     const int a = len - 1;
     st->rounds++;
@@ -248,7 +254,7 @@ int spec_generate(dfl_state *s, dfl_draft_if *dr, const int32_t *prompt, int n_p
         } else if (model_forward(s, prompt + c0, n, last ? logits : NULL, 1, dr ? &cap : NULL)) {
             goto done;
         }
-        if (dr && dr->add_context(dr->ctx, feat, n)) goto done;
+        if (dr && dr->add_context(dr->ctx, feat, prompt + c0, n)) goto done;
     }
     st->t_prefill = dfl_now() - t0;
     if (o->max_new == 0) { /* the prefill only */
@@ -275,7 +281,7 @@ int spec_generate(dfl_state *s, dfl_draft_if *dr, const int32_t *prompt, int n_p
             int32_t next = pick(logits, V, o, probs, &rng);
             if (dr) {
                 double tr = dfl_now();
-                if (dr->add_context(dr->ctx, feat, 1)) goto done;
+                if (dr->add_context(dr->ctx, feat, &anchor, 1)) goto done;
                 st->t_draft += dfl_now() - tr;
             }
             st->rounds++;
@@ -349,7 +355,7 @@ int spec_generate(dfl_state *s, dfl_draft_if *dr, const int32_t *prompt, int n_p
         st->t_rollback += dfl_now() - tr;
         /* 5. the new committed positions' features extend the drafter's context */
         td = dfl_now();
-        if (dr->add_context(dr->ctx, feat, a + 1)) goto done;
+        if (dr->add_context(dr->ctx, feat, block, a + 1)) goto done;
         st->t_draft += dfl_now() - td;
         st->rounds++;
         st->drafted += bs - 1;

@@ -113,6 +113,14 @@ def config():
     top = {k: v for k, v in DRAFTER.items() if k != "dflash_config"}
     write("config", "drafter_toplevel", compact(dict(top, mask_token_id=5, block_size=16, layer_types=None,
                                                      sliding_window=None)))
+    d2 = dict(DRAFTER, architectures=["DFlash2DraftModel"], is_causal=False)
+    d2["dflash_config"] = dict(DRAFTER["dflash_config"], conv_kernel_size=2, conv_group_size=16, selector_rank=8,
+                               selector_top_k=4)
+    write("config", "dflash2", compact(d2))
+    write("config", "dflash2_toplevel", compact(dict(top, architectures=["DFlash2DraftModel"], mask_token_id=5,
+                                                     block_size=8, conv_kernel_size=3, conv_group_size=32,
+                                                     selector_rank=16, selector_top_k=6, layer_types=None,
+                                                     sliding_window=None)))
     write("config", "bad_trailing", compact(QWEN3) + "x")
     write("config", "bad_dupkey", '{"model_type":"qwen3","a":{"b":1,"b":2}}')
     write("config", "bad_range", compact(dict(QWEN3, num_hidden_layers=1e300, eos_token_id=2.5)))

@@ -34,6 +34,24 @@ def check_tree(t):
     t.check(tree and tree[-1]["depth"] > 1, "the benchmark trees are deeper than one level")
 
 
+def check_moe(t):
+    """MoE target: the verify curve names the distinct experts touched per sparse layer (k at n = 1,
+    never fewer than the previous n, at most min(n k, E)) and the weight bytes read (the decode
+    figure at n = 1, growing by whole experts)."""
+    r = bench_json("--model", fixture("qwen35_moe_vlm"), "--drafter", "none", "--parts", "decode,verify")
+    moe, ex, by = r.get("moe", {}), r.get("verify_experts_per_layer", []), r.get("verify_weight_bytes", [])
+    E, k, L = moe.get("experts"), moe.get("experts_per_tok"), moe.get("sparse_layers")
+    t.check((E, k, L) == (8, 2, 4) and len(ex) == len(by) == 5, f"moe {moe}, {ex}, {by}")
+    t.check(ex and ex[0] == k and all(b >= a for a, b in zip(ex, ex[1:])) and
+            all(x <= min((n + 1) * k, E) for n, x in enumerate(ex)), f"experts per layer {ex}")
+    t.check(by and by[0] == r["token_bytes"] and
+            all(b - by[0] == round((x - k) * L) * moe["expert_bytes"] for x, b in zip(ex, by)), f"bytes {by}")
+    out = dfl("bench", "--model", fixture("qwen35_moe_vlm"), "--drafter", "none", "--parts", "verify", *SMALL).stdout
+    t.check("experts/layer (of 8, k 2)" in out, f"table: {out}")
+    dense = bench_json("--model", fixture("qwen3_tiny"), "--drafter", "none", "--parts", "verify")
+    t.check("moe" not in dense and "verify_experts_per_layer" not in dense, "no MoE fields for a dense target")
+
+
 def check_e2e_prompt(t):
     """e2e on a given prompt: the generated count, prompt length and tau are reported; without a
     drafter only the autoregressive run; a prompt with --parts leaving out e2e is refused."""
@@ -85,6 +103,7 @@ def main():
     t = Tally("test_bench")
     t.run(check_full, t)
     t.run(check_tree, t)
+    t.run(check_moe, t)
     t.run(check_e2e_prompt, t)
     t.run(check_isas, t)
     t.run(check_errors, t)

@@ -287,7 +287,9 @@ def messages():
     for args in (["--version"], ["version"]):
         p = dfl(*args, check=False)
         lines = dict(ln.split(" ", 1) for ln in p.stdout.strip().splitlines())
-        t.check(p.returncode == 0 and set(lines) == {"dfl", "commit", "build", "isa"}, f"dfl {args}: {p.stdout}")
+        t.check(p.returncode == 0 and set(lines) == {"dfl", "commit", "build", "isa", "mpi"}, f"dfl {args}: {p.stdout}")
+        t.check(lines.get("mpi") == "no" or lines.get("mpi", "").startswith(("Open MPI", "MPICH")),
+                f"dfl {args}: mpi {p.stdout}")
         t.check(lines.get("isa", "").split()[0] in ("generic", "avx2", "avx512", "avx512bf16", "amx"),
                 f"dfl {args}: isa {p.stdout}")
         t.check(len(lines.get("commit", "")) >= 4, f"dfl {args}: commit {p.stdout}")

@@ -75,6 +75,12 @@ def test_generation():
         spec = gen(q, DRAFTER)
         t.check(spec["tokens"] == greedy["tokens"], f"q{i}: speculative output != greedy")
         specs.append(spec)
+    # DDTree-4 with block 16: drafts 1..4 can be proposed, 5..15 never: null, not an acceptance rate of 0
+    p = dfl("generate", "--target", TARGET, "--drafter", DRAFTER, "--tree-budget", 4, "--prompt", questions()[0],
+            "--chat", "chatml", "--max-new", 32, "--json", env=ENV)
+    pp = json.loads(p.stdout)["stats"]["per_position"]
+    t.check(len(pp) == 15 and all(x is None for x in pp[4:]) and all(x is not None for x in pp[:1]),
+            f"ddtree-4 per_position: never-proposed positions null: {pp}")
     tau = tau_of(specs)
     print(f"drafter tau (token-weighted, B=16) on {N_QUESTIONS} questions: {tau:.3f} (floor {TAU_FLOOR})", flush=True)
     t.check(tau >= TAU_FLOOR, f"drafter tau {tau:.3f} < floor {TAU_FLOOR}")

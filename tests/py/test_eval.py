@@ -2,7 +2,7 @@
 checked against the autoregressive one; --resume after an interruption; --shard + eval-merge
 equal to one run; MT-Bench's second turn; reference agreement from a file and from a running
 `dfl serve` (OpenAI and SGLang endpoints), including a deliberately different target whose
-divergence must be caught; bad input."""
+divergence must be caught; an MoE target (online and replay); bad input."""
 import json
 import os
 import re
@@ -59,6 +59,26 @@ def basic():
                 f"{svg}: one line per drafter x mode")
     t.check("[dfl eval] 4/4" in p.stderr, "plain progress lines off a terminal")
     return out
+
+
+def moe():
+    """An eval on the hybrid MoE fixture with its random drafter: online chain and DDTree outputs equal
+    the autoregressive ones, and a replay eval recorded with --check-ar gives the same statistics."""
+    tgt, drf = fixture("qwen35_moe_vlm"), fixture("dflash_qwen35_moe")
+    on, rp = os.path.join(tmp, "moe-online"), os.path.join(tmp, "moe-replay")
+    args = ["--target", tgt, "--drafter", drf, "--prompts", GSM, "--limit", 3, "--max-new", 20, "--tree-budget", "0,8",
+            "--progress", "none"]
+    dfl("eval", "--online", *args, "--out", on)
+    dfl("eval", *args, "--check-ar", "--out", rp)
+    rs = lines(on)
+    t.check(len(rs) == 3 * 3 and all(r["match"] for r in rs if r["mode"] != "ar"), "MoE: every speculative output matches")
+    so, sr = summary(on), summary(rp)
+    t.check(all(r["mismatches"] == 0 and r["responses"] == 3 and r["tau"] >= 1 for r in so["results"]),
+            f"MoE summary rows {so['results']}")
+    key = ("mode", "tokens", "rounds", "drafted", "accepted", "tau", "per_position", "accept_hist")
+    pick = lambda s, m: sorted(tuple(json.dumps(r[k]) for k in key) for r in s["results"] if r["method"] == m)
+    t.check(len(pick(so, "online")) == 2 and pick(so, "online") == pick(sr, "replay"),
+            "MoE: replay statistics equal the online run's")
 
 
 def plots():
@@ -193,6 +213,57 @@ def resume(base):
     keys = [(r["prompt_id"], r["turn"], r["drafter"], r["mode"]) for r in rs]
     t.check(len(set(keys)) == 20, f"resumed run has every response once: {len(set(keys))}")
     t.check(comparable(summary(out)) == comparable(summary(base)), "resumed summary equals the uninterrupted one")
+
+
+def repeat():
+    """--repeat 3 (online): every run of each prompt three times (rows rep 0..2, the same tokens);
+    the statistics are the first run's (equal to an unrepeated run's), each row gets its speedup per
+    repetition with min <= median <= max (summary.json speedup_runs, summary.md's table and How to
+    read this); an interrupted repeated run resumes to every repetition once; --repeat is refused
+    without --online and out of range."""
+    args = ["--online", "--target", T, "--drafter", D1, "--prompts", GSM, "--limit", 3, "--max-new", 16,
+            "--tree-budget", "0,4", "--progress", "none"]
+    out, one = os.path.join(tmp, "repeat"), os.path.join(tmp, "repeat1")
+    dfl("eval", *args, "--repeat", 3, "--out", out)
+    dfl("eval", *args, "--out", one)
+    rs = lines(out)
+    keys = {(r["prompt_id"], r["drafter"], r["mode"], r.get("rep", 0)) for r in rs}
+    t.check(len(rs) == 27 and len(keys) == 27, f"3 prompts x 3 runs x 3 repetitions: {len(rs)} lines, {len(keys)} distinct")
+    first = {(r["prompt_id"], r["drafter"], r["mode"]): r["output_ids"] for r in rs if r.get("rep", 0) == 0}
+    t.check(all(r["output_ids"] == first[(r["prompt_id"], r["drafter"], r["mode"])] and r["match"] is not False
+                for r in rs), "every repetition gives the first run's tokens")
+    s, s1 = summary(out), summary(one)
+    t.check(comparable(s) == comparable(s1) and s["prompts"] == 3, "statistics are the first run's: as an unrepeated run")
+    md = open(os.path.join(out, "summary.md")).read()
+    for r in s["results"]:
+        ru = r["speedup_runs"]
+        t.check(isinstance(ru, dict) and ru["runs"] == 3 and len(ru["values"]) == 3 and
+                0 < ru["min"] <= ru["median"] <= ru["max"] and abs(ru["values"][0] - r["speedup"]) < 1e-3 and
+                ru["median"] == sorted(ru["values"])[1], f"{r['mode']}: speedup_runs {ru} (first run {r['speedup']})")
+        if isinstance(ru, dict):
+            cell = f"{ru['median']:.2f}x ({ru['min']:.2f}–{ru['max']:.2f})"
+            t.check(cell in md, f"summary.md shows {r['mode']}'s runs as {cell}")
+    t.check("## speedup over repeated runs" in md and "Over the 3 repeated runs here" in md and
+            "the first of the repeated runs" in md, "summary.md: the runs' table and How to read this")
+    t.check(all(r["speedup_runs"] is None for r in s1["results"]) and
+            "`--repeat N` runs every prompt N times" in open(os.path.join(one, "summary.md")).read(),
+            "one run: no range, the option is suggested")
+    # interrupted in the second prompt's second repetition, then --resume
+    res = os.path.join(tmp, "repeat-resume")
+    os.makedirs(res)
+    text = open(os.path.join(out, "results.jsonl")).read()
+    cut = [i for i, x in enumerate(text.splitlines(keepends=True)) if '"prompt_id": "2"' in x and '"rep": 1' in x][1]
+    with open(os.path.join(res, "results.jsonl"), "w") as f:
+        f.write("".join(text.splitlines(keepends=True)[:cut]))
+    dfl("eval", *args, "--repeat", 3, "--out", res, "--resume")
+    rr = lines(res)
+    t.check(len(rr) == 27 and {(r["prompt_id"], r["drafter"], r["mode"], r.get("rep", 0)) for r in rr} == keys,
+            f"resumed repeated run: every repetition once ({len(rr)} lines)")
+    t.check(comparable(summary(res)) == comparable(s1), "resumed repeated run: the same statistics")
+    for bad, want in ((["--repeat", 2], "--online"), (["--repeat", 0], "--repeat"), (["--repeat", 101], "--repeat")):
+        argv = [a for a in args if a != "--online"] if bad == ["--repeat", 2] else args
+        p = dfl("eval", *argv, *bad, "--out", os.path.join(tmp, "repeat-bad"), check=False)
+        t.check(p.returncode != 0 and want in p.stderr, f"{bad}: {p.stderr[-200:]}")
 
 
 def shards(base):
@@ -344,7 +415,9 @@ def accept_rules():
 
 
 t.run(plots)
+t.run(moe)
 t.run(accept_rules)
+t.run(repeat)
 t.run(how_to_read)
 t.run(mtbench)
 t.run(reference_file)

@@ -11,6 +11,7 @@ import traceback
 
 import torch
 from safetensors import safe_open
+from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoTokenizer
 from transformers.utils import logging as hf_logging
 
@@ -18,8 +19,10 @@ from dflash.model import DFlashDraftModel, dflash_generate
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 FIX = os.environ.get("DFL_FIXTURES") or os.path.join(ROOT, "build", "fixtures")
-TARGETS = ["qwen3_tiny", "qwen3_bf16", "qwen35_vlm", "qwen35_text", "qwen35_bf16", "qwen35_r1", "qwen35_sharded"]
-DRAFTERS = ["dflash_qwen3", "dflash_qwen35", "dflash_qwen3_toplevel"]
+TARGETS = ["qwen3_tiny", "qwen3_bf16", "qwen35_vlm", "qwen35_text", "qwen35_bf16", "qwen35_r1", "qwen35_sharded",
+           "qwen35_mtp", "qwen3_moe", "qwen3_moe_fused", "qwen3_moe_bf16", "qwen35_moe_vlm", "qwen35_moe_text",
+           "qwen35_moe_fused"]
+DRAFTERS = ["dflash_qwen3", "dflash_qwen35", "dflash_qwen3_toplevel", "dflash_qwen35_moe"]
 IDS = torch.tensor([[997, 348, 266, 198, 45, 288, 282, 741, 645, 220, 19, 23, 14, 17, 279, 998, 5, 700]])
 
 hf_logging.disable_progress_bar()
@@ -150,6 +153,29 @@ def vlm_layout():
 
 
 @test
+def mtp_layout():
+    """mtp.* as released Qwen3.5 checkpoints name and shape them (15 tensors, one layer), with
+    mtp_num_hidden_layers in text_config; qwen35_mtp is qwen35_vlm with another head."""
+    for name, H, I, Hq, Hkv, hd in [("qwen35_vlm", 128, 256, 4, 2, 64), ("qwen35_bf16", 96, 192, 3, 1, 32),
+                                    ("qwen35_mtp", 128, 256, 4, 2, 64)]:
+        t = {k: s for k, (_, s) in tensors(name).items() if k.startswith("mtp.")}
+        want = {"mtp.fc.weight": [H, 2 * H], "mtp.pre_fc_norm_embedding.weight": [H],
+                "mtp.pre_fc_norm_hidden.weight": [H], "mtp.norm.weight": [H]}
+        L = "mtp.layers.0."
+        want.update({L + "input_layernorm.weight": [H], L + "post_attention_layernorm.weight": [H],
+                     L + "self_attn.q_proj.weight": [Hq * hd * 2, H], L + "self_attn.k_proj.weight": [Hkv * hd, H],
+                     L + "self_attn.v_proj.weight": [Hkv * hd, H], L + "self_attn.o_proj.weight": [H, Hq * hd],
+                     L + "self_attn.q_norm.weight": [hd], L + "self_attn.k_norm.weight": [hd],
+                     L + "mlp.gate_proj.weight": [I, H], L + "mlp.up_proj.weight": [I, H],
+                     L + "mlp.down_proj.weight": [H, I]})
+        assert t == want, (name, sorted(set(t) ^ set(want)))
+        assert config(name)["text_config"]["mtp_num_hidden_layers"] == 1, name
+    a, b = load_file(path("qwen35_vlm", "model.safetensors")), load_file(path("qwen35_mtp", "model.safetensors"))
+    assert set(a) == set(b) and all(torch.equal(a[k], b[k]) for k in a if not k.startswith("mtp."))
+    assert not torch.equal(a["mtp.fc.weight"], b["mtp.fc.weight"])  # the fitted head
+
+
+@test
 def vlm_and_text_layouts_agree():
     ref = logits(load("qwen35_text"))
     for name in ["qwen35_vlm", "qwen35_sharded"]:
@@ -157,6 +183,41 @@ def vlm_and_text_layouts_agree():
     vlm = load("qwen35_vlm", AutoModelForImageTextToText)
     assert type(vlm).__name__ == "Qwen3_5ForConditionalGeneration"
     assert torch.allclose(logits(vlm), ref, atol=1e-5, rtol=0), (logits(vlm) - ref).abs().max()
+
+
+@test
+def moe_layouts():
+    """save_pretrained writes the experts per expert; the *_fused copies hold transformers' fused
+    parameters instead, load to the same model, and route tokens over several experts."""
+    t = tensors("qwen3_moe")
+    assert t["model.layers.0.mlp.gate.weight"] == ("F32", [8, 64])
+    assert t["model.layers.0.mlp.experts.7.gate_proj.weight"] == ("F32", [32, 64])
+    assert t["model.layers.0.mlp.experts.7.down_proj.weight"] == ("F32", [64, 32])
+    assert t["model.layers.2.mlp.gate_proj.weight"] == ("F32", [128, 64])  # mlp_only_layers [2]
+    assert not any(".mlp.experts.gate_up_proj" in k for k in t)
+    f = tensors("qwen3_moe_fused")
+    assert f["model.layers.0.mlp.experts.gate_up_proj"] == ("F32", [8, 64, 64])
+    assert f["model.layers.0.mlp.experts.down_proj"] == ("F32", [8, 64, 32])
+    assert not any(".mlp.experts.0." in k for k in f)
+    v = tensors("qwen35_moe_vlm")
+    assert v["model.language_model.layers.3.mlp.shared_expert_gate.weight"] == ("F32", [1, 64])
+    assert v["model.language_model.layers.3.mlp.shared_expert.up_proj.weight"] == ("F32", [48, 64])
+    assert v["model.language_model.layers.0.mlp.experts.0.up_proj.weight"] == ("F32", [32, 64])
+    assert tensors("qwen35_moe_fused")["model.language_model.layers.1.mlp.experts.gate_up_proj"] == ("F32", [8, 64, 64])
+    assert config("qwen35_moe_vlm")["model_type"] == "qwen3_5_moe"
+    assert config("qwen35_moe_text")["model_type"] == "qwen3_5_moe_text"
+    assert config("qwen3_moe_bf16")["decoder_sparse_step"] == 2 and not config("qwen3_moe_bf16")["norm_topk_prob"]
+    # same parameters once loaded (logits may differ in the last bits: transformers merges the
+    # per-expert tensors on load into differently laid out memory than a fused file gives)
+    for a, b in (("qwen3_moe", "qwen3_moe_fused"), ("qwen35_moe_text", "qwen35_moe_vlm"),
+                 ("qwen35_moe_vlm", "qwen35_moe_fused")):
+        sa, sb = load(a).state_dict(), load(b).state_dict()
+        assert sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa), (a, b)
+    model = load("qwen35_moe_text")
+    with torch.no_grad():
+        x = model.model.embed_tokens(IDS)
+        top = model.model.layers[0].mlp.gate(x[0])[2]  # (logits, weights, expert indices)
+    assert len(set(top.flatten().tolist())) >= 6, f"routing collapsed onto {set(top.flatten().tolist())}"
 
 
 @test
@@ -170,7 +231,7 @@ def sharded():
 @test
 def drafters():
     expect = {"dflash_qwen3": ([0, 2], 8, 64, 2), "dflash_qwen3_toplevel": ([0, 2], 8, 64, 2),
-              "dflash_qwen35": ([1, 3, 5], 16, 128, 3)}
+              "dflash_qwen35": ([1, 3, 5], 16, 128, 3), "dflash_qwen35_moe": ([0, 2], 16, 64, 2)}
     for name, (ids, block, H, L) in expect.items():
         model = load(name, DFlashDraftModel)
         assert list(model.target_layer_ids) == ids and model.block_size == block and model.mask_token_id == 999

@@ -3,7 +3,9 @@
 For every fixture and several prompt lengths (1 to 200, crossing transformers' 64-token
 chunk of the gated-delta rule): logits and every decoder layer's output within tolerance
 (`dfl hidden-diff`), and 64 greedy tokens identical. The VLM-layout and text-layout
-checkpoints of the same weights must give bit-identical numbers in dfl."""
+checkpoints of the same weights must give bit-identical numbers in dfl, and so must the MoE
+checkpoints whose experts are stored per expert (save_pretrained) and fused (released Qwen3.5 MoE).
+DFL_FORWARD_ONLY=name,name runs just those fixtures (and the layout checks that use them)."""
 import os
 import tempfile
 
@@ -21,7 +23,13 @@ CASES = [
     ("qwen35_bf16", [2, 100], 1e-4),
     ("qwen35_r1", [1, 70], 1e-4),
     ("qwen35_sharded", [40], 1e-4),
+    ("qwen3_moe", [1, 50], 1e-4),
+    ("qwen3_moe_bf16", [90], 1e-4),
+    ("qwen35_moe_vlm", [1, 70], 1e-4),
+    ("qwen35_moe_fused", [20], 1e-4),
+    ("qwen3_moe_fused", [30], 1e-4),
 ]
+ONLY = [x for x in os.environ.get("DFL_FORWARD_ONLY", "").split(",") if x]
 GREEDY = 64
 
 t = Tally("forward vs transformers")
@@ -47,10 +55,10 @@ def case(name, T, tol, greedy):
                                            f"{summary['greedy']} (min margin {summary['min_margin']})")
 
 
-def layouts_identical():
+def layouts_identical(names):
     ids = ",".join(str(i) for i in range(3, 90, 2))
     outs = []
-    for name in ("qwen35_vlm", "qwen35_text", "qwen35_sharded"):
+    for name in names:
         p = os.path.join(tmp, f"layout-{name}.safetensors")
         dfl("hidden", "--target", fixture(name), "--layers", "all", "--prompt-ids", ids, "--out", p, "--logits")
         outs.append(p)
@@ -61,7 +69,12 @@ def layouts_identical():
 
 
 for name, lengths, tol in CASES:
+    if ONLY and name not in ONLY:
+        continue
     for i, T in enumerate(lengths):
         t.run(case, name, T, tol, i == len(lengths) - 1)
-t.run(layouts_identical)
+for names in (("qwen35_vlm", "qwen35_text", "qwen35_sharded"), ("qwen35_moe_vlm", "qwen35_moe_text", "qwen35_moe_fused"),
+              ("qwen3_moe", "qwen3_moe_fused")):
+    if not ONLY or names[0] in ONLY:
+        t.run(layouts_identical, names)
 t.done()

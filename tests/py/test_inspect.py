@@ -1,8 +1,13 @@
 """`dfl inspect` on every fixture layout: the layout and the prefix that matched, architecture,
 layer types, tensor counts per component checked against the files themselves, every unused
-tensor listed, drafter target_layer_ids and their meaning, drafter/target compatibility."""
+tensor listed, drafter target_layer_ids and their meaning, drafter/target compatibility, the
+drafters a target checkpoint offers (its MTP head present, absent, or present but unusable); on
+the MoE fixtures the experts, top-k, shared expert, expert layout and the total / active
+parameter counts, checked against transformers' own model."""
 import json
 import os
+import shutil
+import tempfile
 
 from safetensors import safe_open
 
@@ -42,6 +47,26 @@ def target(name, layout, prefix, arch, pattern, untied):
     t.check(j["bytes"] == sum(j["tensor_bytes"].values()) and j["used_bytes"] <= j["bytes"], f"{name}: bytes")
     text = dfl("inspect", fixture(name)).stdout
     t.check(f"layout:       {layout}" in text and prefix in text and pattern in text, f"{name}: text report")
+    # the MTP head: offered as a drafter exactly when the checkpoint carries mtp.* tensors
+    t.check(j["mtp"]["tensors"] == len(mtp) and j["mtp"]["usable"] == bool(mtp) and
+            j["drafters"] == (["mtp"] if mtp else []), f"{name}: drafters {j['drafters']} mtp {j['mtp']}")
+    want = (f"drafters:     mtp — the checkpoint's own MTP head (1 layer, {len(mtp)} mtp.* tensors): --drafter mtp"
+            if mtp else "drafters:     none — no MTP head (no mtp.* tensors)")
+    t.check(want in text, f"{name}: drafters line in the text report")
+
+
+def mtp_unusable():
+    """mtp.* tensors the head cannot run: the report says why, and offers no drafter."""
+    d = os.path.join(tempfile.mkdtemp(prefix="dfl-inspect-"), "two_mtp_layers")
+    shutil.copytree(fixture("qwen35_vlm"), d)
+    cfg = json.load(open(os.path.join(d, "config.json")))
+    cfg["text_config"]["mtp_num_hidden_layers"] = 2
+    json.dump(cfg, open(os.path.join(d, "config.json"), "w"))
+    j = dfl_json("inspect", d, "--json")
+    t.check(j["mtp"]["tensors"] == 15 and not j["mtp"]["usable"] and j["drafters"] == [] and
+            "mtp_num_hidden_layers is 2" in j["mtp"]["error"], f"two MTP layers: {j['mtp']}")
+    t.check("drafters:     none — 15 mtp.* tensors, but no usable MTP head" in dfl("inspect", d).stdout,
+            "two MTP layers: text report")
 
 
 def drafters():
@@ -70,5 +95,42 @@ t.run(target, "qwen35_text", "text", "model.", "qwen3_5", "LLLFLLLF", False)
 t.run(target, "qwen35_bf16", "vlm", "model.language_model.", "qwen3_5", "LLFLLF", True)
 t.run(target, "qwen35_r1", "text", "model.", "qwen3_5", "LLLF", True)
 t.run(target, "qwen35_sharded", "text", "model.", "qwen3_5", "LLLFLLLF", False)
+t.run(target, "qwen3_moe", "text", "model.", "qwen3", "FFFF", False)
+t.run(target, "qwen3_moe_fused", "text", "model.", "qwen3", "FFFF", False)
+t.run(target, "qwen35_moe_vlm", "vlm", "model.language_model.", "qwen3_5", "LLLF", False)
+t.run(target, "qwen35_moe_text", "text", "model.", "qwen3_5", "LLLF", False)
+t.run(target, "qwen35_moe_fused", "vlm", "model.language_model.", "qwen3_5", "LLLF", False)
 t.run(drafters)
+t.run(mtp_unusable)
+
+
+def moe(name, experts, k, shared, sparse, layout, norm):
+    """The MoE summary, and parameter counts equal to transformers': total = the text model's
+    parameters (a tied lm_head once), active = total minus the E - k routed experts a token skips."""
+    import torch
+    from transformers import AutoModelForCausalLM
+    j = dfl_json("inspect", fixture(name), "--json")
+    m = j["moe"]
+    t.check(m is not None and m["experts"] == experts and m["experts_per_tok"] == k and m["shared_expert"] == shared
+            and m["sparse_layers"] == sparse and m["expert_layout"] == layout and m["norm_topk_prob"] == norm,
+            f"{name}: moe {m}")
+    torch.set_num_threads(1)
+    model = AutoModelForCausalLM.from_pretrained(fixture(name), dtype=torch.float32)
+    text = {n: p for n, p in model.named_parameters() if ".visual." not in f".{n}"}
+    total = sum(p.numel() for p in text.values())
+    skipped = sum(p[0].numel() * (p.shape[0] - k) for n, p in text.items()
+                  if n.endswith((".mlp.experts.gate_up_proj", ".mlp.experts.down_proj")))
+    t.check(j["parameters"] == {"total": total, "active": total - skipped},
+            f"{name}: parameters {j['parameters']}, transformers: total {total}, active {total - skipped}")
+    out = dfl("inspect", fixture(name)).stdout
+    t.check(f"{experts} routed, top-{k} per token" in out and "active per token" in out, f"{name}: text report {out}")
+
+
+t.run(moe, "qwen3_moe", 8, 2, False, 3, "per_expert", True)
+t.run(moe, "qwen3_moe_fused", 8, 2, False, 3, "fused", True)
+t.run(moe, "qwen3_moe_bf16", 6, 3, False, 2, "per_expert", False)
+t.run(moe, "qwen35_moe_vlm", 8, 2, True, 4, "per_expert", True)
+t.run(moe, "qwen35_moe_fused", 8, 2, True, 4, "fused", True)
+dense = dfl_json("inspect", fixture("qwen3_tiny"), "--json")
+t.check(dense["moe"] is None and dense["parameters"]["total"] == dense["parameters"]["active"], f"dense: {dense}")
 t.done()

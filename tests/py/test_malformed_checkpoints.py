@@ -1,5 +1,5 @@
 """Malformed checkpoints through `dfl inspect`, `dfl inspect --check-weights` and `dfl generate`
-(with and without --drafter): a copy of a fixture (Qwen3 dense, Qwen3.5 hybrid, sharded, a drafter)
+(with and without --drafter): a copy of a fixture (Qwen3 dense, Qwen3.5 hybrid, MoE, sharded, a drafter)
 is damaged in a temp dir and run through the real binary. Each case must end with a non-zero exit
 and a message naming the file, the tensor or field and the expected vs found values; never a
 signal, never a sanitizer report (point DFL_BIN at an ASan build to check that), never a silent
@@ -122,7 +122,8 @@ def resave(d, fn, path=ST):
 # --- the cases that must work -------------------------------------------------------------------
 
 def good():
-    for name in ("qwen3_tiny", "qwen3_bf16", "qwen35_text", "qwen35_vlm", "qwen35_sharded"):
+    for name in ("qwen3_tiny", "qwen3_bf16", "qwen35_text", "qwen35_vlm", "qwen35_sharded", "qwen3_moe",
+                 "qwen35_moe_fused"):
         expect_ok(["inspect", fixture(name), "--check-weights"])
         expect_ok(["inspect", fixture(name), "--check-weights", "--json"])
     expect_ok(["inspect", fixture("qwen3_tiny"), "--check-weights"], "every tensor the forward reads is finite")
@@ -461,6 +462,37 @@ def missing():
     both(fixture("qwen3_tiny"), "missing tensor 'fc.weight'", drafter=d)
 
 
+def moe():
+    """MoE checkpoints: a missing routed expert, a fused expert tensor of the wrong shape, a router
+    that contradicts num_experts, a missing shared-expert gate, NaN in one expert."""
+    d = copy_fixture("qwen3_moe", "moe-missing-expert")
+    name = "model.layers.1.mlp.experts.5.up_proj.weight"
+    resave(d, lambda x: x.pop(name))
+    both(d, f"missing tensor '{name}' (expected shape [32, 64])", "expert 5 of num_experts 8",
+         "no fused mlp.experts.gate_up_proj")
+
+    d = copy_fixture("qwen35_moe_fused", "moe-fused-shape")
+    name = "model.language_model.layers.2.mlp.experts.gate_up_proj"
+    resave(d, lambda x: x.__setitem__(name, x[name][:, :40]))
+    both(d, f"tensor '{name}' has shape [8, 40, 64], expected [8, 64, 64]",
+         "num_experts 8, 2 x moe_intermediate_size 32 (gate | up), hidden_size 64")
+
+    d = copy_fixture("qwen35_moe_vlm", "moe-router")
+    edit_config(d, lambda c: c.update(num_experts=6), text_config=True)
+    both(d, "tensor 'model.language_model.layers.0.mlp.gate.weight' has shape [8, 64], expected [6, 64]",
+         "num_experts 6, hidden_size 64")
+
+    d = copy_fixture("qwen35_moe_text", "moe-shared-gate")
+    name = "model.layers.3.mlp.shared_expert_gate.weight"
+    resave(d, lambda x: x.pop(name))
+    both(d, f"missing tensor '{name}' (expected shape [1, 64])")
+
+    d = copy_fixture("qwen3_moe", "moe-nan")
+    name = "model.layers.3.mlp.experts.7.down_proj.weight"
+    poke(os.path.join(d, ST), name, [5], [float("nan")])
+    expect_fail(["inspect", d, "--check-weights"], f"'{name}': 1 non-finite value")
+
+
 # --- drafters -----------------------------------------------------------------------------------
 
 def drafters():
@@ -515,6 +547,7 @@ t.run(nan_drafter)
 t.run(config_mismatch)
 t.run(dtypes)
 t.run(missing)
+t.run(moe)
 t.run(drafters)
 shutil.rmtree(tmp, ignore_errors=True)
 t.done()

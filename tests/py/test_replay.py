@@ -1,5 +1,5 @@
 """Replay evaluation (docs/eval.md): per-round accepted lengths, tau and every statistic of a replay
-equal the online runs' exactly, on the hybrid embedded pair and on the dense and hybrid fixtures, for
+equal the online runs' exactly, on the hybrid embedded pair and on the dense, hybrid and MoE fixtures, for
 chain and DDTree budgets {4, 8, 16, 64}, first and second MT-Bench turns, with the truth recorded in
 chain mode and replayed in tree modes and back; saved features replayed without a target forward;
 features from another pipeline (transformers, float32 and bfloat16) side by side; refusals of
@@ -100,6 +100,8 @@ def fixtures():
     case("dense", fixture("qwen3_tiny"), [fixture("dflash_qwen3"), fixture("dflash_qwen3_toplevel")], GSM, 3, 24,
          "0,4,16")
     case("hybrid", fixture("qwen35_text"), [fixture("dflash_qwen35")], GSM, 3, 24, "0,8,64")
+    case("moe", fixture("qwen35_moe_vlm"), [fixture("dflash_qwen35_moe")], GSM, 2, 24, "0,8")
+    case("moe-dense-attn", fixture("qwen3_moe"), [fixture("dflash_qwen3")], GSM, 2, 24, "0,16")
 
 
 def mtbench():

@@ -176,7 +176,8 @@ def outputs_match(target, drafter):
                     f"rounds {s['rounds']}")
             t.check(abs(mi.get("spec_accept_length", -1) - s["tau"]) < 1e-5, f"{tag}: spec_accept_length vs tau")
             t.check(len(mi.get("spec_accept_rate_per_pos", [])) == len(s["per_position"]) and
-                    all(abs(a - b) < 1e-5 for a, b in zip(mi["spec_accept_rate_per_pos"], s["per_position"])),
+                    all((a is None and b is None) or (a is not None and b is not None and abs(a - b) < 1e-5)
+                        for a, b in zip(mi["spec_accept_rate_per_pos"], s["per_position"])),
                     f"{tag}: per-position acceptance {mi.get('spec_accept_rate_per_pos')} vs {s['per_position']}")
             t.check(mi.get("spec_accept_lengths") == s["acceptance_lengths"] and
                     mi.get("spec_accept_histogram") == s["accept_hist"], f"{tag}: acceptance lengths differ")

@@ -1,5 +1,6 @@
 /* config.json parsing: architectures, nested/top-level rope, layer types, drafter fields,
- * range checks of every integer field, eos ids from the other config files. */
+ * mixture-of-experts fields (which layers are sparse, transformers' defaults), range checks of
+ * every integer field, eos ids from the other config files. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -91,6 +92,83 @@ static void test_ranges(void) {
     refused(DRAFTER_BASE, "\"mask_token_id\":1,\"dflash_config\":{\"block_size\":1e300}",
             "block_size: expected an integer in [2, 256], found 1e+300");
     refused(DRAFTER_BASE, "\"mask_token_id\":1,\"output_multiplier\":1e39", "output_multiplier: expected a number");
+}
+
+#define QWEN3_MOE_BASE                                                                                  \
+    "{\"model_type\":\"qwen3_moe\",\"hidden_size\":64,\"num_hidden_layers\":4,\"num_attention_heads\":4,"     \
+    "\"vocab_size\":100,\"num_experts_per_tok\":2,\"moe_intermediate_size\":32"
+
+/* MoE configs: qwen3_moe's sparse layers (decoder_sparse_step, mlp_only_layers), num_experts
+ * written as num_local_experts by transformers 5, qwen3_5_moe's defaults and shared expert. */
+static void test_moe(void) {
+    dfl_config c;
+    CHECK(parse(&c, QWEN3_MOE_BASE ",\"num_local_experts\":8,\"intermediate_size\":96,\"decoder_sparse_step\":2,"
+                    "\"mlp_only_layers\":[3],\"norm_topk_prob\":true}") == DFL_OK,
+          "qwen3_moe: %s", dfl_errmsg());
+    CHECK(c.arch == DFL_ARCH_QWEN3 && c.n_experts == 8 && c.n_experts_per_tok == 2 && c.moe_intermediate == 32 &&
+              c.shared_intermediate == 0 && c.norm_topk_prob && c.intermediate == 96 && !c.moe_layer[0] &&
+              c.moe_layer[1] && !c.moe_layer[2] && !c.moe_layer[3] && config_n_moe_layers(&c) == 1,
+          "qwen3_moe fields");
+    CHECK(parse(&c, QWEN3_MOE_BASE ",\"num_experts\":8}") == DFL_OK && !c.norm_topk_prob && config_n_moe_layers(&c) == 4 &&
+              c.intermediate == 0,
+          "qwen3_moe, every layer sparse, no intermediate_size: %s", dfl_errmsg());
+    refused(QWEN3_MOE_BASE, "\"num_experts\":8,\"mlp_only_layers\":[1]",
+            "layer 1 has a dense MLP but intermediate_size is missing");
+    refused(QWEN3_MOE_BASE, "\"num_experts\":1", "num_experts_per_tok 2 exceeds num_experts 1");
+    refused(QWEN3_MOE_BASE, "\"num_experts\":8,\"num_local_experts\":6", "num_experts 8 and num_local_experts 6 disagree");
+    refused(QWEN3_MOE_BASE, "\"num_experts\":8,\"mlp_only_layers\":[4]",
+            "mlp_only_layers[0]: expected an integer in [0, num_hidden_layers = 4), found 4");
+    refused(QWEN3_MOE_BASE, "\"num_experts\":8,\"decoder_sparse_step\":0", "decoder_sparse_step: expected an integer in [1,");
+    CHECK(parse(&c, "{\"model_type\":\"qwen3_5_moe\",\"text_config\":{\"hidden_size\":64,\"num_hidden_layers\":4,"
+                    "\"num_attention_heads\":2,\"vocab_size\":100,\"num_experts\":16}}") == DFL_OK,
+          "qwen3_5_moe: %s", dfl_errmsg());
+    CHECK(c.arch == DFL_ARCH_QWEN3_5 && c.text_config && c.n_experts == 16 && c.n_experts_per_tok == 8 &&
+              c.moe_intermediate == 512 && c.shared_intermediate == 512 && c.norm_topk_prob &&
+              config_n_moe_layers(&c) == 4,
+          "qwen3_5_moe defaults (transformers' Qwen3_5MoeTextConfig)");
+    CHECK(parse(&c, "{\"model_type\":\"qwen3_5_moe_text\",\"hidden_size\":64,\"num_hidden_layers\":4,"
+                    "\"num_attention_heads\":2,\"vocab_size\":100,\"num_experts\":4,\"num_experts_per_tok\":1,"
+                    "\"shared_expert_intermediate_size\":40}") == DFL_OK &&
+              !c.text_config && c.n_experts_per_tok == 1 && c.shared_intermediate == 40,
+          "qwen3_5_moe_text: %s", dfl_errmsg());
+}
+
+/* DFlash2: its four fields from dflash_config (z-lab) or the top level (speculators), is_causal,
+ * and the refusals naming the field. */
+#define DFLASH2_BASE                                                                                    \
+    "{\"architectures\":[\"DFlash2DraftModel\"],\"hidden_size\":64,\"num_hidden_layers\":2,"             \
+    "\"intermediate_size\":128,\"num_attention_heads\":4,\"vocab_size\":1000,\"mask_token_id\":5,"        \
+    "\"target_layer_ids\":[0,2],\"block_size\":8"
+static void test_dflash2(void) {
+    dfl_config c;
+    CHECK(parse(&c, DFLASH2_BASE ",\"is_causal\":false,\"dflash_config\":{\"conv_kernel_size\":2,"
+                    "\"conv_group_size\":16,\"selector_rank\":32,\"selector_top_k\":16}}") == DFL_OK &&
+              c.arch == DFL_ARCH_DFLASH && c.dflash2 && c.conv_taps == 2 && c.conv_group == 16 &&
+              c.selector_rank == 32 && c.selector_top_k == 16 && c.causal == 0,
+          "dflash2 in dflash_config: %s", dfl_errmsg());
+    CHECK(parse(&c, DFLASH2_BASE ",\"conv_kernel_size\":3,\"conv_group_size\":32,\"selector_rank\":8,"
+                    "\"selector_top_k\":4,\"dflash_config\":{\"causal\":true,\"selector_top_k\":6}}") == DFL_OK &&
+              c.conv_taps == 3 && c.conv_group == 32 && c.selector_rank == 8 && c.selector_top_k == 6 && c.causal == 1,
+          "dflash2 at top level, dflash_config first: %s", dfl_errmsg());
+    CHECK(parse(&c, DRAFTER_BASE ",\"mask_token_id\":1}") == DFL_OK && !c.dflash2 && c.causal == -1,
+          "DFlash is not DFlash2: %s", dfl_errmsg());
+    const char *four = "\"conv_group_size\":16,\"selector_rank\":8,\"selector_top_k\":4";
+    char extra[512];
+    snprintf(extra, sizeof extra, "%s", four);
+    refused(DFLASH2_BASE, extra, "DFlash2DraftModel needs 'conv_kernel_size' (in dflash_config or at top level)");
+    snprintf(extra, sizeof extra, "\"conv_kernel_size\":9,%s", four);
+    refused(DFLASH2_BASE, extra, "conv_kernel_size: expected an integer in [1, 8], found 9");
+    refused(DFLASH2_BASE, "\"conv_kernel_size\":2,\"conv_group_size\":48,\"selector_rank\":8,\"selector_top_k\":4",
+            "conv_group_size 48 does not divide hidden_size 64");
+    refused(DFLASH2_BASE, "\"conv_kernel_size\":2,\"conv_group_size\":16,\"selector_rank\":0,\"selector_top_k\":4",
+            "selector_rank: expected an integer in [1, 65536], found 0");
+    refused(DFLASH2_BASE, "\"conv_kernel_size\":2,\"conv_group_size\":16,\"selector_rank\":8,\"selector_top_k\":1001",
+            "selector_top_k: expected an integer in [1, 1000], found 1001");
+    refused(DFLASH2_BASE, "\"conv_kernel_size\":2,\"conv_group_size\":16,\"selector_rank\":8,\"selector_top_k\":4,"
+            "\"is_causal\":1", "'is_causal' must be true or false");
+    refused(DFLASH2_BASE, "\"conv_kernel_size\":2,\"conv_group_size\":16,\"selector_rank\":8,\"selector_top_k\":4,"
+            "\"is_causal\":false,\"layer_types\":[\"full_attention\",\"sliding_attention\"],\"sliding_window\":4",
+            "sliding_window 4 is smaller than block_size 8 in a non-causal (is_causal false) sliding_attention layer 1");
 }
 
 static void write_text(const char *dir, const char *name, const char *text) {
@@ -229,6 +307,8 @@ int main(void) {
               strstr(dfl_errmsg(), "sliding_window"),
           "sliding without window: %s", dfl_errmsg());
     test_ranges();
+    test_dflash2();
     test_extra_eos();
+    test_moe();
     return test_done("test_config");
 }

@@ -1,7 +1,7 @@
 /* DDTree: the builder equals a brute-force enumeration of the top-N prefixes (ties included);
  * tree verification is exact — each node's logits from the tree forward equal those of
  * verifying its root-to-node path as a chain, bit for bit — and DDTree decoding is
- * token-identical to greedy decoding on dense and hybrid fixtures, including rounds whose
+ * token-identical to greedy decoding on dense, hybrid and MoE fixtures, including rounds whose
  * accepted path is not the first branch and full-depth acceptance. */
 #include <math.h>
 #include <stdlib.h>
@@ -119,8 +119,8 @@ typedef struct oracle {
     int n_prompt, n_ctx, round, V, mode;
 } oracle;
 
-static int o_add(void *ctx, const float *feat, int n) {
-    (void)feat;
+static int o_add(void *ctx, const float *feat, const int32_t *tokens, int n) {
+    (void)feat, (void)tokens;
     ((oracle *)ctx)->n_ctx += n;
     return DFL_OK;
 }
@@ -286,7 +286,11 @@ int main(void) {
     CHECK(ddtree_alloc(&t, 0) == DFL_ERR && ddtree_alloc(&t, DDTREE_MAX_NODES + 1) == DFL_ERR, "budget bounds");
     tree_exact("qwen3_tiny", "dflash_qwen3");
     tree_exact("qwen35_vlm", "dflash_qwen35");
+    tree_exact("qwen3_moe", "dflash_qwen3");
+    tree_exact("qwen35_moe_vlm", "dflash_qwen35_moe");
     tree_lossless("qwen3_tiny", "dflash_qwen3");
     tree_lossless("qwen35_vlm", "dflash_qwen35");
+    tree_lossless("qwen3_moe", "dflash_qwen3");
+    tree_lossless("qwen35_moe_vlm", "dflash_qwen35_moe");
     return test_done("test_ddtree");
 }

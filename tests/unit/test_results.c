@@ -81,6 +81,22 @@ int main(void) {
           "quoted strings: %s: %s", dfl_errmsg(), w);
     free(w);
 
+    /* --repeat's "rep": written only for repetitions, read back; absent = 0; range checked */
+    eval_result_init(&r);
+    r.rep = 2, r.max_block = 2;
+    w = written(&r, NULL, 0);
+    CHECK(strstr(w, "\"rep\": 2") && eval_result_parse(w, &r2, NULL, NULL) == DFL_OK && r2.rep == 2,
+          "rep round trip: %s: %s", dfl_errmsg(), w);
+    free(w);
+    r.rep = 0;
+    w = written(&r, NULL, 0);
+    CHECK(!strstr(w, "\"rep\"") && eval_result_parse(w, &r2, NULL, NULL) == DFL_OK && r2.rep == 0,
+          "the first run has no rep field: %s", w);
+    free(w);
+    refused(line_with("turn", "0, \"rep\": -1"), "field 'rep'");
+    refused(line_with("turn", "0, \"rep\": 100"), "field 'rep'");
+    refused(line_with("turn", "0, \"rep\": 1.5"), "field 'rep'");
+
     /* numbers outside what the fields hold are refused, not cast (UBSan: float-cast-overflow) */
     refused(line_with("tokens", "1e300"), "field 'tokens'");
     refused(line_with("turn", "-1e300"), "field 'turn'");

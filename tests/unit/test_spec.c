@@ -1,11 +1,12 @@
-/* Speculative decoding is lossless: token-identical to autoregressive greedy decoding on dense
- * and hybrid fixtures, with (a) random DFlash drafters (rejections everywhere) and (b) an
+/* Speculative decoding is lossless: token-identical to autoregressive greedy decoding on dense,
+ * hybrid and mixture-of-experts fixtures, with (a) random DFlash drafters (rejections everywhere) and (b) an
  * oracle drafter that proposes the true continuation corrupted at a chosen position each
  * round, so that every acceptance length 0..B-1 — rollback at every position — and the
  * full-accept path occur. The drafter's context length is checked against the committed
  * length every round (the anchor never enters it). Sampling: the distribution of the first
- * sampled tokens with a drafter matches the target's own sampling (chi-square homogeneity
- * test, false-alarm rate 1e-3 per comparison, fixed seeds). */
+ * sampled tokens with a drafter (DFlash, and DFlash2 whose q is zero outside its candidates)
+ * matches the target's own sampling (chi-square homogeneity test, false-alarm rate 1e-3 per
+ * comparison, fixed seeds). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,8 +24,8 @@ typedef struct oracle {
     int full_every;       /* when > 0 and round % full_every == 0: no corruption */
 } oracle;
 
-static int o_add(void *ctx, const float *feat, int n) {
-    (void)feat;
+static int o_add(void *ctx, const float *feat, const int32_t *tokens, int n) {
+    (void)feat, (void)tokens;
     ((oracle *)ctx)->n_ctx += n;
     return DFL_OK;
 }
@@ -48,7 +49,9 @@ static int o_draft(void *ctx, int32_t anchor, int B, float *logits) {
 
 /* A drafter that takes one feature too many (the `<=` bug: the anchor's position enters its
  * context): the loop must refuse it on the first round. */
-static int leaky_add(void *ctx, const float *feat, int n) { return o_add(ctx, feat, n + 1); }
+static int leaky_add(void *ctx, const float *feat, const int32_t *tokens, int n) {
+    return o_add(ctx, feat, tokens, n + 1);
+}
 
 static int32_t prompt[] = {11, 200, 37, 512, 99, 3, 641, 77, 12};
 #define NP ((int)(sizeof prompt / sizeof prompt[0]))
@@ -289,8 +292,11 @@ int main(void) {
     lossless("qwen3_tiny", "dflash_qwen3");
     lossless("qwen35_vlm", "dflash_qwen35");
     lossless("qwen35_bf16", NULL); /* no drafter fits this target: the oracle alone */
+    lossless("qwen3_moe", "dflash_qwen3");
+    lossless("qwen35_moe_vlm", "dflash_qwen35_moe");
     sampling("qwen3_tiny", "dflash_qwen3");
     sampling("qwen35_vlm", "dflash_qwen35");
+    sampling("qwen3_tiny", "dflash2_qwen3"); /* q is zero outside each position's candidates */
     bad_input();
     return test_done("test_spec");
 }

@@ -1,0 +1,88 @@
+/* DFlash2 drafter pieces (docs/dflash2.md): the grouped depthwise convolution that wraps every
+ * attention and MLP sublayer, and the candidate selector that proposes one coherent block. */
+#include "models/dflash2.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dfl/common.h"
+
+int dflash2_state_init(dfl_dstate *s) {
+    const dfl_config *g = &s->d->cfg;
+    if (!g->dflash2) return DFL_OK;
+    const size_t B = (size_t)s->max_block, K = (size_t)g->selector_top_k;
+    const size_t nd = 2 * (size_t)g->conv_taps * (size_t)(g->hidden / g->conv_group);
+    s->cdelta = dfl_zalloc(B * nd * sizeof(float));
+    s->conv = dfl_zalloc(B * (size_t)g->hidden * sizeof(float));
+    s->sel_h = dfl_zalloc((B + 2) * (size_t)g->selector_rank * sizeof(float));
+    s->cand = malloc(B * K * sizeof *s->cand);
+    s->cand_logit = malloc(B * K * sizeof *s->cand_logit);
+    s->walk = malloc(B * sizeof *s->walk);
+    s->bytes += (B * (nd + (size_t)g->hidden + 2 * K + 1) + (B + 2) * (size_t)g->selector_rank) * sizeof(float);
+    return s->cdelta && s->conv && s->sel_h && s->cand && s->cand_logit && s->walk ? DFL_OK : DFL_ERR;
+}
+
+void dflash2_state_free(dfl_dstate *s) {
+    free(s->cdelta), free(s->conv), free(s->sel_h), free(s->cand), free(s->cand_logit), free(s->walk);
+}
+
+void dflash2_conv_deltas(dfl_dstate *s, const dfl_mat *proj, const float *xn, int B) {
+    kn_matmul(s->cdelta, xn, proj, B);
+}
+
+void dflash2_conv(const dfl_dstate *s, const float *base, int side, const float *x, float *y, int B) {
+    const dfl_config *g = &s->d->cfg;
+    const int H = g->hidden, T = g->conv_taps, gs = g->conv_group, G = H / gs;
+    const float *bs = base + (size_t)side * T * H; /* [T, H] */
+    for (int i = 0; i < B; i++) {
+        const float *delta = s->cdelta + ((size_t)i * 2 + side) * T * G; /* [T, G] of row i */
+        float *yi = y + (size_t)i * H;
+        memset(yi, 0, (size_t)H * sizeof(float));
+        for (int t = 0; t <= i && t < T; t++) {
+            const float *xt = x + (size_t)(i - t) * H, *bt = bs + (size_t)t * H;
+            for (int c = 0; c < H; c++) yi[c] += (bt[c] + delta[t * G + c / gs]) * xt[c];
+        }
+    }
+}
+
+/* The K largest of row [V] into ids / vals, best first: value descending, then id ascending
+ * (torch.topk leaves ties unordered; exact ties do not occur in float logits in practice). */
+static void top_k(const float *row, int V, int K, int32_t *ids, float *vals) {
+    int n = 0;
+    for (int v = 0; v < V; v++) {
+        const float x = row[v];
+        if (n == K && !(x > vals[K - 1])) continue;
+        int j = n < K ? n++ : K - 1;
+        while (j > 0 && x > vals[j - 1]) {
+            vals[j] = vals[j - 1], ids[j] = ids[j - 1];
+            j--;
+        }
+        vals[j] = x, ids[j] = v;
+    }
+}
+
+void dflash2_select(dfl_dstate *s, const float *hidden, int32_t anchor, int D, float *logits) {
+    const dfl_drafter *d = s->d;
+    const dfl_config *g = &d->cfg;
+    const int V = s->t->cfg.vocab, K = g->selector_top_k, R = g->selector_rank;
+    kn_matmul(s->sel_h, hidden, &d->sel_proj, D);
+    float *pred = s->sel_h + (size_t)s->max_block * R, *succ = pred + R;
+    int32_t prev = anchor;
+    for (int k = 0; k < D; k++) {
+        float *row = logits + (size_t)k * V;
+        int32_t *ids = s->cand + (size_t)k * K;
+        float *vals = s->cand_logit + (size_t)k * K;
+        top_k(row, V, K, ids, vals);
+        /* edge(prev -> c) = logit[c] + <pred[prev] * hidden_projection(h_k), succ[c]> */
+        kn_mat_row(&d->sel_pred, prev, pred);
+        for (int r = 0; r < R; r++) pred[r] *= s->sel_h[(size_t)k * R + r];
+        for (int v = 0; v < V; v++) row[v] = -INFINITY;
+        for (int c = 0; c < K; c++) {
+            kn_mat_row(&d->sel_succ, ids[c], succ);
+            row[ids[c]] = vals[c] + kn_dot(pred, succ, R);
+        }
+        /* the chain takes each row's argmax: the walk follows the same choice */
+        prev = s->walk[k] = kn_argmax(row, V);
+    }
+}
