@@ -1,7 +1,7 @@
 """Write a fine-grained FP8 checkpoint from an F32 / F16 / BF16 one, in the layout of the released
 Qwen3 / Qwen3.5 "-FP8" checkpoints (docs/fp8.md):
 
-    python tools/make_fp8.py SRC DST [--block 128,128] [--scale-dtype bf16|f32]
+    python tools/make_fp8.py SRC DST [--block 128,128] [--scale-dtype bf16|f32] [--quantize-mtp]
     python tools/make_fp8.py --dequantize FP8DIR DST    # the reference tests' float32 weights
 
 Every linear weight of the text decoder layers (self_attn q/k/v/o_proj; linear_attn in_proj_qkv,
@@ -11,7 +11,8 @@ ceil(in / bn)] beside it: per block, scale_inv = amax(|w|) / 448 (1 for an all-z
 fp8 = round_to_nearest_even(w / scale_inv) clamped to +-448, so that w ~ fp8 * scale_inv.
 Everything else keeps its dtype, as the released checkpoints keep it: embeddings, lm_head, norms,
 the Gated DeltaNet's conv1d, A_log, dt_bias and its small in_proj_a / in_proj_b, the MoE router,
-the vision tower and the mtp head. config.json gains the top-level quantization_config
+the vision tower and the mtp head (--quantize-mtp: its fc and layer projections too). config.json
+gains the top-level quantization_config
 {quant_method "fp8", fmt "e4m3", activation_scheme "dynamic", weight_block_size [bm, bn],
 modules_to_not_convert: every module with a weight of 2 or more dims left unquantized}. Shards
 keep their split (each scale in its weight's shard) and the index gains the scales; other files
@@ -34,8 +35,9 @@ from safetensors.torch import save_file
 
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
 TEXT_LAYERS = r"^(model\.|model\.language_model\.)layers\.\d+\."
-QUANTIZED = re.compile(TEXT_LAYERS + r"(self_attn\.[qkvo]_proj|linear_attn\.(in_proj_qkv|in_proj_z|out_proj)"
-                       r"|mlp\.(experts\.\d+\.|shared_expert\.)?(gate|up|down)_proj)\.weight$")
+PROJ = r"(self_attn\.[qkvo]_proj|linear_attn\.(in_proj_qkv|in_proj_z|out_proj)|mlp\.(experts\.\d+\.|shared_expert\.)?(gate|up|down)_proj)"
+QUANTIZED = re.compile(TEXT_LAYERS + PROJ + r"\.weight$")
+MTP = re.compile(r"^mtp\.(fc|layers\.\d+\." + PROJ + r")\.weight$")
 
 
 def quantize(w, bm, bn, scale_dtype):
@@ -59,7 +61,7 @@ def dequantize(q, scale, bm, bn):
     return q.float() * s
 
 
-def convert(src, dst, block=(128, 128), scale_dtype=torch.bfloat16):
+def convert(src, dst, block=(128, 128), scale_dtype=torch.bfloat16, quantize_mtp=False):
     bm, bn = block
     os.makedirs(dst, exist_ok=True)
     index_path = os.path.join(src, "model.safetensors.index.json")
@@ -76,7 +78,7 @@ def convert(src, dst, block=(128, 128), scale_dtype=torch.bfloat16):
         with safe_open(os.path.join(src, shard), "pt") as f:
             for name in f.keys():
                 t = f.get_tensor(name)
-                if QUANTIZED.match(name) and t.ndim == 2:
+                if (QUANTIZED.match(name) or (quantize_mtp and MTP.match(name))) and t.ndim == 2:
                     q, s = quantize(t, bm, bn, scale_dtype)
                     out[name], out[name + "_scale_inv"] = q, s
                 else:
@@ -147,13 +149,14 @@ def main():
     ap.add_argument("--block", default="128,128", help="weight_block_size rows,cols (default 128,128)")
     ap.add_argument("--scale-dtype", choices=("bf16", "f32"), default="bf16",
                     help="dtype of weight_scale_inv (Qwen3.5 FP8 releases: bf16)")
+    ap.add_argument("--quantize-mtp", action="store_true", help="also the mtp head's fc and layer projections")
     a = ap.parse_args()
     if a.dequantize:
         return dequantize_dir(a.src, a.dst)
     block = tuple(int(x) for x in a.block.split(","))
     if len(block) != 2 or min(block) < 1:
         ap.error(f"--block: expected two positive integers, found {a.block!r}")
-    convert(a.src, a.dst, block, torch.bfloat16 if a.scale_dtype == "bf16" else torch.float32)
+    convert(a.src, a.dst, block, torch.bfloat16 if a.scale_dtype == "bf16" else torch.float32, a.quantize_mtp)
 
 
 if __name__ == "__main__":

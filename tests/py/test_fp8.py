@@ -9,7 +9,9 @@ tools/make_fp8.py.
 - Reference: dfl on the FP8 checkpoint vs transformers on the same weights dequantized to float32
   (`make_fp8.py --dequantize`): logits and every layer within 1e-4 relative (`dfl hidden-diff`),
   64 greedy tokens identical; blocks of 128 x 128 (with cut-short last blocks), 5 x 24 (the
-  generic kernel) with F32 scales and 32 x 64; the generic, AVX2 and default paths.
+  generic kernel) with F32 scales and 32 x 64; the generic, AVX2 and default paths; MoE targets
+  (Qwen3 and Qwen3.5, experts per expert, shared expert) converted the same way.
+- An FP8 checkpoint whose MTP head is quantized too: `--drafter mtp` lossless, drafts accepted.
 - FP8 vs BF16: `dfl hidden-diff` reports a nonzero difference within sane bounds: on the trained
   embedded target every layer and the logits move by 0.5-2% of their scale (bound 5%); on the
   random-weight fixtures, whose hybrid layers amplify the 2.6% RMS weight error, by 8-50%
@@ -98,6 +100,21 @@ def vs_transformers(d, T, greedy=False, isas=(None,)):
                        "--json")["tokens"]
         t.check(got == summary["greedy"], f"{tag}: greedy tokens differ: dfl {got} vs transformers "
                                           f"{summary['greedy']} (min margin {summary['min_margin']})")
+
+
+def mtp_head():
+    """An FP8 checkpoint whose MTP head is quantized too: speculative decoding with it is lossless
+    and its drafts are accepted (the fitted head of qwen35_mtp)."""
+    d = converted(fixture("qwen35_mtp"), "qwen35_mtp-fp8", "--quantize-mtp")
+    with safe_open(os.path.join(d, ST), "pt") as f:
+        t.check(f.get_slice("mtp.fc.weight").get_dtype() == "F8_E4M3", "mtp.fc.weight quantized")
+    for ids in ("11,200,37,512,99,3,641,77,12", "5,6,7,8,9,10,11,12"):
+        base = ["generate", "--target", d, "--prompt-ids", ids, "--max-new", 40, "--ignore-eos", "--json"]
+        greedy = dfl_json(*base)["tokens"]
+        for extra in ([], ["--tree-budget", "8"]):
+            g = dfl_json(*base, "--drafter", "mtp", *extra)
+            t.check(g["tokens"] == greedy, f"FP8 MTP {ids} {extra}: speculative output != greedy")
+            t.check(g["stats"]["accepted"] > 0, f"FP8 MTP {ids} {extra}: no draft accepted")
 
 
 def fp8_vs_bf16(fp8, bf16, bound):
@@ -232,6 +249,11 @@ t.run(vs_transformers, fixture("qwen3_fp8"), 130, True)
 t.run(vs_transformers, fixture("qwen35_fp8"), 100, True, (None, "generic", "avx2"))
 t.run(vs_transformers, converted(fixture("qwen3_bf16"), "qwen3-b5x24", "--block", "5,24", "--scale-dtype", "f32"), 40)
 t.run(vs_transformers, converted(fixture("qwen35_bf16"), "qwen35-b32x64", "--block", "32,64"), 70)
+# mixture of experts, experts stored per expert (the released FP8 MoE layout): routed and shared
+# experts quantized, routers and the shared expert's gate not
+t.run(vs_transformers, converted(fixture("qwen3_moe_bf16"), "qwen3_moe-fp8"), 40, True)
+t.run(vs_transformers, converted(fixture("qwen35_moe_vlm"), "qwen35_moe-fp8", "--block", "16,32"), 30)
+t.run(mtp_head)
 t.run(fp8_vs_bf16, fixture("qwen3_fp8"), fixture("qwen3_bf16"), 0.75)
 t.run(fp8_vs_bf16, fixture("qwen35_fp8"), fixture("qwen35_bf16"), 0.75)
 t.run(fp8_vs_bf16, converted(EMB_TARGET, "embedded-fp8"), EMB_TARGET, 0.05)
