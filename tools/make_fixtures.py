@@ -179,9 +179,10 @@ def qwen35_vlm_config(tok, tied, **text):
 
 def add_mtp(out, model, seed, dtype):
     """Append `mtp.*` tensors (one gated full-attention layer, fc over [emb; hidden]) as released
-    Qwen3.5 checkpoints carry them; transformers ignores them."""
+    Qwen3.5 checkpoints carry them; transformers ignores them. On a Qwen3.5-MoE model the layer's
+    MLP is a sparse MoE block with its experts fused, as Qwen3.5/3.6-35B-A3B ship it."""
     c = model.config.get_text_config()
-    H, hd, I = c.hidden_size, c.head_dim, c.intermediate_size
+    H, hd = c.hidden_size, c.head_dim
     shapes = {
         "mtp.fc.weight": [H, 2 * H],
         "mtp.pre_fc_norm_embedding.weight": [H],
@@ -195,15 +196,23 @@ def add_mtp(out, model, seed, dtype):
         "mtp.layers.0.self_attn.o_proj.weight": [H, c.num_attention_heads * hd],
         "mtp.layers.0.self_attn.q_norm.weight": [hd],
         "mtp.layers.0.self_attn.k_norm.weight": [hd],
-        "mtp.layers.0.mlp.gate_proj.weight": [I, H],
-        "mtp.layers.0.mlp.up_proj.weight": [I, H],
-        "mtp.layers.0.mlp.down_proj.weight": [H, I],
     }
+    mlp = "mtp.layers.0.mlp."
+    if getattr(c, "num_experts", 0):
+        E, Ie, Is = c.num_experts, c.moe_intermediate_size, c.shared_expert_intermediate_size
+        shapes.update({mlp + "gate.weight": [E, H], mlp + "experts.gate_up_proj": [E, 2 * Ie, H],
+                       mlp + "experts.down_proj": [E, H, Ie], mlp + "shared_expert.gate_proj.weight": [Is, H],
+                       mlp + "shared_expert.up_proj.weight": [Is, H], mlp + "shared_expert.down_proj.weight": [H, Is],
+                       mlp + "shared_expert_gate.weight": [1, H]})
+    else:
+        I = c.intermediate_size
+        shapes.update({mlp + "gate_proj.weight": [I, H], mlp + "up_proj.weight": [I, H],
+                       mlp + "down_proj.weight": [H, I]})
     path = os.path.join(out, "model.safetensors")
     tensors = load_file(path)
     for name, shape in shapes.items():
         g = _gen(seed, name)
-        std = 0.1 if len(shape) == 1 else 1.0 / shape[1] ** 0.5
+        std = 0.1 if len(shape) == 1 else 1.0 / shape[-1] ** 0.5
         tensors[name] = (torch.randn(shape, generator=g) * std).to(dtype)
     save_file(tensors, path, metadata={"format": "pt"})
 
@@ -252,6 +261,11 @@ def make_qwen35_mtp(out, tok, tokdir):
     """qwen35_vlm's target with its MTP head fitted to the target's own greedy continuations of
     MTP_FIT_PROMPTS (mtp_reference.fit_mtp), so that MTP drafts are accepted there."""
     make_qwen35_vlm(out, tok, tokdir)
+    fit_mtp_head(out, tokdir)
+
+
+def fit_mtp_head(out, tokdir):
+    """Fit OUTDIR's mtp.* tensors on the target's greedy continuations of the MTP_FIT prompts."""
     sys.path.insert(0, os.path.join(HERE, "reference"))
     import mtp_reference
     path = os.path.join(out, "model.safetensors")
@@ -368,6 +382,16 @@ def build_qwen35_moe_vlm(tok):
 
 def make_qwen35_moe_vlm(out, tok, tokdir):
     save(build_qwen35_moe_vlm(tok), out, tok, tokdir)
+
+
+def make_qwen35_moe_mtp(out, tok, tokdir):
+    """qwen35_moe_vlm's target with an MoE MTP head in the released layout (fused experts, shared
+    expert), fitted as qwen35_mtp's is."""
+    model = build_qwen35_moe_vlm(tok)
+    save(model, out, tok, tokdir)
+    add_mtp(out, model, 13, torch.float32)
+    edit_config(out, lambda c: c["text_config"].update(mtp_num_hidden_layers=1))  # as released configs say
+    fit_mtp_head(out, tokdir)
 
 
 def make_qwen35_moe_fused(out, tok, tokdir):
@@ -534,6 +558,7 @@ FIXTURES = {
     "qwen3_moe_bf16": make_qwen3_moe_bf16,
     "qwen35_moe_vlm": make_qwen35_moe_vlm,
     "qwen35_moe_text": make_qwen35_moe_text,
+    "qwen35_moe_mtp": make_qwen35_moe_mtp,
     "qwen35_moe_fused": make_qwen35_moe_fused,
     "qwen3_fp8": make_qwen3_fp8,
     "qwen35_fp8": make_qwen35_fp8,

@@ -102,6 +102,19 @@ typedef struct dfl_capture {
     float *out;         /* [n_tokens][n_layers][H]; rows written at out + t*n_layers*H */
 } dfl_capture;
 
+/* Scratch of a sparse MoE block over up to B tokens (k = experts per token); the target's forward
+ * and the MTP head's layer each hold one. */
+typedef struct dfl_moe_buf {
+    float *logits;        /* [B, E] router logits, then probabilities */
+    int *idx;             /* [B, k] experts of each token, ascending expert id */
+    float *w;             /* [B, k] their routing weights */
+    int *rows;            /* [B * k] (token * k + slot) of each expert-sorted row */
+    int *count;           /* [2E + 1] rows per expert, then prefix offsets; fill cursors */
+    float *x;             /* [B * k, H] inputs gathered by expert */
+    float *y;             /* [B * k, H] expert outputs, same order */
+    float *sh;            /* [B] shared-expert gate logits */
+} dfl_moe_buf;
+
 /* Run state of one sequence. */
 typedef struct dfl_state {
     const dfl_model *m;
@@ -143,15 +156,7 @@ typedef struct dfl_state {
     float *z;             /* [B, Hv*dv] */
     float *ab;            /* [B, 2*Hv] */
     float *mlp1, *mlp2;   /* [B * max(I, k*Ie, Is)] dense MLP / expert / shared expert inner rows */
-    /* MoE scratch (n_experts > 0), k = experts per token */
-    float *moe_logits;    /* [B, E] router logits, then probabilities */
-    int *moe_idx;         /* [B, k] experts of each token, ascending expert id */
-    float *moe_w;         /* [B, k] their routing weights */
-    int *moe_rows;        /* [B * k] (token * k + slot) of each expert-sorted row */
-    int *moe_count;       /* [E + 1] rows per expert, then prefix offsets */
-    float *moe_x;         /* [B * k, H] inputs gathered by expert */
-    float *moe_y;         /* [B * k, H] expert outputs, same order */
-    float *moe_sh;        /* [B] shared-expert gate logits */
+    dfl_moe_buf moe;      /* MoE scratch for B tokens (n_experts > 0) */
     /* distinct experts the last forward touched, summed over the sparse layers (the weights a
      * forward streams: verification of n tokens reads up to n*k experts per layer) */
     long moe_touched;
@@ -200,5 +205,17 @@ int state_tree_commit(dfl_state *s, const int *path, int len);
 void model_embed(const dfl_model *m, int32_t token, float *out);
 /* logits[V] = lm_head . x (x already final-normed). */
 void model_lm_head(const dfl_model *m, const float *x, float *logits, int n);
+
+/* Sparse MoE blocks (docs/moe.md), shared by the target's layers and the MTP head's layer.
+ * moe_buf_init: scratch for up to rows tokens of config g (adds its bytes to *bytes, or NULL). */
+int moe_buf_init(dfl_moe_buf *b, const dfl_config *g, int rows, uint64_t *bytes);
+void moe_buf_free(dfl_moe_buf *b);
+/* Inner rows per token the block needs in mlp1 / mlp2: max(k * Ie, Is). */
+size_t moe_inner_per_token(const dfl_config *g);
+/* The MoE block l of config g on xn [n, H] (already post-attention-normed), added into the
+ * residual x [n, H]; mlp1 / mlp2 [n * moe_inner_per_token] scratch. Returns the distinct experts
+ * the n tokens touched. A token's output does not depend on the other tokens of the call. */
+int moe_forward(const dfl_config *g, const dfl_layer_w *l, dfl_moe_buf *b, const float *xn, float *x, float *mlp1,
+                float *mlp2, int n);
 
 #endif

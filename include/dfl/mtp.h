@@ -6,7 +6,8 @@
  *   u = fc([RMSNorm_emb(embed(x_{i+1})) ; RMSNorm_hidden(h_i)])       (zero-centred norms, 1 + w)
  *   y = RMSNorm_mtp(layer(u))  at position i, with its own KV cache;  logits = lm_head(y)
  * h_i is the target's hidden state after its final norm (what the target's lm_head reads);
- * step k+1 feeds y of step k at position i+1. */
+ * step k+1 feeds y of step k at position i+1. On a Qwen3.5-MoE checkpoint the layer's MLP is a
+ * sparse MoE block, computed by the target's own MoE routine (moe_forward). */
 #ifndef DFL_MTP_H
 #define DFL_MTP_H
 
@@ -26,9 +27,10 @@ typedef struct dfl_mtp {
     float *norm_emb;       /* [H] pre_fc_norm_embedding, 1 + w */
     float *norm_hidden;    /* [H] pre_fc_norm_hidden, 1 + w */
     dfl_mat fc;            /* [H, 2H] over [embedding ; hidden] */
-    dfl_layer_w layer;     /* mtp.layers.0: a gated full-attention layer (norms 1 + w) */
+    dfl_layer_w layer;     /* mtp.layers.0: a gated full-attention layer (norms 1 + w) with a dense
+                            * MLP (qwen3_5) or a sparse MoE block like the target's (qwen3_5_moe) */
     float *norm;           /* [H] final mtp norm, 1 + w */
-    int intermediate;      /* I of the layer's MLP */
+    dfl_config cfg;        /* the checkpoint's config: the MLP's sizes, the MoE's experts and top-k */
     unsigned char *used;   /* [n_tensors] */
     int n_tensors;         /* mtp.* tensors in the checkpoint */
     uint64_t weight_bytes; /* bytes of the mtp.* tensors read */
@@ -66,7 +68,8 @@ typedef struct dfl_mstate {
     float *q;             /* [rows, Hq*hd*2] query | gate per head */
     float *k, *v;         /* [rows, Hkv*hd] */
     float *att;           /* [rows, Hq*hd] */
-    float *mlp1, *mlp2;   /* [rows, I] */
+    float *mlp1, *mlp2;   /* [rows, max(I, k*Ie, Is)] dense MLP / expert / shared expert inner rows */
+    dfl_moe_buf moe;      /* MoE layer scratch (one row: a step runs one position) */
     float *scores;        /* [max_ctx] */
     float *inv_freq;      /* [rot/2] */
     uint64_t bytes;

@@ -5,9 +5,9 @@
 #include <unistd.h>
 
 #include "cli/cli.h"
+#include "dfl/any_drafter.h"
 #include "dfl/common.h"
 #include "dfl/model.h"
-#include "dfl/mtp.h"
 #include "dfl/ddtree.h"
 #include "dfl/prompt.h"
 #include "dfl/safetensors.h"
@@ -244,35 +244,17 @@ int cmd_generate(int argc, char **argv) {
     dfl_model m;
     double t0 = dfl_now();
     if (model_open(&m, target, check) != DFL_OK) return cli_fail("generate", "%s", dfl_errmsg());
-    dfl_drafter d;
-    dfl_mtp mtp;
-    char mtp_dir[4096];
-    int have_d = 0, have_mtp = 0, rc = 0;
-    if (drafter_dir && mtp_parse_arg(drafter_dir, target, mtp_dir, sizeof mtp_dir)) {
-        if (mtp_open(&mtp, mtp_dir, &m, check) != DFL_OK) {
-            model_close(&m);
-            return cli_fail("generate", "--drafter %s: %s", drafter_dir, dfl_errmsg());
-        }
-        have_mtp = 1;
-        if (!block) block = DFL_MTP_DEFAULT_BLOCK;
-    } else if (drafter_dir) {
-        if (drafter_open_checked(&d, drafter_dir, m.cfg.n_layers, check) != DFL_OK) {
+    dfl_any_drafter ad;
+    int have_ad = 0, rc = 0;
+    if (drafter_dir) {
+        char warning[1024];
+        if (anydrafter_open(&ad, drafter_dir, &m, target, (int)block, check, warning, sizeof warning) != DFL_OK) {
             model_close(&m);
             return cli_fail("generate", "%s", dfl_errmsg());
         }
-        have_d = 1;
-        if (drafter_check_target(&d, &m) != DFL_OK) {
-            rc = cli_fail("generate", "%s", dfl_errmsg());
-            goto out0;
-        }
-        char warning[1024];
-        if (drafter_target_warning(&d, &m, warning, sizeof warning)) fprintf(stderr, "dfl: warning: %s\n", warning);
-        if (!block) block = d.cfg.block_size;
-        if (block < 2 || block > d.cfg.block_size) {
-            rc = cli_fail("generate", "--block-size %ld: must be in [2, %d] (the drafter's block_size)", block,
-                          d.cfg.block_size);
-            goto out0;
-        }
+        have_ad = 1;
+        if (warning[0]) fprintf(stderr, "dfl: warning: %s\n", warning);
+        block = ad.block;
     }
     double t_load = dfl_now() - t0;
     dfl_tokenizer *tok = NULL;
@@ -310,7 +292,7 @@ int cmd_generate(int argc, char **argv) {
     /* no forward is longer than the context: a round verifies at most the tokens max_new leaves */
     if (max_batch > max_ctx) max_batch = (int)max_ctx;
     dfl_state s;
-    if (state_init(&s, &m, (int)max_ctx, max_batch, have_d || have_mtp) != DFL_OK) {
+    if (state_init(&s, &m, (int)max_ctx, max_batch, have_ad) != DFL_OK) {
         rc = cli_fail("generate", "%s", dfl_errmsg());
         goto out1;
     }
@@ -318,24 +300,14 @@ int cmd_generate(int argc, char **argv) {
         rc = cli_fail("generate", "%s", dfl_errmsg());
         goto out2;
     }
-    dfl_dstate ds;
-    dfl_mstate ms;
     int have_ds = 0;
     dfl_draft_if dif;
-    if (have_d) {
-        if (dstate_init(&ds, &d, &m, (int)max_ctx, (int)block) != DFL_OK) {
+    if (have_ad) {
+        if (anydrafter_state_init(&ad, &m, (int)max_ctx, &dif) != DFL_OK) {
             rc = cli_fail("generate", "%s", dfl_errmsg());
             goto out2;
         }
         have_ds = 1;
-        dif = spec_dflash_drafter(&ds);
-    } else if (have_mtp) {
-        if (mstate_init(&ms, &mtp, &m, (int)max_ctx, (int)block) != DFL_OK) {
-            rc = cli_fail("generate", "%s", dfl_errmsg());
-            goto out2;
-        }
-        have_ds = 1;
-        dif = mtp_drafter_if(&ms);
     }
     dfl_gen_opts o = {.max_new = (int)max_new, .block = (int)block, .temperature = (float)temperature,
                       .seed = (uint64_t)seed, .ignore_eos = ignore_eos, .tree_budget = (int)budget,
@@ -358,7 +330,7 @@ int cmd_generate(int argc, char **argv) {
         else printf("null");
         printf(", \"unknown_ids\": %d, ", unknown);
         print_stats_json(&st, have_ds ? &rl : NULL, &m,
-                         s.bytes + (have_d ? ds.bytes : 0) + (have_mtp ? ms.bytes : 0), max_ctx, t_load);
+                         s.bytes + (have_ad ? anydrafter_state_bytes(&ad) : 0), max_ctx, t_load);
         printf("}\n");
         free(text);
     } else {
@@ -378,16 +350,13 @@ int cmd_generate(int argc, char **argv) {
     rounds_free(&rl);
     free(out);
     free(sm.ids);
-    if (have_d) dstate_free(&ds);
-    if (have_mtp) mstate_free(&ms);
 out2:
     state_free(&s);
 out1:
     free(prompt);
     if (tok) tok_close(tok);
 out0:
-    if (have_d) drafter_close(&d);
-    if (have_mtp) mtp_close(&mtp);
+    if (have_ad) anydrafter_close(&ad);
     model_close(&m);
     return rc;
 }

@@ -14,10 +14,10 @@
 
 #include <cjson/cJSON.h>
 
+#include "dfl/any_drafter.h"
 #include "dfl/common.h"
 #include "dfl/ddtree.h"
 #include "dfl/eval.h"
-#include "dfl/mtp.h"
 #include "dfl/prompt.h"
 #include "dfl/reference.h"
 #include "dfl/replay.h"
@@ -293,11 +293,7 @@ typedef struct run {
     eval_prompts ps;
     dfl_model m;
     int have_model;
-    dfl_drafter ds[EVAL_MAX_DRAFTERS];
-    dfl_dstate dst[EVAL_MAX_DRAFTERS];
-    int is_mtp[EVAL_MAX_DRAFTERS];     /* drafter d is a target's MTP head (mtp, mst) instead of ds, dst */
-    dfl_mtp mtp[EVAL_MAX_DRAFTERS];
-    dfl_mstate mst[EVAL_MAX_DRAFTERS];
+    dfl_any_drafter ad[EVAL_MAX_DRAFTERS]; /* DFlash, DFlash2 or an MTP head, and its run state */
     dfl_draft_if dif[EVAL_MAX_DRAFTERS]; /* each drafter as the loops drive it (alloc_states) */
     char *label[EVAL_MAX_DRAFTERS];      /* its name in results and summaries: the --drafter argument, or
                                           * "mtp (DIR)" for the MTP head of checkpoint DIR */
@@ -791,62 +787,32 @@ static int take_lock(run *r) {
     return rc;
 }
 
-/* The decoder layers drafter d reads: the target's last one for an MTP head. */
-static int drafter_layers(const run *r, int d, const int **ids) {
-    if (r->is_mtp[d]) {
-        *ids = &r->mst[d].feature_layer;
-        return 1;
-    }
-    *ids = r->ds[d].cfg.target_layer_ids;
-    return r->ds[d].cfg.n_target_ids;
-}
-
 static int open_drafters(run *r) {
     const eval_opts *o = r->o;
     for (; r->n_open < o->n_drafters; r->n_open++) {
-        char mdir[4096];
-        if ((r->is_mtp[r->n_open] = mtp_parse_arg(o->drafters[r->n_open], r->m.dir, mdir, sizeof mdir))) {
-            if (mtp_open(&r->mtp[r->n_open], mdir, &r->m, 0) != DFL_OK)
-                return dfl_preperr("--drafter %s", o->drafters[r->n_open]);
-            const size_t len = strlen(mdir) + 8;
-            if (!(r->label[r->n_open] = malloc(len))) {
-                mtp_close(&r->mtp[r->n_open]);
-                return dfl_seterr("out of memory");
-            }
-            snprintf(r->label[r->n_open], len, "mtp (%s)", mdir);
-            r->mst[r->n_open].feature_layer = r->m.cfg.n_layers - 1; /* read before alloc_states */
-            const int b = o->block ? o->block : DFL_MTP_DEFAULT_BLOCK;
-            r->block[r->n_open] = b;
-            r->max_block = b > r->max_block ? b : r->max_block;
-            continue;
-        }
-        dfl_drafter *d = &r->ds[r->n_open];
-        if (!(r->label[r->n_open] = strdup(o->drafters[r->n_open]))) return dfl_seterr("out of memory");
-        if (drafter_open(d, o->drafters[r->n_open], r->m.cfg.n_layers) != DFL_OK) {
-            if (d->dir) drafter_close(d);
-            return DFL_ERR;
-        }
-        if (drafter_check_target(d, &r->m) != DFL_OK) {
-            drafter_close(d);
-            return DFL_ERR;
-        }
+        dfl_any_drafter *a = &r->ad[r->n_open];
         char warn[512];
-        if (drafter_target_warning(d, &r->m, warn, sizeof warn)) logf_(r, "dfl eval: warning: %s\n", warn);
-        if (o->block && o->block > d->cfg.block_size) {
-            dfl_seterr("--block-size %d exceeds drafter %s's block_size %d", o->block, o->drafters[r->n_open],
-                       d->cfg.block_size);
-            drafter_close(d);
+        if (anydrafter_open(a, o->drafters[r->n_open], &r->m, r->m.dir, o->block, 0, warn, sizeof warn) != DFL_OK)
             return DFL_ERR;
+        if (warn[0]) logf_(r, "dfl eval: warning: %s\n", warn);
+        if (a->kind == DFL_DRAFTER_MTP) { /* labelled by the checkpoint its head comes from */
+            const size_t len = strlen(a->mtp.dir) + 8;
+            if ((r->label[r->n_open] = malloc(len))) snprintf(r->label[r->n_open], len, "mtp (%s)", a->mtp.dir);
+        } else {
+            r->label[r->n_open] = strdup(o->drafters[r->n_open]);
         }
-        const int b = o->block ? o->block : d->cfg.block_size;
-        r->block[r->n_open] = b;
-        r->max_block = b > r->max_block ? b : r->max_block;
+        if (!r->label[r->n_open]) {
+            anydrafter_close(a);
+            return dfl_seterr("out of memory");
+        }
+        r->block[r->n_open] = a->block;
+        r->max_block = a->block > r->max_block ? a->block : r->max_block;
     }
     /* the truth's layers: every drafter's, and --save-layers */
     int all[EVAL_MAX_FEAT_LAYERS * 2], n = 0;
     for (int d = 0; d < o->n_drafters; d++) {
         const int *ids;
-        const int nd = drafter_layers(r, d, &ids);
+        const int nd = anydrafter_feature_layers(&r->ad[d], &ids);
         for (int i = 0; i < nd && n < EVAL_MAX_FEAT_LAYERS; i++) all[n++] = ids[i];
     }
     if (o->n_save_layers < 0)
@@ -863,7 +829,7 @@ static int open_drafters(run *r) {
     memcpy(r->layers, t.layers, sizeof r->layers);
     for (int d = 0; d < o->n_drafters; d++) {
         const int *ids;
-        const int nd = drafter_layers(r, d, &ids);
+        const int nd = anydrafter_feature_layers(&r->ad[d], &ids);
         for (int i = 0; i < nd; i++) r->col[d][i] = eval_truth_column(&t, ids[i]);
     }
     return DFL_OK;
@@ -882,10 +848,7 @@ static int alloc_states(run *r, int max_ctx, int batch) {
     }
     for (; r->n_dstate < o->n_drafters; r->n_dstate++) {
         const int d = r->n_dstate;
-        if (r->is_mtp[d] ? mstate_init(&r->mst[d], &r->mtp[d], &r->m, max_ctx, r->block[d])
-                         : dstate_init(&r->dst[d], &r->ds[d], &r->m, max_ctx, r->block[d]))
-            return DFL_ERR;
-        r->dif[d] = r->is_mtp[d] ? mtp_drafter_if(&r->mst[d]) : spec_dflash_drafter(&r->dst[d]);
+        if (anydrafter_state_init(&r->ad[d], &r->m, max_ctx, &r->dif[d]) != DFL_OK) return DFL_ERR;
     }
     if (!o->online)
         for (; r->n_cache < o->n_drafters; r->n_cache++)
@@ -1070,16 +1033,9 @@ static void run_free(run *r) {
     ref_set_free(&r->refs);
     if (r->tok) tok_close(r->tok);
     for (int d = 0; d < r->n_cache; d++) eval_draft_cache_free(&r->cache[d]);
-    for (int d = 0; d < r->n_dstate; d++) {
-        if (r->is_mtp[d]) mstate_free(&r->mst[d]);
-        else dstate_free(&r->dst[d]);
-    }
     if (r->have_state) state_free(&r->st);
     for (int d = 0; d < EVAL_MAX_DRAFTERS; d++) free(r->label[d]);
-    for (int d = 0; d < r->n_open; d++) {
-        if (r->is_mtp[d]) mtp_close(&r->mtp[d]);
-        else drafter_close(&r->ds[d]);
-    }
+    for (int d = 0; d < r->n_open; d++) anydrafter_close(&r->ad[d]);
     if (r->have_model) model_close(&r->m);
     if (r->lock_fd > 0) close(r->lock_fd);
     eval_prompts_free(&r->ps);

@@ -26,7 +26,8 @@ static int max3(int a, int b, int c) { return a > b ? (a > c ? a : c) : (b > c ?
 /* Inner rows per batch token of mlp1 / mlp2: the dense MLP, the k routed experts of a token
  * (gathered by expert) or the shared expert. */
 static size_t inner_per_token(const dfl_config *g) {
-    return (size_t)max3(g->intermediate, g->n_experts_per_tok * g->moe_intermediate, g->shared_intermediate);
+    const size_t moe = moe_inner_per_token(g);
+    return (size_t)g->intermediate > moe ? (size_t)g->intermediate : moe;
 }
 
 /* MoE scratch per batch token: router logits, k (expert, weight, row) triples, gathered inputs
@@ -136,17 +137,7 @@ int state_init(dfl_state *s, const dfl_model *m, int max_ctx, int max_batch, int
     ALLOC(s->ab, B * 2 * g->lin_v_heads);
     ALLOC(s->mlp1, B * inner_per_token(g));
     ALLOC(s->mlp2, B * inner_per_token(g));
-    if (g->n_experts > 0) { /* the int arrays take float-sized slots */
-        const size_t E = (size_t)g->n_experts, k = (size_t)g->n_experts_per_tok;
-        ALLOC(s->moe_logits, B * E);
-        ALLOC(s->moe_idx, B * k);
-        ALLOC(s->moe_w, B * k);
-        ALLOC(s->moe_rows, B * k);
-        ALLOC(s->moe_count, 2 * E + 1);
-        ALLOC(s->moe_x, B * k * g->hidden);
-        ALLOC(s->moe_y, B * k * g->hidden);
-        ALLOC(s->moe_sh, B);
-    }
+    if (g->n_experts > 0 && moe_buf_init(&s->moe, g, max_batch, NULL) != DFL_OK) goto oom; /* in state_bytes */
     ALLOC(s->scores, (size_t)omp_get_max_threads() * (g->n_heads / g->n_kv_heads) * max_ctx);
     ALLOC(s->rope_cos, B * g->rot_dim / 2);
     ALLOC(s->rope_sin, B * g->rot_dim / 2);
@@ -171,9 +162,8 @@ void state_free(dfl_state *s) {
     free(s->k_cache), free(s->v_cache), free(s->conv_state), free(s->rec_state);
     free(s->rec_conv0), free(s->rec_S0), free(s->rec_qkv), free(s->rec_ab);
     free(s->x), free(s->xn), free(s->q), free(s->k), free(s->v), free(s->att), free(s->z), free(s->ab);
-    free(s->mlp1), free(s->mlp2), free(s->scores);
-    free(s->moe_logits), free(s->moe_idx), free(s->moe_w), free(s->moe_rows), free(s->moe_count), free(s->moe_x);
-    free(s->moe_y), free(s->moe_sh), free(s->rope_cos), free(s->rope_sin), free(s->inv_freq);
+    free(s->mlp1), free(s->mlp2), free(s->scores), free(s->rope_cos), free(s->rope_sin), free(s->inv_freq);
+    moe_buf_free(&s->moe);
     if (s->m) state_disable_tree(s);
     memset(s, 0, sizeof *s);
 }
@@ -432,62 +422,90 @@ static void moe_route(float *p, int E, int k, int norm, int *idx, float *w) {
         }
 }
 
-/* Sparse MoE block on s->xn (already post-normed), added to the residual stream. The n*k
- * (token, expert) pairs are grouped by expert so that each touched expert's weights stream
- * once for all its tokens; every row goes through the same kernels whatever the batch, so a
- * token's output does not depend on the other tokens of the forward. */
-static void moe_block(dfl_state *s, int li, int n) {
-    const dfl_config *g = &s->m->cfg;
-    const dfl_layer_w *l = &s->m->layers[li];
+size_t moe_inner_per_token(const dfl_config *g) {
+    const size_t ke = (size_t)g->n_experts_per_tok * g->moe_intermediate, is = (size_t)g->shared_intermediate;
+    return ke > is ? ke : is;
+}
+
+int moe_buf_init(dfl_moe_buf *b, const dfl_config *g, int rows, uint64_t *bytes) {
+    const size_t E = (size_t)g->n_experts, k = (size_t)g->n_experts_per_tok, B = (size_t)rows, H = (size_t)g->hidden;
+    b->logits = dfl_zalloc(B * E * sizeof(float));
+    b->idx = dfl_zalloc(B * k * sizeof(int));
+    b->w = dfl_zalloc(B * k * sizeof(float));
+    b->rows = dfl_zalloc(B * k * sizeof(int));
+    b->count = dfl_zalloc((2 * E + 1) * sizeof(int));
+    b->x = dfl_zalloc(B * k * H * sizeof(float));
+    b->y = dfl_zalloc(B * k * H * sizeof(float));
+    b->sh = dfl_zalloc(B * sizeof(float));
+    if (!b->logits || !b->idx || !b->w || !b->rows || !b->count || !b->x || !b->y || !b->sh) {
+        moe_buf_free(b);
+        return dfl_seterr("out of memory allocating the MoE scratch for %d rows", rows);
+    }
+    /* as state_bytes counts them: 4-byte slots */
+    if (bytes) *bytes += (B * E + 3 * B * k + 2 * E + 1 + 2 * B * k * H + B) * sizeof(float);
+    return DFL_OK;
+}
+
+void moe_buf_free(dfl_moe_buf *b) {
+    free(b->logits), free(b->idx), free(b->w), free(b->rows), free(b->count), free(b->x), free(b->y), free(b->sh);
+    memset(b, 0, sizeof *b);
+}
+
+/* The n*k (token, expert) pairs are grouped by expert so that each touched expert's weights
+ * stream once for all its tokens; every row goes through the same kernels whatever the batch, so
+ * a token's output does not depend on the other tokens of the forward. */
+int moe_forward(const dfl_config *g, const dfl_layer_w *l, dfl_moe_buf *b, const float *xn, float *x, float *mlp1,
+                float *mlp2, int n) {
     const int H = g->hidden, E = g->n_experts, k = g->n_experts_per_tok, Ie = g->moe_intermediate;
-    int *start = s->moe_count, *cursor = s->moe_count + E + 1; /* [E + 1] row offsets, [E] fill */
-    kn_matmul(s->moe_logits, s->xn, &l->router, n);
+    int *start = b->count, *cursor = b->count + E + 1; /* [E + 1] row offsets, [E] fill */
+    int touched = 0;
+    kn_matmul(b->logits, xn, &l->router, n);
     memset(start, 0, (size_t)(E + 1) * sizeof(int));
     for (int t = 0; t < n; t++) {
-        moe_route(s->moe_logits + (size_t)t * E, E, k, g->norm_topk_prob, s->moe_idx + (size_t)t * k,
-                  s->moe_w + (size_t)t * k);
-        for (int j = 0; j < k; j++) start[s->moe_idx[(size_t)t * k + j] + 1]++;
+        moe_route(b->logits + (size_t)t * E, E, k, g->norm_topk_prob, b->idx + (size_t)t * k, b->w + (size_t)t * k);
+        for (int j = 0; j < k; j++) start[b->idx[(size_t)t * k + j] + 1]++;
     }
     for (int e = 0; e < E; e++) start[e + 1] += start[e], cursor[e] = start[e];
     for (int t = 0; t < n; t++) /* gather: expert e's rows are start[e] .. start[e+1]-1, in token order */
         for (int j = 0; j < k; j++) {
-            const int r = cursor[s->moe_idx[(size_t)t * k + j]]++;
-            s->moe_rows[(size_t)t * k + j] = r;
-            memcpy(s->moe_x + (size_t)r * H, s->xn + (size_t)t * H, (size_t)H * sizeof(float));
+            const int r = cursor[b->idx[(size_t)t * k + j]]++;
+            b->rows[(size_t)t * k + j] = r;
+            memcpy(b->x + (size_t)r * H, xn + (size_t)t * H, (size_t)H * sizeof(float));
         }
     for (int e = 0; e < E; e++) {
         const int cnt = start[e + 1] - start[e];
         if (!cnt) continue;
-        s->moe_touched++;
-        kn_matmul_multi(2, (float *[]){s->mlp1, s->mlp2}, s->moe_x + (size_t)start[e] * H,
+        touched++;
+        kn_matmul_multi(2, (float *[]){mlp1, mlp2}, b->x + (size_t)start[e] * H,
                         (const dfl_mat *[]){&l->exp_gate[e], &l->exp_up[e]}, cnt);
-        swiglu_par(s->mlp1, s->mlp2, (size_t)cnt * Ie);
-        kn_matmul(s->moe_y + (size_t)start[e] * H, s->mlp1, &l->exp_down[e], cnt);
+        swiglu_par(mlp1, mlp2, (size_t)cnt * Ie);
+        kn_matmul(b->y + (size_t)start[e] * H, mlp1, &l->exp_down[e], cnt);
     }
-    /* combine into moe_x (free now): out_t = sum over its experts, ascending id, of w * y */
+    /* combine into b->x (free now): out_t = sum over its experts, ascending id, of w * y */
 #pragma omp parallel for schedule(static) if ((size_t)n * k * H >= KN_PAR_MIN_WORK)
     for (int t = 0; t < n; t++) {
-        float *o = s->moe_x + (size_t)t * H;
+        float *o = b->x + (size_t)t * H;
         memset(o, 0, (size_t)H * sizeof(float));
         for (int j = 0; j < k; j++) {
-            const float w = s->moe_w[(size_t)t * k + j];
-            const float *y = s->moe_y + (size_t)s->moe_rows[(size_t)t * k + j] * H;
+            const float w = b->w[(size_t)t * k + j];
+            const float *y = b->y + (size_t)b->rows[(size_t)t * k + j] * H;
             for (int i = 0; i < H; i++) o[i] += y[i] * w;
         }
     }
-    if (g->shared_intermediate > 0) { /* + sigmoid(sh_score . x) * shared_expert(x), into moe_y */
-        kn_matmul_multi(2, (float *[]){s->mlp1, s->mlp2}, s->xn, (const dfl_mat *[]){&l->sh_gate, &l->sh_up}, n);
-        swiglu_par(s->mlp1, s->mlp2, (size_t)n * g->shared_intermediate);
-        kn_matmul(s->moe_y, s->mlp1, &l->sh_down, n);
-        kn_matmul(s->moe_sh, s->xn, &l->sh_score, n);
+    if (g->shared_intermediate > 0) { /* + sigmoid(sh_score . x) * shared_expert(x), into b->y */
+        kn_matmul_multi(2, (float *[]){mlp1, mlp2}, xn, (const dfl_mat *[]){&l->sh_gate, &l->sh_up}, n);
+        swiglu_par(mlp1, mlp2, (size_t)n * g->shared_intermediate);
+        kn_matmul(b->y, mlp1, &l->sh_down, n);
+        kn_matmul(b->sh, xn, &l->sh_score, n);
         for (int t = 0; t < n; t++) {
-            const float gate = kn_sigmoid(s->moe_sh[t]);
-            float *o = s->moe_x + (size_t)t * H;
-            const float *y = s->moe_y + (size_t)t * H;
+            const float gate = kn_sigmoid(b->sh[t]);
+            float *o = b->x + (size_t)t * H;
+            const float *y = b->y + (size_t)t * H;
             for (int i = 0; i < H; i++) o[i] += gate * y[i];
         }
     }
-    add_par(s->x, s->moe_x, (size_t)n * H);
+    add_par(x, b->x, (size_t)n * H);
+    return touched;
 }
 
 static void mlp(dfl_state *s, int li, int n) {
@@ -496,7 +514,7 @@ static void mlp(dfl_state *s, int li, int n) {
     const int H = g->hidden, I = g->intermediate;
     rmsnorm_rows(s->xn, s->x, l->post_norm, n, H, g->rms_eps);
     if (l->moe) {
-        moe_block(s, li, n);
+        s->moe_touched += moe_forward(g, l, &s->moe, s->xn, s->x, s->mlp1, s->mlp2, n);
         return;
     }
     kn_matmul_multi(2, (float *[]){s->mlp1, s->mlp2}, s->xn, (const dfl_mat *[]){&l->gate, &l->up}, n);

@@ -3,6 +3,7 @@
 #define DFL_MODELS_LOADER_H
 
 #include "dfl/kernels.h"
+#include "dfl/model.h"
 #include "dfl/quant.h"
 #include "dfl/safetensors.h"
 
@@ -46,6 +47,11 @@ typedef struct ld_attn {
 int ld_mlp(ld_ctx *c, const char *pre, int H, int I, dfl_mat *gate, dfl_mat *up, dfl_mat *down);
 int ld_attention(ld_ctx *c, const char *pre, int H, int n_heads, int n_kv, int hd, int gated, float norm_add,
                  ld_attn out);
+/* A sparse MoE block under `pre` ("<prefix>layers.<i>.") of config g: router mlp.gate [E, H],
+ * the routed experts per expert or fused, the gated shared expert when g has one. Sets l->moe. */
+int ld_moe(ld_ctx *c, const dfl_config *g, dfl_layer_w *l, const char *pre);
+/* Free what binding a layer allocated (n_experts: the config's E); zeroes l. */
+void ld_layer_free(dfl_layer_w *l, int n_experts);
 /* After binding everything: DFL_ERR naming every tensor the weight check found NaN/Inf in. */
 int ld_finish(ld_ctx *c);
 

@@ -75,8 +75,7 @@ static int find_prefix(dfl_model *m) {
 
 /* Fused experts: views of expert e into gate_up_proj [E, 2*Ie, H] (gate rows first) and
  * down_proj [E, H, Ie], zero-copy unless a tensor sits unaligned in the file. */
-static int bind_fused_experts(dfl_model *m, ld_ctx *c, dfl_layer_w *l, const char *pre) {
-    const dfl_config *g = &m->cfg;
+static int bind_fused_experts(const dfl_config *g, ld_ctx *c, dfl_layer_w *l, const char *pre) {
     const int E = g->n_experts, H = g->hidden, Ie = g->moe_intermediate;
     char n[1024];
     const st_tensor *t[2];
@@ -101,7 +100,7 @@ static int bind_fused_experts(dfl_model *m, ld_ctx *c, dfl_layer_w *l, const cha
     }
     if (off) {
         l->exp_owned = aligned_alloc(64, off);
-        if (!l->exp_owned) return dfl_seterr("%s: out of memory copying the experts of layer %d", c->where, c->layer);
+        if (!l->exp_owned) return dfl_seterr("%s: out of memory copying the experts %smlp.experts.*", c->where, pre);
     }
     off = 0;
     for (int k = 0; k < 2; k++) {
@@ -131,8 +130,7 @@ static int bind_fused_experts(dfl_model *m, ld_ctx *c, dfl_layer_w *l, const cha
  * (mlp.experts.{e}.{gate,up,down}_proj.weight: what save_pretrained writes, and Qwen3-30B-A3B)
  * or fused (mlp.experts.gate_up_proj / down_proj: transformers' parameters, and the released
  * Qwen3.5 MoE checkpoints); the gated shared expert when the config has one. */
-static int bind_moe(dfl_model *m, ld_ctx *c, dfl_layer_w *l, const char *pre) {
-    const dfl_config *g = &m->cfg;
+int ld_moe(ld_ctx *c, const dfl_config *g, dfl_layer_w *l, const char *pre) {
     const int E = g->n_experts, H = g->hidden, Ie = g->moe_intermediate;
     char n[1024];
     l->moe = 1;
@@ -144,7 +142,7 @@ static int bind_moe(dfl_model *m, ld_ctx *c, dfl_layer_w *l, const char *pre) {
     if (!l->exp_gate || !l->exp_up || !l->exp_down) return dfl_seterr("%s: out of memory", c->where);
     snprintf(n, sizeof n, "%smlp.experts.gate_up_proj", pre);
     if (st_find(c->st, n)) {
-        if (bind_fused_experts(m, c, l, pre)) return DFL_ERR;
+        if (bind_fused_experts(g, c, l, pre)) return DFL_ERR;
     } else {
 #define PER_EXPERT "experts stored per expert: no fused mlp.experts.gate_up_proj"
         for (int e = 0; e < E; e++) {
@@ -176,7 +174,6 @@ static int bind_moe(dfl_model *m, ld_ctx *c, dfl_layer_w *l, const char *pre) {
         if (ld_mat(c, (snprintf(n, sizeof n, "%smlp.shared_expert_gate.weight", pre), n), 1, H, &l->sh_score))
             return DFL_ERR;
     }
-    m->expert_params += 3ull * H * Ie;
     return DFL_OK;
 }
 
@@ -223,9 +220,10 @@ static int bind_layer(dfl_model *m, ld_ctx *c, int i) {
         ld_why(c, "linear_value_head_dim %d", dv);
         if (!(l->gnorm = ld_vec1(c, NAME("linear_attn.norm.weight"), dv, 0))) return DFL_ERR;
     }
-    if (g->moe_layer[i] ? bind_moe(m, c, l, NAME(""))
+    if (g->moe_layer[i] ? ld_moe(c, g, l, NAME(""))
                         : ld_mlp(c, NAME(""), H, g->intermediate, &l->gate, &l->up, &l->down))
         return DFL_ERR;
+    if (g->moe_layer[i]) m->expert_params += 3ull * H * g->moe_intermediate;
 #undef NAME
     c->layer = -1;
     return DFL_OK;
@@ -289,21 +287,22 @@ fail:
     return DFL_ERR;
 }
 
+void ld_layer_free(dfl_layer_w *l, int n_experts) {
+    free(l->input_norm), free(l->post_norm), free(l->q_norm), free(l->k_norm);
+    free(l->conv_w), free(l->neg_exp_A), free(l->dt_bias), free(l->gnorm);
+    dfl_mat *mats[] = {&l->q_proj, &l->k_proj, &l->v_proj,   &l->o_proj, &l->in_qkv, &l->in_z,    &l->in_b,
+                       &l->in_a,   &l->out_proj, &l->gate,   &l->up,     &l->down,   &l->router,  &l->sh_gate,
+                       &l->sh_up,  &l->sh_down,  &l->sh_score};
+    for (size_t k = 0; k < sizeof mats / sizeof mats[0]; k++) ld_mat_free(mats[k]);
+    for (int e = 0; l->exp_gate && l->exp_up && l->exp_down && e < n_experts; e++)
+        ld_mat_free(&l->exp_gate[e]), ld_mat_free(&l->exp_up[e]), ld_mat_free(&l->exp_down[e]);
+    free(l->exp_gate), free(l->exp_up), free(l->exp_down), free(l->exp_owned);
+    memset(l, 0, sizeof *l);
+}
+
 void model_close(dfl_model *m) {
     if (m->layers) {
-        for (int i = 0; i < m->cfg.n_layers; i++) {
-            dfl_layer_w *l = &m->layers[i];
-            free(l->input_norm), free(l->post_norm), free(l->q_norm), free(l->k_norm);
-            free(l->conv_w), free(l->neg_exp_A), free(l->dt_bias), free(l->gnorm);
-            dfl_mat *mats[] = {&l->q_proj, &l->k_proj,  &l->v_proj,     &l->o_proj, &l->in_qkv, &l->in_z,
-                               &l->in_b,   &l->in_a,    &l->out_proj,   &l->gate,   &l->up,     &l->down};
-            for (size_t k = 0; k < sizeof mats / sizeof mats[0]; k++) ld_mat_free(mats[k]);
-            dfl_mat *moe_mats[] = {&l->router, &l->sh_gate, &l->sh_up, &l->sh_down, &l->sh_score};
-            for (size_t k = 0; k < sizeof moe_mats / sizeof moe_mats[0]; k++) ld_mat_free(moe_mats[k]);
-            for (int e = 0; l->exp_gate && l->exp_up && l->exp_down && e < m->cfg.n_experts; e++)
-                ld_mat_free(&l->exp_gate[e]), ld_mat_free(&l->exp_up[e]), ld_mat_free(&l->exp_down[e]);
-            free(l->exp_gate), free(l->exp_up), free(l->exp_down), free(l->exp_owned);
-        }
+        for (int i = 0; i < m->cfg.n_layers; i++) ld_layer_free(&m->layers[i], m->cfg.n_experts);
         free(m->layers);
     }
     ld_mat_free(&m->embed);

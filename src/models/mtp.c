@@ -74,7 +74,7 @@ int mtp_open(dfl_mtp *h, const char *dir, const dfl_model *t, int check_weights)
         goto fail;
     }
     const int H = g.hidden;
-    h->intermediate = g.intermediate;
+    h->cfg = g;
     if (quant_load(&h->quant, dir) != DFL_OK) goto fail;
     ld_ctx c = {.st = &h->st, .where = dir, .used = h->used, .check_weights = check_weights, .quant = &h->quant,
                 .layer = -1};
@@ -93,7 +93,11 @@ int mtp_open(dfl_mtp *h, const char *dir, const dfl_model *t, int check_weights)
     if (ld_attention(&c, MTP_PREFIX "layers.0.", H, g.n_heads, g.n_kv_heads, g.head_dim, 1, 1.0f,
                      (ld_attn){&l->q_proj, &l->k_proj, &l->v_proj, &l->o_proj, &l->q_norm, &l->k_norm}))
         goto fail;
-    if (ld_mlp(&c, MTP_PREFIX "layers.0.", H, g.intermediate, &l->gate, &l->up, &l->down)) goto fail;
+    /* Qwen3.5-MoE heads: a sparse MoE block in the target's layouts (vLLM and SGLang build the MTP
+     * layer's MLP from the same config as the target's layers) */
+    if (g.n_experts > 0 ? ld_moe(&c, &g, l, MTP_PREFIX "layers.0.")
+                        : ld_mlp(&c, MTP_PREFIX "layers.0.", H, g.intermediate, &l->gate, &l->up, &l->down))
+        goto fail;
     ld_why(&c, "hidden_size %d", H);
     if (!(h->norm = ld_vec1(&c, MTP_PREFIX "norm.weight", H, 1.0f))) goto fail;
     if (ld_finish(&c) != DFL_OK) goto fail;
@@ -106,10 +110,8 @@ fail:
 }
 
 void mtp_close(dfl_mtp *h) {
-    dfl_layer_w *l = &h->layer;
-    free(l->input_norm), free(l->post_norm), free(l->q_norm), free(l->k_norm);
-    dfl_mat *mats[] = {&h->fc, &l->q_proj, &l->k_proj, &l->v_proj, &l->o_proj, &l->gate, &l->up, &l->down};
-    for (size_t k = 0; k < sizeof mats / sizeof mats[0]; k++) ld_mat_free(mats[k]);
+    ld_layer_free(&h->layer, h->cfg.n_experts);
+    ld_mat_free(&h->fc);
     free(h->norm_emb), free(h->norm_hidden), free(h->norm), free(h->used);
     quant_free(&h->quant);
     st_close(&h->st);

@@ -37,8 +37,10 @@ int mstate_init(dfl_mstate *s, const dfl_mtp *h, const dfl_model *t, int max_ctx
     ALLOC(s->k, B * kv);
     ALLOC(s->v, B * kv);
     ALLOC(s->att, B * g->n_heads * g->head_dim);
-    ALLOC(s->mlp1, B * h->intermediate);
-    ALLOC(s->mlp2, B * h->intermediate);
+    const size_t inner = h->layer.moe ? moe_inner_per_token(&h->cfg) : (size_t)h->cfg.intermediate;
+    ALLOC(s->mlp1, B * inner);
+    ALLOC(s->mlp2, B * inner);
+    if (h->layer.moe && moe_buf_init(&s->moe, &h->cfg, 1, &s->bytes) != DFL_OK) goto oom;
     ALLOC(s->scores, max_ctx + B);
     ALLOC(s->inv_freq, g->rot_dim / 2);
     for (int i = 0; i < g->rot_dim / 2; i++) /* as the target's attention computes it */
@@ -53,6 +55,7 @@ void mstate_free(dfl_mstate *s) {
     free(s->k_cache), free(s->v_cache), free(s->pending), free(s->hid), free(s->cat), free(s->x), free(s->xn);
     free(s->q), free(s->k), free(s->v), free(s->att), free(s->mlp1), free(s->mlp2), free(s->scores);
     free(s->inv_freq);
+    moe_buf_free(&s->moe);
     memset(s, 0, sizeof *s);
 }
 
@@ -121,10 +124,14 @@ static void step_out(dfl_mstate *s, int pos, float *out) {
     kn_matmul(s->xn, s->att, &l->o_proj, 1);
     for (int i = 0; i < H; i++) s->x[i] += s->xn[i];
     kn_rmsnorm(s->xn, s->x, l->post_norm, H, g->rms_eps);
-    kn_matmul_multi(2, (float *[]){s->mlp1, s->mlp2}, s->xn, (const dfl_mat *[]){&l->gate, &l->up}, 1);
-    kn_swiglu(s->mlp1, s->mlp2, h->intermediate);
-    kn_matmul(s->xn, s->mlp1, &l->down, 1);
-    for (int i = 0; i < H; i++) s->x[i] += s->xn[i];
+    if (l->moe) {
+        moe_forward(&h->cfg, l, &s->moe, s->xn, s->x, s->mlp1, s->mlp2, 1);
+    } else {
+        kn_matmul_multi(2, (float *[]){s->mlp1, s->mlp2}, s->xn, (const dfl_mat *[]){&l->gate, &l->up}, 1);
+        kn_swiglu(s->mlp1, s->mlp2, h->cfg.intermediate);
+        kn_matmul(s->xn, s->mlp1, &l->down, 1);
+        for (int i = 0; i < H; i++) s->x[i] += s->xn[i];
+    }
     kn_rmsnorm(out, s->x, h->norm, H, g->rms_eps);
 }
 

@@ -840,12 +840,9 @@ static void mhd_log(void *cls, const char *fmt, va_list ap) {
 /* ---- start / stop ---- */
 
 static void server_free(dfl_server *srv) {
-    if (srv->have_ds) dstate_free(&srv->ds);
-    if (srv->have_ms) mstate_free(&srv->ms);
     if (srv->have_s) state_free(&srv->s);
     if (srv->tok) tok_close(srv->tok);
-    if (srv->have_d) drafter_close(&srv->d);
-    if (srv->have_mtp) mtp_close(&srv->mtp);
+    if (srv->have_ad) anydrafter_close(&srv->ad);
     model_close(&srv->m);
     free(srv->model_name);
     pthread_cond_destroy(&srv->cv);
@@ -875,21 +872,11 @@ static int load(dfl_server *srv, const dfl_server_opts *o) {
         return dfl_seterr("connection limits %d in all, %d per client: need 1 <= per client <= in all", o->max_conns,
                           o->max_conns_per_client);
     if (model_open(&srv->m, o->target, o->check_weights) != DFL_OK) return DFL_ERR;
-    char mtp_dir[4096];
-    if (o->drafter && mtp_parse_arg(o->drafter, o->target, mtp_dir, sizeof mtp_dir)) {
-        if (mtp_open(&srv->mtp, mtp_dir, &srv->m, o->check_weights) != DFL_OK) return DFL_ERR;
-        srv->have_mtp = 1;
-        srv->block = o->block ? o->block : DFL_MTP_DEFAULT_BLOCK;
-        if (srv->block < 2 || srv->block > DFL_MAX_BLOCK)
-            return dfl_seterr("block size %d: must be in [2, %d] (B-1 MTP steps)", srv->block, DFL_MAX_BLOCK);
-    } else if (o->drafter) {
-        if (drafter_open(&srv->d, o->drafter, srv->m.cfg.n_layers) != DFL_OK) return DFL_ERR;
-        srv->have_d = 1;
-        if (drafter_check_target(&srv->d, &srv->m) != DFL_OK) return DFL_ERR;
-        srv->block = o->block ? o->block : srv->d.cfg.block_size;
-        if (srv->block < 2 || srv->block > srv->d.cfg.block_size || srv->block > DFL_MAX_BLOCK)
-            return dfl_seterr("block size %d: must be in [2, %d] (the drafter's block_size)", srv->block,
-                              srv->d.cfg.block_size);
+    if (o->drafter) {
+        if (anydrafter_open(&srv->ad, o->drafter, &srv->m, o->target, o->block, o->check_weights, NULL, 0) != DFL_OK)
+            return DFL_ERR;
+        srv->have_ad = 1;
+        srv->block = srv->ad.block;
     }
     const int maxpos = srv->m.cfg.max_position;
     srv->max_ctx = o->max_context ? o->max_context
@@ -903,21 +890,14 @@ static int load(dfl_server *srv, const dfl_server_opts *o) {
     int max_batch = chunk > srv->block ? chunk : srv->block;
     if (srv->tree_budget + 1 > max_batch) max_batch = srv->tree_budget + 1;
     /* a DDTree round holds its nodes in cache slots past the committed positions */
-    if (state_init(&srv->s, &srv->m, srv->max_ctx + srv->tree_budget, max_batch, srv->have_d || srv->have_mtp) !=
-        DFL_OK)
+    if (state_init(&srv->s, &srv->m, srv->max_ctx + srv->tree_budget, max_batch, srv->have_ad) != DFL_OK)
         return DFL_ERR;
     srv->have_s = 1;
     if (srv->tree_budget && state_enable_tree(&srv->s, srv->tree_budget + 1) != DFL_OK) return DFL_ERR;
-    if (srv->have_d) {
-        if (dstate_init(&srv->ds, &srv->d, &srv->m, srv->max_ctx, srv->block) != DFL_OK) return DFL_ERR;
-        srv->have_ds = 1;
-        srv->dif = spec_dflash_drafter(&srv->ds);
-    } else if (srv->have_mtp) {
-        if (mstate_init(&srv->ms, &srv->mtp, &srv->m, srv->max_ctx, srv->block) != DFL_OK) return DFL_ERR;
-        srv->have_ms = 1;
-        srv->dif = mtp_drafter_if(&srv->ms);
+    if (srv->have_ad) {
+        if (anydrafter_state_init(&srv->ad, &srv->m, srv->max_ctx, &srv->dif) != DFL_OK) return DFL_ERR;
+        srv->drafting = 1;
     }
-    srv->drafting = srv->have_ds || srv->have_ms;
     srv->model_name = o->model_name ? strdup(o->model_name) : default_name(o->target);
     if (!srv->model_name) return dfl_seterr("out of memory");
     return DFL_OK;

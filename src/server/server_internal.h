@@ -10,8 +10,7 @@
 
 #include <cjson/cJSON.h>
 
-#include "dfl/drafter.h"
-#include "dfl/mtp.h"
+#include "dfl/any_drafter.h"
 #include "dfl/model.h"
 #include "dfl/server.h"
 #include "dfl/spec.h"
@@ -132,17 +131,11 @@ typedef struct server_hist {
 
 struct dfl_server {
     dfl_model m;
-    dfl_drafter d;
-    int have_d;
     dfl_state s;
     int have_s;
-    dfl_dstate ds;
-    int have_ds;
-    dfl_mtp mtp;              /* --drafter mtp / DIR:mtp: the MTP head instead of d */
-    int have_mtp;
-    dfl_mstate ms;
-    int have_ms;
-    dfl_draft_if dif;         /* the drafter the jobs use (ds or ms) */
+    dfl_any_drafter ad;       /* the drafter (DFlash, DFlash2 or an MTP head) and its run state */
+    int have_ad;
+    dfl_draft_if dif;         /* the drafter the jobs use (ad's run state) */
     int drafting;             /* a drafter state exists */
     dfl_tokenizer *tok;
     char *model_name;

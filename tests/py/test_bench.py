@@ -24,6 +24,33 @@ def check_full(t):
     rb = r["rollback"]
     t.check(rb["snapshot_mb"] > rb["replay_mb"] > 0, f"rollback memory {rb}")
     t.check(r["spec_tau"] >= 1.0, f"tau {r['spec_tau']}")
+    t.check(r["drafter"]["kind"] == "dflash" and r["drafter"]["block"] == r["block"] == 16,
+            f"drafter {r.get('drafter')}, block {r.get('block')}")
+
+
+def check_drafter_kinds(t):
+    """Every kind of drafter is benched through the loop's drafter interface, and the output says
+    which: the target's MTP head ('mtp', default block 4 as in generate; 'DIR:mtp' on a target
+    without its own head), a DFlash2 drafter; a target without an MTP head is refused, naming why."""
+    parts = ["--parts", "draft,e2e"]
+    for model, drafter, block, kind in ((fixture("qwen35_mtp"), "mtp", [], "mtp"),
+                                        (fixture("qwen35_text"), fixture("qwen35_mtp") + ":mtp", ["--block", "3"], "mtp"),
+                                        (fixture("qwen35_vlm"), fixture("dflash2_qwen35"), ["--block", "8"], "dflash2")):
+        r = bench_json("--model", model, "--drafter", drafter, *parts, *block)
+        d, b = r.get("drafter", {}), int(block[1]) if block else 4
+        t.check(d.get("kind") == kind and d.get("path") == drafter and d.get("block") == r.get("block") == b and
+                d.get("weight_bytes", 0) > 0, f"{drafter}: drafter {d}, block {r.get('block')}")
+        t.check(r.get("draft_block_ms", 0) > 0 and r.get("draft_context_ms_per_token", 0) > 0,
+                f"{drafter}: draft figures {r}")
+        t.check(r.get("spec_tau", 0) >= 1.0 and r.get("spec_tokens_per_s", 0) > 0, f"{drafter}: e2e {r}")
+    out = dfl("bench", "--model", fixture("qwen35_mtp"), "--drafter", "mtp", *parts, *SMALL).stdout
+    t.check("drafter    mtp: mtp (block 4" in out and "draft      block of 4" in out, f"table: {out}")
+    p = dfl("bench", "--model", fixture("qwen35_text"), "--drafter", "mtp", *parts, *SMALL, check=False)
+    t.check(p.returncode == 1 and "has no MTP head: no mtp.* tensors" in p.stderr,
+            f"no MTP head: {p.returncode} {p.stderr}")
+    p = dfl("bench", "--model", fixture("qwen35_vlm"), "--drafter", fixture("dflash2_qwen35"), "--block", "17",
+            *parts, *SMALL, check=False)
+    t.check(p.returncode == 1 and "must be in [2, 16]" in p.stderr, f"block over block_size: {p.returncode} {p.stderr}")
 
 
 def check_tree(t):
@@ -102,6 +129,7 @@ def check_run_script(t):
 def main():
     t = Tally("test_bench")
     t.run(check_full, t)
+    t.run(check_drafter_kinds, t)
     t.run(check_tree, t)
     t.run(check_moe, t)
     t.run(check_e2e_prompt, t)

@@ -21,7 +21,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 FIX = os.environ.get("DFL_FIXTURES") or os.path.join(ROOT, "build", "fixtures")
 TARGETS = ["qwen3_tiny", "qwen3_bf16", "qwen35_vlm", "qwen35_text", "qwen35_bf16", "qwen35_r1", "qwen35_sharded",
            "qwen35_mtp", "qwen3_moe", "qwen3_moe_fused", "qwen3_moe_bf16", "qwen35_moe_vlm", "qwen35_moe_text",
-           "qwen35_moe_fused"]
+           "qwen35_moe_fused", "qwen35_moe_mtp"]
 DRAFTERS = ["dflash_qwen3", "dflash_qwen35", "dflash_qwen3_toplevel", "dflash_qwen35_moe"]
 IDS = torch.tensor([[997, 348, 266, 198, 45, 288, 282, 741, 645, 220, 19, 23, 14, 17, 279, 998, 5, 700]])
 
@@ -173,6 +173,28 @@ def mtp_layout():
     a, b = load_file(path("qwen35_vlm", "model.safetensors")), load_file(path("qwen35_mtp", "model.safetensors"))
     assert set(a) == set(b) and all(torch.equal(a[k], b[k]) for k in a if not k.startswith("mtp."))
     assert not torch.equal(a["mtp.fc.weight"], b["mtp.fc.weight"])  # the fitted head
+
+
+@test
+def moe_mtp_layout():
+    """qwen35_moe_mtp is qwen35_moe_vlm with an MTP head whose MLP is the released Qwen3.5-MoE
+    block (router, fused experts, shared expert and its gate): 19 tensors."""
+    H, E, Ie, Is, Hq, Hkv, hd = 64, 8, 32, 48, 2, 1, 32
+    t = {k: s for k, (_, s) in tensors("qwen35_moe_mtp").items() if k.startswith("mtp.")}
+    L = "mtp.layers.0."
+    want = {"mtp.fc.weight": [H, 2 * H], "mtp.pre_fc_norm_embedding.weight": [H], "mtp.pre_fc_norm_hidden.weight": [H],
+            "mtp.norm.weight": [H], L + "input_layernorm.weight": [H], L + "post_attention_layernorm.weight": [H],
+            L + "self_attn.q_proj.weight": [Hq * hd * 2, H], L + "self_attn.k_proj.weight": [Hkv * hd, H],
+            L + "self_attn.v_proj.weight": [Hkv * hd, H], L + "self_attn.o_proj.weight": [H, Hq * hd],
+            L + "self_attn.q_norm.weight": [hd], L + "self_attn.k_norm.weight": [hd], L + "mlp.gate.weight": [E, H],
+            L + "mlp.experts.gate_up_proj": [E, 2 * Ie, H], L + "mlp.experts.down_proj": [E, H, Ie],
+            L + "mlp.shared_expert.gate_proj.weight": [Is, H], L + "mlp.shared_expert.up_proj.weight": [Is, H],
+            L + "mlp.shared_expert.down_proj.weight": [H, Is], L + "mlp.shared_expert_gate.weight": [1, H]}
+    assert t == want, sorted(set(t) ^ set(want))
+    assert config("qwen35_moe_mtp")["text_config"]["mtp_num_hidden_layers"] == 1
+    a = load_file(path("qwen35_moe_vlm", "model.safetensors"))
+    b = load_file(path("qwen35_moe_mtp", "model.safetensors"))
+    assert set(b) - set(a) == set(t) and all(torch.equal(a[k], b[k]) for k in a)
 
 
 @test

@@ -1,7 +1,8 @@
 """`dfl inspect` on every fixture layout: the layout and the prefix that matched, architecture,
 layer types, tensor counts per component checked against the files themselves, every unused
 tensor listed, drafter target_layer_ids and their meaning, drafter/target compatibility, the
-drafters a target checkpoint offers (its MTP head present, absent, or present but unusable); on
+drafters a target checkpoint offers (its MTP head present, dense or MoE, absent, or present but
+unusable); on
 the MoE fixtures the experts, top-k, shared expert, expert layout and the total / active
 parameter counts, checked against transformers' own model."""
 import json
@@ -100,6 +101,7 @@ t.run(target, "qwen3_moe_fused", "text", "model.", "qwen3", "FFFF", False)
 t.run(target, "qwen35_moe_vlm", "vlm", "model.language_model.", "qwen3_5", "LLLF", False)
 t.run(target, "qwen35_moe_text", "text", "model.", "qwen3_5", "LLLF", False)
 t.run(target, "qwen35_moe_fused", "vlm", "model.language_model.", "qwen3_5", "LLLF", False)
+t.run(target, "qwen35_moe_mtp", "vlm", "model.language_model.", "qwen3_5", "LLLF", False)  # an MoE MTP head
 t.run(drafters)
 t.run(mtp_unusable)
 
@@ -131,6 +133,7 @@ t.run(moe, "qwen3_moe_fused", 8, 2, False, 3, "fused", True)
 t.run(moe, "qwen3_moe_bf16", 6, 3, False, 2, "per_expert", False)
 t.run(moe, "qwen35_moe_vlm", 8, 2, True, 4, "per_expert", True)
 t.run(moe, "qwen35_moe_fused", 8, 2, True, 4, "fused", True)
+t.run(moe, "qwen35_moe_mtp", 8, 2, True, 4, "per_expert", True)  # its MTP head's experts are not the target's
 dense = dfl_json("inspect", fixture("qwen3_tiny"), "--json")
 t.check(dense["moe"] is None and dense["parameters"]["total"] == dense["parameters"]["active"], f"dense: {dense}")
 t.done()

@@ -9,13 +9,18 @@
   (a text-only export, which has none, with the head of the VLM checkpoint of the same weights).
 - dfl eval puts a DFlash drafter, a DFlash2 drafter and the MTP head in one table; replay equals online for each,
   whether the MTP records the truth or replays one a DFlash2 drafter recorded.
-- A target without mtp.* tensors (or a dense Qwen3) is refused with a clear message."""
+- Qwen3.5-MoE: the MTP head of qwen35_moe_mtp (its layer's MLP a sparse MoE block with a shared
+  expert, experts fused as released) matches the reference (transformers' Qwen3_5Moe layer) the
+  same way, drafts identically with its experts stored per expert, and is lossless (chain, DDTree).
+- A target without mtp.* tensors (or a dense Qwen3) is refused with a clear message, and an MoE
+  head missing a tensor names it."""
 import json
 import os
+import shutil
 import tempfile
 
 import numpy as np
-from safetensors.numpy import load_file
+from safetensors.numpy import load_file, save_file
 
 from dfltest import PY, SOURCE, Tally, dfl, dfl_json, fixture, run
 
@@ -78,17 +83,21 @@ def reference_logits():
     t.check(g["stats"]["tau"] > 2, f"qwen35_mtp: the fitted head's drafts are accepted (tau {g['stats']['tau']})")
 
 
-def lossless():
+def lossless_on(target):
     for ids in FIT + ["1,2,3,4"]:
-        greedy = dfl_json("generate", "--target", fixture("qwen35_mtp"), "--prompt-ids", ids, "--max-new", 40,
+        greedy = dfl_json("generate", "--target", fixture(target), "--prompt-ids", ids, "--max-new", 40,
                           "--ignore-eos", "--json")["tokens"]
         for extra in ([], ["--block-size", "2"], ["--block-size", "8"], ["--tree-budget", "4"],
                       ["--tree-budget", "16"], ["--block-size", "8", "--tree-budget", "32"]):
-            g = dfl_json("generate", "--target", fixture("qwen35_mtp"), "--drafter", "mtp", "--prompt-ids", ids,
+            g = dfl_json("generate", "--target", fixture(target), "--drafter", "mtp", "--prompt-ids", ids,
                          "--max-new", 40, "--ignore-eos", "--json", *extra)
-            t.check(g["tokens"] == greedy, f"prompt {ids} {extra}: MTP speculative output != greedy")
+            t.check(g["tokens"] == greedy, f"{target} prompt {ids} {extra}: MTP speculative output != greedy")
             if ids in FIT:
-                t.check(g["stats"]["accepted"] > 0, f"prompt {ids} {extra}: no draft accepted")
+                t.check(g["stats"]["accepted"] > 0, f"{target} prompt {ids} {extra}: no draft accepted")
+
+
+def lossless():
+    lossless_on("qwen35_mtp")
     # DIR:mtp: the text-only export (no mtp.*) with the head of the VLM checkpoint of the same weights
     own = dfl_json("generate", "--target", fixture("qwen35_mtp"), "--drafter", "mtp", "--prompt-ids", FIT[1],
                    "--max-new", 30, "--ignore-eos", "--json")
@@ -96,6 +105,39 @@ def lossless():
                      "--prompt-ids", FIT[1], "--max-new", 30, "--ignore-eos", "--json")
     t.check(other["tokens"] == own["tokens"] and other["stats"]["acceptance_lengths"] ==
             own["stats"]["acceptance_lengths"], "DIR:mtp on the text-only export: the same rounds as the VLM's own head")
+
+
+def per_expert_copy(src, dst):
+    """src with its MTP head's fused experts stored per expert (mlp.experts.{e}.*_proj.weight)."""
+    shutil.copytree(src, dst)
+    path = os.path.join(dst, "model.safetensors")
+    w = load_file(path)
+    pre = "mtp.layers.0.mlp.experts."
+    gate_up, down = w.pop(pre + "gate_up_proj"), w.pop(pre + "down_proj")
+    Ie = down.shape[2]
+    for e in range(gate_up.shape[0]):
+        w[f"{pre}{e}.gate_proj.weight"] = np.ascontiguousarray(gate_up[e, :Ie])
+        w[f"{pre}{e}.up_proj.weight"] = np.ascontiguousarray(gate_up[e, Ie:])
+        w[f"{pre}{e}.down_proj.weight"] = np.ascontiguousarray(down[e])
+    save_file(w, path, metadata={"format": "pt"})
+
+
+def moe_head():
+    """qwen35_moe_mtp: an MoE target's own MoE MTP head, against the reference, in both expert
+    layouts, lossless."""
+    g = logits_match("qwen35_moe_mtp", FIT[1], 24, blocks=("6", None))
+    t.check(g["stats"]["accepted"] > 0, f"qwen35_moe_mtp: the fitted head's drafts are accepted ({g['stats']})")
+    per = os.path.join(tmp, "qwen35_moe_mtp_per_expert")
+    per_expert_copy(fixture("qwen35_moe_mtp"), per)
+    dumps = []
+    for d in (fixture("qwen35_moe_mtp"), per):
+        f = os.path.join(tmp, f"layout-{len(dumps)}.safetensors")
+        dfl("generate", "--target", d, "--drafter", "mtp", "--prompt-ids", FIT[0], "--max-new", 24, "--ignore-eos",
+            "--dump-drafts", f)
+        dumps.append(load_file(f))
+    t.check(dumps[0].keys() == dumps[1].keys() and all(np.array_equal(dumps[0][k], dumps[1][k]) for k in dumps[0]),
+            "qwen35_moe_mtp: per-expert MTP experts draft bit-identically to the fused ones")
+    lossless_on("qwen35_moe_mtp")
 
 
 def summary_rows(out):
@@ -148,6 +190,14 @@ def refused():
                "--format", "text", "--out", os.path.join(tmp, "refused")], "has no MTP head: no mtp.* tensors"),
              (["serve", "--target", fixture("qwen35_text"), "--drafter", "mtp", "--port", "0"],
               "has no MTP head: no mtp.* tensors")]
+    # an MoE head missing its shared expert's gate
+    broken = os.path.join(tmp, "moe_no_shared_gate")
+    per_expert_copy(fixture("qwen35_moe_mtp"), broken)
+    w = load_file(os.path.join(broken, "model.safetensors"))
+    del w["mtp.layers.0.mlp.shared_expert_gate.weight"]
+    save_file(w, os.path.join(broken, "model.safetensors"), metadata={"format": "pt"})
+    cases.append((["generate", "--target", broken, "--drafter", "mtp", "--prompt-ids", "1,2"],
+                  "mtp.layers.0.mlp.shared_expert_gate.weight"))
     with open(os.path.join(tmp, "x.txt"), "w") as f:
         f.write("hello\n")
     for args, want in cases:
@@ -157,6 +207,7 @@ def refused():
 
 t.run(reference_logits)
 t.run(lossless)
+t.run(moe_head)
 t.run(evaluate)
 t.run(refused)
 t.done()

@@ -1,7 +1,7 @@
 /* The target's MTP head as a drafter (dfl/mtp.h), in the speculative loop: greedy output equals
  * autoregressive decoding for chain (several block sizes) and DDTree, with drafts accepted (the
- * qwen35_mtp fixture's fitted head), the head's context equal to the committed length after
- * every run; a context fed in one call or position by position drafts the same logits; the
+ * fitted heads of qwen35_mtp and of the MoE qwen35_moe_mtp), the head's context equal to the
+ * committed length after every run; a context fed in one call or position by position drafts the same logits; the
  * argument forms and the refusals. Runs under ASan+UBSan too. */
 #include <string.h>
 
@@ -35,12 +35,12 @@ static void refusals(void) {
     model_close(&m);
 }
 
-static void lossless(void) {
-    const int32_t prompt[] = {11, 200, 37, 512, 99, 3, 641, 77, 12}; /* one of the fitted prompts */
-    const int NP = (int)(sizeof prompt / sizeof prompt[0]), ctx = NP + N_GEN + 32;
+/* prompt: one of the prompts the fixture's head was fitted on */
+static void lossless(const char *fixture, const int32_t *prompt, int NP) {
+    const int ctx = NP + N_GEN + 32;
     dfl_model m;
     dfl_mtp h;
-    if (model_open(&m, test_fixture("qwen35_mtp"), 0) != DFL_OK) {
+    if (model_open(&m, test_fixture(fixture), 0) != DFL_OK) {
         CHECK(0, "%s", dfl_errmsg());
         return;
     }
@@ -61,10 +61,11 @@ static void lossless(void) {
         state_reset(&s);
         CHECK(spec_generate(&s, &dif, prompt, NP, &o, out, &st, NULL, NULL) == DFL_OK, "spec: %s", dfl_errmsg());
         CHECK(st.generated == N_GEN && memcmp(out, truth, sizeof truth) == 0,
-              "B=%d budget %d: MTP speculative output differs from greedy", runs[i].block, runs[i].budget);
-        CHECK(st.accepted > 0, "B=%d budget %d: no draft accepted", runs[i].block, runs[i].budget);
-        CHECK(ms.n_ctx == s.n_past, "B=%d budget %d: MTP context %d != committed %d", runs[i].block, runs[i].budget,
-              ms.n_ctx, s.n_past);
+              "%s B=%d budget %d: MTP speculative output differs from greedy", fixture, runs[i].block,
+              runs[i].budget);
+        CHECK(st.accepted > 0, "%s B=%d budget %d: no draft accepted", fixture, runs[i].block, runs[i].budget);
+        CHECK(ms.n_ctx == s.n_past, "%s B=%d budget %d: MTP context %d != committed %d", fixture, runs[i].block,
+              runs[i].budget, ms.n_ctx, s.n_past);
         mstate_free(&ms);
     }
     /* the same context added in one call or position by position drafts the same logits */
@@ -92,6 +93,8 @@ static void lossless(void) {
 int main(void) {
     argument_forms();
     refusals();
-    lossless();
+    const int32_t fit0[] = {11, 200, 37, 512, 99, 3, 641, 77, 12}, fit2[] = {300, 301, 302};
+    lossless("qwen35_mtp", fit0, 9);
+    lossless("qwen35_moe_mtp", fit2, 3); /* an MoE head: its layer's MLP is a sparse MoE block */
     return test_done("mtp");
 }

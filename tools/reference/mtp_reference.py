@@ -6,7 +6,9 @@
 Written from vLLM's Qwen3_5MultiTokenPredictor (vllm/model_executor/models/qwen3_5_mtp.py) and the
 EAGLE/MTP proposer that drives it (vllm/v1/spec_decode/eagle.py); SGLang's Qwen3_5ForCausalLMMTP
 (python/sglang/srt/models/qwen3_5_mtp.py) builds the same module. transformers has no MTP module,
-so its Qwen3.5 decoder layer and zero-centred RMSNorm are reused for the parts they share:
+so its Qwen3.5 decoder layer and zero-centred RMSNorm are reused for the parts they share (on a
+Qwen3.5-MoE checkpoint its Qwen3_5Moe decoder layer, whose MLP is the sparse MoE block: vLLM's
+Qwen3_5DecoderLayer builds a Qwen3NextSparseMoeBlock for qwen3_5_moe_text, in the MTP layer too):
   - the target's hidden state h_i is its output after the final norm (what vLLM's model returns and
     its lm_head reads: transformers' last hidden_states entry);
   - the MTP input at position i is (h_i, x_{i+1}): u = fc(cat[pre_fc_norm_embedding(embed(x_{i+1})),
@@ -33,6 +35,8 @@ from torch import nn
 from transformers import AutoModelForCausalLM
 from transformers.models.qwen3_5.modeling_qwen3_5 import (Qwen3_5DecoderLayer, Qwen3_5RMSNorm,
                                                            Qwen3_5TextRotaryEmbedding)
+from transformers.models.qwen3_5_moe.modeling_qwen3_5_moe import (Qwen3_5MoeDecoderLayer, Qwen3_5MoeRMSNorm,
+                                                                   Qwen3_5MoeTextRotaryEmbedding)
 from transformers.utils import logging as hf_logging
 
 
@@ -45,12 +49,14 @@ class MTPHead(nn.Module):
         c.num_hidden_layers, c.layer_types = 1, ["full_attention"]
         c._attn_implementation = "eager"
         H, eps = c.hidden_size, c.rms_norm_eps
-        self.pre_fc_norm_embedding = Qwen3_5RMSNorm(H, eps=eps)
-        self.pre_fc_norm_hidden = Qwen3_5RMSNorm(H, eps=eps)
+        moe = getattr(c, "num_experts", 0) > 0
+        Norm, Layer = (Qwen3_5MoeRMSNorm, Qwen3_5MoeDecoderLayer) if moe else (Qwen3_5RMSNorm, Qwen3_5DecoderLayer)
+        self.pre_fc_norm_embedding = Norm(H, eps=eps)
+        self.pre_fc_norm_hidden = Norm(H, eps=eps)
         self.fc = nn.Linear(2 * H, H, bias=False)
-        self.layers = nn.ModuleList([Qwen3_5DecoderLayer(c, 0)])
-        self.norm = Qwen3_5RMSNorm(H, eps=eps)
-        self.rotary = Qwen3_5TextRotaryEmbedding(c)
+        self.layers = nn.ModuleList([Layer(c, 0)])
+        self.norm = Norm(H, eps=eps)
+        self.rotary = (Qwen3_5MoeTextRotaryEmbedding if moe else Qwen3_5TextRotaryEmbedding)(c)
 
     def forward(self, emb, hid):
         """emb, hid [T, H] (embeddings of x_{i+1}, final-normed h_i) at positions 0..T-1 -> [T, H]."""
@@ -66,12 +72,27 @@ def load_target(target):
     return model
 
 
+def fuse_experts(tensors, E):
+    """Per-expert MoE tensors (mlp.experts.{e}.{gate,up,down}_proj.weight) as the fused parameters
+    of transformers' experts module (gate_up_proj [E, 2I, H], down_proj [E, H, I])."""
+    pre = "layers.0.mlp.experts."
+    if f"{pre}0.gate_proj.weight" not in tensors:
+        return tensors
+    g = [tensors.pop(f"{pre}{e}.gate_proj.weight") for e in range(E)]
+    u = [tensors.pop(f"{pre}{e}.up_proj.weight") for e in range(E)]
+    d = [tensors.pop(f"{pre}{e}.down_proj.weight") for e in range(E)]
+    tensors[pre + "gate_up_proj"] = torch.stack([torch.cat([a, b]) for a, b in zip(g, u)])
+    tensors[pre + "down_proj"] = torch.stack(d)
+    return tensors
+
+
 def load_mtp(target, model):
     tensors = {}
     for f in sorted(glob.glob(os.path.join(target, "*.safetensors"))):
         tensors.update({k[len("mtp."):]: v.float() for k, v in load_file(f).items() if k.startswith("mtp.")})
     if not tensors:
         raise SystemExit(f"{target}: no mtp.* tensors")
+    tensors = fuse_experts(tensors, getattr(model.config.get_text_config(), "num_experts", 0))
     head = MTPHead(model.config.get_text_config())
     head.load_state_dict(tensors, strict=True)  # every mtp.* tensor, none missing
     return head.eval()
