@@ -33,6 +33,7 @@ from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeExperts, Qw
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import fixture_tokenizer  # noqa: E402
+import make_fp8  # noqa: E402
 from dflash.model import DFlashDraftModel  # noqa: E402
 sys.path.insert(0, os.path.join(HERE, "reference"))
 from dflash2_reference import DFlash2DraftModel  # noqa: E402
@@ -44,7 +45,7 @@ VOCAB = 1024  # model rows >= tokenizer size (1000)
 
 def script_hash():
     h = hashlib.sha256()
-    for f in ("make_fixtures.py", "fixture_tokenizer.py"):
+    for f in ("make_fixtures.py", "fixture_tokenizer.py", "make_fp8.py"):
         with open(os.path.join(HERE, f), "rb") as fh:
             h.update(fh.read())
     return h.hexdigest()[:16]
@@ -414,6 +415,27 @@ def make_qwen35_moe_text(out, tok, tokdir):
 # ---------------------------------------------------------------------------------------------
 # DFlash drafters (z-lab format: fc, hidden_norm, layers.{i}.*, norm; no embedding / lm_head)
 
+# ---------------------------------------------------------------------------------------------
+# Fine-grained FP8 targets: a BF16 fixture written as above, then converted by tools/make_fp8.py
+# (128 x 128 blocks, BF16 weight_scale_inv, the released layout)
+
+def fp8_of(make_src, out, tok, tokdir):
+    src = out + ".bf16-src"
+    shutil.rmtree(src, ignore_errors=True)
+    os.makedirs(src)
+    make_src(src, tok, tokdir)
+    make_fp8.convert(src, out)
+    shutil.rmtree(src)
+
+
+def make_qwen3_fp8(out, tok, tokdir):
+    fp8_of(make_qwen3_bf16, out, tok, tokdir)
+
+
+def make_qwen35_fp8(out, tok, tokdir):
+    fp8_of(make_qwen35_bf16, out, tok, tokdir)
+
+
 def drafter_config(tok, **kw):
     return Qwen3Config(architectures=["DFlashDraftModel"], vocab_size=VOCAB, max_position_embeddings=4096,
                        rms_norm_eps=1e-6, rope_parameters={"rope_type": "default", "rope_theta": 1e6},
@@ -538,6 +560,8 @@ FIXTURES = {
     "qwen35_moe_text": make_qwen35_moe_text,
     "qwen35_moe_mtp": make_qwen35_moe_mtp,
     "qwen35_moe_fused": make_qwen35_moe_fused,
+    "qwen3_fp8": make_qwen3_fp8,
+    "qwen35_fp8": make_qwen35_fp8,
     "dflash_qwen3": make_dflash_qwen3,
     "dflash_qwen35": make_dflash_qwen35,
     "dflash_qwen3_toplevel": make_dflash_qwen3_toplevel,

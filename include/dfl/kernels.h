@@ -1,5 +1,5 @@
-/* Compute kernels. All activations are float32; weight matrices may be F32, F16 or BF16
- * and are read in place from the mmap.
+/* Compute kernels. All activations are float32; weight matrices may be F32, F16, BF16 or
+ * block-quantized F8_E4M3 (dequantized in registers) and are read in place from the mmap.
  *
  * Instruction-set paths: every dispatched kernel (kn_matmul, kn_dot, kn_axpy, kn_swiglu,
  * kn_silu_inplace, kn_conv_silu, kn_gdn_*) has a generic C variant and x86-64 SIMD variants compiled with
@@ -44,12 +44,18 @@ const char *kn_isa_name(kn_isa isa);
 int kn_isa_parse(const char *name, kn_isa *out);
 
 /* A weight matrix W [rows, cols], row-major, y = W x. data is element-aligned (the loader
- * copies unaligned tensors into `owned`). */
+ * copies unaligned tensors into `owned`).
+ * F8_E4M3 (fine-grained FP8): W[r][c] = st_f8e4m3_to_f32(data[r][c]) * scale[r / brow][c / bcol],
+ * one float32 multiplier (the checkpoint's weight_scale_inv) per brow x bcol block, the last
+ * blocks of a row or column cut short; the kernels dequantize in registers and accumulate in
+ * float32, so y equals the product with the dequantized float32 matrix up to summation order. */
 typedef struct dfl_mat {
     st_dtype dtype;
     const void *data;
     int rows, cols;
-    void *owned; /* non-NULL when data is a private aligned copy */
+    void *owned;        /* memory the matrix owns (a private aligned copy of data, or scale) */
+    const float *scale; /* F8_E4M3: [ceil(rows / brow), ceil(cols / bcol)] block multipliers */
+    int brow, bcol;     /* F8_E4M3: block size (quantization_config.weight_block_size) */
 } dfl_mat;
 
 /* Below this many multiply-adds a kernel (or a model's loop) runs on the calling thread: a

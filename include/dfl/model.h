@@ -8,6 +8,7 @@
 
 #include "dfl/config.h"
 #include "dfl/kernels.h"
+#include "dfl/quant.h"
 #include "dfl/safetensors.h"
 
 typedef enum dfl_layout {
@@ -62,6 +63,7 @@ typedef struct dfl_layer_w {
 
 typedef struct dfl_model {
     dfl_config cfg;
+    dfl_quant quant;             /* config.json's quantization_config (fine-grained FP8), if any */
     st_model st;
     char *dir;
     dfl_layout layout;

@@ -22,6 +22,7 @@
 
 typedef struct dfl_mtp {
     char *dir;             /* checkpoint the mtp.* tensors come from */
+    dfl_quant quant;       /* its quantization_config (an FP8 release's head may hold F8_E4M3) */
     st_model st;
     float *norm_emb;       /* [H] pre_fc_norm_embedding, 1 + w */
     float *norm_hidden;    /* [H] pre_fc_norm_hidden, 1 + w */

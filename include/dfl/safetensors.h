@@ -55,7 +55,8 @@ void st_close(st_model *m);
 /* Lookup by exact name; NULL if absent. */
 const st_tensor *st_find(const st_model *m, const char *name);
 
-/* Convert n elements starting at element `first` of t to float32 (F32/F16/BF16 only). */
+/* Convert n elements starting at element `first` of t to float32 (F32/F16/BF16, and F8_E4M3's
+ * raw codes without their block scales). */
 int st_read_f32(const st_tensor *t, int64_t first, int64_t n, float *out);
 
 /* Write tensors to a new safetensors file. Each entry: name, dtype, shape, data. */
@@ -79,5 +80,15 @@ static inline float st_bf16_to_f32(uint16_t h) {
 }
 float st_f16_to_f32(uint16_t h);
 uint16_t st_f32_to_bf16(float f);
+
+/* float8_e4m3fn (sign, 4 exponent bits with bias 7, 3 mantissa bits; no infinities; S.1111.111 is
+ * NaN; exponent 0 holds the subnormals m/8 * 2^-6): the magnitude bits shifted into a float32's
+ * exponent and mantissa fields make 2^(e-127) (1 + m/8), or for e = 0 the float32 subnormal
+ * m/8 * 2^-126, so one multiplication by 2^120 rebiases it exactly. */
+static inline float st_f8e4m3_to_f32(uint8_t b) {
+    union { uint32_t u; float f; } v = {.u = (uint32_t)(b & 0x7f) << 20};
+    const float a = (b & 0x7f) == 0x7f ? __builtin_nanf("") : v.f * 0x1p120f;
+    return b & 0x80 ? -a : a;
+}
 
 #endif

@@ -15,7 +15,9 @@ static const char *usage_text =
     "\n"
     "Identify a checkpoint: layout (text-only, vision-language, drafter) and the tensor prefix\n"
     "that matched, architecture, layer types, heads, dtypes, tensors and bytes per component\n"
-    "(text / vision / mtp / other), and every tensor the forward does not read. Every expected\n"
+    "(text / vision / mtp / other), and every tensor the forward does not read; for a fine-grained\n"
+    "FP8 checkpoint (quantization_config) the method, format, block size and the quantized vs\n"
+    "unquantized tensors and bytes. Every expected\n"
     "text tensor is checked for presence and shape. With --target, check a drafter against a\n"
     "target and print the effective target_layer_ids; a drafter whose num_target_layers differs\n"
     "from the target's layer count is compatible when the layers it reads exist (warning).\n"
@@ -58,6 +60,61 @@ static uint64_t total_bytes(const st_model *st) {
     uint64_t b = 0;
     for (int i = 0; i < st->n_tensors; i++) b += st->tensors[i].nbytes;
     return b;
+}
+
+/* Tensors the forward reads, by role in a fine-grained FP8 checkpoint: F8_E4M3 weights, their
+ * weight_scale_inv, and everything left unquantized. */
+typedef struct quant_counts {
+    int n[3];
+    uint64_t bytes[3];
+} quant_counts;
+
+static quant_counts count_quant(const dfl_model *m) {
+    quant_counts q = {{0}, {0}};
+    for (int i = 0; i < m->st.n_tensors; i++) {
+        if (!m->used[i]) continue;
+        const st_tensor *t = &m->st.tensors[i];
+        const size_t len = strlen(t->name);
+        const int k = t->dtype == ST_F8_E4M3 ? 0 : len > 10 && strcmp(t->name + len - 10, "_scale_inv") == 0 ? 1 : 2;
+        q.n[k]++;
+        q.bytes[k] += t->nbytes;
+    }
+    return q;
+}
+
+static void quant_json(const dfl_model *m) {
+    const dfl_quant *q = &m->quant;
+    if (!q->present) {
+        printf("null");
+        return;
+    }
+    const quant_counts k = count_quant(m);
+    printf("{\"quant_method\": \"%s\", \"fmt\": \"%s\", \"activation_scheme\": \"%s\", \"weight_block_size\": [%d, %d], "
+           "\"modules_to_not_convert\": [", q->method, q->fmt, q->activation, q->block_rows, q->block_cols);
+    for (int i = 0; i < q->n_not_convert; i++) {
+        printf("%s", i ? ", " : "");
+        cli_json_string(stdout, q->not_convert[i]);
+    }
+    printf("], \"quantized_weights\": %d, \"quantized_bytes\": %llu, \"scale_tensors\": %d, \"scale_bytes\": %llu, "
+           "\"unquantized_tensors\": %d, \"unquantized_bytes\": %llu}",
+           k.n[0], (unsigned long long)k.bytes[0], k.n[1], (unsigned long long)k.bytes[1], k.n[2],
+           (unsigned long long)k.bytes[2]);
+}
+
+static void quant_text(const dfl_model *m) {
+    const dfl_quant *q = &m->quant;
+    if (!q->present) {
+        printf("quantization: none\n");
+        return;
+    }
+    const quant_counts k = count_quant(m);
+    printf("quantization: %s (fmt %s: F8_E4M3 weights), weight_block_size %d x %d, activation_scheme %s (dfl dequantizes the "
+           "weights in its kernels; activations stay float32), %d modules_to_not_convert\n",
+           q->method, q->fmt, q->block_rows, q->block_cols, q->activation, q->n_not_convert);
+    printf("  quantized    %4d F8_E4M3 weights %10.2f MB + %d weight_scale_inv %.2f MB\n", k.n[0], k.bytes[0] / 1e6,
+           k.n[1], k.bytes[1] / 1e6);
+    printf("  unquantized  %4d tensors         %10.2f MB (embeddings, lm_head, norms, modules_to_not_convert)\n",
+           k.n[2], k.bytes[2] / 1e6);
 }
 
 static void layer_types_json(const dfl_config *c) {
@@ -141,6 +198,8 @@ static int inspect_target(const char *dir, int json, int check) {
             printf("null");
         printf(", \"dtypes\": ");
         print_dtypes_json(dt);
+        printf(", \"quantization\": ");
+        quant_json(&m);
         printf(", \"tensors\": {");
         for (int k = 0; k < DFL_COMP_COUNT; k++)
             printf("%s\"%s\": %d", k ? ", " : "", model_component_name((dfl_component)k), m.comp_count[k]);
@@ -210,6 +269,7 @@ static int inspect_target(const char *dir, int json, int check) {
         printf("embeddings:   %s\n", c->tie_embeddings ? "tied (lm_head = embed_tokens)" : "untied (lm_head.weight)");
         printf("dtypes used:  ");
         print_dtypes_text(dt);
+        quant_text(&m);
         printf("tensors:      %d in all, %.2f MB; used by the forward: %.2f MB\n", m.st.n_tensors,
                total_bytes(&m.st) / 1e6, m.weight_bytes / 1e6);
         for (int k = 0; k < DFL_COMP_COUNT; k++)

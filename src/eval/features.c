@@ -45,7 +45,8 @@ int eval_target_identity(const dfl_model *m, eval_target_id *id) {
     }
     snprintf(id->weights_hash, sizeof id->weights_hash, "%016llx", (unsigned long long)h);
     snprintf(id->layout, sizeof id->layout, "%s", model_layout_name(m->layout));
-    snprintf(id->dtype, sizeof id->dtype, "%s", st_dtype_name(m->embed.dtype));
+    /* a fine-grained FP8 target's layer weights are F8_E4M3 (its embeddings keep their dtype) */
+    snprintf(id->dtype, sizeof id->dtype, "%s", m->quant.present ? "F8_E4M3" : st_dtype_name(m->embed.dtype));
     id->n_layers = m->cfg.n_layers, id->hidden = m->cfg.hidden, id->vocab = m->cfg.vocab;
     return DFL_OK;
 }

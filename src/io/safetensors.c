@@ -469,8 +469,11 @@ int st_read_f32(const st_tensor *t, int64_t first, int64_t n, float *out) {
             out[i] = st_f16_to_f32(h);
         }
         return DFL_OK;
+    case ST_F8_E4M3:
+        for (int64_t i = 0; i < n; i++) out[i] = st_f8e4m3_to_f32(p[first + i]);
+        return DFL_OK;
     default:
-        return dfl_seterr("tensor '%s': dtype %s is not supported (F32, F16 and BF16 are)", t->name,
+        return dfl_seterr("tensor '%s': dtype %s is not supported (F32, F16, BF16 and F8_E4M3 are)", t->name,
                           st_dtype_name(t->dtype));
     }
 }

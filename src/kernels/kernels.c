@@ -1,5 +1,5 @@
-/* Generic C kernels (float32 compute over F32/F16/BF16 weights), OpenMP-threaded, and the
- * dispatch of the kernels that have SIMD variants. */
+/* Generic C kernels (float32 compute over F32/F16/BF16/F8_E4M3 weights), OpenMP-threaded, and
+ * the dispatch of the kernels that have SIMD variants. */
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,6 +21,12 @@ void kn_mat_row(const dfl_mat *w, int row, float *out) {
     case ST_F16: {
         const uint16_t *p = (const uint16_t *)w->data + off;
         for (int i = 0; i < n; i++) out[i] = st_f16_to_f32(p[i]);
+        break;
+    }
+    case ST_F8_E4M3: {
+        const uint8_t *p = (const uint8_t *)w->data + off;
+        const float *s = kn_f8_scale_row(w, row);
+        for (int i = 0; i < n; i++) out[i] = st_f8e4m3_to_f32(p[i]) * s[i / w->bcol];
         break;
     }
     default:
@@ -51,6 +57,17 @@ static float dot_row(const dfl_mat *w, int row, const float *x) {
     const size_t off = (size_t)row * (size_t)w->cols;
     const int n = w->cols;
     if (w->dtype == ST_F32) return kn_dot_generic((const float *)w->data + off, x, n);
+    if (w->dtype == ST_F8_E4M3) { /* each weight dequantized, block by block; sums as above */
+        const uint8_t *p = (const uint8_t *)w->data + off;
+        const float *sc = kn_f8_scale_row(w, row);
+        float s[4] = {0, 0, 0, 0};
+        for (int c0 = 0; c0 < n; c0 += w->bcol) {
+            const float m = sc[c0 / w->bcol];
+            const int c1 = c0 + w->bcol < n ? c0 + w->bcol : n;
+            for (int i = c0; i < c1; i++) s[i & 3] += st_f8e4m3_to_f32(p[i]) * m * x[i];
+        }
+        return (s[0] + s[1]) + (s[2] + s[3]);
+    }
     const uint16_t *p = (const uint16_t *)w->data + off;
     const int bf = w->dtype == ST_BF16;
     float s0 = 0, s1 = 0, s2 = 0, s3 = 0;
@@ -67,7 +84,7 @@ static float dot_row(const dfl_mat *w, int row, const float *x) {
 
 void kn_matmul_generic(float *y, const float *x, const dfl_mat *w, int n) {
     const int rows = w->rows, cols = w->cols;
-    if (w->dtype != ST_F32 && w->dtype != ST_BF16 && w->dtype != ST_F16)
+    if (w->dtype != ST_F32 && w->dtype != ST_BF16 && w->dtype != ST_F16 && w->dtype != ST_F8_E4M3)
         abort(); /* the loader refuses other dtypes before any compute */
 #pragma omp parallel for schedule(static) if ((size_t)rows * cols * n >= KN_PAR_MIN_WORK)
     for (int r = 0; r < rows; r++)

@@ -11,6 +11,10 @@
 #endif
 
 void kn_matmul_generic(float *y, const float *x, const dfl_mat *w, int n);
+/* The block multipliers of row r of an F8_E4M3 matrix: [ceil(cols / bcol)]. */
+static inline const float *kn_f8_scale_row(const dfl_mat *w, int r) {
+    return w->scale + (size_t)(r / w->brow) * (size_t)((w->cols + w->bcol - 1) / w->bcol);
+}
 float kn_dot_generic(const float *a, const float *b, int n);
 void kn_axpy_generic(float *y, float a, const float *x, int n);
 void kn_dot_rows_generic(float *out, size_t ldo, const float *a, size_t lda, int G, const float *b, size_t ldb, int m,

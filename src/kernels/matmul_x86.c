@@ -1,6 +1,6 @@
 /* x86-64 SIMD variants of kn_matmul, kn_dot and kn_axpy: AVX2 + FMA, AVX-512 (float32 FMAs)
  * and AVX-512 BF16 (VDPBF16PS), compiled with target attributes so that the rest of the
- * binary stays baseline x86-64.
+ * binary stays baseline x86-64. Weights F32, F16, BF16 and block-quantized F8_E4M3.
  *
  * kn_matmul: y[n][rows] = x[n][cols] . W^T. The activations are first laid out for the path
  * (xp [n][ldx]: permuted or split as the weight loads need, zero-padded to whole vectors),
@@ -16,6 +16,7 @@
 
 #if KN_X86
 #include <immintrin.h>
+#include <math.h>
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,8 +32,10 @@
 #define XBLOCK_BYTES (256 * 1024) /* activations of one token block */
 
 /* One register tile: rows r0.. of W (w points at row r0), tokens t0.. (xp at token t0),
- * results at y[t][r] = y + t*ldy + r. */
-typedef void (*tile_fn)(float *y, int ldy, const void *w, int cols, const void *xp, size_t ldx);
+ * results at y[t][r] = y + t*ldy + r; m is the whole matrix (F8_E4M3 tiles read its block
+ * scales). */
+typedef void (*tile_fn)(float *y, int ldy, const void *w, int cols, const void *xp, size_t ldx, const dfl_mat *m,
+                        int r0);
 
 typedef struct tiles {
     tile_fn full[TB + 1]; /* rb rows, T = 1..tb tokens */
@@ -59,7 +62,7 @@ static void mm_run(float *y, const dfl_mat *w, int n, const void *xp, size_t ldx
             const tile_fn *fn = b < nfull ? k->full : k->one;
             for (int t = t0; t < t1; t += tb) {
                 const int T = t1 - t < tb ? t1 - t : tb;
-                fn[T](y + (size_t)t * rows + r0, rows, wd + (size_t)r0 * wrow, cols, xd + (size_t)t * xrow, ldx);
+                fn[T](y + (size_t)t * rows + r0, rows, wd + (size_t)r0 * wrow, cols, xd + (size_t)t * xrow, ldx, w, r0);
             }
         }
     }
@@ -67,10 +70,14 @@ static void mm_run(float *y, const dfl_mat *w, int n, const void *xp, size_t ldx
 
 /* Instantiate the tile functions of one kernel body IMPL(y, ldy, w, cols, xp, ldx, R, T) for
  * R = R_FULL and R = 1, T = 1..TB (constant R and T let the compiler keep the tile in
- * registers); the driver uses T <= T_FULL. */
-#define TILE_ARGS float *y, int ldy, const void *w, int cols, const void *xp, size_t ldx
+ * registers); the driver uses T <= T_FULL. An IMPL that needs the matrix or the first row
+ * (F8_E4M3's scales) names m and r0, the tile function's parameters. */
+#define TILE_ARGS float *y, int ldy, const void *w, int cols, const void *xp, size_t ldx, const dfl_mat *m, int r0
 #define TILE_FN(TGT, NAME, IMPL, R, T) \
-    TGT static void NAME(TILE_ARGS) { IMPL(y, ldy, w, cols, xp, ldx, R, T); }
+    TGT static void NAME(TILE_ARGS) {  \
+        (void)m, (void)r0;             \
+        IMPL(y, ldy, w, cols, xp, ldx, R, T); \
+    }
 #define DEF_TILES(TGT, KIND, IMPL, R_FULL, T_FULL)                                                         \
     TILE_FN(TGT, KIND##_f1, IMPL, R_FULL, 1)                                                               \
     TILE_FN(TGT, KIND##_f2, IMPL, R_FULL, 2)                                                               \
@@ -182,11 +189,76 @@ TGT_AVX512 INLINE void tile_w16_512(float *y, int ldy, const void *w, int cols, 
         for (int t = 0; t < T; t++) y[(size_t)t * ldy + r] = _mm512_reduce_add_ps(acc[r][t]);
 }
 
+/* The multiplier of a block's F8_E4M3 codes widened as below: scale * 2^120, or the scale itself
+ * with *big set when that product could overflow. */
+static inline float step_scale(float scale, int *big) {
+    *big = !(fabsf(scale) < 0x1p8f);
+    return *big ? scale : scale * 0x1p120f;
+}
+
+/* F8_E4M3 weights, 16 columns per step, activations in natural order (masked tails): each code
+ * sign-extended to 32 bits and shifted left by 20 puts its magnitude bits into a float32's
+ * exponent and mantissa fields (the value times 2^-120, exactly) and its sign into bits 27-31,
+ * of which the mask keeps bit 31; one product by scale * 2^120 then rounds the exact value
+ * once: each weight equals st_f8e4m3_to_f32(code) * scale bit for bit, but for the NaN codes,
+ * which are only noted (*nan), their row's outputs then set to NaN as a NaN weight makes them.
+ * A scale of magnitude 2^8 or more (or not finite), where scale * 2^120 would overflow, takes a
+ * separate exact product by 2^120 first (step_scale). The driver gives this tile rows of one
+ * block row (brow % RB == 0) and steps inside one column block (bcol % 16 == 0); sc holds the
+ * block row's scales. */
+TGT_AVX512 INLINE __m512 f8_dequant_512(const uint8_t *p, __mmask16 m, __m512 s, int big, __mmask16 *nan) {
+    const __m128i raw = _mm_maskz_loadu_epi8(m, p);
+    *nan |= _mm_cmpeq_epi8_mask(_mm_or_si128(raw, _mm_set1_epi8((char)0x80)), _mm_set1_epi8((char)0xff));
+    __m512 v = _mm512_castsi512_ps(_mm512_and_si512(_mm512_slli_epi32(_mm512_cvtepi8_epi32(raw), 20),
+                                                    _mm512_set1_epi32((int)0x87f00000u)));
+    if (big) v = _mm512_mul_ps(v, _mm512_set1_ps(0x1p120f));
+    return _mm512_mul_ps(v, s);
+}
+
+TGT_AVX512 INLINE void tile_f8_512(float *y, int ldy, const void *wv, int cols, const void *xv, size_t ldx,
+                                   const int R, const int T, const float *sc, int bcol) {
+    const uint8_t *w = wv;
+    const float *x = xv;
+    __m512 acc[RB][TB], s = _mm512_setzero_ps();
+    int big = 0, left = 0; /* columns of the current block left */
+    __mmask16 nan[RB];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++) {
+        nan[r] = 0;
+#pragma GCC unroll 8
+        for (int t = 0; t < T; t++) acc[r][t] = _mm512_setzero_ps();
+    }
+    for (int c = 0; c < cols; c += 16) {
+        const __mmask16 m = cols - c >= 16 ? 0xffff : (__mmask16)((1u << (cols - c)) - 1);
+        if (left == 0) s = _mm512_set1_ps(step_scale(*sc++, &big)), left = bcol; /* a new block */
+        left -= 16;
+        __m512 wr[RB];
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++) {
+            wr[r] = f8_dequant_512(w + (size_t)r * cols + c, m, s, big, &nan[r]);
+            _mm_prefetch((const char *)(w + (size_t)(r + R) * cols + c), _MM_HINT_T0);
+        }
+#pragma GCC unroll 8
+        for (int t = 0; t < T; t++) {
+            const __m512 xt = _mm512_maskz_loadu_ps(m, x + (size_t)t * ldx + c);
+#pragma GCC unroll 8
+            for (int r = 0; r < R; r++) acc[r][t] = _mm512_fmadd_ps(wr[r], xt, acc[r][t]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 8
+        for (int t = 0; t < T; t++) y[(size_t)t * ldy + r] = nan[r] ? __builtin_nanf("") : _mm512_reduce_add_ps(acc[r][t]);
+}
+
 #define TILE_F16_512(y, ldy, w, cols, xp, ldx, R, T) tile_w16_512(y, ldy, w, cols, xp, ldx, R, T, ST_F16)
 #define TILE_F32_512(y, ldy, w, cols, xp, ldx, R, T) tile_w16_512(y, ldy, w, cols, xp, ldx, R, T, ST_F32)
+#define TILE_F8_512(y, ldy, w, cols, xp, ldx, R, T) \
+    tile_f8_512(y, ldy, w, cols, xp, ldx, R, T, kn_f8_scale_row(m, r0), m->bcol)
 DEF_TILES(TGT_AVX512, tiles_bf16_512, tile_bf16_512, RB, TB_BF16_512)
 DEF_TILES(TGT_AVX512, tiles_f16_512, TILE_F16_512, RB, TB)
 DEF_TILES(TGT_AVX512, tiles_f32_512, TILE_F32_512, RB, TB)
+DEF_TILES(TGT_AVX512, tiles_f8_512, TILE_F8_512, RB, TB)
 
 /* xp[t] = x[t] with each block of `blk` columns reordered [even | odd], zero-padded to ldx. */
 static void bf16_perm(float *xp, size_t ldx, const float *x, int cols, int n, int blk) {
@@ -204,9 +276,11 @@ static void bf16_perm(float *xp, size_t ldx, const float *x, int cols, int n, in
 }
 
 /* y = x . W^T with one width's tile tables; BF16 weights take activations laid out to match the
- * interleaved pairs the tiles read (blk floats per group). */
+ * interleaved pairs the tiles read (blk floats per group). F8_E4M3 tiles step f8_step columns:
+ * blocks that a tile's rows or a step would straddle (released checkpoints use 128 x 128) go to
+ * the generic kernel. */
 static void mm_dispatch(float *y, const float *x, const dfl_mat *w, int n, int blk, const tiles *bf16,
-                        const tiles *f16, const tiles *f32) {
+                        const tiles *f16, const tiles *f32, const tiles *f8, int f8_step) {
     if (n < 1) return;
     if (w->dtype == ST_BF16) {
         const size_t ldx = round_up((size_t)w->cols, (size_t)blk);
@@ -222,13 +296,15 @@ static void mm_dispatch(float *y, const float *x, const dfl_mat *w, int n, int b
         mm_run(y, w, n, x, (size_t)w->cols, sizeof(float), f16);
     } else if (w->dtype == ST_F32) {
         mm_run(y, w, n, x, (size_t)w->cols, sizeof(float), f32);
+    } else if (w->dtype == ST_F8_E4M3 && w->brow % f8->rb == 0 && w->bcol % f8_step == 0) {
+        mm_run(y, w, n, x, (size_t)w->cols, sizeof(float), f8);
     } else {
-        kn_matmul_generic(y, x, w, n); /* aborts: the loader refuses other dtypes */
+        kn_matmul_generic(y, x, w, n); /* F8_E4M3 with other blocks; aborts on dtypes the loader refuses */
     }
 }
 
 void kn_matmul_avx512(float *y, const float *x, const dfl_mat *w, int n) {
-    mm_dispatch(y, x, w, n, 32, &tiles_bf16_512, &tiles_f16_512, &tiles_f32_512);
+    mm_dispatch(y, x, w, n, 32, &tiles_bf16_512, &tiles_f16_512, &tiles_f32_512, &tiles_f8_512, 16);
 }
 
 TGT_AVX512 INLINE float dot_512(const float *a, const float *b, int n) {
@@ -523,14 +599,65 @@ TGT_AVX2 INLINE void tile_w8_256(float *y, int ldy, const void *w, int cols, con
         for (int t = 0; t < T; t++) y[(size_t)t * ldy + r] = hsum_256(acc[r][t]);
 }
 
+/* F8_E4M3 weights, 8 columns per step (bcol % 8 == 0), as tile_f8_512; the tail of a row
+ * (< 8 columns) goes through a zero-padded copy. */
+TGT_AVX2 INLINE __m256 f8_dequant_256(const uint8_t *p, int k, __m256 s, int big) {
+    uint8_t pad[8] = {0};
+    if (k < 8) memcpy(pad, p, (size_t)k), p = pad;
+    const __m256i bits = _mm256_and_si256(_mm256_slli_epi32(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)), 20),
+                                          _mm256_set1_epi32((int)0x87f00000u));
+    __m256 v = _mm256_castsi256_ps(bits);
+    if (big) v = _mm256_mul_ps(v, _mm256_set1_ps(0x1p120f));
+    const __m256 w = _mm256_mul_ps(v, s);
+    const __m256i nan = _mm256_cmpeq_epi32(_mm256_and_si256(bits, _mm256_set1_epi32(0x7ff00000)),
+                                           _mm256_set1_epi32(0x07f00000));
+    return _mm256_blendv_ps(w, _mm256_set1_ps(__builtin_nanf("")), _mm256_castsi256_ps(nan));
+}
+
+TGT_AVX2 INLINE void tile_f8_256(float *y, int ldy, const void *wv, int cols, const void *xv, size_t ldx,
+                                 const int R, const int T, const float *sc, int bcol) {
+    const uint8_t *w = wv;
+    const float *x = xv;
+    __m256 acc[RB2][TB], s = _mm256_setzero_ps();
+    int big = 0, left = 0; /* columns of the current block left */
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 8
+        for (int t = 0; t < T; t++) acc[r][t] = _mm256_setzero_ps();
+    for (int c = 0; c < cols; c += 8) {
+        const int k = cols - c;
+        if (left == 0) s = _mm256_set1_ps(step_scale(*sc++, &big)), left = bcol; /* a new block */
+        left -= 8;
+        __m256 wr[RB2];
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++) {
+            wr[r] = f8_dequant_256(w + (size_t)r * cols + c, k, s, big);
+            _mm_prefetch((const char *)(w + (size_t)(r + R) * cols + c), _MM_HINT_T0);
+        }
+#pragma GCC unroll 8
+        for (int t = 0; t < T; t++) {
+            const __m256 xt = loadf8_256(x + (size_t)t * ldx + c, k);
+#pragma GCC unroll 8
+            for (int r = 0; r < R; r++) acc[r][t] = _mm256_fmadd_ps(wr[r], xt, acc[r][t]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 8
+        for (int t = 0; t < T; t++) y[(size_t)t * ldy + r] = hsum_256(acc[r][t]);
+}
+
 #define TILE_F16_256(y, ldy, w, cols, xp, ldx, R, T) tile_w8_256(y, ldy, w, cols, xp, ldx, R, T, ST_F16)
 #define TILE_F32_256(y, ldy, w, cols, xp, ldx, R, T) tile_w8_256(y, ldy, w, cols, xp, ldx, R, T, ST_F32)
+#define TILE_F8_256(y, ldy, w, cols, xp, ldx, R, T) \
+    tile_f8_256(y, ldy, w, cols, xp, ldx, R, T, kn_f8_scale_row(m, r0), m->bcol)
 DEF_TILES(TGT_AVX2, tiles_bf16_256, tile_bf16_256, RB2, TB)
 DEF_TILES(TGT_AVX2, tiles_f16_256, TILE_F16_256, RB2, TB)
 DEF_TILES(TGT_AVX2, tiles_f32_256, TILE_F32_256, RB2, TB)
+DEF_TILES(TGT_AVX2, tiles_f8_256, TILE_F8_256, RB2, TB)
 
 void kn_matmul_avx2(float *y, const float *x, const dfl_mat *w, int n) {
-    mm_dispatch(y, x, w, n, 16, &tiles_bf16_256, &tiles_f16_256, &tiles_f32_256);
+    mm_dispatch(y, x, w, n, 16, &tiles_bf16_256, &tiles_f16_256, &tiles_f32_256, &tiles_f8_256, 8);
 }
 
 TGT_AVX2 INLINE float dot_256(const float *a, const float *b, int n) {

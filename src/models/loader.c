@@ -13,11 +13,18 @@
 static const char *file_of(const ld_ctx *c, const st_tensor *t) { return c->st->files[t->file_index].path; }
 
 static int check_dtype(const ld_ctx *c, const st_tensor *t) {
-    if (t->dtype != ST_F32 && t->dtype != ST_F16 && t->dtype != ST_BF16)
+    if (t->dtype == ST_F8_E4M3 && !(c->quant && c->quant->present))
+        return dfl_seterr("%s: tensor '%s' has dtype F8_E4M3 but %s; supported without one: F32, F16, BF16",
+                          file_of(c, t), t->name,
+                          c->quant ? "config.json has no quantization_config (FP8 weights need quant_method \"fp8\" "
+                                     "with a weight_block_size, and a weight_scale_inv beside each weight)"
+                                   : "dfl reads FP8 weights in target models only");
+    if (t->dtype != ST_F32 && t->dtype != ST_F16 && t->dtype != ST_BF16 && t->dtype != ST_F8_E4M3)
         return dfl_seterr("%s: tensor '%s' has dtype %s; supported: F32, F16, BF16%s", file_of(c, t), t->name,
                           st_dtype_name(t->dtype),
-                          t->dtype == ST_F8_E4M3 || t->dtype == ST_F8_E5M2 || t->dtype == ST_I8 || t->dtype == ST_U8
-                              ? " (a quantized checkpoint? dfl loads unquantized weights: use the BF16 release)"
+                          t->dtype == ST_F8_E5M2 || t->dtype == ST_I8 || t->dtype == ST_U8
+                              ? " (a quantized checkpoint? dfl loads unquantized weights and fine-grained FP8 "
+                                "(F8_E4M3): use the BF16 or FP8 release)"
                               : "");
     return DFL_OK;
 }
@@ -116,14 +123,59 @@ int ld_finish(ld_ctx *c) {
                       c->n_bad == 1 ? "" : "s", c->n_bad == 1 ? "s" : "", c->bad);
 }
 
+/* The block scales of F8_E4M3 weight t (named `<module>.weight`) into out->scale. */
+static int bind_scales(ld_ctx *c, const st_tensor *t, dfl_mat *out) {
+    const dfl_quant *q = c->quant;
+    const size_t len = strlen(t->name);
+    if (len < 7 || strcmp(t->name + len - 7, ".weight") != 0)
+        return dfl_seterr("%s: F8_E4M3 tensor '%s' is not named <module>.weight, so it has no weight_scale_inv",
+                          file_of(c, t), t->name);
+    char module[512], sname[540];
+    snprintf(module, sizeof module, "%.*s", (int)(len - 7), t->name);
+    if (quant_module_excluded(q, module))
+        return dfl_seterr("%s: tensor '%s' has dtype F8_E4M3 but %s/config.json lists module '%s' in "
+                          "quantization_config.modules_to_not_convert", file_of(c, t), t->name, c->where, module);
+    snprintf(sname, sizeof sname, "%s_scale_inv", t->name);
+    const int64_t srows = ((int64_t)out->rows + q->block_rows - 1) / q->block_rows;
+    const int64_t scols = ((int64_t)out->cols + q->block_cols - 1) / q->block_cols;
+    char why[256];
+    snprintf(why, sizeof why, "the block scales of F8_E4M3 '%s' [%d, %d]: ceil(%d / %d), ceil(%d / %d) with %s/config.json "
+             "quantization_config.weight_block_size [%d, %d]", t->name, out->rows, out->cols, out->rows, q->block_rows,
+             out->cols, q->block_cols, c->where, q->block_rows, q->block_cols);
+    const st_tensor *s = st_find(c->st, sname);
+    if (!s)
+        return dfl_seterr("%s: missing tensor '%s' (expected shape [%lld, %lld], F32 or BF16: %s)", c->where, sname,
+                          (long long)srows, (long long)scols, why);
+    if (s->ndim != 2 || s->shape[0] != srows || s->shape[1] != scols) {
+        char got[128];
+        shape_str(s->shape, s->ndim, got, sizeof got);
+        return dfl_seterr("%s: tensor '%s' has shape %s, expected [%lld, %lld] (%s)", file_of(c, s), sname, got,
+                          (long long)srows, (long long)scols, why);
+    }
+    if (s->dtype != ST_F32 && s->dtype != ST_BF16 && s->dtype != ST_F16)
+        return dfl_seterr("%s: tensor '%s' has dtype %s; expected F32, BF16 or F16 (%s)", file_of(c, s), sname,
+                          st_dtype_name(s->dtype), why);
+    if (c->used) c->used[s - c->st->tensors] = 1;
+    if (c->check_weights && scan_tensor(c, s) != DFL_OK) return DFL_ERR;
+    float *scale = malloc((size_t)s->numel * sizeof(float));
+    if (!scale) return dfl_seterr("%s: out of memory reading '%s'", c->where, sname);
+    st_read_f32(s, 0, s->numel, scale);
+    out->owned = scale;
+    out->scale = scale;
+    out->brow = q->block_rows;
+    out->bcol = q->block_cols;
+    return DFL_OK;
+}
+
 int ld_mat(ld_ctx *c, const char *name, int rows, int cols, dfl_mat *out) {
     const int64_t shape[2] = {rows, cols};
     const st_tensor *t = ld_tensor(c, name, 2, shape);
     if (!t) return DFL_ERR;
-    out->dtype = t->dtype;
-    out->rows = rows;
-    out->cols = cols;
-    out->owned = NULL;
+    *out = (dfl_mat){.dtype = t->dtype, .rows = rows, .cols = cols};
+    if (t->dtype == ST_F8_E4M3) { /* one byte per element: always aligned */
+        out->data = t->data;
+        return bind_scales(c, t, out);
+    }
     size_t es = st_dtype_size(t->dtype);
     if (((uintptr_t)t->data % es) != 0) { /* unaligned in the file: private aligned copy */
         out->owned = aligned_alloc(64, (t->nbytes + 63) / 64 * 64);
@@ -139,6 +191,11 @@ int ld_mat(ld_ctx *c, const char *name, int rows, int cols, dfl_mat *out) {
 float *ld_vec(ld_ctx *c, const char *name, int nd, const int64_t *shape, float add) {
     const st_tensor *t = ld_tensor(c, name, nd, shape);
     if (!t) return NULL;
+    if (t->dtype == ST_F8_E4M3) {
+        dfl_seterr("%s: tensor '%s' has dtype F8_E4M3; FP8 checkpoints quantize linear weights only (norms, "
+                   "conv1d, A_log, dt_bias stay F32, F16 or BF16)", file_of(c, t), name);
+        return NULL;
+    }
     float *v = malloc((size_t)t->numel * sizeof(float) + 1);
     if (!v) {
         dfl_seterr("%s: out of memory reading '%s'", c->where, name);
@@ -157,6 +214,7 @@ float *ld_vec1(ld_ctx *c, const char *name, int n, float add) {
 void ld_mat_free(dfl_mat *m) {
     free(m->owned);
     m->owned = NULL;
+    m->scale = NULL;
 }
 
 int ld_attention(ld_ctx *c, const char *pre, int H, int n_heads, int n_kv, int hd, int gated, float norm_add,

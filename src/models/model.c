@@ -241,6 +241,7 @@ int model_open(dfl_model *m, const char *dir, int check_weights) {
         dfl_seterr("%s: this is a DFlash drafter (architectures: DFlashDraftModel), not a target model", dir);
         goto fail;
     }
+    if (quant_load(&m->quant, dir) != DFL_OK) goto fail;
     if (st_open_dir(&m->st, dir) != DFL_OK) goto fail;
     if (find_prefix(m) != DFL_OK) goto fail;
     const dfl_config *g = &m->cfg;
@@ -251,8 +252,8 @@ int model_open(dfl_model *m, const char *dir, int check_weights) {
         dfl_seterr("%s: out of memory", dir);
         goto fail;
     }
-    ld_ctx c = {.st = &m->st, .where = dir, .used = m->used, .check_weights = check_weights, .layer = -1,
-                .n_layers = g->n_layers};
+    ld_ctx c = {.st = &m->st, .where = dir, .used = m->used, .check_weights = check_weights, .quant = &m->quant,
+                .layer = -1, .n_layers = g->n_layers};
     char n[256];
     snprintf(n, sizeof n, "%sembed_tokens.weight", m->prefix);
     ld_why(&c, "vocab_size %d, hidden_size %d", g->vocab, g->hidden);
@@ -308,6 +309,7 @@ void model_close(dfl_model *m) {
     ld_mat_free(&m->lm_head);
     free(m->final_norm);
     free(m->used);
+    quant_free(&m->quant);
     st_close(&m->st);
     free(m->dir);
     memset(m, 0, sizeof *m);

@@ -75,7 +75,9 @@ int mtp_open(dfl_mtp *h, const char *dir, const dfl_model *t, int check_weights)
     }
     const int H = g.hidden;
     h->cfg = g;
-    ld_ctx c = {.st = &h->st, .where = dir, .used = h->used, .check_weights = check_weights, .layer = -1};
+    if (quant_load(&h->quant, dir) != DFL_OK) goto fail;
+    ld_ctx c = {.st = &h->st, .where = dir, .used = h->used, .check_weights = check_weights, .quant = &h->quant,
+                .layer = -1};
     dfl_layer_w *l = &h->layer;
     l->type = DFL_LAYER_FULL;
     ld_why(&c, "hidden_size %d", H);
@@ -111,6 +113,7 @@ void mtp_close(dfl_mtp *h) {
     ld_layer_free(&h->layer, h->cfg.n_experts);
     ld_mat_free(&h->fc);
     free(h->norm_emb), free(h->norm_hidden), free(h->norm), free(h->used);
+    quant_free(&h->quant);
     st_close(&h->st);
     free(h->dir);
     memset(h, 0, sizeof *h);

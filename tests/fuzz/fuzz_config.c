@@ -1,10 +1,12 @@
-/* Fuzz config.json parsing (config_parse): any text either parses or is refused with a message
- * naming the file; a parsed config keeps the bounds the loaders rely on, and parsing is
- * deterministic (a second parse gives the same struct, byte for byte). */
+/* Fuzz config.json parsing (config_parse, and quant_parse's quantization_config): any text either
+ * parses or is refused with a message naming the file; a parsed config keeps the bounds the
+ * loaders rely on, and parsing is deterministic (a second parse gives the same struct, byte for
+ * byte). */
 #include <string.h>
 
 #include "dfl/common.h"
 #include "dfl/config.h"
+#include "dfl/quant.h"
 #include "fuzz_util.h"
 
 static void check_config(const dfl_config *c) {
@@ -61,6 +63,19 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         FUZZ_CHECK(config_parse(&b, json, "fuzz/config.json") == DFL_OK && memcmp(&a, &b, sizeof a) == 0,
                    "a second parse differs");
     }
+    dfl_quant q;
+    dfl_clearerr();
+    rc = quant_parse(&q, json, "fuzz/config.json");
+    if (rc != DFL_OK) {
+        FUZZ_CHECK(rc == DFL_ERR && strstr(dfl_errmsg(), "fuzz/config.json") && q.n_not_convert == 0,
+                   "quantization_config error: %s", dfl_errmsg());
+    } else if (q.present) { /* what the loader relies on: fp8, a block size, module names */
+        FUZZ_CHECK(strcmp(q.method, "fp8") == 0 && strcmp(q.fmt, "e4m3") == 0, "method %s fmt %s", q.method, q.fmt);
+        FUZZ_CHECK(q.block_rows >= 1 && q.block_cols >= 1 && q.block_rows <= 65536 && q.block_cols <= 65536,
+                   "block %d x %d", q.block_rows, q.block_cols);
+        for (int i = 0; i < q.n_not_convert; i++) FUZZ_CHECK(q.not_convert[i] && q.not_convert[i][0], "module %d", i);
+    }
+    quant_free(&q);
     free(json);
     return 0;
 }

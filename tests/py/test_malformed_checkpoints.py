@@ -12,7 +12,8 @@ shards (missing shard, a tensor absent from its shard, mapped to the wrong shard
 shard), NaN / Inf weights (F32 and BF16; --check-weights names every tensor with its count of
 non-finite values; generate stops at the first non-finite logits, naming the position and
 pointing to --check-weights), shape vs config (hidden_size, q_proj, vocab_size, a drafter's fc vs
-its target_layer_ids), unsupported dtypes (I8, F8_E4M3, F16 is fine), missing tensors, a drafter
+its target_layer_ids), unsupported dtypes (I8, F8_E4M3 without a quantization_config: test_fp8 has the
+FP8 cases; F16 is fine), missing tensors, a drafter
 that does not fit its target."""
 import json
 import os
@@ -413,7 +414,7 @@ def dtypes():
     name = "model.layers.3.self_attn.o_proj.weight"
     x[name] = x[name].to(torch.float8_e4m3fn)
     save_torch(x, os.path.join(d, ST), metadata={"format": "pt"})
-    both(d, f"'{name}' has dtype F8_E4M3", "supported: F32, F16, BF16")
+    both(d, f"'{name}' has dtype F8_E4M3 but config.json has no quantization_config", "supported without one: F32, F16, BF16")
 
     d = copy_fixture("qwen3_tiny", "dtype-f64-norm")  # a norm vector (read as float32) as well
     name = "model.layers.1.post_attention_layernorm.weight"

@@ -1,8 +1,8 @@
 /* The target forward is batch-layout independent and its rollback is exact: prefill(T) equals
  * prefill(T-k) followed by k single-token decodes, and by one k-token forward, and a forward
  * rolled back to any position then continued equals the straight run — bit for bit, on the
- * dense, hybrid and mixture-of-experts fixtures (every kernel computes each token's row with the same
- * operations whatever the batch). */
+ * dense, hybrid and mixture-of-experts fixtures, BF16 and fine-grained FP8 among them (every
+ * kernel computes each token's row with the same operations whatever the batch). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -97,5 +97,7 @@ int main(void) {
     run("qwen35_r1");
     run("qwen3_moe");      /* a token's experts and their order do not depend on the batch */
     run("qwen35_moe_vlm");
+    run("qwen3_fp8");
+    run("qwen35_fp8");
     return test_done("test_forward_consistency");
 }

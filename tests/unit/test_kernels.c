@@ -1,6 +1,7 @@
 /* Kernels: every SIMD path this CPU runs against the generic C path, on random inputs.
  *
- * kn_matmul, each weight dtype (F32, F16, BF16), odd shapes, n = 1..33 tokens. Tolerance, per
+ * kn_matmul, each weight dtype (F32, F16, BF16, F8_E4M3 with several block sizes), odd shapes,
+ * n = 1..33 tokens. Tolerance, per
  * output: |y - y_generic| <= (2 * cols * 2^-24 + e) * sum_c |w_c x_c| + 1e-30, the worst-case
  * float32 summation bound of both results, with e = 2^-26 on the AVX-512 BF16 and AMX paths
  * for BF16 weights (activations as three bf16 parts: |x - hi - mid - lo| <= 2^-27 |x|), else 0.
@@ -8,6 +9,11 @@
  * (several token tiles) and, with 4096 and 8192 columns, past one AMX token block (32 and 16
  * tokens). Within a path, each (row, token) result must not depend on n: rows of an
  * n-token product equal single-token products bit for bit.
+ * F8_E4M3: all 256 codes against their definition (subnormals, both NaN codes, signed zero);
+ * the generic kernel and kn_mat_row against a double-precision product with the dequantized
+ * matrix (2 * cols * 2^-24 + 2^-23 relative: the dequantization rounds once); block sizes
+ * 128 x 128 (the released one), 16 x 32 (SIMD tiles) and 5 x 24 (straddled tiles: generic);
+ * a NaN code makes its row's outputs NaN on every path and leaves the other rows finite.
  * kn_matmul_multi equals kn_matmul bit for bit. kn_dot / kn_axpy: the same bound; kn_dot_rows /
  * kn_axpy_rows equal them bit for bit. SiLU kernels (vectorized exp): 4e-6 relative.
  * Gated DeltaNet: SIMD recurrence vs generic, chunked form vs recurrence (relative tolerance
@@ -35,11 +41,35 @@ static uint16_t to_f16(float f) { /* round to nearest even, normal range only (|
     return (uint16_t)(sign | (r >> 13));
 }
 
-/* A random rows x cols matrix of the dtype; *store keeps the data. */
+/* Block size of the F8_E4M3 matrices make_mat makes. */
+static int f8_brow = 128, f8_bcol = 128;
+
+/* float8_e4m3fn from its definition: (-1)^s 2^(e-7) (1 + m/8), subnormal 2^-6 m/8, NaN at
+ * e = 15, m = 7. */
+static double f8_ref(uint8_t b) {
+    const int e = (b >> 3) & 15, m = b & 7;
+    const double a = e == 15 && m == 7 ? NAN : e ? ldexp(1.0 + m / 8.0, e - 7) : ldexp(m / 8.0, -6);
+    return b & 0x80 ? -a : a;
+}
+
+/* A random rows x cols matrix of the dtype; *store keeps the data (F8_E4M3: random codes but
+ * the NaN ones, then the block scales, 2^-10..2^-4). */
 static dfl_mat make_mat(st_dtype dt, int rows, int cols, void **store) {
     const size_t ne = (size_t)rows * cols;
     dfl_mat w = {.dtype = dt, .rows = rows, .cols = cols};
-    if (dt == ST_F32) {
+    if (dt == ST_F8_E4M3) {
+        const size_t nb = (size_t)((rows + f8_brow - 1) / f8_brow) * ((cols + f8_bcol - 1) / f8_bcol);
+        const size_t off = (ne + 63) / 64 * 64;
+        uint8_t *p = malloc(off + nb * sizeof(float));
+        for (size_t i = 0; i < ne; i++) {
+            uint8_t b = (uint8_t)((frand() + 1.0f) * 128.0f);
+            p[i] = (b & 0x7f) == 0x7f ? b ^ 1 : b;
+        }
+        float *sc = (float *)(p + off);
+        for (size_t i = 0; i < nb; i++) sc[i] = ldexpf(1.0f + 0.5f * frand(), -4 - (int)(i % 7));
+        w.scale = sc, w.brow = f8_brow, w.bcol = f8_bcol;
+        *store = p;
+    } else if (dt == ST_F32) {
         float *p = malloc(ne * sizeof(float) + 1);
         for (size_t i = 0; i < ne; i++) p[i] = frand();
         *store = p;
@@ -121,6 +151,71 @@ static void check_matmul_multi(kn_isa isa) {
     CHECK(bad == 0, "%s: %d kn_matmul_multi outputs differ from kn_matmul", kn_isa_name(isa), bad);
     for (int i = 0; i < 4; i++) free(store[i]), free(y[i]);
     free(x), free(ref);
+}
+
+static void check_f8_codes(void) {
+    int bad = 0;
+    for (int b = 0; b < 256; b++) {
+        const float got = st_f8e4m3_to_f32((uint8_t)b);
+        const double want = f8_ref((uint8_t)b);
+        if (isnan(want) ? !isnan(got) : (got != want || !signbit(got) != !signbit(want))) bad++;
+    }
+    CHECK(bad == 0, "F8_E4M3: %d of 256 codes convert wrongly", bad);
+    CHECK(st_f8e4m3_to_f32(0x01) == 0x1p-9f && st_f8e4m3_to_f32(0x7e) == 448.0f && st_f8e4m3_to_f32(0x08) == 0x1p-6f,
+          "F8_E4M3: smallest subnormal, largest finite, smallest normal");
+}
+
+/* The generic F8_E4M3 kernel and kn_mat_row against a double product with the dequantized
+ * matrix. */
+static void check_f8_generic(int rows, int cols) {
+    const int n = 3;
+    void *store;
+    const dfl_mat w = make_mat(ST_F8_E4M3, rows, cols, &store);
+    float *x = malloc((size_t)n * cols * sizeof(float)), *y = malloc((size_t)n * rows * sizeof(float));
+    float *wr = malloc((size_t)cols * sizeof(float));
+    for (size_t i = 0; i < (size_t)n * cols; i++) x[i] = frand();
+    kn_isa_set(KN_ISA_GENERIC);
+    kn_matmul(y, x, &w, n);
+    int bad = 0, bad_row = 0;
+    const double rel = 2.0 * cols * 0x1.0p-24 + 0x1.0p-23;
+    for (int r = 0; r < rows; r++) {
+        kn_mat_row(&w, r, wr);
+        for (int c = 0; c < cols; c++) {
+            const double deq = f8_ref(((const uint8_t *)w.data)[(size_t)r * cols + c]) *
+                               w.scale[(size_t)(r / w.brow) * ((cols + w.bcol - 1) / w.bcol) + c / w.bcol];
+            if (fabs(wr[c] - deq) > 0x1.0p-24 * fabs(deq)) bad_row++;
+        }
+        for (int t = 0; t < n; t++) {
+            double ref = 0, mag = 0;
+            for (int c = 0; c < cols; c++) {
+                const double p = (double)wr[c] * x[(size_t)t * cols + c];
+                ref += p, mag += fabs(p);
+            }
+            if (fabs(y[(size_t)t * rows + r] - ref) > rel * mag + 1e-30) bad++;
+        }
+    }
+    CHECK(bad_row == 0 && bad == 0, "F8_E4M3 generic %dx%d block %dx%d: %d row values, %d outputs off the reference",
+          rows, cols, w.brow, w.bcol, bad_row, bad);
+    free(store), free(x), free(y), free(wr);
+}
+
+/* NaN codes: the rows holding one give NaN, the other rows stay finite. */
+static void check_f8_nan(kn_isa isa) {
+    enum { ROWS = 9, COLS = 300, N = 2 };
+    void *store;
+    dfl_mat w = make_mat(ST_F8_E4M3, ROWS, COLS, &store);
+    uint8_t *codes = store;
+    codes[2 * COLS + 7] = 0x7f, codes[5 * COLS + 299] = 0xff, codes[8 * COLS + 130] = 0x7f;
+    float x[N * COLS], y[N * ROWS];
+    for (int i = 0; i < N * COLS; i++) x[i] = frand();
+    kn_isa_set(isa);
+    kn_matmul(y, x, &w, N);
+    int bad = 0;
+    for (int t = 0; t < N; t++)
+        for (int r = 0; r < ROWS; r++) bad += !!isnan(y[t * ROWS + r]) != (r == 2 || r == 5 || r == 8);
+    CHECK(bad == 0, "%s: F8_E4M3 NaN codes: %d outputs wrong (NaN expected exactly in rows 2, 5, 8)", kn_isa_name(isa),
+          bad);
+    free(store);
 }
 
 static void check_dot_axpy(kn_isa isa) {
@@ -355,7 +450,15 @@ int main(void) {
                                     {6, 257}, {13, 512}, {16, 32}, {37, 64}, {70, 96}, {130, 256},
                                     {20, 4096}, {40, 8192}};
     static const st_dtype dts[] = {ST_F32, ST_F16, ST_BF16};
+    static const int f8_blocks[][2] = {{128, 128}, {16, 32}, {5, 24}};
+    const int n_shapes = (int)(sizeof shapes / sizeof shapes[0]);
     check_isa_api();
+    check_f8_codes();
+    for (size_t b = 0; b < sizeof f8_blocks / sizeof f8_blocks[0]; b++) {
+        f8_brow = f8_blocks[b][0], f8_bcol = f8_blocks[b][1];
+        for (int s = 0; s < n_shapes - 2; s++) check_f8_generic(shapes[s][0], shapes[s][1]);
+    }
+    check_f8_nan(KN_ISA_GENERIC);
     int paths = 0;
     for (int i = 1; i < KN_ISA_COUNT; i++) {
         const kn_isa isa = (kn_isa)i;
@@ -367,6 +470,12 @@ int main(void) {
         for (size_t d = 0; d < sizeof dts / sizeof dts[0]; d++)
             for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
                 check_matmul(isa, dts[d], shapes[s][0], shapes[s][1]);
+        for (size_t b = 0; b < sizeof f8_blocks / sizeof f8_blocks[0]; b++) {
+            f8_brow = f8_blocks[b][0], f8_bcol = f8_blocks[b][1];
+            for (int s = 0; s < (b ? n_shapes - 2 : n_shapes); s++) check_matmul(isa, ST_F8_E4M3, shapes[s][0], shapes[s][1]);
+        }
+        f8_brow = f8_bcol = 128;
+        check_f8_nan(isa);
         check_matmul_multi(isa);
         check_dot_axpy(isa);
         check_silu(isa);
