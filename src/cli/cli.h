@@ -13,6 +13,7 @@ int cmd_hidden_diff(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_eval(int argc, char **argv);
 int cmd_eval_merge(int argc, char **argv);
+int cmd_eval_compare(int argc, char **argv);
 int cmd_serve(int argc, char **argv);
 
 /* dfl eval under mpirun (eval_mpi.c, built with DFL_HAVE_MPI). eval_mpi_launched: the process

@@ -41,6 +41,7 @@ static const struct subcommand subcommands[] = {
     {"hidden-diff", cmd_hidden_diff, "compare two hidden-state dumps layer by layer"},
     {"eval", cmd_eval, "evaluate drafters: tau on chain and DDTree over a prompt set, with reports"},
     {"eval-merge", cmd_eval_merge, "merge the results of sharded eval runs into one summary"},
+    {"eval-compare", cmd_eval_compare, "tau of the same drafters in several eval runs (targets) side by side"},
     {"bench", cmd_bench, "performance: bandwidth, decode, verification cost, prefill, rollback"},
     {"serve", cmd_serve, "HTTP server with speculative decoding (OpenAI, SGLang /generate, /metrics)"},
 };

@@ -17,7 +17,7 @@ tools/make_fp8.py.
   random-weight fixtures, whose hybrid layers amplify the 2.6% RMS weight error, by 8-50%
   (bound 75%: the same model, not noise).
 - Speculative decoding on the FP8 embedded target: greedy output equals autoregressive (chain and
-  DDTree); `dfl eval` on the BF16 and FP8 targets, then tools/eval_compare.py puts their tau side
+  DDTree); `dfl eval` on the BF16 and FP8 targets, then dfl eval-compare puts their tau side
   by side (both printed).
 - inspect reports the quantization (text and --json); bad input is refused naming the file,
   tensor or field with expected vs found (no sanitizer report with DFL_BIN pointing at an ASan
@@ -169,17 +169,28 @@ def speculative():
     for tg, out in zip((EMB_TARGET, target), outs):
         dfl("eval", "--target", tg, "--drafter", EMB_DRAFTER, "--prompts", os.path.join(SOURCE, "data", "gsm8k_test_40.jsonl"),
             "--limit", 6, "--max-new", 96, "--tree-budget", "0,8", "--check-ar", "--out", out, "--progress", "none")
-    p = run([PY, os.path.join(SOURCE, "tools", "eval_compare.py"), *outs, "--json"])
-    rows = [json.loads(x) for x in p.stdout.splitlines()]
+    p = dfl("eval-compare", *outs, "--json")
+    cmp = json.loads(p.stdout)
+    rows = cmp["rows"]
+    t.check([r["target"] for r in cmp["runs"]] == [EMB_TARGET, target], f"eval-compare runs {cmp['runs']}")
     t.check(sorted((r["mode"], r["method"]) for r in rows) == [("chain", "online"), ("chain", "replay"), ("ddtree-8", "replay")]
-            and all(min(r["tau"]) > 1.5 and r["mismatches"] == [0, 0] for r in rows), f"eval_compare rows {rows}")
+            and all(min(r["tau"]) > 1.5 and r["mismatches"] == [0, 0] for r in rows), f"eval-compare rows {rows}")
     for r in rows:
+        t.check(abs(r["change_percent"][0] - 100 * (r["tau"][1] / r["tau"][0] - 1)) < 1e-6, f"change of {r}")
         print(f"embedded drafter {r['mode']} ({r['method']}): tau BF16 {r['tau'][0]:.3f}, FP8 {r['tau'][1]:.3f} "
               f"({r['change_percent'][0]:+.1f}%)", flush=True)
-    table = run([PY, os.path.join(SOURCE, "tools", "eval_compare.py"), *outs]).stdout
-    t.check(table.startswith("| drafter | mode | tau ") and "| chain (online) |" in table, f"eval_compare table: {table}")
-    p = run([PY, os.path.join(SOURCE, "tools", "eval_compare.py"), outs[0]], check=False)
-    t.check(p.returncode == 2 and "at least two" in p.stderr, f"eval_compare with one run: {p.returncode} {p.stderr}")
+    table = dfl("eval-compare", *outs).stdout
+    t.check(table.startswith("| drafter | mode | τ (token-weighted) ") and "| chain (online) |" in table,
+            f"eval-compare table: {table}")
+    p = dfl("eval-compare", outs[0], check=False)
+    t.check(p.returncode == 2 and "at least two" in p.stderr, f"eval-compare with one run: {p.returncode} {p.stderr}")
+    other = os.path.join(tmp, "eval-other")  # other options: refused, naming the field
+    dfl("eval", "--target", target, "--drafter", EMB_DRAFTER, "--prompts", os.path.join(SOURCE, "data", "gsm8k_test_40.jsonl"),
+        "--limit", 6, "--max-new", 32, "--out", other, "--progress", "none")
+    p = dfl("eval-compare", outs[0], other, check=False)
+    t.check(p.returncode == 1 and "run.max_new differs" in p.stderr, f"eval-compare of other options: {p.stderr}")
+    p = dfl("eval-compare", outs[0], os.path.join(tmp, "nowhere"), check=False)
+    t.check(p.returncode == 1 and "summary.json: cannot read" in p.stderr, f"eval-compare of a missing run: {p.stderr}")
 
 
 def bad_input():
