@@ -39,6 +39,12 @@ char *dfl_path_join(const char *dir, const char *name);
 /* Write s as a JSON string literal (quoted, escaped) to f. */
 void dfl_json_write_string(FILE *f, const char *s);
 
+/* A JSON value (cJSON) for error messages, into buf (n bytes), returned: "nothing" for NULL,
+ * numbers as written (integers exactly, 9e+98, the shortest exact form otherwise), anything else
+ * as compact JSON cut short with "...". */
+struct cJSON;
+const char *dfl_json_brief(const struct cJSON *v, char *buf, size_t n);
+
 /* 1 if path is a directory, 0 otherwise. */
 int dfl_is_dir(const char *path);
 /* 1 if path exists and is a regular file. */

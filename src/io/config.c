@@ -66,22 +66,6 @@ void config_default_target_ids(int n, int k, int *out) {
 #define MAX_POSITION (1 << 30)
 #define MAX_EXPERTS 4096
 
-/* A JSON value for messages: numbers as written (9e+98, inf), anything else as JSON, cut short. */
-static const char *found_str(const cJSON *v, char *buf, size_t n) {
-    if (!v) return "nothing";
-    if (cJSON_IsNumber(v)) {
-        snprintf(buf, n, "%.15g", v->valuedouble);
-        if (strtod(buf, NULL) != v->valuedouble) snprintf(buf, n, "%.17g", v->valuedouble);
-        return buf;
-    }
-    char *s = cJSON_PrintUnformatted(v);
-    if (!s) return "?";
-    snprintf(buf, n, "%s", s);
-    if (strlen(s) >= n && n > 4) memcpy(buf + n - 4, "...", 4);
-    cJSON_free(s);
-    return buf;
-}
-
 /* An integer in [lo, hi], checked on the double before the cast (casting an out-of-range double
  * is undefined). bound, when not NULL, names the field hi + 1 comes from (eos ids < vocab_size). */
 static int int_value(const cJSON *v, const char *where, const char *field, double lo, double hi, const char *bound,
@@ -91,9 +75,9 @@ static int int_value(const cJSON *v, const char *where, const char *field, doubl
         v->valuedouble != floor(v->valuedouble)) {
         if (bound)
             return dfl_seterr("%s: %s: expected an integer in [%.0f, %s = %.0f), found %s", where, field, lo, bound,
-                              hi + 1, found_str(v, b, sizeof b));
+                              hi + 1, dfl_json_brief(v, b, sizeof b));
         return dfl_seterr("%s: %s: expected an integer in [%.0f, %.0f], found %s", where, field, lo, hi,
-                          found_str(v, b, sizeof b));
+                          dfl_json_brief(v, b, sizeof b));
     }
     *out = (int)v->valuedouble;
     return DFL_OK;
@@ -117,7 +101,7 @@ static int get_num(const cJSON *o, const char *name, const char *where, double l
     if (!v || cJSON_IsNull(v)) return DFL_OK;
     if (!cJSON_IsNumber(v) || !(v->valuedouble >= lo && v->valuedouble <= hi))
         return dfl_seterr("%s: %s: expected a number in [%g, %g], found %s", where, name, lo, hi,
-                          found_str(v, b, sizeof b));
+                          dfl_json_brief(v, b, sizeof b));
     *out = v->valuedouble;
     return DFL_OK;
 }

@@ -11,17 +11,6 @@
 
 #define MAX_BLOCK 65536
 
-/* A JSON value for messages, cut short. */
-static const char *json_str(const cJSON *v, char *buf, size_t n) {
-    if (!v) return "nothing";
-    char *s = cJSON_PrintUnformatted(v);
-    if (!s) return "?";
-    snprintf(buf, n, "%s", s);
-    if (strlen(s) >= n && n > 4) memcpy(buf + n - 4, "...", 4);
-    cJSON_free(s);
-    return buf;
-}
-
 /* An optional string field: its value in out (default kept when absent), then checked to be one
  * of the accepted values. */
 static int get_choice(const cJSON *qc, const char *field, const char *where, const char *accepted, const char *why,
@@ -31,7 +20,7 @@ static int get_choice(const cJSON *qc, const char *field, const char *where, con
     if (!v || cJSON_IsNull(v)) return DFL_OK;
     if (!cJSON_IsString(v) || strcmp(v->valuestring, accepted) != 0)
         return dfl_seterr("%s: quantization_config.%s: expected \"%s\", found %s%s", where, field, accepted,
-                          json_str(v, b, sizeof b), why);
+                          dfl_json_brief(v, b, sizeof b), why);
     snprintf(out, n, "%s", v->valuestring);
     return DFL_OK;
 }
@@ -49,7 +38,7 @@ static int parse_block(dfl_quant *q, const cJSON *qc, const char *where) {
         if (!cJSON_IsNumber(x) || !(x->valuedouble >= 1 && x->valuedouble <= MAX_BLOCK) ||
             x->valuedouble != floor(x->valuedouble))
             return dfl_seterr("%s: quantization_config.weight_block_size: expected two integers in [1, %d] "
-                              "([rows, columns] of a block), found %s", where, MAX_BLOCK, json_str(b, s, sizeof s));
+                              "([rows, columns] of a block), found %s", where, MAX_BLOCK, dfl_json_brief(b, s, sizeof s));
         v[i] = (int)x->valuedouble;
     }
     q->block_rows = v[0], q->block_cols = v[1];
@@ -86,7 +75,7 @@ int quant_parse(dfl_quant *q, const char *json, const char *where) {
         goto done;
     }
     if (!cJSON_IsObject(qc)) {
-        dfl_seterr("%s: quantization_config: expected an object, found %s", where, json_str(qc, b, sizeof b));
+        dfl_seterr("%s: quantization_config: expected an object, found %s", where, dfl_json_brief(qc, b, sizeof b));
         goto done;
     }
     q->present = 1;
@@ -94,7 +83,7 @@ int quant_parse(dfl_quant *q, const char *json, const char *where) {
     if (!cJSON_IsString(m) || strcmp(m->valuestring, "fp8") != 0) {
         dfl_seterr("%s: quantization_config.quant_method: expected \"fp8\" (fine-grained float8_e4m3 weights with "
                    "per-block weight_scale_inv), found %s; dfl does not read this quantization: use the BF16 or "
-                   "FP8 release", where, json_str(m, b, sizeof b));
+                   "FP8 release", where, dfl_json_brief(m, b, sizeof b));
         goto done;
     }
     snprintf(q->method, sizeof q->method, "%s", m->valuestring);

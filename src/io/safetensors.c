@@ -117,26 +117,6 @@ static int json_uint(const cJSON *v, uint64_t *out) {
     return 0;
 }
 
-/* A header value for messages: numbers as written (1e+30), anything else as JSON, cut short. */
-static const char *found_str(const cJSON *v, char *buf, size_t n) {
-    if (!v) return "nothing";
-    if (cJSON_IsNumber(v)) {
-        if (v->valuedouble == floor(v->valuedouble) && fabs(v->valuedouble) < 1e20) { /* integers exactly */
-            snprintf(buf, n, "%.0f", v->valuedouble);
-            return buf;
-        }
-        snprintf(buf, n, "%.15g", v->valuedouble);
-        if (strtod(buf, NULL) != v->valuedouble) snprintf(buf, n, "%.17g", v->valuedouble);
-        return buf;
-    }
-    char *s = cJSON_PrintUnformatted(v);
-    if (!s) return "?";
-    snprintf(buf, n, "%s", s);
-    if (strlen(s) >= n && n > 4) memcpy(buf + n - 4, "...", 4);
-    cJSON_free(s);
-    return buf;
-}
-
 /* Parse one tensor entry of the header into t (data offsets relative to buf). */
 static int parse_entry(const char *path, const cJSON *item, const uint8_t *buf, size_t buf_size,
                        st_tensor *t, size_t *begin, size_t *end) {
@@ -164,7 +144,7 @@ static int parse_entry(const char *path, const cJSON *item, const uint8_t *buf, 
         uint64_t dim;
         if (json_uint(d, &dim))
             return dfl_seterr("%s: tensor '%s': shape[%d]: expected an integer in [0, %.0f], found %s", path, name, i,
-                              ST_MAX_INT, found_str(d, f1, sizeof f1));
+                              ST_MAX_INT, dfl_json_brief(d, f1, sizeof f1));
         t->shape[i] = (int64_t)dim;
         if (dim && numel > UINT64_MAX / dim) overflow = 1;
         else numel *= dim;
@@ -176,7 +156,7 @@ static int parse_entry(const char *path, const cJSON *item, const uint8_t *buf, 
     uint64_t b, e;
     if (json_uint(ob, &b) || json_uint(oe, &e) || e < b)
         return dfl_seterr("%s: tensor '%s': invalid data_offsets [%s, %s] (expected integers begin <= end)", path,
-                          name, found_str(ob, f1, sizeof f1), found_str(oe, f2, sizeof f2));
+                          name, dfl_json_brief(ob, f1, sizeof f1), dfl_json_brief(oe, f2, sizeof f2));
     if (e - b != numel * es)
         return dfl_seterr("%s: tensor '%s': data_offsets span %llu bytes, expected numel %llu x %zu (%s) = %llu",
                           path, name, (unsigned long long)(e - b), (unsigned long long)numel, es,

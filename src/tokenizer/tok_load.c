@@ -16,17 +16,6 @@ static const char gpt2_pattern[] =
 
 #define TOK_MAX_ID (1 << 24) /* bounds the id tables a malformed file can make us allocate */
 
-/* A short rendering of a JSON value for error messages. */
-static const char *brief(const cJSON *v, char *buf, size_t n) {
-    if (!v) return "nothing";
-    char *s = cJSON_PrintUnformatted(v);
-    if (!s) return "?";
-    snprintf(buf, n, "%s", s);
-    if (strlen(s) >= n && n > 4) memcpy(buf + n - 4, "...", 4);
-    cJSON_free(s);
-    return buf;
-}
-
 static const char *type_name(const cJSON *o) {
     const cJSON *t = cJSON_GetObjectItemCaseSensitive(o, "type");
     return cJSON_IsString(t) ? t->valuestring : NULL;
@@ -34,9 +23,9 @@ static const char *type_name(const cJSON *o) {
 
 static int expect_type(const cJSON *o, const char *field) {
     char b[96];
-    if (!cJSON_IsObject(o)) return dfl_seterr("%s: expected an object, found %s", field, brief(o, b, sizeof b));
+    if (!cJSON_IsObject(o)) return dfl_seterr("%s: expected an object, found %s", field, dfl_json_brief(o, b, sizeof b));
     if (!type_name(o)) return dfl_seterr("%s.type: expected a string, found %s", field,
-                                         brief(cJSON_GetObjectItemCaseSensitive(o, "type"), b, sizeof b));
+                                         dfl_json_brief(cJSON_GetObjectItemCaseSensitive(o, "type"), b, sizeof b));
     return DFL_OK;
 }
 
@@ -46,7 +35,7 @@ static int get_bool(const cJSON *o, const char *key, int dflt, int *out, const c
     char b[96];
     if (!v || cJSON_IsNull(v)) *out = dflt;
     else if (cJSON_IsBool(v)) *out = cJSON_IsTrue(v);
-    else return dfl_seterr("%s.%s: expected true or false, found %s", field, key, brief(v, b, sizeof b));
+    else return dfl_seterr("%s.%s: expected true or false, found %s", field, key, dfl_json_brief(v, b, sizeof b));
     return DFL_OK;
 }
 
@@ -64,7 +53,7 @@ static int parse_id(const cJSON *v, int32_t *out, const char *field, const char 
     if (!cJSON_IsNumber(v) || !(v->valuedouble >= 0 && v->valuedouble < TOK_MAX_ID) ||
         v->valuedouble != (double)(int32_t)v->valuedouble)
         return dfl_seterr("%s: %s: expected an integer id in [0, %d), found %s", field, what, TOK_MAX_ID,
-                          brief(v, b, sizeof b));
+                          dfl_json_brief(v, b, sizeof b));
     *out = (int32_t)v->valuedouble;
     return DFL_OK;
 }
@@ -176,10 +165,10 @@ static int parse_split(dfl_tokenizer *tok, const cJSON *p, const char *field) {
     const cJSON *str = cJSON_GetObjectItemCaseSensitive(pat, "String");
     if (!cJSON_IsString(re) && !cJSON_IsString(str))
         return dfl_seterr("%s.pattern: expected {\"Regex\": ...} or {\"String\": ...}, found %s", field,
-                          brief(pat, b, sizeof b));
+                          dfl_json_brief(pat, b, sizeof b));
     const cJSON *beh = cJSON_GetObjectItemCaseSensitive(p, "behavior");
     if (!cJSON_IsString(beh) || strcmp(beh->valuestring, "Isolated") != 0)
-        return dfl_seterr("%s.behavior: unsupported %s (only \"Isolated\")", field, brief(beh, b, sizeof b));
+        return dfl_seterr("%s.behavior: unsupported %s (only \"Isolated\")", field, dfl_json_brief(beh, b, sizeof b));
     if (require_bool(p, "invert", 0, 0, field)) return DFL_ERR;
     snprintf(sub, sizeof sub, "%s.pattern", field);
     return add_split(tok, cJSON_IsString(re) ? re->valuestring : str->valuestring, !cJSON_IsString(re), sub);
@@ -207,7 +196,7 @@ static int parse_pre_tokenizer(dfl_tokenizer *tok, const cJSON *p, const char *f
     const cJSON *list = cJSON_GetObjectItemCaseSensitive(p, "pretokenizers");
     if (!cJSON_IsArray(list) || !list->child)
         return dfl_seterr("%s.pretokenizers: expected a non-empty array, found %s", field,
-                          brief(list, b, sizeof b));
+                          dfl_json_brief(list, b, sizeof b));
     int i = 0;
     for (const cJSON *c = list->child; c; c = c->next, i++) {
         snprintf(sub, sizeof sub, "%s.pretokenizers[%d]", field, i);
@@ -239,14 +228,14 @@ static int parse_misc(const cJSON *root) {
         return dfl_seterr("decoder.type: unsupported \"%s\" (supported: ByteLevel)", type_name(dec));
     const cJSON *tr = cJSON_GetObjectItemCaseSensitive(root, "truncation");
     if (tr && !cJSON_IsNull(tr))
-        return dfl_seterr("truncation: %s is not supported (only null)", brief(tr, b, sizeof b));
+        return dfl_seterr("truncation: %s is not supported (only null)", dfl_json_brief(tr, b, sizeof b));
     return DFL_OK;
 }
 
 static int parse_vocab(dfl_tokenizer *tok, const cJSON *vocab) {
     char b[96];
     if (!cJSON_IsObject(vocab))
-        return dfl_seterr("model.vocab: expected an object, found %s", brief(vocab, b, sizeof b));
+        return dfl_seterr("model.vocab: expected an object, found %s", dfl_json_brief(vocab, b, sizeof b));
     size_t n = 0;
     int32_t max_id = -1;
     for (const cJSON *c = vocab->child; c; c = c->next, n++) {
@@ -279,7 +268,7 @@ static int vocab_id(const dfl_tokenizer *tok, const char *s, size_t len, int i, 
 static int parse_merges(dfl_tokenizer *tok, const cJSON *merges) {
     char b[96];
     if (!cJSON_IsArray(merges))
-        return dfl_seterr("model.merges: expected an array, found %s", brief(merges, b, sizeof b));
+        return dfl_seterr("model.merges: expected an array, found %s", dfl_json_brief(merges, b, sizeof b));
     int n = cJSON_GetArraySize(merges);
     if (tok_pairmap_init(&tok->merges, (size_t)n)) return DFL_ERR;
     char *cat = NULL;
@@ -302,7 +291,7 @@ static int parse_merges(dfl_tokenizer *tok, const cJSON *merges) {
             rl = strlen(r);
         } else {
             rc = dfl_seterr("model.merges[%d]: expected [\"a\", \"b\"] or \"a b\", found %s", i,
-                            brief(c, b, sizeof b));
+                            dfl_json_brief(c, b, sizeof b));
             break;
         }
         if (ll + rl + 1 > cat_cap) {
@@ -336,13 +325,13 @@ static int parse_model(dfl_tokenizer *tok, const cJSON *m) {
         return dfl_seterr("model.type: unsupported \"%s\" (supported: BPE)", type_name(m));
     const cJSON *drop = cJSON_GetObjectItemCaseSensitive(m, "dropout");
     if (drop && !cJSON_IsNull(drop) && !(cJSON_IsNumber(drop) && drop->valuedouble == 0))
-        return dfl_seterr("model.dropout: %s is not supported (only null)", brief(drop, b, sizeof b));
+        return dfl_seterr("model.dropout: %s is not supported (only null)", dfl_json_brief(drop, b, sizeof b));
     static const char *const affixes[] = {"continuing_subword_prefix", "end_of_word_suffix"};
     for (int i = 0; i < 2; i++) {
         const cJSON *v = cJSON_GetObjectItemCaseSensitive(m, affixes[i]);
         if (v && !cJSON_IsNull(v) && !(cJSON_IsString(v) && !v->valuestring[0]))
             return dfl_seterr("model.%s: %s is not supported (only null or \"\")", affixes[i],
-                              brief(v, b, sizeof b));
+                              dfl_json_brief(v, b, sizeof b));
     }
     if (require_bool(m, "byte_fallback", 0, 0, "model")) return DFL_ERR;
     if (get_bool(m, "fuse_unk", 0, &tok->fuse_unk, "model")) return DFL_ERR;
@@ -356,7 +345,7 @@ static int parse_model(dfl_tokenizer *tok, const cJSON *m) {
         if (tok->unk_id < 0)
             return dfl_seterr("model.unk_token: \"%s\" is not in the vocabulary", unk->valuestring);
     } else if (unk && !cJSON_IsNull(unk)) {
-        return dfl_seterr("model.unk_token: expected a string or null, found %s", brief(unk, b, sizeof b));
+        return dfl_seterr("model.unk_token: expected a string or null, found %s", dfl_json_brief(unk, b, sizeof b));
     }
     return DFL_OK;
 }
@@ -376,7 +365,7 @@ static char *nfc(const char *s, size_t len, size_t *out_len) {
 static int parse_added(dfl_tokenizer *tok, const cJSON *list) {
     char b[96], field[48];
     if (!list || cJSON_IsNull(list)) return DFL_OK;
-    if (!cJSON_IsArray(list)) return dfl_seterr("added_tokens: expected an array, found %s", brief(list, b, sizeof b));
+    if (!cJSON_IsArray(list)) return dfl_seterr("added_tokens: expected an array, found %s", dfl_json_brief(list, b, sizeof b));
     int n = cJSON_GetArraySize(list);
     tok->added = calloc((size_t)n + 1, sizeof *tok->added);
     if (!tok->added || tok_strmap_init(&tok->added_ids, (size_t)n)) return dfl_seterr("out of memory");
@@ -384,11 +373,11 @@ static int parse_added(dfl_tokenizer *tok, const cJSON *list) {
     for (const cJSON *c = list->child; c; c = c->next, i++) {
         struct tok_added *a = &tok->added[i];
         snprintf(field, sizeof field, "added_tokens[%d]", i);
-        if (!cJSON_IsObject(c)) return dfl_seterr("%s: expected an object, found %s", field, brief(c, b, sizeof b));
+        if (!cJSON_IsObject(c)) return dfl_seterr("%s: expected an object, found %s", field, dfl_json_brief(c, b, sizeof b));
         const cJSON *content = cJSON_GetObjectItemCaseSensitive(c, "content");
         if (!cJSON_IsString(content) || !content->valuestring[0])
             return dfl_seterr("%s.content: expected a non-empty string, found %s", field,
-                              brief(content, b, sizeof b));
+                              dfl_json_brief(content, b, sizeof b));
         if (parse_id(cJSON_GetObjectItemCaseSensitive(c, "id"), &a->id, field, "id")) return DFL_ERR;
         if (!(a->content = strdup(content->valuestring))) return dfl_seterr("out of memory");
         a->len = strlen(a->content);

@@ -1,6 +1,8 @@
 #include "dfl/common.h"
 
+#include <cjson/cJSON.h>
 #include <errno.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -117,4 +119,23 @@ void dfl_json_write_string(FILE *f, const char *s) {
         }
     }
     fputc('"', f);
+}
+
+const char *dfl_json_brief(const struct cJSON *v, char *buf, size_t n) {
+    if (!v) return "nothing";
+    if (cJSON_IsNumber(v)) {
+        if (v->valuedouble == floor(v->valuedouble) && fabs(v->valuedouble) < 1e20) { /* integers exactly */
+            snprintf(buf, n, "%.0f", v->valuedouble);
+            return buf;
+        }
+        snprintf(buf, n, "%.15g", v->valuedouble);
+        if (strtod(buf, NULL) != v->valuedouble) snprintf(buf, n, "%.17g", v->valuedouble);
+        return buf;
+    }
+    char *s = cJSON_PrintUnformatted(v);
+    if (!s) return "?";
+    snprintf(buf, n, "%s", s);
+    if (strlen(s) >= n && n > 4) memcpy(buf + n - 4, "...", 4);
+    cJSON_free(s);
+    return buf;
 }
