@@ -279,7 +279,8 @@ def messages():
             and "Failed to bind" not in p.stderr, f"port in use: rc {p.returncode} {p.stderr}")
 
     # help: no printf escapes left in any help text; generate's usage lists --tree-budget
-    for cmd in ("inspect", "tokenize", "generate", "hidden", "hidden-diff", "eval", "eval-merge", "bench", "serve"):
+    for cmd in ("inspect", "tokenize", "generate", "hidden", "hidden-diff", "eval", "eval-merge", "eval-compare", "bench",
+                "serve"):
         p = dfl(cmd, "--help", check=False)
         t.check(p.returncode == 0 and "usage:" in p.stdout and "%%" not in p.stdout, f"{cmd} --help: {p.stdout[:200]}")
     usage = dfl("generate", "--help").stdout.split("\n\n")[0]
