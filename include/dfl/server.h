@@ -50,6 +50,9 @@ dfl_server *server_start(const dfl_server_opts *o);
 int server_port(const dfl_server *s);
 /* The context size in effect (positions per sequence). */
 int server_max_context(const dfl_server *s);
+/* What the user should know about the drafter/target pair that still runs (its num_target_layers
+ * differs from the target's layer count); "" when nothing. */
+const char *server_drafter_warning(const dfl_server *s);
 
 /* Drain and free: new requests get 503, queued ones are answered 503 ("shutting down"), the
  * one being generated runs to its end and is delivered; then the daemon stops and every

@@ -623,7 +623,7 @@ int cmd_bench(int argc, char **argv) {
             const char *p = cli_value(argc, argv, &i);
             if (!(o.parts = parse_parts(p)))
                 return cli_usage_error("bench", "--parts '%s': a comma-separated subset of probe, decode, verify, "
-                                                "draft, e2e, prefill, rollback",
+                                                "draft, e2e, prefill, rollback, tree",
                                        p);
         } else {
             static const struct { const char *name; long lo, hi; size_t off; } nums[] = {

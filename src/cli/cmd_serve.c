@@ -123,6 +123,7 @@ int cmd_serve(int argc, char **argv) {
     signal(SIGPIPE, SIG_IGN);
     dfl_server *srv = server_start(&o);
     if (!srv) return cli_fail("serve", "%s", dfl_errmsg());
+    if (*server_drafter_warning(srv)) fprintf(stderr, "dfl serve: warning: %s\n", server_drafter_warning(srv));
     const char *host = o.host ? o.host : "127.0.0.1";
     const int v6 = strchr(host, ':') != NULL;
     fprintf(stderr, "dfl serve: listening on http://%s%s%s:%d (target %s%s%s, context %d, queue %d)\n",

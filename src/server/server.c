@@ -873,7 +873,8 @@ static int load(dfl_server *srv, const dfl_server_opts *o) {
                           o->max_conns_per_client);
     if (model_open(&srv->m, o->target, o->check_weights) != DFL_OK) return DFL_ERR;
     if (o->drafter) {
-        if (anydrafter_open(&srv->ad, o->drafter, &srv->m, o->target, o->block, o->check_weights, NULL, 0) != DFL_OK)
+        if (anydrafter_open(&srv->ad, o->drafter, &srv->m, o->target, o->block, o->check_weights,
+                            srv->drafter_warning, sizeof srv->drafter_warning) != DFL_OK)
             return DFL_ERR;
         srv->have_ad = 1;
         srv->block = srv->ad.block;
@@ -1020,3 +1021,5 @@ void server_stop(dfl_server *srv) {
     MHD_stop_daemon(srv->mhd);
     server_free(srv);
 }
+
+const char *server_drafter_warning(const dfl_server *s) { return s->drafter_warning; }

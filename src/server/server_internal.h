@@ -134,6 +134,7 @@ struct dfl_server {
     dfl_state s;
     int have_s;
     dfl_any_drafter ad;       /* the drafter (DFlash, DFlash2 or an MTP head) and its run state */
+    char drafter_warning[512];/* what the user should know about the drafter/target pair, "" if nothing */
     int have_ad;
     dfl_draft_if dif;         /* the drafter the jobs use (ad's run state) */
     int drafting;             /* a drafter state exists */

@@ -5,13 +5,15 @@ drafters that do not fit their target."""
 import json
 import os
 import shutil
+import signal
 import struct
+import subprocess
 import tempfile
 
 import numpy as np
 from safetensors.numpy import load_file, save_file
 
-from dfltest import Tally, dfl, fixture, st_read_raw, st_write_raw
+from dfltest import DFL, Tally, dfl, fixture, st_read_raw, st_write_raw
 
 t = Tally("cli errors")
 tmp = tempfile.mkdtemp(prefix="dfl-bad-")
@@ -169,7 +171,7 @@ def bad_options():
 
 def num_target_layers():
     """A drafter whose num_target_layers differs from the target's layer count is a warning naming
-    both values in generate, eval and inspect (z-lab's package does not check it); layer ids past
+    both values in generate, eval, inspect and serve (z-lab's package does not check it); layer ids past
     the target's layers are an error."""
     d = copy_fixture("dflash_qwen3", "ntl6")
     cfg = json.load(open(os.path.join(d, "config.json")))
@@ -187,10 +189,24 @@ def num_target_layers():
     t.check(p.returncode == 0 and want in p.stderr, f"eval: a warning: rc {p.returncode} {p.stderr[-400:]}")
     p = dfl("inspect", d, "--target", tiny, check=False)
     t.check(want in p.stdout + p.stderr, f"inspect --target: the warning: {p.stdout[-400:]}")
+    # serve: the warning before the listening line (read until it; bounded by the process's end)
+    srv = subprocess.Popen([DFL, "serve", "--target", tiny, "--drafter", d, "--port", "0"], stderr=subprocess.PIPE,
+                           stdout=subprocess.DEVNULL, text=True)
+    lines = []
+    for line in srv.stderr:
+        lines.append(line)
+        if "listening on" in line:
+            break
+    srv.send_signal(signal.SIGTERM)
+    srv.communicate(timeout=120)
+    t.check(any(want in x for x in lines) and "listening on" in lines[-1], f"serve: the warning: {lines}")
     cfg["dflash_config"]["target_layer_ids"] = [0, 5]
     json.dump(cfg, open(os.path.join(d, "config.json"), "w"))
     expect_fail(["generate", "--target", tiny, "--drafter", d, "--prompt-ids", "1,2,3", "--max-new", "4"],
                 "target_layer_ids", "5")
+    # bench --parts names every part, tree included
+    expect_fail(["bench", "--model", tiny, "--parts", "decode,bogus"], "--parts 'decode,bogus'", "rollback, tree",
+                code=2)
 
 
 def duplicate_prompt_ids():
