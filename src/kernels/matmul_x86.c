@@ -4,14 +4,14 @@
  *
  * kn_matmul: y[n][rows] = x[n][cols] . W^T. The activations are first laid out for the path
  * (xp [n][ldx]: permuted or split as the weight loads need, zero-padded to whole vectors),
- * then each thread takes blocks of RB rows (one row when n = 1) and computes RB x TB (row,
- * token) dot products per register tile, reading every weight vector once per tile (BF16
- * converted in registers: a shift gives the even columns, a mask the odd ones) while
- * prefetching the same columns of the next rows (the hardware prefetchers alone leave much of the bandwidth unused on rows of a
- * few KB). Tokens are processed in blocks whose activations stay in cache (one pass over a
- * thread's rows per block). Each dot product is one vector accumulator over the columns in
- * order, reduced the same way, so the result for a (row, token) does not depend on n or on the
- * tile it falls in. */
+ * then each thread takes blocks of RB rows (one row for one token over a large matrix) and
+ * computes RB x TB (row, token) dot products per register tile, reading every weight vector
+ * once per tile (BF16 converted in registers: a shift gives the even columns, a mask the odd
+ * ones) while prefetching the same columns of the next rows (the hardware prefetchers alone
+ * leave much of the bandwidth unused on rows of a few KB). Tokens are processed in blocks
+ * whose activations stay in cache (one pass over a thread's rows per block). Each dot product
+ * is one vector accumulator over the columns in order, reduced the same way, so the result for
+ * a (row, token) does not depend on n or on the tile it falls in. */
 #include "kn_internal.h"
 
 #if KN_X86
@@ -30,6 +30,7 @@
 #define RB2 2
 #define TB 6          /* tokens per register tile */
 #define XBLOCK_BYTES (256 * 1024) /* activations of one token block */
+#define KN_STREAM_MIN_BYTES ((size_t)2 << 20) /* matrices a single token streams row by row */
 
 /* One register tile: rows r0.. of W (w points at row r0), tokens t0.. (xp at token t0),
  * results at y[t][r] = y + t*ldy + r; m is the whole matrix (F8_E4M3 tiles read its block
@@ -48,11 +49,14 @@ static size_t round_up(size_t a, size_t b) { return (a + b - 1) / b * b; }
 /* Run the tiles over all rows and tokens; xp holds ldx elements of xsize bytes per token. */
 static void mm_run(float *y, const dfl_mat *w, int n, const void *xp, size_t ldx, size_t xsize, const tiles *k) {
     const int rows = w->rows, cols = w->cols, rb = k->rb, tb = k->tb;
-    /* One token (decode) reads memory-bound: one row at a time keeps a single sequential stream
-     * per thread, which the hardware prefetchers follow best (rb interleaved row streams read
-     * 20-40% slower); from two tokens on, the rb-row tiles' reuse of each activation load wins. */
-    const int nfull = n == 1 ? 0 : rows / rb, nblk = nfull + (rows - nfull * rb);
     const size_t wrow = (size_t)cols * st_dtype_size(w->dtype), xrow = ldx * xsize;
+    /* One token (decode) over a matrix larger than a core's L2 reads memory-bound: one row at a
+     * time keeps a single sequential stream per thread, which the hardware prefetchers follow
+     * best (rb interleaved row streams read 20-40% slower). Cache-resident matrices and two or
+     * more tokens are bound by the FMAs instead, where rb rows give rb times the independent
+     * accumulators and reuse each activation load. */
+    const int stream = n == 1 && (size_t)rows * wrow >= KN_STREAM_MIN_BYTES;
+    const int nfull = stream ? 0 : rows / rb, nblk = nfull + (rows - nfull * rb);
     int nb = (int)(XBLOCK_BYTES / xrow) / tb * tb;
     if (nb < tb) nb = tb;
     const char *wd = w->data, *xd = xp;
