@@ -8,7 +8,8 @@
  * Shapes include rows >= 16 with cols % 32 == 0 (AMX tiles, with tail rows), n past 16
  * (several token tiles) and, with 4096 and 8192 columns, past one AMX token block (32 and 16
  * tokens). Within a path, each (row, token) result must not depend on n: rows of an
- * n-token product equal single-token products bit for bit.
+ * n-token product equal single-token products bit for bit, also for one token over a matrix
+ * of 2 MiB or more (read row by row, unlike the tiles of several tokens).
  * F8_E4M3: all 256 codes against their definition (subnormals, both NaN codes, signed zero);
  * the generic kernel and kn_mat_row against a double-precision product with the dequantized
  * matrix (2 * cols * 2^-24 + 2^-23 relative: the dequantization rounds once); block sizes
@@ -118,6 +119,41 @@ static void check_matmul(kn_isa isa, st_dtype dt, int rows, int cols) {
     CHECK(bad == 0, "%s %s %dx%d: %d outputs beyond tolerance (worst relative %.3g, bound %.3g)", kn_isa_name(isa),
           st_dtype_name(dt), rows, cols, bad, worst, rel);
     CHECK(dep == 0, "%s %s %dx%d: %d token rows depend on the batch size", kn_isa_name(isa), st_dtype_name(dt), rows,
+          cols, dep);
+    free(store), free(x), free(ref), free(y), free(one), free(wr);
+}
+
+/* One token over a matrix of 2 MiB or more streams row by row (one row per tile): the same
+ * tolerance against generic for that token, and each row of a 2..6-token product (4-row tiles)
+ * equal to it bit for bit. */
+static void check_matmul_stream(kn_isa isa, st_dtype dt) {
+    const int rows = 521, cols = 4127, NMAX = 6; /* F8: 2.15 MB, BF16/F16: 4.3 MB, F32: 8.6 MB */
+    void *store;
+    const dfl_mat w = make_mat(dt, rows, cols, &store);
+    float *x = malloc((size_t)NMAX * cols * sizeof(float)), *ref = malloc((size_t)rows * sizeof(float));
+    float *y = malloc((size_t)NMAX * rows * sizeof(float)), *one = malloc((size_t)NMAX * rows * sizeof(float));
+    float *wr = malloc((size_t)cols * sizeof(float));
+    for (size_t i = 0; i < (size_t)NMAX * cols; i++) x[i] = frand() * (i % 7 == 0 ? 8.0f : 1.0f);
+    kn_isa_set(KN_ISA_GENERIC);
+    kn_matmul(ref, x, &w, 1);
+    kn_isa_set(isa);
+    for (int t = 0; t < NMAX; t++) kn_matmul(one + (size_t)t * rows, x + (size_t)t * cols, &w, 1);
+    const double e = (isa == KN_ISA_AVX512BF16 || isa == KN_ISA_AMX) && dt == ST_BF16 ? 0x1.0p-26 : 0.0;
+    const double rel = 2.0 * cols * 0x1.0p-24 + e;
+    int bad = 0, dep = 0;
+    for (int r = 0; r < rows; r++) {
+        kn_mat_row(&w, r, wr);
+        double mag = 0;
+        for (int c = 0; c < cols; c++) mag += fabs((double)wr[c] * x[c]);
+        if (fabs((double)one[r] - ref[r]) > rel * mag + 1e-30) bad++;
+    }
+    for (int n = 2; n <= NMAX; n++) {
+        kn_matmul(y, x, &w, n);
+        if (memcmp(one, y, (size_t)n * rows * sizeof(float)) != 0) dep++;
+    }
+    CHECK(bad == 0, "%s %s %dx%d, one token: %d outputs beyond tolerance", kn_isa_name(isa), st_dtype_name(dt), rows,
+          cols, bad);
+    CHECK(dep == 0, "%s %s %dx%d: %d batch sizes differ from single tokens", kn_isa_name(isa), st_dtype_name(dt), rows,
           cols, dep);
     free(store), free(x), free(ref), free(y), free(one), free(wr);
 }
@@ -475,6 +511,8 @@ int main(void) {
             for (int s = 0; s < (b ? n_shapes - 2 : n_shapes); s++) check_matmul(isa, ST_F8_E4M3, shapes[s][0], shapes[s][1]);
         }
         f8_brow = f8_bcol = 128;
+        for (size_t d = 0; d < sizeof dts / sizeof dts[0]; d++) check_matmul_stream(isa, dts[d]);
+        check_matmul_stream(isa, ST_F8_E4M3);
         check_f8_nan(isa);
         check_matmul_multi(isa);
         check_dot_axpy(isa);
