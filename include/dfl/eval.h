@@ -65,6 +65,7 @@ typedef struct eval_result {
     int turn;            /* 0 or 1 (MT-Bench second turn) */
     int rep;             /* repetition of a timed online run (--repeat): 0 is the first, the one the
                           * statistics use; rows of later repetitions only add speedups over runs */
+    int act_bf16;        /* computed with bf16 activations (DFL_ACT=bf16, kn_act); 0: float32 */
     int tokens;          /* generated tokens */
     int rounds;
     long drafted, accepted;
@@ -85,7 +86,8 @@ typedef struct eval_result {
     int n_round_acc;
 } eval_result;
 
-/* A result with nothing set: method "online", features "dfl", no match, no modeled times. */
+/* A result with nothing set: method "online", features "dfl", no match, no modeled times, and
+ * the activation mode of this process (kn_act_get). */
 void eval_result_init(eval_result *r);
 
 /* Fill from generation stats. */
@@ -94,6 +96,8 @@ void eval_result_from_stats(eval_result *r, const dfl_gen_stats *st);
 void eval_result_write(FILE *f, const eval_result *r, const int32_t *ids, int n_ids);
 /* Parse one results.jsonl line; ids (optional) receives malloc'd token ids. */
 int eval_result_parse(const char *line, eval_result *r, int32_t **ids, int *n_ids);
+/* DFL_ERR naming `where` when r was computed in another activation mode than this process's. */
+int eval_result_act_check(const eval_result *r, const char *where);
 
 /* Aggregate of all responses of one drafter x mode (or of the autoregressive runs). */
 typedef struct eval_agg {
@@ -125,6 +129,7 @@ typedef struct eval_summary {
     eval_agg *agg;       /* agg[0] is the autoregressive baseline */
     int n_agg;
     int n_prompts;       /* responses of the autoregressive run */
+    int act_bf16;        /* the responses were computed with bf16 activations (DFL_ACT=bf16) */
 } eval_summary;
 
 /* Build the summary from results (each response once; later duplicates are ignored). */

@@ -43,6 +43,26 @@ const char *kn_isa_name(kn_isa isa);
 /* "generic" | "avx2" | "avx512" | "avx512bf16" | "amx" -> isa; DFL_ERR on other names. */
 int kn_isa_parse(const char *name, kn_isa *out);
 
+/* Activations of matrix products with BF16 weights. KN_ACT_F32 (the default) keeps them float32
+ * (to within 2^-27 on the bf16 dot-product paths), so results match float32 references up to
+ * summation order. KN_ACT_BF16 (opt-in, DFL_ACT=bf16 or --act bf16) rounds each activation to
+ * bf16 once (round to nearest even, as torch) and takes one VDPBF16PS per 32 weights on every
+ * path: about half the compute of float32 FMAs, a third of the three-part split, at the cost of
+ * bf16 rounding of the inputs (accuracy in bench/README.md). It needs AVX-512 BF16. Other weight
+ * dtypes and the other kernels are unchanged. Batch independence holds in both. */
+typedef enum kn_act {
+    KN_ACT_F32,
+    KN_ACT_BF16,
+    KN_ACT_COUNT
+} kn_act;
+/* The mode now (DFL_ACT at start, else KN_ACT_F32). */
+kn_act kn_act_get(void);
+/* DFL_ERR (message set) when the CPU lacks AVX-512 BF16 for KN_ACT_BF16. Call between kernels. */
+int kn_act_set(kn_act act);
+const char *kn_act_name(kn_act act);
+/* "f32" | "bf16" -> act; DFL_ERR on other names. */
+int kn_act_parse(const char *name, kn_act *out);
+
 /* A weight matrix W [rows, cols], row-major, y = W x. data is element-aligned (the loader
  * copies unaligned tensors into `owned`).
  * F8_E4M3 (fine-grained FP8): W[r][c] = st_f8e4m3_to_f32(data[r][c]) * scale[r / brow][c / bcol],

@@ -20,8 +20,9 @@
 #define MAX_VERIFY 64
 
 static const char *usage_text =
-    "usage: dfl bench [--model DIR] [--drafter DIR|mtp|DIR:mtp|none] [--threads N] [--isa NAME] [--json]\n"
-    "                 [--parts LIST] [--context N] [--decode N] [--verify-max N] [--prefill N]\n"
+    "usage: dfl bench [--model DIR] [--drafter DIR|mtp|DIR:mtp|none] [--threads N] [--isa NAME]\n"
+    "                 [--act f32|bf16] [--json] [--parts LIST] [--context N] [--decode N]\n"
+    "                 [--verify-max N] [--prefill N]\n"
     "                 [--gen N] [--block B] [--reps N] [--probe-mb N]\n"
     "\n"
     "Measures, on one target (and drafter: DFlash, DFlash2 or an MTP head), with weights read in place\n"
@@ -50,6 +51,9 @@ static const char *usage_text =
     "                    head of checkpoint DIR; none skips draft and e2e's speculative run\n"
     "  --threads N       OpenMP threads (default: OMP_NUM_THREADS or all cores)\n"
     "  --isa NAME        generic | avx2 | avx512 | avx512bf16 | amx (default: DFL_ISA or the best)\n"
+    "  --act MODE        activations of BF16 matrix products: f32 (exact, the default) or bf16\n"
+    "                    (opt-in, needs AVX-512 BF16: each activation rounded to bf16 once; faster\n"
+    "                    when compute-bound, less accurate; default: DFL_ACT or f32)\n"
     "  --parts LIST      comma-separated subset of probe,decode,verify,draft,e2e,prefill,rollback,tree\n"
     "                    (default: all but tree)\n"
     "  --context N       context before decode / verify / draft / rollback (default 256)\n"
@@ -280,8 +284,8 @@ static int bench_rollback(dfl_state *s, const int32_t *toks, int B, int reps, be
 static void print_json(const bench_opts *o, const bench_res *r, const dfl_model *m) {
     printf("{\"model\": ");
     cli_json_string(stdout, o->model);
-    printf(", \"isa\": \"%s\", \"threads\": %d, \"weight_bytes\": %llu, \"token_bytes\": %llu",
-           kn_isa_name(kn_isa_get()), omp_get_max_threads(), (unsigned long long)r->weight_bytes,
+    printf(", \"isa\": \"%s\", \"act\": \"%s\", \"threads\": %d, \"weight_bytes\": %llu, \"token_bytes\": %llu",
+           kn_isa_name(kn_isa_get()), kn_act_name(kn_act_get()), omp_get_max_threads(), (unsigned long long)r->weight_bytes,
            (unsigned long long)r->token_bytes);
     printf(", \"hidden\": %d, \"layers\": %d, \"vocab\": %d", m->cfg.hidden, m->cfg.n_layers, m->cfg.vocab);
     if (o->parts & P_PROBE)
@@ -346,7 +350,8 @@ static void print_json(const bench_opts *o, const bench_res *r, const dfl_model 
 
 static void print_table(const bench_opts *o, const bench_res *r, const dfl_model *m) {
     printf("model      %s (hidden %d, %d layers, vocab %d)\n", o->model, m->cfg.hidden, m->cfg.n_layers, m->cfg.vocab);
-    printf("isa        %s, %d threads\n", kn_isa_name(kn_isa_get()), omp_get_max_threads());
+    printf("isa        %s, %s activations, %d threads\n", kn_isa_name(kn_isa_get()), kn_act_name(kn_act_get()),
+           omp_get_max_threads());
     printf("weights    %.1f MB; read per decoded token %.1f MB\n", r->weight_bytes / 1e6, r->token_bytes / 1e6);
     if (o->parts & P_PROBE)
         printf("probe      %.2f GB/s read (median of %d passes over %.0f MB; fastest %.2f)\n", r->probe_gbps,
@@ -619,6 +624,11 @@ int cmd_bench(int argc, char **argv) {
             if (kn_isa_parse(cli_value(argc, argv, &i), &isa) != DFL_OK)
                 return cli_usage_error("bench", "--isa: %s", dfl_errmsg());
             if (kn_isa_set(isa) != DFL_OK) return cli_fail("bench", "--isa: %s", dfl_errmsg());
+        } else if (strcmp(argv[i], "--act") == 0) {
+            kn_act act;
+            if (kn_act_parse(cli_value(argc, argv, &i), &act) != DFL_OK)
+                return cli_usage_error("bench", "--act: %s", dfl_errmsg());
+            if (kn_act_set(act) != DFL_OK) return cli_fail("bench", "--act: %s", dfl_errmsg());
         } else if (strcmp(argv[i], "--parts") == 0) {
             const char *p = cli_value(argc, argv, &i);
             if (!(o.parts = parse_parts(p)))

@@ -22,6 +22,7 @@ static int version(void) {
     const kn_isa isa = kn_isa_get();
     printf("dfl %s\ncommit %s\nbuild %s\nisa %s (chosen at run time; DFL_ISA overrides)\n", DFL_VERSION,
            DFL_GIT_COMMIT, DFL_BUILD_TYPE, kn_isa_name(isa));
+    printf("act %s (activations of BF16 matrix products; DFL_ACT=bf16 opts into bf16)\n", kn_act_name(kn_act_get()));
     /* "mpi no": built without MPI (mpirun -n N dfl eval refuses to run) */
     printf("mpi %s\n", eval_mpi_library());
     return 0;

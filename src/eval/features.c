@@ -88,7 +88,7 @@ int eval_features_save(const char *path, const eval_truth *t, const eval_feature
         {"tokens", nt}, {"extended", ext}, {"stop", t->eos_stop ? "eos" : "max_new"}, {"max_new", mx},
         {"target", meta->target}, {"target_config_hash", meta->id.config_hash},
         {"target_weights_hash", meta->id.weights_hash}, {"target_layout", meta->id.layout},
-        {"target_dtype", meta->id.dtype},
+        {"target_dtype", meta->id.dtype}, {"act", meta->act_bf16 ? "bf16" : "f32"},
     };
     /* written whole, then renamed: an interrupted run never leaves a torn file under the name */
     char tmp[4200];
@@ -191,6 +191,13 @@ int eval_features_load(const char *path, eval_truth *t, eval_features_meta *meta
         st_meta_get(&st, 0, "target_layout", meta->id.layout, sizeof meta->id.layout) ||
         st_meta_get(&st, 0, "target_dtype", meta->id.dtype, sizeof meta->id.dtype))
         goto done;
+    char act[16] = "f32"; /* absent (files written before the mode existed): float32 */
+    if (st_meta_get(&st, 0, "act", act, sizeof act) != DFL_OK) snprintf(act, sizeof act, "f32");
+    if (strcmp(act, "f32") != 0 && strcmp(act, "bf16") != 0) {
+        dfl_seterr("%s: __metadata__ act: expected f32 or bf16, found '%s'", path, act);
+        goto done;
+    }
+    meta->act_bf16 = strcmp(act, "bf16") == 0;
     const int rows = np + n - 1;
     int32_t *in = malloc((size_t)rows * sizeof *in), *ids = malloc((size_t)(n + ext) * sizeof *ids);
     const st_tensor *xi = st_find(&st, "input_ids"), *xt = st_find(&st, "truth_ids");

@@ -18,6 +18,7 @@ typedef struct eval_target_id {
 typedef struct eval_features_meta {
     char prompt_id[128];
     int turn, max_new;
+    int act_bf16;          /* the target ran with bf16 activations (kn_act) when recording */
     char target[4096];     /* the target directory as given when recording */
     eval_target_id id;
 } eval_features_meta;

@@ -7,6 +7,7 @@
 
 #include "dfl/common.h"
 #include "dfl/eval.h"
+#include "dfl/kernels.h"
 
 void eval_result_init(eval_result *r) {
     memset(r, 0, sizeof *r);
@@ -15,6 +16,14 @@ void eval_result_init(eval_result *r) {
     r->match = -1;
     r->first_mismatch = -1;
     r->modeled_s = r->modeled_ar_s = -1;
+    r->act_bf16 = kn_act_get() == KN_ACT_BF16;
+}
+
+int eval_result_act_check(const eval_result *r, const char *where) {
+    const int here = kn_act_get() == KN_ACT_BF16;
+    if (r->act_bf16 == here) return DFL_OK;
+    return dfl_seterr("%s: computed with %s activations, this run uses %s (DFL_ACT): results of both modes must not "
+                      "mix in one evaluation", where, r->act_bf16 ? "bf16" : "f32", here ? "bf16" : "f32");
 }
 
 void eval_result_from_stats(eval_result *r, const dfl_gen_stats *st) {
@@ -47,6 +56,7 @@ void eval_result_write(FILE *f, const eval_result *r, const int32_t *ids, int n_
     dfl_json_write_string(f, r->prompt_id);
     fprintf(f, ", \"turn\": %d, ", r->turn);
     if (r->rep > 0) fprintf(f, "\"rep\": %d, ", r->rep);
+    if (r->act_bf16) fputs("\"act\": \"bf16\", ", f); /* absent: float32 activations */
     fputs("\"drafter\": ", f);
     dfl_json_write_string(f, r->drafter);
     fputs(", \"mode\": ", f);
@@ -169,6 +179,12 @@ int eval_result_parse(const char *line, eval_result *r, int32_t **ids, int *n_id
     const double IMAX = 2147483647.0;
     if (get_int(o, "turn", 0, 1, &v)) goto done;
     r->turn = (int)v;
+    const cJSON *act = cJSON_GetObjectItemCaseSensitive(o, "act"); /* absent: float32 activations */
+    if (act && (!cJSON_IsString(act) || (strcmp(act->valuestring, "bf16") != 0 && strcmp(act->valuestring, "f32") != 0))) {
+        dfl_seterr("field act: expected \"f32\" or \"bf16\"");
+        goto done;
+    }
+    r->act_bf16 = act && strcmp(act->valuestring, "bf16") == 0;
     if (cJSON_GetObjectItemCaseSensitive(o, "rep")) { /* absent: the first (or only) run */
         if (get_int(o, "rep", 0, EVAL_MAX_REPEAT - 1, &v)) goto done;
         r->rep = (int)v;
@@ -353,6 +369,7 @@ int eval_summarize(eval_summary *s, const eval_result *res, int n) {
         for (int b = 0; b < DFL_MAX_BLOCK; b++) a->pos_drafted[b] += r->pos_drafted[b], a->pos_accepted[b] += r->pos_accepted[b];
     }
     s->n_prompts = n_seen;
+    for (int i = 0; i < n; i++) s->act_bf16 |= res[i].act_bf16; /* one mode per run: resume and merge check it */
     free(seen);
     /* the autoregressive time over the same responses each drafter x mode produced (measured), and
      * per response: AR time per decoded token / this row's time per decoded token (the first token

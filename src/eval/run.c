@@ -18,6 +18,7 @@
 #include "dfl/common.h"
 #include "dfl/ddtree.h"
 #include "dfl/eval.h"
+#include "dfl/kernels.h"
 #include "dfl/prompt.h"
 #include "dfl/reference.h"
 #include "dfl/replay.h"
@@ -72,6 +73,12 @@ static int load_done(done_set *d, const char *path) {
             free(d->ids[d->n]);
             break;
         }
+        char where[4200];
+        snprintf(where, sizeof where, "%s:%d", path, lineno);
+        if ((rc = eval_result_act_check(&d->r[d->n], where)) != DFL_OK) {
+            free(d->ids[d->n]);
+            break;
+        }
         d->good_end += len;
         d->n++;
     }
@@ -90,9 +97,13 @@ static int done_add_text(done_set *d, const char *text) {
             d->r = realloc(d->r, (size_t)(d->n + 1) * sizeof *d->r);
             d->ids = realloc(d->ids, (size_t)(d->n + 1) * sizeof *d->ids);
             d->n_ids = realloc(d->n_ids, (size_t)(d->n + 1) * sizeof *d->n_ids);
-            const int rc = line ? eval_result_parse(line, &d->r[d->n], &d->ids[d->n], &d->n_ids[d->n]) : DFL_ERR;
+            int rc = line ? eval_result_parse(line, &d->r[d->n], &d->ids[d->n], &d->n_ids[d->n]) : DFL_ERR;
             free(line);
             if (rc != DFL_OK) return dfl_preperr("a results line handed over with a unit");
+            if ((rc = eval_result_act_check(&d->r[d->n], "a results line handed over with a unit")) != DFL_OK) {
+                free(d->ids[d->n]);
+                return rc;
+            }
             d->n++;
         }
         text += n + (nl != NULL);
@@ -660,7 +671,8 @@ static int save_truth(run *r, const char *pid, int turn, int index, const eval_t
     char name[64];
     eval_features_name(index, turn, name, sizeof name);
     char *path = dfl_path_join(r->o->save_features, name);
-    eval_features_meta meta = {.turn = turn, .max_new = r->max_new, .id = r->id};
+    eval_features_meta meta = {.turn = turn, .max_new = r->max_new, .id = r->id,
+                               .act_bf16 = kn_act_get() == KN_ACT_BF16};
     snprintf(meta.prompt_id, sizeof meta.prompt_id, "%s", pid);
     snprintf(meta.target, sizeof meta.target, "%s", r->o->target);
     int rc = eval_features_save(path, t, &meta);
@@ -686,6 +698,9 @@ static int load_truth(run *r, const char *dir, const unit *u, eval_truth *t) {
     if (rc == DFL_OK) rc = eval_target_id_check(&meta.id, &r->id, path);
     if (rc == DFL_OK && meta.max_new != r->max_new)
         rc = dfl_seterr("%s: recorded with --max-new %d, this run has %d", path, meta.max_new, r->max_new);
+    if (rc == DFL_OK && meta.act_bf16 != (kn_act_get() == KN_ACT_BF16))
+        rc = dfl_seterr("%s: recorded with %s activations, this run uses %s (DFL_ACT): a replay is exact only in the "
+                        "same mode", path, meta.act_bf16 ? "bf16" : "f32", meta.act_bf16 ? "f32" : "bf16");
     free(path);
     return rc;
 }

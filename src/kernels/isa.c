@@ -1,4 +1,5 @@
-/* Instruction-set path selection: CPU feature detection, DFL_ISA, forced paths. */
+/* Instruction-set path selection: CPU feature detection, DFL_ISA, forced paths; the activation
+ * mode of BF16 matrix products (DFL_ACT). */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,6 +21,8 @@ static void amx_init(void) {
 }
 #endif
 static kn_isa isa_default_v = KN_ISA_GENERIC, isa_active = KN_ISA_GENERIC;
+static const char *const act_names[KN_ACT_COUNT] = {"f32", "bf16"};
+static kn_act act_active = KN_ACT_F32;
 
 int kn_isa_supported(kn_isa isa) {
     switch (isa) {
@@ -82,6 +85,16 @@ static void isa_init(void) {
         }
     }
     isa_default_v = isa_active = best;
+    const char *act = getenv("DFL_ACT");
+    kn_act want = KN_ACT_F32;
+    if (act && *act) {
+        if (kn_act_parse(act, &want) != DFL_OK)
+            fprintf(stderr, "dfl: DFL_ACT: %s; using f32\n", dfl_errmsg());
+        else if (want == KN_ACT_BF16 && !kn_isa_supported(KN_ISA_AVX512BF16))
+            fprintf(stderr, "dfl: DFL_ACT=bf16: this CPU has no AVX-512 BF16; using f32\n");
+        else
+            act_active = want;
+    }
 }
 
 kn_isa kn_isa_default(void) {
@@ -99,5 +112,30 @@ int kn_isa_set(kn_isa isa) {
     if (isa < 0 || isa >= KN_ISA_COUNT || !kn_isa_supported(isa))
         return dfl_seterr("instruction-set path %s is not supported by this CPU", kn_isa_name(isa));
     isa_active = isa;
+    return DFL_OK;
+}
+
+const char *kn_act_name(kn_act act) { return act >= 0 && act < KN_ACT_COUNT ? act_names[act] : "?"; }
+
+int kn_act_parse(const char *name, kn_act *out) {
+    for (int i = 0; i < KN_ACT_COUNT; i++)
+        if (strcmp(name, act_names[i]) == 0) {
+            *out = (kn_act)i;
+            return DFL_OK;
+        }
+    return dfl_seterr("unknown activation mode '%s' (f32, bf16)", name);
+}
+
+kn_act kn_act_get(void) {
+    pthread_once(&isa_once, isa_init);
+    return act_active;
+}
+
+int kn_act_set(kn_act act) {
+    pthread_once(&isa_once, isa_init);
+    if (act < 0 || act >= KN_ACT_COUNT) return dfl_seterr("activation mode %d out of range", (int)act);
+    if (act == KN_ACT_BF16 && !kn_isa_supported(KN_ISA_AVX512BF16))
+        return dfl_seterr("bf16 activations need AVX-512 BF16, which this CPU lacks");
+    act_active = act;
     return DFL_OK;
 }

@@ -93,7 +93,7 @@ void kn_matmul_generic(float *y, const float *x, const dfl_mat *w, int n) {
 
 void kn_matmul_multi(int count, float *const *y, const float *x, const dfl_mat *const *w, int n) {
 #if KN_X86 && defined(__linux__)
-    if (kn_isa_get() == KN_ISA_AMX) {
+    if (kn_isa_get() == KN_ISA_AMX && kn_act_get() == KN_ACT_F32) {
         kn_matmul_amx_multi(count, y, x, w, n);
         return;
     }
@@ -102,6 +102,12 @@ void kn_matmul_multi(int count, float *const *y, const float *x, const dfl_mat *
 }
 
 void kn_matmul(float *y, const float *x, const dfl_mat *w, int n) {
+#if KN_X86
+    if (w->dtype == ST_BF16 && kn_act_get() == KN_ACT_BF16) { /* kn_act_set checked the CPU */
+        kn_matmul_bf16act(y, x, w, n);
+        return;
+    }
+#endif
     switch (kn_isa_get()) {
 #if KN_X86
 #if defined(__linux__)

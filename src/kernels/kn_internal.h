@@ -29,6 +29,8 @@ void kn_matmul_avx2(float *y, const float *x, const dfl_mat *w, int n);
 void kn_matmul_avx512(float *y, const float *x, const dfl_mat *w, int n);
 /* BF16 weights only (the dispatcher sends other dtypes to kn_matmul_avx512). */
 void kn_matmul_avx512bf16(float *y, const float *x, const dfl_mat *w, int n);
+/* BF16 weights only, KN_ACT_BF16: each activation rounded to bf16 once (VDPBF16PS). */
+void kn_matmul_bf16act(float *y, const float *x, const dfl_mat *w, int n);
 #if defined(__linux__)
 /* AMX path: BF16 weights with cols % 32 == 0 (others to kn_matmul_avx512). */
 void kn_matmul_amx(float *y, const float *x, const dfl_mat *w, int n);

@@ -424,12 +424,12 @@ TGT_AVX512 void kn_axpy_avx512(float *y, float a, const float *x, int n) {
 /* ---- AVX-512 BF16 (VDPBF16PS) -------------------------------------------------------------- */
 
 /* BF16 weights, 32 columns per step used as they are stored; xp[t] holds the activations as
- * bf16 pairs in natural order in SPLIT parts of ldx/SPLIT each, hi, mid, lo with x = hi + mid +
- * lo to 2^-27 relative: acc += w.hi, w.mid, w.lo in turn (products exact, sums float32). */
-#define SPLIT 3
+ * bf16 pairs in natural order in S parts of ldx/S each: with S = 3, hi, mid, lo with
+ * x = hi + mid + lo to 2^-27 relative (float32 accuracy); with S = 1 (KN_ACT_BF16) x rounded
+ * to bf16 once. acc += w.part for each part in turn (products exact, sums float32). */
 TGT_BF16 INLINE void step_bf16_dp(__m512 (*acc)[TB], const uint16_t *w, int cols, const uint16_t *xp, size_t ldx,
-                                  int c, __mmask32 m, const int R, const int T) {
-    const size_t part = ldx / SPLIT;
+                                  int c, __mmask32 m, const int R, const int T, const int S) {
+    const size_t part = ldx / S;
     __m512bh wr[RB];
 #pragma GCC unroll 8
     for (int r = 0; r < R; r++) {
@@ -439,7 +439,7 @@ TGT_BF16 INLINE void step_bf16_dp(__m512 (*acc)[TB], const uint16_t *w, int cols
 #pragma GCC unroll 8
     for (int t = 0; t < T; t++)
 #pragma GCC unroll 4
-        for (int p = 0; p < SPLIT; p++) {
+        for (int p = 0; p < S; p++) {
             const __m512bh xv = (__m512bh)_mm512_loadu_si512(xp + (size_t)t * ldx + p * part + c);
 #pragma GCC unroll 8
             for (int r = 0; r < R; r++) acc[r][t] = _mm512_dpbf16_ps(acc[r][t], wr[r], xv);
@@ -447,7 +447,7 @@ TGT_BF16 INLINE void step_bf16_dp(__m512 (*acc)[TB], const uint16_t *w, int cols
 }
 
 TGT_BF16 INLINE void tile_bf16_dp(float *y, int ldy, const void *wv, int cols, const void *xv, size_t ldx,
-                                  const int R, const int T) {
+                                  const int R, const int T, const int S) {
     const uint16_t *w = wv, *xp = xv;
     __m512 acc[RB][TB];
 #pragma GCC unroll 8
@@ -455,20 +455,25 @@ TGT_BF16 INLINE void tile_bf16_dp(float *y, int ldy, const void *wv, int cols, c
 #pragma GCC unroll 8
         for (int t = 0; t < T; t++) acc[r][t] = _mm512_setzero_ps();
     int c = 0;
-    for (; c + 32 <= cols; c += 32) step_bf16_dp(acc, w, cols, xp, ldx, c, 0xffffffffu, R, T);
-    if (c < cols) step_bf16_dp(acc, w, cols, xp, ldx, c, (1u << (cols - c)) - 1, R, T);
+    for (; c + 32 <= cols; c += 32) step_bf16_dp(acc, w, cols, xp, ldx, c, 0xffffffffu, R, T, S);
+    if (c < cols) step_bf16_dp(acc, w, cols, xp, ldx, c, (1u << (cols - c)) - 1, R, T, S);
 #pragma GCC unroll 8
     for (int r = 0; r < R; r++)
 #pragma GCC unroll 8
         for (int t = 0; t < T; t++) y[(size_t)t * ldy + r] = _mm512_reduce_add_ps(acc[r][t]);
 }
 
-DEF_TILES(TGT_BF16, tiles_bf16_dp, tile_bf16_dp, RB, TB)
+#define TILE_BF16_DP3(y, ldy, w, cols, xp, ldx, R, T) tile_bf16_dp(y, ldy, w, cols, xp, ldx, R, T, 3)
+#define TILE_BF16_DP1(y, ldy, w, cols, xp, ldx, R, T) tile_bf16_dp(y, ldy, w, cols, xp, ldx, R, T, 1)
+DEF_TILES(TGT_BF16, tiles_bf16_dp3, TILE_BF16_DP3, RB, TB)
+DEF_TILES(TGT_BF16, tiles_bf16_dp1, TILE_BF16_DP1, RB, TB)
 
-void kn_matmul_avx512bf16(float *y, const float *x, const dfl_mat *w, int n) {
+/* The activations as S bf16 parts per token (what the parts so far leave, rounded), then the
+ * tiles. */
+static void mm_bf16_dp(float *y, const float *x, const dfl_mat *w, int n, const int S, const tiles *k) {
     if (n < 1) return;
     const int cols = w->cols;
-    const size_t part = round_up((size_t)cols, 32), ldx = SPLIT * part;
+    const size_t part = round_up((size_t)cols, 32), ldx = (size_t)S * part;
     uint16_t *xp = malloc((size_t)n * ldx * sizeof(uint16_t));
     if (!xp) { /* no memory for the split activations: the generic kernel needs none */
         kn_matmul_generic(y, x, w, n);
@@ -477,15 +482,23 @@ void kn_matmul_avx512bf16(float *y, const float *x, const dfl_mat *w, int n) {
 #pragma omp parallel for schedule(static) if ((size_t)n * ldx >= KN_PAR_MIN_WORK)
     for (int t = 0; t < n; t++)
         for (size_t c = 0; c < part; c++) {
-            float v = c < (size_t)cols ? x[(size_t)t * cols + c] : 0.0f; /* what the parts so far leave */
-            for (int p = 0; p < SPLIT; p++) {
+            float v = c < (size_t)cols ? x[(size_t)t * cols + c] : 0.0f;
+            for (int p = 0; p < S; p++) {
                 const uint16_t h = st_f32_to_bf16(v);
                 xp[(size_t)t * ldx + p * part + c] = h;
                 v -= st_bf16_to_f32(h);
             }
         }
-    mm_run(y, w, n, xp, ldx, sizeof(uint16_t), &tiles_bf16_dp);
+    mm_run(y, w, n, xp, ldx, sizeof(uint16_t), k);
     free(xp);
+}
+
+void kn_matmul_avx512bf16(float *y, const float *x, const dfl_mat *w, int n) {
+    mm_bf16_dp(y, x, w, n, 3, &tiles_bf16_dp3);
+}
+
+void kn_matmul_bf16act(float *y, const float *x, const dfl_mat *w, int n) {
+    mm_bf16_dp(y, x, w, n, 1, &tiles_bf16_dp1);
 }
 
 /* ---- AVX2 + FMA --------------------------------------------------------------------------- */

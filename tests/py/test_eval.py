@@ -389,6 +389,35 @@ except Exception as e:  # noqa: BLE001
 if base:
     t.run(resume, base)
     t.run(shards, base)
+def activations():
+    """DFL_ACT=bf16 (where the CPU has AVX-512 BF16): every results line and the summaries say so; a
+    resume, a merge or a replay of recorded features in the other mode is refused, naming the file."""
+    if "act bf16" not in dfl("--version", env=dict(os.environ, DFL_ACT="bf16")).stdout:
+        print("activations: this CPU has no AVX-512 BF16; DFL_ACT=bf16 not checked", flush=True)
+        return
+    bf = dict(os.environ, DFL_ACT="bf16")
+    out, feat = os.path.join(tmp, "act-bf16"), os.path.join(tmp, "act-feat")
+    args = ("--target", T, "--drafter", D1, "--prompts", GSM, "--limit", 2, "--max-new", 12, "--tree-budget", "0,4")
+    dfl("eval", *args, "--out", out, "--save-features", feat, env=bf)
+    rs = lines(out)
+    t.check(len(rs) > 0 and all(r.get("act") == "bf16" for r in rs), "bf16 run: every results line has act bf16")
+    t.check(summary(out)["activations"] == "bf16", "bf16 run: summary.json activations bf16")
+    t.check("Computed with bf16 activations" in open(os.path.join(out, "summary.md")).read(), "summary.md says bf16")
+    p = dfl("eval", *args, "--out", out, "--resume", check=False)
+    t.check(p.returncode != 0 and "results.jsonl:1" in p.stderr and "bf16 activations" in p.stderr,
+            f"resume of a bf16 run in f32 refused: {p.stderr.strip()[-300:]}")
+    p = dfl("eval", "--features", feat, "--drafter", D1, "--out", os.path.join(tmp, "act-replay"), check=False)
+    t.check(p.returncode != 0 and "recorded with bf16 activations" in p.stderr,
+            f"replay of bf16 features in f32 refused: {p.stderr.strip()[-300:]}")
+    dfl("eval", "--features", feat, "--drafter", D1, "--out", os.path.join(tmp, "act-replay-bf16"), env=bf)
+    f32 = os.path.join(tmp, "act-f32")
+    dfl("eval", *args, "--out", f32)
+    t.check(summary(f32)["activations"] == "f32" and all("act" not in r for r in lines(f32)),
+            "f32 run: activations f32, no act field")
+    p = dfl("eval-merge", "--out", os.path.join(tmp, "act-merged"), f32, out, check=False)
+    t.check(p.returncode != 0 and "must not mix" in p.stderr, f"merging f32 and bf16 runs refused: {p.stderr.strip()[-300:]}")
+
+
 def accept_rules():
     """Temperature > 0: both acceptance rules run, summary.json says which was used, and tau differs
     as expected: on the embedded pair the drafter's q is close to the target's p, so speculative
@@ -417,6 +446,7 @@ def accept_rules():
 t.run(plots)
 t.run(moe)
 t.run(accept_rules)
+t.run(activations)
 t.run(repeat)
 t.run(how_to_read)
 t.run(mtbench)

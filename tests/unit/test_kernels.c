@@ -15,6 +15,8 @@
  * matrix (2 * cols * 2^-24 + 2^-23 relative: the dequantization rounds once); block sizes
  * 128 x 128 (the released one), 16 x 32 (SIMD tiles) and 5 x 24 (straddled tiles: generic);
  * a NaN code makes its row's outputs NaN on every path and leaves the other rows finite.
+ * KN_ACT_BF16 (where the CPU has AVX-512 BF16): within the float32 bound of the product on the
+ * activations rounded to bf16, batch independence, F32 weights unchanged.
  * kn_matmul_multi equals kn_matmul bit for bit. kn_dot / kn_axpy: the same bound; kn_dot_rows /
  * kn_axpy_rows equal them bit for bit. SiLU kernels (vectorized exp): 4e-6 relative.
  * Gated DeltaNet: SIMD recurrence vs generic, chunked form vs recurrence (relative tolerance
@@ -468,6 +470,69 @@ static void check_isa_api(void) {
               "set %s", kn_isa_name((kn_isa)i));
 }
 
+/* KN_ACT_BF16 on BF16 weights (every path): the product of W with x rounded to bf16 once (round
+ * to nearest even), products exact and sums float32, so within the float32 summation bound of
+ * the generic float32 product on the rounded activations; rows of an n-token product equal
+ * single-token products bit for bit (tiles and the one-token streaming path alike); other
+ * dtypes are unchanged. Then back to KN_ACT_F32. */
+static void check_act_bf16(kn_isa isa, int rows, int cols) {
+    const int NMAX = 9;
+    void *store;
+    const dfl_mat w = make_mat(ST_BF16, rows, cols, &store);
+    float *x = malloc((size_t)NMAX * cols * sizeof(float)), *xr = malloc((size_t)NMAX * cols * sizeof(float));
+    float *ref = malloc((size_t)NMAX * rows * sizeof(float)), *y = malloc((size_t)NMAX * rows * sizeof(float));
+    float *one = malloc((size_t)rows * sizeof(float)), *wr = malloc((size_t)cols * sizeof(float));
+    for (size_t i = 0; i < (size_t)NMAX * cols; i++) {
+        x[i] = frand() * (i % 7 == 0 ? 8.0f : 1.0f);
+        xr[i] = st_bf16_to_f32(st_f32_to_bf16(x[i]));
+    }
+    kn_isa_set(KN_ISA_GENERIC);
+    kn_matmul(ref, xr, &w, NMAX);
+    kn_isa_set(isa);
+    CHECK(kn_act_set(KN_ACT_BF16) == DFL_OK, "act bf16: %s", dfl_errmsg());
+    const double rel = 2.0 * cols * 0x1.0p-24;
+    int bad = 0, dep = 0, same = 0;
+    for (int n = 1; n <= NMAX; n++) {
+        kn_matmul(y, x, &w, n);
+        for (int t = 0; t < n; t++) {
+            for (int r = 0; r < rows; r++) {
+                kn_mat_row(&w, r, wr);
+                double mag = 0;
+                for (int c = 0; c < cols; c++) mag += fabs((double)wr[c] * xr[(size_t)t * cols + c]);
+                if (fabs((double)y[(size_t)t * rows + r] - ref[(size_t)t * rows + r]) > rel * mag + 1e-30) bad++;
+            }
+            kn_matmul(one, x + (size_t)t * cols, &w, 1);
+            if (memcmp(one, y + (size_t)t * rows, (size_t)rows * sizeof(float)) != 0) dep++;
+        }
+    }
+    /* F32 weights ignore the mode */
+    void *s32;
+    const dfl_mat w32 = make_mat(ST_F32, rows, cols, &s32);
+    kn_matmul(y, x, &w32, 1);
+    CHECK(kn_act_set(KN_ACT_F32) == DFL_OK, "act f32");
+    kn_matmul(one, x, &w32, 1);
+    same = memcmp(one, y, (size_t)rows * sizeof(float)) == 0;
+    CHECK(bad == 0, "%s act bf16 %dx%d: %d outputs beyond the bound of the product on rounded activations",
+          kn_isa_name(isa), rows, cols, bad);
+    CHECK(dep == 0, "%s act bf16 %dx%d: %d token rows depend on the batch size", kn_isa_name(isa), rows, cols, dep);
+    CHECK(same, "%s act bf16 %dx%d: F32 weights changed by the activation mode", kn_isa_name(isa), rows, cols);
+    free(store), free(s32), free(x), free(xr), free(ref), free(y), free(one), free(wr);
+}
+
+static void check_act_api(void) {
+    kn_act a;
+    CHECK(kn_act_get() == KN_ACT_F32, "the default activation mode is f32 (DFL_ACT unset in tests)");
+    CHECK(kn_act_parse("bf16", &a) == DFL_OK && a == KN_ACT_BF16 && strcmp(kn_act_name(a), "bf16") == 0, "parse bf16");
+    CHECK(kn_act_parse("f32", &a) == DFL_OK && a == KN_ACT_F32, "parse f32");
+    CHECK(kn_act_parse("fp8", &a) == DFL_ERR && strstr(dfl_errmsg(), "fp8"), "parse unknown: %s", dfl_errmsg());
+    CHECK(kn_act_set(KN_ACT_COUNT) == DFL_ERR, "setting an invalid mode must fail");
+    const int ok = kn_act_set(KN_ACT_BF16) == DFL_OK;
+    CHECK(ok == kn_isa_supported(KN_ISA_AVX512BF16), "act bf16 allowed exactly when AVX-512 BF16 is: %s",
+          ok ? "allowed" : dfl_errmsg());
+    CHECK(ok || strstr(dfl_errmsg(), "AVX-512 BF16"), "the refusal names AVX-512 BF16: %s", dfl_errmsg());
+    kn_act_set(KN_ACT_F32);
+}
+
 /* kn_count_nonfinite: NaN and both infinities, not the largest finite or subnormal values. */
 static void check_nonfinite(void) {
     float x[1000];
@@ -489,6 +554,7 @@ int main(void) {
     static const int f8_blocks[][2] = {{128, 128}, {16, 32}, {5, 24}};
     const int n_shapes = (int)(sizeof shapes / sizeof shapes[0]);
     check_isa_api();
+    check_act_api();
     check_f8_codes();
     for (size_t b = 0; b < sizeof f8_blocks / sizeof f8_blocks[0]; b++) {
         f8_brow = f8_blocks[b][0], f8_bcol = f8_blocks[b][1];
@@ -515,6 +581,11 @@ int main(void) {
         check_matmul_stream(isa, ST_F8_E4M3);
         check_f8_nan(isa);
         check_matmul_multi(isa);
+        if (kn_isa_supported(KN_ISA_AVX512BF16)) {
+            static const int act_shapes[][2] = {{1, 1}, {17, 31}, {67, 100}, {130, 256}, {40, 8192}, {521, 4127}};
+            for (size_t s = 0; s < sizeof act_shapes / sizeof act_shapes[0]; s++)
+                check_act_bf16(isa, act_shapes[s][0], act_shapes[s][1]);
+        }
         check_dot_axpy(isa);
         check_silu(isa);
         static const int conv_shapes[][3] = {{37, 16, 4}, {5, 9, 4}, {1, 16, 4}, {12, 3, 3}, {2, 16, 1}, {20, 11, 16}};
