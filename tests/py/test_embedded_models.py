@@ -8,7 +8,10 @@
 - speculative decoding with the drafter gives exactly the greedy output;
 - the drafter's chain tau at block 16 on those questions is at least TAU_FLOOR (measured 5-question
   value minus a margin), and the same drafter cut off from the target's features falls below it —
-  so the floor is a real check."""
+  so the floor is a real check;
+- with DFL_ACT=bf16 (where the CPU has AVX-512 BF16): every layer and the logits within 1e-2 of
+  transformers' float32 forward and closer to it than transformers' own bfloat16 forward, and
+  speculative decoding (chain and DDTree) equal to greedy decoding in that mode, token for token."""
 import json
 import os
 import shutil
@@ -16,7 +19,7 @@ import tempfile
 
 import torch
 
-from dfltest import SHARED, SOURCE, Tally, dfl
+from dfltest import SHARED, SOURCE, Tally, dfl, reference
 
 TARGET = os.path.join(SOURCE, "models", "target")
 DRAFTER = os.path.join(SOURCE, "models", "drafter")
@@ -102,6 +105,47 @@ def test_generation():
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def test_bf16_activations():
+    bf = dict(ENV, DFL_ACT="bf16")
+    if "act bf16" not in dfl("--version", env=bf).stdout:
+        print("bf16 activations: this CPU has no AVX-512 BF16; not checked", flush=True)
+        return
+    from safetensors.numpy import load_file
+    tmp = tempfile.mkdtemp(prefix="dfl-act-")
+    try:
+        worst = {}
+        for dt in ("float32", "bfloat16"):
+            reference("--model", TARGET, "--prompt", questions()[0], "--dtype", dt,
+                      "--out", os.path.join(tmp, f"ref-{dt}.safetensors"))
+        ref = os.path.join(tmp, "ref-float32.safetensors")
+        ids = ",".join(str(int(x)) for x in load_file(ref)["input_ids"])
+        out = os.path.join(tmp, "dfl-bf16.safetensors")
+        dfl("hidden", "--target", TARGET, "--layers", "all", "--prompt-ids", ids, "--out", out, "--logits", env=bf)
+        for name, path in (("dfl bf16 activations", out), ("transformers bfloat16", os.path.join(tmp, "ref-bfloat16.safetensors"))):
+            d = json.loads(dfl("hidden-diff", path, ref, "--tol", 1, "--json").stdout)
+            worst[name] = max(x["rel"] for x in d["tensors"] if x["name"].startswith(("layer.", "logits")))
+            print(f"{name} vs transformers float32: worst relative difference over layers and logits "
+                  f"{worst[name]:.3g}", flush=True)
+        t.check(worst["dfl bf16 activations"] <= 1e-2, f"bf16 activations: worst rel {worst['dfl bf16 activations']:.3g} > 1e-2")
+        t.check(worst["dfl bf16 activations"] < worst["transformers bfloat16"],
+                "bf16 activations should stay closer to float32 than a bfloat16 forward: "
+                f"{worst['dfl bf16 activations']:.3g} vs {worst['transformers bfloat16']:.3g}")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    same_as_f32 = 0
+    for i, q in enumerate(questions()):
+        args = ("generate", "--target", TARGET, "--prompt", q, "--chat", "chatml", "--max-new", MAX_NEW, "--json")
+        greedy = json.loads(dfl(*args, env=bf).stdout)["tokens"]
+        chain = json.loads(dfl(*args, "--drafter", DRAFTER, env=bf).stdout)["tokens"]
+        t.check(chain == greedy, f"q{i}: bf16 activations: speculative (chain) output != greedy")
+        if i < 2:
+            tree = json.loads(dfl(*args, "--drafter", DRAFTER, "--tree-budget", 8, env=bf).stdout)["tokens"]
+            t.check(tree == greedy, f"q{i}: bf16 activations: speculative (DDTree-8) output != greedy")
+        same_as_f32 += greedy == gen(q)["tokens"]
+    print(f"bf16 activations: greedy output equals the float32 one on {same_as_f32}/{N_QUESTIONS} questions", flush=True)
+
+
 t.run(test_inspect)
 t.run(test_generation)
+t.run(test_bf16_activations)
 t.done()
