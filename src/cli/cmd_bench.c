@@ -28,7 +28,9 @@ static const char *usage_text =
     "Measures, on one target (and drafter: DFlash, DFlash2 or an MTP head), with weights read in place\n"
     "from the mmap:\n"
     "  probe     memory read bandwidth: threaded SIMD sum over a buffer as large as the weights,\n"
-    "            median of 7 passes (and the fastest)\n"
+    "            median of 7 passes (and the fastest); with decode, also one pass over up to 1 GiB\n"
+    "            after each decoded token: the median of the per-token ratios (\"paired\") is\n"
+    "            less sensitive to the bandwidth drifting between the two measurements\n"
     "  decode    single-token forwards after a context: tokens/s (median token time) and\n"
     "            effective GB/s (weight bytes read per token x tokens/s)\n"
     "  verify    one forward over n = 1..verify-max new tokens on top of the context (logits for\n"
@@ -86,6 +88,7 @@ typedef struct bench_res {
     uint64_t weight_bytes, token_bytes, probe_bytes;
     double probe_gbps, probe_best_gbps; /* median and fastest pass */
     double decode_tps, decode_mean_tps, decode_gbps; /* tps: median token time; mean_tps: mean */
+    double decode_paired; /* with the probe: median over tokens of the token's GB/s / the next probe pass's */
     int n_verify;
     double verify_ms[MAX_VERIFY];
     /* MoE targets: distinct experts the n-token verification touched, mean per sparse layer, and
@@ -165,29 +168,44 @@ static int cmp_double(const void *a, const void *b) {
 }
 
 #define PROBE_PASSES 7 /* timed passes of the probe (after one warm-up) */
+#define PAIRED_PROBE_BYTES ((uint64_t)1 << 30) /* the probe pass after each decoded token */
 
-/* Threaded read of a buffer of nbytes, PROBE_PASSES times after a warm-up: the median pass
- * (the same statistic as decode's median token) in *median, the fastest in *best, GB/s.
- * DFL_ERR when the buffer cannot be allocated. */
-static int probe_bandwidth(uint64_t nbytes, double *median, double *best) {
-    const size_t n = (size_t)(nbytes / sizeof(float)), blk = (size_t)1 << 18; /* 1 MiB per work item */
+/* The probe's buffer of nbytes, first touched by the reading threads; NULL without memory. */
+static float *probe_alloc(uint64_t nbytes) {
+    const size_t n = (size_t)(nbytes / sizeof(float));
     float *buf = malloc(n * sizeof(float));
-    if (!buf) return DFL_ERR;
+    if (!buf) return NULL;
 #pragma omp parallel for schedule(static)
-    for (size_t i = 0; i < n; i++) buf[i] = (float)(i & 7) * 0.125f; /* first touch by the reading threads */
-    double gbps[PROBE_PASSES], sink = 0;
-    for (int r = 0; r < PROBE_PASSES + 1; r++) { /* pass 0: warm-up */
-        double s = 0, t0 = dfl_now();
+    for (size_t i = 0; i < n; i++) buf[i] = (float)(i & 7) * 0.125f;
+    return buf;
+}
+
+static double probe_sink; /* keeps the sums observable */
+
+/* One threaded read of the buffer: GB/s. */
+static double probe_pass(const float *buf, uint64_t nbytes) {
+    const size_t n = (size_t)(nbytes / sizeof(float)), blk = (size_t)1 << 18; /* 1 MiB per work item */
+    double s = 0, t0 = dfl_now();
 #pragma omp parallel for schedule(static) reduction(+ : s)
-        for (size_t b = 0; b < n; b += blk) s += kn_dot(buf + b, buf + b, (int)(n - b < blk ? n - b : blk));
-        const double dt = dfl_now() - t0;
-        sink += s;
-        if (r > 0) gbps[r - 1] = nbytes / dt / 1e9;
-    }
+    for (size_t b = 0; b < n; b += blk) s += kn_dot(buf + b, buf + b, (int)(n - b < blk ? n - b : blk));
+    const double dt = dfl_now() - t0;
+    probe_sink += s;
+    return nbytes / dt / 1e9;
+}
+
+/* Read a buffer of nbytes PROBE_PASSES times after a warm-up: the median pass (the same
+ * statistic as decode's median token) in *median, the fastest in *best, GB/s. DFL_ERR when the
+ * buffer cannot be allocated. */
+static int probe_bandwidth(uint64_t nbytes, double *median, double *best) {
+    float *buf = probe_alloc(nbytes);
+    if (!buf) return DFL_ERR;
+    double gbps[PROBE_PASSES];
+    probe_pass(buf, nbytes); /* warm-up */
+    for (int r = 0; r < PROBE_PASSES; r++) gbps[r] = probe_pass(buf, nbytes);
     free(buf);
     qsort(gbps, PROBE_PASSES, sizeof(double), cmp_double);
     *median = gbps[PROBE_PASSES / 2], *best = gbps[PROBE_PASSES - 1];
-    return sink < 0 ? DFL_ERR : DFL_OK; /* sink keeps the sums observable */
+    return DFL_OK;
 }
 
 /* Best-of-reps time of one forward over n tokens at the current position, rolled back after. */
@@ -296,8 +314,8 @@ static void print_json(const bench_opts *o, const bench_res *r, const dfl_model 
                "\"decode_mean_tokens_per_s\": %.4f, \"decode_gbps\": %.3f",
                o->context, o->decode, r->decode_tps, r->decode_mean_tps, r->decode_gbps);
         if (o->parts & P_PROBE)
-            printf(", \"decode_vs_probe\": %.4f, \"decode_vs_probe_best\": %.4f", r->decode_gbps / r->probe_gbps,
-                   r->decode_gbps / r->probe_best_gbps);
+            printf(", \"decode_vs_probe\": %.4f, \"decode_vs_probe_best\": %.4f, \"decode_vs_probe_paired\": %.4f",
+                   r->decode_gbps / r->probe_gbps, r->decode_gbps / r->probe_best_gbps, r->decode_paired);
     }
     if (o->parts & P_VERIFY) {
         printf(", \"verify_ms\": [");
@@ -360,8 +378,9 @@ static void print_table(const bench_opts *o, const bench_res *r, const dfl_model
         printf("decode     %.3f tokens/s = %.2f GB/s effective (median token; mean %.3f tokens/s; context %d)",
                r->decode_tps, r->decode_gbps, r->decode_mean_tps, o->context);
         if (o->parts & P_PROBE)
-            printf(", %.0f%% of the probe (%.0f%% of its fastest pass)", 100 * r->decode_gbps / r->probe_gbps,
-                   100 * r->decode_gbps / r->probe_best_gbps);
+            printf(", %.0f%% of the probe (%.0f%% of its fastest pass; paired with a probe pass after each "
+                   "token: %.0f%%)", 100 * r->decode_gbps / r->probe_gbps, 100 * r->decode_gbps / r->probe_best_gbps,
+                   100 * r->decode_paired);
         printf("\n");
     }
     if (o->parts & P_VERIFY && m->cfg.n_experts > 0) {
@@ -504,23 +523,37 @@ static int run_bench(const bench_opts *o, const dfl_model *m, dfl_any_drafter *a
         int32_t tok = kn_argmax(logits, V);
         s.no_record = 1; /* plain decoding is never rolled back (dfl generate keeps no record) */
         double *dt = malloc((size_t)o->decode * sizeof(double)), total = 0;
-        if (!dt) {
+        double *share = malloc((size_t)o->decode * sizeof(double));
+        /* with the probe: one probe pass after each token over a buffer of at most PAIRED_PROBE_BYTES
+         * (far past the caches, small beside a large model's pages), so that each token's bandwidth is
+         * set against the machine's at that moment (it moves within seconds on shared machines) */
+        const uint64_t pb = r->probe_bytes < PAIRED_PROBE_BYTES ? r->probe_bytes : PAIRED_PROBE_BYTES;
+        float *pbuf = (o->parts & P_PROBE) ? probe_alloc(pb) : NULL;
+        if (!dt || !share || ((o->parts & P_PROBE) && !pbuf)) {
+            free(dt), free(share), free(pbuf);
             dfl_seterr("out of memory for benchmark buffers");
             goto done;
         }
+        if (pbuf) probe_pass(pbuf, pb); /* warm-up */
         for (int i = 0; i < o->decode; i++) {
             const double t0 = dfl_now();
             if (model_forward(&s, &tok, 1, logits, 1, NULL) != DFL_OK) {
-                free(dt);
+                free(dt), free(share), free(pbuf);
                 goto done;
             }
             tok = kn_argmax(logits, V);
             dt[i] = dfl_now() - t0;
             total += dt[i];
+            if (pbuf) share[i] = (r->token_bytes / dt[i] / 1e9) / probe_pass(pbuf, pb);
         }
         qsort(dt, (size_t)o->decode, sizeof(double), cmp_double);
         const double med = o->decode % 2 ? dt[o->decode / 2] : 0.5 * (dt[o->decode / 2 - 1] + dt[o->decode / 2]);
-        free(dt);
+        if (pbuf) {
+            qsort(share, (size_t)o->decode, sizeof(double), cmp_double);
+            r->decode_paired = o->decode % 2 ? share[o->decode / 2]
+                                             : 0.5 * (share[o->decode / 2 - 1] + share[o->decode / 2]);
+        }
+        free(dt), free(share), free(pbuf);
         s.no_record = 0;
         r->decode_tps = 1.0 / med;
         r->decode_mean_tps = o->decode / total;

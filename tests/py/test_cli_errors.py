@@ -304,7 +304,7 @@ def messages():
     for args in (["--version"], ["version"]):
         p = dfl(*args, check=False)
         lines = dict(ln.split(" ", 1) for ln in p.stdout.strip().splitlines())
-        t.check(p.returncode == 0 and set(lines) == {"dfl", "commit", "build", "isa", "mpi"}, f"dfl {args}: {p.stdout}")
+        t.check(p.returncode == 0 and set(lines) == {"dfl", "commit", "build", "isa", "act", "mpi"}, f"dfl {args}: {p.stdout}")
         t.check(lines.get("mpi") == "no" or lines.get("mpi", "").startswith(("Open MPI", "MPICH")),
                 f"dfl {args}: mpi {p.stdout}")
         t.check(lines.get("isa", "").split()[0] in ("generic", "avx2", "avx512", "avx512bf16", "amx"),
@@ -312,6 +312,11 @@ def messages():
         t.check(len(lines.get("commit", "")) >= 4, f"dfl {args}: commit {p.stdout}")
     p = dfl("--version", env={**os.environ, "DFL_ISA": "generic"})
     t.check("isa generic" in p.stdout, f"DFL_ISA=generic: {p.stdout}")
+    t.check("act f32" in p.stdout, f"activations f32 by default: {p.stdout}")
+    p = dfl("--version", env={**os.environ, "DFL_ACT": "fp4"})
+    t.check("act f32" in p.stdout and "DFL_ACT" in p.stderr and "fp4" in p.stderr, f"DFL_ACT=fp4 named: {p.stderr}")
+    p = dfl("bench", "--act", "fp4", check=False)
+    t.check(p.returncode == 2 and "--act" in p.stderr and "fp4" in p.stderr, f"bench --act fp4: {p.stderr}")
     t.check("version" in dfl("--help").stdout, "dfl --help lists version")
 
 
