@@ -8,7 +8,8 @@
  * computes RB x TB (row, token) dot products per register tile, reading every weight vector
  * once per tile (BF16 converted in registers: a shift gives the even columns, a mask the odd
  * ones) while prefetching the same columns of the next rows (the hardware prefetchers alone
- * leave much of the bandwidth unused on rows of a few KB). Tokens are processed in blocks
+ * leave much of the bandwidth unused on rows of a few KB; BF16 tiles prefetch into L2 only,
+ * which left L1 to the activations and cut the 16-token verification by 10-20% on Zen 4). Tokens are processed in blocks
  * whose activations stay in cache (one pass over a thread's rows per block). Each dot product
  * is one vector accumulator over the columns in order, reduced the same way, so the result for
  * a (row, token) does not depend on n or on the tile it falls in. */
@@ -121,7 +122,7 @@ TGT_AVX512 INLINE void step_bf16_512(__m512 (*acc)[TB], const uint16_t *w, int c
     for (int r = 0; r < R; r++) {
         raw[r] = _mm512_maskz_loadu_epi16(m, w + (size_t)r * cols + c);
         wr[r] = bf16_even_512(raw[r]);
-        _mm_prefetch((const char *)(w + (size_t)(r + R) * cols + c), _MM_HINT_T0); /* next rows */
+        _mm_prefetch((const char *)(w + (size_t)(r + R) * cols + c), _MM_HINT_T1); /* next rows */
     }
 #pragma GCC unroll 8
     for (int t = 0; t < T; t++) {
@@ -434,7 +435,7 @@ TGT_BF16 INLINE void step_bf16_dp(__m512 (*acc)[TB], const uint16_t *w, int cols
 #pragma GCC unroll 8
     for (int r = 0; r < R; r++) {
         wr[r] = (__m512bh)_mm512_maskz_loadu_epi16(m, w + (size_t)r * cols + c);
-        _mm_prefetch((const char *)(w + (size_t)(r + R) * cols + c), _MM_HINT_T0);
+        _mm_prefetch((const char *)(w + (size_t)(r + R) * cols + c), _MM_HINT_T1);
     }
 #pragma GCC unroll 8
     for (int t = 0; t < T; t++)
