@@ -18,10 +18,11 @@ def bench_json(*args):
 
 def check_full(t):
     r = bench_json("--model", fixture("qwen35_vlm"), "--drafter", fixture("dflash_qwen35"), "--threads", "2")
-    for key in ("isa", "threads", "probe_gbps", "decode_gbps", "decode_tokens_per_s", "draft_block_ms",
+    for key in ("isa", "act", "threads", "probe_gbps", "decode_gbps", "decode_tokens_per_s", "draft_block_ms",
                 "ar_tokens_per_s", "spec_tokens_per_s", "spec_tau", "prefill_tokens_per_s"):
         t.check(key in r, f"bench --json has {key}")
-    t.check(r["threads"] == 2, f"threads {r['threads']}")
+    t.check(r["threads"] == 2 and r["act"] == "f32", f"threads {r['threads']}, act {r['act']}")
+    t.check(0 < r["decode_vs_probe_paired"] < 100, f"paired decode share {r.get('decode_vs_probe_paired')}")
     t.check(len(r["verify_cost"]) == 5 and r["verify_cost"][0] == 1.0, f"verify_cost {r['verify_cost']}")
     t.check(all(v > 0 for v in r["verify_ms"]), "verify times are positive")
     rb = r["rollback"]
@@ -105,6 +106,12 @@ def check_isas(t):
             t.check(json.loads(p.stdout)["isa"] == isa, f"--isa {isa} is used")
         else:
             t.check("not supported" in p.stderr, f"--isa {isa}: {p.stderr}")
+    p = dfl("bench", "--json", "--act", "bf16", "--parts", "decode,verify", "--model", fixture("qwen35_bf16"), *SMALL,
+            check=False)
+    if p.returncode == 0:
+        t.check(json.loads(p.stdout)["act"] == "bf16", "--act bf16 is used")
+    else:
+        t.check("AVX-512 BF16" in p.stderr, f"--act bf16 without AVX-512 BF16 names it: {p.stderr}")
 
 
 def check_errors(t):
@@ -153,6 +160,20 @@ def check_peer_llamacpp(t):
         tj["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = "\\s+"
         json.dump(tj, open(os.path.join(d, "tokenizer.json"), "w"))
         t.check(mod.tokenizer_pre(os.path.join(d, "tokenizer.json")) is None, "another regex is not called qwen2")
+    # the summary and table from two synthetic rounds (with dfl's bf16-activation runs and the tree)
+    vms = [50.0 + 4 * i for i in range(32)]
+    tree = [{"budget": 64, "depth": 9, "tree_ms": 400.0, "chain_ms": 410.0}]
+    rounds = [{"load_before": "0.5", "dfl": {"probe_gbps": 30.0, "decode_tokens_per_s": 19.0, "prefill_tokens_per_s": 150.0,
+                                             "verify_ms": vms, "token_bytes": 1.5e9, "decode_vs_probe_paired": 0.9,
+                                             "tree": tree,
+                                             "bf16": {"prefill_tokens_per_s": 250.0, "verify_ms": vms[::-1], "tree": tree}},
+               "llama": {"pp": {"samples_ts": [160.0]}, "tg": {"samples_ts": [18.0]},
+                         "verify": {"decode_median_ms": 55.0, "verify_ms": vms}}}] * 2
+    meta = {"date": "d", "machine": "m", "threads": 2, "dfl_isa": "avx512", "load_before": "0.5", "load_after": "0.6",
+            "llamacpp": "x", "wall_s": 1.0, "command": "c"}
+    md = mod.table(mod.summarize(None, rounds, None, meta))
+    t.check("dfl `--act bf16`" in md and "| 90% |" in md and "**1.56x**" in md,
+            f"peer table with the bf16-activation rows: {md}")
 
 
 def main():
