@@ -125,6 +125,14 @@ int kn_argmax(const float *x, int n);
 /* NaN and Inf values in x [n] (exponent bits all set; an integer test the compiler vectorizes). */
 size_t kn_count_nonfinite(const float *x, size_t n);
 
+/* The multiply-add rate, on the calling thread, of the instruction at the heart of BF16 matrix
+ * products on the current path and activation mode (AVX-512: float32 FMA on zmm, 16 per
+ * instruction; bf16 activations or avx512bf16: VDPBF16PS on zmm, 32; AVX2: FMA on ymm, 8;
+ * generic: scalar fmaf; the AMX path is probed as VDPBF16PS, not as AMX tiles): 12 independent
+ * chains for iters rounds. Multiply-adds per second; *what names the instruction. A ceiling for
+ * the matmul tiles, which also load, convert and reduce (dfl bench --parts peak). */
+double kn_peak_macs(long iters, const char **what);
+
 /* ---- Gated DeltaNet core, one value head (SPEC §3) ------------------------------------ */
 
 /* Tokens per chunk of kn_gdn_chunked. */

@@ -41,6 +41,9 @@ static const char *usage_text =
     "  prefill   one forward over N prompt tokens (chunked Gated DeltaNet), tokens/s\n"
     "  rollback  per verification round of B tokens: replaying the recorded recurrence inputs\n"
     "            (dfl's strategy) vs per-position snapshots of every linear layer's state\n"
+    "  peak      the multiply-add rate of the matmul tiles' core instruction (float32 FMA, or\n"
+    "            VDPBF16PS with --act bf16), 12 chains per thread on every thread: with verify,\n"
+    "            each verification's share of it and the compute floor of verify(n) / verify(1)\n"
     "  tree      DDTree verification: one tree forward of budget N = 1..64 draft nodes (trees of\n"
     "            the N most probable prefixes of random block-1 distributions) next to a chain\n"
     "            verification of the same number of tokens (N + 1)\n"
@@ -56,8 +59,8 @@ static const char *usage_text =
     "  --act MODE        activations of BF16 matrix products: f32 (exact, the default) or bf16\n"
     "                    (opt-in, needs AVX-512 BF16: each activation rounded to bf16 once; faster\n"
     "                    when compute-bound, less accurate; default: DFL_ACT or f32)\n"
-    "  --parts LIST      comma-separated subset of probe,decode,verify,draft,e2e,prefill,rollback,tree\n"
-    "                    (default: all but tree)\n"
+    "  --parts LIST      comma-separated subset of probe,decode,verify,draft,e2e,prefill,rollback,tree,\n"
+    "                    peak (default: all but tree)\n"
     "  --context N       context before decode / verify / draft / rollback (default 256)\n"
     "  --decode N        decoded tokens (default 16)\n"
     "  --verify-max N    largest verified batch (default 32, at most 64)\n"
@@ -70,8 +73,10 @@ static const char *usage_text =
     "  --probe-mb N      probe buffer in MB (default: the weights read per token, at least 1024)\n"
     "e2e prompt (default: 64 random tokens; the tokenizer is the model's):\n" CLI_PROMPT_HELP;
 
-enum { P_PROBE = 1, P_DECODE = 2, P_VERIFY = 4, P_DRAFT = 8, P_E2E = 16, P_PREFILL = 32, P_ROLLBACK = 64, P_TREE = 128 };
-static const char *const part_names[] = {"probe", "decode", "verify", "draft", "e2e", "prefill", "rollback", "tree"};
+enum { P_PROBE = 1, P_DECODE = 2, P_VERIFY = 4, P_DRAFT = 8, P_E2E = 16, P_PREFILL = 32, P_ROLLBACK = 64, P_TREE = 128,
+       P_PEAK = 256 };
+static const char *const part_names[] = {"probe", "decode", "verify", "draft", "e2e", "prefill", "rollback", "tree",
+                                         "peak"};
 static const int tree_budgets[] = {1, 2, 4, 8, 16, 32, 64};
 #define N_TREE ((int)(sizeof tree_budgets / sizeof tree_budgets[0]))
 
@@ -106,6 +111,9 @@ typedef struct bench_res {
     /* DDTree: tree forward of tree_budgets[i] nodes vs a chain of as many tokens */
     double tree_ms[N_TREE], tree_chain_ms[N_TREE];
     int tree_depth[N_TREE];
+    double peak_macs;      /* multiply-adds per second, all threads (kn_peak_macs) */
+    const char *peak_what; /* its instruction */
+    uint64_t token_macs;   /* weight multiply-adds of one token's forward (dense targets) */
 } bench_res;
 
 static unsigned parse_parts(const char *s) {
@@ -131,6 +139,22 @@ static void fill_tokens(int32_t *t, int n, int V, uint64_t seed) {
 }
 
 static uint64_t mat_bytes(const dfl_mat *w) { return (uint64_t)w->rows * w->cols * st_dtype_size(w->dtype); }
+
+/* Multiply-adds of one token through the layer matrices and the lm_head (dense targets: every
+ * matrix once; attention over the context and the small vectors are not counted). */
+static uint64_t token_macs(const dfl_model *m) {
+    uint64_t n = (uint64_t)m->lm_head.rows * m->lm_head.cols;
+    for (int i = 0; i < m->cfg.n_layers; i++) {
+        const dfl_layer_w *l = &m->layers[i];
+        const dfl_mat *ms[] = {&l->q_proj, &l->k_proj, &l->v_proj, &l->o_proj, &l->in_qkv, &l->in_z,
+                               &l->in_b,   &l->in_a,   &l->out_proj, &l->gate, &l->up,     &l->down};
+        for (size_t k = 0; k < sizeof ms / sizeof ms[0]; k++)
+            if (ms[k]->data) n += (uint64_t)ms[k]->rows * ms[k]->cols;
+    }
+    return n;
+}
+
+
 
 /* Bytes of one routed expert (gate, up, down; the same shapes and dtype in every sparse layer). */
 static uint64_t expert_bytes(const dfl_model *m) {
@@ -206,6 +230,30 @@ static int probe_bandwidth(uint64_t nbytes, double *median, double *best) {
     qsort(gbps, PROBE_PASSES, sizeof(double), cmp_double);
     *median = gbps[PROBE_PASSES / 2], *best = gbps[PROBE_PASSES - 1];
     return DFL_OK;
+}
+
+/* kn_peak_macs on every thread at once, summed; the median of 3 runs of about 0.2 s. */
+static double peak_macs(const char **what) {
+    long iters = 1 << 20;
+    double rate[3];
+    for (;;) { /* size the run: about 0.2 s */
+        const double t0 = dfl_now();
+        kn_peak_macs(iters, what);
+        const double dt = dfl_now() - t0;
+        if (dt > 0.05 || iters > (1L << 40)) {
+            iters = (long)(iters * (0.2 / (dt > 1e-6 ? dt : 1e-6)));
+            break;
+        }
+        iters *= 4;
+    }
+    for (int r = 0; r < 3; r++) {
+        double sum = 0;
+#pragma omp parallel reduction(+ : sum)
+        sum += kn_peak_macs(iters, what);
+        rate[r] = sum;
+    }
+    qsort(rate, 3, sizeof(double), cmp_double);
+    return rate[1];
 }
 
 /* Best-of-reps time of one forward over n tokens at the current position, rolled back after. */
@@ -317,6 +365,16 @@ static void print_json(const bench_opts *o, const bench_res *r, const dfl_model 
             printf(", \"decode_vs_probe\": %.4f, \"decode_vs_probe_best\": %.4f, \"decode_vs_probe_paired\": %.4f",
                    r->decode_gbps / r->probe_gbps, r->decode_gbps / r->probe_best_gbps, r->decode_paired);
     }
+    if (o->parts & P_PEAK) {
+        printf(", \"peak_macs_per_s\": %.4g, \"peak_instruction\": \"%s\"", r->peak_macs, r->peak_what);
+        if (r->token_macs) printf(", \"token_macs\": %llu", (unsigned long long)r->token_macs);
+    }
+    if ((o->parts & P_PEAK) && (o->parts & P_VERIFY) && r->token_macs) {
+        printf(", \"verify_peak_share\": [");
+        for (int i = 0; i < r->n_verify; i++)
+            printf("%s%.4f", i ? ", " : "", (double)(i + 1) * r->token_macs / r->peak_macs / (r->verify_ms[i] / 1e3));
+        printf("]");
+    }
     if (o->parts & P_VERIFY) {
         printf(", \"verify_ms\": [");
         for (int i = 0; i < r->n_verify; i++) printf("%s%.3f", i ? ", " : "", r->verify_ms[i]);
@@ -383,6 +441,9 @@ static void print_table(const bench_opts *o, const bench_res *r, const dfl_model
                    100 * r->decode_paired);
         printf("\n");
     }
+    if (o->parts & P_PEAK)
+        printf("peak       %.1f G multiply-adds/s (%s, 12 chains per thread, %d threads)\n", r->peak_macs / 1e9,
+               r->peak_what, omp_get_max_threads());
     if (o->parts & P_VERIFY && m->cfg.n_experts > 0) {
         /* the numbers behind MoE speedups: n tokens touch up to n*k experts per layer, and a
          * verification reads each touched expert once */
@@ -393,9 +454,21 @@ static void print_table(const bench_opts *o, const bench_res *r, const dfl_model
                    r->verify_ms[i] / r->verify_ms[0], r->verify_experts[i], r->verify_bytes[i] / 1e6,
                    (double)r->verify_bytes[i] / (double)r->verify_bytes[0]);
     } else if (o->parts & P_VERIFY) {
-        printf("verify     n   ms      x n=1\n");
-        for (int i = 0; i < r->n_verify; i++)
-            printf("           %-3d %-7.1f %.3f\n", i + 1, r->verify_ms[i], r->verify_ms[i] / r->verify_ms[0]);
+        const int peak = (o->parts & P_PEAK) && r->token_macs;
+        printf("verify     n   ms      x n=1%s\n", peak ? "   share of the peak" : "");
+        for (int i = 0; i < r->n_verify; i++) {
+            printf("           %-3d %-7.1f %-7.3f", i + 1, r->verify_ms[i], r->verify_ms[i] / r->verify_ms[0]);
+            if (peak) printf(" %.0f%%", 100.0 * (i + 1) * r->token_macs / r->peak_macs / (r->verify_ms[i] / 1e3));
+            printf("\n");
+        }
+        if (peak) { /* the floor of verify(n) / verify(1): n tokens' multiply-adds at the peak over one token */
+            const int n = r->n_verify;
+            const double floor_ms = 1e3 * n * r->token_macs / r->peak_macs;
+            printf("roofline   verify(%d): %.2f G multiply-adds = %.1f ms at the peak", n, n * r->token_macs / 1e9, floor_ms);
+            if (o->parts & P_PROBE)
+                printf("; reading the weights at the probe's rate: %.1f ms", 1e3 * r->token_bytes / 1e9 / r->probe_gbps);
+            printf("; so verify(%d) / verify(1) >= %.2f with verify(1) as measured\n", n, floor_ms / r->verify_ms[0]);
+        }
     }
     if (o->ad)
         printf("drafter    %s: %s (block %d, %.1f MB)\n", anydrafter_kind_name(o->ad->kind), o->drafter, o->ad->block,
@@ -488,6 +561,10 @@ static int run_bench(const bench_opts *o, const dfl_model *m, dfl_any_drafter *a
                                      : (r->token_bytes > (1ull << 30) ? r->token_bytes : 1ull << 30);
         if (probe_bandwidth(r->probe_bytes, &r->probe_gbps, &r->probe_best_gbps) != DFL_OK)
             return dfl_seterr("out of memory for the %.0f MB probe buffer", r->probe_bytes / 1e6);
+    }
+    if (o->parts & P_PEAK) {
+        r->peak_macs = peak_macs(&r->peak_what);
+        r->token_macs = m->cfg.n_experts > 0 ? 0 : token_macs(m);
     }
     dfl_state s;
     if (state_init(&s, m, max_ctx, max_batch, 1) != DFL_OK) return DFL_ERR;
@@ -633,7 +710,7 @@ done:
 
 int cmd_bench(int argc, char **argv) {
     bench_opts o = {.model = DEFAULT_TARGET, .context = 256, .decode = 16, .verify_max = 32, .prefill = 512,
-                    .gen = 32, .reps = 2, .parts = 0x7f};
+                    .gen = 32, .reps = 2, .parts = 0x7f | P_PEAK};
     const char *drafter = NULL;
     int model_given = 0;
     cli_prompt pr = {0};
@@ -666,7 +743,7 @@ int cmd_bench(int argc, char **argv) {
             const char *p = cli_value(argc, argv, &i);
             if (!(o.parts = parse_parts(p)))
                 return cli_usage_error("bench", "--parts '%s': a comma-separated subset of probe, decode, verify, "
-                                                "draft, e2e, prefill, rollback, tree",
+                                                "draft, e2e, prefill, rollback, tree, peak",
                                        p);
         } else {
             static const struct { const char *name; long lo, hi; size_t off; } nums[] = {

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "dfl/common.h"
 #include "kn_internal.h"
 
 void kn_mat_row(const dfl_mat *w, int row, float *out) {
@@ -317,3 +318,30 @@ int kn_argmax(const float *x, int n) {
         if (x[i] > x[best]) best = i;
     return best;
 }
+
+double kn_peak_macs(long iters, const char **what) {
+    volatile float sink = 0;
+    int per = 1; /* multiply-adds per instruction */
+    const double t0 = dfl_now();
+#if KN_X86
+    const kn_isa isa = kn_isa_get();
+    if (kn_act_get() == KN_ACT_BF16 || isa == KN_ISA_AVX512BF16 || isa == KN_ISA_AMX) {
+        *what = "VDPBF16PS zmm", per = 32, sink = kn_peak_dp512(iters);
+    } else if (isa == KN_ISA_AVX512) {
+        *what = "FMA zmm (float32)", per = 16, sink = kn_peak_fma512(iters);
+    } else if (isa == KN_ISA_AVX2) {
+        *what = "FMA ymm (float32)", per = 8, sink = kn_peak_fma256(iters);
+    } else
+#endif
+    {
+        float a[12];
+        for (int c = 0; c < 12; c++) a[c] = 0.01f * c;
+        for (long k = 0; k < iters; k++)
+            for (int c = 0; c < 12; c++) a[c] = fmaf(a[c], 0.999f, 1e-3f);
+        for (int c = 0; c < 12; c++) sink += a[c];
+        *what = "scalar fmaf (float32)";
+    }
+    (void)sink;
+    return 12.0 * per * (double)iters / (dfl_now() - t0);
+}
+

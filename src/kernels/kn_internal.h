@@ -38,6 +38,10 @@ void kn_matmul_amx_multi(int count, float *const *y, const float *x, const dfl_m
 /* Ask Linux for the AMX tile state for this process; 1 when granted. */
 int kn_amx_request(void);
 #endif
+/* kn_peak_macs's loops: 12 chains x iters instructions; the sum of the chains (kept observable). */
+float kn_peak_fma512(long iters);
+float kn_peak_dp512(long iters);
+float kn_peak_fma256(long iters);
 void kn_silu_inplace_avx2(float *x, int n);
 void kn_silu_inplace_avx512(float *x, int n);
 void kn_conv_silu_avx2(float *x, size_t ld, int n, int nc, int K, const float *wt, float *win);

@@ -735,4 +735,39 @@ TGT_AVX2 void kn_axpy_avx2(float *y, float a, const float *x, int n) {
     }
 }
 
+/* ---- peak multiply-add rate (kn_peak_macs) ------------------------------------------------ */
+
+/* 12 independent accumulator chains: enough to cover the FMA / VDPBF16PS latency (4-6 cycles)
+ * at two issues per cycle; each body applies OP to every chain in turn. */
+#define PEAK_LOOP(T, INIT, OP, REDUCE)                                                            \
+    T a0 = INIT(0), a1 = INIT(1), a2 = INIT(2), a3 = INIT(3), a4 = INIT(4), a5 = INIT(5), a6 = INIT(6), \
+      a7 = INIT(7), a8 = INIT(8), a9 = INIT(9), a10 = INIT(10), a11 = INIT(11); /* distinct: no chain merges */ \
+    for (long k = 0; k < iters; k++) {                                                            \
+        a0 = OP(a0), a1 = OP(a1), a2 = OP(a2), a3 = OP(a3), a4 = OP(a4), a5 = OP(a5);               \
+        a6 = OP(a6), a7 = OP(a7), a8 = OP(a8), a9 = OP(a9), a10 = OP(a10), a11 = OP(a11);          \
+    }                                                                                             \
+    return REDUCE(a0) + REDUCE(a1) + REDUCE(a2) + REDUCE(a3) + REDUCE(a4) + REDUCE(a5) + REDUCE(a6) + \
+           REDUCE(a7) + REDUCE(a8) + REDUCE(a9) + REDUCE(a10) + REDUCE(a11);
+
+#define INIT512(i) _mm512_set1_ps(0.01f * (i))
+#define INIT256(i) _mm256_set1_ps(0.01f * (i))
+
+TGT_AVX512 float kn_peak_fma512(long iters) {
+    const __m512 x = _mm512_set1_ps(0.999f), y = _mm512_set1_ps(1e-3f);
+#define OP_FMA512(a) _mm512_fmadd_ps(a, x, y)
+    PEAK_LOOP(__m512, INIT512, OP_FMA512, _mm512_reduce_add_ps)
+}
+
+TGT_BF16 float kn_peak_dp512(long iters) {
+    const __m512bh x = (__m512bh)_mm512_set1_epi16(0x3f80), y = (__m512bh)_mm512_set1_epi16(0x3a83); /* 1, 1e-3 */
+#define OP_DP512(a) _mm512_dpbf16_ps(a, x, y)
+    PEAK_LOOP(__m512, INIT512, OP_DP512, _mm512_reduce_add_ps)
+}
+
+TGT_AVX2 float kn_peak_fma256(long iters) {
+    const __m256 x = _mm256_set1_ps(0.999f), y = _mm256_set1_ps(1e-3f);
+#define OP_FMA256(a) _mm256_fmadd_ps(a, x, y)
+    PEAK_LOOP(__m256, INIT256, OP_FMA256, hsum_256)
+}
+
 #endif

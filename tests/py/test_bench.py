@@ -23,6 +23,11 @@ def check_full(t):
         t.check(key in r, f"bench --json has {key}")
     t.check(r["threads"] == 2 and r["act"] == "f32", f"threads {r['threads']}, act {r['act']}")
     t.check(0 < r["decode_vs_probe_paired"] < 100, f"paired decode share {r.get('decode_vs_probe_paired')}")
+    t.check(r["peak_macs_per_s"] > 1e8 and r["peak_instruction"] and r["token_macs"] > 0 and
+            len(r["verify_peak_share"]) == len(r["verify_ms"]) and all(0 < x < 1.5 for x in r["verify_peak_share"]),
+            f"peak part: {r.get('peak_macs_per_s')} {r.get('peak_instruction')} {r.get('verify_peak_share')}")
+    p = dfl("bench", "--parts", "peak,verify", "--model", fixture("qwen35_vlm"), *SMALL)
+    t.check("roofline   verify(" in p.stdout and "share of the peak" in p.stdout, f"roofline line: {p.stdout}")
     t.check(len(r["verify_cost"]) == 5 and r["verify_cost"][0] == 1.0, f"verify_cost {r['verify_cost']}")
     t.check(all(v > 0 for v in r["verify_ms"]), "verify times are positive")
     rb = r["rollback"]

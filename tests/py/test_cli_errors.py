@@ -205,7 +205,7 @@ def num_target_layers():
     expect_fail(["generate", "--target", tiny, "--drafter", d, "--prompt-ids", "1,2,3", "--max-new", "4"],
                 "target_layer_ids", "5")
     # bench --parts names every part, tree included
-    expect_fail(["bench", "--model", tiny, "--parts", "decode,bogus"], "--parts 'decode,bogus'", "rollback, tree",
+    expect_fail(["bench", "--model", tiny, "--parts", "decode,bogus"], "--parts 'decode,bogus'", "rollback, tree, peak",
                 code=2)
 
 
