@@ -17,21 +17,23 @@ static const char *usage_text =
     "usage: dfl eval-compare DIR1 DIR2 [DIR3 ...] [--json]\n"
     "\n"
     "tau of the same drafters in several `dfl eval` runs side by side (docs/eval.md, \"Several\n"
-    "targets\"): e.g. one run on a BF16 target and one on its FP8 release, with the same prompts and\n"
-    "options. A row per drafter x mode x method (online, replay) present in every run: tau (z-lab's\n"
-    "per-response mean) and token-weighted tau per run, the change of tau from the first run in\n"
-    "percent, mismatches. The runs must hold the same prompts (count, prompt file, --max-new, chat):\n"
-    "anything else is refused, naming the field.\n"
+    "targets\"): e.g. one run on a BF16 target and one on its FP8 release, or one with float32 and\n"
+    "one with bf16 activations (DFL_ACT), with the same prompts and options. A row per drafter x\n"
+    "mode x method (online, replay) present in every run: tau (z-lab's per-response mean) and\n"
+    "token-weighted tau per run, the change of tau from the first run in percent, mismatches. The\n"
+    "runs must hold the same prompts (count, prompt file, --max-new, chat): anything else is\n"
+    "refused, naming the field.\n"
     "\n"
-    "  --json   one JSON object: {\"runs\": [{\"dir\", \"target\"}], \"rows\": [{\"drafter\", \"mode\",\n"
-    "           \"method\", \"tau\": [...], \"tau_token_weighted\": [...], \"change_percent\": [...],\n"
-    "           \"mismatches\": [...]}]}\n";
+    "  --json   one JSON object: {\"runs\": [{\"dir\", \"target\", \"activations\"}], \"rows\":\n"
+    "           [{\"drafter\", \"mode\", \"method\", \"tau\": [...], \"tau_token_weighted\": [...],\n"
+    "           \"change_percent\": [...], \"mismatches\": [...]}]}\n";
 
 typedef struct run_sum {
     const char *dir;
     cJSON *root;     /* summary.json */
     cJSON *results;  /* its "results" array */
     const char *target;
+    const char *act; /* "f32" or "bf16" (summaries written before the mode existed: f32) */
 } run_sum;
 
 static char *read_all(const char *path) {
@@ -72,6 +74,8 @@ static int load_run(run_sum *r, const char *dir) {
     const cJSON *run = cJSON_GetObjectItemCaseSensitive(r->root, "run");
     const cJSON *t = run ? cJSON_GetObjectItemCaseSensitive(run, "target") : NULL;
     r->target = cJSON_IsString(t) ? t->valuestring : "?";
+    const cJSON *a = cJSON_GetObjectItemCaseSensitive(r->root, "activations");
+    r->act = cJSON_IsString(a) ? a->valuestring : "f32";
     return DFL_OK;
 }
 
@@ -145,6 +149,7 @@ int cmd_eval_compare(int argc, char **argv) {
             cJSON *r = cJSON_CreateObject();
             cJSON_AddStringToObject(r, "dir", runs[i].dir);
             cJSON_AddStringToObject(r, "target", runs[i].target);
+            cJSON_AddStringToObject(r, "activations", runs[i].act);
             cJSON_AddItemToArray(rs, r);
         }
         rows = cJSON_AddArrayToObject(out, "rows");
@@ -197,7 +202,8 @@ int cmd_eval_compare(int argc, char **argv) {
         free(s);
     } else if (!rc) {
         printf("\nRuns: ");
-        for (int i = 0; i < n; i++) printf("%s%s = target %s", i ? "; " : "", runs[i].dir, runs[i].target);
+        for (int i = 0; i < n; i++)
+            printf("%s%s = target %s, %s activations", i ? "; " : "", runs[i].dir, runs[i].target, runs[i].act);
         printf(". τ change: relative to the first run.\n");
     }
     cJSON_Delete(out);

@@ -414,6 +414,8 @@ def activations():
     dfl("eval", *args, "--out", f32)
     t.check(summary(f32)["activations"] == "f32" and all("act" not in r for r in lines(f32)),
             "f32 run: activations f32, no act field")
+    cmp = json.loads(dfl("eval-compare", f32, out, "--json").stdout)
+    t.check([r["activations"] for r in cmp["runs"]] == ["f32", "bf16"], f"eval-compare names the modes: {cmp['runs']}")
     p = dfl("eval-merge", "--out", os.path.join(tmp, "act-merged"), f32, out, check=False)
     t.check(p.returncode != 0 and "must not mix" in p.stderr, f"merging f32 and bf16 runs refused: {p.stderr.strip()[-300:]}")
 
