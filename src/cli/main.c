@@ -61,7 +61,15 @@ int main(int argc, char **argv) {
     }
     if (strcmp(argv[1], "--version") == 0 || strcmp(argv[1], "version") == 0) return version();
     for (size_t i = 0; i < sizeof subcommands / sizeof subcommands[0]; i++)
-        if (strcmp(argv[1], subcommands[i].name) == 0) return subcommands[i].fn(argc - 1, argv + 1);
+        if (strcmp(argv[1], subcommands[i].name) == 0) {
+            static const char *const computes[] = {"generate", "hidden", "eval", "serve"};
+            for (size_t k = 0; k < sizeof computes / sizeof computes[0]; k++)
+                if (strcmp(argv[1], computes[k]) == 0 && kn_act_get() == KN_ACT_BF16 &&
+                    !(argc > 2 && cli_is_help(argv[2])))
+                    fprintf(stderr, "dfl %s: bf16 activations (DFL_ACT=bf16): BF16 matrix products round their inputs "
+                                    "to bf16, so results differ from the float32 computation\n", argv[1]);
+            return subcommands[i].fn(argc - 1, argv + 1);
+        }
     fprintf(stderr, "dfl: unknown command '%s'\n", argv[1]);
     usage(stderr);
     return 2;

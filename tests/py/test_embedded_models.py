@@ -135,7 +135,9 @@ def test_bf16_activations():
     same_as_f32 = 0
     for i, q in enumerate(questions()):
         args = ("generate", "--target", TARGET, "--prompt", q, "--chat", "chatml", "--max-new", MAX_NEW, "--json")
-        greedy = json.loads(dfl(*args, env=bf).stdout)["tokens"]
+        p = dfl(*args, env=bf)
+        greedy = json.loads(p.stdout)["tokens"]
+        t.check("bf16 activations (DFL_ACT=bf16)" in p.stderr, f"generate says it runs with bf16 activations: {p.stderr}")
         chain = json.loads(dfl(*args, "--drafter", DRAFTER, env=bf).stdout)["tokens"]
         t.check(chain == greedy, f"q{i}: bf16 activations: speculative (chain) output != greedy")
         if i < 2:
