@@ -351,8 +351,8 @@ static void print_json(const bench_opts *o, const bench_res *r, const dfl_model 
     printf("{\"model\": ");
     cli_json_string(stdout, o->model);
     printf(", \"isa\": \"%s\", \"act\": \"%s\", \"threads\": %d, \"weight_bytes\": %llu, \"token_bytes\": %llu",
-           kn_isa_name(kn_isa_get()), kn_act_name(kn_act_get()), omp_get_max_threads(), (unsigned long long)r->weight_bytes,
-           (unsigned long long)r->token_bytes);
+           kn_isa_name(kn_isa_get()), kn_act_name(kn_act_get()), omp_get_max_threads(),
+           (unsigned long long)r->weight_bytes, (unsigned long long)r->token_bytes);
     printf(", \"hidden\": %d, \"layers\": %d, \"vocab\": %d", m->cfg.hidden, m->cfg.n_layers, m->cfg.vocab);
     if (o->parts & P_PROBE)
         printf(", \"probe_bytes\": %llu, \"probe_gbps\": %.3f, \"probe_best_gbps\": %.3f",
@@ -464,9 +464,11 @@ static void print_table(const bench_opts *o, const bench_res *r, const dfl_model
         if (peak) { /* the floor of verify(n) / verify(1): n tokens' multiply-adds at the peak over one token */
             const int n = r->n_verify;
             const double floor_ms = 1e3 * n * r->token_macs / r->peak_macs;
-            printf("roofline   verify(%d): %.2f G multiply-adds = %.1f ms at the peak", n, n * r->token_macs / 1e9, floor_ms);
+            printf("roofline   verify(%d): %.2f G multiply-adds = %.1f ms at the peak", n, n * r->token_macs / 1e9,
+                   floor_ms);
             if (o->parts & P_PROBE)
-                printf("; reading the weights at the probe's rate: %.1f ms", 1e3 * r->token_bytes / 1e9 / r->probe_gbps);
+                printf("; reading the weights at the probe's rate: %.1f ms",
+                       1e3 * r->token_bytes / 1e9 / r->probe_gbps);
             printf("; so verify(%d) / verify(1) >= %.2f with verify(1) as measured\n", n, floor_ms / r->verify_ms[0]);
         }
     }
