@@ -86,8 +86,8 @@ typedef struct eval_result {
     int n_round_acc;
 } eval_result;
 
-/* A result with nothing set: method "online", features "dfl", no match, no modeled times, and
- * the activation mode of this process (kn_act_get). */
+/* A result with nothing set: method "online", features "dfl", no match, no modeled times,
+ * float32 activations. */
 void eval_result_init(eval_result *r);
 
 /* Fill from generation stats. */
@@ -96,8 +96,9 @@ void eval_result_from_stats(eval_result *r, const dfl_gen_stats *st);
 void eval_result_write(FILE *f, const eval_result *r, const int32_t *ids, int n_ids);
 /* Parse one results.jsonl line; ids (optional) receives malloc'd token ids. */
 int eval_result_parse(const char *line, eval_result *r, int32_t **ids, int *n_ids);
-/* DFL_ERR naming `where` when r was computed in another activation mode than this process's. */
-int eval_result_act_check(const eval_result *r, const char *where);
+/* DFL_ERR naming `where` when r was computed in another activation mode than `bf16` (1: bf16
+ * activations, 0: float32; the running process's kn_act). */
+int eval_result_act_check(const eval_result *r, int bf16, const char *where);
 
 /* Aggregate of all responses of one drafter x mode (or of the autoregressive runs). */
 typedef struct eval_agg {

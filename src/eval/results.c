@@ -7,7 +7,6 @@
 
 #include "dfl/common.h"
 #include "dfl/eval.h"
-#include "dfl/kernels.h"
 
 void eval_result_init(eval_result *r) {
     memset(r, 0, sizeof *r);
@@ -16,11 +15,9 @@ void eval_result_init(eval_result *r) {
     r->match = -1;
     r->first_mismatch = -1;
     r->modeled_s = r->modeled_ar_s = -1;
-    r->act_bf16 = kn_act_get() == KN_ACT_BF16;
 }
 
-int eval_result_act_check(const eval_result *r, const char *where) {
-    const int here = kn_act_get() == KN_ACT_BF16;
+int eval_result_act_check(const eval_result *r, int here, const char *where) {
     if (r->act_bf16 == here) return DFL_OK;
     return dfl_seterr("%s: computed with %s activations, this run uses %s (DFL_ACT): results of both modes must not "
                       "mix in one evaluation", where, r->act_bf16 ? "bf16" : "f32", here ? "bf16" : "f32");

@@ -75,7 +75,7 @@ static int load_done(done_set *d, const char *path) {
         }
         char where[4200];
         snprintf(where, sizeof where, "%s:%d", path, lineno);
-        if ((rc = eval_result_act_check(&d->r[d->n], where)) != DFL_OK) {
+        if ((rc = eval_result_act_check(&d->r[d->n], kn_act_get() == KN_ACT_BF16, where)) != DFL_OK) {
             free(d->ids[d->n]);
             break;
         }
@@ -100,7 +100,8 @@ static int done_add_text(done_set *d, const char *text) {
             int rc = line ? eval_result_parse(line, &d->r[d->n], &d->ids[d->n], &d->n_ids[d->n]) : DFL_ERR;
             free(line);
             if (rc != DFL_OK) return dfl_preperr("a results line handed over with a unit");
-            if ((rc = eval_result_act_check(&d->r[d->n], "a results line handed over with a unit")) != DFL_OK) {
+            rc = eval_result_act_check(&d->r[d->n], kn_act_get() == KN_ACT_BF16, "a results line handed over with a unit");
+            if (rc != DFL_OK) {
                 free(d->ids[d->n]);
                 return rc;
             }
@@ -379,6 +380,7 @@ static int write_result(run *r, eval_result *e, const int32_t *ids, int n_ids) {
 static void result_head(eval_result *e, const char *pid, int turn, const char *drafter, const char *mode,
                         const char *method, const char *features) {
     eval_result_init(e);
+    e->act_bf16 = kn_act_get() == KN_ACT_BF16;
     e->turn = turn;
     snprintf(e->prompt_id, sizeof e->prompt_id, "%s", pid);
     snprintf(e->drafter, sizeof e->drafter, "%s", drafter);

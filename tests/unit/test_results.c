@@ -98,20 +98,20 @@ int main(void) {
     refused(line_with("turn", "0, \"rep\": 1.5"), "field 'rep'");
 
     /* "act": written only for bf16 activations, read back; absent = f32; a line of the other mode
-     * than this process's fails eval_result_act_check, naming where it came from */
+     * than the running one fails eval_result_act_check, naming where it came from */
     eval_result_init(&r);
-    CHECK(r.act_bf16 == 0, "a result of this process (DFL_ACT unset) has f32 activations");
+    CHECK(r.act_bf16 == 0, "a new result has f32 activations");
     r.act_bf16 = 1, r.max_block = 2;
     w = written(&r, NULL, 0);
     CHECK(strstr(w, "\"act\": \"bf16\"") && eval_result_parse(w, &r2, NULL, NULL) == DFL_OK && r2.act_bf16 == 1,
           "act round trip: %s: %s", dfl_errmsg(), w);
-    CHECK(eval_result_act_check(&r2, "f.jsonl:3") == DFL_ERR && strstr(dfl_errmsg(), "f.jsonl:3") &&
+    CHECK(eval_result_act_check(&r2, 0, "f.jsonl:3") == DFL_ERR && strstr(dfl_errmsg(), "f.jsonl:3") &&
               strstr(dfl_errmsg(), "bf16"), "a bf16 line in an f32 process is refused: %s", dfl_errmsg());
     free(w);
     r.act_bf16 = 0;
     w = written(&r, NULL, 0);
     CHECK(!strstr(w, "\"act\"") && eval_result_parse(w, &r2, NULL, NULL) == DFL_OK && r2.act_bf16 == 0 &&
-              eval_result_act_check(&r2, "x") == DFL_OK, "f32 lines have no act field: %s", w);
+              eval_result_act_check(&r2, 0, "x") == DFL_OK, "f32 lines have no act field: %s", w);
     free(w);
     refused(line_with("turn", "0, \"act\": \"fp8\""), "field act");
     refused(line_with("turn", "0, \"act\": 1"), "field act");
