@@ -100,7 +100,8 @@ static int done_add_text(done_set *d, const char *text) {
             int rc = line ? eval_result_parse(line, &d->r[d->n], &d->ids[d->n], &d->n_ids[d->n]) : DFL_ERR;
             free(line);
             if (rc != DFL_OK) return dfl_preperr("a results line handed over with a unit");
-            rc = eval_result_act_check(&d->r[d->n], kn_act_get() == KN_ACT_BF16, "a results line handed over with a unit");
+            rc = eval_result_act_check(&d->r[d->n], kn_act_get() == KN_ACT_BF16,
+                                       "a results line handed over with a unit");
             if (rc != DFL_OK) {
                 free(d->ids[d->n]);
                 return rc;
