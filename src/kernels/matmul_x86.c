@@ -469,6 +469,32 @@ TGT_BF16 INLINE void tile_bf16_dp(float *y, int ldy, const void *wv, int cols, c
 DEF_TILES(TGT_BF16, tiles_bf16_dp3, TILE_BF16_DP3, RB, TB)
 DEF_TILES(TGT_BF16, tiles_bf16_dp1, TILE_BF16_DP1, RB, TB)
 
+/* 16 floats to bf16, rounded to nearest even with NaNs kept quiet: st_f32_to_bf16 bit for bit
+ * (integer rounding, so subnormals are not flushed as VCVTNEPS2BF16 would). */
+TGT_AVX512 INLINE __m256i f32_to_bf16_512(__m512 v) {
+    const __m512i u = _mm512_castps_si512(v);
+    const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7fff))), 16);
+    const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
+                                                  _mm512_set1_epi32(0x7f800000));
+    r = _mm512_mask_or_epi32(r, nan, _mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
+    return _mm512_cvtepi32_epi16(r);
+}
+
+/* One token's activations x[cols] as S bf16 parts of `part` (>= cols, a multiple of 16) each:
+ * part p rounds what the parts before it leave (x - hi - ...), zero past cols. */
+TGT_AVX512 static void bf16_parts_512(uint16_t *d, size_t part, const float *x, int cols, const int S) {
+    for (size_t c = 0; c < part; c += 16) {
+        const __mmask16 m = c + 16 <= (size_t)cols ? 0xffff : c < (size_t)cols ? (__mmask16)((1u << (cols - c)) - 1) : 0;
+        __m512 v = _mm512_maskz_loadu_ps(m, x + c);
+        for (int p = 0; p < S; p++) {
+            const __m256i h = f32_to_bf16_512(v);
+            _mm256_storeu_si256((__m256i *)(d + p * part + c), h);
+            if (p + 1 < S) v = _mm512_sub_ps(v, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)));
+        }
+    }
+}
+
 /* The activations as S bf16 parts per token (what the parts so far leave, rounded), then the
  * tiles. */
 static void mm_bf16_dp(float *y, const float *x, const dfl_mat *w, int n, const int S, const tiles *k) {
@@ -481,15 +507,7 @@ static void mm_bf16_dp(float *y, const float *x, const dfl_mat *w, int n, const 
         return;
     }
 #pragma omp parallel for schedule(static) if ((size_t)n * ldx >= KN_PAR_MIN_WORK)
-    for (int t = 0; t < n; t++)
-        for (size_t c = 0; c < part; c++) {
-            float v = c < (size_t)cols ? x[(size_t)t * cols + c] : 0.0f;
-            for (int p = 0; p < S; p++) {
-                const uint16_t h = st_f32_to_bf16(v);
-                xp[(size_t)t * ldx + p * part + c] = h;
-                v -= st_bf16_to_f32(h);
-            }
-        }
+    for (int t = 0; t < n; t++) bf16_parts_512(xp + (size_t)t * ldx, part, x + (size_t)t * cols, cols, S);
     mm_run(y, w, n, xp, ldx, sizeof(uint16_t), k);
     free(xp);
 }

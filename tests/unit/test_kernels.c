@@ -519,6 +519,34 @@ static void check_act_bf16(kn_isa isa, int rows, int cols) {
     free(store), free(s32), free(x), free(xr), free(ref), free(y), free(one), free(wr);
 }
 
+/* KN_ACT_BF16 rounds each activation exactly as st_f32_to_bf16 does (ties to even, the largest
+ * finite values that stay finite, negative zero): through an identity matrix (whose zeros would
+ * turn an infinity into NaNs everywhere), y[i] is the rounded x[i]. */
+static void check_act_rounding(kn_isa isa) {
+    enum { N = 100 };
+    uint16_t *eye = calloc((size_t)N * N, sizeof(uint16_t));
+    float x[N], y[N];
+    static const uint32_t special[] = {0x3f808000u, 0x3f818000u, 0xbf808000u, 0x3f80ffffu, 0x7f7effffu, 0xff7effffu,
+                                       0x80000000u, 0x00800000u, 0x3f7fffffu, 0x41b8c000u};
+    for (int i = 0; i < N; i++) {
+        eye[(size_t)i * N + i] = 0x3f80; /* 1.0 */
+        union { uint32_t u; float f; } v = {.u = i < 10 ? special[i] : 0};
+        x[i] = i < 10 ? v.f : frand() * 100.0f;
+    }
+    const dfl_mat w = {.dtype = ST_BF16, .data = eye, .rows = N, .cols = N};
+    kn_isa_set(isa);
+    CHECK(kn_act_set(KN_ACT_BF16) == DFL_OK, "act bf16");
+    kn_matmul(y, x, &w, 1);
+    kn_act_set(KN_ACT_F32);
+    int bad = 0;
+    for (int i = 0; i < N; i++) {
+        const float want = st_bf16_to_f32(st_f32_to_bf16(x[i]));
+        if (memcmp(&want, &y[i], sizeof want) != 0 && !(want == 0.0f && y[i] == 0.0f)) bad++;
+    }
+    CHECK(bad == 0, "%s act bf16: %d activations rounded unlike st_f32_to_bf16", kn_isa_name(isa), bad);
+    free(eye);
+}
+
 static void check_act_api(void) {
     kn_act a;
     CHECK(kn_act_get() == KN_ACT_F32, "the default activation mode is f32 (DFL_ACT unset in tests)");
@@ -585,6 +613,7 @@ int main(void) {
             static const int act_shapes[][2] = {{1, 1}, {17, 31}, {67, 100}, {130, 256}, {40, 8192}, {521, 4127}};
             for (size_t s = 0; s < sizeof act_shapes / sizeof act_shapes[0]; s++)
                 check_act_bf16(isa, act_shapes[s][0], act_shapes[s][1]);
+            check_act_rounding(isa);
         }
         check_dot_axpy(isa);
         check_silu(isa);
