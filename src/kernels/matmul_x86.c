@@ -268,12 +268,30 @@ DEF_TILES(TGT_AVX512, tiles_f16_512, TILE_F16_512, RB, TB)
 DEF_TILES(TGT_AVX512, tiles_f32_512, TILE_F32_512, RB, TB)
 DEF_TILES(TGT_AVX512, tiles_f8_512, TILE_F8_512, RB, TB)
 
+/* One token's 32-column blocks as [16 even | 16 odd] (AVX-512: two permutes per block). */
+TGT_AVX512 static void bf16_perm32_512(float *d, size_t ldx, const float *xs, int cols) {
+    const __m512i ev = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    const __m512i od = _mm512_add_epi32(ev, _mm512_set1_epi32(1));
+    for (size_t b = 0; b < ldx; b += 32) {
+        const int left = b < (size_t)cols ? cols - (int)b : 0;
+        const __mmask16 m0 = left >= 16 ? 0xffff : (__mmask16)((1u << left) - 1);
+        const __mmask16 m1 = left >= 32 ? 0xffff : left > 16 ? (__mmask16)((1u << (left - 16)) - 1) : 0;
+        const __m512 a = _mm512_maskz_loadu_ps(m0, xs + b), c = _mm512_maskz_loadu_ps(m1, xs + b + 16);
+        _mm512_storeu_ps(d + b, _mm512_permutex2var_ps(a, ev, c));
+        _mm512_storeu_ps(d + b + 16, _mm512_permutex2var_ps(a, od, c));
+    }
+}
+
 /* xp[t] = x[t] with each block of `blk` columns reordered [even | odd], zero-padded to ldx. */
 static void bf16_perm(float *xp, size_t ldx, const float *x, int cols, int n, int blk) {
 #pragma omp parallel for schedule(static) if ((size_t)n * ldx >= KN_PAR_MIN_WORK)
     for (int t = 0; t < n; t++) {
         const float *xs = x + (size_t)t * cols;
         float *d = xp + (size_t)t * ldx;
+        if (blk == 32) { /* only the AVX-512 path lays its activations out in 32-column blocks */
+            bf16_perm32_512(d, ldx, xs, cols);
+            continue;
+        }
         for (size_t b = 0; b < ldx; b += (size_t)blk)
             for (int i = 0; i < blk / 2; i++) {
                 const size_t e = b + 2 * (size_t)i, o = e + 1;
