@@ -9,6 +9,7 @@
 #include "dfl/common.h"
 #include "dfl/model.h"
 #include "dfl/ddtree.h"
+#include "dfl/kernels.h"
 #include "dfl/prompt.h"
 #include "dfl/safetensors.h"
 #include "dfl/spec.h"
@@ -164,6 +165,7 @@ static void print_stats_json(const dfl_gen_stats *st, const rounds_log *rl, cons
            st->t_decode, st->prompt_tokens / (st->t_prefill > 0 ? st->t_prefill : 1e-9),
            (gen - 1) / (st->t_decode > 0 ? st->t_decode : 1e-9), (unsigned long long)m->weight_bytes,
            (unsigned long long)state_bytes, max_ctx);
+    printf(", \"isa\": \"%s\", \"activations\": \"%s\"", kn_isa_name(kn_isa_get()), kn_act_name(kn_act_get()));
     if (drafting) {
         printf(", \"accept_rule\": \"%s\"", st->accept_rule);
         printf(", \"block_size\": %d, \"rounds\": %d, \"drafted\": %ld, \"accepted\": %ld, \"tau\": %.6f, "

@@ -24,6 +24,7 @@
 
 #include "dfl/common.h"
 #include "dfl/ddtree.h"
+#include "dfl/kernels.h"
 #include "server/server_internal.h"
 
 const int server_statuses[N_STATUS] = {200, 400, 404, 405, 413, 499, 500, 503, 0};
@@ -802,6 +803,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         cJSON_AddStringToObject(m, "object", "model");
         cJSON_AddStringToObject(m, "owned_by", "dfl");
         cJSON_AddNumberToObject(m, "max_model_len", srv->max_ctx);
+        cJSON_AddStringToObject(m, "activations", kn_act_name(kn_act_get())); /* DFL_ACT: f32 or bf16 */
         cJSON_AddItemToArray(cJSON_AddArrayToObject(o, "data"), m);
         return send_json(srv, c, r, method, url, 200, o);
     }

@@ -137,6 +137,7 @@ def test_bf16_activations():
         args = ("generate", "--target", TARGET, "--prompt", q, "--chat", "chatml", "--max-new", MAX_NEW, "--json")
         p = dfl(*args, env=bf)
         greedy = json.loads(p.stdout)["tokens"]
+        t.check(json.loads(p.stdout)["stats"]["activations"] == "bf16", "generate --json stats: activations bf16")
         t.check("bf16 activations (DFL_ACT=bf16)" in p.stderr, f"generate says it runs with bf16 activations: {p.stderr}")
         chain = json.loads(dfl(*args, "--drafter", DRAFTER, env=bf).stdout)["tokens"]
         t.check(chain == greedy, f"q{i}: bf16 activations: speculative (chain) output != greedy")

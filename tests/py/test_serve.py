@@ -311,8 +311,8 @@ def stops_tokenize_metrics():
                 after2.get('dfl_http_requests_total{endpoint="/v1/completions",status="413"}') == 1,
                 "error statuses counted")
         st, r = srv.json("/v1/models")
-        t.check(st == 200 and r["data"][0]["id"] == "qwen3_tiny" and r["data"][0]["max_model_len"] == 256,
-                f"/v1/models {r}")
+        t.check(st == 200 and r["data"][0]["id"] == "qwen3_tiny" and r["data"][0]["max_model_len"] == 256 and
+                r["data"][0]["activations"] == "f32", f"/v1/models {r}")
     finally:
         t.check(srv.stop() == 0, "server exit status")
 
