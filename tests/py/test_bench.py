@@ -177,7 +177,7 @@ def check_peer_llamacpp(t):
     meta = {"date": "d", "machine": "m", "threads": 2, "dfl_isa": "avx512", "load_before": "0.5", "load_after": "0.6",
             "llamacpp": "x", "wall_s": 1.0, "command": "c"}
     md = mod.table(mod.summarize(None, rounds, None, meta))
-    t.check("dfl `--act bf16`" in md and "| 90% |" in md and "**1.56x**" in md,
+    t.check("dfl `--act bf16`" in md and "| 90% |" in md and "**1.56x**" in md and "| 95% (0.95, 0.95) |" in md,
             f"peer table with the bf16-activation rows: {md}")
 
 
