@@ -312,11 +312,19 @@ size_t kn_count_nonfinite(const float *x, size_t n) {
     return bad;
 }
 
-int kn_argmax(const float *x, int n) {
+int kn_argmax_generic(const float *x, int n) {
     int best = 0;
     for (int i = 1; i < n; i++)
         if (x[i] > x[best]) best = i;
     return best;
+}
+
+int kn_argmax(const float *x, int n) {
+#if KN_X86
+    const kn_isa isa = kn_isa_get();
+    if (isa == KN_ISA_AVX512 || isa == KN_ISA_AVX512BF16 || isa == KN_ISA_AMX) return kn_argmax_avx512(x, n);
+#endif
+    return kn_argmax_generic(x, n);
 }
 
 double kn_peak_macs(long iters, const char **what) {

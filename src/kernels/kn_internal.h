@@ -11,6 +11,7 @@
 #endif
 
 void kn_matmul_generic(float *y, const float *x, const dfl_mat *w, int n);
+int kn_argmax_generic(const float *x, int n);
 /* The block multipliers of row r of an F8_E4M3 matrix: [ceil(cols / bcol)]. */
 static inline const float *kn_f8_scale_row(const dfl_mat *w, int r) {
     return w->scale + (size_t)(r / w->brow) * (size_t)((w->cols + w->bcol - 1) / w->bcol);
@@ -50,6 +51,8 @@ void kn_swiglu_avx2(float *a, const float *b, int n);
 void kn_swiglu_avx512(float *a, const float *b, int n);
 float kn_dot_avx2(const float *a, const float *b, int n);
 float kn_dot_avx512(const float *a, const float *b, int n);
+/* kn_argmax_generic's index exactly (the first maximum; NaNs never win; x[0] NaN gives 0). */
+int kn_argmax_avx512(const float *x, int n);
 void kn_axpy_avx2(float *y, float a, const float *x, int n);
 void kn_axpy_avx512(float *y, float a, const float *x, int n);
 void kn_dot_rows_avx2(float *out, size_t ldo, const float *a, size_t lda, int G, const float *b, size_t ldb, int m,

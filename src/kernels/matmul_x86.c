@@ -349,6 +349,26 @@ TGT_AVX512 INLINE float dot_512(const float *a, const float *b, int n) {
 
 TGT_AVX512 float kn_dot_avx512(const float *a, const float *b, int n) { return dot_512(a, b, n); }
 
+/* Two passes: the largest value (ordered comparisons, so NaNs are skipped as the generic loop's
+ * x[i] > x[best] skips them), then the first index holding it (-0 == +0, as there). */
+TGT_AVX512 int kn_argmax_avx512(const float *x, int n) {
+    if (n < 1 || x[0] != x[0]) return 0; /* nothing compares greater than a NaN in x[0] */
+    __m512 m = _mm512_set1_ps(x[0]);
+    for (int i = 0; i < n; i += 16) {
+        const __mmask16 k = n - i >= 16 ? 0xffff : (__mmask16)((1u << (n - i)) - 1);
+        const __m512 v = _mm512_maskz_loadu_ps(k, x + i);
+        m = _mm512_mask_mov_ps(m, _mm512_mask_cmp_ps_mask(k, v, m, _CMP_GT_OQ), v);
+    }
+    const float best = _mm512_reduce_max_ps(m); /* lanes hold x[0] or values above it: no NaN */
+    const __m512 b = _mm512_set1_ps(best);
+    for (int i = 0; i < n; i += 16) {
+        const __mmask16 k = n - i >= 16 ? 0xffff : (__mmask16)((1u << (n - i)) - 1);
+        const __mmask16 eq = _mm512_mask_cmp_ps_mask(k, _mm512_maskz_loadu_ps(k, x + i), b, _CMP_EQ_OQ);
+        if (eq) return i + __builtin_ctz(eq);
+    }
+    return 0; /* not reached: best is one of the values */
+}
+
 /* Up to 4 query rows against one key row at a time: each dot product takes dot_512's loads,
  * FMAs and reduction in the same order, so grouping never changes a result. */
 TGT_AVX512 INLINE void dot_rows_512(float *out, size_t ldo, const float *a, size_t lda, const float *b, size_t ldb, int m,

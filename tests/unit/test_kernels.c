@@ -17,7 +17,8 @@
  * a NaN code makes its row's outputs NaN on every path and leaves the other rows finite.
  * KN_ACT_BF16 (where the CPU has AVX-512 BF16): within the float32 bound of the product on the
  * activations rounded to bf16, batch independence, F32 weights unchanged.
- * kn_matmul_multi equals kn_matmul bit for bit. kn_dot / kn_axpy: the same bound; kn_dot_rows /
+ * kn_matmul_multi equals kn_matmul bit for bit. kn_argmax equals a plain loop's index (ties,
+ * NaNs, signed zeros, infinities). kn_dot / kn_axpy: the same bound; kn_dot_rows /
  * kn_axpy_rows equal them bit for bit. SiLU kernels (vectorized exp): 4e-6 relative.
  * Gated DeltaNet: SIMD recurrence vs generic, chunked form vs recurrence (relative tolerance
  * 1e-4 of the output / state scale; observed <= 2e-6), state-only runs and split runs of the
@@ -547,6 +548,39 @@ static void check_act_rounding(kn_isa isa) {
     free(eye);
 }
 
+/* kn_argmax on this path: the index of the first x[i] > every earlier maximum, as a plain loop
+ * finds it (ties to the first, NaNs never chosen, a NaN in x[0] gives 0, -0 equal to +0). */
+static int argmax_ref(const float *x, int n) {
+    int best = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[best]) best = i;
+    return best;
+}
+
+static void check_argmax(kn_isa isa) {
+    enum { N = 4099 };
+    float *x = malloc(N * sizeof(float));
+    int bad = 0, cases = 0;
+    kn_isa_set(isa);
+    for (int trial = 0; trial < 400; trial++) {
+        const int n = trial < 100 ? 1 + trial : 1 + (int)((frand() + 1.0f) * 0.5f * (N - 1));
+        for (int i = 0; i < n; i++) x[i] = trial % 3 ? frand() : (float)(int)(frand() * 4.0f); /* ties */
+        switch (trial % 7) {
+        case 1: x[(trial * 7919) % n] = NAN; break;
+        case 2: x[0] = NAN; break;
+        case 3: for (int i = 0; i < n; i++) x[i] = (i % 2) ? 0.0f : -0.0f; break;
+        case 4: x[(trial * 31) % n] = INFINITY; x[n - 1] = INFINITY; break;
+        case 5: for (int i = 0; i < n; i++) x[i] = -INFINITY; break;
+        case 6: for (int i = 0; i < n; i++) x[i] = i % 5 ? NAN : -1.0f; break;
+        default: break;
+        }
+        bad += kn_argmax(x, n) != argmax_ref(x, n);
+        cases++;
+    }
+    CHECK(bad == 0, "%s argmax: %d of %d cases differ from the plain loop", kn_isa_name(isa), bad, cases);
+    free(x);
+}
+
 static void check_act_api(void) {
     kn_act a;
     CHECK(kn_act_get() == KN_ACT_F32, "the default activation mode is f32 (DFL_ACT unset in tests)");
@@ -609,6 +643,7 @@ int main(void) {
         check_matmul_stream(isa, ST_F8_E4M3);
         check_f8_nan(isa);
         check_matmul_multi(isa);
+        check_argmax(isa);
         if (kn_isa_supported(KN_ISA_AVX512BF16)) {
             static const int act_shapes[][2] = {{1, 1}, {17, 31}, {67, 100}, {130, 256}, {40, 8192}, {521, 4127}};
             for (size_t s = 0; s < sizeof act_shapes / sizeof act_shapes[0]; s++)
