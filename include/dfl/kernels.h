@@ -1,4 +1,5 @@
-/* Compute kernels. All activations are float32; weight matrices may be F32, F16, BF16 or
+/* Compute kernels. All activations are float32 (products with BF16 weights round them to bf16
+ * only in the opt-in KN_ACT_BF16 mode); weight matrices may be F32, F16, BF16 or
  * block-quantized F8_E4M3 (dequantized in registers) and are read in place from the mmap.
  *
  * Instruction-set paths: every dispatched kernel (kn_matmul, kn_dot, kn_axpy, kn_swiglu,
