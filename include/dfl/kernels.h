@@ -128,10 +128,11 @@ size_t kn_count_nonfinite(const float *x, size_t n);
 
 /* The multiply-add rate, on the calling thread, of the instruction at the heart of BF16 matrix
  * products on the current path and activation mode (AVX-512: float32 FMA on zmm, 16 per
- * instruction; bf16 activations or avx512bf16: VDPBF16PS on zmm, 32; AVX2: FMA on ymm, 8;
- * generic: scalar fmaf; the AMX path is probed as VDPBF16PS, not as AMX tiles): 12 independent
- * chains for iters rounds. Multiply-adds per second; *what names the instruction. A ceiling for
- * the matmul tiles, which also load, convert and reduce (dfl bench --parts peak). */
+ * instruction; bf16 activations: VDPBF16PS on zmm, 32; avx512bf16 with float32 activations:
+ * VDPBF16PS over three parts, 32 / 3; AVX2: FMA on ymm, 8; generic: scalar fmaf; the AMX path
+ * is probed as avx512bf16, not as AMX tiles): 12 independent chains for iters rounds. Matrix
+ * multiply-adds per second; *what names the instruction. A ceiling for the matmul tiles, which
+ * also load, convert and reduce (dfl bench --parts peak). */
 double kn_peak_macs(long iters, const char **what);
 
 /* ---- Gated DeltaNet core, one value head (SPEC §3) ------------------------------------ */
