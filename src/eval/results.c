@@ -177,7 +177,8 @@ int eval_result_parse(const char *line, eval_result *r, int32_t **ids, int *n_id
     if (get_int(o, "turn", 0, 1, &v)) goto done;
     r->turn = (int)v;
     const cJSON *act = cJSON_GetObjectItemCaseSensitive(o, "act"); /* absent: float32 activations */
-    if (act && (!cJSON_IsString(act) || (strcmp(act->valuestring, "bf16") != 0 && strcmp(act->valuestring, "f32") != 0))) {
+    if (act && (!cJSON_IsString(act) ||
+                (strcmp(act->valuestring, "bf16") != 0 && strcmp(act->valuestring, "f32") != 0))) {
         dfl_seterr("field act: expected \"f32\" or \"bf16\"");
         goto done;
     }
