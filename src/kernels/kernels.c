@@ -304,6 +304,8 @@ void kn_softmax(float *x, int n) {
 
 size_t kn_count_nonfinite(const float *x, size_t n) {
     size_t bad = 0;
+    /* a verification's logits (16 x 248320 values) take ~2.7 ms on one thread: 3% of it */
+#pragma omp parallel for simd schedule(static) reduction(+ : bad) if (n >= KN_PAR_MIN_WORK)
     for (size_t i = 0; i < n; i++) {
         uint32_t b;
         memcpy(&b, x + i, sizeof b);
