@@ -93,44 +93,47 @@ void kn_matmul_generic(float *y, const float *x, const dfl_mat *w, int n) {
 }
 
 void kn_matmul_multi(int count, float *const *y, const float *x, const dfl_mat *const *w, int n) {
-#if KN_X86 && defined(__linux__)
-    if (kn_isa_get() == KN_ISA_AMX && kn_act_get() == KN_ACT_F32) {
+    if (count < 1) return;
+#if KN_X86
+    const kn_isa isa = kn_isa_get();
+    const kn_act act = kn_act_get();
+#if defined(__linux__)
+    if (isa == KN_ISA_AMX && act == KN_ACT_F32) {
         kn_matmul_amx_multi(count, y, x, w, n);
         return;
     }
 #endif
-    for (int i = 0; i < count; i++) kn_matmul(y[i], x, w[i], n);
-}
-
-void kn_matmul(float *y, const float *x, const dfl_mat *w, int n) {
-#if KN_X86
-    if (w->dtype == ST_BF16 && kn_act_get() == KN_ACT_BF16) { /* kn_act_set checked the CPU */
-        kn_matmul_bf16act(y, x, w, n);
+    int same = count <= KN_MULTI_MAX; /* one dtype and width: one activation layout, one kernel */
+    for (int i = 1; i < count && same; i++) same = w[i]->dtype == w[0]->dtype && w[i]->cols == w[0]->cols;
+    if (!same) {
+        for (int i = 0; i < count; i++) kn_matmul_multi(1, &y[i], x, &w[i], n);
         return;
     }
-#endif
-    switch (kn_isa_get()) {
-#if KN_X86
-#if defined(__linux__)
-    case KN_ISA_AMX:
-        kn_matmul_amx(y, x, w, n);
+    const int bf16 = w[0]->dtype == ST_BF16;
+    if (bf16 && act == KN_ACT_BF16) { /* kn_act_set checked the CPU */
+        kn_matmul_bf16act(count, y, x, w, n);
         return;
-#endif
+    }
+    switch (isa) {
+    case KN_ISA_AMX: /* (with bf16 activations, or off Linux) */
     case KN_ISA_AVX512BF16:
-        if (w->dtype == ST_BF16) kn_matmul_avx512bf16(y, x, w, n);
-        else kn_matmul_avx512(y, x, w, n);
+        if (bf16) kn_matmul_avx512bf16(count, y, x, w, n);
+        else kn_matmul_avx512(count, y, x, w, n);
         return;
     case KN_ISA_AVX512:
-        kn_matmul_avx512(y, x, w, n);
+        kn_matmul_avx512(count, y, x, w, n);
         return;
     case KN_ISA_AVX2:
-        kn_matmul_avx2(y, x, w, n);
+        kn_matmul_avx2(count, y, x, w, n);
         return;
-#endif
     default:
-        kn_matmul_generic(y, x, w, n);
+        break;
     }
+#endif
+    for (int i = 0; i < count; i++) kn_matmul_generic(y[i], x, w[i], n);
 }
+
+void kn_matmul(float *y, const float *x, const dfl_mat *w, int n) { kn_matmul_multi(1, &y, x, &w, n); }
 
 float kn_dot(const float *a, const float *b, int n) {
     switch (kn_isa_get()) {

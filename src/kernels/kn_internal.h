@@ -26,12 +26,15 @@ void kn_gdn_recurrent_generic(float *S, const kn_gdn_io *io);
 void kn_gdn_chunk_generic(float *S, const kn_gdn_io *io, float *work);
 
 #if KN_X86
-void kn_matmul_avx2(float *y, const float *x, const dfl_mat *w, int n);
-void kn_matmul_avx512(float *y, const float *x, const dfl_mat *w, int n);
+/* count matrices of one dtype and width (at most KN_MULTI_MAX) sharing the activations x:
+ * y[i] [n][w[i]->rows], each equal to a call on w[i] alone bit for bit. */
+#define KN_MULTI_MAX 8
+void kn_matmul_avx2(int count, float *const *y, const float *x, const dfl_mat *const *w, int n);
+void kn_matmul_avx512(int count, float *const *y, const float *x, const dfl_mat *const *w, int n);
 /* BF16 weights only (the dispatcher sends other dtypes to kn_matmul_avx512). */
-void kn_matmul_avx512bf16(float *y, const float *x, const dfl_mat *w, int n);
+void kn_matmul_avx512bf16(int count, float *const *y, const float *x, const dfl_mat *const *w, int n);
 /* BF16 weights only, KN_ACT_BF16: each activation rounded to bf16 once (VDPBF16PS). */
-void kn_matmul_bf16act(float *y, const float *x, const dfl_mat *w, int n);
+void kn_matmul_bf16act(int count, float *const *y, const float *x, const dfl_mat *const *w, int n);
 #if defined(__linux__)
 /* AMX path: BF16 weights with cols % 32 == 0 (others to kn_matmul_avx512). */
 void kn_matmul_amx(float *y, const float *x, const dfl_mat *w, int n);

@@ -335,7 +335,7 @@ void kn_matmul_amx_multi(int count, float *const *y, const float *x, const dfl_m
     }
     if (!ok) { /* one matrix at a time (other dtypes and shapes: the AVX-512 kernel) */
         for (int i = 0; i < count; i++)
-            if (count == 1) kn_matmul_avx512(y[i], x, w[i], n);
+            if (count == 1) kn_matmul_avx512(1, &y[i], x, &w[i], n);
             else kn_matmul_amx_multi(1, &y[i], x, &w[i], n);
         return;
     }
@@ -355,7 +355,8 @@ void kn_matmul_amx_multi(int count, float *const *y, const float *x, const dfl_m
         dfl_mat sub = *w[i];
         sub.data = (const uint16_t *)w[i]->data + (size_t)rows16 * cols;
         sub.rows = tail;
-        kn_matmul_avx512(ytail, x, &sub, n);
+        const dfl_mat *subp = &sub;
+        kn_matmul_avx512(1, &ytail, x, &subp, n);
         for (int t = 0; t < n; t++)
             memcpy(y[i] + (size_t)t * rows + rows16, ytail + (size_t)t * tail, (size_t)tail * sizeof(float));
     }

@@ -47,30 +47,45 @@ typedef struct tiles {
 
 static size_t round_up(size_t a, size_t b) { return (a + b - 1) / b * b; }
 
-/* Run the tiles over all rows and tokens; xp holds ldx elements of xsize bytes per token. */
-static void mm_run(float *y, const dfl_mat *w, int n, const void *xp, size_t ldx, size_t xsize, const tiles *k) {
-    const int rows = w->rows, cols = w->cols, rb = k->rb, tb = k->tb;
-    const size_t wrow = (size_t)cols * st_dtype_size(w->dtype), xrow = ldx * xsize;
-    /* One token (decode) over a matrix larger than a core's L2 reads memory-bound: one row at a
-     * time keeps a single sequential stream per thread, which the hardware prefetchers follow
-     * best (rb interleaved row streams read 20-40% slower). Cache-resident matrices and two or
-     * more tokens are bound by the FMAs instead, where rb rows give rb times the independent
-     * accumulators and reuse each activation load. */
-    const int stream = n == 1 && (size_t)rows * wrow >= KN_STREAM_MIN_BYTES;
-    const int nfull = stream ? 0 : rows / rb, nblk = nfull + (rows - nfull * rb);
+/* Run the tiles over all rows and tokens of count matrices of one dtype and width (y[i]
+ * [n][w[i]->rows]); xp holds ldx elements of xsize bytes per token. The matrices' row blocks
+ * form one list split over the threads in one parallel region: one fork and join for a
+ * layer's projections instead of one per matrix. */
+static void mm_run(int count, float *const *y, const dfl_mat *const *w, int n, const void *xp, size_t ldx,
+                   size_t xsize, const tiles *k) {
+    const int cols = w[0]->cols, rb = k->rb, tb = k->tb;
+    const size_t wrow = (size_t)cols * st_dtype_size(w[0]->dtype), xrow = ldx * xsize;
+    int nfull[KN_MULTI_MAX], start[KN_MULTI_MAX + 1] = {0}; /* full blocks; first block of each */
+    size_t work = 0;
+    for (int i = 0; i < count; i++) {
+        const int rows = w[i]->rows;
+        /* One token (decode) over a matrix larger than a core's L2 reads memory-bound: one row
+         * at a time keeps a single sequential stream per thread, which the hardware prefetchers
+         * follow best (rb interleaved row streams read 20-40% slower). Cache-resident matrices
+         * and two or more tokens are bound by the FMAs instead, where rb rows give rb times the
+         * independent accumulators and reuse each activation load. */
+        const int stream = n == 1 && (size_t)rows * wrow >= KN_STREAM_MIN_BYTES;
+        nfull[i] = stream ? 0 : rows / rb;
+        start[i + 1] = start[i] + nfull[i] + (rows - nfull[i] * rb);
+        work += (size_t)rows * cols * n;
+    }
     int nb = (int)(XBLOCK_BYTES / xrow) / tb * tb;
     if (nb < tb) nb = tb;
-    const char *wd = w->data, *xd = xp;
-#pragma omp parallel if ((size_t)rows * cols * n >= KN_PAR_MIN_WORK)
+    const char *xd = xp;
+#pragma omp parallel if (work >= KN_PAR_MIN_WORK)
     for (int t0 = 0; t0 < n; t0 += nb) {
         const int t1 = t0 + nb < n ? t0 + nb : n;
 #pragma omp for schedule(static) nowait
-        for (int b = 0; b < nblk; b++) {
-            const int r0 = b < nfull ? b * rb : nfull * rb + (b - nfull);
-            const tile_fn *fn = b < nfull ? k->full : k->one;
+        for (int b = 0; b < start[count]; b++) {
+            int i = 0;
+            while (b >= start[i + 1]) i++;
+            const int rows = w[i]->rows, bi = b - start[i];
+            const int r0 = bi < nfull[i] ? bi * rb : nfull[i] * rb + (bi - nfull[i]);
+            const tile_fn *fn = bi < nfull[i] ? k->full : k->one;
+            const char *wd = (const char *)w[i]->data + (size_t)r0 * wrow;
             for (int t = t0; t < t1; t += tb) {
                 const int T = t1 - t < tb ? t1 - t : tb;
-                fn[T](y + (size_t)t * rows + r0, rows, wd + (size_t)r0 * wrow, cols, xd + (size_t)t * xrow, ldx, w, r0);
+                fn[T](y[i] + (size_t)t * rows + r0, rows, wd, cols, xd + (size_t)t * xrow, ldx, w[i], r0);
             }
         }
     }
@@ -338,32 +353,36 @@ static void bf16_perm(float *xp, size_t ldx, const float *x, int cols, int n, in
  * interleaved pairs the tiles read (blk floats per group). F8_E4M3 tiles step f8_step columns:
  * blocks that a tile's rows or a step would straddle (released checkpoints use 128 x 128) go to
  * the generic kernel. */
-static void mm_dispatch(float *y, const float *x, const dfl_mat *w, int n, int blk, const tiles *bf16,
-                        const tiles *f16, const tiles *f32, const tiles *f8, int f8_step) {
+static void mm_dispatch(int count, float *const *y, const float *x, const dfl_mat *const *w, int n, int blk,
+                        const tiles *bf16, const tiles *f16, const tiles *f32, const tiles *f8, int f8_step) {
     if (n < 1) return;
-    if (w->dtype == ST_BF16) {
-        const size_t ldx = round_up((size_t)w->cols, (size_t)blk);
+    const dfl_mat *w0 = w[0];
+    const size_t cols = (size_t)w0->cols;
+    int f8_ok = w0->dtype == ST_F8_E4M3;
+    for (int i = 0; i < count; i++) f8_ok = f8_ok && w[i]->brow % f8->rb == 0 && w[i]->bcol % f8_step == 0;
+    if (w0->dtype == ST_BF16) {
+        const size_t ldx = round_up(cols, (size_t)blk);
         float *xp = malloc((size_t)n * ldx * sizeof(float));
         if (!xp) { /* no memory for the laid-out activations: the generic kernel needs none */
-            kn_matmul_generic(y, x, w, n);
+            for (int i = 0; i < count; i++) kn_matmul_generic(y[i], x, w[i], n);
             return;
         }
-        bf16_perm(xp, ldx, x, w->cols, n, blk);
-        mm_run(y, w, n, xp, ldx, sizeof(float), bf16);
+        bf16_perm(xp, ldx, x, w0->cols, n, blk);
+        mm_run(count, y, w, n, xp, ldx, sizeof(float), bf16);
         free(xp);
-    } else if (w->dtype == ST_F16) {
-        mm_run(y, w, n, x, (size_t)w->cols, sizeof(float), f16);
-    } else if (w->dtype == ST_F32) {
-        mm_run(y, w, n, x, (size_t)w->cols, sizeof(float), f32);
-    } else if (w->dtype == ST_F8_E4M3 && w->brow % f8->rb == 0 && w->bcol % f8_step == 0) {
-        mm_run(y, w, n, x, (size_t)w->cols, sizeof(float), f8);
-    } else {
-        kn_matmul_generic(y, x, w, n); /* F8_E4M3 with other blocks; aborts on dtypes the loader refuses */
+    } else if (w0->dtype == ST_F16) {
+        mm_run(count, y, w, n, x, cols, sizeof(float), f16);
+    } else if (w0->dtype == ST_F32) {
+        mm_run(count, y, w, n, x, cols, sizeof(float), f32);
+    } else if (f8_ok) {
+        mm_run(count, y, w, n, x, cols, sizeof(float), f8);
+    } else { /* F8_E4M3 with other blocks; aborts on dtypes the loader refuses */
+        for (int i = 0; i < count; i++) kn_matmul_generic(y[i], x, w[i], n);
     }
 }
 
-void kn_matmul_avx512(float *y, const float *x, const dfl_mat *w, int n) {
-    mm_dispatch(y, x, w, n, 32, &tiles_bf16_512, &tiles_f16_512, &tiles_f32_512, &tiles_f8_512, 16);
+void kn_matmul_avx512(int count, float *const *y, const float *x, const dfl_mat *const *w, int n) {
+    mm_dispatch(count, y, x, w, n, 32, &tiles_bf16_512, &tiles_f16_512, &tiles_f32_512, &tiles_f8_512, 16);
 }
 
 TGT_AVX512 INLINE float dot_512(const float *a, const float *b, int n) {
@@ -567,27 +586,28 @@ TGT_AVX512 static void bf16_parts_512(uint16_t *d, size_t part, const float *x, 
 
 /* The activations as S bf16 parts per token (what the parts so far leave, rounded), then the
  * tiles. */
-static void mm_bf16_dp(float *y, const float *x, const dfl_mat *w, int n, const int S, const tiles *k) {
+static void mm_bf16_dp(int count, float *const *y, const float *x, const dfl_mat *const *w, int n, const int S,
+                       const tiles *k) {
     if (n < 1) return;
-    const int cols = w->cols;
+    const int cols = w[0]->cols;
     const size_t part = round_up((size_t)cols, 32), ldx = (size_t)S * part;
     uint16_t *xp = malloc((size_t)n * ldx * sizeof(uint16_t));
     if (!xp) { /* no memory for the split activations: the generic kernel needs none */
-        kn_matmul_generic(y, x, w, n);
+        for (int i = 0; i < count; i++) kn_matmul_generic(y[i], x, w[i], n);
         return;
     }
 #pragma omp parallel for schedule(static) if ((size_t)n * ldx >= KN_PAR_MIN_WORK)
     for (int t = 0; t < n; t++) bf16_parts_512(xp + (size_t)t * ldx, part, x + (size_t)t * cols, cols, S);
-    mm_run(y, w, n, xp, ldx, sizeof(uint16_t), k);
+    mm_run(count, y, w, n, xp, ldx, sizeof(uint16_t), k);
     free(xp);
 }
 
-void kn_matmul_avx512bf16(float *y, const float *x, const dfl_mat *w, int n) {
-    mm_bf16_dp(y, x, w, n, 3, &tiles_bf16_dp3);
+void kn_matmul_avx512bf16(int count, float *const *y, const float *x, const dfl_mat *const *w, int n) {
+    mm_bf16_dp(count, y, x, w, n, 3, &tiles_bf16_dp3);
 }
 
-void kn_matmul_bf16act(float *y, const float *x, const dfl_mat *w, int n) {
-    mm_bf16_dp(y, x, w, n, 1, &tiles_bf16_dp1);
+void kn_matmul_bf16act(int count, float *const *y, const float *x, const dfl_mat *const *w, int n) {
+    mm_bf16_dp(count, y, x, w, n, 1, &tiles_bf16_dp1);
 }
 
 /* ---- AVX2 + FMA --------------------------------------------------------------------------- */
@@ -765,8 +785,8 @@ DEF_TILES(TGT_AVX2, tiles_f16_256, TILE_F16_256, RB2, TB)
 DEF_TILES(TGT_AVX2, tiles_f32_256, TILE_F32_256, RB2, TB)
 DEF_TILES(TGT_AVX2, tiles_f8_256, TILE_F8_256, RB2, TB)
 
-void kn_matmul_avx2(float *y, const float *x, const dfl_mat *w, int n) {
-    mm_dispatch(y, x, w, n, 16, &tiles_bf16_256, &tiles_f16_256, &tiles_f32_256, &tiles_f8_256, 8);
+void kn_matmul_avx2(int count, float *const *y, const float *x, const dfl_mat *const *w, int n) {
+    mm_dispatch(count, y, x, w, n, 16, &tiles_bf16_256, &tiles_f16_256, &tiles_f32_256, &tiles_f8_256, 8);
 }
 
 TGT_AVX2 INLINE float dot_256(const float *a, const float *b, int n) {

@@ -162,33 +162,43 @@ static void check_matmul_stream(kn_isa isa, st_dtype dt) {
 }
 
 /* kn_matmul_multi: each output equals kn_matmul's bit for bit (rows past a multiple of 16, a
- * matrix of another dtype in the group, batches of one and several token tiles and blocks). */
+ * matrix of another dtype in the group, one matrix large enough that a single token streams it
+ * row by row, batches of one and several token tiles and blocks), with float32 activations and,
+ * where the CPU has AVX-512 BF16, bf16 ones. */
 static void check_matmul_multi(kn_isa isa) {
-    enum { COLS = 4096, NMAX = 40 }; /* 4096 columns: AMX token blocks of 32 tokens */
-    static const int rows[] = {35, 16, 50};
-    void *store[4];
-    dfl_mat w[4];
-    for (int i = 0; i < 3; i++) w[i] = make_mat(ST_BF16, rows[i], COLS, &store[i]);
-    w[3] = make_mat(ST_F32, 21, COLS, &store[3]);
-    float *x = malloc((size_t)NMAX * COLS * sizeof(float)), *y[4], *ref = malloc((size_t)NMAX * 50 * sizeof(float));
+    enum { COLS = 4096, NMAX = 40, NW = 5 }; /* 4096 columns: AMX token blocks of 32 tokens */
+    static const int rows[NW] = {35, 16, 50, 21, 300}; /* 300 x 4096 BF16: 2.4 MB */
+    static const int groups[][3] = {{0, 1, 2}, {1, 2, 3}, {4, 0, 2}}; /* 3: F32 */
+    void *store[NW];
+    dfl_mat w[NW];
+    float *y[NW];
+    for (int i = 0; i < NW; i++) {
+        w[i] = make_mat(i == 3 ? ST_F32 : ST_BF16, rows[i], COLS, &store[i]);
+        y[i] = malloc((size_t)NMAX * rows[i] * sizeof(float));
+    }
+    float *x = malloc((size_t)NMAX * COLS * sizeof(float)), *ref = malloc((size_t)NMAX * 300 * sizeof(float));
     for (size_t i = 0; i < (size_t)NMAX * COLS; i++) x[i] = frand();
-    for (int i = 0; i < 4; i++) y[i] = malloc((size_t)NMAX * w[i].rows * sizeof(float));
     kn_isa_set(isa);
     static const int ns[] = {1, 3, 6, 17, 40};
     int bad = 0;
-    for (size_t k = 0; k < sizeof ns / sizeof ns[0]; k++) {
-        const int n = ns[k];
-        for (int mixed = 0; mixed < 2; mixed++) { /* matrices 0-2, then 1-3 (one F32) */
-            const dfl_mat *ws[3] = {&w[mixed], &w[mixed + 1], &w[mixed + 2]};
-            kn_matmul_multi(3, (float *[]){y[mixed], y[mixed + 1], y[mixed + 2]}, x, ws, n);
-            for (int i = 0; i < 3; i++) {
-                kn_matmul(ref, x, ws[i], n);
-                if (memcmp(ref, y[mixed + i], (size_t)n * ws[i]->rows * sizeof(float)) != 0) bad++;
+    for (int act = 0; act < (kn_isa_supported(KN_ISA_AVX512BF16) ? 2 : 1); act++) {
+        kn_act_set(act ? KN_ACT_BF16 : KN_ACT_F32);
+        for (size_t k = 0; k < sizeof ns / sizeof ns[0]; k++) {
+            const int n = ns[k];
+            for (size_t g = 0; g < sizeof groups / sizeof groups[0]; g++) {
+                const int *gi = groups[g];
+                const dfl_mat *ws[3] = {&w[gi[0]], &w[gi[1]], &w[gi[2]]};
+                kn_matmul_multi(3, (float *[]){y[gi[0]], y[gi[1]], y[gi[2]]}, x, ws, n);
+                for (int i = 0; i < 3; i++) {
+                    kn_matmul(ref, x, ws[i], n);
+                    if (memcmp(ref, y[gi[i]], (size_t)n * ws[i]->rows * sizeof(float)) != 0) bad++;
+                }
             }
         }
     }
+    kn_act_set(KN_ACT_F32);
     CHECK(bad == 0, "%s: %d kn_matmul_multi outputs differ from kn_matmul", kn_isa_name(isa), bad);
-    for (int i = 0; i < 4; i++) free(store[i]), free(y[i]);
+    for (int i = 0; i < NW; i++) free(store[i]), free(y[i]);
     free(x), free(ref);
 }
 
