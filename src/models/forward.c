@@ -285,14 +285,15 @@ typedef struct lin_tree {
     float *node_S;
 } lin_tree;
 
-/* Advance one linear layer's conv window and recurrent state over n tokens.
+/* Advance one linear layer's conv window and recurrent state over n tokens. S0: a chain's
+ * state to continue from, left unchanged, with the result in S (NULL: S itself).
  * qkv: [n, conv_dim] pre-conv projections, overwritten with the conv+SiLU output (q and k then
  * L2-normalised, q scaled). ab: [n, 2*Hv] raw a | b projections. out: [n, Hv*dv] core output,
  * or NULL (state only). A chain of KN_GDN_CHUNK tokens or more with an output (prefill) runs the
  * chunked form; shorter ones (decode, verification), state-only replays and trees run the
  * per-token recurrence, so that a verified block and its replay follow the same operations. */
-static void gated_delta(const dfl_model *m, const dfl_layer_w *l, float *conv_state, float *S, float *qkv,
-                        const float *ab, int n, float *out, const lin_tree *tree) {
+static void gated_delta(const dfl_model *m, const dfl_layer_w *l, float *conv_state, float *S, const float *S0c,
+                        float *qkv, const float *ab, int n, float *out, const lin_tree *tree) {
     const dfl_config *g = &m->cfg;
     const int C = m->conv_dim, K = g->conv_kernel, Hk = g->lin_k_heads, Hv = g->lin_v_heads;
     const int dk = g->lin_k_dim, dv = g->lin_v_dim, ratio = Hv / Hk;
@@ -342,7 +343,7 @@ static void gated_delta(const dfl_model *m, const dfl_layer_w *l, float *conv_st
         for (int t0 = 0; t0 < n; t0 += step) {
             const int nt = n - t0 < step ? n - t0 : step;
             float *Sh = S + (size_t)h * dk * dv;
-            const float *S0 = NULL;
+            const float *S0 = S0c && t0 == 0 ? S0c + (size_t)h * dk * dv : NULL;
             if (tree) { /* the node's state: its parent's continued by its own token */
                 const int p = tree->parent[t0];
                 S0 = p < 0 ? Sh : tree->node_S + (size_t)p * HS + (size_t)h * dk * dv;
@@ -379,16 +380,22 @@ static void linear_layer(dfl_state *s, int li, int n) {
         memcpy(s->ab + (size_t)t * 2 * Hv, s->att + (size_t)t * Hv, (size_t)Hv * sizeof(float));
         memcpy(s->ab + (size_t)t * 2 * Hv + Hv, s->att + (size_t)n * Hv + (size_t)t * Hv, (size_t)Hv * sizeof(float));
     }
+    const float *S0 = NULL;
     if (s->rec_n > 0) {
-        const size_t conv = (size_t)(g->conv_kernel - 1) * C, S = (size_t)Hv * g->lin_k_dim * dv;
+        const size_t conv = (size_t)(g->conv_kernel - 1) * C;
         memcpy(s->rec_conv0[li], s->conv_state[li], conv * sizeof(float));
-        memcpy(s->rec_S0[li], s->rec_state[li], S * sizeof(float));
+        /* the state before the forward is kept by swapping buffers: the recurrence reads it
+         * from rec_S0 and writes the new one, saving a copy of [Hv, dk, dv] per layer */
+        float *t = s->rec_S0[li];
+        s->rec_S0[li] = s->rec_state[li], s->rec_state[li] = t;
+        S0 = s->rec_S0[li];
         memcpy(s->rec_qkv[li], s->q, (size_t)n * C * sizeof(float));
         memcpy(s->rec_ab[li], s->ab, (size_t)n * 2 * Hv * sizeof(float));
     }
     lin_tree tree = {.parent = s->tree_parent, .node_conv = s->tree_conv ? s->tree_conv[li] : NULL,
                      .node_S = s->tree_S ? s->tree_S[li] : NULL};
-    gated_delta(m, l, s->conv_state[li], s->rec_state[li], s->q, s->ab, n, s->att, s->tree_parent ? &tree : NULL);
+    gated_delta(m, l, s->conv_state[li], s->rec_state[li], S0, s->q, s->ab, n, s->att,
+                s->tree_parent ? &tree : NULL);
     /* gated RMSNorm per (token, value head): w * norm(o) * silu(z), into z */
     rmsnorm_rows(s->att, s->att, l->gnorm, n * Hv, dv, g->rms_eps);
     swiglu_par(s->z, s->att, (size_t)n * Hv * dv);
@@ -605,11 +612,12 @@ int state_rollback(dfl_state *s, int keep) {
     for (int li = 0; li < g->n_layers; li++) {
         if (g->layer_types[li] != DFL_LAYER_LINEAR) continue;
         memcpy(s->conv_state[li], s->rec_conv0[li], conv * sizeof(float));
-        memcpy(s->rec_state[li], s->rec_S0[li], S * sizeof(float));
-        if (n_keep > 0) {
+        if (n_keep > 0) { /* the replay reads rec_S0, which stays for a later, shorter rollback */
             memcpy(s->q, s->rec_qkv[li], (size_t)n_keep * C * sizeof(float));
-            gated_delta(m, &m->layers[li], s->conv_state[li], s->rec_state[li], s->q, s->rec_ab[li], n_keep, NULL,
-                        NULL);
+            gated_delta(m, &m->layers[li], s->conv_state[li], s->rec_state[li], s->rec_S0[li], s->q, s->rec_ab[li],
+                        n_keep, NULL, NULL);
+        } else {
+            memcpy(s->rec_state[li], s->rec_S0[li], S * sizeof(float));
         }
     }
     /* attention KV beyond keep is simply overwritten by the next forward */
