@@ -221,7 +221,7 @@ TGT_AVX512 INLINE void step_w16_512(__m512 (*acc)[TB], const void *w, int cols, 
 #pragma GCC unroll 8
     for (int r = 0; r < R; r++) {
         wr[r] = load16_512(w, dt, (size_t)r * cols + c, m);
-        _mm_prefetch((const char *)w + ((size_t)(r + R) * cols + c) * st_dtype_size(dt), _MM_HINT_T0);
+        _mm_prefetch((const char *)w + ((size_t)(r + R) * cols + c) * (dt == ST_F16 ? 2 : 4), _MM_HINT_T0);
     }
 #pragma GCC unroll 8
     for (int t = 0; t < T; t++) {
@@ -713,7 +713,7 @@ TGT_AVX2 INLINE void tile_w8_256(float *y, int ldy, const void *w, int cols, con
 #pragma GCC unroll 8
         for (int r = 0; r < R; r++) {
             wr[r] = load8_256(w, dt, (size_t)r * cols + c, k);
-            _mm_prefetch((const char *)w + ((size_t)(r + R) * cols + c) * st_dtype_size(dt), _MM_HINT_T0);
+            _mm_prefetch((const char *)w + ((size_t)(r + R) * cols + c) * (dt == ST_F16 ? 2 : 4), _MM_HINT_T0);
         }
 #pragma GCC unroll 8
         for (int t = 0; t < T; t++) {
