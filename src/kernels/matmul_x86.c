@@ -428,10 +428,12 @@ TGT_AVX512 INLINE void dot_rows_512(float *out, size_t ldo, const float *a, size
     for (int j = 0; j < m; j++) {
         const float *bj = b + (size_t)j * ldb;
         __m512 s0[4], s1[4];
+#pragma GCC unroll 8
         for (int g = 0; g < NG; g++) s0[g] = s1[g] = _mm512_setzero_ps();
         int i = 0;
         for (; i + 32 <= n; i += 32) {
             const __m512 b0 = _mm512_loadu_ps(bj + i), b1 = _mm512_loadu_ps(bj + i + 16);
+#pragma GCC unroll 8
             for (int g = 0; g < NG; g++) {
                 s0[g] = _mm512_fmadd_ps(_mm512_loadu_ps(a + (size_t)g * lda + i), b0, s0[g]);
                 s1[g] = _mm512_fmadd_ps(_mm512_loadu_ps(a + (size_t)g * lda + i + 16), b1, s1[g]);
@@ -440,8 +442,10 @@ TGT_AVX512 INLINE void dot_rows_512(float *out, size_t ldo, const float *a, size
         for (; i < n; i += 16) {
             const __mmask16 mk = n - i >= 16 ? 0xffff : (__mmask16)((1u << (n - i)) - 1);
             const __m512 b0 = _mm512_maskz_loadu_ps(mk, bj + i);
+#pragma GCC unroll 8
             for (int g = 0; g < NG; g++) s0[g] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mk, a + (size_t)g * lda + i), b0, s0[g]);
         }
+#pragma GCC unroll 8
         for (int g = 0; g < NG; g++) out[(size_t)g * ldo + j] = _mm512_reduce_add_ps(_mm512_add_ps(s0[g], s1[g]));
     }
 }
@@ -463,23 +467,30 @@ TGT_AVX512 INLINE void axpy_rows_512(float *y, size_t ldy, const float *w, size_
         const int nv = (n - c0 + 15) / 16 < NV ? (n - c0 + 15) / 16 : NV;
         __m512 acc[4][8];
         __mmask16 mk[8];
+#pragma GCC unroll 8
         for (int v = 0; v < NV; v++) {
             const int i = c0 + 16 * v;
             mk[v] = v >= nv ? 0 : n - i >= 16 ? 0xffff : (__mmask16)((1u << (n - i)) - 1);
+#pragma GCC unroll 8
             for (int g = 0; g < NG; g++) acc[g][v] = _mm512_maskz_loadu_ps(mk[v], y + (size_t)g * ldy + i);
         }
         for (int j = 0; j < m; j++) {
             const float *xj = x + (size_t)j * ldx + c0;
             __m512 xv[8];
+#pragma GCC unroll 8
             for (int v = 0; v < NV; v++) xv[v] = _mm512_maskz_loadu_ps(mk[v], xj + 16 * v);
+#pragma GCC unroll 8
             for (int g = 0; g < NG; g++) {
                 const float wj = w[(size_t)g * ldw + j];
                 if (wj == 0.0f) continue;
                 const __m512 va = _mm512_set1_ps(wj);
+#pragma GCC unroll 8
                 for (int v = 0; v < NV; v++) acc[g][v] = _mm512_fmadd_ps(va, xv[v], acc[g][v]);
             }
         }
-        for (int v = 0; v < nv; v++)
+#pragma GCC unroll 8
+        for (int v = 0; v < NV; v++) /* (mask 0 past nv: stores nothing) */
+#pragma GCC unroll 8
             for (int g = 0; g < NG; g++) _mm512_mask_storeu_ps(y + (size_t)g * ldy + c0 + 16 * v, mk[v], acc[g][v]);
     }
 }
@@ -816,12 +827,12 @@ TGT_AVX2 void kn_axpy_rows_avx2(float *y, size_t ldy, const float *w, size_t ldw
                                 int m, int n) {
     for (int g = 0; g < G; g++)
         for (int c0 = 0; c0 < n; c0 += 64) {
-            const int nv = (n - c0 + 7) / 8 < 8 ? (n - c0 + 7) / 8 : 8;
             float *yg = y + (size_t)g * ldy;
             const float *wg = w + (size_t)g * ldw;
-            __m256 acc[8];
+            __m256 acc[8]; /* all 8 vectors (zero masks past n): constant indices keep them in registers */
             __m256i mk[8];
-            for (int v = 0; v < nv; v++) {
+#pragma GCC unroll 8
+            for (int v = 0; v < 8; v++) {
                 mk[v] = mask8(n - c0 - 8 * v);
                 acc[v] = _mm256_maskload_ps(yg + c0 + 8 * v, mk[v]);
             }
@@ -829,9 +840,11 @@ TGT_AVX2 void kn_axpy_rows_avx2(float *y, size_t ldy, const float *w, size_t ldw
                 if (wg[j] == 0.0f) continue;
                 const __m256 va = _mm256_set1_ps(wg[j]);
                 const float *xj = x + (size_t)j * ldx + c0;
-                for (int v = 0; v < nv; v++) acc[v] = _mm256_fmadd_ps(va, _mm256_maskload_ps(xj + 8 * v, mk[v]), acc[v]);
+#pragma GCC unroll 8
+                for (int v = 0; v < 8; v++) acc[v] = _mm256_fmadd_ps(va, _mm256_maskload_ps(xj + 8 * v, mk[v]), acc[v]);
             }
-            for (int v = 0; v < nv; v++) _mm256_maskstore_ps(yg + c0 + 8 * v, mk[v], acc[v]);
+#pragma GCC unroll 8
+            for (int v = 0; v < 8; v++) _mm256_maskstore_ps(yg + c0 + 8 * v, mk[v], acc[v]);
         }
 }
 
