@@ -36,8 +36,8 @@ void kn_matmul_avx512bf16(int count, float *const *y, const float *x, const dfl_
 /* BF16 weights only, KN_ACT_BF16: each activation rounded to bf16 once (VDPBF16PS). */
 void kn_matmul_bf16act(int count, float *const *y, const float *x, const dfl_mat *const *w, int n);
 #if defined(__linux__)
-/* AMX path: BF16 weights with cols % 32 == 0 (others to kn_matmul_avx512). */
-void kn_matmul_amx(float *y, const float *x, const dfl_mat *w, int n);
+/* AMX path: BF16 weights with cols % 32 == 0, matrices of one width sharing x in one pass
+ * (other dtypes and shapes: kn_matmul_avx512). */
 void kn_matmul_amx_multi(int count, float *const *y, const float *x, const dfl_mat *const *w, int n);
 /* Ask Linux for the AMX tile state for this process; 1 when granted. */
 int kn_amx_request(void);

@@ -363,5 +363,4 @@ void kn_matmul_amx_multi(int count, float *const *y, const float *x, const dfl_m
     free(xb), free(cball), free(ytail);
 }
 
-void kn_matmul_amx(float *y, const float *x, const dfl_mat *w, int n) { kn_matmul_amx_multi(1, &y, x, &w, n); }
 #endif
