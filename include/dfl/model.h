@@ -143,7 +143,17 @@ typedef struct dfl_state {
     int *tree_depth;      /* [tree_cap] depth of each node of the last tree forward */
     unsigned char *tree_anc; /* [tree_cap, max_batch] 1 where node j is node i or its ancestor */
     float **tree_conv;    /* [L] linear layers: [tree_cap, K-1, conv_dim] window after each node */
-    float **tree_S;       /* [L] linear layers: [tree_cap, Hv, dk, dv] state after each node */
+    float **tree_S;       /* [L] linear layers: [tree_cap, Hv, dk, dv] state after each node that
+                           * has children (a leaf's state is not kept: state_tree_commit
+                           * recomputes it from its parent's, which saves a write of the whole
+                           * state per leaf and layer) */
+    float **tree_qkv;     /* [L] linear layers: [tree_cap, conv_dim] each leaf's conv output
+                           * (q, k normalised), the recomputation's input */
+    float **tree_ab;      /* [L] linear layers: [tree_cap, 2*Hv] each leaf's raw a | b */
+    int *tree_par;        /* [tree_cap] parent of each node of the last tree forward */
+    unsigned char *tree_kept; /* [tree_cap] 1 where the node has children: tree_S holds its state */
+    float *tree_scratch;  /* [tree_threads, dk, dv] a leaf's state while its output is computed */
+    int tree_threads;     /* threads tree_scratch has room for */
     int tree_base;        /* n_past before the last tree forward */
     int tree_n;           /* nodes of the last tree forward (0 once committed) */
     /* scratch, sized for max_batch tokens */

@@ -283,7 +283,21 @@ typedef struct lin_tree {
     const int *parent;
     float *node_conv;
     float *node_S;
+    const unsigned char *kept; /* [n] node_S holds the node's state (it has children) */
+    float *scratch;            /* [threads, dk, dv] where the others' states go, per thread */
+    int threads;
+    float *leaf_qkv, *leaf_ab; /* [n, conv_dim] and [n, 2*Hv]: the inputs of each leaf */
 } lin_tree;
+
+/* gb [2*KN_GDN_CHUNK]: log-decays | betas of value head h for tokens t0 .. t0+nt-1 of ab
+ * [n, 2*Hv] (raw a | b projections). */
+static void gdn_gates(const dfl_layer_w *l, const float *ab, int Hv, int h, int t0, int nt, float *gb) {
+    for (int t = 0; t < nt; t++) {
+        const float a = ab[(size_t)(t0 + t) * 2 * Hv + h], b = ab[(size_t)(t0 + t) * 2 * Hv + Hv + h];
+        gb[t] = l->neg_exp_A[h] * kn_softplus(a + l->dt_bias[h]);
+        gb[KN_GDN_CHUNK + t] = kn_sigmoid(b);
+    }
+}
 
 /* Advance one linear layer's conv window and recurrent state over n tokens. S0: a chain's
  * state to continue from, left unchanged, with the result in S (NULL: S itself).
@@ -332,6 +346,12 @@ static void gated_delta(const dfl_model *m, const dfl_layer_w *l, float *conv_st
         const float rq = 1.0f / sqrtf(sq + 1e-6f), rk = 1.0f / sqrtf(sk + 1e-6f);
         for (int i = 0; i < dk; i++) q[i] = q[i] * rq * qscale, k[i] = k[i] * rk;
     }
+    if (tree) /* a leaf's state is recomputed at commit (state_tree_commit) from these */
+        for (int t = 0; t < n; t++)
+            if (!tree->kept[t]) {
+                memcpy(tree->leaf_qkv + (size_t)t * C, qkv + (size_t)t * C, (size_t)C * sizeof(float));
+                memcpy(tree->leaf_ab + (size_t)t * 2 * Hv, ab + (size_t)t * 2 * Hv, (size_t)2 * Hv * sizeof(float));
+            }
     const int chunked = !tree && out && n >= KN_GDN_CHUNK;
     /* a chain goes to the kernel up to a chunk of tokens at a time; a tree node by node, each on
      * a copy of its parent's state */
@@ -345,15 +365,12 @@ static void gated_delta(const dfl_model *m, const dfl_layer_w *l, float *conv_st
             float *Sh = S + (size_t)h * dk * dv;
             const float *S0 = S0c && t0 == 0 ? S0c + (size_t)h * dk * dv : NULL;
             if (tree) { /* the node's state: its parent's continued by its own token */
-                const int p = tree->parent[t0];
+                const int p = tree->parent[t0], th = omp_get_thread_num();
                 S0 = p < 0 ? Sh : tree->node_S + (size_t)p * HS + (size_t)h * dk * dv;
-                Sh = tree->node_S + (size_t)t0 * HS + (size_t)h * dk * dv;
+                Sh = tree->kept[t0] || th >= tree->threads ? tree->node_S + (size_t)t0 * HS + (size_t)h * dk * dv
+                                                            : tree->scratch + (size_t)th * dk * dv;
             }
-            for (int t = 0; t < nt; t++) {
-                const float a = ab[(size_t)(t0 + t) * 2 * Hv + h], b = ab[(size_t)(t0 + t) * 2 * Hv + Hv + h];
-                gb[t] = l->neg_exp_A[h] * kn_softplus(a + l->dt_bias[h]);
-                gb[KN_GDN_CHUNK + t] = kn_sigmoid(b);
-            }
+            gdn_gates(l, ab, Hv, h, t0, nt, gb);
             const float *row = qkv + (size_t)t0 * C;
             const kn_gdn_io io = {.dk = dk, .dv = dv, .n = nt, .q = row + (size_t)kh * dk,
                                   .k = row + (size_t)Hk * dk + (size_t)kh * dk,
@@ -392,8 +409,14 @@ static void linear_layer(dfl_state *s, int li, int n) {
         memcpy(s->rec_qkv[li], s->q, (size_t)n * C * sizeof(float));
         memcpy(s->rec_ab[li], s->ab, (size_t)n * 2 * Hv * sizeof(float));
     }
-    lin_tree tree = {.parent = s->tree_parent, .node_conv = s->tree_conv ? s->tree_conv[li] : NULL,
-                     .node_S = s->tree_S ? s->tree_S[li] : NULL};
+    lin_tree tree = {.parent = s->tree_parent,
+                     .node_conv = s->tree_conv ? s->tree_conv[li] : NULL,
+                     .node_S = s->tree_S ? s->tree_S[li] : NULL,
+                     .kept = s->tree_kept,
+                     .scratch = s->tree_scratch,
+                     .threads = s->tree_threads,
+                     .leaf_qkv = s->tree_qkv ? s->tree_qkv[li] : NULL,
+                     .leaf_ab = s->tree_ab ? s->tree_ab[li] : NULL};
     gated_delta(m, l, s->conv_state[li], s->rec_state[li], S0, s->q, s->ab, n, s->att,
                 s->tree_parent ? &tree : NULL);
     /* gated RMSNorm per (token, value head): w * norm(o) * silu(z), into z */
@@ -640,8 +663,11 @@ int state_enable_tree(dfl_state *s, int max_nodes) {
     const size_t S = (size_t)g->lin_v_heads * g->lin_k_dim * g->lin_v_dim;
     int n_lin = 0;
     for (int i = 0; i < g->n_layers; i++) n_lin += g->layer_types[i] == DFL_LAYER_LINEAR;
-    const uint64_t need = (uint64_t)n_lin * max_nodes * (win + S) * sizeof(float) +
-                          (uint64_t)max_nodes * (s->max_batch + sizeof(int));
+    const size_t leaf_in = (size_t)m->conv_dim + 2 * (size_t)g->lin_v_heads; /* a leaf's qkv | ab */
+    const int threads = omp_get_max_threads();
+    const uint64_t need = (uint64_t)n_lin * max_nodes * (win + S + leaf_in) * sizeof(float) +
+                          (uint64_t)max_nodes * (s->max_batch + 2 * sizeof(int) + 1) +
+                          (uint64_t)threads * g->lin_k_dim * g->lin_v_dim * sizeof(float);
     const uint64_t avail = mem_available();
     if (need > avail)
         return dfl_seterr("tree verification of %d nodes needs %.2f GiB for per-node linear-attention states, but only "
@@ -650,15 +676,25 @@ int state_enable_tree(dfl_state *s, int max_nodes) {
     state_disable_tree(s);
     s->tree_anc = calloc((size_t)max_nodes * s->max_batch, 1);
     s->tree_depth = calloc((size_t)max_nodes, sizeof(int));
+    s->tree_par = calloc((size_t)max_nodes, sizeof(int));
+    s->tree_kept = calloc((size_t)max_nodes, 1);
+    s->tree_scratch = malloc((size_t)threads * g->lin_k_dim * g->lin_v_dim * sizeof(float) + 1);
     s->tree_conv = calloc((size_t)g->n_layers, sizeof(float *));
     s->tree_S = calloc((size_t)g->n_layers, sizeof(float *));
-    if (!s->tree_anc || !s->tree_depth || !s->tree_conv || !s->tree_S) goto oom;
+    s->tree_qkv = calloc((size_t)g->n_layers, sizeof(float *));
+    s->tree_ab = calloc((size_t)g->n_layers, sizeof(float *));
+    if (!s->tree_anc || !s->tree_depth || !s->tree_par || !s->tree_kept || !s->tree_scratch || !s->tree_conv ||
+        !s->tree_S || !s->tree_qkv || !s->tree_ab)
+        goto oom;
     for (int i = 0; i < g->n_layers; i++)
         if (g->layer_types[i] == DFL_LAYER_LINEAR) {
             s->tree_conv[i] = malloc((size_t)max_nodes * win * sizeof(float) + 1);
             s->tree_S[i] = malloc((size_t)max_nodes * S * sizeof(float) + 1);
-            if (!s->tree_conv[i] || !s->tree_S[i]) goto oom;
+            s->tree_qkv[i] = malloc((size_t)max_nodes * m->conv_dim * sizeof(float) + 1);
+            s->tree_ab[i] = malloc((size_t)max_nodes * 2 * g->lin_v_heads * sizeof(float) + 1);
+            if (!s->tree_conv[i] || !s->tree_S[i] || !s->tree_qkv[i] || !s->tree_ab[i]) goto oom;
         }
+    s->tree_threads = threads;
     s->tree_cap = max_nodes;
     s->bytes += need;
     return DFL_OK;
@@ -668,14 +704,18 @@ oom:
 }
 
 void state_disable_tree(dfl_state *s) {
-    if (s->tree_conv)
-        for (int i = 0; i < s->m->cfg.n_layers; i++) free(s->tree_conv[i]), free(s->tree_S[i]);
-    free(s->tree_conv), free(s->tree_S), free(s->tree_anc), free(s->tree_depth);
-    s->tree_conv = s->tree_S = NULL;
-    s->tree_anc = NULL;
-    s->tree_depth = NULL;
+    for (int i = 0; i < s->m->cfg.n_layers; i++) {
+        if (s->tree_conv) free(s->tree_conv[i]), free(s->tree_S[i]);
+        if (s->tree_qkv) free(s->tree_qkv[i]), free(s->tree_ab[i]);
+    }
+    free(s->tree_conv), free(s->tree_S), free(s->tree_qkv), free(s->tree_ab);
+    free(s->tree_anc), free(s->tree_depth), free(s->tree_par), free(s->tree_kept), free(s->tree_scratch);
+    s->tree_conv = s->tree_S = s->tree_qkv = s->tree_ab = NULL;
+    s->tree_anc = s->tree_kept = NULL;
+    s->tree_depth = s->tree_par = NULL;
+    s->tree_scratch = NULL;
     s->tree_parent = NULL;
-    s->tree_cap = s->tree_n = 0;
+    s->tree_cap = s->tree_n = s->tree_threads = 0;
 }
 
 int model_forward_tree(dfl_state *s, const int32_t *tokens, const int *parent, int n, float *logits,
@@ -684,10 +724,15 @@ int model_forward_tree(dfl_state *s, const int32_t *tokens, const int *parent, i
         return dfl_seterr("tree of %d nodes: the run state holds trees of 1..%d nodes (state_enable_tree)", n,
                           s->tree_cap);
     for (int i = 0; i < n; i++) {
-        if (parent[i] >= i || (i > 0 && parent[i] < 0) || (i == 0 && parent[0] != -1))
+        if (parent[i] >= i || (i > 0 && parent[i] < 0) || (i == 0 && parent[0] != -1)) {
+            s->tree_n = 0; /* the last tree's node tables are partly overwritten: no commit */
             return dfl_seterr("tree node %d: parent %d (node 0 is the root with parent -1; parents precede children)",
                               i, parent[i]);
+        }
         s->tree_depth[i] = i == 0 ? 0 : s->tree_depth[parent[i]] + 1;
+        s->tree_par[i] = parent[i];
+        s->tree_kept[i] = 0;
+        if (i > 0) s->tree_kept[parent[i]] = 1;
         unsigned char *row = s->tree_anc + (size_t)i * s->max_batch;
         memset(row, 0, (size_t)s->max_batch);
         if (i > 0) memcpy(row, s->tree_anc + (size_t)parent[i] * s->max_batch, (size_t)i);
@@ -702,14 +747,40 @@ int model_forward_tree(dfl_state *s, const int32_t *tokens, const int *parent, i
     return rc;
 }
 
+/* The state after leaf `node` of the last tree forward in linear layer li, into rec_state[li]:
+ * its parent's kept state (the committed one for the root) continued by the leaf's token with
+ * the inputs the forward recorded, through the same kernel as in the forward, so bit for bit
+ * the state the forward computed and did not keep. */
+static void tree_leaf_state(dfl_state *s, int li, int node) {
+    const dfl_model *m = s->m;
+    const dfl_config *g = &m->cfg;
+    const dfl_layer_w *l = &m->layers[li];
+    const int C = m->conv_dim, Hk = g->lin_k_heads, Hv = g->lin_v_heads, dk = g->lin_k_dim, dv = g->lin_v_dim;
+    const int ratio = Hv / Hk, p = s->tree_par[node];
+    const size_t HS = (size_t)Hv * dk * dv;
+    const float *row = s->tree_qkv[li] + (size_t)node * C;
+#pragma omp parallel for schedule(static) if ((size_t)Hv * dk * dv * 4 >= KN_PAR_MIN_WORK)
+    for (int h = 0; h < Hv; h++) {
+        float gb[2 * KN_GDN_CHUNK];
+        gdn_gates(l, s->tree_ab[li], Hv, h, node, 1, gb);
+        const int kh = h / ratio;
+        const kn_gdn_io io = {.dk = dk, .dv = dv, .n = 1, .q = row + (size_t)kh * dk,
+                              .k = row + (size_t)Hk * dk + (size_t)kh * dk,
+                              .v = row + 2 * (size_t)Hk * dk + (size_t)h * dv, .ld = (size_t)C, .g = gb,
+                              .beta = gb + KN_GDN_CHUNK, .out = NULL, .ldo = (size_t)Hv * dv,
+                              .S0 = p < 0 ? NULL : s->tree_S[li] + (size_t)p * HS + (size_t)h * dk * dv};
+        kn_gdn_recurrent(s->rec_state[li] + (size_t)h * dk * dv, &io);
+    }
+}
+
 int state_tree_commit(dfl_state *s, const int *path, int len) {
     const dfl_model *m = s->m;
     const dfl_config *g = &m->cfg;
     if (s->tree_n == 0 || len < 1 || len > s->tree_n || path[0] != 0)
         return dfl_seterr("tree commit: a path of %d nodes must start at the root of the last tree forward", len);
     for (int k = 1; k < len; k++)
-        if (path[k] <= path[k - 1] || path[k] >= s->tree_n || s->tree_depth[path[k]] != k)
-            return dfl_seterr("tree commit: node %d at step %d is not on a root path", path[k], k);
+        if (path[k] <= path[k - 1] || path[k] >= s->tree_n || s->tree_par[path[k]] != path[k - 1])
+            return dfl_seterr("tree commit: node %d at step %d is not a child of node %d", path[k], k, path[k - 1]);
     const int kvw = g->n_kv_heads * g->head_dim, base = s->tree_base, last = path[len - 1];
     const size_t win = (size_t)(g->conv_kernel - 1) * m->conv_dim;
     const size_t S = (size_t)g->lin_v_heads * g->lin_k_dim * g->lin_v_dim;
@@ -725,7 +796,8 @@ int state_tree_commit(dfl_state *s, const int *path, int len) {
             }
         } else {
             memcpy(s->conv_state[li], s->tree_conv[li] + (size_t)last * win, win * sizeof(float));
-            memcpy(s->rec_state[li], s->tree_S[li] + (size_t)last * S, S * sizeof(float));
+            if (s->tree_kept[last]) memcpy(s->rec_state[li], s->tree_S[li] + (size_t)last * S, S * sizeof(float));
+            else tree_leaf_state(s, li, last);
         }
     }
     s->n_past = base + len;

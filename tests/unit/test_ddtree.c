@@ -182,19 +182,38 @@ static void tree_exact(const char *target, const char *drafter) {
         exact &= memcmp(cl, logits + (size_t)i * V, (size_t)V * sizeof(float)) == 0;
     }
     CHECK(exact, "%s: tree node logits differ from verifying the node's path as a chain", target);
-    /* committing a path leaves the state of a chain run over it */
-    int path[3] = {0, -1, -1}, len = 1;
-    for (int i = 1; i < t.n && len < 3; i++)
-        if (t.parent[i] == path[len - 1]) path[len++] = i;
-    CHECK(state_tree_commit(&s, path, len) == DFL_OK, "commit: %s", dfl_errmsg());
-    int32_t toks[3], next = 5;
-    for (int k = 0; k < len; k++) toks[k] = t.token[path[k]];
-    state_reset(&c);
-    model_forward(&c, prompt, NP, NULL, 0, NULL);
-    model_forward(&c, toks, len, NULL, 0, NULL);
-    model_forward(&c, &next, 1, cl, 1, NULL);
-    model_forward(&s, &next, 1, logits, 1, NULL);
-    CHECK(memcmp(cl, logits, (size_t)V * sizeof(float)) == 0, "%s: state after a tree commit != chain", target);
+    /* committing a path leaves the state of a chain run over it: a path ending at a node with
+     * children (its linear-layer states kept by the forward) and one ending at a leaf (its
+     * states recomputed at the commit from its parent's) */
+    int path[64], len = 0;
+    int32_t toks[64], next = 5;
+    for (int leaf = 0; leaf < 2; leaf++) {
+        int end = -1; /* the deepest node with (leaf = 0) or without (leaf = 1) children */
+        for (int i = t.n - 1; i >= 0 && end < 0; i--) {
+            int kids = 0;
+            for (int j = i + 1; j < t.n; j++) kids += t.parent[j] == i;
+            if ((kids > 0) != leaf) end = i;
+        }
+        CHECK(end >= 0 && t.depth[end] >= 1, "%s: the tree has no %s below the root", target, leaf ? "leaf" : "inner node");
+        if (end < 0) break;
+        len = t.depth[end] + 1;
+        for (int k = len - 1, x = end; k >= 0; k--) path[k] = x, x = t.parent[x];
+        if (leaf) { /* a fresh tree forward: the first commit used up the last one */
+            state_reset(&s);
+            model_forward(&s, prompt, NP, NULL, 0, NULL);
+            CHECK(model_forward_tree(&s, t.token, t.parent, t.n, logits, NULL) == DFL_OK, "tree forward: %s",
+                  dfl_errmsg());
+        }
+        CHECK(state_tree_commit(&s, path, len) == DFL_OK, "commit: %s", dfl_errmsg());
+        for (int k = 0; k < len; k++) toks[k] = t.token[path[k]];
+        state_reset(&c);
+        model_forward(&c, prompt, NP, NULL, 0, NULL);
+        model_forward(&c, toks, len, NULL, 0, NULL);
+        model_forward(&c, &next, 1, cl, 1, NULL);
+        model_forward(&s, &next, 1, logits, 1, NULL);
+        CHECK(memcmp(cl, logits, (size_t)V * sizeof(float)) == 0, "%s: state after a tree commit ending at a %s != chain",
+              target, leaf ? "leaf" : "node with children");
+    }
     CHECK(state_tree_commit(&s, path, len) == DFL_ERR, "a second commit must fail");
     int badparent[2] = {-1, 1};
     CHECK(model_forward_tree(&s, toks, badparent, 2, NULL, NULL) == DFL_ERR, "parent after child must fail");
