@@ -187,6 +187,15 @@ static void tree_exact(const char *target, const char *drafter) {
      * states recomputed at the commit from its parent's) */
     int path[64], len = 0;
     int32_t toks[64], next = 5;
+    /* a path through a node that is not its successor's parent is refused (and leaves the tree
+     * committable) */
+    for (int y = 0, done = 0; y < t.n && !done; y++)
+        for (int q = 1; q < t.n && t.depth[y] == 2 && !done; q++)
+            if (t.depth[q] == 1 && q != t.parent[y] && q < y) {
+                const int bad[3] = {0, q, y};
+                CHECK(state_tree_commit(&s, bad, 3) == DFL_ERR, "%s: a commit through a non-parent must fail", target);
+                done = 1;
+            }
     for (int leaf = 0; leaf < 2; leaf++) {
         int end = -1; /* the deepest node with (leaf = 0) or without (leaf = 1) children */
         for (int i = t.n - 1; i >= 0 && end < 0; i--) {
