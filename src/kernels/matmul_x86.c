@@ -143,8 +143,9 @@ TGT_AVX512 INLINE __m128 sum4_512(__m512 a, __m512 b, __m512 c, __m512 d) {
 }
 
 /* y[t][r] = the sum of acc[r][t]: a tile's results; rows whose bit is set in nan give NaN. */
+_Static_assert(RB == 4, "full tiles reduce their rows with sum4_512");
 TGT_AVX512 INLINE void tile_store_512(float *y, int ldy, __m512 (*acc)[TB], const int R, const int T, unsigned nan) {
-    if (R == 4) {
+    if (R == RB) {
 #pragma GCC unroll 8
         for (int t = 0; t < T; t++) {
             __m128 s = sum4_512(acc[0][t], acc[1][t], acc[2][t], acc[3][t]);
@@ -360,6 +361,10 @@ static void mm_dispatch(int count, float *const *y, const float *x, const dfl_ma
     const size_t cols = (size_t)w0->cols;
     int f8_ok = w0->dtype == ST_F8_E4M3;
     for (int i = 0; i < count; i++) f8_ok = f8_ok && w[i]->brow % f8->rb == 0 && w[i]->bcol % f8_step == 0;
+    if (w0->dtype == ST_F8_E4M3 && !f8_ok && count > 1) { /* each as it would go alone */
+        for (int i = 0; i < count; i++) mm_dispatch(1, &y[i], x, &w[i], n, blk, bf16, f16, f32, f8, f8_step);
+        return;
+    }
     if (w0->dtype == ST_BF16) {
         const size_t ldx = round_up(cols, (size_t)blk);
         float *xp = malloc((size_t)n * ldx * sizeof(float));

@@ -197,6 +197,23 @@ static void check_matmul_multi(kn_isa isa) {
         }
     }
     kn_act_set(KN_ACT_F32);
+    /* F8_E4M3 matrices, one with blocks the tiles take (128 x 128) and one without (5 x 24) */
+    void *f8store[2];
+    dfl_mat f8w[2];
+    for (int i = 0; i < 2; i++) {
+        f8_brow = i ? 5 : 128, f8_bcol = i ? 24 : 128;
+        f8w[i] = make_mat(ST_F8_E4M3, rows[i], COLS, &f8store[i]);
+    }
+    f8_brow = f8_bcol = 128;
+    for (size_t k = 0; k < sizeof ns / sizeof ns[0]; k++) {
+        const dfl_mat *ws[2] = {&f8w[0], &f8w[1]};
+        kn_matmul_multi(2, (float *[]){y[0], y[1]}, x, ws, ns[k]);
+        for (int i = 0; i < 2; i++) {
+            kn_matmul(ref, x, ws[i], ns[k]);
+            if (memcmp(ref, y[i], (size_t)ns[k] * ws[i]->rows * sizeof(float)) != 0) bad++;
+        }
+    }
+    for (int i = 0; i < 2; i++) free(f8store[i]);
     CHECK(bad == 0, "%s: %d kn_matmul_multi outputs differ from kn_matmul", kn_isa_name(isa), bad);
     for (int i = 0; i < NW; i++) free(store[i]), free(y[i]);
     free(x), free(ref);
