@@ -6,6 +6,7 @@
 
 #include <stdint.h>
 
+#include "dfl/backend.h"
 #include "dfl/config.h"
 #include "dfl/kernels.h"
 #include "dfl/quant.h"
@@ -81,15 +82,24 @@ typedef struct dfl_model {
     int conv_dim;                /* 2*Hk*dk + Hv*dv */
     uint64_t expert_params;      /* parameters of one routed expert summed over the sparse layers
                                   * (3 * H * Ie per layer): total - (E - k) * this = active */
+    dfl_device device;           /* where the forward runs (model_use_device; DFL_DEVICE_CPU at open) */
+    const dfl_backend *be;       /* that device's backend */
+    void *dev;                   /* the backend's copy of the weights (NULL on the CPU) */
 } dfl_model;
 
 /* Known text-layer prefixes, tried in order; exactly one must match. */
 extern const char *const dfl_text_prefixes[];
 
 /* Open a target checkpoint directory: config, tensors, layout, shape checks.
- * check_weights: scan every used tensor for NaN/Inf (slow on big models). */
+ * check_weights: scan every used tensor for NaN/Inf (slow on big models). The model computes on
+ * the CPU until model_use_device moves it. */
 int model_open(dfl_model *m, const char *dir, int check_weights);
 void model_close(dfl_model *m);
+/* Run the model's forwards on device d from now on (dfl/backend.h): uploads the weights once.
+ * DFL_ERR, naming what is missing or unsupported, when the device cannot run this model; the
+ * model then stays on its device. Call before any state_init. The host copy stays mapped (the
+ * drafters' embedding and lm_head, the anatomy report). */
+int model_use_device(dfl_model *m, dfl_device d);
 /* Component of a tensor name given the matched layout (for the anatomy report). */
 dfl_component model_component(const dfl_model *m, const char *name);
 const char *model_component_name(dfl_component c);
@@ -173,7 +183,9 @@ typedef struct dfl_state {
     float *scores;        /* [threads, max_ctx] */
     float *rope_cos, *rope_sin; /* [B, rot/2] */
     float *inv_freq;      /* [rot/2] */
-    uint64_t bytes;       /* memory held by this state */
+    uint64_t bytes;       /* memory held by this state (device memory on a GPU backend) */
+    void *dev;            /* a device backend's state (caches and scratch there); the host
+                           * buffers above stay NULL then */
 } dfl_state;
 
 /* Bytes a state of this size would hold (for the footprint check and report). */
@@ -189,6 +201,10 @@ void state_reset(dfl_state *s);
  * (written at logits[0]). cap: optional capture. Advances n_past by n. */
 int model_forward(dfl_state *s, const int32_t *tokens, int n, float *logits, int logits_last_only,
                   const dfl_capture *cap);
+/* The same forward (parent NULL) or tree forward (parent: as model_forward_tree) asking for what
+ * the caller needs back (dfl_fwd_out: logits, argmax ids, capture): on a device backend only that
+ * crosses to the host. */
+int model_forward_ex(dfl_state *s, const int32_t *tokens, const int *parent, int n, const dfl_fwd_out *out);
 
 /* Roll back to n_past = keep, with keep inside the last forward's range (needs record=1 and a
  * recorded last forward: not a tree forward, not one run with no_record).

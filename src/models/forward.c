@@ -9,6 +9,10 @@
 
 #include "dfl/common.h"
 #include "dfl/model.h"
+#include "backend/backend_internal.h"
+
+static void cpu_state_free(dfl_state *s);
+static void cpu_disable_tree(dfl_state *s);
 
 static uint64_t mem_available(void) {
     FILE *f = fopen("/proc/meminfo", "r");
@@ -79,7 +83,7 @@ uint64_t state_bytes(const dfl_model *m, int max_ctx, int max_batch, int record)
         if (!(p)) goto oom;                                                         \
     } while (0)
 
-int state_init(dfl_state *s, const dfl_model *m, int max_ctx, int max_batch, int record) {
+static int cpu_state_init(dfl_state *s, const dfl_model *m, int max_ctx, int max_batch, int record) {
     memset(s, 0, sizeof *s);
     const dfl_config *g = &m->cfg;
     if (max_ctx < 1 || max_batch < 1 || max_batch > max_ctx)
@@ -147,11 +151,11 @@ int state_init(dfl_state *s, const dfl_model *m, int max_ctx, int max_batch, int
         s->inv_freq[i] = 1.0f / powf((float)g->rope_theta, (float)(2 * i) / (float)g->rot_dim);
     return DFL_OK;
 oom:
-    state_free(s);
+    cpu_state_free(s);
     return dfl_seterr("out of memory allocating the run state (%.2f GiB)", need / 1073741824.0);
 }
 
-void state_free(dfl_state *s) {
+static void cpu_state_free(dfl_state *s) {
     if (s->m) {
         for (int i = 0; i < s->m->cfg.n_layers; i++) {
             if (s->k_cache) free(s->k_cache[i]), free(s->v_cache[i]);
@@ -164,11 +168,11 @@ void state_free(dfl_state *s) {
     free(s->x), free(s->xn), free(s->q), free(s->k), free(s->v), free(s->att), free(s->z), free(s->ab);
     free(s->mlp1), free(s->mlp2), free(s->scores), free(s->rope_cos), free(s->rope_sin), free(s->inv_freq);
     moe_buf_free(&s->moe);
-    if (s->m) state_disable_tree(s);
+    if (s->m) cpu_disable_tree(s);
     memset(s, 0, sizeof *s);
 }
 
-void state_reset(dfl_state *s) {
+static void cpu_state_reset(dfl_state *s) {
     const dfl_config *g = &s->m->cfg;
     const size_t conv = (size_t)(g->conv_kernel - 1) * s->m->conv_dim;
     const size_t S = (size_t)g->lin_v_heads * g->lin_k_dim * g->lin_v_dim;
@@ -621,7 +625,7 @@ static int forward_impl(dfl_state *s, const int32_t *tokens, int n, const int *d
     return DFL_OK;
 }
 
-int state_rollback(dfl_state *s, int keep) {
+static int cpu_rollback(dfl_state *s, int keep) {
     const dfl_model *m = s->m;
     const dfl_config *g = &m->cfg;
     if (keep == s->n_past) return DFL_OK;
@@ -649,12 +653,8 @@ int state_rollback(dfl_state *s, int keep) {
     return DFL_OK;
 }
 
-int model_forward(dfl_state *s, const int32_t *tokens, int n, float *logits, int logits_last_only,
-                  const dfl_capture *cap) {
-    return forward_impl(s, tokens, n, NULL, logits, logits_last_only, cap);
-}
 
-int state_enable_tree(dfl_state *s, int max_nodes) {
+static int cpu_enable_tree(dfl_state *s, int max_nodes) {
     const dfl_model *m = s->m;
     const dfl_config *g = &m->cfg;
     if (max_nodes < 1 || max_nodes > s->max_batch)
@@ -673,7 +673,7 @@ int state_enable_tree(dfl_state *s, int max_nodes) {
         return dfl_seterr("tree verification of %d nodes needs %.2f GiB for per-node linear-attention states, but only "
                           "%.2f GiB is available; lower the tree budget",
                           max_nodes, need / 1073741824.0, avail / 1073741824.0);
-    state_disable_tree(s);
+    cpu_disable_tree(s);
     s->tree_anc = calloc((size_t)max_nodes * s->max_batch, 1);
     s->tree_depth = calloc((size_t)max_nodes, sizeof(int));
     s->tree_par = calloc((size_t)max_nodes, sizeof(int));
@@ -699,11 +699,11 @@ int state_enable_tree(dfl_state *s, int max_nodes) {
     s->bytes += need;
     return DFL_OK;
 oom:
-    state_disable_tree(s);
+    cpu_disable_tree(s);
     return dfl_seterr("out of memory for tree verification states (%.2f GiB)", need / 1073741824.0);
 }
 
-void state_disable_tree(dfl_state *s) {
+static void cpu_disable_tree(dfl_state *s) {
     for (int i = 0; i < s->m->cfg.n_layers; i++) {
         if (s->tree_conv) free(s->tree_conv[i]), free(s->tree_S[i]);
         if (s->tree_qkv) free(s->tree_qkv[i]), free(s->tree_ab[i]);
@@ -718,8 +718,8 @@ void state_disable_tree(dfl_state *s) {
     s->tree_cap = s->tree_n = s->tree_threads = 0;
 }
 
-int model_forward_tree(dfl_state *s, const int32_t *tokens, const int *parent, int n, float *logits,
-                       const dfl_capture *cap) {
+static int cpu_forward_tree(dfl_state *s, const int32_t *tokens, const int *parent, int n, float *logits,
+                            const dfl_capture *cap) {
     if (n < 1 || n > s->tree_cap)
         return dfl_seterr("tree of %d nodes: the run state holds trees of 1..%d nodes (state_enable_tree)", n,
                           s->tree_cap);
@@ -773,7 +773,7 @@ static void tree_leaf_state(dfl_state *s, int li, int node) {
     }
 }
 
-int state_tree_commit(dfl_state *s, const int *path, int len) {
+static int cpu_tree_commit(dfl_state *s, const int *path, int len) {
     const dfl_model *m = s->m;
     const dfl_config *g = &m->cfg;
     if (s->tree_n == 0 || len < 1 || len > s->tree_n || path[0] != 0)
@@ -804,3 +804,40 @@ int state_tree_commit(dfl_state *s, const int *path, int len) {
     s->tree_n = 0;
     return DFL_OK;
 }
+
+/* The CPU backend's forward: a chain or a tree; argmax rows from the host logits. */
+static int cpu_forward(dfl_state *s, const int32_t *tokens, const int *parent, int n, const dfl_fwd_out *o) {
+    const int V = s->m->cfg.vocab, rows = parent || !o->last_only ? n : 1;
+    float *logits = o->logits, *tmp = NULL;
+    if (!logits && o->argmax) {
+        logits = tmp = malloc((size_t)rows * V * sizeof(float));
+        if (!tmp) return dfl_seterr("out of memory for %d rows of logits", rows);
+    }
+    const int rc = parent ? cpu_forward_tree(s, tokens, parent, n, logits, o->cap)
+                          : forward_impl(s, tokens, n, NULL, logits, o->last_only, o->cap);
+    if (rc == DFL_OK && o->argmax)
+        for (int r = 0; r < rows; r++) o->argmax[r] = kn_argmax(logits + (size_t)r * V, V);
+    free(tmp);
+    return rc;
+}
+
+static int cpu_model_upload(dfl_model *m) {
+    (void)m;
+    return DFL_OK; /* the weights stay in the mmap */
+}
+
+static void cpu_model_release(dfl_model *m) { (void)m; }
+
+const dfl_backend dfl_backend_cpu = {
+    .name = "cpu",
+    .model_upload = cpu_model_upload,
+    .model_release = cpu_model_release,
+    .state_init = cpu_state_init,
+    .state_free = cpu_state_free,
+    .state_reset = cpu_state_reset,
+    .forward = cpu_forward,
+    .rollback = cpu_rollback,
+    .enable_tree = cpu_enable_tree,
+    .disable_tree = cpu_disable_tree,
+    .tree_commit = cpu_tree_commit,
+};

@@ -231,6 +231,8 @@ static int bind_layer(dfl_model *m, ld_ctx *c, int i) {
 
 int model_open(dfl_model *m, const char *dir, int check_weights) {
     memset(m, 0, sizeof *m);
+    m->device = DFL_DEVICE_CPU;
+    m->be = dfl_backend_of(DFL_DEVICE_CPU);
     m->dir = strdup(dir);
     if (!dfl_is_dir(dir)) {
         dfl_seterr("%s: not a directory", dir);
@@ -301,6 +303,7 @@ void ld_layer_free(dfl_layer_w *l, int n_experts) {
 }
 
 void model_close(dfl_model *m) {
+    if (m->be && m->dev) m->be->model_release(m);
     if (m->layers) {
         for (int i = 0; i < m->cfg.n_layers; i++) ld_layer_free(&m->layers[i], m->cfg.n_experts);
         free(m->layers);

@@ -1,0 +1,67 @@
+/* Compute backends behind the target model API (docs/backends.md).
+ *
+ * A backend runs the target's forward where its weights live: the CPU backend is the code of
+ * src/models/forward.c (weights read in place from the mmap), the CUDA backend
+ * (src/backend/cuda/, built with -DDFL_CUDA=ON) uploads the weights to one GPU once and keeps
+ * caches, recurrent states and scratch there. Callers never see the difference: model_forward,
+ * model_forward_tree, state_rollback, state_tree_commit and the state_* calls of dfl/model.h
+ * dispatch on the device the model was put on (model_use_device). A second backend fills one
+ * dfl_backend table and registers it in src/backend/backend.c. */
+#ifndef DFL_BACKEND_H
+#define DFL_BACKEND_H
+
+#include <stdint.h>
+
+typedef enum dfl_device {
+    DFL_DEVICE_CPU = 0,
+    DFL_DEVICE_CUDA = 1,
+    DFL_DEVICE_COUNT
+} dfl_device;
+
+struct dfl_model;
+struct dfl_state;
+struct dfl_capture;
+
+/* What one forward gives back. logits: [rows, V] on the host, or NULL; last_only: only the last
+ * token's row (rows = 1). argmax: [rows] ids on the host, or NULL: the greedy token of each row
+ * without moving the logits off the device. cap: hidden-state capture (rows per token). */
+typedef struct dfl_fwd_out {
+    float *logits;
+    int32_t *argmax;
+    int last_only;
+    const struct dfl_capture *cap;
+} dfl_fwd_out;
+
+/* The forward-level interface. parent: NULL for a chain of n tokens, else a tree of n nodes
+ * (node 0 the root with parent -1, parent[i] < i). Every function returns DFL_OK or DFL_ERR
+ * with the message set. */
+typedef struct dfl_backend {
+    const char *name;
+    /* Put the model's weights where the backend computes (once per model); release them. */
+    int (*model_upload)(struct dfl_model *m);
+    void (*model_release)(struct dfl_model *m);
+    int (*state_init)(struct dfl_state *s, const struct dfl_model *m, int max_ctx, int max_batch, int record);
+    void (*state_free)(struct dfl_state *s);
+    void (*state_reset)(struct dfl_state *s);
+    int (*forward)(struct dfl_state *s, const int32_t *tokens, const int *parent, int n, const dfl_fwd_out *out);
+    int (*rollback)(struct dfl_state *s, int keep);
+    int (*enable_tree)(struct dfl_state *s, int max_nodes);
+    void (*disable_tree)(struct dfl_state *s);
+    int (*tree_commit)(struct dfl_state *s, const int *path, int len);
+} dfl_backend;
+
+/* "cpu" / "cuda". */
+const char *dfl_device_name(dfl_device d);
+/* 1 if this build has the device's backend. */
+int dfl_device_built(dfl_device d);
+/* The devices this build has, space-separated ("cpu cuda"). */
+const char *dfl_devices_built(void);
+/* "cpu" | "cuda" -> device; DFL_ERR naming the devices this build has on other names or on a
+ * device this build lacks. */
+int dfl_device_parse(const char *name, dfl_device *out);
+/* Whether the device can run now (CUDA: a GPU and driver answer); DFL_ERR with the reason. */
+int dfl_device_check(dfl_device d);
+/* The backend table of a device (NULL when not built). */
+const dfl_backend *dfl_backend_of(dfl_device d);
+
+#endif

@@ -1,0 +1,103 @@
+/* The backend registry and the target model API's dispatch (dfl/backend.h): every call goes to
+ * the backend of the device the model runs on. */
+#include <string.h>
+
+#include "backend/backend_internal.h"
+#include "dfl/common.h"
+#include "dfl/model.h"
+
+static const char *const device_names[DFL_DEVICE_COUNT] = {"cpu", "cuda"};
+
+const char *dfl_device_name(dfl_device d) { return d >= 0 && d < DFL_DEVICE_COUNT ? device_names[d] : "?"; }
+
+const dfl_backend *dfl_backend_of(dfl_device d) {
+    switch (d) {
+    case DFL_DEVICE_CPU: return &dfl_backend_cpu;
+#ifdef DFL_HAVE_CUDA
+    case DFL_DEVICE_CUDA: return &dfl_backend_cuda;
+#endif
+    default: return NULL;
+    }
+}
+
+int dfl_device_built(dfl_device d) { return dfl_backend_of(d) != NULL; }
+
+const char *dfl_devices_built(void) {
+#ifdef DFL_HAVE_CUDA
+    return "cpu cuda";
+#else
+    return "cpu";
+#endif
+}
+
+int dfl_device_parse(const char *name, dfl_device *out) {
+    for (int d = 0; d < DFL_DEVICE_COUNT; d++)
+        if (name && strcmp(name, device_names[d]) == 0) {
+            if (!dfl_device_built((dfl_device)d))
+                return dfl_seterr("--device %s: this build has no %s backend (devices built: %s; configure with "
+                                  "-DDFL_CUDA=ON for cuda)",
+                                  name, name, dfl_devices_built());
+            *out = (dfl_device)d;
+            return DFL_OK;
+        }
+    return dfl_seterr("--device '%s': unknown device (devices built: %s)", name ? name : "", dfl_devices_built());
+}
+
+int dfl_device_check(dfl_device d) {
+    if (!dfl_device_built(d)) return dfl_seterr("device %s: not built into this dfl (devices built: %s)",
+                                                dfl_device_name(d), dfl_devices_built());
+#ifdef DFL_HAVE_CUDA
+    if (d == DFL_DEVICE_CUDA) return cuda_device_check();
+#endif
+    return DFL_OK;
+}
+
+int model_use_device(dfl_model *m, dfl_device d) {
+    if (m->device == d && m->be) return DFL_OK;
+    if (dfl_device_check(d) != DFL_OK) return DFL_ERR;
+    const dfl_backend *be = dfl_backend_of(d);
+    if (be->model_upload(m) != DFL_OK) return dfl_preperr("%s: --device %s", m->dir ? m->dir : "model", be->name);
+    if (m->be && m->dev && m->be != be) m->be->model_release(m);
+    m->device = d;
+    m->be = be;
+    return DFL_OK;
+}
+
+/* ---- the model API, dispatched ------------------------------------------------------- */
+
+int state_init(dfl_state *s, const dfl_model *m, int max_ctx, int max_batch, int record) {
+    return m->be->state_init(s, m, max_ctx, max_batch, record);
+}
+
+void state_free(dfl_state *s) {
+    if (s->m) s->m->be->state_free(s);
+    memset(s, 0, sizeof *s);
+}
+
+void state_reset(dfl_state *s) { s->m->be->state_reset(s); }
+
+int model_forward_ex(dfl_state *s, const int32_t *tokens, const int *parent, int n, const dfl_fwd_out *out) {
+    return s->m->be->forward(s, tokens, parent, n, out);
+}
+
+int model_forward(dfl_state *s, const int32_t *tokens, int n, float *logits, int logits_last_only,
+                  const dfl_capture *cap) {
+    const dfl_fwd_out o = {.logits = logits, .last_only = logits_last_only, .cap = cap};
+    return s->m->be->forward(s, tokens, NULL, n, &o);
+}
+
+int model_forward_tree(dfl_state *s, const int32_t *tokens, const int *parent, int n, float *logits,
+                       const dfl_capture *cap) {
+    const dfl_fwd_out o = {.logits = logits, .cap = cap};
+    return s->m->be->forward(s, tokens, parent, n, &o);
+}
+
+int state_rollback(dfl_state *s, int keep) { return s->m->be->rollback(s, keep); }
+
+int state_enable_tree(dfl_state *s, int max_nodes) { return s->m->be->enable_tree(s, max_nodes); }
+
+void state_disable_tree(dfl_state *s) {
+    if (s->m) s->m->be->disable_tree(s);
+}
+
+int state_tree_commit(dfl_state *s, const int *path, int len) { return s->m->be->tree_commit(s, path, len); }
