@@ -48,6 +48,11 @@ typedef struct dfl_backend {
     int (*enable_tree)(struct dfl_state *s, int max_nodes);
     void (*disable_tree)(struct dfl_state *s);
     int (*tree_commit)(struct dfl_state *s, const int *path, int len);
+    /* Optional (NULL on the CPU, whose probe is dfl bench's own): the device memory's read
+     * bandwidth over a buffer of `bytes`, median and fastest of several passes, GB/s. */
+    int (*probe)(uint64_t bytes, double *median_gbps, double *best_gbps);
+    /* The device in words ("NVIDIA H200, 139.8 GiB, driver 13.0"), into buf. */
+    void (*describe)(char *buf, int len);
 } dfl_backend;
 
 /* "cpu" / "cuda". */

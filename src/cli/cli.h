@@ -69,3 +69,15 @@ int cli_prompt_option(const char *cmd, cli_prompt *p, int argc, char **argv, int
  * (NULL otherwise). Returns 0 or prints the error and returns the exit status. */
 int cli_prompt_tokens(const char *cmd, const cli_prompt *p, const char *model_dir, int want_tok,
                       dfl_tokenizer **tok, int32_t **ids, size_t *n);
+
+/* --device (generate, hidden, bench, eval, serve): where the target's forward runs. */
+#include "dfl/backend.h"
+struct dfl_model;
+#define CLI_DEVICE_HELP                                                                          \
+    "  --device D          cpu (default) | cuda: where the target's forward runs (the devices this\n" \
+    "                      build has: dfl --version)\n"
+/* 1 if argv[*i] is --device (consumed, *i advanced, *d set), 0 if not, -1 after printing a bad value. */
+int cli_device_option(const char *cmd, int argc, char **argv, int *i, dfl_device *d);
+/* Move the opened model to device d (model_use_device), saying on stderr where it runs when not
+ * the CPU; 0, or the message printed and 1. */
+int cli_use_device(const char *cmd, struct dfl_model *m, dfl_device d);

@@ -6,6 +6,7 @@
 
 #include "cli/cli.h"
 #include "dfl/common.h"
+#include "dfl/model.h"
 
 int cli_is_help(const char *arg) { return strcmp(arg, "-h") == 0 || strcmp(arg, "--help") == 0; }
 
@@ -125,4 +126,22 @@ int eval_mpi_launched(void) {
     const char *s = getenv("OMPI_COMM_WORLD_SIZE");
     if (!s) s = getenv("PMI_SIZE");
     return s && atoi(s) > 1;
+}
+
+int cli_device_option(const char *cmd, int argc, char **argv, int *i, dfl_device *d) {
+    if (strcmp(argv[*i], "--device") != 0) return 0;
+    if (dfl_device_parse(cli_value(argc, argv, i), d) != DFL_OK) {
+        cli_usage_error(cmd, "%s", dfl_errmsg());
+        return -1;
+    }
+    return 1;
+}
+
+int cli_use_device(const char *cmd, dfl_model *m, dfl_device d) {
+    if (d == m->device) return 0;
+    const double t0 = dfl_now();
+    if (model_use_device(m, d) != DFL_OK) return cli_fail(cmd, "%s", dfl_errmsg());
+    fprintf(stderr, "dfl %s: target on %s (%.2f GB of weights uploaded in %.1f s)\n", cmd, dfl_device_name(d),
+            m->weight_bytes / 1e9, dfl_now() - t0);
+    return 0;
 }

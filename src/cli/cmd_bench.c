@@ -23,7 +23,7 @@ static const char *usage_text =
     "usage: dfl bench [--model DIR] [--drafter DIR|mtp|DIR:mtp|none] [--threads N] [--isa NAME]\n"
     "                 [--act f32|bf16] [--json] [--parts LIST] [--context N] [--decode N]\n"
     "                 [--verify-max N] [--prefill N]\n"
-    "                 [--gen N] [--block B] [--reps N] [--probe-mb N]\n"
+    "                 [--gen N] [--block B] [--reps N] [--probe-mb N] [--device cpu|cuda]\n"
     "\n"
     "Measures, on one target (and drafter: DFlash, DFlash2 or an MTP head), with weights read in place\n"
     "from the mmap:\n"
@@ -71,6 +71,9 @@ static const char *usage_text =
     "                    4 for an MTP head; 16 without a drafter)\n"
     "  --reps N          repetitions per timing (default 2)\n"
     "  --probe-mb N      probe buffer in MB (default: the weights read per token, at least 1024)\n"
+    "  --device D        cpu (default) | cuda: where the target runs. On cuda the probe reads GPU\n"
+    "                    memory (a streaming read kernel, CUDA events), peak and rollback (CPU\n"
+    "                    parts) are left out, and the drafter runs on the CPU\n"
     "e2e prompt (default: 64 random tokens; the tokenizer is the model's):\n" CLI_PROMPT_HELP;
 
 enum { P_PROBE = 1, P_DECODE = 2, P_VERIFY = 4, P_DRAFT = 8, P_E2E = 16, P_PREFILL = 32, P_ROLLBACK = 64, P_TREE = 128,
@@ -87,6 +90,7 @@ typedef struct bench_opts {
     int n_prompt;
     int json, threads, context, decode, verify_max, prefill, gen, block, reps, probe_mb;
     unsigned parts;
+    dfl_device device;
 } bench_opts;
 
 typedef struct bench_res {
@@ -353,6 +357,13 @@ static void print_json(const bench_opts *o, const bench_res *r, const dfl_model 
     printf(", \"isa\": \"%s\", \"act\": \"%s\", \"threads\": %d, \"weight_bytes\": %llu, \"token_bytes\": %llu",
            kn_isa_name(kn_isa_get()), kn_act_name(kn_act_get()), omp_get_max_threads(),
            (unsigned long long)r->weight_bytes, (unsigned long long)r->token_bytes);
+    printf(", \"device\": \"%s\"", m->be->name);
+    if (m->be->describe) {
+        char d[256];
+        m->be->describe(d, sizeof d);
+        printf(", \"device_name\": ");
+        cli_json_string(stdout, d);
+    }
     printf(", \"hidden\": %d, \"layers\": %d, \"vocab\": %d", m->cfg.hidden, m->cfg.n_layers, m->cfg.vocab);
     if (o->parts & P_PROBE)
         printf(", \"probe_bytes\": %llu, \"probe_gbps\": %.3f, \"probe_best_gbps\": %.3f",
@@ -426,8 +437,15 @@ static void print_json(const bench_opts *o, const bench_res *r, const dfl_model 
 
 static void print_table(const bench_opts *o, const bench_res *r, const dfl_model *m) {
     printf("model      %s (hidden %d, %d layers, vocab %d)\n", o->model, m->cfg.hidden, m->cfg.n_layers, m->cfg.vocab);
-    printf("isa        %s, %s activations, %d threads\n", kn_isa_name(kn_isa_get()), kn_act_name(kn_act_get()),
-           omp_get_max_threads());
+    if (m->be->describe) {
+        char d[256];
+        m->be->describe(d, sizeof d);
+        printf("device     %s: %s (drafter and host work: %s, %d threads)\n", m->be->name, d,
+               kn_isa_name(kn_isa_get()), omp_get_max_threads());
+    } else {
+        printf("isa        %s, %s activations, %d threads\n", kn_isa_name(kn_isa_get()), kn_act_name(kn_act_get()),
+               omp_get_max_threads());
+    }
     printf("weights    %.1f MB; read per decoded token %.1f MB\n", r->weight_bytes / 1e6, r->token_bytes / 1e6);
     if (o->parts & P_PROBE)
         printf("probe      %.2f GB/s read (median of %d passes over %.0f MB; fastest %.2f)\n", r->probe_gbps,
@@ -435,10 +453,14 @@ static void print_table(const bench_opts *o, const bench_res *r, const dfl_model
     if (o->parts & P_DECODE) {
         printf("decode     %.3f tokens/s = %.2f GB/s effective (median token; mean %.3f tokens/s; context %d)",
                r->decode_tps, r->decode_gbps, r->decode_mean_tps, o->context);
-        if (o->parts & P_PROBE)
+        if ((o->parts & P_PROBE) && !m->be->probe)
             printf(", %.0f%% of the probe (%.0f%% of its fastest pass; paired with a probe pass after each "
                    "token: %.0f%%)", 100 * r->decode_gbps / r->probe_gbps, 100 * r->decode_gbps / r->probe_best_gbps,
                    100 * r->decode_paired);
+        else if (o->parts & P_PROBE)
+            printf(", %.0f%% of the probe (%.0f%% of its fastest pass); the weights at the probe's rate: %.2f ms",
+                   100 * r->decode_gbps / r->probe_gbps, 100 * r->decode_gbps / r->probe_best_gbps,
+                   1e3 * r->token_bytes / 1e9 / r->probe_gbps);
         printf("\n");
     }
     if (o->parts & P_PEAK)
@@ -561,8 +583,11 @@ static int run_bench(const bench_opts *o, const dfl_model *m, dfl_any_drafter *a
     if (o->parts & P_PROBE) {
         r->probe_bytes = o->probe_mb ? (uint64_t)o->probe_mb << 20
                                      : (r->token_bytes > (1ull << 30) ? r->token_bytes : 1ull << 30);
-        if (probe_bandwidth(r->probe_bytes, &r->probe_gbps, &r->probe_best_gbps) != DFL_OK)
+        if (m->be->probe) { /* the device's own memory */
+            if (m->be->probe(r->probe_bytes, &r->probe_gbps, &r->probe_best_gbps) != DFL_OK) return DFL_ERR;
+        } else if (probe_bandwidth(r->probe_bytes, &r->probe_gbps, &r->probe_best_gbps) != DFL_OK) {
             return dfl_seterr("out of memory for the %.0f MB probe buffer", r->probe_bytes / 1e6);
+        }
     }
     if (o->parts & P_PEAK) {
         r->peak_macs = peak_macs(&r->peak_what);
@@ -607,8 +632,9 @@ static int run_bench(const bench_opts *o, const dfl_model *m, dfl_any_drafter *a
          * (far past the caches, small beside a large model's pages), so that each token's bandwidth is
          * set against the machine's at that moment (it moves within seconds on shared machines) */
         const uint64_t pb = r->probe_bytes < PAIRED_PROBE_BYTES ? r->probe_bytes : PAIRED_PROBE_BYTES;
-        float *pbuf = (o->parts & P_PROBE) ? probe_alloc(pb) : NULL;
-        if (!dt || !share || ((o->parts & P_PROBE) && !pbuf)) {
+        const int paired = (o->parts & P_PROBE) && !m->be->probe; /* host memory only */
+        float *pbuf = paired ? probe_alloc(pb) : NULL;
+        if (!dt || !share || (paired && !pbuf)) {
             free(dt), free(share), free(pbuf);
             dfl_seterr("out of memory for benchmark buffers");
             goto done;
@@ -721,6 +747,9 @@ int cmd_bench(int argc, char **argv) {
         const int pr_rc = cli_prompt_option("bench", &pr, argc, argv, &i);
         if (pr_rc < 0) return 2;
         if (pr_rc > 0) continue;
+        const int dev_rc = cli_device_option("bench", argc, argv, &i, &o.device);
+        if (dev_rc < 0) return 2;
+        if (dev_rc > 0) continue;
         if (cli_is_help(argv[i])) {
             fputs(usage_text, stdout);
             return 0;
@@ -773,6 +802,15 @@ int cmd_bench(int argc, char **argv) {
     if (model_open(&m, o.model, 0) != DFL_OK)
         return cli_fail("bench", "%s%s", dfl_errmsg(),
                         model_given ? "" : " (write the benchmark model: .venv/bin/python tools/make_bench_model.py)");
+    if (cli_use_device("bench", &m, o.device)) {
+        model_close(&m);
+        return 1;
+    }
+    if (o.device != DFL_DEVICE_CPU && (o.parts & (P_PEAK | P_ROLLBACK))) {
+        fprintf(stderr, "dfl bench: peak and rollback measure the CPU backend: left out on %s\n",
+                dfl_device_name(o.device));
+        o.parts &= ~(unsigned)(P_PEAK | P_ROLLBACK);
+    }
     dfl_any_drafter ad;
     int rc = 0;
     if (o.drafter && (o.parts & (P_DRAFT | P_E2E))) {

@@ -18,7 +18,7 @@ static const char *usage_text =
     "usage: dfl generate --target DIR (--prompt STR | --prompt-file F | --prompt-ids IDS)\n"
     "                    [--drafter DIR|mtp|DIR:mtp [--block-size B] [--tree-budget N]] [--temperature X --seed S [--accept-rule pq|match]]\n"
     "                    [--max-new N] [--chat MODE] [--tokenizer PATH] [--max-context N] [--ignore-eos]\n"
-    "                    [--json] [--dump-drafts F] [--check-weights]\n"
+    "                    [--json] [--dump-drafts F] [--check-weights] [--device cpu|cuda]\n"
     "\n"
     "Generate with the target, autoregressively or — with --drafter — by DFlash speculative\n"
     "decoding with chain verification (lossless: the same tokens as without the drafter at\n"
@@ -27,7 +27,7 @@ static const char *usage_text =
     "--max-new tokens. With --prompt-ids and no tokenizer (no tokenizer.json in the target\n"
     "directory, no --tokenizer) the output is the generated ids instead of text (--json: \"text\": null).\n"
     "\n"
-    "  --target DIR        target checkpoint (qwen3, qwen3_5 or qwen3_5_text)\n" CLI_PROMPT_HELP
+    "  --target DIR        target checkpoint (qwen3, qwen3_5 or qwen3_5_text)\n" CLI_PROMPT_HELP CLI_DEVICE_HELP
     "  --drafter DIR       DFlash drafter checkpoint (z-lab format); 'mtp' = the target's own MTP head\n"
     "                      (its mtp.* tensors), 'DIR:mtp' = the MTP head of checkpoint DIR\n"
     "  --block-size B      verification block (default: the drafter's block_size; 2..block_size);\n"
@@ -194,10 +194,15 @@ int cmd_generate(int argc, char **argv) {
     double temperature = 0;
     int accept_rule = DFL_ACCEPT_PQ;
     int json = 0, check = 0, ignore_eos = 0;
+    dfl_device device = DFL_DEVICE_CPU;
     for (int i = 1; i < argc; i++) {
         int r = cli_prompt_option("generate", &pr, argc, argv, &i);
         if (r < 0) return 2;
         if (r > 0) continue;
+        if ((r = cli_device_option("generate", argc, argv, &i, &device)) != 0) {
+            if (r < 0) return 2;
+            continue;
+        }
         if (cli_is_help(argv[i])) {
             fputs(usage_text, stdout);
             return 0;
@@ -246,6 +251,10 @@ int cmd_generate(int argc, char **argv) {
     dfl_model m;
     double t0 = dfl_now();
     if (model_open(&m, target, check) != DFL_OK) return cli_fail("generate", "%s", dfl_errmsg());
+    if (cli_use_device("generate", &m, device)) {
+        model_close(&m);
+        return 1;
+    }
     dfl_any_drafter ad;
     int have_ad = 0, rc = 0;
     if (drafter_dir) {

@@ -11,7 +11,7 @@
 
 static const char *usage_text =
     "usage: dfl hidden --target DIR --layers K[,K...] (--prompt STR | --prompt-file F | --prompt-ids IDS)\n"
-    "                  --out F.safetensors [--logits] [--chat MODE]\n"
+    "                  --out F.safetensors [--logits] [--chat MODE] [--device cpu|cuda]\n"
     "\n"
     "Run the prompt through the target in one forward and write `input_ids` (I64 [T]) and one F32\n"
     "tensor `layer.{k}` of shape [T, H] per requested layer, where layer k is the output of decoder\n"
@@ -21,16 +21,21 @@ static const char *usage_text =
     "  --target DIR        target checkpoint\n"
     "  --layers LIST       comma-separated decoder layer ids, or 'all'\n" CLI_PROMPT_HELP
     "  --out FILE          output safetensors file\n"
-    "  --logits            also write `logits` (F32 [T, V])\n";
+    "  --logits            also write `logits` (F32 [T, V])\n" CLI_DEVICE_HELP;
 
 int cmd_hidden(int argc, char **argv) {
     const char *target = NULL, *layers_arg = NULL, *out_path = NULL;
     cli_prompt pr = {0};
     int want_logits = 0;
+    dfl_device device = DFL_DEVICE_CPU;
     for (int i = 1; i < argc; i++) {
         int r = cli_prompt_option("hidden", &pr, argc, argv, &i);
         if (r < 0) return 2;
         if (r > 0) continue;
+        if ((r = cli_device_option("hidden", argc, argv, &i, &device)) != 0) {
+            if (r < 0) return 2;
+            continue;
+        }
         if (cli_is_help(argv[i])) {
             fputs(usage_text, stdout);
             return 0;
@@ -43,6 +48,10 @@ int cmd_hidden(int argc, char **argv) {
     if (!target || !layers_arg || !out_path) return cli_usage_error("hidden", "needs --target, --layers and --out");
     dfl_model m;
     if (model_open(&m, target, 0) != DFL_OK) return cli_fail("hidden", "%s", dfl_errmsg());
+    if (cli_use_device("hidden", &m, device)) {
+        model_close(&m);
+        return 1;
+    }
     const dfl_config *c = &m.cfg;
     int *layers = malloc(sizeof(int) * DFL_MAX_LAYERS);
     int n_layers = 0, rc = 0;

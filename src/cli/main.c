@@ -5,6 +5,8 @@
 #include <string.h>
 
 #include "cli/cli.h"
+#include "dfl/backend.h"
+#include "dfl/common.h"
 #include "dfl/kernels.h"
 
 #ifndef DFL_VERSION
@@ -25,6 +27,19 @@ static int version(void) {
     printf("act %s (activations of BF16 matrix products; DFL_ACT=bf16 opts into bf16)\n", kn_act_name(kn_act_get()));
     /* "mpi no": built without MPI (mpirun -n N dfl eval refuses to run) */
     printf("mpi %s\n", eval_mpi_library());
+    /* the backends built in (--device); a built one that cannot run here says why */
+    printf("devices %s", dfl_devices_built());
+    for (int d = 1; d < DFL_DEVICE_COUNT; d++)
+        if (dfl_device_built((dfl_device)d)) {
+            if (dfl_device_check((dfl_device)d) == DFL_OK) {
+                char buf[256];
+                dfl_backend_of((dfl_device)d)->describe(buf, sizeof buf);
+                printf(" (%s: %s)", dfl_device_name((dfl_device)d), buf);
+            } else {
+                printf(" (%s: %s)", dfl_device_name((dfl_device)d), dfl_errmsg());
+            }
+        }
+    printf("\n");
     return 0;
 }
 
