@@ -213,7 +213,7 @@ static void test_attention(int gated) {
         memcpy(kc + (size_t)(p0 + t) * kvw, k + (size_t)t * kvw, (size_t)kvw * 4);
         memcpy(vc + (size_t)(p0 + t) * kvw, v + (size_t)t * kvw, (size_t)kvw * 4);
     }
-    float *got = malloc((size_t)slots * kvw * 4);
+    float *got = malloc((size_t)(slots * kvw > n * ldq ? slots * kvw : n * ldq) * 4);
     dget(got, dq, (size_t)n * ldq * 4);
     CHECK(relerr(got, q, (size_t)n * ldq, 1e-3) < 2e-6, "q norm + rope: %.3g", relerr(got, q, (size_t)n * ldq, 1e-3));
     dget(got, dkc, (size_t)slots * kvw * 4);

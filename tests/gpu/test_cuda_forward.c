@@ -136,13 +136,13 @@ static void tree_vs_chain(const char *name, dfl_model *mg) {
     float *chain = malloc((size_t)8 * V * 4), *tree = malloc((size_t)8 * V * 4), *next = malloc((size_t)2 * V * 4);
     float *cnext = malloc((size_t)2 * V * 4);
     dfl_state s;
-    CHECK(state_init(&s, mg, P + 32, 16, 1) == DFL_OK && state_enable_tree(&s, 16) == DFL_OK, "%s: tree state: %s", name,
+    CHECK(state_init(&s, mg, P + 32, P, 1) == DFL_OK && state_enable_tree(&s, 16) == DFL_OK, "%s: tree state: %s", name,
           dfl_errmsg());
-    model_forward(&s, ctx, P, NULL, 0, NULL);
+    CHECK(model_forward(&s, ctx, P, NULL, 0, NULL) == DFL_OK, "%s: context: %s", name, dfl_errmsg());
     CHECK(model_forward(&s, ctx + P, 7, chain, 0, NULL) == DFL_OK, "%s: chain", name);
     CHECK(model_forward(&s, ctx + P + 7, 1, cnext, 0, NULL) == DFL_OK, "%s: chain next", name);
     state_reset(&s);
-    model_forward(&s, ctx, P, NULL, 0, NULL);
+    CHECK(model_forward(&s, ctx, P, NULL, 0, NULL) == DFL_OK, "%s: context: %s", name, dfl_errmsg());
     CHECK(model_forward_tree(&s, tt, parent, n, tree, NULL) == DFL_OK, "%s: tree forward: %s", name, dfl_errmsg());
     int ok = 1;
     for (int d = 0; d < 5; d++) ok &= same(tree + (size_t)path[d] * V, chain + (size_t)d * V, (size_t)V);
@@ -150,7 +150,7 @@ static void tree_vs_chain(const char *name, dfl_model *mg) {
     /* commit the path and continue: the chain's next logits, bit for bit */
     CHECK(state_tree_commit(&s, path, 5) == DFL_OK, "%s: commit: %s", name, dfl_errmsg());
     CHECK(s.n_past == P + 5, "%s: n_past %d after commit, want %d", name, s.n_past, P + 5);
-    model_forward(&s, ctx + P + 5, 2, next, 0, NULL);
+    CHECK(model_forward(&s, ctx + P + 5, 2, next, 0, NULL) == DFL_OK, "%s: continuation: %s", name, dfl_errmsg());
     CHECK(same(next, chain + (size_t)5 * V, (size_t)V) && same(next + V, chain + (size_t)6 * V, (size_t)V),
           "%s: after a tree commit the continuation differs from the chain", name);
     (void)cnext;
