@@ -64,7 +64,7 @@ static uint16_t f16_bits(float f) { /* exact for the values made below: |f| in [
 }
 
 static void test_matmul(cu_dtype dt, int rows, int cols) {
-    const int N = 19;
+    const int N = 70;
     const size_t wn = (size_t)rows * cols;
     float *w = malloc(wn * sizeof(float)), *x = malloc((size_t)N * cols * sizeof(float));
     uint16_t *w16 = malloc(wn * sizeof(uint16_t));
@@ -99,9 +99,11 @@ static void test_matmul(cu_dtype dt, int rows, int cols) {
             const double e = fabs(y[(size_t)t * rows + r] - ref) / (mag > 0 ? mag : 1);
             if (!(e <= worst)) worst = e;
         }
-    CHECK(worst < 1e-5, "matmul dtype %d [%d, %d] x %d tokens: error %.3g of sum |w x|", dt, rows, cols, N, worst);
+    /* float32 accumulation; on the tensor cores (BF16) three bf16 parts of each activation */
+    CHECK(worst < 3e-5, "matmul dtype %d [%d, %d] x %d tokens: error %.3g of sum |w x|", dt, rows, cols, N, worst);
+    printf("matmul dtype %d [%d, %d] x %d: worst error %.3g of sum |w x|\n", dt, rows, cols, N, worst);
     /* batch invariance: each token alone, and in calls of 2..N tokens, gives the same bits */
-    const int ns[] = {1, 2, 4, 5, 16, 17};
+    const int ns[] = {1, 2, 4, 5, 16, 17, 33, 65};
     int same = 1;
     for (size_t k = 0; k < sizeof ns / sizeof *ns; k++) {
         const int n = ns[k];
@@ -434,7 +436,9 @@ int main(void) {
         printf("test_backend_ops: skipped: %s\n", dfl_errmsg());
         return 77;
     }
-    const int shapes[][2] = {{37, 64}, {129, 300}, {64, 1030}, {17, 77}, {9, 8200}, {300, 5120}};
+    /* BF16 with cols % 32 == 0 takes the tensor cores; the others the CUDA-core kernel */
+    const int shapes[][2] = {{37, 64}, {129, 300}, {64, 1030}, {17, 77}, {9, 8200}, {300, 5120}, {48, 5120},
+                             {1000, 2048}, {40, 17408}};
     for (int dt = 0; dt < 3; dt++)
         for (size_t k = 0; k < sizeof shapes / sizeof *shapes; k++) test_matmul((cu_dtype)dt, shapes[k][0], shapes[k][1]);
     test_embed();

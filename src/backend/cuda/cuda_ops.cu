@@ -9,6 +9,8 @@
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "cuda_ops.h"
 
@@ -179,7 +181,138 @@ template <typename WT> static void matmul_t(float *y, const float *x, const cu_m
     }
 }
 
+/* BF16 weights on the tensor cores, at float32 accuracy: each activation is split into three
+ * bf16 parts (x = hi + mid + lo to 2^-27), each part multiplied exactly by the bf16 weights in
+ * mma.m16n8k16 with float32 accumulation; the six products of a 32-column chunk start from zero
+ * and are added to the running sum in IEEE float32, so the tensor cores' own rounding spans one
+ * chunk only. A warp computes 16 rows for NT tiles of 8 tokens over every MMA_KS-th chunk
+ * (thread (g, t) loads 16 bytes of rows g and g+8 and 8 activations of token g; the mma's k order
+ * is a fixed permutation of the chunk's columns, the same for weights and activations); the
+ * MMA_KS partial sums meet in shared memory in warp order. Every output's operations are thus
+ * fixed by the matrix alone: batch invariant. MMA_PF chunks are loaded ahead. */
+#define MMA_KS 8
+#define MMA_PF 4
+
+static __device__ __forceinline__ void mma_bf16(float *d, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                                uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+/* Two activations as three bf16 pairs (low half = the first), hi + mid + lo = the pair. */
+static __device__ __forceinline__ void split3(float x0, float x1, uint32_t *hi, uint32_t *mid, uint32_t *lo) {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(x0, x1);
+    const float2 hf = __bfloat1622float2(h);
+    const float r0 = x0 - hf.x, r1 = x1 - hf.y;
+    const __nv_bfloat162 m = __floats2bfloat162_rn(r0, r1);
+    const float2 mf = __bfloat1622float2(m);
+    const __nv_bfloat162 l = __floats2bfloat162_rn(r0 - mf.x, r1 - mf.y);
+    *hi = *(const uint32_t *)&h, *mid = *(const uint32_t *)&m, *lo = *(const uint32_t *)&l;
+}
+
+template <int NT>
+__global__ void __launch_bounds__(MMA_KS * WARP) mma_matmul_k(float *y, const float *x, const __nv_bfloat16 *W,
+                                                              int rows, int cols, int n) {
+    __shared__ float red[MMA_KS * WARP * NT * 4];
+    const int lane = threadIdx.x % WARP, w = threadIdx.x / WARP, g = lane >> 2, tg = lane & 3;
+    const int r0 = blockIdx.x * 16 + g, r1 = r0 + 8, tbase = blockIdx.y * NT * 8, nch = cols / 32;
+    const uint4 *p0 = (const uint4 *)(W + (size_t)(r0 < rows ? r0 : 0) * cols) + tg;
+    const uint4 *p1 = (const uint4 *)(W + (size_t)(r1 < rows ? r1 : 0) * cols) + tg;
+    const uint4 zero = make_uint4(0, 0, 0, 0);
+    float acc[NT][4];
+#pragma unroll
+    for (int j = 0; j < NT; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+    uint4 ra[MMA_PF], rb[MMA_PF];
+#pragma unroll
+    for (int p = 0; p < MMA_PF; p++) {
+        const int c = w + p * MMA_KS;
+        ra[p] = c < nch && r0 < rows ? __ldg(p0 + (size_t)c * 4) : zero;
+        rb[p] = c < nch && r1 < rows ? __ldg(p1 + (size_t)c * 4) : zero;
+    }
+    for (int c0 = w; c0 < nch; c0 += MMA_PF * MMA_KS) {
+#pragma unroll
+        for (int p = 0; p < MMA_PF; p++) {
+            const int c = c0 + p * MMA_KS;
+            if (c >= nch) break;
+            const uint4 a = ra[p], b = rb[p];
+            const int cn = c + MMA_PF * MMA_KS; /* the chunk this slot holds next */
+            ra[p] = cn < nch && r0 < rows ? __ldg(p0 + (size_t)cn * 4) : zero;
+            rb[p] = cn < nch && r1 < rows ? __ldg(p1 + (size_t)cn * 4) : zero;
+#pragma unroll
+            for (int j = 0; j < NT; j++) {
+                const int t = tbase + j * 8 + g;
+                float4 u = make_float4(0.f, 0.f, 0.f, 0.f), v = u;
+                if (t < n) {
+                    const float4 *xp = (const float4 *)(x + (size_t)t * cols + (size_t)c * 32 + tg * 8);
+                    u = __ldg(xp), v = __ldg(xp + 1);
+                }
+                uint32_t h[4], m[4], l[4];
+                split3(u.x, u.y, &h[0], &m[0], &l[0]);
+                split3(u.z, u.w, &h[1], &m[1], &l[1]);
+                split3(v.x, v.y, &h[2], &m[2], &l[2]);
+                split3(v.z, v.w, &h[3], &m[3], &l[3]);
+                float d[4] = {0.f, 0.f, 0.f, 0.f};
+                mma_bf16(d, a.x, b.x, a.y, b.y, h[0], h[1]);
+                mma_bf16(d, a.x, b.x, a.y, b.y, m[0], m[1]);
+                mma_bf16(d, a.x, b.x, a.y, b.y, l[0], l[1]);
+                mma_bf16(d, a.z, b.z, a.w, b.w, h[2], h[3]);
+                mma_bf16(d, a.z, b.z, a.w, b.w, m[2], m[3]);
+                mma_bf16(d, a.z, b.z, a.w, b.w, l[2], l[3]);
+#pragma unroll
+                for (int i = 0; i < 4; i++) acc[j][i] += d[i];
+            }
+        }
+    }
+    float *mine = red + ((size_t)w * WARP + lane) * NT * 4;
+#pragma unroll
+    for (int j = 0; j < NT; j++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) mine[j * 4 + i] = acc[j][i];
+    __syncthreads();
+    if (w != 0) return;
+#pragma unroll
+    for (int j = 0; j < NT; j++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            float s = red[(size_t)lane * NT * 4 + j * 4 + i];
+            for (int ww = 1; ww < MMA_KS; ww++) s += red[((size_t)ww * WARP + lane) * NT * 4 + j * 4 + i];
+            const int r = i < 2 ? r0 : r1, t = tbase + j * 8 + 2 * tg + (i & 1);
+            if (r < rows && t < n) y[(size_t)t * rows + r] = s;
+        }
+}
+
+/* The tensor-core path takes BF16 matrices of whole 32-column chunks (every Qwen shape) unless
+ * DFL_CUDA_MATMUL=fma asks for the CUDA-core kernel (comparisons); the choice depends on the
+ * matrix only. */
+static bool use_mma(const cu_mat *W) {
+    static int env = -1;
+    if (env < 0) {
+        const char *e = getenv("DFL_CUDA_MATMUL");
+        env = e && strcmp(e, "fma") == 0 ? 0 : 1;
+    }
+    return env && W->dtype == CU_BF16 && W->cols % 32 == 0;
+}
+
+static void mma_matmul(float *y, const float *x, const cu_mat *W, int n) {
+    const int tiles = (n + 7) / 8, mb = (W->rows + 15) / 16;
+    const __nv_bfloat16 *w = (const __nv_bfloat16 *)W->w;
+    const int NT = tiles <= 1 ? 1 : tiles <= 2 ? 2 : tiles <= 4 ? 4 : 8;
+    const dim3 grid(mb, (tiles + NT - 1) / NT);
+    switch (NT) {
+    case 1: mma_matmul_k<1><<<grid, MMA_KS * WARP>>>(y, x, w, W->rows, W->cols, n); break;
+    case 2: mma_matmul_k<2><<<grid, MMA_KS * WARP>>>(y, x, w, W->rows, W->cols, n); break;
+    case 4: mma_matmul_k<4><<<grid, MMA_KS * WARP>>>(y, x, w, W->rows, W->cols, n); break;
+    default: mma_matmul_k<8><<<grid, MMA_KS * WARP>>>(y, x, w, W->rows, W->cols, n); break;
+    }
+}
+
 extern "C" void cu_matmul(float *y, const float *x, const cu_mat *W, int n) {
+    if (use_mma(W)) {
+        mma_matmul(y, x, W, n);
+        return;
+    }
     switch (W->dtype) {
     case CU_F32: matmul_t<float>(y, x, W, n); break;
     case CU_F16: matmul_t<__half>(y, x, W, n); break;
