@@ -31,6 +31,50 @@ int cuda_device_check(void) {
     return DFL_OK;
 }
 
+/* DFL_CUDA_PROFILE=1: GPU time per kind of op (CUDA events around each launch, which serialises
+ * them: a profile, not a timing), printed to stderr at exit. */
+enum { OP_MATMUL, OP_ATTN, OP_CONV, OP_REC, OP_NORM, OP_LOGITS, OP_COUNT };
+static const char *const op_names[OP_COUNT] = {"matmul", "attention (norm, rope, cache, softmax)",
+                                               "conv + q/k l2 norm", "delta-rule recurrence",
+                                               "rmsnorm, gates, residual", "final norm, lm_head, argmax"};
+static int prof_on = -1;
+static double prof_ms[OP_COUNT];
+static long prof_calls[OP_COUNT];
+static cudaEvent_t prof_e0, prof_e1;
+
+static void prof_report(void) {
+    double total = 0;
+    for (int i = 0; i < OP_COUNT; i++) total += prof_ms[i];
+    fprintf(stderr, "dfl cuda profile: %.1f ms of GPU time in ops\n", total);
+    for (int i = 0; i < OP_COUNT; i++)
+        fprintf(stderr, "  %-40s %9.2f ms %5.1f%% %8ld launches\n", op_names[i], prof_ms[i],
+                total > 0 ? 100 * prof_ms[i] / total : 0, prof_calls[i]);
+}
+
+static int prof_enabled(void) {
+    if (prof_on < 0) {
+        const char *e = getenv("DFL_CUDA_PROFILE");
+        prof_on = e && *e && strcmp(e, "0") != 0;
+        if (prof_on) cudaEventCreate(&prof_e0), cudaEventCreate(&prof_e1), atexit(prof_report);
+    }
+    return prof_on;
+}
+
+#define OP(kind, call)                                         \
+    do {                                                       \
+        if (prof_enabled()) {                                  \
+            float ms_ = 0;                                     \
+            cudaEventRecord(prof_e0, 0);                       \
+            call;                                              \
+            cudaEventRecord(prof_e1, 0);                       \
+            cudaEventSynchronize(prof_e1);                     \
+            cudaEventElapsedTime(&ms_, prof_e0, prof_e1);      \
+            prof_ms[kind] += ms_, prof_calls[kind]++;          \
+        } else {                                               \
+            call;                                              \
+        }                                                      \
+    } while (0)
+
 /* Device allocations, freed together. */
 typedef struct cu_pool {
     void **p;
@@ -367,16 +411,16 @@ static void attention_layer(dfl_state *s, int li, int n, int tree) {
     const cu_layer *l = &((cu_model *)s->m->dev)->L[li];
     const int H = g->hidden, hd = g->head_dim, Hq = g->n_heads, Hkv = g->n_kv_heads;
     const int gated = g->arch == DFL_ARCH_QWEN3_5, ldh = hd * (gated ? 2 : 1), ldq = Hq * ldh;
-    cu_rmsnorm(c->xn, c->x, l->input_norm, n, H, g->rms_eps);
-    cu_matmul(c->q, c->xn, &l->q, n);
-    cu_matmul(c->k, c->xn, &l->k, n);
-    cu_matmul(c->v, c->xn, &l->v, n);
-    cu_qk_norm_rope(c->q, ldq, ldh, Hq, c->k, c->v, Hkv, hd, g->rot_dim, l->q_norm, l->k_norm, g->rms_eps, c->pos,
-                    c->inv_freq, c->kc[li], c->vc[li], s->n_past, n);
-    cu_attention(c->att, c->q, ldq, ldh, Hq, Hkv, hd, c->kc[li], c->vc[li], s->n_past, tree ? c->anc : NULL,
-                 s->max_batch, tree ? c->depth : NULL, gated, c->scores, s->max_ctx, n);
-    cu_matmul(c->xn, c->att, &l->o, n);
-    cu_add(c->x, c->xn, (size_t)n * H);
+    OP(OP_NORM, cu_rmsnorm(c->xn, c->x, l->input_norm, n, H, g->rms_eps));
+    OP(OP_MATMUL, cu_matmul(c->q, c->xn, &l->q, n));
+    OP(OP_MATMUL, cu_matmul(c->k, c->xn, &l->k, n));
+    OP(OP_MATMUL, cu_matmul(c->v, c->xn, &l->v, n));
+    OP(OP_ATTN, cu_qk_norm_rope(c->q, ldq, ldh, Hq, c->k, c->v, Hkv, hd, g->rot_dim, l->q_norm, l->k_norm, g->rms_eps, c->pos,
+                    c->inv_freq, c->kc[li], c->vc[li], s->n_past, n));
+    OP(OP_ATTN, cu_attention(c->att, c->q, ldq, ldh, Hq, Hkv, hd, c->kc[li], c->vc[li], s->n_past, tree ? c->anc : NULL,
+                 s->max_batch, tree ? c->depth : NULL, gated, c->scores, s->max_ctx, n));
+    OP(OP_MATMUL, cu_matmul(c->xn, c->att, &l->o, n));
+    OP(OP_NORM, cu_add(c->x, c->xn, (size_t)n * H));
 }
 
 /* Conv, normalisation and recurrence of linear layer li over n rows of qkv (pre-conv): a chain
@@ -388,10 +432,10 @@ static void gdn_core(dfl_state *s, int li, float *qkv, const float *a, const flo
     const dfl_config *g = &m->cfg;
     const cu_layer *l = &((cu_model *)m->dev)->L[li];
     const int C = m->conv_dim;
-    cu_conv_silu(qkv, C, n, g->conv_kernel, l->conv_w, c->conv[li], tree ? c->par : NULL, tree ? c->tconv[li] : NULL);
-    cu_l2norm_qk(qkv, C, g->lin_k_heads, g->lin_k_dim, n);
-    cu_gdn(qkv, C, g->lin_k_heads, g->lin_v_heads, g->lin_k_dim, g->lin_v_dim, a, b, g->lin_v_heads, l->neg_exp_A,
-           l->dt_bias, c->S[li], S0, out, n, tree ? c->par : NULL, tree ? c->tS[li] : NULL);
+    OP(OP_CONV, cu_conv_silu(qkv, C, n, g->conv_kernel, l->conv_w, c->conv[li], tree ? c->par : NULL, tree ? c->tconv[li] : NULL));
+    OP(OP_CONV, cu_l2norm_qk(qkv, C, g->lin_k_heads, g->lin_k_dim, n));
+    OP(OP_REC, cu_gdn(qkv, C, g->lin_k_heads, g->lin_v_heads, g->lin_k_dim, g->lin_v_dim, a, b, g->lin_v_heads, l->neg_exp_A,
+           l->dt_bias, c->S[li], S0, out, n, tree ? c->par : NULL, tree ? c->tS[li] : NULL));
 }
 
 static int linear_layer(dfl_state *s, int li, int n, int tree) {
@@ -400,11 +444,11 @@ static int linear_layer(dfl_state *s, int li, int n, int tree) {
     const dfl_config *g = &m->cfg;
     const cu_layer *l = &((cu_model *)m->dev)->L[li];
     const int H = g->hidden, Hv = g->lin_v_heads, dv = g->lin_v_dim, C = m->conv_dim;
-    cu_rmsnorm(c->xn, c->x, l->input_norm, n, H, g->rms_eps);
-    cu_matmul(c->q, c->xn, &l->qkv, n);
-    cu_matmul(c->z, c->xn, &l->z, n);
-    cu_matmul(c->a, c->xn, &l->a, n);
-    cu_matmul(c->b, c->xn, &l->b, n);
+    OP(OP_NORM, cu_rmsnorm(c->xn, c->x, l->input_norm, n, H, g->rms_eps));
+    OP(OP_MATMUL, cu_matmul(c->q, c->xn, &l->qkv, n));
+    OP(OP_MATMUL, cu_matmul(c->z, c->xn, &l->z, n));
+    OP(OP_MATMUL, cu_matmul(c->a, c->xn, &l->a, n));
+    OP(OP_MATMUL, cu_matmul(c->b, c->xn, &l->b, n));
     const float *S0 = NULL;
     if (s->rec_n > 0) { /* the rollback record: state before the forward (kept by a swap), inputs */
         const size_t win = (size_t)(g->conv_kernel - 1) * C;
@@ -418,9 +462,9 @@ static int linear_layer(dfl_state *s, int li, int n, int tree) {
                            cudaMemcpyDeviceToDevice, 0));
     }
     gdn_core(s, li, c->q, c->a, c->b, n, S0, c->att, tree);
-    cu_gated_rmsnorm(c->z, c->att, l->gnorm, n * Hv, dv, g->rms_eps);
-    cu_matmul(c->xn, c->z, &l->out, n);
-    cu_add(c->x, c->xn, (size_t)n * H);
+    OP(OP_NORM, cu_gated_rmsnorm(c->z, c->att, l->gnorm, n * Hv, dv, g->rms_eps));
+    OP(OP_MATMUL, cu_matmul(c->xn, c->z, &l->out, n));
+    OP(OP_NORM, cu_add(c->x, c->xn, (size_t)n * H));
     return DFL_OK;
 }
 
@@ -428,12 +472,12 @@ static void mlp(dfl_state *s, int li, int n) {
     cu_state *c = s->dev;
     const dfl_config *g = &s->m->cfg;
     const cu_layer *l = &((cu_model *)s->m->dev)->L[li];
-    cu_rmsnorm(c->xn, c->x, l->post_norm, n, g->hidden, g->rms_eps);
-    cu_matmul(c->mlp1, c->xn, &l->gate, n);
-    cu_matmul(c->mlp2, c->xn, &l->up, n);
-    cu_swiglu(c->mlp1, c->mlp2, (size_t)n * g->intermediate);
-    cu_matmul(c->xn, c->mlp1, &l->down, n);
-    cu_add(c->x, c->xn, (size_t)n * g->hidden);
+    OP(OP_NORM, cu_rmsnorm(c->xn, c->x, l->post_norm, n, g->hidden, g->rms_eps));
+    OP(OP_MATMUL, cu_matmul(c->mlp1, c->xn, &l->gate, n));
+    OP(OP_MATMUL, cu_matmul(c->mlp2, c->xn, &l->up, n));
+    OP(OP_NORM, cu_swiglu(c->mlp1, c->mlp2, (size_t)n * g->intermediate));
+    OP(OP_MATMUL, cu_matmul(c->xn, c->mlp1, &l->down, n));
+    OP(OP_NORM, cu_add(c->x, c->xn, (size_t)n * g->hidden));
 }
 
 /* Checks and tree tables on the host (as the CPU backend), then the inputs to the device. */
@@ -492,10 +536,10 @@ static int forward_logits(dfl_state *s, const int32_t *tokens, const int *parent
     const dfl_config *g = &m->cfg;
     const cu_model *d = m->dev;
     const int H = g->hidden, V = g->vocab, rows = o->last_only && !parent ? 1 : n, first = n - rows;
-    cu_rmsnorm(c->xn, c->x + (size_t)first * H, d->final_norm, rows, H, g->rms_eps);
-    cu_matmul(c->logits, c->xn, &d->lm_head, rows);
+    OP(OP_LOGITS, cu_rmsnorm(c->xn, c->x + (size_t)first * H, d->final_norm, rows, H, g->rms_eps));
+    OP(OP_LOGITS, cu_matmul(c->logits, c->xn, &d->lm_head, rows));
     CK(cudaMemsetAsync(c->bad, 0, sizeof(unsigned), 0));
-    cu_argmax(c->ids, c->logits, rows, V, c->bad);
+    OP(OP_LOGITS, cu_argmax(c->ids, c->logits, rows, V, c->bad));
     CK(cudaGetLastError());
     unsigned bad = 0;
     CK(cudaMemcpy(&bad, c->bad, sizeof bad, cudaMemcpyDeviceToHost));
@@ -530,7 +574,7 @@ static int cuda_forward(dfl_state *s, const int32_t *tokens, const int *parent, 
     const dfl_config *g = &m->cfg;
     const int H = g->hidden, tree = parent != NULL, base = s->n_past;
     if (forward_prepare(s, tokens, parent, n, o->cap) != DFL_OK) return DFL_ERR;
-    cu_embed(c->x, &((cu_model *)m->dev)->embed, c->tok, n);
+    OP(OP_NORM, cu_embed(c->x, &((cu_model *)m->dev)->embed, c->tok, n));
     s->moe_touched = 0;
     s->rec_n_past = s->n_past;
     s->rec_n = s->record && !s->no_record && !tree ? n : -1;
