@@ -14,7 +14,7 @@
 #include <stddef.h>
 
 #include "dfl/model.h"
-#include "dfl/spec.h"
+#include "dfl/draft.h"
 
 /* Block size when --block-size is not given: 3 MTP steps a round. B-1 is vLLM's
  * num_speculative_tokens; give --block-size to match a serving configuration. */

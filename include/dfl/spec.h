@@ -5,34 +5,9 @@
 
 #include <stdint.h>
 
+#include "dfl/draft.h"
 #include "dfl/drafter.h"
 #include "dfl/model.h"
-
-#define DFL_MAX_BLOCK 256
-
-/* A drafter as the loop sees it: B-1 distributions per round from the committed context. The
- * DFlash drafter is one (spec_dflash_drafter), the target's MTP head another (mtp_drafter_if,
- * dfl/mtp.h); tests plug in others (e.g. an oracle that proposes known continuations). */
-typedef struct dfl_draft_if {
-    void *ctx;
-    /* Append newly committed positions: feat [n, n_feat*H] the target's features there, tokens [n]
-     * the tokens at those positions (the inputs the features were computed from). A drafter that
-     * pairs a hidden state with the token after it (the MTP head) takes the next token from the
-     * next call or from the anchor. */
-    int (*add_context)(void *ctx, const float *feat, const int32_t *tokens, int n);
-    /* Draft a block of B tokens starting with anchor: logits [B-1, V]. */
-    int (*draft)(void *ctx, int32_t anchor, int B, float *logits);
-    /* Positions whose features the drafter holds (must equal the committed length). */
-    int (*context_len)(void *ctx);
-    /* Optional (NULL: always draft): asked before each round; nonzero makes the round a plain
-     * decode step (the features still reach add_context). Lossless either way; lets a recording
-     * decode where drafting does not pay. */
-    int (*skip)(void *ctx);
-    /* Optional: empty the context (a state reused over prompts, as eval does). */
-    void (*reset)(void *ctx);
-    const int *feature_layers; /* target decoder layers whose outputs make a feature */
-    int n_feature_layers;
-} dfl_draft_if;
 
 /* Wrap a DFlash drafter state. */
 dfl_draft_if spec_dflash_drafter(dfl_dstate *ds);

@@ -7,6 +7,7 @@
 
 #include "dfl/common.h"
 #include "dfl/mtp.h"
+#include "dfl/spec.h"
 #include "testutil.h"
 
 #define N_GEN 32
