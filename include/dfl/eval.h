@@ -66,6 +66,7 @@ typedef struct eval_result {
     int rep;             /* repetition of a timed online run (--repeat): 0 is the first, the one the
                           * statistics use; rows of later repetitions only add speedups over runs */
     int act_bf16;        /* computed with bf16 activations (DFL_ACT=bf16, kn_act); 0: float32 */
+    int device;          /* the dfl_device (dfl/backend.h) the target ran on (--device); 0: the CPU */
     int tokens;          /* generated tokens */
     int rounds;
     long drafted, accepted;
@@ -99,6 +100,8 @@ int eval_result_parse(const char *line, eval_result *r, int32_t **ids, int *n_id
 /* DFL_ERR naming `where` when r was computed in another activation mode than `bf16` (1: bf16
  * activations, 0: float32; the running process's kn_act). */
 int eval_result_act_check(const eval_result *r, int bf16, const char *where);
+/* DFL_ERR naming `where` when r's target ran on another device than `device` (dfl_device). */
+int eval_result_device_check(const eval_result *r, int device, const char *where);
 
 /* Aggregate of all responses of one drafter x mode (or of the autoregressive runs). */
 typedef struct eval_agg {
@@ -131,6 +134,7 @@ typedef struct eval_summary {
     int n_agg;
     int n_prompts;       /* responses of the autoregressive run */
     int act_bf16;        /* the responses were computed with bf16 activations (DFL_ACT=bf16) */
+    int device;          /* the dfl_device their target ran on (one per run: resume and merge check it) */
 } eval_summary;
 
 /* Build the summary from results (each response once; later duplicates are ignored). */
@@ -217,6 +221,8 @@ typedef struct eval_opts {
     const char *features_dir;    /* replay from saved features: no target forward */
     const char *features_from;   /* also replay on features written by another pipeline (hidden-diff format) */
     int cost_reps;               /* repetitions of each cost measurement (0 = no modeled speedup) */
+    int device;                  /* dfl_device (dfl/backend.h) the target's forwards run on (--device; the
+                                  * drafters stay on the CPU); not with features_dir (no target forward) */
     const eval_dist *dist;       /* spread over processes (NULL: this process runs every unit) */
     FILE *log;                   /* warnings and per-run lines (NULL: quiet) */
     void (*on_progress)(void *ud, const eval_progress *p);

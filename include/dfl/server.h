@@ -27,6 +27,7 @@ typedef struct dfl_server_opts {
     int max_conns;          /* open connections in all (each holds a thread); more are closed at accept */
     int max_conns_per_client; /* open connections from one client address */
     int check_weights;      /* scan the weights for NaN/Inf at load */
+    int device;             /* dfl_device (dfl/backend.h) the target's forwards run on; 0 = the CPU */
     int log_requests;       /* one line per request on stderr */
 } dfl_server_opts;
 

@@ -36,6 +36,9 @@ static const char *usage_text =
     "  --drafter DIR         a DFlash drafter (repeat to compare several, up to 8); 'mtp' = the target's\n"
     "                        own MTP head, 'DIR:mtp' = the MTP head of checkpoint DIR (labelled 'mtp (DIR)')\n"
     "  --prompts FILE        prompt set\n"
+    "  --device D            cpu (default) | cuda: where the target's forwards run (the drafters stay on\n"
+    "                        the CPU; the devices this build has: dfl --version); recorded in the results\n"
+    "                        and summary.json, and a --resume must use the same (not with --features)\n"
     "  --tokenizer PATH      tokenizer.json or a directory holding one (default: the target's)\n"
     "  --format F            gsm8k (\"question\"), mtbench (\"turns\"), jsonl:FIELD, text (a prompt per\n"
     "                        line); default: gsm8k, or mtbench for a file with \"turns\"\n"
@@ -146,6 +149,13 @@ static int parse_args(eval_opts *o, int *save_layers, const char **progress_mode
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         long v;
+        dfl_device dev;
+        const int dev_rc = cli_device_option("eval", argc, argv, &i, &dev);
+        if (dev_rc < 0) return 2;
+        if (dev_rc > 0) {
+            o->device = (int)dev;
+            continue;
+        }
         if (cli_is_help(a)) {
             fputs(usage_text, stdout);
             exit(0);

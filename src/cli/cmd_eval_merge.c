@@ -16,8 +16,9 @@ static const char *usage_text =
     "plots as one run over all prompts would. A response present in several inputs is kept once.\n";
 
 /* Append every line of src to dst; returns the number of lines, -1 on error. With parse, every
- * line must parse and have the activation mode *act (set by the first line when -1). */
-static int append_file(FILE *dst, const char *src, int parse, int *act) {
+ * line must parse and have the activation mode *act and the device *dev (set by the first line
+ * when -1). */
+static int append_file(FILE *dst, const char *src, int parse, int *act, int *dev) {
     FILE *f = fopen(src, "r");
     if (!f) return parse ? (dfl_seterr("%s: cannot open", src), -1) : 0;
     char *line = NULL;
@@ -39,6 +40,14 @@ static int append_file(FILE *dst, const char *src, int parse, int *act) {
             if (r.act_bf16 != *act) {
                 dfl_seterr("%s:%d: computed with %s activations, earlier inputs with %s: results of both modes must "
                            "not mix in one summary", src, lineno, r.act_bf16 ? "bf16" : "f32", *act ? "bf16" : "f32");
+                n = -1;
+                break;
+            }
+            if (*dev < 0) *dev = r.device;
+            if (r.device != *dev) {
+                dfl_seterr("%s:%d: the target ran on %s, in earlier inputs on %s: results of both devices must not "
+                           "mix in one summary", src, lineno, dfl_device_name((dfl_device)r.device),
+                           dfl_device_name((dfl_device)*dev));
                 n = -1;
                 break;
             }
@@ -71,7 +80,7 @@ int cmd_eval_merge(int argc, char **argv) {
     mkdir(out, 0755);
     char *res = dfl_path_join(out, "results.jsonl"), *ref = dfl_path_join(out, "reference.jsonl");
     FILE *fr = fopen(res, "w"), *ff = NULL;
-    int rc = 0, have_ref = 0, act = -1;
+    int rc = 0, have_ref = 0, act = -1, dev = -1;
     if (!fr) {
         rc = cli_fail("eval-merge", "%s: cannot create", res);
         goto done;
@@ -82,13 +91,13 @@ int cmd_eval_merge(int argc, char **argv) {
             break;
         }
         char *p = dfl_path_join(in[i], "results.jsonl");
-        if (append_file(fr, p, 1, &act) < 0) rc = cli_fail("eval-merge", "%s", dfl_errmsg());
+        if (append_file(fr, p, 1, &act, &dev) < 0) rc = cli_fail("eval-merge", "%s", dfl_errmsg());
         free(p);
         p = dfl_path_join(in[i], "reference.jsonl");
         if (rc == 0 && dfl_is_file(p)) {
             if (!ff) ff = fopen(ref, "w");
             have_ref = 1;
-            append_file(ff, p, 0, &act);
+            append_file(ff, p, 0, &act, &dev);
         }
         free(p);
     }

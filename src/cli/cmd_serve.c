@@ -13,7 +13,7 @@ static const char *usage_text =
     "usage: dfl serve --target DIR [--drafter DIR|mtp|DIR:mtp [--block-size B] [--tree-budget N]] [--host ADDR] [--port P]\n"
     "                 [--max-queue N] [--max-context N] [--max-body BYTES] [--tokenizer PATH]\n"
     "                 [--timeout S] [--max-connections N] [--max-connections-per-client N]\n"
-    "                 [--model-name NAME] [--quiet] [--check-weights]\n"
+    "                 [--model-name NAME] [--quiet] [--check-weights] [--device cpu|cuda]\n"
     "\n"
     "Serve generation over HTTP with DFlash speculative decoding (or autoregressively without a\n"
     "drafter): OpenAI POST /v1/completions and /v1/chat/completions (streaming with \"stream\": true;\n"
@@ -48,6 +48,8 @@ static const char *usage_text =
     "  --model-name NAME   the \"model\" reported in responses (default: the target directory's name)\n"
     "  --quiet             do not log each request on stderr\n"
     "  --check-weights     scan the weights for NaN/Inf at load\n"
+    "  --device D          cpu (default) | cuda: where the target's forwards run (the drafter stays on\n"
+    "                      the CPU; the devices this build has: dfl --version; /v1/models names it)\n"
     "\n"
     "Prints \"dfl serve: listening on http://HOST:PORT\" on stderr once it accepts requests.\n";
 
@@ -59,6 +61,13 @@ int cmd_serve(int argc, char **argv) {
     long v;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
+        dfl_device dev;
+        const int dev_rc = cli_device_option("serve", argc, argv, &i, &dev);
+        if (dev_rc < 0) return 2;
+        if (dev_rc > 0) {
+            o.device = (int)dev;
+            continue;
+        }
         if (cli_is_help(a)) {
             fputs(usage_text, stdout);
             return 0;
@@ -126,8 +135,9 @@ int cmd_serve(int argc, char **argv) {
     if (*server_drafter_warning(srv)) fprintf(stderr, "dfl serve: warning: %s\n", server_drafter_warning(srv));
     const char *host = o.host ? o.host : "127.0.0.1";
     const int v6 = strchr(host, ':') != NULL;
-    fprintf(stderr, "dfl serve: listening on http://%s%s%s:%d (target %s%s%s, context %d, queue %d)\n",
-            v6 ? "[" : "", host, v6 ? "]" : "", server_port(srv), o.target, o.drafter ? ", drafter " : "",
+    fprintf(stderr, "dfl serve: listening on http://%s%s%s:%d (target %s%s%s%s%s, context %d, queue %d)\n",
+            v6 ? "[" : "", host, v6 ? "]" : "", server_port(srv), o.target, o.device ? " on " : "",
+            o.device ? dfl_device_name((dfl_device)o.device) : "", o.drafter ? ", drafter " : "",
             o.drafter ? o.drafter : "", server_max_context(srv), o.max_queue);
     fflush(stderr);
     int sig = 0;

@@ -20,6 +20,12 @@ static uint64_t fnv1a(uint64_t h, const void *p, size_t n) {
     return h;
 }
 
+int eval_device_lookup(const char *name) {
+    for (int d = 0; d < DFL_DEVICE_COUNT; d++)
+        if (strcmp(name, dfl_device_name((dfl_device)d)) == 0) return d;
+    return -1;
+}
+
 int eval_target_identity(const dfl_model *m, eval_target_id *id) {
     memset(id, 0, sizeof *id);
     char *path = dfl_path_join(m->dir, "config.json");
@@ -89,11 +95,13 @@ int eval_features_save(const char *path, const eval_truth *t, const eval_feature
         {"target", meta->target}, {"target_config_hash", meta->id.config_hash},
         {"target_weights_hash", meta->id.weights_hash}, {"target_layout", meta->id.layout},
         {"target_dtype", meta->id.dtype}, {"act", meta->act_bf16 ? "bf16" : "f32"},
+        {"device", dfl_device_name((dfl_device)meta->device)}, /* the last: left out on the CPU */
     };
     /* written whole, then renamed: an interrupted run never leaves a torn file under the name */
     char tmp[4200];
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    if (st_write_meta(tmp, e, ne, md, (int)(sizeof md / sizeof md[0])) != DFL_OK) goto done;
+    if (st_write_meta(tmp, e, ne, md, (int)(sizeof md / sizeof md[0]) - (meta->device == DFL_DEVICE_CPU)) != DFL_OK)
+        goto done;
     if (rename(tmp, path) != 0) {
         dfl_seterr("%s: cannot rename into place: %s", path, strerror(errno));
         unlink(tmp);
@@ -198,6 +206,12 @@ int eval_features_load(const char *path, eval_truth *t, eval_features_meta *meta
         goto done;
     }
     meta->act_bf16 = strcmp(act, "bf16") == 0;
+    char dev[16] = "cpu"; /* absent: the CPU */
+    if (st_meta_get(&st, 0, "device", dev, sizeof dev) != DFL_OK) snprintf(dev, sizeof dev, "cpu");
+    if ((meta->device = eval_device_lookup(dev)) < 0) {
+        dfl_seterr("%s: __metadata__ device: expected cpu or cuda, found '%s'", path, dev);
+        goto done;
+    }
     const int rows = np + n - 1;
     int32_t *in = malloc((size_t)rows * sizeof *in), *ids = malloc((size_t)(n + ext) * sizeof *ids);
     const st_tensor *xi = st_find(&st, "input_ids"), *xt = st_find(&st, "truth_ids");

@@ -19,10 +19,13 @@ typedef struct eval_features_meta {
     char prompt_id[128];
     int turn, max_new;
     int act_bf16;          /* the target ran with bf16 activations (kn_act) when recording */
+    int device;            /* the dfl_device it ran on (__metadata__ "device", absent: the CPU) */
     char target[4096];     /* the target directory as given when recording */
     eval_target_id id;
 } eval_features_meta;
 
+/* The dfl_device named `name` ("cpu", "cuda"), built into this dfl or not; -1 for none. */
+int eval_device_lookup(const char *name);
 int eval_target_identity(const dfl_model *m, eval_target_id *id);
 /* DFL_ERR naming `what` and both values when have is not the target want was recorded on. */
 int eval_target_id_check(const eval_target_id *want, const eval_target_id *have, const char *what);

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "dfl/backend.h"
 #include "dfl/common.h"
 #include "dfl/eval.h"
 
@@ -112,6 +113,7 @@ static int write_json(const eval_summary *s, const char *path, const char *extra
                "recorded target truth and features (exact at temperature 0: same rounds as online)\"\n"
                "  },\n");
     fprintf(f, "  \"activations\": \"%s\",\n", s->act_bf16 ? "bf16" : "f32");
+    fprintf(f, "  \"device\": \"%s\",\n", dfl_device_name((dfl_device)s->device)); /* where the target ran */
     fprintf(f, "  \"prompts\": %d,\n  \"autoregressive\": {\"responses\": %d, \"tokens\": %d, \"decode_s\": %.6f, "
                "\"prefill_s\": %.6f, \"tokens_per_s\": %.3f},\n  \"results\": [",
             s->n_prompts, ar->responses, ar->tokens, ar->time_s, ar->prefill_s,
@@ -365,6 +367,10 @@ static int write_md(const eval_summary *s, const char *path) {
         fprintf(f, "**Computed with bf16 activations** (DFL_ACT=bf16): every BF16 matrix product rounded its "
                    "activations to bf16, so the target is not the float32 computation of training; τ can differ "
                    "from a float32 run (compare with `dfl eval-compare`).\n\n");
+    if (s->device)
+        fprintf(f, "**Target on %s** (`--device %s`): the target's forwards ran there, the drafters on the CPU; "
+                   "times and speedups are this device's.\n\n", dfl_device_name((dfl_device)s->device),
+                dfl_device_name((dfl_device)s->device));
     write_howto(f, s, dr, nd);
     static const char *const titles[] = {
         "τ (mean over responses of (tokens − 1) / rounds)", "τ token-weighted (Σ(tokens − 1) / Σ rounds)",

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "dfl/backend.h"
 #include "dfl/common.h"
 #include "dfl/eval.h"
 
@@ -21,6 +22,13 @@ int eval_result_act_check(const eval_result *r, int here, const char *where) {
     if (r->act_bf16 == here) return DFL_OK;
     return dfl_seterr("%s: computed with %s activations, this run uses %s (DFL_ACT): results of both modes must not "
                       "mix in one evaluation", where, r->act_bf16 ? "bf16" : "f32", here ? "bf16" : "f32");
+}
+
+int eval_result_device_check(const eval_result *r, int device, const char *where) {
+    if (r->device == device) return DFL_OK;
+    return dfl_seterr("%s: the target ran on %s, this run puts it on %s (--device): results of both devices must "
+                      "not mix in one evaluation", where, dfl_device_name((dfl_device)r->device),
+                      dfl_device_name((dfl_device)device));
 }
 
 void eval_result_from_stats(eval_result *r, const dfl_gen_stats *st) {
@@ -54,6 +62,7 @@ void eval_result_write(FILE *f, const eval_result *r, const int32_t *ids, int n_
     fprintf(f, ", \"turn\": %d, ", r->turn);
     if (r->rep > 0) fprintf(f, "\"rep\": %d, ", r->rep);
     if (r->act_bf16) fputs("\"act\": \"bf16\", ", f); /* absent: float32 activations */
+    if (r->device) fprintf(f, "\"device\": \"%s\", ", dfl_device_name((dfl_device)r->device)); /* absent: cpu */
     fputs("\"drafter\": ", f);
     dfl_json_write_string(f, r->drafter);
     fputs(", \"mode\": ", f);
@@ -183,6 +192,16 @@ int eval_result_parse(const char *line, eval_result *r, int32_t **ids, int *n_id
         goto done;
     }
     r->act_bf16 = act && strcmp(act->valuestring, "bf16") == 0;
+    const cJSON *dev = cJSON_GetObjectItemCaseSensitive(o, "device"); /* absent: the CPU */
+    if (dev) { /* any device's name, built here or not (a merge or summary of another machine's run) */
+        r->device = -1;
+        for (int d = 0; cJSON_IsString(dev) && d < DFL_DEVICE_COUNT; d++)
+            if (strcmp(dev->valuestring, dfl_device_name((dfl_device)d)) == 0) r->device = d;
+        if (r->device < 0) {
+            dfl_seterr("field device: expected \"cpu\" or \"cuda\"");
+            goto done;
+        }
+    }
     if (cJSON_GetObjectItemCaseSensitive(o, "rep")) { /* absent: the first (or only) run */
         if (get_int(o, "rep", 0, EVAL_MAX_REPEAT - 1, &v)) goto done;
         r->rep = (int)v;
@@ -368,6 +387,8 @@ int eval_summarize(eval_summary *s, const eval_result *res, int n) {
     }
     s->n_prompts = n_seen;
     for (int i = 0; i < n; i++) s->act_bf16 |= res[i].act_bf16; /* one mode per run: resume and merge check it */
+    for (int i = 0; i < n; i++)
+        if (res[i].device) s->device = res[i].device; /* one device per run, as well */
     free(seen);
     /* the autoregressive time over the same responses each drafter x mode produced (measured), and
      * per response: AR time per decoded token / this row's time per decoded token (the first token

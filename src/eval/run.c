@@ -46,7 +46,7 @@ typedef struct done_set {
     long good_end; /* bytes of complete lines: an interrupted write leaves a partial line after */
 } done_set;
 
-static int load_done(done_set *d, const char *path) {
+static int load_done(done_set *d, const char *path, int device) {
     memset(d, 0, sizeof *d);
     FILE *f = fopen(path, "r");
     if (!f) return DFL_OK;
@@ -75,7 +75,8 @@ static int load_done(done_set *d, const char *path) {
         }
         char where[4200];
         snprintf(where, sizeof where, "%s:%d", path, lineno);
-        if ((rc = eval_result_act_check(&d->r[d->n], kn_act_get() == KN_ACT_BF16, where)) != DFL_OK) {
+        if ((rc = eval_result_act_check(&d->r[d->n], kn_act_get() == KN_ACT_BF16, where)) != DFL_OK ||
+            (rc = eval_result_device_check(&d->r[d->n], device, where)) != DFL_OK) {
             free(d->ids[d->n]);
             break;
         }
@@ -88,7 +89,7 @@ static int load_done(done_set *d, const char *path) {
 }
 
 /* Results lines handed over with a unit (a run spread over processes): added as if read back. */
-static int done_add_text(done_set *d, const char *text) {
+static int done_add_text(done_set *d, const char *text, int device) {
     while (*text) {
         const char *nl = strchr(text, '\n');
         const size_t n = nl ? (size_t)(nl - text) : strlen(text);
@@ -102,6 +103,8 @@ static int done_add_text(done_set *d, const char *text) {
             if (rc != DFL_OK) return dfl_preperr("a results line handed over with a unit");
             rc = eval_result_act_check(&d->r[d->n], kn_act_get() == KN_ACT_BF16,
                                        "a results line handed over with a unit");
+            if (rc == DFL_OK)
+                rc = eval_result_device_check(&d->r[d->n], device, "a results line handed over with a unit");
             if (rc != DFL_OK) {
                 free(d->ids[d->n]);
                 return rc;
@@ -331,6 +334,7 @@ typedef struct run {
     int rec_auto;                /* --record-mode auto */
     int replay;          /* replay (1) or online (0) */
     int from_features;
+    int device;          /* where the target ran (o->device, or the saved truths' device with features_dir) */
     eval_outcome res;
     int ref_compared, ref_agree;
     /* per-round accepted lengths of an online run (on_round) */
@@ -358,6 +362,7 @@ static void on_round(void *ud, int start, const int32_t *block, int bs, const fl
 
 static int write_result(run *r, eval_result *e, const int32_t *ids, int n_ids) {
     const eval_dist *dd = r->o->dist;
+    e->device = r->device;
     if (dd) { /* the writer's file, or a message to it */
         char *line = NULL;
         size_t len = 0;
@@ -675,7 +680,7 @@ static int save_truth(run *r, const char *pid, int turn, int index, const eval_t
     eval_features_name(index, turn, name, sizeof name);
     char *path = dfl_path_join(r->o->save_features, name);
     eval_features_meta meta = {.turn = turn, .max_new = r->max_new, .id = r->id,
-                               .act_bf16 = kn_act_get() == KN_ACT_BF16};
+                               .act_bf16 = kn_act_get() == KN_ACT_BF16, .device = r->device};
     snprintf(meta.prompt_id, sizeof meta.prompt_id, "%s", pid);
     snprintf(meta.target, sizeof meta.target, "%s", r->o->target);
     int rc = eval_features_save(path, t, &meta);
@@ -704,6 +709,11 @@ static int load_truth(run *r, const char *dir, const unit *u, eval_truth *t) {
     if (rc == DFL_OK && meta.act_bf16 != (kn_act_get() == KN_ACT_BF16))
         rc = dfl_seterr("%s: recorded with %s activations, this run uses %s (DFL_ACT): a replay is exact only in the "
                         "same mode", path, meta.act_bf16 ? "bf16" : "f32", meta.act_bf16 ? "f32" : "bf16");
+    if (rc == DFL_OK && meta.device != r->device)
+        rc = dfl_seterr("%s: recorded with the target on %s, %s on %s: truths of both devices must not mix in one "
+                        "evaluation", path, dfl_device_name((dfl_device)meta.device),
+                        r->from_features ? "the first saved truth's" : "this run's (--device)",
+                        dfl_device_name((dfl_device)r->device));
     free(path);
     return rc;
 }
@@ -780,6 +790,9 @@ int eval_opts_check(const eval_opts *o) {
         if (o->features_dir && (o->save_features || o->check_ar || o->record_budget != -1))
             return dfl_seterr("--features runs no target forward: --save-features, --check-ar and --record-mode "
                               "need a recording run");
+        if (o->features_dir && o->device != DFL_DEVICE_CPU)
+            return dfl_seterr("--features runs no target forward: --device does not apply (the results are marked "
+                              "with the device the truths were recorded on)");
         if (o->record_budget >= 0) {
             if (o->record_budget > DDTREE_MAX_BUDGET)
                 return dfl_seterr("--record-mode ddtree-%d: the target verifies at most %d nodes", o->record_budget,
@@ -955,7 +968,7 @@ static int write_target_json(run *r) {
 static int write_summary(run *r, const char *missing) {
     const eval_opts *o = r->o;
     done_free(&r->done);
-    if (load_done(&r->done, r->res_path) != DFL_OK) return DFL_ERR;
+    if (load_done(&r->done, r->res_path, r->device) != DFL_OK) return DFL_ERR;
     eval_summary sm;
     eval_summarize(&sm, r->done.r, r->done.n);
     struct rusage ru;
@@ -1170,6 +1183,7 @@ int eval_run(const eval_opts *o, eval_outcome *res) {
     r->max_new = o->max_new;
     r->replay = !o->online;
     r->from_features = o->features_dir != NULL;
+    r->device = o->device;
     r->rec_auto = o->record_budget == EVAL_RECORD_AUTO;
     r->rec_budget = o->record_budget >= 0 ? o->record_budget : r->rec_auto ? 0 : o->budgets[0];
     for (int k = 0; k < o->n_modes; k++) r->max_budget = o->budgets[k] > r->max_budget ? o->budgets[k] : r->max_budget;
@@ -1192,6 +1206,10 @@ int eval_run(const eval_opts *o, eval_outcome *res) {
             rc = st_meta_get(&st, 0, "target", rec_target, sizeof rec_target);
             char mx[32];
             if (rc == DFL_OK && st_meta_get(&st, 0, "max_new", mx, sizeof mx) == DFL_OK) r->max_new = atoi(mx);
+            /* the device the truths were recorded on (absent: the CPU): the results are marked with it */
+            if (rc == DFL_OK && st_meta_get(&st, 0, "device", mx, sizeof mx) == DFL_OK &&
+                (r->device = eval_device_lookup(mx)) < 0)
+                rc = dfl_seterr("%s: __metadata__ device: expected cpu or cuda, found '%s'", p0, mx);
             if (rc == DFL_OK && o->max_new_set && o->max_new != r->max_new)
                 rc = dfl_seterr("%s: recorded with --max-new %d; a replay cannot give another --max-new (%d)", p0,
                                 r->max_new, o->max_new);
@@ -1211,6 +1229,8 @@ int eval_run(const eval_opts *o, eval_outcome *res) {
         goto out;
     }
     r->have_model = 1;
+    /* --device: can it run here (no usable GPU: said now); the weights go there after the checks */
+    if (!r->from_features && (rc = dfl_device_check((dfl_device)o->device))) goto out;
     if ((rc = eval_target_identity(&r->m, &r->id))) goto out;
     if ((rc = open_drafters(r))) goto out;
     if (!r->from_features || o->reference) {
@@ -1246,7 +1266,7 @@ int eval_run(const eval_opts *o, eval_outcome *res) {
             rc = dfl_seterr("%s already holds results: use --resume to continue it, or another --out", r->res_path);
             goto out;
         }
-        if ((rc = load_done(&r->done, r->res_path))) goto out;
+        if ((rc = load_done(&r->done, r->res_path, r->device))) goto out;
         if (o->resume && stat(r->res_path, &stt) == 0 && r->done.good_end < stt.st_size &&
             truncate(r->res_path, r->done.good_end) != 0) {
             rc = dfl_seterr("%s: cannot drop the partial last line", r->res_path);
@@ -1313,6 +1333,15 @@ int eval_run(const eval_opts *o, eval_outcome *res) {
     const int chunk = max_prompt < 512 ? max_prompt : 512;
     int batch = chunk > r->max_block ? chunk : r->max_block;
     if (tree_slots + 1 > batch) batch = tree_slots + 1;
+    if (!r->from_features && o->device != DFL_DEVICE_CPU) { /* the target's forwards run there, the drafters here */
+        const double t0 = dfl_now();
+        if ((rc = model_use_device(&r->m, (dfl_device)o->device))) {
+            free(list);
+            goto out;
+        }
+        logf_(r, "dfl eval: target on %s (%.2f GB of weights uploaded in %.1f s)\n",
+              dfl_device_name((dfl_device)o->device), r->m.weight_bytes / 1e9, dfl_now() - t0);
+    }
     if ((rc = alloc_states(r, max_ctx, batch))) {
         free(list);
         goto out;
@@ -1348,7 +1377,7 @@ int eval_run(const eval_opts *o, eval_outcome *res) {
         if (o->dist) { /* the unit the dist hands out, with the lines held for it */
             char *held = NULL;
             rc = o->dist->next(o->dist->ud, &k, &held);
-            if (rc == DFL_OK && k >= 0 && held) rc = done_add_text(&r->done, held);
+            if (rc == DFL_OK && k >= 0 && held) rc = done_add_text(&r->done, held, r->device);
             free(held);
             if (rc || k < 0) break;
         } else if (j == n_units) {

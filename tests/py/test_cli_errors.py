@@ -1,19 +1,21 @@
 """Bad input gives a clear message and a non-zero exit, never a crash: malformed checkpoints
 (truncated, overlapping or holed offsets, header beyond the file, wrong shape, missing tensor,
 unsupported dtype, NaN weights, bad JSON, missing shard), bad options, contexts that do not fit,
-drafters that do not fit their target."""
+drafters that do not fit their target, --device naming a device the build lacks or the machine
+cannot run. Arguments: names of the sub-tests to run (default all), e.g. `devices`."""
 import json
 import os
 import shutil
 import signal
 import struct
 import subprocess
+import sys
 import tempfile
 
 import numpy as np
 from safetensors.numpy import load_file, save_file
 
-from dfltest import DFL, Tally, dfl, fixture, st_read_raw, st_write_raw
+from dfltest import DFL, SOURCE, Tally, dfl, fixture, run, st_read_raw, st_write_raw
 
 t = Tally("cli errors")
 tmp = tempfile.mkdtemp(prefix="dfl-bad-")
@@ -304,7 +306,9 @@ def messages():
     for args in (["--version"], ["version"]):
         p = dfl(*args, check=False)
         lines = dict(ln.split(" ", 1) for ln in p.stdout.strip().splitlines())
-        t.check(p.returncode == 0 and set(lines) == {"dfl", "commit", "build", "isa", "act", "mpi"}, f"dfl {args}: {p.stdout}")
+        t.check(p.returncode == 0 and set(lines) == {"dfl", "commit", "build", "isa", "act", "mpi", "devices"},
+                f"dfl {args}: {p.stdout}")
+        t.check(lines.get("devices", "").split(" (")[0] in ("cpu", "cpu cuda"), f"dfl {args}: devices {p.stdout}")
         t.check(lines.get("mpi") == "no" or lines.get("mpi", "").startswith(("Open MPI", "MPICH")),
                 f"dfl {args}: mpi {p.stdout}")
         t.check(lines.get("isa", "").split()[0] in ("generic", "avx2", "avx512", "avx512bf16", "amx"),
@@ -320,9 +324,77 @@ def messages():
     t.check("version" in dfl("--help").stdout, "dfl --help lists version")
 
 
-t.run(malformed_checkpoints)
-t.run(messages)
-t.run(bad_options)
-t.run(duplicate_prompt_ids)
-t.run(num_target_layers)
+def devices_built(binary):
+    """The devices a dfl binary has ("cpu", "cuda") and its `devices` line of --version."""
+    line = [x for x in run([binary, "--version"]).stdout.splitlines() if x.startswith("devices ")][0]
+    return line[len("devices "):].split(" (")[0].split(), line
+
+
+def devices():
+    """--device on generate, hidden, bench, eval and serve: an unknown name is a usage error (exit 2)
+    naming the devices this build has; cuda on a build without the CUDA backend the same, saying
+    how to build it; on a CUDA build where no GPU answers (CI: build-cuda/dfl, or DFL_CUDA_BIN) a
+    clean failure (exit 1) saying "no usable GPU", before any output is written."""
+    tiny, d3 = fixture("qwen3_tiny"), fixture("dflash_qwen3")
+    prompts = os.path.join(tmp, "dev.jsonl")
+    with open(prompts, "w") as f:
+        f.write(json.dumps({"question": "What is 2 + 3?"}) + "\n")
+
+    def commands(tag):
+        return {"generate": ["generate", "--target", tiny, "--prompt-ids", "1,2,3", "--max-new", "2"],
+                "hidden": ["hidden", "--target", tiny, "--layers", "0", "--prompt-ids", "1,2", "--out",
+                           os.path.join(tmp, f"dev-{tag}.safetensors")],
+                "bench": ["bench", "--model", tiny, "--parts", "decode", "--decode", "2", "--context", "8"],
+                "eval": ["eval", "--target", tiny, "--drafter", d3, "--prompts", prompts, "--max-new", "4", "--out",
+                         os.path.join(tmp, f"dev-{tag}-eval"), "--progress", "none"],
+                "serve": ["serve", "--target", tiny, "--port", "0"]}
+
+    built, _ = devices_built(DFL)
+    t.check(built[0] == "cpu", f"devices built: {built}")
+    for name, args in commands("bogus").items():
+        expect_fail(args + ["--device", "bogus"], "--device 'bogus': unknown device",
+                    f"devices built: {' '.join(built)}", code=2)
+        expect_fail(args + ["--device"], "--device", code=2)
+    if "cuda" not in built:
+        for name, args in commands("nocuda").items():
+            expect_fail(args + ["--device", "cuda"], "--device cuda: this build has no cuda backend",
+                        "devices built: cpu", "-DDFL_CUDA=ON", code=2)
+        t.check(not os.path.exists(os.path.join(tmp, "dev-nocuda-eval")), "eval --device cuda: no --out written")
+
+    # a CUDA build where no GPU answers: this binary, $DFL_CUDA_BIN, or build-cuda/dfl when it is not
+    # older than this binary (an older one may predate the sources under test: scripts/test.sh
+    # builds it after build/ and checks it with DFL_BIN=build-cuda/dfl)
+    cuda = DFL if "cuda" in built else os.environ.get("DFL_CUDA_BIN", "")
+    if not cuda:
+        cuda = os.path.join(SOURCE, "build-cuda", "dfl")
+        if os.access(cuda, os.X_OK) and os.path.getmtime(cuda) < os.path.getmtime(DFL):
+            print(f"devices: {cuda} is older than {DFL}: --device cuda without a GPU not checked", flush=True)
+            return
+    if not os.access(cuda, os.X_OK):
+        print(f"devices: no CUDA build ({cuda}): --device cuda without a GPU not checked", flush=True)
+        return
+    cbuilt, line = devices_built(cuda)
+    if "cuda" not in cbuilt:
+        t.check(False, f"{cuda}: built without the CUDA backend: {line}")
+        return
+    if "no usable GPU" not in line:
+        print(f"devices: {cuda} has a usable GPU ({line}): tests/gpu check --device cuda", flush=True)
+        return
+    for name, args in commands("nogpu").items():
+        p = run([cuda] + args + ["--device", "cuda"], check=False, timeout=120)
+        t.check(p.returncode == 1 and f"dfl {name}: " in p.stderr and "no usable GPU" in p.stderr,
+                f"{cuda} {name} --device cuda without a GPU: rc {p.returncode}: {p.stderr[-400:]}")
+        p = run([cuda] + args + ["--device", "bogus"], check=False, timeout=120)
+        t.check(p.returncode == 2 and "devices built: cpu cuda" in p.stderr,
+                f"{cuda} {name} --device bogus: rc {p.returncode}: {p.stderr[-400:]}")
+    t.check(not os.path.exists(os.path.join(tmp, "dev-nogpu-eval")), "eval --device cuda without a GPU: no --out")
+    p = run([cuda] + commands("cpu")["generate"] + ["--device", "cpu"], check=False, timeout=120)
+    t.check(p.returncode == 0, f"{cuda} generate --device cpu: rc {p.returncode}: {p.stderr[-400:]}")
+
+
+subtests = [malformed_checkpoints, messages, bad_options, duplicate_prompt_ids, num_target_layers, devices]
+only = sys.argv[1:]
+for fn in subtests:
+    if not only or fn.__name__ in only:
+        t.run(fn)
 t.done()

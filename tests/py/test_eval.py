@@ -6,12 +6,14 @@ divergence must be caught; an MoE target (online and replay); bad input."""
 import json
 import os
 import re
+import shutil
 import signal
+import struct
 import subprocess
 import tempfile
 import xml.etree.ElementTree as ET
 
-from dfltest import DFL, SHARED, SOURCE, Tally, dfl, fixture
+from dfltest import DFL, SHARED, SOURCE, Tally, dfl, fixture, st_read_raw
 
 t = Tally("eval")
 tmp = tempfile.mkdtemp(prefix="dfl-eval-")
@@ -450,10 +452,76 @@ def accept_rules():
     t.check(p.returncode == 2 and "--accept-rule" in p.stderr, f"--accept-rule maybe: {p.stderr[-200:]}")
 
 
+def devices():
+    """--device: summary.json names the device the target ran on (cpu here; results lines carry
+    "device" only off the CPU, so CPU results are as before); results marked with another device
+    (as a `--device cuda` run writes them) are refused on --resume, named in a merge's summary.json
+    and summary.md, and refused mixed with CPU results; replaying features recorded on another
+    device marks the results with it, and truths of two devices are refused together."""
+    out, feat = os.path.join(tmp, "dev-cpu"), os.path.join(tmp, "dev-feat")
+    args = ("--target", T, "--drafter", D1, "--prompts", GSM, "--limit", 2, "--max-new", 12, "--progress", "none")
+    dfl("eval", *args, "--out", out, "--save-features", feat)
+    t.check(summary(out)["device"] == "cpu" and all("device" not in r for r in lines(out)),
+            "cpu run: summary.json device cpu, no device field in the results")
+    t.check("Target on" not in open(os.path.join(out, "summary.md")).read(), "cpu run: summary.md says nothing")
+    cu = os.path.join(tmp, "dev-cuda")
+    os.makedirs(cu)
+    with open(os.path.join(out, "results.jsonl")) as f, open(os.path.join(cu, "results.jsonl"), "w") as g:
+        for x in f:
+            g.write(x.replace('{"prompt_id": ', '{"device": "cuda", "prompt_id": ', 1))
+    p = dfl("eval", *args, "--out", cu, "--resume", check=False)
+    t.check(p.returncode == 1 and "results.jsonl:1" in p.stderr and "ran on cuda" in p.stderr and
+            "--device" in p.stderr, f"resume of a cuda run on the cpu refused: {p.stderr.strip()[-300:]}")
+    merged = os.path.join(tmp, "dev-merged")
+    dfl("eval-merge", "--out", merged, cu)
+    t.check(summary(merged)["device"] == "cuda" and all(r.get("device") == "cuda" for r in lines(merged)),
+            "merge of a cuda run: summary.json device cuda, every line kept")
+    t.check("**Target on cuda**" in open(os.path.join(merged, "summary.md")).read(), "summary.md names cuda")
+    p = dfl("eval-merge", "--out", os.path.join(tmp, "dev-mixed"), out, cu, check=False)
+    t.check(p.returncode != 0 and "must not mix" in p.stderr and "cuda" in p.stderr,
+            f"merging cpu and cuda results refused: {p.stderr.strip()[-300:]}")
+    bad = os.path.join(tmp, "dev-bad")
+    os.makedirs(bad)
+    with open(os.path.join(bad, "results.jsonl"), "w") as g:
+        g.write(open(os.path.join(cu, "results.jsonl")).readline().replace('"cuda"', '"tpu"'))
+    p = dfl("eval-merge", "--out", os.path.join(tmp, "dev-bad-m"), bad, check=False)
+    t.check(p.returncode != 0 and "field device" in p.stderr, f"device tpu refused: {p.stderr.strip()[-300:]}")
+
+    # features recorded on cuda: __metadata__ "device" (absent on the cpu)
+    files = sorted(x for x in os.listdir(feat) if x.endswith(".safetensors"))
+    t.check(len(files) >= 2 and all("device" not in st_read_raw(os.path.join(feat, x))[1]["__metadata__"]
+                                    for x in files), f"cpu features carry no device: {files}")
+
+    def mark(path, dev):
+        with open(path, "rb") as f:
+            n = struct.unpack("<Q", f.read(8))[0]
+            hdr = json.loads(f.read(n))
+            data = f.read()
+        hdr["__metadata__"]["device"] = dev
+        h = json.dumps(hdr).encode()
+        h += b" " * (-len(h) % 8)
+        with open(path, "wb") as f:
+            f.write(struct.pack("<Q", len(h)) + h + data)
+
+    fc = os.path.join(tmp, "dev-feat-cuda")
+    shutil.copytree(feat, fc)
+    for x in files:
+        mark(os.path.join(fc, x), "cuda")
+    rp = os.path.join(tmp, "dev-replay-cuda")
+    dfl("eval", "--features", fc, "--drafter", D1, "--out", rp, "--progress", "none")
+    t.check(summary(rp)["device"] == "cuda" and all(r.get("device") == "cuda" for r in lines(rp)),
+            "replay of cuda features: marked cuda")
+    mark(os.path.join(fc, files[-1]), "cpu")
+    p = dfl("eval", "--features", fc, "--drafter", D1, "--out", os.path.join(tmp, "dev-replay-mixed"), check=False)
+    t.check(p.returncode == 1 and files[-1] in p.stderr and "recorded with the target on cpu" in p.stderr,
+            f"features of two devices refused: {p.stderr.strip()[-300:]}")
+
+
 t.run(plots)
 t.run(moe)
 t.run(accept_rules)
 t.run(activations)
+t.run(devices)
 t.run(repeat)
 t.run(how_to_read)
 t.run(mtbench)

@@ -312,7 +312,7 @@ def stops_tokenize_metrics():
                 "error statuses counted")
         st, r = srv.json("/v1/models")
         t.check(st == 200 and r["data"][0]["id"] == "qwen3_tiny" and r["data"][0]["max_model_len"] == 256 and
-                r["data"][0]["activations"] == "f32", f"/v1/models {r}")
+                r["data"][0]["activations"] == "f32" and r["data"][0]["device"] == "cpu", f"/v1/models {r}")
     finally:
         t.check(srv.stop() == 0, "server exit status")
 

@@ -116,6 +116,28 @@ int main(void) {
     refused(line_with("turn", "0, \"act\": \"fp8\""), "field act");
     refused(line_with("turn", "0, \"act\": 1"), "field act");
 
+    /* "device": written only off the CPU (--device cuda), read back whether or not this build has
+     * that device; absent = cpu; a line of another device fails eval_result_device_check */
+    eval_result_init(&r);
+    CHECK(r.device == 0, "a new result ran on the cpu");
+    r.device = 1, r.max_block = 2;
+    w = written(&r, NULL, 0);
+    CHECK(strstr(w, "\"device\": \"cuda\"") && eval_result_parse(w, &r2, NULL, NULL) == DFL_OK && r2.device == 1,
+          "device round trip: %s: %s", dfl_errmsg(), w);
+    CHECK(eval_result_device_check(&r2, 0, "f.jsonl:4") == DFL_ERR && strstr(dfl_errmsg(), "f.jsonl:4") &&
+              strstr(dfl_errmsg(), "ran on cuda") && strstr(dfl_errmsg(), "on cpu"),
+          "a cuda line in a cpu run is refused: %s", dfl_errmsg());
+    free(w);
+    r.device = 0;
+    w = written(&r, NULL, 0);
+    CHECK(!strstr(w, "\"device\"") && eval_result_parse(w, &r2, NULL, NULL) == DFL_OK && r2.device == 0 &&
+              eval_result_device_check(&r2, 0, "x") == DFL_OK, "cpu lines have no device field: %s", w);
+    free(w);
+    CHECK(eval_result_parse(line_with("turn", "0, \"device\": \"cpu\""), &r2, NULL, NULL) == DFL_OK && r2.device == 0,
+          "device cpu given: %s", dfl_errmsg());
+    refused(line_with("turn", "0, \"device\": \"tpu\""), "field device");
+    refused(line_with("turn", "0, \"device\": 1"), "field device");
+
     /* numbers outside what the fields hold are refused, not cast (UBSan: float-cast-overflow) */
     refused(line_with("tokens", "1e300"), "field 'tokens'");
     refused(line_with("turn", "-1e300"), "field 'turn'");
