@@ -36,6 +36,10 @@ typedef struct dfl_config {
     double rope_theta;
     float partial_rotary;    /* fraction of head_dim that rotates (1 for qwen3) */
     int rot_dim;             /* head_dim * partial_rotary, even */
+    /* What the architecture implies, derived once when the config is read (so that the forwards
+     * test features, not model types): */
+    int attn_gate;           /* full attention has an output gate: q_proj rows [query | gate] per head */
+    int norm_plus_one;       /* RMSNorm weights are stored zero-centred: the multiplier is 1 + w */
     int tie_embeddings;
     int max_position;
     dfl_layer_type layer_types[DFL_MAX_LAYERS];

@@ -246,7 +246,7 @@ static int inspect_target(const char *dir, int json, int check) {
             printf("sizes:        hidden %d, no dense MLP, vocab %d\n", c->hidden, c->vocab);
         printf("attention:    %d q heads / %d kv heads, head_dim %d, rope theta %g, rotary %d of %d dims%s\n", c->n_heads,
                c->n_kv_heads, c->head_dim, c->rope_theta, c->rot_dim, c->head_dim,
-               c->arch == DFL_ARCH_QWEN3_5 ? ", output gate" : "");
+               c->attn_gate ? ", output gate" : "");
         if (c->arch == DFL_ARCH_QWEN3_5)
             printf("linear attn:  %d key heads / %d value heads, key dim %d, value dim %d, conv kernel %d\n",
                    c->lin_k_heads, c->lin_v_heads, c->lin_k_dim, c->lin_v_dim, c->conv_kernel);

@@ -457,6 +457,7 @@ int config_parse(dfl_config *c, const char *json, const char *where) {
     } else if (strcmp(mt_s, "qwen3_5") == 0 || strcmp(mt_s, "qwen3_5_text") == 0 || strcmp(mt_s, "qwen3_5_moe") == 0 ||
                strcmp(mt_s, "qwen3_5_moe_text") == 0) {
         c->arch = DFL_ARCH_QWEN3_5;
+        c->attn_gate = c->norm_plus_one = 1;
         c->rope_theta = 1e7;
         c->partial_rotary = 0.25f;
         if (strcmp(mt_s, "qwen3_5") == 0 || strcmp(mt_s, "qwen3_5_moe") == 0) {

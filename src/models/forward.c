@@ -222,7 +222,7 @@ static void attention_layer(dfl_state *s, int li, int n) {
     const dfl_config *g = &m->cfg;
     const dfl_layer_w *l = &m->layers[li];
     const int H = g->hidden, hd = g->head_dim, Hq = g->n_heads, Hkv = g->n_kv_heads, rot = g->rot_dim;
-    const int gated = g->arch == DFL_ARCH_QWEN3_5;
+    const int gated = g->attn_gate;
     const int qstride = Hq * hd * (gated ? 2 : 1), kvw = Hkv * hd, p0 = s->n_past;
     rmsnorm_rows(s->xn, s->x, l->input_norm, n, H, g->rms_eps);
     kn_matmul_multi(3, (float *[]){s->q, s->k, s->v}, s->xn, (const dfl_mat *[]){&l->q_proj, &l->k_proj, &l->v_proj}, n);

@@ -181,7 +181,7 @@ static int bind_layer(dfl_model *m, ld_ctx *c, int i) {
     const dfl_config *g = &m->cfg;
     dfl_layer_w *l = &m->layers[i];
     const int H = g->hidden, hd = g->head_dim;
-    const float norm_add = g->arch == DFL_ARCH_QWEN3_5 ? 1.0f : 0.0f; /* Qwen3.5 norms are 1 + w */
+    const float norm_add = g->norm_plus_one ? 1.0f : 0.0f;
     char n[512];
 #define NAME(fmt) (snprintf(n, sizeof n, "%slayers.%d." fmt, m->prefix, i), n)
     c->layer = i;
@@ -191,7 +191,7 @@ static int bind_layer(dfl_model *m, ld_ctx *c, int i) {
     ld_why(c, "hidden_size %d", H);
     if (!(l->post_norm = ld_vec1(c, NAME("post_attention_layernorm.weight"), H, norm_add))) return DFL_ERR;
     if (l->type == DFL_LAYER_FULL) {
-        if (ld_attention(c, NAME(""), H, g->n_heads, g->n_kv_heads, hd, g->arch == DFL_ARCH_QWEN3_5, norm_add,
+        if (ld_attention(c, NAME(""), H, g->n_heads, g->n_kv_heads, hd, g->attn_gate, norm_add,
                          (ld_attn){&l->q_proj, &l->k_proj, &l->v_proj, &l->o_proj, &l->q_norm, &l->k_norm}))
             return DFL_ERR;
     } else {
@@ -262,7 +262,7 @@ int model_open(dfl_model *m, const char *dir, int check_weights) {
     if (ld_mat(&c, n, g->vocab, g->hidden, &m->embed)) goto fail;
     snprintf(n, sizeof n, "%snorm.weight", m->prefix);
     ld_why(&c, "hidden_size %d", g->hidden);
-    if (!(m->final_norm = ld_vec1(&c, n, g->hidden, g->arch == DFL_ARCH_QWEN3_5 ? 1.0f : 0.0f))) goto fail;
+    if (!(m->final_norm = ld_vec1(&c, n, g->hidden, g->norm_plus_one ? 1.0f : 0.0f))) goto fail;
     for (int i = 0; i < g->n_layers; i++)
         if (bind_layer(m, &c, i) != DFL_OK) goto fail;
     if (g->tie_embeddings) {

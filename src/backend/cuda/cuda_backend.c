@@ -410,7 +410,7 @@ static void attention_layer(dfl_state *s, int li, int n, int tree) {
     const dfl_config *g = &s->m->cfg;
     const cu_layer *l = &((cu_model *)s->m->dev)->L[li];
     const int H = g->hidden, hd = g->head_dim, Hq = g->n_heads, Hkv = g->n_kv_heads;
-    const int gated = g->arch == DFL_ARCH_QWEN3_5, ldh = hd * (gated ? 2 : 1), ldq = Hq * ldh;
+    const int gated = g->attn_gate, ldh = hd * (gated ? 2 : 1), ldq = Hq * ldh;
     OP(OP_NORM, cu_rmsnorm(c->xn, c->x, l->input_norm, n, H, g->rms_eps));
     OP(OP_MATMUL, cu_matmul(c->q, c->xn, &l->q, n));
     OP(OP_MATMUL, cu_matmul(c->k, c->xn, &l->k, n));
