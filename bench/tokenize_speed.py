@@ -17,7 +17,7 @@ import time
 from tokenizers import Tokenizer
 
 SOURCE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SHARED = os.environ.get("DFL_SHARED", os.path.join(SOURCE, "..", "shared"))
+DATA = os.environ.get("DFL_DATA", os.path.join(SOURCE, "data"))
 
 
 def run_dfl(args, data):
@@ -37,8 +37,8 @@ def best(n, fn):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--dfl", default=os.environ.get("DFL_BIN", os.path.join(SOURCE, "build", "dfl")))
-    ap.add_argument("--tokenizer", default=os.path.join(SHARED, "tokenizers", "qwen3", "tokenizer.json"))
-    ap.add_argument("--corpus", default=os.path.join(SHARED, "datasets", "gsm8k", "train.jsonl"))
+    ap.add_argument("--tokenizer", default=os.path.join(DATA, "tokenizers", "qwen3", "tokenizer.json"))
+    ap.add_argument("--corpus", default=os.path.join(DATA, "datasets", "gsm8k", "train.jsonl"))
     ap.add_argument("--repeat", type=int, default=3)
     a = ap.parse_args()
 

@@ -15,9 +15,9 @@ from tokenizers import (AddedToken, Regex, Tokenizer, decoders, models, normaliz
                         processors, trainers)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-SHARED = os.environ.get("DFL_SHARED") or os.path.join(HERE, "..", "..", "shared")
-GSM8K_TRAIN = os.path.join(SHARED, "datasets", "gsm8k", "train.jsonl")
-QWEN_TOKENIZER = os.path.join(SHARED, "tokenizers", "qwen3", "tokenizer.json")
+DATA = os.environ.get("DFL_DATA") or os.path.join(HERE, "..", "data")  # data/README.md
+GSM8K_TRAIN = os.path.join(DATA, "datasets", "gsm8k", "train.jsonl")
+QWEN_TOKENIZER = os.path.join(DATA, "tokenizers", "qwen3", "tokenizer.json")
 
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|mask|>"]
 LEARNED_VOCAB = 1000 - len(SPECIALS)  # 256 byte symbols + merges; specials take ids 996..999

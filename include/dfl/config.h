@@ -96,7 +96,7 @@ int config_parse(dfl_config *c, const char *json, const char *where);
  * < c->vocab. Errors name the file and field. */
 int config_load_eos(dfl_config *c, const char *dir);
 
-/* Default DFlash target_layer_ids for k draft layers over n target layers (SPEC §4). */
+/* Default DFlash target_layer_ids for k draft layers over n target layers (docs/design.md §4). */
 void config_default_target_ids(int n_target_layers, int k, int *out);
 
 const char *config_arch_name(dfl_arch a);

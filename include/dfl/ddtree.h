@@ -1,4 +1,4 @@
-/* DDTree (Ringel & Romano 2026, SPEC §6): the best tree of N draft nodes for a block drafter
+/* DDTree (Ringel & Romano 2026, docs/design.md §6): the best tree of N draft nodes for a block drafter
  * is its N most probable prefixes under the factorized per-position distributions. */
 #ifndef DFL_DDTREE_H
 #define DFL_DDTREE_H

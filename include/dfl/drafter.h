@@ -1,4 +1,4 @@
-/* DFlash block drafter (z-lab format, SPEC §4): Qwen3 layers over [context ; block] keys,
+/* DFlash block drafter (z-lab format, docs/design.md §4): Qwen3 layers over [context ; block] keys,
  * the target's embedding and lm_head. A DFlash2 drafter (docs/dflash2.md) adds a grouped
  * depthwise convolution around each attention and MLP and a candidate selector that turns the
  * per-position logits into one coherent block. */

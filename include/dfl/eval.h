@@ -1,4 +1,4 @@
-/* Drafter evaluation (SPEC §7): prompt sets, per-response results, aggregates, reports. */
+/* Drafter evaluation (docs/design.md §7): prompt sets, per-response results, aggregates, reports. */
 #ifndef DFL_EVAL_H
 #define DFL_EVAL_H
 

@@ -135,7 +135,7 @@ size_t kn_count_nonfinite(const float *x, size_t n);
  * also load, convert and reduce (dfl bench --parts peak). */
 double kn_peak_macs(long iters, const char **what);
 
-/* ---- Gated DeltaNet core, one value head (SPEC §3) ------------------------------------ */
+/* ---- Gated DeltaNet core, one value head (docs/design.md §3) -------------------------- */
 
 /* Tokens per chunk of kn_gdn_chunked. */
 #define KN_GDN_CHUNK 64

@@ -213,7 +213,7 @@ int model_forward_ex(dfl_state *s, const int32_t *tokens, const int *parent, int
  * the state before the forward. */
 int state_rollback(dfl_state *s, int keep);
 
-/* Tree verification (DDTree, SPEC §6). Enable per-node states for trees of up to max_nodes
+/* Tree verification (DDTree, docs/design.md §6). Enable per-node states for trees of up to max_nodes
  * nodes (root included); memory: per linear layer max_nodes x (conv window + [Hv, dk, dv]). */
 int state_enable_tree(dfl_state *s, int max_nodes);
 void state_disable_tree(dfl_state *s);

@@ -1,5 +1,5 @@
 /* safetensors reader: mmap'd files, validated as the reference reader validates them
- * (SPEC §1), and sharded checkpoints through model.safetensors.index.json. */
+ * (docs/design.md §1), and sharded checkpoints through model.safetensors.index.json. */
 #ifndef DFL_SAFETENSORS_H
 #define DFL_SAFETENSORS_H
 

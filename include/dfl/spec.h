@@ -1,5 +1,5 @@
 /* Generation: autoregressive, and DFlash speculative decoding with chain verification
- * (SPEC §5), greedy or sampled, lossless. */
+ * (docs/design.md §5), greedy or sampled, lossless. */
 #ifndef DFL_SPEC_H
 #define DFL_SPEC_H
 
@@ -86,7 +86,7 @@ int spec_generate(dfl_state *s, dfl_draft_if *drafter, const int32_t *prompt, in
 /* Model eos test (config + generation_config + tokenizer_config ids). */
 int spec_is_eos(const dfl_model *m, int32_t id);
 
-/* Derived metrics (SPEC §7): tau = mean accepted+1 per round; tau_token_weighted =
+/* Derived metrics (docs/design.md §7): tau = mean accepted+1 per round; tau_token_weighted =
  * tokens committed by rounds / rounds. */
 double spec_tau(const dfl_gen_stats *st);
 double spec_tau_token_weighted(const dfl_gen_stats *st);

@@ -1,4 +1,4 @@
-/* config.json parsing for targets and drafters (SPEC §1–4). */
+/* config.json parsing for targets and drafters (docs/design.md §1–4). */
 #include "dfl/config.h"
 
 #include <cjson/cJSON.h>

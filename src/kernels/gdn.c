@@ -1,4 +1,4 @@
-/* Gated DeltaNet core (SPEC §3) for one value head: the token-by-token recurrence (decode,
+/* Gated DeltaNet core (docs/design.md §3) for one value head: the token-by-token recurrence (decode,
  * verification, rollback replay) and the chunked WY/UT form (prefill), each in a generic
  * variant and SIMD variants instantiated from gdn_body.h. */
 #include <stdlib.h>

@@ -1,4 +1,4 @@
-/* DFlash drafter forward (SPEC §4): context K/V from target features, one block per draft. */
+/* DFlash drafter forward (docs/design.md §4): context K/V from target features, one block per draft. */
 #include <math.h>
 #include <omp.h>
 #include <stdlib.h>

@@ -1,4 +1,4 @@
-/* Target forward pass (SPEC §2–3): Qwen3 dense and Qwen3.5 hybrid layers, dense MLP or sparse
+/* Target forward pass (docs/design.md §2–3): Qwen3 dense and Qwen3.5 hybrid layers, dense MLP or sparse
  * mixture of experts, over a batch of n new tokens on top of the cached context; run-state
  * allocation; rollback. */
 #include <math.h>

@@ -228,11 +228,11 @@ int spec_generate(dfl_state *s, dfl_draft_if *dr, const int32_t *prompt, int n_p
     const int want_plog = o->on_logits && o->prompt_logits;
     float *plog = want_plog ? malloc((size_t)(n_prompt < chunk ? n_prompt : chunk) * V * sizeof(float)) : NULL;
     int rc = DFL_ERR;
+    dfl_tree tree = {0}; /* before the first goto: the cleanup frees it */
     if (!logits || !probs || (dr && (!dlogits || !feat)) || (want_plog && !plog)) {
         dfl_seterr("out of memory for generation buffers");
         goto done;
     }
-    dfl_tree tree = {0};
     if (N > 0 && ddtree_alloc(&tree, N) != DFL_OK) goto done;
     dfl_rng rng;
     rng_seed(&rng, o->seed);

@@ -1,5 +1,5 @@
 /* Fuzz encode/decode on a real Qwen tokenizer (the embedded models/target/tokenizer.json, or
- * $DFL_FUZZ_TOKENIZER, e.g. ../shared/tokenizers/qwen3/tokenizer.json), asserting what
+ * $DFL_FUZZ_TOKENIZER, e.g. data/tokenizers/qwen3/tokenizer.json), asserting what
  * docs/tokenizer.md promises for arbitrary bytes b:
  *   - tok_encode(b) succeeds with ids of the vocabulary, and equals tok_encode of b with each
  *     maximal invalid UTF-8 subpart replaced by U+FFFD;

@@ -9,7 +9,7 @@ import sys
 SOURCE = os.environ.get("DFL_SOURCE", os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 DFL = os.environ.get("DFL_BIN", os.path.join(SOURCE, "build", "dfl"))
 FIXTURES = os.environ.get("DFL_FIXTURES", os.path.join(SOURCE, "build", "fixtures"))
-SHARED = os.environ.get("DFL_SHARED", os.path.join(SOURCE, "..", "shared"))
+DATA = os.environ.get("DFL_DATA", os.path.join(SOURCE, "data"))  # tokenizers and datasets (data/README.md)
 PY = sys.executable
 
 

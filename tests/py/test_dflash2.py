@@ -23,7 +23,7 @@ import time
 import numpy as np
 from safetensors.numpy import load_file
 
-from dfltest import DFL, PY, SHARED, SOURCE, Tally, dfl, dfl_json, fixture, run
+from dfltest import DATA, DFL, PY, SOURCE, Tally, dfl, dfl_json, fixture, run
 
 REF = os.path.join(SOURCE, "tools", "reference", "dflash2_reference.py")
 t = Tally("dflash2")
@@ -31,7 +31,7 @@ tmp = tempfile.mkdtemp(prefix="dfl-dflash2-")
 TINY, VLM = fixture("qwen3_tiny"), fixture("qwen35_vlm")
 D2, D2H, D1 = fixture("dflash2_qwen3"), fixture("dflash2_qwen35"), fixture("dflash_qwen3")
 PROMPTS = ["11,200,37,512,99,3,641,77,12", "5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,21,22,23,24,25,26,27,28"]
-GSM = os.path.join(SHARED, "datasets", "gsm8k", "test.jsonl")
+GSM = os.path.join(DATA, "datasets", "gsm8k", "test.jsonl")
 ET, ED = os.path.join(SOURCE, "models", "target"), os.path.join(SOURCE, "models", "drafter")
 
 

@@ -19,7 +19,7 @@ import tempfile
 
 import torch
 
-from dfltest import SHARED, SOURCE, Tally, dfl, reference
+from dfltest import DATA, SOURCE, Tally, dfl, reference
 
 TARGET = os.path.join(SOURCE, "models", "target")
 DRAFTER = os.path.join(SOURCE, "models", "drafter")
@@ -31,7 +31,7 @@ t = Tally("embedded models")
 
 
 def questions():
-    with open(os.path.join(SHARED, "datasets", "gsm8k", "test.jsonl"), encoding="utf-8") as f:
+    with open(os.path.join(DATA, "datasets", "gsm8k", "test.jsonl"), encoding="utf-8") as f:
         return [json.loads(next(f))["question"] for _ in range(N_QUESTIONS)]
 
 

@@ -13,12 +13,12 @@ import subprocess
 import tempfile
 import xml.etree.ElementTree as ET
 
-from dfltest import DFL, SHARED, SOURCE, Tally, dfl, fixture, st_read_raw
+from dfltest import DATA, DFL, SOURCE, Tally, dfl, fixture, st_read_raw
 
 t = Tally("eval")
 tmp = tempfile.mkdtemp(prefix="dfl-eval-")
-GSM = os.path.join(SHARED, "datasets", "gsm8k", "test.jsonl")
-MTB = os.path.join(SHARED, "datasets", "mt_bench", "question.jsonl")
+GSM = os.path.join(DATA, "datasets", "gsm8k", "test.jsonl")
+MTB = os.path.join(DATA, "datasets", "mt_bench", "question.jsonl")
 T, D1, D2 = fixture("qwen3_tiny"), fixture("dflash_qwen3"), fixture("dflash_qwen3_toplevel")
 
 

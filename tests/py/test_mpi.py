@@ -12,7 +12,7 @@ import subprocess
 import sys
 import tempfile
 
-from dfltest import DFL, SHARED, SOURCE, Tally, dfl, fixture
+from dfltest import DATA, DFL, SOURCE, Tally, dfl, fixture
 
 MPIRUN = shutil.which("mpirun")
 if not MPIRUN:
@@ -26,7 +26,7 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1", "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMP
        "OMPI_MCA_rmaps_base_oversubscribe": "1"}
 TGT, DRF = os.path.join(SOURCE, "models", "target"), os.path.join(SOURCE, "models", "drafter")
 GSM40 = os.path.join(SOURCE, "data", "gsm8k_test_40.jsonl")
-MTB = os.path.join(SHARED, "datasets", "mt_bench", "question.jsonl")
+MTB = os.path.join(DATA, "datasets", "mt_bench", "question.jsonl")
 REPLAY = ["--target", TGT, "--drafter", DRF, "--prompts", GSM40, "--limit", "7", "--max-new", "32",
           "--tree-budget", "0,4", "--check-ar", "--progress", "lines"]
 

@@ -3,11 +3,11 @@
 The reference is the dflash package's own code (dflash/benchmark.py): DATASETS[name]["format"],
 _select_dataset (random.Random(42).shuffle, the first max_samples), apply_chat_template(tokenizer,
 messages, "off") and tokenizer.encode(..., add_special_tokens=False), with the real Qwen3 tokenizer
-and chat template from ../shared/tokenizers/qwen3. dfl's side is `--dump-prompts FILE` (a JSON line
+and chat template from data/tokenizers/qwen3. dfl's side is `--dump-prompts FILE` (a JSON line
 per prompt and turn with its token ids).
 
 - load_and_process_dataset needs the network (datasets.load_dataset): the rows are built from the
-  local JSON lines instead (../shared/datasets: gsm8k test.jsonl as {"question"}, MT-Bench
+  local JSON lines instead (data/datasets: gsm8k test.jsonl as {"question"}, MT-Bench
   question.jsonl as HuggingFaceH4/mt_bench_prompts' {"prompt": [turn 1, turn 2]}), and for
   math500, humaneval and mbpp (no local copies) from a few synthetic rows with those datasets'
   fields. That the local files list the rows in the Hub's order is assumed, not checked here.
@@ -26,7 +26,7 @@ import sys
 import tempfile
 import types
 
-from dfltest import SHARED, SOURCE, Tally, dfl
+from dfltest import DATA, SOURCE, Tally, dfl
 
 sys.modules.setdefault("requests", types.ModuleType("requests"))  # see the docstring
 from dflash.benchmark import DATASETS, _select_dataset, apply_chat_template  # noqa: E402
@@ -34,9 +34,9 @@ from transformers import AutoTokenizer, PreTrainedTokenizerFast  # noqa: E402
 
 t = Tally("protocol")
 tmp = tempfile.mkdtemp(prefix="dfl-protocol-")
-QWEN3 = os.path.join(SHARED, "tokenizers", "qwen3")
-GSM8K = os.path.join(SHARED, "datasets", "gsm8k", "test.jsonl")
-MTBENCH = os.path.join(SHARED, "datasets", "mt_bench", "question.jsonl")
+QWEN3 = os.path.join(DATA, "tokenizers", "qwen3")
+GSM8K = os.path.join(DATA, "datasets", "gsm8k", "test.jsonl")
+MTBENCH = os.path.join(DATA, "datasets", "mt_bench", "question.jsonl")
 tok = AutoTokenizer.from_pretrained(QWEN3)
 ANSWER = "Here is my answer.\n\n**Aloha!** It ends with a space "
 THINK_ANSWER = "<think>\nsome thoughts\n</think>\n\nThe answer after the think block."

@@ -10,12 +10,12 @@ import shutil
 import subprocess
 import tempfile
 
-from dfltest import PY, SHARED, SOURCE, Tally, dfl, fixture
+from dfltest import DATA, PY, SOURCE, Tally, dfl, fixture
 
 t = Tally("replay")
 tmp = tempfile.mkdtemp(prefix="dfl-replay-")
-GSM = os.path.join(SHARED, "datasets", "gsm8k", "test.jsonl")
-MTB = os.path.join(SHARED, "datasets", "mt_bench", "question.jsonl")
+GSM = os.path.join(DATA, "datasets", "gsm8k", "test.jsonl")
+MTB = os.path.join(DATA, "datasets", "mt_bench", "question.jsonl")
 ET, ED = os.path.join(SOURCE, "models", "target"), os.path.join(SOURCE, "models", "drafter")
 EMB_PROMPTS = os.path.join(SOURCE, "data", "gsm8k_test_40.jsonl")
 STATS = ("tokens", "rounds", "drafted", "accepted", "tree_depth_sum", "tree_nodes", "accept_hist", "pos_drafted",

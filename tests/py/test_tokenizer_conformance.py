@@ -6,7 +6,7 @@ two byte-level BPE tokenizers trained here with other pre-tokenizer settings. Al
 decode(encode(s)) == NFC(s), decode of arbitrary id slices (partial UTF-8) equals HF's decode,
 invalid UTF-8 input, and CLI error handling.
 
-Environment: DFL_BIN (the dfl binary), DFL_SHARED (../shared), DFL_SOURCE (repo root)."""
+Environment: DFL_BIN (the dfl binary), DFL_DATA (the repository's data/), DFL_SOURCE (repo root)."""
 import json
 import os
 import random
@@ -16,9 +16,9 @@ import unicodedata
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
-from dfltest import DFL, SHARED, SOURCE, Tally
+from dfltest import DATA, DFL, SOURCE, Tally
 
-QWEN3 = os.path.join(SHARED, "tokenizers", "qwen3", "tokenizer.json")
+QWEN3 = os.path.join(DATA, "tokenizers", "qwen3", "tokenizer.json")
 
 # The Qwen3.5 Split regex: like Qwen3's, but letters absorb combining marks (\p{M}).
 QWEN35_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}"
@@ -54,7 +54,7 @@ def load_corpus():
     with open(os.path.join(SOURCE, "tests", "data", "tokenizer", "corpus.jsonl"), encoding="utf-8", newline="\n") as f:
         corpus = [json.loads(line) for line in f]
     gsm = []
-    with open(os.path.join(SHARED, "datasets", "gsm8k", "test.jsonl"), encoding="utf-8") as f:
+    with open(os.path.join(DATA, "datasets", "gsm8k", "test.jsonl"), encoding="utf-8") as f:
         for line in f:
             row = json.loads(line)
             gsm.append(row["question"])
@@ -194,7 +194,7 @@ def main():
     tally.run(conformance, "qwen3", QWEN3, corpus, rng)
     tally.run(invalid_utf8, QWEN3)
     with tempfile.TemporaryDirectory() as tmp:
-        with open(os.path.join(SHARED, "datasets", "gsm8k", "train.jsonl"), encoding="utf-8") as f:
+        with open(os.path.join(DATA, "datasets", "gsm8k", "train.jsonl"), encoding="utf-8") as f:
             train_text = [json.loads(line)["question"] for _, line in zip(range(3000), f)]
         train_text += corpus[:62]
         qwen35 = train(tmp, "qwen35-style", train_text, pre_tokenizers.Sequence([

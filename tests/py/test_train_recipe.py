@@ -1,4 +1,4 @@
-"""Unit tests of the drafter training recipe (tools/train/dflash_recipe.py, SPEC §8): anchors respect
+"""Unit tests of the drafter training recipe (tools/train/dflash_recipe.py, docs/design.md §8): anchors respect
 the loss mask, blocks and labels (x_{t+k}), the attention mask (a block sees context positions < t
 only — never its own anchor's feature or a later one —, all of itself, no other block), the decay
 loss weights, and that one masked forward over [context ; many blocks] equals running each block

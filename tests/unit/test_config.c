@@ -268,7 +268,7 @@ int main(void) {
               strstr(dfl_errmsg(), "missing required field 'hidden_size'"),
           "missing field: %s", dfl_errmsg());
 
-    /* drafters: dflash_config first, then top-level fields; default target ids (SPEC §4) */
+    /* drafters: dflash_config first, then top-level fields; default target ids (docs/design.md §4) */
     const char *d1 = "{\"architectures\":[\"DFlashDraftModel\"],\"model_type\":\"qwen3\",\"hidden_size\":64,"
                      "\"num_hidden_layers\":5,\"intermediate_size\":128,\"num_attention_heads\":4,"
                      "\"num_key_value_heads\":2,\"head_dim\":32,\"block_size\":16,\"num_target_layers\":36,"

@@ -35,9 +35,9 @@ static void check_final(const textout *t, const char *want, const char *what) {
 }
 
 int main(void) {
-    const char *shared = getenv("DFL_SHARED");
+    const char *data = getenv("DFL_DATA"); /* the repository's data/ (tests run from its root) */
     char path[1024];
-    snprintf(path, sizeof path, "%s/tokenizers/qwen3", shared ? shared : "../shared");
+    snprintf(path, sizeof path, "%s/tokenizers/qwen3", data ? data : "data");
     dfl_tokenizer *tok = tok_open(path);
     CHECK(tok != NULL, "tok_open %s: %s", path, dfl_errmsg());
     if (!tok) return test_done("test_textout");

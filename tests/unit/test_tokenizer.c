@@ -254,9 +254,9 @@ static void test_malformed(void) {
 }
 
 int main(void) {
-    const char *shared = getenv("DFL_SHARED");
+    const char *data = getenv("DFL_DATA"); /* the repository's data/ (tests run from its root) */
     char path[1024];
-    snprintf(path, sizeof path, "%s/tokenizers/qwen3", shared ? shared : "../shared");
+    snprintf(path, sizeof path, "%s/tokenizers/qwen3", data ? data : "data");
     test_qwen3(path); /* a directory holding tokenizer.json */
     test_tiny();
     test_malformed();

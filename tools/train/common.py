@@ -5,9 +5,9 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCE = os.path.dirname(os.path.dirname(HERE))
-SHARED = os.environ.get("DFL_SHARED") or os.path.join(SOURCE, "..", "shared")
-GSM8K_TRAIN = os.path.join(SHARED, "datasets", "gsm8k", "train.jsonl")
-GSM8K_TEST = os.path.join(SHARED, "datasets", "gsm8k", "test.jsonl")
+DATA = os.environ.get("DFL_DATA") or os.path.join(SOURCE, "data")  # data/README.md
+GSM8K_TRAIN = os.path.join(DATA, "datasets", "gsm8k", "train.jsonl")
+GSM8K_TEST = os.path.join(DATA, "datasets", "gsm8k", "test.jsonl")
 WORK = os.path.join(SOURCE, "build", "train")  # intermediate artifacts (git-ignored)
 DFL = os.environ.get("DFL_BIN", os.path.join(SOURCE, "build", "dfl"))
 sys.path.insert(0, os.path.join(SOURCE, "tools"))

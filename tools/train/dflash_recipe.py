@@ -1,4 +1,4 @@
-"""The DFlash drafter training recipe (SPEC §8) as small pure functions, unit-tested by
+"""The DFlash drafter training recipe (docs/design.md §8) as small pure functions, unit-tested by
 tests/py/test_train_recipe.py and used by train_drafter.py.
 
 One training sequence = prompt + the target's own greedy response; loss_mask marks the response.

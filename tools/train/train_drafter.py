@@ -1,5 +1,5 @@
 """Stage 3: train the embedded DFlash drafter (z-lab DFlashDraftModel) on the target's own greedy
-answers, with the recipe of SPEC §8 (dflash_recipe.py).
+answers, with the recipe of docs/design.md §8 (dflash_recipe.py).
 
     python tools/train/train_drafter.py regen    --target models/target --n 2000     # dfl greedy answers
     python tools/train/train_drafter.py features --target models/target              # target layer outputs
