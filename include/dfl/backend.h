@@ -24,11 +24,14 @@ struct dfl_capture;
 
 /* What one forward gives back. logits: [rows, V] on the host, or NULL; last_only: only the last
  * token's row (rows = 1). argmax: [rows] ids on the host, or NULL: the greedy token of each row
- * without moving the logits off the device. cap: hidden-state capture (rows per token). */
+ * (the first index of its largest value, as kn_argmax). logits_scratch: the caller reads argmax
+ * only, logits is scratch that a device backend may leave unwritten (only the ids cross the
+ * bus). cap: hidden-state capture (rows per token). */
 typedef struct dfl_fwd_out {
     float *logits;
     int32_t *argmax;
     int last_only;
+    int logits_scratch;
     const struct dfl_capture *cap;
 } dfl_fwd_out;
 

@@ -65,6 +65,16 @@ static int32_t pick(const float *logits, int V, const dfl_gen_opts *o, float *pr
     return sample(probs, V, r);
 }
 
+/* A verification forward. Greedy without a logits callback (ids_only), the loop reads only each
+ * row's argmax: the logits buffer is then scratch, and a device backend sends back the ids
+ * alone. The ids are kn_argmax of the same rows either way. */
+static int verify_forward(dfl_state *s, const int32_t *toks, const int *parent, int n, int last_only, float *logits,
+                          int32_t *ids, int ids_only, const dfl_capture *cap) {
+    const dfl_fwd_out fo = {.logits = logits, .argmax = ids_only ? ids : NULL, .last_only = last_only,
+                            .logits_scratch = ids_only, .cap = cap};
+    return model_forward_ex(s, toks, parent, n, &fo);
+}
+
 static int dflash_add(void *ctx, const float *feat, const int32_t *tokens, int n) {
     (void)tokens; /* DFlash reads features only */
     return drafter_add_context(ctx, feat, n);
@@ -116,8 +126,9 @@ static int extend_past_eos(dfl_state *s, gen *g, float *logits) {
     int have = g->n_past_eos;
     while (have < want) {
         const int32_t last = g->out[g->n_out + have - 1];
-        if (model_forward(s, &last, 1, logits, 1, NULL)) return DFL_ERR;
-        g->out[g->n_out + have++] = kn_argmax(logits, s->m->cfg.vocab);
+        int32_t id;
+        if (verify_forward(s, &last, NULL, 1, 1, logits, &id, 1, NULL)) return DFL_ERR;
+        g->out[g->n_out + have++] = id;
     }
     g->st->extended = want > 0 ? want : 0;
     return DFL_OK;
@@ -135,12 +146,14 @@ static int tree_round(dfl_state *s, dfl_draft_if *dr, dfl_tree *tree, int N, int
     if (ddtree_build(tree, anchor, dlogits, bs - 1, V, N)) return DFL_ERR;
     st->t_draft += dfl_now() - td;
     double tv = dfl_now();
-    if (model_forward_tree(s, tree->token, tree->parent, tree->n, logits, cap)) return DFL_ERR;
+    int32_t ids[DFL_MAX_BLOCK + 1];
+    const int ids_only = !o->on_logits; /* trees are greedy */
+    if (verify_forward(s, tree->token, tree->parent, tree->n, 0, logits, ids, ids_only, cap)) return DFL_ERR;
     int path[DFL_MAX_BLOCK], len = 1, cur = 0;
     path[0] = 0;
     int32_t bonus;
     for (;;) {
-        bonus = kn_argmax(logits + (size_t)cur * V, V);
+        bonus = ids_only ? ids[cur] : kn_argmax(logits + (size_t)cur * V, V);
         int next = -1;
         for (int i = cur + 1; i < tree->n && next < 0; i++)
             if (tree->parent[i] == cur && tree->token[i] == bonus) next = i;
@@ -194,6 +207,7 @@ int spec_generate(dfl_state *s, dfl_draft_if *dr, const int32_t *prompt, int n_p
     const dfl_model *m = s->m;
     const int V = m->cfg.vocab, H = m->cfg.hidden;
     const int B = dr ? o->block : 1, no_record0 = s->no_record;
+    const int ids_only = o->temperature <= 0 && !o->on_logits; /* greedy: each row's argmax is all we read */
     memset(st, 0, sizeof *st);
     st->prompt_tokens = n_prompt;
     st->max_block = B;
@@ -276,9 +290,10 @@ int spec_generate(dfl_state *s, dfl_draft_if *dr, const int32_t *prompt, int n_p
         double tv = dfl_now();
         if (bs > 1 && dr->skip && dr->skip(dr->ctx)) bs = 1;
         if (bs == 1) { /* a plain decode step (also the last step of a speculative run, or one the drafter skips) */
-            if (model_forward(s, &anchor, 1, logits, 1, dr ? &cap : NULL)) goto done;
+            int32_t next;
+            if (verify_forward(s, &anchor, NULL, 1, 1, logits, &next, ids_only, dr ? &cap : NULL)) goto done;
             st->t_verify += dfl_now() - tv;
-            int32_t next = pick(logits, V, o, probs, &rng);
+            if (!ids_only) next = pick(logits, V, o, probs, &rng);
             if (dr) {
                 double tr = dfl_now();
                 if (dr->add_context(dr->ctx, feat, &anchor, 1)) goto done;
@@ -318,12 +333,16 @@ int spec_generate(dfl_state *s, dfl_draft_if *dr, const int32_t *prompt, int n_p
         /* 3. verify the block in one forward on top of the cache */
         tv = dfl_now();
         s->no_record = 0;
-        const int fw = model_forward(s, block, bs, logits, 0, &cap);
+        int32_t ids[DFL_MAX_BLOCK];
+        const int fw = verify_forward(s, block, NULL, bs, 0, logits, ids, ids_only, &cap);
         s->no_record = 1;
         if (fw) goto done;
         int a = 0;
         int32_t bonus;
-        if (o->temperature <= 0) {
+        if (ids_only) {
+            while (a < bs - 1 && block[a + 1] == ids[a]) a++;
+            bonus = ids[a];
+        } else if (o->temperature <= 0) {
             while (a < bs - 1 && block[a + 1] == kn_argmax(logits + (size_t)a * V, V)) a++;
             bonus = kn_argmax(logits + (size_t)a * V, V);
         } else if (o->accept_rule == DFL_ACCEPT_MATCH) {

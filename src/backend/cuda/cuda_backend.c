@@ -562,7 +562,7 @@ static int forward_logits(dfl_state *s, const int32_t *tokens, const int *parent
         }
         free(row);
     }
-    if (o->logits)
+    if (o->logits && !o->logits_scratch)
         CK(cudaMemcpy(o->logits, c->logits, (size_t)rows * V * sizeof(float), cudaMemcpyDeviceToHost));
     if (o->argmax) CK(cudaMemcpy(o->argmax, c->ids, (size_t)rows * sizeof(int32_t), cudaMemcpyDeviceToHost));
     return DFL_OK;
