@@ -231,6 +231,11 @@ typedef struct eval_opts {
 
 /* Defaults: max_new 256, chatml, chain only, shard 0/1, replay, cost_reps 3, repeat 1. */
 void eval_opts_default(eval_opts *o);
+/* After parsing, with o->protocol set: z-lab's template (thinking off) unless a chat mode was
+ * given (chat_set), --max-new 2048 unless given. */
+void eval_opts_protocol_defaults(eval_opts *o, int chat_set);
+/* A recording mode: "chain", "ddtree-N" (or a bare N) or "auto" (EVAL_RECORD_AUTO) into *budget. */
+int eval_record_mode_parse(const char *s, int *budget);
 /* The options' consistency (modes, budgets, replay vs online); eval_run checks it too. */
 int eval_opts_check(const eval_opts *o);
 

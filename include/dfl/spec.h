@@ -4,6 +4,7 @@
 #define DFL_SPEC_H
 
 #include <stdint.h>
+#include <stdio.h>
 
 #include "dfl/draft.h"
 #include "dfl/drafter.h"
@@ -90,6 +91,12 @@ int spec_is_eos(const dfl_model *m, int32_t id);
  * tokens committed by rounds / rounds. */
 double spec_tau(const dfl_gen_stats *st);
 double spec_tau_token_weighted(const dfl_gen_stats *st);
+
+/* The members (no braces) of dfl generate --json's "stats" object to f: mode, token counts, stop,
+ * timings and rates, memory, ISA; drafting: acceptance (tau, per position, histogram) and
+ * committed[0..n_rounds), the tokens each round committed (accepted + 1). */
+void spec_stats_json(FILE *f, const dfl_gen_stats *st, int drafting, int tree_budget, const int *committed,
+                     int n_rounds, double t_load, uint64_t weight_bytes, uint64_t state_bytes, long max_ctx);
 
 /* Small deterministic RNG (splitmix64 seeding xoshiro256**). */
 typedef struct dfl_rng { uint64_t s[4]; } dfl_rng;

@@ -119,18 +119,6 @@ static void progress_show(void *ud, const eval_progress *e) {
     }
 }
 
-/* "chain" or "ddtree-N" (also a bare budget). */
-static int parse_mode(const char *s, int *budget) {
-    if (strcmp(s, "chain") == 0) return *budget = 0, 0;
-    const char *num = strncmp(s, "ddtree-", 7) == 0 ? s + 7 : s;
-    char *end;
-    errno = 0;
-    const long v = strtol(num, &end, 10);
-    if (errno || *end || end == num || v < 0 || v > DDTREE_MAX_BUDGET) return -1;
-    *budget = (int)v;
-    return 0;
-}
-
 /* Comma-separated integers in [0, hi] into ints (the range is checked on the long, before the cast). */
 static int parse_list(const char *opt, const char *s, int *out, int max, long hi, int *n) {
     long v[EVAL_MAX_FEAT_LAYERS > EVAL_MAX_MODES ? EVAL_MAX_FEAT_LAYERS : EVAL_MAX_MODES];
@@ -208,10 +196,8 @@ static int parse_args(eval_opts *o, int *save_layers, const char **progress_mode
                 return 2;
         } else if (strcmp(a, "--record-mode") == 0) {
             const char *s = cli_value(argc, argv, &i);
-            if (strcmp(s, "auto") == 0) o->record_budget = EVAL_RECORD_AUTO;
-            else if (parse_mode(s, &o->record_budget))
-                return cli_usage_error("eval", "--record-mode: expected chain, ddtree-N with N <= %d or auto, found '%s'",
-                                       DDTREE_MAX_BUDGET, s);
+            if (eval_record_mode_parse(s, &o->record_budget) != DFL_OK)
+                return cli_usage_error("eval", "--record-mode: %s", dfl_errmsg());
         } else if (strcmp(a, "--save-layers") == 0) {
             const char *s = cli_value(argc, argv, &i);
             if (strcmp(s, "all") == 0) o->n_save_layers = -1;
@@ -261,10 +247,7 @@ static int parse_args(eval_opts *o, int *save_layers, const char **progress_mode
         } else return cli_usage_error("eval", "unknown argument '%s' (see dfl eval --help)", a);
     }
     if (o->zlab_dataset >= 0 && !o->protocol) return cli_usage_error("eval", "--protocol-dataset needs --protocol zlab");
-    if (o->protocol) {
-        if (!chat_set) o->chat = DFL_CHAT_CHATML_NOTHINK;
-        if (!o->max_new_set) o->max_new = EVAL_ZLAB_MAX_NEW;
-    }
+    eval_opts_protocol_defaults(o, chat_set);
     if (o->dump_answer && !o->dump_prompts) return cli_usage_error("eval", "--dump-answer needs --dump-prompts");
     if (o->dump_prompts && !o->n_drafters) {
         *prompts_only = 1;

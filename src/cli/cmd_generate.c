@@ -9,7 +9,6 @@
 #include "dfl/common.h"
 #include "dfl/model.h"
 #include "dfl/ddtree.h"
-#include "dfl/kernels.h"
 #include "dfl/prompt.h"
 #include "dfl/safetensors.h"
 #include "dfl/spec.h"
@@ -152,39 +151,6 @@ static int on_tokens(void *ud, const int32_t *toks, int n) {
     st->n += (size_t)n;
     stream_flush(st, 0);
     return 0;
-}
-
-static void print_stats_json(const dfl_gen_stats *st, const rounds_log *rl, const dfl_model *m,
-                             uint64_t state_bytes, long max_ctx, double t_load) {
-    const int drafting = rl != NULL;
-    const int gen = st->generated;
-    printf("\"stats\": {\"mode\": \"%s\", \"prompt_tokens\": %d, \"generated_tokens\": %d, \"stop\": \"%s\", "
-           "\"load_s\": %.6f, \"prefill_s\": %.6f, \"decode_s\": %.6f, \"prefill_tokens_per_s\": %.3f, "
-           "\"decode_tokens_per_s\": %.3f, \"weight_bytes\": %llu, \"state_bytes\": %llu, \"max_context\": %ld",
-           drafting ? "speculative" : "autoregressive", st->prompt_tokens, gen, st->stop, t_load, st->t_prefill,
-           st->t_decode, st->prompt_tokens / (st->t_prefill > 0 ? st->t_prefill : 1e-9),
-           (gen - 1) / (st->t_decode > 0 ? st->t_decode : 1e-9), (unsigned long long)m->weight_bytes,
-           (unsigned long long)state_bytes, max_ctx);
-    printf(", \"isa\": \"%s\", \"activations\": \"%s\"", kn_isa_name(kn_isa_get()), kn_act_name(kn_act_get()));
-    if (drafting) {
-        printf(", \"accept_rule\": \"%s\"", st->accept_rule);
-        printf(", \"block_size\": %d, \"rounds\": %d, \"drafted\": %ld, \"accepted\": %ld, \"tau\": %.6f, "
-               "\"tau_token_weighted\": %.6f, \"draft_s\": %.6f, \"verify_s\": %.6f, \"rollback_s\": %.6f, "
-               "\"per_position\": [",
-               st->max_block, st->rounds, st->drafted, st->accepted, spec_tau(st), spec_tau_token_weighted(st),
-               st->t_draft, st->t_verify, st->t_rollback);
-        for (int k = 1; k < st->max_block; k++) { /* null: never proposed (a tree shallower than the block) */
-            if (st->pos_drafted[k]) printf("%s%.6f", k > 1 ? ", " : "", (double)st->pos_accepted[k] / st->pos_drafted[k]);
-            else printf("%snull", k > 1 ? ", " : "");
-        }
-        printf("], \"accept_hist\": [");
-        for (int a = 0; a < st->max_block; a++) printf("%s%ld", a ? ", " : "", st->accept_hist[a]);
-        printf("], \"tree_budget\": %d, \"mean_tree_depth\": %.4f, \"acceptance_lengths\": [", rl->tree_budget,
-               st->rounds ? (double)st->tree_depth_sum / st->rounds : 0.0);
-        for (int r = 0; r < rl->n; r++) printf("%s%d", r ? ", " : "", rl->committed[r]);
-        printf("]");
-    }
-    printf("}");
 }
 
 int cmd_generate(int argc, char **argv) {
@@ -340,8 +306,10 @@ int cmd_generate(int argc, char **argv) {
         if (tok) cli_json_string(stdout, text ? text : "");
         else printf("null");
         printf(", \"unknown_ids\": %d, ", unknown);
-        print_stats_json(&st, have_ds ? &rl : NULL, &m,
-                         s.bytes + (have_ad ? anydrafter_state_bytes(&ad) : 0), max_ctx, t_load);
+        printf("\"stats\": {");
+        spec_stats_json(stdout, &st, have_ds, (int)budget, rl.committed, rl.n, t_load, m.weight_bytes,
+                        s.bytes + (have_ad ? anydrafter_state_bytes(&ad) : 0), max_ctx);
+        printf("}");
         printf("}\n");
         free(text);
     } else {

@@ -36,6 +36,25 @@ void eval_opts_default(eval_opts *o) {
     o->zlab_dataset = -1;
 }
 
+void eval_opts_protocol_defaults(eval_opts *o, int chat_set) {
+    if (!o->protocol) return;
+    if (!chat_set) o->chat = DFL_CHAT_CHATML_NOTHINK;
+    if (!o->max_new_set) o->max_new = EVAL_ZLAB_MAX_NEW;
+}
+
+int eval_record_mode_parse(const char *s, int *budget) {
+    if (strcmp(s, "auto") == 0) return *budget = EVAL_RECORD_AUTO, DFL_OK;
+    if (strcmp(s, "chain") == 0) return *budget = 0, DFL_OK;
+    const char *num = strncmp(s, "ddtree-", 7) == 0 ? s + 7 : s;
+    char *end;
+    errno = 0;
+    const long v = strtol(num, &end, 10);
+    if (errno || *end || end == num || v < 0 || v > DDTREE_MAX_BUDGET)
+        return dfl_seterr("expected chain, ddtree-N with N <= %d or auto, found '%s'", DDTREE_MAX_BUDGET, s);
+    *budget = (int)v;
+    return DFL_OK;
+}
+
 /* ---- results already written (resume) -------------------------------------------------- */
 
 typedef struct done_set {
