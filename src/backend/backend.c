@@ -6,10 +6,6 @@
 #include "dfl/common.h"
 #include "dfl/model.h"
 
-static const char *const device_names[DFL_DEVICE_COUNT] = {"cpu", "cuda"};
-
-const char *dfl_device_name(dfl_device d) { return d >= 0 && d < DFL_DEVICE_COUNT ? device_names[d] : "?"; }
-
 const dfl_backend *dfl_backend_of(dfl_device d) {
     switch (d) {
     case DFL_DEVICE_CPU: return &dfl_backend_cpu;
@@ -32,7 +28,7 @@ const char *dfl_devices_built(void) {
 
 int dfl_device_parse(const char *name, dfl_device *out) {
     for (int d = 0; d < DFL_DEVICE_COUNT; d++)
-        if (name && strcmp(name, device_names[d]) == 0) {
+        if (name && strcmp(name, dfl_device_name((dfl_device)d)) == 0) {
             if (!dfl_device_built((dfl_device)d))
                 return dfl_seterr("--device %s: this build has no %s backend (devices built: %s; configure with "
                                   "-DDFL_CUDA=ON for cuda)",
