@@ -14,43 +14,6 @@
 
 #define FEATURES_FORMAT "dfl-features-1"
 
-static uint64_t fnv1a(uint64_t h, const void *p, size_t n) {
-    const unsigned char *b = p;
-    for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 0x100000001b3ull;
-    return h;
-}
-
-int eval_target_identity(const dfl_model *m, eval_target_id *id) {
-    memset(id, 0, sizeof *id);
-    char *path = dfl_path_join(m->dir, "config.json");
-    size_t len = 0;
-    char *cfg = dfl_read_file(path, &len);
-    free(path);
-    if (!cfg) return DFL_ERR;
-    snprintf(id->config_hash, sizeof id->config_hash, "%016llx",
-             (unsigned long long)fnv1a(0xcbf29ce484222325ull, cfg, len));
-    free(cfg);
-    /* weights: names (without the layout's prefix), shapes and the first bytes of every tensor
-     * the forward reads (one page each): tells two fine-tunes of one architecture apart without
-     * reading the checkpoint, and is the same for the text and VLM layouts of one model */
-    uint64_t h = 0xcbf29ce484222325ull;
-    const size_t pl = m->prefix ? strlen(m->prefix) : 0;
-    for (int i = 0; i < m->st.n_tensors; i++) {
-        const st_tensor *t = &m->st.tensors[i];
-        if (!m->used[i]) continue;
-        const char *name = pl && strncmp(t->name, m->prefix, pl) == 0 ? t->name + pl : t->name;
-        h = fnv1a(h, name, strlen(name));
-        h = fnv1a(h, t->shape, (size_t)t->ndim * sizeof t->shape[0]);
-        h = fnv1a(h, t->data, t->nbytes < 4096 ? t->nbytes : 4096);
-    }
-    snprintf(id->weights_hash, sizeof id->weights_hash, "%016llx", (unsigned long long)h);
-    snprintf(id->layout, sizeof id->layout, "%s", model_layout_name(m->layout));
-    /* a fine-grained FP8 target's layer weights are F8_E4M3 (its embeddings keep their dtype) */
-    snprintf(id->dtype, sizeof id->dtype, "%s", m->quant.present ? "F8_E4M3" : st_dtype_name(m->embed.dtype));
-    id->n_layers = m->cfg.n_layers, id->hidden = m->cfg.hidden, id->vocab = m->cfg.vocab;
-    return DFL_OK;
-}
-
 void eval_features_name(int index, int turn, char *buf, size_t n) { snprintf(buf, n, "%05d-t%d.safetensors", index, turn); }
 
 int eval_features_save(const char *path, const eval_truth *t, const eval_features_meta *meta) {
@@ -198,6 +161,25 @@ int eval_features_load(const char *path, eval_truth *t, eval_features_meta *meta
         goto done;
     }
     meta->act_bf16 = strcmp(act, "bf16") == 0;
+    /* the fields must agree with each other: a replay sizes its reads by them */
+    if (strcmp(stop, "eos") != 0 && strcmp(stop, "max_new") != 0) {
+        dfl_seterr("%s: __metadata__ stop: expected eos or max_new, found '%s'", path, stop);
+        goto done;
+    }
+    if (n > meta->max_new) {
+        dfl_seterr("%s: __metadata__ tokens %d exceeds max_new %d", path, n, meta->max_new);
+        goto done;
+    }
+    if (strcmp(stop, "max_new") == 0 && (n != meta->max_new || ext != 0)) {
+        dfl_seterr("%s: __metadata__ stop max_new: expected tokens = max_new (%d) and extended 0, found tokens %d, "
+                   "extended %d", path, meta->max_new, n, ext);
+        goto done;
+    }
+    if (ext > DFL_MAX_BLOCK) {
+        dfl_seterr("%s: __metadata__ extended: expected at most %d (a block past the eos), found %d", path,
+                   DFL_MAX_BLOCK, ext);
+        goto done;
+    }
     const int rows = np + n - 1;
     int32_t *in = malloc((size_t)rows * sizeof *in), *ids = malloc((size_t)(n + ext) * sizeof *ids);
     const st_tensor *xi = st_find(&st, "input_ids"), *xt = st_find(&st, "truth_ids");

@@ -659,6 +659,9 @@ static int load_truth(run *r, const char *dir, const unit *u, eval_truth *t) {
     if (rc == DFL_OK && (strcmp(meta.prompt_id, u->prompt_id) != 0 || meta.turn != u->turn))
         rc = dfl_seterr("%s: holds prompt %s turn %d, the manifest says prompt %s turn %d", path, meta.prompt_id,
                         meta.turn + 1, u->prompt_id, u->turn + 1);
+    if (rc == DFL_OK && (t->n_prompt != u->prompt_tokens || t->n != u->tokens))
+        rc = dfl_seterr("%s: holds %d prompt tokens and %d output tokens, %s/manifest.jsonl says prompt_tokens %d, "
+                        "tokens %d", path, t->n_prompt, t->n, dir, u->prompt_tokens, u->tokens);
     if (rc == DFL_OK) rc = eval_target_id_check(&meta.id, &r->id, path);
     if (rc == DFL_OK && meta.max_new != r->max_new)
         rc = dfl_seterr("%s: recorded with --max-new %d, this run has %d", path, meta.max_new, r->max_new);
@@ -1152,7 +1155,14 @@ int eval_run(const eval_opts *o, eval_outcome *res) {
         if ((rc = st_open_file(&st, p0)) == DFL_OK) {
             rc = st_meta_get(&st, 0, "target", rec_target, sizeof rec_target);
             char mx[32];
-            if (rc == DFL_OK && st_meta_get(&st, 0, "max_new", mx, sizeof mx) == DFL_OK) r->max_new = atoi(mx);
+            if (rc == DFL_OK && st_meta_get(&st, 0, "max_new", mx, sizeof mx) == DFL_OK) {
+                char *end;
+                const long v = strtol(mx, &end, 10);
+                if (end == mx || *end || v < 1 || v > 1 << 24)
+                    rc = dfl_seterr("%s: __metadata__ max_new: expected an integer in [1, %d], found '%s'", p0, 1 << 24,
+                                    mx);
+                r->max_new = (int)v;
+            }
             if (rc == DFL_OK && o->max_new_set && o->max_new != r->max_new)
                 rc = dfl_seterr("%s: recorded with --max-new %d; a replay cannot give another --max-new (%d)", p0,
                                 r->max_new, o->max_new);

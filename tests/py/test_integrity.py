@@ -86,6 +86,44 @@ def resume_after_full_disk():
             f"resumed after the full disk: {p.stderr[-300:]}")
 
 
+# ---- 3: a saved-features file whose fields disagree is refused, naming the file and fields ----
+
+def saved_features():
+    feat = path("feat")
+    evalrun(path("feat-run"), "--limit", 2, "--max-new", 128, "--save-features", feat)
+    man = [json.loads(x) for x in open(os.path.join(feat, "manifest.jsonl"))]
+    eos = [m for m in man if m["tokens"] < 128]
+    t.check(len(eos) > 0, f"a truth that stops at an eos before --max-new: {man}")
+    name = eos[0]["file"]
+    p = dfl("eval", "--features", feat, "--drafter", ED, "--out", path("feat-ok"), "--progress", "none", check=False)
+    t.check(p.returncode == 0, f"the saved features replay: {p.stderr[-300:]}")
+    cases = [("stop max_new with fewer tokens", {"stop": "max_new"}, "stop max_new"),
+             ("stop neither eos nor max_new", {"stop": "length"}, "stop"),
+             ("more tokens than max_new", {"max_new": str(eos[0]["tokens"] - 1)}, "exceeds max_new")]
+    for i, (what, edit, needle) in enumerate(cases):
+        bad = path(f"feat-bad{i}")
+        shutil.copytree(feat, bad)
+        f = os.path.join(bad, name)
+        _, hdr, data = st_read_raw(f)
+        hdr["__metadata__"].update(edit)
+        st_write_raw(f, hdr, data)
+        p = dfl("eval", "--features", bad, "--drafter", ED, "--out", path(f"feat-bad{i}-out"), "--progress", "none",
+                check=False)
+        t.check(p.returncode != 0 and name in p.stderr and needle in p.stderr, f"{what}: refused: {p.stderr[-300:]}")
+    # the manifest and the file disagree on the tokens
+    bad = path("feat-bad-manifest")
+    shutil.copytree(feat, bad)
+    with open(os.path.join(bad, "manifest.jsonl"), "w") as f:
+        for m in man:
+            f.write(json.dumps(dict(m, tokens=m["tokens"] - 1) if m["file"] == name else m) + "\n")
+    p = dfl("eval", "--features", bad, "--drafter", ED, "--out", path("feat-bad-manifest-out"), "--progress", "none",
+            check=False)
+    t.check(p.returncode != 0 and name in p.stderr and "manifest.jsonl says" in p.stderr,
+            f"manifest tokens disagreeing with the file: refused: {p.stderr[-300:]}")
+    return feat
+
+
 t.run(resume_partial_tail)
 t.run(resume_after_full_disk)
+t.run(saved_features)
 t.done()
