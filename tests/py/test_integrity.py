@@ -123,7 +123,30 @@ def saved_features():
     return feat
 
 
+# ---- 5: reports are replaced whole: a failed write leaves the previous ones intact ----
+
+REPORTS = ("summary.json", "summary.md", "per_position.svg", "tau_hist.svg", "tau_budget.svg")
+
+
+def reports_whole():
+    out = path("reports")
+    evalrun(out, "--limit", 2, "--max-new", 24, "--tree-budget", "0,4")
+    before = {n: open(os.path.join(out, n), "rb").read() for n in REPORTS}
+    t.check(all(len(v) > 1000 for v in before.values()), f"reports written: {[len(v) for v in before.values()]}")
+    # a resumed run that has nothing to add rewrites the reports; the disk is full at 1000 bytes
+    p = evalrun(out, "--limit", 2, "--max-new", 24, "--tree-budget", "0,4", "--resume", check=False,
+                preexec_fn=file_limit(1000))
+    t.check(p.returncode != 0 and "summary.json" in p.stderr, f"the failed report write is an error: {p.stderr[-300:]}")
+    after = {n: open(os.path.join(out, n), "rb").read() for n in REPORTS}
+    t.check(after == before, f"the previous reports are intact: sizes {[len(v) for v in after.values()]}")
+    t.check(not [n for n in os.listdir(out) if n.endswith(".tmp")], f"no temporary file left: {os.listdir(out)}")
+    p = evalrun(out, "--limit", 2, "--max-new", 24, "--tree-budget", "0,4", "--resume", check=False)
+    t.check(p.returncode == 0 and json.load(open(os.path.join(out, "summary.json")))["prompts"] == 2,
+            f"with room again the reports are rewritten: {p.stderr[-300:]}")
+
+
 t.run(resume_partial_tail)
 t.run(resume_after_full_disk)
 t.run(saved_features)
+t.run(reports_whole)
 t.done()
