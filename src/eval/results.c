@@ -155,7 +155,7 @@ int eval_result_parse(const char *line, eval_result *r, int32_t **ids, int *n_id
         *ids = NULL;
         *n_ids = 0;
     }
-    cJSON *o = cJSON_Parse(line);
+    cJSON *o = cJSON_ParseWithOpts(line, NULL, 1); /* strictly one object: "{...}{..." is no line */
     if (!o || !cJSON_IsObject(o)) {
         cJSON_Delete(o);
         return dfl_seterr("not a JSON object");

@@ -227,7 +227,7 @@ static int manifest_load(unit_list *l, const char *dir, int must_exist) {
     while (rc == DFL_OK && (len = getline(&line, &cap, f)) >= 0) {
         lineno++;
         if (len <= 1 || line[len - 1] != '\n') continue; /* a partial last line: its file is redone */
-        cJSON *o = cJSON_Parse(line);
+        cJSON *o = cJSON_ParseWithOpts(line, NULL, 1); /* strictly one object: "{...}{..." is no line */
         const cJSON *fi = cJSON_GetObjectItemCaseSensitive(o, "file"), *pid = cJSON_GetObjectItemCaseSensitive(o, "prompt_id");
         const cJSON *ix = cJSON_GetObjectItemCaseSensitive(o, "index"), *tu = cJSON_GetObjectItemCaseSensitive(o, "turn");
         const cJSON *np = cJSON_GetObjectItemCaseSensitive(o, "prompt_tokens"), *nt = cJSON_GetObjectItemCaseSensitive(o, "tokens");
@@ -282,7 +282,8 @@ typedef struct run {
     FILE *resf, *reff, *manf, *dumpf;
     int zlab_dataset;    /* with --protocol zlab: the dataset (EVAL_ZLAB_*) */
     char *res_path, *ref_path;
-    int lock_fd;
+    int lock_fd, feat_lock_fd; /* flocks of --out and of --save-features */
+    char *feat_incomplete;     /* --features: the recording that saved them did not finish (message) */
     dfl_state st;
     int have_state;
     eval_costs costs;
@@ -756,18 +757,20 @@ int eval_opts_check(const eval_opts *o) {
     return DFL_OK;
 }
 
-/* Exclusive use of the output directory while the run writes it. */
-static int take_lock(run *r) {
-    char *path = dfl_path_join(r->o->out, ".lock");
-    r->lock_fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+/* Exclusive use of a directory (--out, --save-features) while the run writes it. */
+static int lock_dir(const char *dir, const char *what, int *fd) {
+    char *path = dfl_path_join(dir, ".lock");
+    *fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
     int rc = DFL_OK;
-    if (r->lock_fd < 0) rc = dfl_seterr("%s: cannot open: %s", path, strerror(errno));
-    else if (flock(r->lock_fd, LOCK_EX | LOCK_NB) != 0)
+    if (*fd < 0) rc = dfl_seterr("%s: cannot open: %s", path, strerror(errno));
+    else if (flock(*fd, LOCK_EX | LOCK_NB) != 0)
         rc = dfl_seterr("%s: another dfl eval is writing this directory (%s is locked); wait for it or use another "
-                        "--out", r->o->out, path);
+                        "%s", dir, path, what);
     free(path);
     return rc;
 }
+
+static int take_lock(run *r) { return lock_dir(r->o->out, "--out", &r->lock_fd); }
 
 static int open_drafters(run *r) {
     const eval_opts *o = r->o;
@@ -892,11 +895,15 @@ static int costs_load(eval_costs *c, const char *dir) {
     return DFL_OK;
 }
 
-static int write_target_json(run *r) {
+/* complete: written false before the first truth is saved, true once the run has saved every
+ * truth of its prompts (a --features run over a directory that says false says so). */
+static int write_target_json(run *r, int complete) {
     char *path = dfl_path_join(r->o->save_features, "target.json");
-    FILE *f = fopen(path, "w");
+    char tmp[4200];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE *f = fopen(tmp, "w");
     if (!f) {
-        int rc = dfl_seterr("%s: cannot create: %s", path, strerror(errno));
+        int rc = dfl_seterr("%s: cannot create: %s", tmp, strerror(errno));
         free(path);
         return rc;
     }
@@ -907,10 +914,41 @@ static int write_target_json(run *r) {
     for (int i = 0; i < r->n_layers; i++) fprintf(f, "%s%d", i ? ", " : "", r->layers[i]);
     fprintf(f, "], \"max_new\": %d, \"prompts_file\": ", r->max_new);
     dfl_json_write_string(f, r->o->prompts);
-    fprintf(f, ", \"costs\": ");
+    fprintf(f, ", \"complete\": %s, \"costs\": ", complete ? "true" : "false");
     write_costs_json(f, &r->costs);
     fprintf(f, "}\n");
-    int rc = fclose(f) == 0 ? DFL_OK : dfl_seterr("%s: write error: %s", path, strerror(errno));
+    const int bad = ferror(f);
+    int rc = fclose(f) == 0 && !bad ? DFL_OK : dfl_seterr("%s: write error: %s", tmp, strerror(errno));
+    if (rc == DFL_OK && rename(tmp, path) != 0) rc = dfl_seterr("%s: cannot rename into place: %s", path, strerror(errno));
+    if (rc != DFL_OK) unlink(tmp);
+    free(path);
+    return rc;
+}
+
+/* --features FDIR: FDIR/target.json says "complete": false when the recording run that saved the
+ * features did not finish (absent in directories saved before the field existed: complete). */
+static int features_complete(run *r, const char *dir) {
+    char *path = dfl_path_join(dir, "target.json");
+    char *txt = dfl_read_file(path, NULL);
+    int rc = DFL_OK;
+    if (!txt) {
+        dfl_clearerr();
+    } else {
+        cJSON *o = cJSON_Parse(txt);
+        const cJSON *c = cJSON_GetObjectItemCaseSensitive(o, "complete");
+        if (!o) rc = dfl_seterr("%s: not valid JSON", path);
+        else if (c && !cJSON_IsBool(c)) rc = dfl_seterr("%s: field 'complete': expected true or false", path);
+        else if (cJSON_IsFalse(c)) {
+            char msg[8600];
+            snprintf(msg, sizeof msg, "%s: the recording run that saved these features did not finish (target.json "
+                     "\"complete\": false): %s/manifest.jsonl lists %d saved truths, the others are missing; complete "
+                     "it with dfl eval --resume --save-features %s (and the recording's options)", dir, dir,
+                     r->saved.n, dir);
+            if (!(r->feat_incomplete = strdup(msg))) rc = dfl_seterr("out of memory");
+        }
+        cJSON_Delete(o);
+        free(txt);
+    }
     free(path);
     return rc;
 }
@@ -1020,6 +1058,8 @@ static void run_free(run *r) {
     for (int d = 0; d < r->n_open; d++) anydrafter_close(&r->ad[d]);
     if (r->have_model) model_close(&r->m);
     if (r->lock_fd > 0) close(r->lock_fd);
+    if (r->feat_lock_fd > 0) close(r->feat_lock_fd);
+    free(r->feat_incomplete);
     eval_prompts_free(&r->ps);
     (void)o;
 }
@@ -1130,7 +1170,7 @@ int eval_run(const eval_opts *o, eval_outcome *res) {
     run rr, *r = &rr;
     memset(r, 0, sizeof *r);
     r->o = o;
-    r->lock_fd = -1;
+    r->lock_fd = r->feat_lock_fd = -1;
     r->max_new = o->max_new;
     r->replay = !o->online;
     r->from_features = o->features_dir != NULL;
@@ -1150,6 +1190,8 @@ int eval_run(const eval_opts *o, eval_outcome *res) {
             rc = dfl_seterr("%s/manifest.jsonl lists no saved truths", o->features_dir);
             goto out;
         }
+        if ((rc = features_complete(r, o->features_dir))) goto out;
+        if (r->feat_incomplete) logf_(r, "dfl eval: warning: %s\n", r->feat_incomplete);
         char *p0 = dfl_path_join(o->features_dir, r->saved.u[0].file);
         st_model st = {0};
         if ((rc = st_open_file(&st, p0)) == DFL_OK) {
@@ -1195,8 +1237,14 @@ int eval_run(const eval_opts *o, eval_outcome *res) {
     const int writes = !o->dist || o->dist->writer;
     if (writes && ((rc = mkdir_p(o->out)) || (rc = take_lock(r)))) goto out;
     if (o->save_features) {
-        if ((rc = mkdir_p(o->save_features))) goto out;
-        if (o->resume && (rc = manifest_load(&r->saved, o->save_features, 0))) goto out;
+        if ((rc = mkdir_p(o->save_features)) || (rc = lock_dir(o->save_features, "--save-features", &r->feat_lock_fd)))
+            goto out;
+        if ((rc = manifest_load(&r->saved, o->save_features, 0))) goto out;
+        if (!o->resume && r->saved.n > 0) {
+            rc = dfl_seterr("%s/manifest.jsonl already lists %d saved truths: use --resume to continue that "
+                            "recording, or another --save-features", o->save_features, r->saved.n);
+            goto out;
+        }
         char *mp = dfl_path_join(o->save_features, "manifest.jsonl");
         r->manf = fopen(mp, o->resume ? "a" : "w");
         free(mp);
@@ -1303,7 +1351,7 @@ int eval_run(const eval_opts *o, eval_outcome *res) {
     } else if (r->from_features) {
         costs_load(&r->costs, o->features_dir);
     }
-    if (rc == DFL_OK && o->save_features) rc = write_target_json(r);
+    if (rc == DFL_OK && o->save_features) rc = write_target_json(r, 0);
     if (rc) {
         free(list);
         goto out;
@@ -1340,6 +1388,14 @@ int eval_run(const eval_opts *o, eval_outcome *res) {
     char *missing = NULL; /* a spread run: the writer waits for the others and names what is missing */
     if (rc == DFL_OK && o->dist && o->dist->writer && o->dist->finish(o->dist->ud) != DFL_OK)
         missing = strdup(dfl_errmsg());
+    if (rc == DFL_OK && writes && r->feat_incomplete) { /* the features hold only part of the prompts */
+        const size_t n = strlen(r->feat_incomplete) + (missing ? strlen(missing) + 2 : 0) + 1;
+        char *m = malloc(n);
+        if (m) snprintf(m, n, "%s%s%s", missing ? missing : "", missing ? "; " : "", r->feat_incomplete);
+        free(missing);
+        missing = m;
+    }
+    if (rc == DFL_OK && o->save_features) rc = write_target_json(r, 1); /* every truth is saved */
     if (rc == DFL_OK && writes) {
         if (r->resf) fclose(r->resf);
         r->resf = NULL;

@@ -145,8 +145,73 @@ def reports_whole():
             f"with room again the reports are rewritten: {p.stderr[-300:]}")
 
 
+# ---- 4: one run per features directory; a directory a failed recording left incomplete says so ----
+
+def features_dir_guarded():
+    feat = path("feat4")
+    evalrun(path("feat4-run"), "--limit", 2, "--max-new", 16, "--save-features", feat)
+    manifest = open(os.path.join(feat, "manifest.jsonl")).read()
+    t.check(json.load(open(os.path.join(feat, "target.json"))).get("complete") is True, "a finished recording: complete")
+    # another eval saving into it while the first holds it: refused before writing
+    with open(os.path.join(feat, ".lock"), "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        p = evalrun(path("feat4-second"), "--limit", 2, "--max-new", 16, "--save-features", feat, "--resume",
+                    check=False)
+    t.check(p.returncode != 0 and "another dfl eval" in p.stderr and feat in p.stderr,
+            f"a second eval saving into a locked features directory is refused: {p.stderr[-300:]}")
+    # without --resume an existing manifest is not started over
+    p = evalrun(path("feat4-third"), "--limit", 2, "--max-new", 16, "--save-features", feat, check=False)
+    t.check(p.returncode != 0 and "already lists 2 saved truths" in p.stderr and "--resume" in p.stderr,
+            f"a recording over an existing manifest needs --resume: {p.stderr[-300:]}")
+    t.check(open(os.path.join(feat, "manifest.jsonl")).read() == manifest, "the manifest is intact")
+    # a manifest line that is two objects run together (two writers once did this) is refused by line
+    bad = path("feat4-joined")
+    shutil.copytree(feat, bad)
+    lines_ = manifest.splitlines()
+    with open(os.path.join(bad, "manifest.jsonl"), "w") as f:
+        f.write(lines_[0] + "\n" + lines_[1] + lines_[0][:20] + "\n")
+    p = dfl("eval", "--features", bad, "--drafter", ED, "--out", path("feat4-joined-out"), "--progress", "none",
+            check=False)
+    t.check(p.returncode != 0 and "manifest.jsonl:2" in p.stderr, f"joined manifest line refused: {p.stderr[-300:]}")
+
+
+def features_incomplete():
+    """A recording that fails after its first prompt (the disk fills at the second's features file)
+    leaves target.json complete false; a --features run over it scores what is there, writes the
+    reports, says what is missing and fails."""
+    prompts = path("two-prompts.jsonl")
+    long_q = " ".join(["Please explain step by step how many apples remain after each trade."] * 12)
+    with open(prompts, "w") as f:
+        f.write(json.dumps({"question": "Hi"}) + "\n" + json.dumps({"question": long_q}) + "\n")
+    full = path("feat5-full")
+    dfl("eval", *ARGS, "--prompts", prompts, "--max-new", 8, "--out", path("feat5-full-run"), "--save-features", full)
+    sizes = sorted(os.path.getsize(os.path.join(full, n)) for n in os.listdir(full) if n.endswith(".safetensors"))
+    t.check(len(sizes) == 2 and sizes[1] > sizes[0] + 20000, f"the second truth's file is the larger: {sizes}")
+    feat = path("feat5")
+    p = dfl("eval", *ARGS, "--prompts", prompts, "--max-new", 8, "--out", path("feat5-run"), "--save-features", feat,
+            check=False, preexec_fn=file_limit(sizes[0] + 10000))
+    t.check(p.returncode != 0 and "00001-t0" in p.stderr, f"the recording fails at the second file: {p.stderr[-300:]}")
+    t.check(json.load(open(os.path.join(feat, "target.json"))).get("complete") is False, "target.json: complete false")
+    out = path("feat5-replay")
+    p = dfl("eval", "--features", feat, "--drafter", ED, "--out", out, "--progress", "none", check=False)
+    t.check(p.returncode != 0 and "did not finish" in p.stderr and "lists 1 saved truths" in p.stderr,
+            f"a --features run over an incomplete directory says so: {p.stderr[-400:]}")
+    s = json.load(open(os.path.join(out, "summary.json")))
+    t.check(s["prompts"] == 1 and "did not finish" in s.get("incomplete", ""), f"summary.json says incomplete: {s.get('incomplete')}")
+    # completed with --resume: complete again, and the replay is whole
+    dfl("eval", *ARGS, "--prompts", prompts, "--max-new", 8, "--out", path("feat5-run"), "--save-features", feat,
+        "--resume")
+    t.check(json.load(open(os.path.join(feat, "target.json"))).get("complete") is True, "resumed recording: complete")
+    p = dfl("eval", "--features", feat, "--drafter", ED, "--out", path("feat5-replay2"), "--progress", "none",
+            check=False)
+    t.check(p.returncode == 0 and json.load(open(os.path.join(path("feat5-replay2"), "summary.json")))["prompts"] == 2,
+            f"the completed directory replays whole: {p.stderr[-300:]}")
+
+
 t.run(resume_partial_tail)
 t.run(resume_after_full_disk)
 t.run(saved_features)
 t.run(reports_whole)
+t.run(features_dir_guarded)
+t.run(features_incomplete)
 t.done()
