@@ -1107,6 +1107,11 @@ static int run_prompt(run *r, int i, unit_bufs *b, double *last_tau) {
         if (rc == DFL_OK && r->dumpf)
             rc = dump_prompt(r->dumpf, o->dump_prompts, i, p, turn, answer1 ? answer1 : "", txt, pids, np);
         free(txt);
+        const int maxpos = r->m.cfg.max_position;
+        if (rc == DFL_OK && maxpos > 0 && (long)np + r->max_new > maxpos)
+            rc = dfl_seterr("prompt %s turn %d: %zu prompt tokens + --max-new %d = %ld positions exceed the target's "
+                            "max_position_embeddings %d", p->id, turn + 1, np, r->max_new, (long)np + r->max_new,
+                            maxpos);
         if (rc == DFL_OK && (int)np + r->max_new + b->tree_slots > b->max_ctx)
             rc = dfl_seterr("prompt %s turn %d: %zu tokens + --max-new %d exceed the context %d", p->id, turn + 1, np,
                             r->max_new, b->max_ctx);
@@ -1316,6 +1321,17 @@ int eval_run(const eval_opts *o, eval_outcome *res) {
                 w += (long)n + r->max_new;
                 free(ids);
                 free(txt);
+                /* a first turn past the positions the target was trained for: refused before any work
+                 * (a second turn's length is known once the first is answered: checked then) */
+                const int maxpos = r->m.cfg.max_position;
+                if (t == 0 && maxpos > 0 && (long)n + r->max_new > maxpos) {
+                    free(list), free(weight);
+                    rc = dfl_seterr("%s:%d: prompt %s: %zu prompt tokens + --max-new %d = %ld positions exceed the "
+                                    "target's max_position_embeddings %d (drop the prompt, shorten it or lower "
+                                    "--max-new)", o->prompts, r->ps.p[i].line, r->ps.p[i].id, n, r->max_new,
+                                    (long)n + r->max_new, maxpos);
+                    goto out;
+                }
             }
             max_prompt = need > max_prompt ? need : max_prompt;
             if (i % o->shard_n == o->shard_i) weight[n_units] = w, list[n_units++] = i;

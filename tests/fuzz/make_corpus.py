@@ -212,6 +212,10 @@ def prompts():
           + compact({"question": "b", "id": "1"}) + "\n")
     write("prompts", "bad_turns", "mtbench\n" + compact({"turns": [1]}) + "\n" + compact({"turns": "x"}) + "\n")
     write("prompts", "bad_empty", "gsm8k 1\n\n\n")
+    # NUL characters (escaped, raw) and ids that are no string or integer: refused
+    write("prompts", "bad_nul", "gsm8k\n" + '{"question": "a\\u0000b", "id": 1}\n')
+    write("prompts", "bad_nul_raw", b"text\nab\x00c\n")
+    write("prompts", "bad_id", "gsm8k\n" + compact({"question": "a", "id": 1.5}) + "\n" + compact({"question": "b", "id": None}) + "\n")
 
 
 # ---- results.jsonl lines -------------------------------------------------------------------

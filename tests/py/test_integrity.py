@@ -208,10 +208,108 @@ def features_incomplete():
             f"the completed directory replays whole: {p.stderr[-300:]}")
 
 
+# ---- 6: prompt files: NUL characters, prompts past the target's positions, a 10 MB line ----
+
+def write_prompts(name, raw_lines):
+    f = path(name)
+    with open(f, "wb") as fh:
+        fh.write(b"".join(x + b"\n" for x in raw_lines))
+    return f
+
+
+def prompt_files():
+    ok = json.dumps({"question": "What is 2 + 3?"}).encode()
+    cases = [
+        ("an escaped NUL in the question", b'{"question": "a\\u0000b"}', "field 'question' holds a NUL character"),
+        ("a raw NUL byte", b'{"question": "a"}\x00{"x": 1}', "NUL byte at column 18"),
+        ("a NUL in a second turn", b'{"question_id": 5, "turns": ["a", "b\\u0000"]}', "turns[1] holds a NUL"),
+        ("text after the object", b'{"question": "a"} {"question": "b"}', "text after the JSON object at column 19"),
+        ("a NUL in a key", b'{"question": "a", "id\\u0000x": 3}', "key 'id' holds a NUL character"),
+    ]
+    for i, (what, line, needle) in enumerate(cases):
+        fmt = ["--format", "mtbench"] if b"turns" in line else []
+        f = write_prompts(f"nul{i}.jsonl", [b'{"question_id": 4, "turns": ["x"]}' if fmt else ok, line])
+        p = dfl("eval", *ARGS, "--prompts", f, *fmt, "--max-new", 4, "--out", path(f"nul{i}-out"), check=False)
+        t.check(p.returncode != 0 and f"{f}:2" in p.stderr and needle in p.stderr, f"{what}: {p.stderr[-300:]}")
+        p = dfl("eval", "--dump-prompts", path(f"nul{i}.dump"), "--tokenizer", ET, "--prompts", f, *fmt, check=False)
+        t.check(p.returncode != 0 and needle in p.stderr, f"{what}, --dump-prompts: {p.stderr[-300:]}")
+    # a NUL in a field that is not read is no prompt's business; the escaped backslash is no NUL
+    f = write_prompts("nul-ok.jsonl", [b'{"question": "a\\\\u0000b", "answer": "x\\u0000"}'])
+    dump = path("nul-ok.dump")
+    dfl("eval", "--dump-prompts", dump, "--tokenizer", ET, "--prompts", f)
+    t.check(json.loads(open(dump).readline())["user"] == "a\\u0000b", "an escaped backslash before u0000 is text")
+    # a text-format line with a NUL byte
+    f = write_prompts("nul.txt", [b"first", b"sec\x00ond"])
+    p = dfl("eval", *ARGS, "--prompts", f, "--format", "text", "--max-new", 4, "--out", path("nul-txt"), check=False)
+    t.check(p.returncode != 0 and f"{f}:2" in p.stderr and "NUL byte at column 4" in p.stderr,
+            f"text format NUL byte: {p.stderr[-300:]}")
+    # --keep-going skips such lines and lists them
+    f = write_prompts("nul-kg.jsonl", [ok, cases[0][1], ok.replace(b"2 + 3", b"4 + 4")])
+    out = path("nul-kg")
+    dfl("eval", *ARGS, "--prompts", f, "--max-new", 4, "--keep-going", "--out", out)
+    s = json.load(open(os.path.join(out, "summary.json")))
+    t.check(s["run"]["bad_prompt_lines"] == [2] and s["prompts"] == 2, f"--keep-going: {s['run']['bad_prompt_lines']}")
+
+
+def prompt_positions():
+    words = " ".join(["apple banana computing speculative decode"] * 2_000_000)  # 10 MB on one line
+    f = path("huge.jsonl")
+    with open(f, "w") as fh:
+        fh.write(json.dumps({"question": "Hi"}) + "\n" + json.dumps({"question": words}) + "\n")
+    out = path("huge-out")
+    p = dfl("eval", *ARGS, "--prompts", f, "--max-new", 8, "--out", out, check=False)
+    t.check(p.returncode != 0 and f"{f}:2: prompt 2:" in p.stderr and "max_position_embeddings 4096" in p.stderr,
+            f"a 10 MB prompt is refused before any work: {p.stderr[-300:]}")
+    res = os.path.join(out, "results.jsonl")
+    t.check(not os.path.exists(res) or os.path.getsize(res) == 0, "nothing was run")
+    # just past the positions: prompt tokens + --max-new > 4096
+    long_q = " ".join(["apple"] * 3000)
+    f = path("long.jsonl")
+    with open(f, "w") as fh:
+        fh.write(json.dumps({"question": long_q}) + "\n")
+    n = len(dfl("tokenize", "--tokenizer", ET, "--text", long_q).stdout.split())
+    p = dfl("eval", *ARGS, "--prompts", f, "--chat", "none", "--max-new", 4097 - n, "--out", path("long-out"),
+            check=False)
+    t.check(p.returncode != 0 and f"{n} prompt tokens + --max-new {4097 - n} = 4097 positions" in p.stderr,
+            f"one position too many is refused: {p.stderr[-300:]}")
+    p = dfl("eval", *ARGS, "--prompts", f, "--chat", "none", "--max-new", min(4096 - n, 8), "--out",
+            path("long-out2"), check=False)
+    t.check(p.returncode == 0, f"within the positions it runs: {p.stderr[-300:]}")
+    # a second turn past them (its length is known once the first is answered): refused naming the turn
+    f = path("long-mtb.jsonl")
+    with open(f, "w") as fh:
+        fh.write(json.dumps({"question_id": 1, "turns": ["Hi", long_q + " " + long_q]}) + "\n")
+    p = dfl("eval", *ARGS, "--prompts", f, "--format", "mtbench", "--max-new", 8, "--out", path("long-mtb-out"),
+            check=False)
+    t.check(p.returncode != 0 and "prompt 1 turn 2:" in p.stderr and "max_position_embeddings 4096" in p.stderr,
+            f"a second turn past the positions: {p.stderr[-300:]}")
+
+
+# ---- 8: prompt ids are what the file says, or the line number when it has none ----
+
+def prompt_ids():
+    for i, (idv, needle) in enumerate(((1.5, "found 1.5"), (None, "found null"), ({}, "found {}"),
+                                       (True, "found true"), (1e300, "found 1e+300"))):
+        f = write_prompts(f"id{i}.jsonl", [json.dumps({"question": "a", "id": idv}).encode()])
+        p = dfl("eval", *ARGS, "--prompts", f, "--max-new", 4, "--out", path(f"id{i}-out"), check=False)
+        t.check(p.returncode != 0 and f"{f}:1" in p.stderr and "field 'id': a prompt id must be a string or an integer"
+                in p.stderr and needle in p.stderr, f"id {idv!r}: {p.stderr[-300:]}")
+    f = write_prompts("id-ok.jsonl", [json.dumps({"question": "a", "id": 7}).encode(),
+                                      json.dumps({"question": "b", "idx": "x"}).encode(),
+                                      json.dumps({"question": "c"}).encode()])
+    dump = path("id-ok.dump")
+    dfl("eval", "--dump-prompts", dump, "--tokenizer", ET, "--prompts", f)
+    ids = [json.loads(x)["prompt_id"] for x in open(dump)]
+    t.check(ids == ["7", "x", "3"], f"integer, string and absent ids: {ids}")
+
+
 t.run(resume_partial_tail)
 t.run(resume_after_full_disk)
 t.run(saved_features)
 t.run(reports_whole)
 t.run(features_dir_guarded)
 t.run(features_incomplete)
+t.run(prompt_files)
+t.run(prompt_positions)
+t.run(prompt_ids)
 t.done()
