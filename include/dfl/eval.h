@@ -165,6 +165,8 @@ int eval_spread(const double *v, int n, double q[3]);
 /* Reports into dir: summary.json (extra: a JSON object's members to merge in, or NULL),
  * summary.md, per_position.svg, tau_hist.svg, and tau_budget.svg when DDTree modes ran. */
 int eval_write_reports(const eval_summary *s, const char *dir, const char *extra_json);
+/* Remove the reports from dir (a run about to add results: they would no longer describe them). */
+int eval_remove_reports(const char *dir);
 
 /* ---- the evaluation run ------------------------------------------------------------------ */
 

@@ -4,6 +4,7 @@
 #include "eval/features.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -80,11 +81,21 @@ static int meta_int(const st_model *st, const char *path, const char *key, int l
     return DFL_OK;
 }
 
+/* "[2, 3, 4]": every dimension of x. */
+static const char *shape_of(const st_tensor *x, char *buf, size_t n) {
+    size_t k = (size_t)snprintf(buf, n, "[");
+    for (int i = 0; i < x->ndim && k < n; i++)
+        k += (size_t)snprintf(buf + k, n - k, "%s%lld", i ? ", " : "", (long long)x->shape[i]);
+    if (k < n) snprintf(buf + k, n - k, "]");
+    return buf;
+}
+
 /* An I64 or I32 tensor [n] as int32 ids. */
 static int read_ids(const st_tensor *x, const char *path, const char *name, int32_t *out, int n, int vocab) {
+    char sh[160];
     if (x->ndim != 1 || x->shape[0] < n || (x->dtype != ST_I64 && x->dtype != ST_I32))
-        return dfl_seterr("%s: %s: expected I64 [>= %d], found %s with %d dims", path, name, n, st_dtype_name(x->dtype),
-                          x->ndim);
+        return dfl_seterr("%s: %s: expected I64 [>= %d], found %s %s", path, name, n, st_dtype_name(x->dtype),
+                          shape_of(x, sh, sizeof sh));
     for (int i = 0; i < n; i++) {
         int64_t v;
         if (x->dtype == ST_I64) memcpy(&v, x->data + (size_t)i * 8, 8);
@@ -117,15 +128,24 @@ static int read_layers(const st_model *st, const char *path, eval_truth *t, int 
         if (x->ndim != 2 || x->shape[0] < rows || x->shape[1] != H ||
             (x->dtype != ST_F32 && x->dtype != ST_BF16 && x->dtype != ST_F16)) {
             free(f);
-            return dfl_seterr("%s: %s: expected F32 [>= %d, %d], found %s [%lld, %lld]", path, name, rows, H,
-                              st_dtype_name(x->dtype), (long long)x->shape[0],
-                              (long long)(x->ndim > 1 ? x->shape[1] : 0));
+            char sh[160];
+            return dfl_seterr("%s: %s: expected F32 [>= %d, %d], found %s %s", path, name, rows, H,
+                              st_dtype_name(x->dtype), shape_of(x, sh, sizeof sh));
         }
-        for (int p = 0; p < rows; p++)
-            if (st_read_f32(x, (int64_t)p * H, H, f + ((size_t)p * nl + k) * H) != DFL_OK) {
+        for (int p = 0; p < rows; p++) {
+            float *row = f + ((size_t)p * nl + k) * H;
+            if (st_read_f32(x, (int64_t)p * H, H, row) != DFL_OK) {
                 free(f);
                 return dfl_preperr("%s: %s", path, name);
             }
+            for (int c = 0; c < H; c++)
+                if (!isfinite(row[c])) { /* a drafter would fail later, naming neither file nor row */
+                    const float v = row[c];
+                    free(f);
+                    return dfl_seterr("%s: %s position %d column %d is %s: the features hold non-finite "
+                                      "values", path, name, p, c, isnan(v) ? "NaN" : "Inf");
+                }
+        }
     }
     free(t->feat);
     t->feat = f, t->n_rows = t->cap_rows = rows;

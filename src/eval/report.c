@@ -737,3 +737,15 @@ int eval_write_reports(const eval_summary *s, const char *dir, const char *extra
     }
     return rc;
 }
+
+int eval_remove_reports(const char *dir) {
+    static const char *const names[] = {"summary.json", "summary.md", "per_position.svg", "tau_hist.svg",
+                                        "tau_budget.svg"};
+    int rc = DFL_OK;
+    for (size_t i = 0; i < sizeof names / sizeof *names && rc == DFL_OK; i++) {
+        char *p = dfl_path_join(dir, names[i]);
+        if (unlink(p) != 0 && errno != ENOENT) rc = dfl_seterr("%s: cannot remove: %s", p, strerror(errno));
+        free(p);
+    }
+    return rc;
+}

@@ -560,7 +560,8 @@ static int replay_pipeline(run *r, const char *pid, int turn, int index, const e
     eval_truth pt;
     int rc = eval_truth_init(&pt, t->H, r->layers, r->n_layers);
     if (rc == DFL_OK) rc = eval_features_load_pipeline(path, t, &pt);
-    if (rc == DFL_OK) rc = replay_all(r, pid, turn, &pt, "pipeline", 0, last_tau);
+    if (rc == DFL_OK && (rc = replay_all(r, pid, turn, &pt, "pipeline", 0, last_tau)) != DFL_OK)
+        dfl_preperr("on the pipeline's features %s", path);
     eval_truth_free(&pt);
     free(path);
     return rc;
@@ -1140,6 +1141,22 @@ static int online_complete(const run *r, const char *pid, int turn) {
     return 1;
 }
 
+/* Every line of every unit in list[0..n) is in results.jsonl already. */
+static int all_complete(const run *r, const int *list, int n) {
+    const eval_opts *o = r->o;
+    for (int k = 0; k < n; k++) {
+        if (r->from_features) {
+            const unit *u = &r->saved.u[list[k]];
+            if (!unit_complete(r, u->prompt_id, u->turn)) return 0;
+            continue;
+        }
+        const eval_prompt *p = &r->ps.p[list[k]];
+        for (int turn = 0; turn < (o->first_turn ? 1 : p->n_turns); turn++)
+            if (!(r->replay ? unit_complete(r, p->id, turn) : online_complete(r, p->id, turn))) return 0;
+    }
+    return 1;
+}
+
 /* Hand the units to the dist: names, weights, what results.jsonl holds of each. */
 static int plan_units(run *r, const int *list, const long *weight, int n) {
     const eval_opts *o = r->o;
@@ -1339,6 +1356,9 @@ int eval_run(const eval_opts *o, eval_outcome *res) {
     }
     rc = o->dist ? plan_units(r, list, weight, n_units) : DFL_OK;
     free(weight);
+    /* lines will be added: the reports of what results.jsonl held no longer describe it (a run that
+     * ends early, or a spread run whose writer dies, must not leave them as if they did) */
+    if (rc == DFL_OK && writes && !all_complete(r, list, n_units)) rc = eval_remove_reports(o->out);
     if (rc) {
         free(list);
         goto out;

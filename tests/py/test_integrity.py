@@ -303,9 +303,65 @@ def prompt_ids():
     t.check(ids == ["7", "x", "3"], f"integer, string and absent ids: {ids}")
 
 
+# ---- 8: messages that name the file at fault; no report beside results it does not describe ----
+
+def features_messages(feat):
+    man = [json.loads(x) for x in open(os.path.join(feat, "manifest.jsonl"))]
+    name = man[-1]["file"]
+    # NaN in a pipeline's features: the pipeline file and the position are named
+    pipe = path("pipe-nan")
+    shutil.copytree(feat, pipe)
+    f = os.path.join(pipe, name)
+    _, hdr, data = st_read_raw(f)
+    layer = sorted(k for k in hdr if k.startswith("layer."))[0]
+    H = hdr[layer]["shape"][1]
+    o = hdr[layer]["data_offsets"][0] + 4 * H * 10 + 4 * 3
+    data = data[:o] + b"\x00\x00\xc0\x7f" + data[o + 4:]
+    st_write_raw(f, hdr, data)
+    p = dfl("eval", "--features", feat, "--features-from", pipe, "--drafter", ED, "--out", path("pipe-nan-out"),
+            "--progress", "none", check=False)
+    t.check(p.returncode != 0 and f"{f}: {layer} position 10 column 3 is NaN" in p.stderr,
+            f"NaN in the pipeline's features names file, layer and position: {p.stderr[-300:]}")
+    # a 3-D layer tensor is reported with its three dimensions
+    bad = path("feat-3d")
+    shutil.copytree(feat, bad)
+    f = os.path.join(bad, name)
+    _, hdr, data = st_read_raw(f)
+    rows = hdr[layer]["shape"][0]
+    hdr[layer]["shape"] = [rows, 1, H]
+    st_write_raw(f, hdr, data)
+    p = dfl("eval", "--features", bad, "--drafter", ED, "--out", path("feat-3d-out"), "--progress", "none", check=False)
+    t.check(p.returncode != 0 and f"found F32 [{rows}, 1, {H}]" in p.stderr, f"3-D tensor: {p.stderr[-300:]}")
+
+
+def stale_summary():
+    """A resumed run that adds prompts and fails (a full disk) leaves no summary of the earlier,
+    smaller run beside results.jsonl; a resume that completes writes the whole one."""
+    out = path("stale")
+    evalrun(out, "--limit", 2, "--max-new", 24)
+    size = os.path.getsize(os.path.join(out, "results.jsonl"))
+    p = evalrun(out, "--limit", 4, "--max-new", 24, "--resume", check=False, preexec_fn=file_limit(size + 50))
+    t.check(p.returncode != 0, f"the resumed run fails at the full disk: {p.stderr[-200:]}")
+    t.check(not [n for n in REPORTS if os.path.exists(os.path.join(out, n))],
+            f"no report of the earlier run is left: {sorted(os.listdir(out))}")
+    evalrun(out, "--limit", 4, "--max-new", 24, "--resume")
+    t.check(json.load(open(os.path.join(out, "summary.json")))["prompts"] == 4, "the completed run's summary")
+    # a resume with nothing to add keeps them (rewritten whole)
+    before = open(os.path.join(out, "summary.md")).read()
+    evalrun(out, "--limit", 4, "--max-new", 24, "--resume")
+    t.check(open(os.path.join(out, "summary.md")).read().split("\n")[0] == before.split("\n")[0], "kept")
+
+
 t.run(resume_partial_tail)
 t.run(resume_after_full_disk)
-t.run(saved_features)
+feat_ = None
+try:
+    feat_ = saved_features()
+except Exception as e:  # noqa: BLE001
+    t.check(False, f"saved_features: {e}")
+if feat_:
+    t.run(features_messages, feat_)
+t.run(stale_summary)
 t.run(reports_whole)
 t.run(features_dir_guarded)
 t.run(features_incomplete)
