@@ -203,6 +203,7 @@ typedef struct unit {
     int index, turn, prompt_tokens, tokens;
     char prompt_id[128];
     char file[64];
+    char prompt_hash[24]; /* of the prompt's user turns (eval_prompt_hash); "" in older manifests */
 } unit;
 
 typedef struct unit_list {
@@ -245,6 +246,13 @@ static int manifest_load(unit_list *l, const char *dir, int must_exist) {
             u->prompt_tokens = (int)np->valuedouble, u->tokens = (int)nt->valuedouble;
             snprintf(u->prompt_id, sizeof u->prompt_id, "%s", pid->valuestring);
             snprintf(u->file, sizeof u->file, "%s", fi->valuestring);
+            const cJSON *ph = cJSON_GetObjectItemCaseSensitive(o, "prompt_hash");
+            u->prompt_hash[0] = 0;
+            if (cJSON_IsString(ph) && strlen(ph->valuestring) < sizeof u->prompt_hash)
+                snprintf(u->prompt_hash, sizeof u->prompt_hash, "%s", ph->valuestring);
+            else if (ph)
+                rc = dfl_seterr("%s:%d: prompt_hash: expected a string of at most %zu characters", path, lineno,
+                                sizeof u->prompt_hash - 1);
         }
         cJSON_Delete(o);
     }
@@ -284,6 +292,7 @@ typedef struct run {
     char *res_path, *ref_path;
     int lock_fd, feat_lock_fd; /* flocks of --out and of --save-features */
     char *feat_incomplete;     /* --features: the recording that saved them did not finish (message) */
+    cJSON *desc;               /* DIR/run.json as this run wrote it (writer only) */
     dfl_state st;
     int have_state;
     eval_costs costs;
@@ -646,8 +655,10 @@ static int save_truth(run *r, const char *pid, int turn, int index, const eval_t
     if (rc) return rc;
     fprintf(r->manf, "{\"index\": %d, \"prompt_id\": ", index);
     dfl_json_write_string(r->manf, pid);
-    fprintf(r->manf, ", \"turn\": %d, \"file\": \"%s\", \"prompt_tokens\": %d, \"tokens\": %d}\n", turn, name,
-            t->n_prompt, t->n);
+    char ph[24];
+    eval_prompt_hash(&r->ps.p[index], r->o->first_turn, ph);
+    fprintf(r->manf, ", \"turn\": %d, \"file\": \"%s\", \"prompt_tokens\": %d, \"tokens\": %d, \"prompt_hash\": \"%s\"}\n",
+            turn, name, t->n_prompt, t->n, ph);
     if (fflush(r->manf) != 0) return dfl_seterr("%s/manifest.jsonl: write error: %s", r->o->save_features, strerror(errno));
     return DFL_OK;
 }
@@ -954,6 +965,138 @@ static int features_complete(run *r, const char *dir) {
     return rc;
 }
 
+static const char *chat_name(int chat) {
+    return chat == DFL_CHAT_NONE ? "none" : chat == DFL_CHAT_CHATML ? "chatml" : "chatml-nothink";
+}
+
+/* This run's description (run.json): its options and the prompts of its units. */
+static cJSON *run_object(const run *r, const int *list, int n) {
+    const eval_opts *o = r->o;
+    cJSON *j = cJSON_CreateObject();
+    char shard[32];
+    snprintf(shard, sizeof shard, "%d/%d", o->shard_i, o->shard_n);
+    cJSON_AddStringToObject(j, "format", EVAL_RUN_FORMAT);
+    cJSON_AddStringToObject(j, "method", r->from_features ? "replay-from-features" : r->replay ? "replay" : "online");
+    cJSON_AddStringToObject(j, "target", r->m.dir);
+    cJSON_AddStringToObject(j, "target_config_hash", r->id.config_hash);
+    cJSON_AddStringToObject(j, "target_weights_hash", r->id.weights_hash);
+    cJSON_AddStringToObject(j, "activations", kn_act_get() == KN_ACT_BF16 ? "bf16" : "f32");
+    cJSON_AddNumberToObject(j, "max_new", r->max_new);
+    cJSON_AddStringToObject(j, "chat", chat_name(o->chat));
+    cJSON_AddBoolToObject(j, "first_turn", o->first_turn);
+    cJSON_AddNumberToObject(j, "temperature", o->temperature);
+    cJSON_AddNumberToObject(j, "seed", (double)o->seed);
+    cJSON_AddStringToObject(j, "accept_rule",
+                            o->temperature > 0 ? spec_accept_rule_name((dfl_accept_rule)o->accept_rule) : "greedy");
+    cJSON_AddStringToObject(j, "prompts_file", o->prompts ? o->prompts : o->features_dir ? o->features_dir : "");
+    cJSON_AddStringToObject(j, "shard", shard);
+    /* every prompt of the file (or saved truths), whichever shard runs it: shards of one run share it */
+    cJSON *all = cJSON_CreateObject();
+    const int n_all = r->from_features ? r->saved.n : r->ps.n;
+    for (int i = 0; i < n_all; i++) {
+        char h[24] = "";
+        const char *id = r->from_features ? r->saved.u[i].prompt_id : r->ps.p[i].id;
+        if (r->from_features) snprintf(h, sizeof h, "%s", r->saved.u[i].prompt_hash);
+        else eval_prompt_hash(&r->ps.p[i], o->first_turn, h);
+        if (!cJSON_GetObjectItemCaseSensitive(all, id))
+            cJSON_AddItemToObject(all, id, h[0] ? cJSON_CreateString(h) : cJSON_CreateNull());
+    }
+    char ah[24], ai[24];
+    const int na = eval_prompt_set(all, ah, ai);
+    cJSON_Delete(all);
+    cJSON *as = cJSON_AddObjectToObject(j, "all_prompts");
+    cJSON_AddNumberToObject(as, "prompts", na);
+    cJSON_AddItemToObject(as, "hash", ah[0] ? cJSON_CreateString(ah) : cJSON_CreateNull());
+    cJSON_AddStringToObject(as, "ids_hash", ai);
+    cJSON *ps = cJSON_AddObjectToObject(j, "prompts");
+    for (int k = 0; k < n; k++) {
+        char h[24] = "";
+        const char *id;
+        if (r->from_features) {
+            const unit *u = &r->saved.u[list[k]];
+            id = u->prompt_id;
+            snprintf(h, sizeof h, "%s", u->prompt_hash);
+        } else {
+            id = r->ps.p[list[k]].id;
+            eval_prompt_hash(&r->ps.p[list[k]], o->first_turn, h);
+        }
+        if (cJSON_GetObjectItemCaseSensitive(ps, id)) continue; /* a second turn's unit */
+        cJSON_AddItemToObject(ps, id, h[0] ? cJSON_CreateString(h) : cJSON_CreateNull());
+    }
+    return j;
+}
+
+/* Write DIR/run.json before any result. Resumed: the run it continues (its run.json) must have
+ * had the same options and, under every prompt id both have, the same prompt; its other prompts
+ * are kept (their lines are in results.jsonl). */
+static int write_run_json(run *r, const int *list, int n) {
+    const eval_opts *o = r->o;
+    char *path = dfl_path_join(o->out, "run.json");
+    cJSON *j = run_object(r, list, n), *old = NULL;
+    int rc = j ? DFL_OK : dfl_seterr("out of memory");
+    char *txt = rc == DFL_OK && o->resume ? dfl_read_file(path, NULL) : NULL;
+    if (!txt) dfl_clearerr();
+    if (txt && !(old = cJSON_Parse(txt))) rc = dfl_seterr("%s: not valid JSON", path);
+    free(txt);
+    char msg[300];
+    if (rc == DFL_OK && old && eval_run_differs(old, j, msg, sizeof msg))
+        rc = dfl_seterr("%s: the run being resumed had other options (%s): resume it with the same options, or "
+                        "use another --out", path, msg);
+    const cJSON *e, *ps = cJSON_GetObjectItemCaseSensitive(j, "prompts");
+    if (rc == DFL_OK && old) cJSON_ArrayForEach(e, cJSON_GetObjectItemCaseSensitive(old, "prompts")) {
+        const cJSON *now = e->string ? cJSON_GetObjectItemCaseSensitive(ps, e->string) : NULL;
+        if (!now && e->string) {
+            cJSON_AddItemToObject((cJSON *)ps, e->string, cJSON_Duplicate(e, 1));
+        } else if (now && cJSON_IsString(now) && cJSON_IsString(e) && strcmp(now->valuestring, e->valuestring) != 0) {
+            rc = dfl_seterr("%s: prompt %s is not the prompt of that id in the run being resumed (another prompt "
+                            "file, or an edited prompt): use another --out", path, e->string);
+            break;
+        }
+    }
+    cJSON_Delete(old);
+    char *out = rc == DFL_OK ? cJSON_Print(j) : NULL;
+    if (rc == DFL_OK && !out) rc = dfl_seterr("out of memory");
+    if (rc == DFL_OK) {
+        char tmp[4200];
+        snprintf(tmp, sizeof tmp, "%s.tmp", path);
+        FILE *f = fopen(tmp, "w");
+        if (!f) rc = dfl_seterr("%s: cannot create: %s", tmp, strerror(errno));
+        else {
+            fputs(out, f);
+            fputc('\n', f);
+            const int bad = ferror(f);
+            if (fclose(f) != 0 || bad) rc = dfl_seterr("%s: write error: %s", tmp, strerror(errno));
+            if (rc == DFL_OK && rename(tmp, path) != 0)
+                rc = dfl_seterr("%s: cannot rename into place: %s", path, strerror(errno));
+            if (rc != DFL_OK) unlink(tmp);
+        }
+    }
+    free(out);
+    free(path);
+    if (rc == DFL_OK) r->desc = j;
+    else cJSON_Delete(j);
+    return rc;
+}
+
+/* summary.json's run.prompt_set: the prompts results.jsonl holds, with their hashes from run.json. */
+static void write_prompt_set(FILE *x, const run *r) {
+    cJSON *ps = cJSON_CreateObject();
+    const cJSON *known = cJSON_GetObjectItemCaseSensitive(r->desc, "prompts");
+    for (int i = 0; ps && i < r->done.n; i++) {
+        const char *id = r->done.r[i].prompt_id;
+        if (cJSON_GetObjectItemCaseSensitive(ps, id)) continue;
+        const cJSON *h = cJSON_GetObjectItemCaseSensitive(known, id);
+        cJSON_AddItemToObject(ps, id, cJSON_IsString(h) ? cJSON_CreateString(h->valuestring) : cJSON_CreateNull());
+    }
+    char hash[24], ids[24];
+    const int n = eval_prompt_set(ps, hash, ids);
+    fprintf(x, ", \"prompt_set\": {\"prompts\": %d, \"hash\": ", n);
+    if (hash[0]) fprintf(x, "\"%s\"", hash);
+    else fprintf(x, "null");
+    fprintf(x, ", \"ids_hash\": \"%s\"}", ids);
+    cJSON_Delete(ps);
+}
+
 /* missing: a spread run's units that no process finished (the dist's message), or NULL */
 static int write_summary(run *r, const char *missing) {
     const eval_opts *o = r->o;
@@ -999,7 +1142,9 @@ static int write_summary(run *r, const char *missing) {
             (unsigned long long)r->m.weight_bytes, (unsigned long long)(r->have_state ? r->st.bytes : 0),
             ru.ru_maxrss * 1024L);
     for (int i = 0; i < r->ps.n_bad; i++) fprintf(x, "%s%d", i ? ", " : "", r->ps.bad_lines[i]);
-    fprintf(x, "]}");
+    fprintf(x, "]");
+    write_prompt_set(x, r);
+    fprintf(x, "}");
     if (missing) { /* the run is incomplete: what is missing, for scripts (mpirun may exit 0) */
         fprintf(x, ",\n  \"incomplete\": ");
         dfl_json_write_string(x, missing);
@@ -1061,6 +1206,7 @@ static void run_free(run *r) {
     if (r->lock_fd > 0) close(r->lock_fd);
     if (r->feat_lock_fd > 0) close(r->feat_lock_fd);
     free(r->feat_incomplete);
+    cJSON_Delete(r->desc);
     eval_prompts_free(&r->ps);
     (void)o;
 }
@@ -1354,7 +1500,8 @@ int eval_run(const eval_opts *o, eval_outcome *res) {
             if (i % o->shard_n == o->shard_i) weight[n_units] = w, list[n_units++] = i;
         }
     }
-    rc = o->dist ? plan_units(r, list, weight, n_units) : DFL_OK;
+    rc = writes ? write_run_json(r, list, n_units) : DFL_OK;
+    if (rc == DFL_OK && o->dist) rc = plan_units(r, list, weight, n_units);
     free(weight);
     /* lines will be added: the reports of what results.jsonl held no longer describe it (a run that
      * ends early, or a spread run whose writer dies, must not leave them as if they did) */

@@ -352,6 +352,136 @@ def stale_summary():
     t.check(open(os.path.join(out, "summary.md")).read().split("\n")[0] == before.split("\n")[0], "kept")
 
 
+# ---- 2: eval-merge and eval-compare judge runs by what they ran ----
+
+def shard(name, i, n, *extra, prompts=PROMPTS, limit=4):
+    out = path(name)
+    dfl("eval", *ARGS, "--prompts", prompts, "--limit", limit, "--max-new", 16, "--shard", f"{i}/{n}", "--out", out,
+        *extra)
+    return out
+
+
+def merge_checks():
+    s0, s1 = shard("m-s0", 0, 2), shard("m-s1", 1, 2)
+    n0 = len(lines(s0))
+    whole = path("m-whole")
+    evalrun(whole, "--limit", 4, "--max-new", 16)
+    merged = path("m-merged")
+    dfl("eval-merge", "--out", merged, s0, s1)
+    t.check(keyed(lines(merged)) == keyed(lines(whole)), "merged shards: the results of one run")
+    sm, sw = (json.load(open(os.path.join(d, "summary.json"))) for d in (merged, whole))
+    t.check(sm.get("run", {}).get("prompt_set") == sw["run"].get("prompt_set") is not None, "merged prompt set")
+    t.check(open(os.path.join(merged, "results.jsonl")).read() ==
+            open(os.path.join(s0, "results.jsonl")).read() + open(os.path.join(s1, "results.jsonl")).read(),
+            "the inputs' lines as they are (round_lengths and all)")
+    # --out is an input, under any spelling: refused before anything is written
+    for spelled in (s0, s0 + "/", os.path.join(os.path.dirname(s0), ".", "m-s0")):
+        p = dfl("eval-merge", "--out", spelled, s0, s1, check=False)
+        t.check(p.returncode == 2 and "never writes into an input" in p.stderr, f"--out {spelled}: {p.stderr[-300:]}")
+        t.check(len(lines(s0)) == n0, f"--out {spelled}: the input keeps its {n0} lines ({len(lines(s0))})")
+    # an input given twice: refused, nothing written
+    out = path("m-twice")
+    p = dfl("eval-merge", "--out", out, s0, s0 + "/", check=False)
+    t.check(p.returncode == 2 and "same directory" in p.stderr and not os.path.exists(out),
+            f"a repeated input: {p.stderr[-300:]}")
+    # other options: refused naming the option, nothing written
+    for name, extra, needle in (("m-maxnew", ["--max-new", 12], "max_new 16 vs 12"),
+                                ("m-chat", ["--chat", "none"], 'chat "chatml" vs "none"'),
+                                ("m-online", ["--online"], 'method "replay" vs "online"')):
+        o = path(name)
+        dfl("eval", *ARGS, "--prompts", PROMPTS, "--limit", 4, "--max-new", 16, "--shard", "1/2", "--out", o, *extra)
+        out = path(name + "-merged")
+        p = dfl("eval-merge", "--out", out, s0, o, check=False)
+        t.check(p.returncode == 1 and "ran with other options" in p.stderr and needle in p.stderr and
+                not os.path.exists(out), f"{extra}: {p.stderr[-300:]}")
+    # other prompts under the same ids: refused naming the prompt
+    edited = path("edited.jsonl")
+    src = open(PROMPTS).read().splitlines()
+    with open(edited, "w") as f:
+        f.write("\n".join(src[:1] + [json.dumps(dict(json.loads(src[1]), question="Something else entirely."))]
+                          + src[2:]) + "\n")
+    e1 = shard("m-edited", 1, 2, prompts=edited)
+    p = dfl("eval-merge", "--out", path("m-edited-merged"), s0, e1, check=False)
+    t.check(p.returncode != 0 and "ran on other prompt files" in p.stderr, f"a shard of an edited file: {p.stderr[-300:]}")
+    e2 = shard("m-edited-all", 0, 1, prompts=edited)  # every prompt: prompt 2 is in both, with other texts
+    legacy_all = json.load(open(os.path.join(e2, "run.json")))
+    del legacy_all["all_prompts"]
+    json.dump(legacy_all, open(os.path.join(e2, "run.json"), "w"))
+    p = dfl("eval-merge", "--out", path("m-edited-merged2"), s1, e2, check=False)
+    t.check(p.returncode != 0 and "prompt 2 is another prompt" in p.stderr, f"an edited prompt: {p.stderr[-300:]}")
+    s1b = shard("m-s1-limit6", 1, 2, limit=6)
+    p = dfl("eval-merge", "--out", path("m-limit-merged"), s0, s1b, check=False)
+    t.check(p.returncode != 0 and "ran on other prompt files" in p.stderr, f"shards of other --limit: {p.stderr[-300:]}")
+    # overlapping inputs: the same results are kept once, other results are refused naming both
+    dup = path("m-dup")
+    shutil.copytree(s0, dup)
+    out = path("m-dup-merged")
+    p = dfl("eval-merge", "--out", out, s0, dup, s1, check=False)
+    t.check(p.returncode == 0 and keyed(lines(out)) == keyed(lines(whole)) and len(lines(out)) == len(lines(whole))
+            and "kept once" in p.stderr, f"an overlapping copy is kept once: {p.stderr[-300:]}")
+    bad = path("m-dup-bad")
+    shutil.copytree(s0, bad)
+    rs = open(os.path.join(bad, "results.jsonl")).read().splitlines()
+    r = json.loads(rs[-1])
+    r["rounds"] += 1
+    rs[-1] = json.dumps(r)
+    open(os.path.join(bad, "results.jsonl"), "w").write("\n".join(rs) + "\n")
+    p = dfl("eval-merge", "--out", path("m-dup-bad-merged"), s0, bad, check=False)
+    t.check(p.returncode == 1 and f"{bad}/results.jsonl:{len(rs)}" in p.stderr and "other results" in p.stderr,
+            f"overlapping runs that disagree: {p.stderr[-300:]}")
+    # a run made before run.json existed: its summary.json's run is what it ran
+    legacy = path("m-legacy")
+    shutil.copytree(s1, legacy)
+    os.remove(os.path.join(legacy, "run.json"))
+    p = dfl("eval-merge", "--out", path("m-legacy-merged"), s0, legacy, check=False)
+    t.check(p.returncode == 0, f"an input without run.json: {p.stderr[-300:]}")
+    os.remove(os.path.join(legacy, "summary.json"))
+    p = dfl("eval-merge", "--out", path("m-legacy-merged2"), s0, legacy, check=False)
+    t.check(p.returncode == 1 and "cannot tell what this run ran" in p.stderr, f"neither: {p.stderr[-300:]}")
+    # a merge of chain-only runs over an earlier merge with tree modes: no stale tau_budget.svg
+    t1 = path("m-tree")
+    evalrun(t1, "--limit", 2, "--max-new", 16, "--tree-budget", "0,4")
+    out = path("m-reused")
+    dfl("eval-merge", "--out", out, t1)
+    t.check(os.path.exists(os.path.join(out, "tau_budget.svg")), "tree modes: tau_budget.svg")
+    dfl("eval-merge", "--out", out, s0, s1)
+    t.check(not os.path.exists(os.path.join(out, "tau_budget.svg")), "chain only: the earlier tau_budget.svg is gone")
+
+
+def resume_checks():
+    out = path("r-opts")
+    evalrun(out, "--limit", 2, "--max-new", 16)
+    p = evalrun(out, "--limit", 2, "--max-new", 20, "--resume", check=False)
+    t.check(p.returncode != 0 and "run.json" in p.stderr and "max_new 16 vs 20" in p.stderr,
+            f"a resume with another --max-new: {p.stderr[-300:]}")
+    edited = path("edited.jsonl")
+    p = dfl("eval", *ARGS, "--prompts", edited, "--limit", 3, "--max-new", 16, "--out", out, "--resume", check=False)
+    t.check(p.returncode != 0 and "prompt 2 is not the prompt of that id" in p.stderr,
+            f"a resume over an edited prompt: {p.stderr[-300:]}")
+    p = evalrun(out, "--limit", 3, "--max-new", 16, "--resume", check=False)
+    t.check(p.returncode == 0 and sorted(json.load(open(os.path.join(out, "run.json")))["prompts"]) == ["1", "2", "3"],
+            f"a resume with more prompts: {p.stderr[-300:]}")
+
+
+def compare_checks():
+    s0, s1 = path("m-s0"), path("m-s1")
+    p = dfl("eval-compare", s0, s1, check=False)
+    t.check(p.returncode == 1 and "ran other prompts" in p.stderr, f"shards of other prompts: {p.stderr[-300:]}")
+    # the same prompts file under another path (a copy) is the same prompts
+    copy = path("copy-of-prompts.jsonl")
+    shutil.copy(PROMPTS, copy)
+    a, b = path("c-a"), path("c-b")
+    evalrun(a, "--limit", 3, "--max-new", 16)
+    dfl("eval", *ARGS, "--prompts", copy, "--limit", 3, "--max-new", 16, "--out", b)
+    p = dfl("eval-compare", a, b, check=False)
+    t.check(p.returncode == 0 and "+0.0%" in p.stdout, f"the same prompts by another path: {p.stderr[-300:]}")
+    # an edited prompt under the same id is another prompt set
+    c = path("c-c")
+    dfl("eval", *ARGS, "--prompts", path("edited.jsonl"), "--limit", 3, "--max-new", 16, "--out", c)
+    p = dfl("eval-compare", a, c, check=False)
+    t.check(p.returncode == 1 and "ran other prompts" in p.stderr, f"an edited prompt: {p.stderr[-300:]}")
+
+
 t.run(resume_partial_tail)
 t.run(resume_after_full_disk)
 feat_ = None
@@ -365,6 +495,9 @@ t.run(stale_summary)
 t.run(reports_whole)
 t.run(features_dir_guarded)
 t.run(features_incomplete)
+t.run(merge_checks)
+t.run(resume_checks)
+t.run(compare_checks)
 t.run(prompt_files)
 t.run(prompt_positions)
 t.run(prompt_ids)
