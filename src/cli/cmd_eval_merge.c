@@ -327,7 +327,8 @@ int cmd_eval_merge(int argc, char **argv) {
     char *res = dfl_path_join(out, "results.jsonl"), *ref = dfl_path_join(out, "reference.jsonl");
     char *runp = dfl_path_join(out, "run.json");
     if (rc == 0 && (!res_text || !ref_text || !all)) rc = cli_fail("eval-merge", "out of memory");
-    else if (mkdir(out, 0755) != 0 && errno != EEXIST) rc = cli_fail("eval-merge", "%s: cannot create: %s", out, strerror(errno));
+    if (rc == 0 && mkdir(out, 0755) != 0 && errno != EEXIST)
+        rc = cli_fail("eval-merge", "%s: cannot create: %s", out, strerror(errno));
     /* the merged run.json: the inputs' options, every prompt */
     cJSON *run = rc == 0 ? cJSON_Duplicate(in[0].run, 1) : NULL;
     if (run) {
