@@ -30,6 +30,10 @@ typedef struct eval_prompts {
     int n_bad;
 } eval_prompts;
 
+/* FNV-1a 64 of the user turns a run gives the target (the first only with first_turn), as 16 hex
+ * digits: what tells two prompts of one id apart (run.json, eval-merge, eval-compare). */
+void eval_prompt_hash(const eval_prompt *p, int first_turn, char out[24]);
+
 /* Parse "gsm8k", "mtbench", "text" or "jsonl:FIELD". */
 int eval_format_parse(const char *s, eval_format *fmt, char *field, int field_len);
 /* Load a prompt file. A malformed line is an error naming file and line, unless keep_going
@@ -103,6 +107,23 @@ int eval_result_act_check(const eval_result *r, int bf16, const char *where);
 /* DFL_ERR naming `where` when r's target ran on another device than `device` (dfl_device). */
 int eval_result_device_check(const eval_result *r, int device, const char *where);
 
+/* A results.jsonl as read back (--resume, eval-merge): its complete lines, parsed, in order. A
+ * partial last line (no newline: an interrupted write, whatever its length) is left out and ends
+ * the reading; good_end is then where the next line must go (the caller cuts the file there). */
+typedef struct eval_results {
+    eval_result *r;
+    int32_t **ids;       /* [n] output ids (NULL without want_ids, or when a line has none) */
+    int *n_ids;
+    int *line;           /* [n] the line number of each */
+    int n;
+    long good_end;       /* bytes of the complete lines (blank ones included) */
+} eval_results;
+/* Read f (named path in messages). act >= 0: every line must have been computed in that
+ * activation mode (eval_result_act_check). A complete line that does not parse is an error
+ * naming path:line; what was read before it stays in d. */
+int eval_results_read(eval_results *d, FILE *f, const char *path, int want_ids, int act);
+void eval_results_free(eval_results *d);
+
 /* Aggregate of all responses of one drafter x mode (or of the autoregressive runs). */
 typedef struct eval_agg {
     char drafter[512], mode[32], method[16], features[16];
@@ -152,6 +173,23 @@ int eval_spread(const double *v, int n, double q[3]);
 /* Reports into dir: summary.json (extra: a JSON object's members to merge in, or NULL),
  * summary.md, per_position.svg, tau_hist.svg, and tau_budget.svg when DDTree modes ran. */
 int eval_write_reports(const eval_summary *s, const char *dir, const char *extra_json);
+/* Remove the reports from dir (a run about to add results: they would no longer describe them). */
+int eval_remove_reports(const char *dir);
+
+/* ---- what a run ran: DIR/run.json (docs/eval.md) -------------------------------------------- */
+
+/* run.json is written when a run starts (and kept up to date by --resume): its options and, per
+ * prompt id, the hash of the prompt (eval_prompt_hash; null when unknown). eval-merge and --resume
+ * compare runs by it; summary.json's run.prompt_set summarizes its prompts for eval-compare. */
+#define EVAL_RUN_FORMAT "dfl-eval-run-1"
+struct cJSON;
+/* The first option in which runs a and b (run.json objects, or summary.json "run" objects of
+ * older runs) differ, naming it and both values in msg; NULL when none does. Options absent from
+ * either are not compared. */
+const char *eval_run_differs(const struct cJSON *a, const struct cJSON *b, char *msg, size_t n);
+/* The prompt set of a "prompts" object ({id: hash}): its size and a hash over the sorted ids and
+ * their hashes ("" when a prompt's hash is unknown) into hash, and over the ids alone into ids. */
+int eval_prompt_set(const struct cJSON *prompts, char hash[24], char ids[24]);
 
 /* ---- the evaluation run ------------------------------------------------------------------ */
 

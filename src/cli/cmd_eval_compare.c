@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include <cjson/cJSON.h>
 
@@ -21,8 +22,8 @@ static const char *usage_text =
     "one with bf16 activations (DFL_ACT), with the same prompts and options. A row per drafter x\n"
     "mode x method (online, replay) present in every run: tau (z-lab's per-response mean) and\n"
     "token-weighted tau per run, the change of tau from the first run in percent, mismatches. The\n"
-    "runs must hold the same prompts (count, prompt file, --max-new, chat): anything else is\n"
-    "refused, naming the field.\n"
+    "runs must hold the same prompts (the prompt ids and the hashes of their texts: run.prompt_set)\n"
+    "and --max-new and chat: anything else is refused, naming the field.\n"
     "\n"
     "  --json   one JSON object: {\"runs\": [{\"dir\", \"target\", \"activations\"}], \"rows\":\n"
     "           [{\"drafter\", \"mode\", \"method\", \"tau\": [...], \"tau_token_weighted\": [...],\n"
@@ -100,20 +101,60 @@ static const cJSON *find_row(const run_sum *r, const char *drafter, const char *
     return NULL;
 }
 
-/* The runs must have been made on the same prompts: these fields of summary.json must agree. */
+/* A run.* field of summary.json as JSON text (malloc'd), NULL when absent. */
+static char *run_field(const run_sum *r, const char *k) {
+    const cJSON *run = cJSON_GetObjectItemCaseSensitive(r->root, "run");
+    const cJSON *x = run ? cJSON_GetObjectItemCaseSensitive(run, k) : NULL;
+    return x ? cJSON_PrintUnformatted(x) : NULL;
+}
+
+/* The same prompts file: the same file (device and inode), else the same path string. */
+static int same_prompts_file(const char *a, const char *b) {
+    struct stat sa, sb;
+    if (stat(a, &sa) == 0 && stat(b, &sb) == 0) return sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+    return strcmp(a, b) == 0;
+}
+
+/* The runs must have been made on the same prompts with the same options. By what they ran:
+ * run.prompt_set (the prompt ids and the hashes of their texts), --max-new and --chat; summaries
+ * written before prompt_set existed: the prompt count and the prompts file (the same file under
+ * any path). */
 static int same_prompts(const run_sum *runs, int n) {
-    static const char *const run_fields[] = {"prompts_file", "max_new", "chat"};
+    static const char *const run_fields[] = {"max_new", "chat"};
     const double p0 = num_of(runs[0].root, "prompts");
+    const cJSON *r0 = cJSON_GetObjectItemCaseSensitive(runs[0].root, "run");
+    const cJSON *set0 = r0 ? cJSON_GetObjectItemCaseSensitive(r0, "prompt_set") : NULL;
     for (int i = 1; i < n; i++) {
         const double p = num_of(runs[i].root, "prompts");
         if (p != p0)
             return dfl_seterr("%s holds %.0f prompts, %s %.0f: compare runs on the same prompts", runs[0].dir, p0,
                               runs[i].dir, p);
-        const cJSON *a = cJSON_GetObjectItemCaseSensitive(runs[0].root, "run"),
-                    *b = cJSON_GetObjectItemCaseSensitive(runs[i].root, "run");
-        for (size_t f = 0; a && b && f < sizeof run_fields / sizeof *run_fields; f++) {
-            char *va = cJSON_PrintUnformatted(cJSON_GetObjectItemCaseSensitive(a, run_fields[f]));
-            char *vb = cJSON_PrintUnformatted(cJSON_GetObjectItemCaseSensitive(b, run_fields[f]));
+        const cJSON *ri = cJSON_GetObjectItemCaseSensitive(runs[i].root, "run");
+        const cJSON *seti = ri ? cJSON_GetObjectItemCaseSensitive(ri, "prompt_set") : NULL;
+        if (set0 && seti) {
+            const char *key = cJSON_IsString(cJSON_GetObjectItemCaseSensitive(set0, "hash")) &&
+                                      cJSON_IsString(cJSON_GetObjectItemCaseSensitive(seti, "hash"))
+                                  ? "hash"
+                                  : "ids_hash"; /* a prompt's text unknown (older saved features): its id */
+            const char *ha = str_of(set0, key), *hb = str_of(seti, key);
+            if (strcmp(ha, hb) != 0)
+                return dfl_seterr("%s and %s ran other prompts (run.prompt_set.%s %s vs %s: other prompt ids, or other "
+                                  "texts under them): compare runs on the same prompts", runs[0].dir, runs[i].dir, key,
+                                  ha, hb);
+        } else {
+            char *va = run_field(&runs[0], "prompts_file"), *vb = run_field(&runs[i], "prompts_file");
+            const cJSON *a = r0 ? cJSON_GetObjectItemCaseSensitive(r0, "prompts_file") : NULL;
+            const cJSON *b = ri ? cJSON_GetObjectItemCaseSensitive(ri, "prompts_file") : NULL;
+            const int differ = (a == NULL) != (b == NULL) ||
+                               (cJSON_IsString(a) && cJSON_IsString(b) && !same_prompts_file(a->valuestring, b->valuestring));
+            if (differ)
+                dfl_seterr("run.prompts_file differs: %s in %s, %s in %s: compare runs on the same prompts and options",
+                           va ? va : "absent", runs[0].dir, vb ? vb : "absent", runs[i].dir);
+            free(va), free(vb);
+            if (differ) return DFL_ERR;
+        }
+        for (size_t f = 0; r0 && ri && f < sizeof run_fields / sizeof *run_fields; f++) {
+            char *va = run_field(&runs[0], run_fields[f]), *vb = run_field(&runs[i], run_fields[f]);
             const int differ = (va == NULL) != (vb == NULL) || (va && strcmp(va, vb) != 0);
             if (differ)
                 dfl_seterr("run.%s differs: %s in %s, %s in %s: compare runs on the same prompts and options",

@@ -4,6 +4,7 @@
 #include "eval/features.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,47 +15,10 @@
 
 #define FEATURES_FORMAT "dfl-features-1"
 
-static uint64_t fnv1a(uint64_t h, const void *p, size_t n) {
-    const unsigned char *b = p;
-    for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 0x100000001b3ull;
-    return h;
-}
-
 int eval_device_lookup(const char *name) {
     for (int d = 0; d < DFL_DEVICE_COUNT; d++)
         if (strcmp(name, dfl_device_name((dfl_device)d)) == 0) return d;
     return -1;
-}
-
-int eval_target_identity(const dfl_model *m, eval_target_id *id) {
-    memset(id, 0, sizeof *id);
-    char *path = dfl_path_join(m->dir, "config.json");
-    size_t len = 0;
-    char *cfg = dfl_read_file(path, &len);
-    free(path);
-    if (!cfg) return DFL_ERR;
-    snprintf(id->config_hash, sizeof id->config_hash, "%016llx",
-             (unsigned long long)fnv1a(0xcbf29ce484222325ull, cfg, len));
-    free(cfg);
-    /* weights: names (without the layout's prefix), shapes and the first bytes of every tensor
-     * the forward reads (one page each): tells two fine-tunes of one architecture apart without
-     * reading the checkpoint, and is the same for the text and VLM layouts of one model */
-    uint64_t h = 0xcbf29ce484222325ull;
-    const size_t pl = m->prefix ? strlen(m->prefix) : 0;
-    for (int i = 0; i < m->st.n_tensors; i++) {
-        const st_tensor *t = &m->st.tensors[i];
-        if (!m->used[i]) continue;
-        const char *name = pl && strncmp(t->name, m->prefix, pl) == 0 ? t->name + pl : t->name;
-        h = fnv1a(h, name, strlen(name));
-        h = fnv1a(h, t->shape, (size_t)t->ndim * sizeof t->shape[0]);
-        h = fnv1a(h, t->data, t->nbytes < 4096 ? t->nbytes : 4096);
-    }
-    snprintf(id->weights_hash, sizeof id->weights_hash, "%016llx", (unsigned long long)h);
-    snprintf(id->layout, sizeof id->layout, "%s", model_layout_name(m->layout));
-    /* a fine-grained FP8 target's layer weights are F8_E4M3 (its embeddings keep their dtype) */
-    snprintf(id->dtype, sizeof id->dtype, "%s", m->quant.present ? "F8_E4M3" : st_dtype_name(m->embed.dtype));
-    id->n_layers = m->cfg.n_layers, id->hidden = m->cfg.hidden, id->vocab = m->cfg.vocab;
-    return DFL_OK;
 }
 
 void eval_features_name(int index, int turn, char *buf, size_t n) { snprintf(buf, n, "%05d-t%d.safetensors", index, turn); }
@@ -125,11 +89,21 @@ static int meta_int(const st_model *st, const char *path, const char *key, int l
     return DFL_OK;
 }
 
+/* "[2, 3, 4]": every dimension of x. */
+static const char *shape_of(const st_tensor *x, char *buf, size_t n) {
+    size_t k = (size_t)snprintf(buf, n, "[");
+    for (int i = 0; i < x->ndim && k < n; i++)
+        k += (size_t)snprintf(buf + k, n - k, "%s%lld", i ? ", " : "", (long long)x->shape[i]);
+    if (k < n) snprintf(buf + k, n - k, "]");
+    return buf;
+}
+
 /* An I64 or I32 tensor [n] as int32 ids. */
 static int read_ids(const st_tensor *x, const char *path, const char *name, int32_t *out, int n, int vocab) {
+    char sh[160];
     if (x->ndim != 1 || x->shape[0] < n || (x->dtype != ST_I64 && x->dtype != ST_I32))
-        return dfl_seterr("%s: %s: expected I64 [>= %d], found %s with %d dims", path, name, n, st_dtype_name(x->dtype),
-                          x->ndim);
+        return dfl_seterr("%s: %s: expected I64 [>= %d], found %s %s", path, name, n, st_dtype_name(x->dtype),
+                          shape_of(x, sh, sizeof sh));
     for (int i = 0; i < n; i++) {
         int64_t v;
         if (x->dtype == ST_I64) memcpy(&v, x->data + (size_t)i * 8, 8);
@@ -162,15 +136,24 @@ static int read_layers(const st_model *st, const char *path, eval_truth *t, int 
         if (x->ndim != 2 || x->shape[0] < rows || x->shape[1] != H ||
             (x->dtype != ST_F32 && x->dtype != ST_BF16 && x->dtype != ST_F16)) {
             free(f);
-            return dfl_seterr("%s: %s: expected F32 [>= %d, %d], found %s [%lld, %lld]", path, name, rows, H,
-                              st_dtype_name(x->dtype), (long long)x->shape[0],
-                              (long long)(x->ndim > 1 ? x->shape[1] : 0));
+            char sh[160];
+            return dfl_seterr("%s: %s: expected F32 [>= %d, %d], found %s %s", path, name, rows, H,
+                              st_dtype_name(x->dtype), shape_of(x, sh, sizeof sh));
         }
-        for (int p = 0; p < rows; p++)
-            if (st_read_f32(x, (int64_t)p * H, H, f + ((size_t)p * nl + k) * H) != DFL_OK) {
+        for (int p = 0; p < rows; p++) {
+            float *row = f + ((size_t)p * nl + k) * H;
+            if (st_read_f32(x, (int64_t)p * H, H, row) != DFL_OK) {
                 free(f);
                 return dfl_preperr("%s: %s", path, name);
             }
+            for (int c = 0; c < H; c++)
+                if (!isfinite(row[c])) { /* a drafter would fail later, naming neither file nor row */
+                    const float v = row[c];
+                    free(f);
+                    return dfl_seterr("%s: %s position %d column %d is %s: the features hold non-finite "
+                                      "values", path, name, p, c, isnan(v) ? "NaN" : "Inf");
+                }
+        }
     }
     free(t->feat);
     t->feat = f, t->n_rows = t->cap_rows = rows;
@@ -210,6 +193,25 @@ int eval_features_load(const char *path, eval_truth *t, eval_features_meta *meta
     if (st_meta_get(&st, 0, "device", dev, sizeof dev) != DFL_OK) snprintf(dev, sizeof dev, "cpu");
     if ((meta->device = eval_device_lookup(dev)) < 0) {
         dfl_seterr("%s: __metadata__ device: expected cpu or cuda, found '%s'", path, dev);
+        goto done;
+    }
+    /* the fields must agree with each other: a replay sizes its reads by them */
+    if (strcmp(stop, "eos") != 0 && strcmp(stop, "max_new") != 0) {
+        dfl_seterr("%s: __metadata__ stop: expected eos or max_new, found '%s'", path, stop);
+        goto done;
+    }
+    if (n > meta->max_new) {
+        dfl_seterr("%s: __metadata__ tokens %d exceeds max_new %d", path, n, meta->max_new);
+        goto done;
+    }
+    if (strcmp(stop, "max_new") == 0 && (n != meta->max_new || ext != 0)) {
+        dfl_seterr("%s: __metadata__ stop max_new: expected tokens = max_new (%d) and extended 0, found tokens %d, "
+                   "extended %d", path, meta->max_new, n, ext);
+        goto done;
+    }
+    if (ext > DFL_MAX_BLOCK) {
+        dfl_seterr("%s: __metadata__ extended: expected at most %d (a block past the eos), found %d", path,
+                   DFL_MAX_BLOCK, ext);
         goto done;
     }
     const int rows = np + n - 1;

@@ -1,5 +1,6 @@
 /* Prompt sets for dfl eval: GSM8K, MT-Bench, generic JSON lines, plain text. */
 #include <cjson/cJSON.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,19 +22,53 @@ int eval_format_parse(const char *s, eval_format *fmt, char *field, int field_le
     return DFL_OK;
 }
 
-/* The id of a JSON prompt: a named id field (string or integer), else the line number. */
-static char *json_id(const cJSON *o, const char *const *names, int line) {
-    char buf[64];
+/* cJSON ends a string at a NUL character: a prompt "a\\u0000b" would be cut to "a" without a word.
+ * The text with each \\u0000 escape (an odd run of backslashes before "u0000") turned into \\u0001,
+ * or NULL when there is none: its strings are as long as the file's, so a field whose string is
+ * longer there than in the object parsed from the file holds a NUL. */
+static char *nul_escaped(const char *text) {
+    char *c = NULL;
+    for (const char *p = text; (p = strstr(p, "u0000")); p++) {
+        size_t bs = 0;
+        for (const char *q = p; q > text && q[-1] == '\\'; q--) bs++;
+        if (bs % 2 == 0) continue;
+        if (!c && !(c = strdup(text))) return NULL;
+        c[p - text + 4] = '1';
+    }
+    return c;
+}
+
+static int nul_cut(const cJSON *v, const cJSON *alt) {
+    return cJSON_IsString(v) && cJSON_IsString(alt) && strlen(alt->valuestring) != strlen(v->valuestring);
+}
+
+/* The id of a JSON prompt: a named id field (a string, or an integer written as one), else the
+ * line number. An id field of another kind (1.5, null, {}, true) is an error: it was meant as the
+ * id, and a silent fallback or rounding would key the results by something else. alt: the
+ * object with NUL characters made visible (see nul_escaped), or NULL. */
+static int json_id(const cJSON *o, const cJSON *alt, const char *const *names, int line, char **out) {
+    char buf[64], brief[96];
     for (int i = 0; names[i]; i++) {
         const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, names[i]);
-        if (cJSON_IsString(v)) return strdup(v->valuestring);
-        if (cJSON_IsNumber(v)) {
-            snprintf(buf, sizeof buf, "%.0f", v->valuedouble);
-            return strdup(buf);
+        if (!v) continue;
+        if (cJSON_IsString(v)) {
+            if (nul_cut(v, alt ? cJSON_GetObjectItemCaseSensitive(alt, names[i]) : NULL))
+                return dfl_seterr("field '%s' holds a NUL character (\\u0000), which dfl does not accept in an id",
+                                  names[i]);
+            *out = strdup(v->valuestring);
+            return *out ? DFL_OK : dfl_seterr("out of memory");
         }
+        if (cJSON_IsNumber(v) && v->valuedouble == floor(v->valuedouble) && fabs(v->valuedouble) <= 9007199254740992.0) {
+            snprintf(buf, sizeof buf, "%.0f", v->valuedouble);
+            *out = strdup(buf);
+            return *out ? DFL_OK : dfl_seterr("out of memory");
+        }
+        return dfl_seterr("field '%s': a prompt id must be a string or an integer, found %s", names[i],
+                          dfl_json_brief(v, brief, sizeof brief));
     }
     snprintf(buf, sizeof buf, "%d", line);
-    return strdup(buf);
+    *out = strdup(buf);
+    return *out ? DFL_OK : dfl_seterr("out of memory");
 }
 
 /* "missing string field F" with a hint: the --format that fits the object's fields. */
@@ -63,10 +98,15 @@ static int missing_field(const cJSON *o, const char *f, eval_format fmt) {
     return dfl_seterr("missing string field '%s'; the object has no string field", f);
 }
 
-/* Parse one line into p; DFL_ERR with a message (without file/line, added by the caller). */
-static int parse_line(eval_prompt *p, char *text, eval_format fmt, const char *field, int line) {
+/* Parse one line (len bytes, without its newline) into p; DFL_ERR with a message (without
+ * file/line, added by the caller). */
+static int parse_line(eval_prompt *p, char *text, size_t len, eval_format fmt, const char *field, int line) {
     memset(p, 0, sizeof *p);
     p->line = line;
+    const char *nul = memchr(text, 0, len);
+    if (nul) /* a C string would end there: the prompt would be cut short */
+        return dfl_seterr("holds a NUL byte at column %d, which dfl does not accept in a prompt",
+                          (int)(nul - text) + 1);
     if (fmt == EVAL_FMT_TEXT) {
         char id[32];
         snprintf(id, sizeof id, "%d", line);
@@ -75,7 +115,16 @@ static int parse_line(eval_prompt *p, char *text, eval_format fmt, const char *f
         p->n_turns = 1;
         return DFL_OK;
     }
-    cJSON *o = cJSON_Parse(text);
+    const char *end = NULL;
+    cJSON *o = cJSON_ParseWithOpts(text, &end, 1); /* one object, nothing after it */
+    if (!o) {
+        cJSON *lax = cJSON_Parse(text);
+        const int obj = cJSON_IsObject(lax);
+        cJSON_Delete(lax);
+        if (obj && end)
+            return dfl_seterr("text after the JSON object at column %d: JSON lines hold one object per line",
+                              (int)(end - text) + 1);
+    }
     if (!o || !cJSON_IsObject(o)) {
         const int arr = cJSON_IsArray(o);
         cJSON_Delete(o);
@@ -90,10 +139,19 @@ static int parse_line(eval_prompt *p, char *text, eval_format fmt, const char *f
                               "several; reformat with jq -c . FILE)");
         return dfl_seterr("not a JSON object (a CSV or plain-text file? use --format text for a prompt per line)");
     }
+    char *esc = nul_escaped(text);
+    cJSON *alt = esc ? cJSON_Parse(esc) : NULL;
+    free(esc);
     int rc = DFL_OK;
-    if (fmt == EVAL_FMT_MTBENCH) {
+    /* a key cut at a NUL ("id\\u0000x") would be read as another key ("id") */
+    for (const cJSON *a = o->child, *b = alt ? alt->child : NULL; a && b && rc == DFL_OK; a = a->next, b = b->next)
+        if (a->string && b->string && strlen(a->string) != strlen(b->string))
+            rc = dfl_seterr("key '%s' holds a NUL character (\\u0000) after these letters, which dfl does not accept",
+                            a->string);
+    if (rc == DFL_OK && fmt == EVAL_FMT_MTBENCH) {
         static const char *const ids[] = {"question_id", "id", NULL};
         const cJSON *turns = cJSON_GetObjectItemCaseSensitive(o, "turns");
+        const cJSON *aturns = alt ? cJSON_GetObjectItemCaseSensitive(alt, "turns") : NULL;
         int n = cJSON_IsArray(turns) ? cJSON_GetArraySize(turns) : 0;
         if (n < 1 || n > 2) {
             rc = dfl_seterr("field 'turns' must be an array of 1 or 2 strings");
@@ -101,23 +159,29 @@ static int parse_line(eval_prompt *p, char *text, eval_format fmt, const char *f
             for (int i = 0; i < n && rc == DFL_OK; i++) {
                 const cJSON *t = cJSON_GetArrayItem(turns, i);
                 if (!cJSON_IsString(t)) rc = dfl_seterr("turns[%d] is not a string", i);
+                else if (nul_cut(t, aturns ? cJSON_GetArrayItem(aturns, i) : NULL))
+                    rc = dfl_seterr("turns[%d] holds a NUL character (\\u0000), which dfl does not accept in a "
+                                    "prompt", i);
                 else p->turns[p->n_turns++] = strdup(t->valuestring);
             }
-            p->id = json_id(o, ids, line);
+            if (rc == DFL_OK) rc = json_id(o, alt, ids, line, &p->id);
         }
-    } else {
+    } else if (rc == DFL_OK) {
         static const char *const ids[] = {"id", "idx", "question_id", NULL};
         const char *f = fmt == EVAL_FMT_GSM8K ? "question" : field;
         const cJSON *q = cJSON_GetObjectItemCaseSensitive(o, f);
         if (!cJSON_IsString(q)) {
             rc = missing_field(o, f, fmt);
+        } else if (nul_cut(q, alt ? cJSON_GetObjectItemCaseSensitive(alt, f) : NULL)) {
+            rc = dfl_seterr("field '%s' holds a NUL character (\\u0000), which dfl does not accept in a prompt", f);
         } else {
             p->turns[0] = strdup(q->valuestring);
             p->n_turns = 1;
-            p->id = json_id(o, ids, line);
+            rc = json_id(o, alt, ids, line, &p->id);
         }
     }
     cJSON_Delete(o);
+    cJSON_Delete(alt);
     if (rc != DFL_OK) {
         for (int i = 0; i < p->n_turns; i++) free(p->turns[i]);
         free(p->id);
@@ -150,7 +214,7 @@ int eval_prompts_load(eval_prompts *ps, const char *path, eval_format fmt, const
             cap_p = cap_p ? 2 * cap_p : 64;
             ps->p = realloc(ps->p, (size_t)cap_p * sizeof *ps->p);
         }
-        if (parse_line(&ps->p[ps->n], line, fmt, field, lineno) != DFL_OK) {
+        if (parse_line(&ps->p[ps->n], line, (size_t)len, fmt, field, lineno) != DFL_OK) {
             if (!keep_going) {
                 rc = dfl_preperr("%s:%d", path, lineno);
                 break;

@@ -45,7 +45,7 @@ int ref_file_load(ref_set *rs, const char *path, const dfl_tokenizer *tok) {
     while (rc == DFL_OK && (len = getline(&line, &cap, f)) >= 0) {
         lineno++;
         if (len <= 1) continue;
-        cJSON *o = cJSON_Parse(line);
+        cJSON *o = cJSON_ParseWithOpts(line, NULL, 1);
         const cJSON *id = o ? cJSON_GetObjectItemCaseSensitive(o, "id") : NULL;
         if (!id && o) id = cJSON_GetObjectItemCaseSensitive(o, "prompt_id");
         const cJSON *turn = o ? cJSON_GetObjectItemCaseSensitive(o, "turn") : NULL;

@@ -321,6 +321,10 @@ int eval_replay(const eval_truth *t, dfl_draft_if *dft, int V, const int *layer_
                           max_budget < V ? max_budget : V);
     if (dft->context_len(dft->ctx) != 0) return dfl_seterr("replay: the drafter context is not empty");
     if (t->n > max_new) return dfl_seterr("replay: the truth has %d tokens, more than --max-new %d", t->n, max_new);
+    /* rounds read the truth up to --max-new (or a block past its eos): a truth that ends early
+     * without an eos does not hold them */
+    if (!t->eos_stop && t->n != max_new)
+        return dfl_seterr("replay: the truth stops at %d tokens without an eos, but --max-new is %d", t->n, max_new);
     /* the last round may look B-1 tokens past the output (drafts accepted past an eos) */
     const int need = t->eos_stop ? (max_new - t->n < B - 1 ? max_new - t->n : B - 1) : 0;
     if (t->n_ext < need)

@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "dfl/backend.h"
 #include "dfl/common.h"
@@ -32,6 +33,14 @@ static void legend_name(const eval_agg *a, char *out, size_t n) {
     char b[256];
     base_name(a->drafter, b, sizeof b);
     snprintf(out, n, "%s%s", b, a->label + strlen(a->drafter));
+}
+
+/* Close a report written to path: an error of any write (not only the last flush) fails it. */
+static int close_report(FILE *f, const char *path) {
+    const int bad = ferror(f);
+    const int e = errno;
+    if (fclose(f) != 0 || bad) return dfl_seterr("%s: write error: %s", path, strerror(bad ? e : errno));
+    return DFL_OK;
 }
 
 static int has_trees(const eval_summary *s) {
@@ -161,7 +170,7 @@ static int write_json(const eval_summary *s, const char *path, const char *extra
         fprintf(f, "}");
     }
     fprintf(f, "\n  ]%s%s\n}\n", extra && *extra ? ",\n  " : "", extra ? extra : "");
-    return fclose(f) == 0 ? DFL_OK : dfl_seterr("%s: write error: %s", path, strerror(errno));
+    return close_report(f, path);
 }
 
 /* Distinct drafters and modes, in order of appearance. */
@@ -469,7 +478,7 @@ static int write_md(const eval_summary *s, const char *path) {
             has_trees(s) ? ", [tau_budget.svg](tau_budget.svg)" : "");
     free(dr);
     free(md);
-    return fclose(f) == 0 ? DFL_OK : dfl_seterr("%s: write error: %s", path, strerror(errno));
+    return close_report(f, path);
 }
 
 /* ---- SVG plots: a frame with ticks and labels on both axes, the legend at the right; the plot
@@ -573,7 +582,7 @@ static int write_per_position_svg(const eval_summary *s, const char *path) {
 #undef PX
 #undef PY
     fprintf(f, "</svg>\n");
-    return fclose(f) == 0 ? DFL_OK : dfl_seterr("%s: write error: %s", path, strerror(errno));
+    return close_report(f, path);
 }
 
 /* A tick step of 1, 2 or 5 x 10^k giving at most about 6 ticks up to top. */
@@ -629,7 +638,7 @@ static int write_tau_svg(const eval_summary *s, const char *path) {
     }
     fprintf(f, "</svg>\n");
     free(cnt);
-    return fclose(f) == 0 ? DFL_OK : dfl_seterr("%s: write error: %s", path, strerror(errno));
+    return close_report(f, path);
 }
 
 /* τ against the tree budget (log scale), a line per drafter; its chain τ as a dashed line. */
@@ -700,20 +709,48 @@ static int write_tau_budget_svg(const eval_summary *s, const char *path) {
 #undef TY
     fprintf(f, "</svg>\n");
     free(labels);
-    return fclose(f) == 0 ? DFL_OK : dfl_seterr("%s: write error: %s", path, strerror(errno));
+    return close_report(f, path);
 }
 
 int eval_write_reports(const eval_summary *s, const char *dir, const char *extra_json) {
     const char *names[] = {"summary.json", "summary.md", "per_position.svg", "tau_hist.svg", "tau_budget.svg"};
     int rc = DFL_OK;
     for (int i = 0; i < 5 && rc == DFL_OK; i++) {
-        if (i == 4 && !has_trees(s)) break;
         char *p = dfl_path_join(dir, names[i]);
-        rc = i == 0 ? write_json(s, p, extra_json)
-             : i == 1 ? write_md(s, p)
-             : i == 2 ? write_per_position_svg(s, p)
-             : i == 3 ? write_tau_svg(s, p)
-                      : write_tau_budget_svg(s, p);
+        if (i == 4 && !has_trees(s)) { /* no tree modes: no plot, and none of an earlier run left behind */
+            if (unlink(p) != 0 && errno != ENOENT) rc = dfl_seterr("%s: cannot remove: %s", p, strerror(errno));
+            free(p);
+            break;
+        }
+        /* written whole, then renamed over the old one: a kill or a full disk never leaves a torn
+         * report, and the previous one stays until the new one is complete */
+        const size_t n = strlen(p) + 8;
+        char *tmp = malloc(n);
+        if (!tmp) {
+            free(p);
+            return dfl_seterr("out of memory");
+        }
+        snprintf(tmp, n, "%s.tmp", p);
+        rc = i == 0 ? write_json(s, tmp, extra_json)
+             : i == 1 ? write_md(s, tmp)
+             : i == 2 ? write_per_position_svg(s, tmp)
+             : i == 3 ? write_tau_svg(s, tmp)
+                      : write_tau_budget_svg(s, tmp);
+        if (rc == DFL_OK && rename(tmp, p) != 0) rc = dfl_seterr("%s: cannot rename into place: %s", p, strerror(errno));
+        if (rc != DFL_OK) unlink(tmp);
+        free(tmp);
+        free(p);
+    }
+    return rc;
+}
+
+int eval_remove_reports(const char *dir) {
+    static const char *const names[] = {"summary.json", "summary.md", "per_position.svg", "tau_hist.svg",
+                                        "tau_budget.svg"};
+    int rc = DFL_OK;
+    for (size_t i = 0; i < sizeof names / sizeof *names && rc == DFL_OK; i++) {
+        char *p = dfl_path_join(dir, names[i]);
+        if (unlink(p) != 0 && errno != ENOENT) rc = dfl_seterr("%s: cannot remove: %s", p, strerror(errno));
         free(p);
     }
     return rc;

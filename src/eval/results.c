@@ -164,7 +164,7 @@ int eval_result_parse(const char *line, eval_result *r, int32_t **ids, int *n_id
         *ids = NULL;
         *n_ids = 0;
     }
-    cJSON *o = cJSON_Parse(line);
+    cJSON *o = cJSON_ParseWithOpts(line, NULL, 1); /* strictly one object: "{...}{..." is no line */
     if (!o || !cJSON_IsObject(o)) {
         cJSON_Delete(o);
         return dfl_seterr("not a JSON object");
@@ -271,6 +271,62 @@ int eval_result_parse(const char *line, eval_result *r, int32_t **ids, int *n_id
 done:
     cJSON_Delete(o);
     return rc;
+}
+
+int eval_results_read(eval_results *d, FILE *f, const char *path, int want_ids, int act) {
+    memset(d, 0, sizeof *d);
+    char *line = NULL;
+    size_t cap = 0;
+    ssize_t len;
+    int lineno = 0, rc = DFL_OK;
+    while ((len = getline(&line, &cap, f)) >= 0) {
+        lineno++;
+        if (line[len - 1] != '\n') break; /* a partial last line, whatever its length: redone */
+        if (len == 1) {                    /* a blank line */
+            d->good_end += len;
+            continue;
+        }
+        eval_result *r = realloc(d->r, (size_t)(d->n + 1) * sizeof *d->r);
+        if (r) d->r = r;
+        int32_t **ids = realloc(d->ids, (size_t)(d->n + 1) * sizeof *d->ids);
+        if (ids) d->ids = ids;
+        int *n_ids = realloc(d->n_ids, (size_t)(d->n + 1) * sizeof *d->n_ids);
+        if (n_ids) d->n_ids = n_ids;
+        int *ln = realloc(d->line, (size_t)(d->n + 1) * sizeof *d->line);
+        if (ln) d->line = ln;
+        if (!r || !ids || !n_ids || !ln) {
+            rc = dfl_seterr("%s: out of memory at line %d", path, lineno);
+            break;
+        }
+        d->ids[d->n] = NULL, d->n_ids[d->n] = 0, d->line[d->n] = lineno;
+        if (memchr(line, 0, (size_t)len)) {
+            rc = dfl_seterr("%s:%d: holds a NUL byte (not a results line)", path, lineno);
+            break;
+        }
+        if (eval_result_parse(line, &d->r[d->n], want_ids ? &d->ids[d->n] : NULL, want_ids ? &d->n_ids[d->n] : NULL) !=
+            DFL_OK) {
+            rc = dfl_preperr("%s:%d", path, lineno);
+            break;
+        }
+        char where[4200];
+        snprintf(where, sizeof where, "%s:%d", path, lineno);
+        if (act >= 0 && (rc = eval_result_act_check(&d->r[d->n], act, where)) != DFL_OK) {
+            free(d->ids[d->n]);
+            d->ids[d->n] = NULL;
+            break;
+        }
+        d->good_end += len;
+        d->n++;
+    }
+    free(line);
+    if (rc == DFL_OK && ferror(f)) rc = dfl_seterr("%s: read error", path);
+    return rc;
+}
+
+void eval_results_free(eval_results *d) {
+    for (int i = 0; d->ids && i < d->n; i++) free(d->ids[i]);
+    free(d->r), free(d->ids), free(d->n_ids), free(d->line);
+    memset(d, 0, sizeof *d);
 }
 
 static int same_response(const eval_result *a, const eval_result *b) {

@@ -57,52 +57,19 @@ int eval_record_mode_parse(const char *s, int *budget) {
 
 /* ---- results already written (resume) -------------------------------------------------- */
 
-typedef struct done_set {
-    eval_result *r;
-    int32_t **ids;
-    int *n_ids;
-    int n;
-    long good_end; /* bytes of complete lines: an interrupted write leaves a partial line after */
-} done_set;
+/* results.jsonl's complete lines; good_end: where an interrupted write left a partial line */
+typedef eval_results done_set;
 
 static int load_done(done_set *d, const char *path, int device) {
     memset(d, 0, sizeof *d);
     FILE *f = fopen(path, "r");
     if (!f) return DFL_OK;
-    char *line = NULL;
-    size_t cap = 0;
-    ssize_t len;
-    int lineno = 0, rc = DFL_OK;
-    while ((len = getline(&line, &cap, f)) >= 0) {
-        lineno++;
-        if (len <= 1) {
-            d->good_end += len;
-            continue;
-        }
-        d->r = realloc(d->r, (size_t)(d->n + 1) * sizeof *d->r);
-        d->ids = realloc(d->ids, (size_t)(d->n + 1) * sizeof *d->ids);
-        d->n_ids = realloc(d->n_ids, (size_t)(d->n + 1) * sizeof *d->n_ids);
-        if (eval_result_parse(line, &d->r[d->n], &d->ids[d->n], &d->n_ids[d->n]) != DFL_OK) {
-            /* an interrupted write leaves a partial last line: drop it, anything else is an error */
-            if (line[len - 1] != '\n') break;
-            rc = dfl_preperr("%s:%d", path, lineno);
-            break;
-        }
-        if (line[len - 1] != '\n') { /* complete JSON but cut before its newline: redo it */
-            free(d->ids[d->n]);
-            break;
-        }
+    int rc = eval_results_read(d, f, path, 1, kn_act_get() == KN_ACT_BF16);
+    for (int i = 0; rc == DFL_OK && i < d->n; i++) { /* and on one device */
         char where[4200];
-        snprintf(where, sizeof where, "%s:%d", path, lineno);
-        if ((rc = eval_result_act_check(&d->r[d->n], kn_act_get() == KN_ACT_BF16, where)) != DFL_OK ||
-            (rc = eval_result_device_check(&d->r[d->n], device, where)) != DFL_OK) {
-            free(d->ids[d->n]);
-            break;
-        }
-        d->good_end += len;
-        d->n++;
+        snprintf(where, sizeof where, "%s:%d", path, d->line[i]);
+        rc = eval_result_device_check(&d->r[i], device, where);
     }
-    free(line);
     fclose(f);
     return rc;
 }
@@ -117,6 +84,8 @@ static int done_add_text(done_set *d, const char *text, int device) {
             d->r = realloc(d->r, (size_t)(d->n + 1) * sizeof *d->r);
             d->ids = realloc(d->ids, (size_t)(d->n + 1) * sizeof *d->ids);
             d->n_ids = realloc(d->n_ids, (size_t)(d->n + 1) * sizeof *d->n_ids);
+            d->line = realloc(d->line, (size_t)(d->n + 1) * sizeof *d->line);
+            d->line[d->n] = 0;
             int rc = line ? eval_result_parse(line, &d->r[d->n], &d->ids[d->n], &d->n_ids[d->n]) : DFL_ERR;
             free(line);
             if (rc != DFL_OK) return dfl_preperr("a results line handed over with a unit");
@@ -149,11 +118,7 @@ static char *done_text(const done_set *d, const char *pid) {
     return fclose(m) == 0 ? buf : NULL;
 }
 
-static void done_free(done_set *d) {
-    for (int i = 0; i < d->n; i++) free(d->ids[i]);
-    free(d->r), free(d->ids), free(d->n_ids);
-    memset(d, 0, sizeof *d);
-}
+static void done_free(done_set *d) { eval_results_free(d); }
 
 /* The row of a response of repetition rep (--repeat; 0 is the first run), -1 if not there. */
 static int done_find_rep(const done_set *d, const char *pid, int turn, const char *drafter, const char *mode,
@@ -264,6 +229,7 @@ typedef struct unit {
     int index, turn, prompt_tokens, tokens;
     char prompt_id[128];
     char file[64];
+    char prompt_hash[24]; /* of the prompt's user turns (eval_prompt_hash); "" in older manifests */
 } unit;
 
 typedef struct unit_list {
@@ -288,7 +254,7 @@ static int manifest_load(unit_list *l, const char *dir, int must_exist) {
     while (rc == DFL_OK && (len = getline(&line, &cap, f)) >= 0) {
         lineno++;
         if (len <= 1 || line[len - 1] != '\n') continue; /* a partial last line: its file is redone */
-        cJSON *o = cJSON_Parse(line);
+        cJSON *o = cJSON_ParseWithOpts(line, NULL, 1); /* strictly one object: "{...}{..." is no line */
         const cJSON *fi = cJSON_GetObjectItemCaseSensitive(o, "file"), *pid = cJSON_GetObjectItemCaseSensitive(o, "prompt_id");
         const cJSON *ix = cJSON_GetObjectItemCaseSensitive(o, "index"), *tu = cJSON_GetObjectItemCaseSensitive(o, "turn");
         const cJSON *np = cJSON_GetObjectItemCaseSensitive(o, "prompt_tokens"), *nt = cJSON_GetObjectItemCaseSensitive(o, "tokens");
@@ -306,6 +272,13 @@ static int manifest_load(unit_list *l, const char *dir, int must_exist) {
             u->prompt_tokens = (int)np->valuedouble, u->tokens = (int)nt->valuedouble;
             snprintf(u->prompt_id, sizeof u->prompt_id, "%s", pid->valuestring);
             snprintf(u->file, sizeof u->file, "%s", fi->valuestring);
+            const cJSON *ph = cJSON_GetObjectItemCaseSensitive(o, "prompt_hash");
+            u->prompt_hash[0] = 0;
+            if (cJSON_IsString(ph) && strlen(ph->valuestring) < sizeof u->prompt_hash)
+                snprintf(u->prompt_hash, sizeof u->prompt_hash, "%s", ph->valuestring);
+            else if (ph)
+                rc = dfl_seterr("%s:%d: prompt_hash: expected a string of at most %zu characters", path, lineno,
+                                sizeof u->prompt_hash - 1);
         }
         cJSON_Delete(o);
     }
@@ -343,7 +316,9 @@ typedef struct run {
     FILE *resf, *reff, *manf, *dumpf;
     int zlab_dataset;    /* with --protocol zlab: the dataset (EVAL_ZLAB_*) */
     char *res_path, *ref_path;
-    int lock_fd;
+    int lock_fd, feat_lock_fd; /* flocks of --out and of --save-features */
+    char *feat_incomplete;     /* --features: the recording that saved them did not finish (message) */
+    cJSON *desc;               /* DIR/run.json as this run wrote it (writer only) */
     dfl_state st;
     int have_state;
     eval_costs costs;
@@ -622,7 +597,8 @@ static int replay_pipeline(run *r, const char *pid, int turn, int index, const e
     eval_truth pt;
     int rc = eval_truth_init(&pt, t->H, r->layers, r->n_layers);
     if (rc == DFL_OK) rc = eval_features_load_pipeline(path, t, &pt);
-    if (rc == DFL_OK) rc = replay_all(r, pid, turn, &pt, "pipeline", 0, last_tau);
+    if (rc == DFL_OK && (rc = replay_all(r, pid, turn, &pt, "pipeline", 0, last_tau)) != DFL_OK)
+        dfl_preperr("on the pipeline's features %s", path);
     eval_truth_free(&pt);
     free(path);
     return rc;
@@ -707,8 +683,10 @@ static int save_truth(run *r, const char *pid, int turn, int index, const eval_t
     if (rc) return rc;
     fprintf(r->manf, "{\"index\": %d, \"prompt_id\": ", index);
     dfl_json_write_string(r->manf, pid);
-    fprintf(r->manf, ", \"turn\": %d, \"file\": \"%s\", \"prompt_tokens\": %d, \"tokens\": %d}\n", turn, name,
-            t->n_prompt, t->n);
+    char ph[24];
+    eval_prompt_hash(&r->ps.p[index], r->o->first_turn, ph);
+    fprintf(r->manf, ", \"turn\": %d, \"file\": \"%s\", \"prompt_tokens\": %d, \"tokens\": %d, \"prompt_hash\": \"%s\"}\n",
+            turn, name, t->n_prompt, t->n, ph);
     if (fflush(r->manf) != 0) return dfl_seterr("%s/manifest.jsonl: write error: %s", r->o->save_features, strerror(errno));
     return DFL_OK;
 }
@@ -722,6 +700,9 @@ static int load_truth(run *r, const char *dir, const unit *u, eval_truth *t) {
     if (rc == DFL_OK && (strcmp(meta.prompt_id, u->prompt_id) != 0 || meta.turn != u->turn))
         rc = dfl_seterr("%s: holds prompt %s turn %d, the manifest says prompt %s turn %d", path, meta.prompt_id,
                         meta.turn + 1, u->prompt_id, u->turn + 1);
+    if (rc == DFL_OK && (t->n_prompt != u->prompt_tokens || t->n != u->tokens))
+        rc = dfl_seterr("%s: holds %d prompt tokens and %d output tokens, %s/manifest.jsonl says prompt_tokens %d, "
+                        "tokens %d", path, t->n_prompt, t->n, dir, u->prompt_tokens, u->tokens);
     if (rc == DFL_OK) rc = eval_target_id_check(&meta.id, &r->id, path);
     if (rc == DFL_OK && meta.max_new != r->max_new)
         rc = dfl_seterr("%s: recorded with --max-new %d, this run has %d", path, meta.max_new, r->max_new);
@@ -824,18 +805,20 @@ int eval_opts_check(const eval_opts *o) {
     return DFL_OK;
 }
 
-/* Exclusive use of the output directory while the run writes it. */
-static int take_lock(run *r) {
-    char *path = dfl_path_join(r->o->out, ".lock");
-    r->lock_fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+/* Exclusive use of a directory (--out, --save-features) while the run writes it. */
+static int lock_dir(const char *dir, const char *what, int *fd) {
+    char *path = dfl_path_join(dir, ".lock");
+    *fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
     int rc = DFL_OK;
-    if (r->lock_fd < 0) rc = dfl_seterr("%s: cannot open: %s", path, strerror(errno));
-    else if (flock(r->lock_fd, LOCK_EX | LOCK_NB) != 0)
+    if (*fd < 0) rc = dfl_seterr("%s: cannot open: %s", path, strerror(errno));
+    else if (flock(*fd, LOCK_EX | LOCK_NB) != 0)
         rc = dfl_seterr("%s: another dfl eval is writing this directory (%s is locked); wait for it or use another "
-                        "--out", r->o->out, path);
+                        "%s", dir, path, what);
     free(path);
     return rc;
 }
+
+static int take_lock(run *r) { return lock_dir(r->o->out, "--out", &r->lock_fd); }
 
 static int open_drafters(run *r) {
     const eval_opts *o = r->o;
@@ -960,11 +943,15 @@ static int costs_load(eval_costs *c, const char *dir) {
     return DFL_OK;
 }
 
-static int write_target_json(run *r) {
+/* complete: written false before the first truth is saved, true once the run has saved every
+ * truth of its prompts (a --features run over a directory that says false says so). */
+static int write_target_json(run *r, int complete) {
     char *path = dfl_path_join(r->o->save_features, "target.json");
-    FILE *f = fopen(path, "w");
+    char tmp[4200];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE *f = fopen(tmp, "w");
     if (!f) {
-        int rc = dfl_seterr("%s: cannot create: %s", path, strerror(errno));
+        int rc = dfl_seterr("%s: cannot create: %s", tmp, strerror(errno));
         free(path);
         return rc;
     }
@@ -975,12 +962,175 @@ static int write_target_json(run *r) {
     for (int i = 0; i < r->n_layers; i++) fprintf(f, "%s%d", i ? ", " : "", r->layers[i]);
     fprintf(f, "], \"max_new\": %d, \"prompts_file\": ", r->max_new);
     dfl_json_write_string(f, r->o->prompts);
-    fprintf(f, ", \"costs\": ");
+    fprintf(f, ", \"complete\": %s, \"costs\": ", complete ? "true" : "false");
     write_costs_json(f, &r->costs);
     fprintf(f, "}\n");
-    int rc = fclose(f) == 0 ? DFL_OK : dfl_seterr("%s: write error: %s", path, strerror(errno));
+    const int bad = ferror(f);
+    int rc = fclose(f) == 0 && !bad ? DFL_OK : dfl_seterr("%s: write error: %s", tmp, strerror(errno));
+    if (rc == DFL_OK && rename(tmp, path) != 0) rc = dfl_seterr("%s: cannot rename into place: %s", path, strerror(errno));
+    if (rc != DFL_OK) unlink(tmp);
     free(path);
     return rc;
+}
+
+/* --features FDIR: FDIR/target.json says "complete": false when the recording run that saved the
+ * features did not finish (absent in directories saved before the field existed: complete). */
+static int features_complete(run *r, const char *dir) {
+    char *path = dfl_path_join(dir, "target.json");
+    char *txt = dfl_read_file(path, NULL);
+    int rc = DFL_OK;
+    if (!txt) {
+        dfl_clearerr();
+    } else {
+        cJSON *o = cJSON_Parse(txt);
+        const cJSON *c = cJSON_GetObjectItemCaseSensitive(o, "complete");
+        if (!o) rc = dfl_seterr("%s: not valid JSON", path);
+        else if (c && !cJSON_IsBool(c)) rc = dfl_seterr("%s: field 'complete': expected true or false", path);
+        else if (cJSON_IsFalse(c)) {
+            char msg[8600];
+            snprintf(msg, sizeof msg, "%s: the recording run that saved these features did not finish (target.json "
+                     "\"complete\": false): %s/manifest.jsonl lists %d saved truths, the others are missing; complete "
+                     "it with dfl eval --resume --save-features %s (and the recording's options)", dir, dir,
+                     r->saved.n, dir);
+            if (!(r->feat_incomplete = strdup(msg))) rc = dfl_seterr("out of memory");
+        }
+        cJSON_Delete(o);
+        free(txt);
+    }
+    free(path);
+    return rc;
+}
+
+static const char *chat_name(int chat) {
+    return chat == DFL_CHAT_NONE ? "none" : chat == DFL_CHAT_CHATML ? "chatml" : "chatml-nothink";
+}
+
+/* This run's description (run.json): its options and the prompts of its units. */
+static cJSON *run_object(const run *r, const int *list, int n) {
+    const eval_opts *o = r->o;
+    cJSON *j = cJSON_CreateObject();
+    char shard[32];
+    snprintf(shard, sizeof shard, "%d/%d", o->shard_i, o->shard_n);
+    cJSON_AddStringToObject(j, "format", EVAL_RUN_FORMAT);
+    cJSON_AddStringToObject(j, "method", r->from_features ? "replay-from-features" : r->replay ? "replay" : "online");
+    cJSON_AddStringToObject(j, "target", r->m.dir);
+    cJSON_AddStringToObject(j, "target_config_hash", r->id.config_hash);
+    cJSON_AddStringToObject(j, "target_weights_hash", r->id.weights_hash);
+    cJSON_AddStringToObject(j, "activations", kn_act_get() == KN_ACT_BF16 ? "bf16" : "f32");
+    cJSON_AddNumberToObject(j, "max_new", r->max_new);
+    cJSON_AddStringToObject(j, "chat", chat_name(o->chat));
+    cJSON_AddBoolToObject(j, "first_turn", o->first_turn);
+    cJSON_AddNumberToObject(j, "temperature", o->temperature);
+    cJSON_AddNumberToObject(j, "seed", (double)o->seed);
+    cJSON_AddStringToObject(j, "accept_rule",
+                            o->temperature > 0 ? spec_accept_rule_name((dfl_accept_rule)o->accept_rule) : "greedy");
+    cJSON_AddStringToObject(j, "prompts_file", o->prompts ? o->prompts : o->features_dir ? o->features_dir : "");
+    cJSON_AddStringToObject(j, "shard", shard);
+    /* every prompt of the file (or saved truths), whichever shard runs it: shards of one run share it */
+    cJSON *all = cJSON_CreateObject();
+    const int n_all = r->from_features ? r->saved.n : r->ps.n;
+    for (int i = 0; i < n_all; i++) {
+        char h[24] = "";
+        const char *id = r->from_features ? r->saved.u[i].prompt_id : r->ps.p[i].id;
+        if (r->from_features) snprintf(h, sizeof h, "%s", r->saved.u[i].prompt_hash);
+        else eval_prompt_hash(&r->ps.p[i], o->first_turn, h);
+        if (!cJSON_GetObjectItemCaseSensitive(all, id))
+            cJSON_AddItemToObject(all, id, h[0] ? cJSON_CreateString(h) : cJSON_CreateNull());
+    }
+    char ah[24], ai[24];
+    const int na = eval_prompt_set(all, ah, ai);
+    cJSON_Delete(all);
+    cJSON *as = cJSON_AddObjectToObject(j, "all_prompts");
+    cJSON_AddNumberToObject(as, "prompts", na);
+    cJSON_AddItemToObject(as, "hash", ah[0] ? cJSON_CreateString(ah) : cJSON_CreateNull());
+    cJSON_AddStringToObject(as, "ids_hash", ai);
+    cJSON *ps = cJSON_AddObjectToObject(j, "prompts");
+    for (int k = 0; k < n; k++) {
+        char h[24] = "";
+        const char *id;
+        if (r->from_features) {
+            const unit *u = &r->saved.u[list[k]];
+            id = u->prompt_id;
+            snprintf(h, sizeof h, "%s", u->prompt_hash);
+        } else {
+            id = r->ps.p[list[k]].id;
+            eval_prompt_hash(&r->ps.p[list[k]], o->first_turn, h);
+        }
+        if (cJSON_GetObjectItemCaseSensitive(ps, id)) continue; /* a second turn's unit */
+        cJSON_AddItemToObject(ps, id, h[0] ? cJSON_CreateString(h) : cJSON_CreateNull());
+    }
+    return j;
+}
+
+/* Write DIR/run.json before any result. Resumed: the run it continues (its run.json) must have
+ * had the same options and, under every prompt id both have, the same prompt; its other prompts
+ * are kept (their lines are in results.jsonl). */
+static int write_run_json(run *r, const int *list, int n) {
+    const eval_opts *o = r->o;
+    char *path = dfl_path_join(o->out, "run.json");
+    cJSON *j = run_object(r, list, n), *old = NULL;
+    int rc = j ? DFL_OK : dfl_seterr("out of memory");
+    char *txt = rc == DFL_OK && o->resume ? dfl_read_file(path, NULL) : NULL;
+    if (!txt) dfl_clearerr();
+    if (txt && !(old = cJSON_Parse(txt))) rc = dfl_seterr("%s: not valid JSON", path);
+    free(txt);
+    char msg[300];
+    if (rc == DFL_OK && old && eval_run_differs(old, j, msg, sizeof msg))
+        rc = dfl_seterr("%s: the run being resumed had other options (%s): resume it with the same options, or "
+                        "use another --out", path, msg);
+    const cJSON *e, *ps = cJSON_GetObjectItemCaseSensitive(j, "prompts");
+    if (rc == DFL_OK && old) cJSON_ArrayForEach(e, cJSON_GetObjectItemCaseSensitive(old, "prompts")) {
+        const cJSON *now = e->string ? cJSON_GetObjectItemCaseSensitive(ps, e->string) : NULL;
+        if (!now && e->string) {
+            cJSON_AddItemToObject((cJSON *)ps, e->string, cJSON_Duplicate(e, 1));
+        } else if (now && cJSON_IsString(now) && cJSON_IsString(e) && strcmp(now->valuestring, e->valuestring) != 0) {
+            rc = dfl_seterr("%s: prompt %s is not the prompt of that id in the run being resumed (another prompt "
+                            "file, or an edited prompt): use another --out", path, e->string);
+            break;
+        }
+    }
+    cJSON_Delete(old);
+    char *out = rc == DFL_OK ? cJSON_Print(j) : NULL;
+    if (rc == DFL_OK && !out) rc = dfl_seterr("out of memory");
+    if (rc == DFL_OK) {
+        char tmp[4200];
+        snprintf(tmp, sizeof tmp, "%s.tmp", path);
+        FILE *f = fopen(tmp, "w");
+        if (!f) rc = dfl_seterr("%s: cannot create: %s", tmp, strerror(errno));
+        else {
+            fputs(out, f);
+            fputc('\n', f);
+            const int bad = ferror(f);
+            if (fclose(f) != 0 || bad) rc = dfl_seterr("%s: write error: %s", tmp, strerror(errno));
+            if (rc == DFL_OK && rename(tmp, path) != 0)
+                rc = dfl_seterr("%s: cannot rename into place: %s", path, strerror(errno));
+            if (rc != DFL_OK) unlink(tmp);
+        }
+    }
+    free(out);
+    free(path);
+    if (rc == DFL_OK) r->desc = j;
+    else cJSON_Delete(j);
+    return rc;
+}
+
+/* summary.json's run.prompt_set: the prompts results.jsonl holds, with their hashes from run.json. */
+static void write_prompt_set(FILE *x, const run *r) {
+    cJSON *ps = cJSON_CreateObject();
+    const cJSON *known = cJSON_GetObjectItemCaseSensitive(r->desc, "prompts");
+    for (int i = 0; ps && i < r->done.n; i++) {
+        const char *id = r->done.r[i].prompt_id;
+        if (cJSON_GetObjectItemCaseSensitive(ps, id)) continue;
+        const cJSON *h = cJSON_GetObjectItemCaseSensitive(known, id);
+        cJSON_AddItemToObject(ps, id, cJSON_IsString(h) ? cJSON_CreateString(h->valuestring) : cJSON_CreateNull());
+    }
+    char hash[24], ids[24];
+    const int n = eval_prompt_set(ps, hash, ids);
+    fprintf(x, ", \"prompt_set\": {\"prompts\": %d, \"hash\": ", n);
+    if (hash[0]) fprintf(x, "\"%s\"", hash);
+    else fprintf(x, "null");
+    fprintf(x, ", \"ids_hash\": \"%s\"}", ids);
+    cJSON_Delete(ps);
 }
 
 /* missing: a spread run's units that no process finished (the dist's message), or NULL */
@@ -1028,7 +1178,9 @@ static int write_summary(run *r, const char *missing) {
             (unsigned long long)r->m.weight_bytes, (unsigned long long)(r->have_state ? r->st.bytes : 0),
             ru.ru_maxrss * 1024L);
     for (int i = 0; i < r->ps.n_bad; i++) fprintf(x, "%s%d", i ? ", " : "", r->ps.bad_lines[i]);
-    fprintf(x, "]}");
+    fprintf(x, "]");
+    write_prompt_set(x, r);
+    fprintf(x, "}");
     if (missing) { /* the run is incomplete: what is missing, for scripts (mpirun may exit 0) */
         fprintf(x, ",\n  \"incomplete\": ");
         dfl_json_write_string(x, missing);
@@ -1088,6 +1240,9 @@ static void run_free(run *r) {
     for (int d = 0; d < r->n_open; d++) anydrafter_close(&r->ad[d]);
     if (r->have_model) model_close(&r->m);
     if (r->lock_fd > 0) close(r->lock_fd);
+    if (r->feat_lock_fd > 0) close(r->feat_lock_fd);
+    free(r->feat_incomplete);
+    cJSON_Delete(r->desc);
     eval_prompts_free(&r->ps);
     (void)o;
 }
@@ -1135,6 +1290,11 @@ static int run_prompt(run *r, int i, unit_bufs *b, double *last_tau) {
         if (rc == DFL_OK && r->dumpf)
             rc = dump_prompt(r->dumpf, o->dump_prompts, i, p, turn, answer1 ? answer1 : "", txt, pids, np);
         free(txt);
+        const int maxpos = r->m.cfg.max_position;
+        if (rc == DFL_OK && maxpos > 0 && (long)np + r->max_new > maxpos)
+            rc = dfl_seterr("prompt %s turn %d: %zu prompt tokens + --max-new %d = %ld positions exceed the target's "
+                            "max_position_embeddings %d", p->id, turn + 1, np, r->max_new, (long)np + r->max_new,
+                            maxpos);
         if (rc == DFL_OK && (int)np + r->max_new + b->tree_slots > b->max_ctx)
             rc = dfl_seterr("prompt %s turn %d: %zu tokens + --max-new %d exceed the context %d", p->id, turn + 1, np,
                             r->max_new, b->max_ctx);
@@ -1160,6 +1320,22 @@ static int online_complete(const run *r, const char *pid, int turn) {
             mode_name(o->budgets[mi], mode, sizeof mode);
             if (done_find(&r->done, pid, turn, o->drafters[d], mode, "online", "dfl") < 0) return 0;
         }
+    return 1;
+}
+
+/* Every line of every unit in list[0..n) is in results.jsonl already. */
+static int all_complete(const run *r, const int *list, int n) {
+    const eval_opts *o = r->o;
+    for (int k = 0; k < n; k++) {
+        if (r->from_features) {
+            const unit *u = &r->saved.u[list[k]];
+            if (!unit_complete(r, u->prompt_id, u->turn)) return 0;
+            continue;
+        }
+        const eval_prompt *p = &r->ps.p[list[k]];
+        for (int turn = 0; turn < (o->first_turn ? 1 : p->n_turns); turn++)
+            if (!(r->replay ? unit_complete(r, p->id, turn) : online_complete(r, p->id, turn))) return 0;
+    }
     return 1;
 }
 
@@ -1198,7 +1374,7 @@ int eval_run(const eval_opts *o, eval_outcome *res) {
     run rr, *r = &rr;
     memset(r, 0, sizeof *r);
     r->o = o;
-    r->lock_fd = -1;
+    r->lock_fd = r->feat_lock_fd = -1;
     r->max_new = o->max_new;
     r->replay = !o->online;
     r->from_features = o->features_dir != NULL;
@@ -1219,12 +1395,21 @@ int eval_run(const eval_opts *o, eval_outcome *res) {
             rc = dfl_seterr("%s/manifest.jsonl lists no saved truths", o->features_dir);
             goto out;
         }
+        if ((rc = features_complete(r, o->features_dir))) goto out;
+        if (r->feat_incomplete) logf_(r, "dfl eval: warning: %s\n", r->feat_incomplete);
         char *p0 = dfl_path_join(o->features_dir, r->saved.u[0].file);
         st_model st = {0};
         if ((rc = st_open_file(&st, p0)) == DFL_OK) {
             rc = st_meta_get(&st, 0, "target", rec_target, sizeof rec_target);
             char mx[32];
-            if (rc == DFL_OK && st_meta_get(&st, 0, "max_new", mx, sizeof mx) == DFL_OK) r->max_new = atoi(mx);
+            if (rc == DFL_OK && st_meta_get(&st, 0, "max_new", mx, sizeof mx) == DFL_OK) {
+                char *end;
+                const long v = strtol(mx, &end, 10);
+                if (end == mx || *end || v < 1 || v > 1 << 24)
+                    rc = dfl_seterr("%s: __metadata__ max_new: expected an integer in [1, %d], found '%s'", p0, 1 << 24,
+                                    mx);
+                r->max_new = (int)v;
+            }
             /* the device the truths were recorded on (absent: the CPU): the results are marked with it */
             if (rc == DFL_OK && st_meta_get(&st, 0, "device", mx, sizeof mx) == DFL_OK &&
                 (r->device = eval_device_lookup(mx)) < 0)
@@ -1263,8 +1448,14 @@ int eval_run(const eval_opts *o, eval_outcome *res) {
     const int writes = !o->dist || o->dist->writer;
     if (writes && ((rc = mkdir_p(o->out)) || (rc = take_lock(r)))) goto out;
     if (o->save_features) {
-        if ((rc = mkdir_p(o->save_features))) goto out;
-        if (o->resume && (rc = manifest_load(&r->saved, o->save_features, 0))) goto out;
+        if ((rc = mkdir_p(o->save_features)) || (rc = lock_dir(o->save_features, "--save-features", &r->feat_lock_fd)))
+            goto out;
+        if ((rc = manifest_load(&r->saved, o->save_features, 0))) goto out;
+        if (!o->resume && r->saved.n > 0) {
+            rc = dfl_seterr("%s/manifest.jsonl already lists %d saved truths: use --resume to continue that "
+                            "recording, or another --save-features", o->save_features, r->saved.n);
+            goto out;
+        }
         char *mp = dfl_path_join(o->save_features, "manifest.jsonl");
         r->manf = fopen(mp, o->resume ? "a" : "w");
         free(mp);
@@ -1336,13 +1527,28 @@ int eval_run(const eval_opts *o, eval_outcome *res) {
                 w += (long)n + r->max_new;
                 free(ids);
                 free(txt);
+                /* a first turn past the positions the target was trained for: refused before any work
+                 * (a second turn's length is known once the first is answered: checked then) */
+                const int maxpos = r->m.cfg.max_position;
+                if (t == 0 && maxpos > 0 && (long)n + r->max_new > maxpos) {
+                    free(list), free(weight);
+                    rc = dfl_seterr("%s:%d: prompt %s: %zu prompt tokens + --max-new %d = %ld positions exceed the "
+                                    "target's max_position_embeddings %d (drop the prompt, shorten it or lower "
+                                    "--max-new)", o->prompts, r->ps.p[i].line, r->ps.p[i].id, n, r->max_new,
+                                    (long)n + r->max_new, maxpos);
+                    goto out;
+                }
             }
             max_prompt = need > max_prompt ? need : max_prompt;
             if (i % o->shard_n == o->shard_i) weight[n_units] = w, list[n_units++] = i;
         }
     }
-    rc = o->dist ? plan_units(r, list, weight, n_units) : DFL_OK;
+    rc = writes ? write_run_json(r, list, n_units) : DFL_OK;
+    if (rc == DFL_OK && o->dist) rc = plan_units(r, list, weight, n_units);
     free(weight);
+    /* lines will be added: the reports of what results.jsonl held no longer describe it (a run that
+     * ends early, or a spread run whose writer dies, must not leave them as if they did) */
+    if (rc == DFL_OK && writes && !all_complete(r, list, n_units)) rc = eval_remove_reports(o->out);
     if (rc) {
         free(list);
         goto out;
@@ -1380,7 +1586,7 @@ int eval_run(const eval_opts *o, eval_outcome *res) {
     } else if (r->from_features) {
         costs_load(&r->costs, o->features_dir);
     }
-    if (rc == DFL_OK && o->save_features) rc = write_target_json(r);
+    if (rc == DFL_OK && o->save_features) rc = write_target_json(r, 0);
     if (rc) {
         free(list);
         goto out;
@@ -1417,6 +1623,14 @@ int eval_run(const eval_opts *o, eval_outcome *res) {
     char *missing = NULL; /* a spread run: the writer waits for the others and names what is missing */
     if (rc == DFL_OK && o->dist && o->dist->writer && o->dist->finish(o->dist->ud) != DFL_OK)
         missing = strdup(dfl_errmsg());
+    if (rc == DFL_OK && writes && r->feat_incomplete) { /* the features hold only part of the prompts */
+        const size_t n = strlen(r->feat_incomplete) + (missing ? strlen(missing) + 2 : 0) + 1;
+        char *m = malloc(n);
+        if (m) snprintf(m, n, "%s%s%s", missing ? missing : "", missing ? "; " : "", r->feat_incomplete);
+        free(missing);
+        missing = m;
+    }
+    if (rc == DFL_OK && o->save_features) rc = write_target_json(r, 1); /* every truth is saved */
     if (rc == DFL_OK && writes) {
         if (r->resf) fclose(r->resf);
         r->resf = NULL;

@@ -358,8 +358,9 @@ static int parse_moe(dfl_config *c, const cJSON *tc, const char *where, int hybr
     c->shared_intermediate = hybrid ? 512 : 0;
     c->norm_topk_prob = hybrid;
     int step = 1, local = -1;
-    /* transformers 5 writes qwen3_moe's num_experts as num_local_experts (an attribute alias) */
-    if (!hybrid && get_int(tc, "num_local_experts", where, 0, 0, MAX_EXPERTS, &local)) return DFL_ERR;
+    /* transformers 5 writes qwen3_moe's num_experts as num_local_experts (an attribute alias); for
+     * qwen3_5_moe too it may only agree with num_experts (it was once ignored there) */
+    if (get_int(tc, "num_local_experts", where, 0, 0, MAX_EXPERTS, &local)) return DFL_ERR;
     if (local >= 0) c->n_experts = local;
     if (get_int(tc, "num_experts", where, 0, 0, MAX_EXPERTS, &c->n_experts) ||
         get_int(tc, "num_experts_per_tok", where, 0, 1, MAX_EXPERTS, &c->n_experts_per_tok) ||

@@ -1,7 +1,11 @@
 /* Fuzz results.jsonl lines as --resume and eval-merge read them (eval_result_parse), and the
  * round trip: a parsed result written back (eval_result_write, output ids included) parses
  * again to the same result (integers and strings equal, times within the 6 decimals written),
- * and writing that gives the same line byte for byte. */
+ * and writing that gives the same line byte for byte.
+ * The same input as a whole results.jsonl (eval_results_read, what --resume reads): what it keeps
+ * ends at a newline, and a line appended there (as a resumed run does after cutting the file to
+ * good_end) reads back as one more result: a partial last line of any length is never kept (a
+ * 1-byte one once was, and the next line was appended to it). */
 #include <math.h>
 #include <string.h>
 
@@ -48,7 +52,48 @@ static void check_equal(const eval_result *a, const eval_result *b) {
     else FUZZ_CHECK(b->modeled_ar_s < 0, "modeled_ar_s appeared");
 }
 
+static const char APPENDED[] =
+    "{\"prompt_id\": \"appended\", \"turn\": 0, \"drafter\": \"\", \"mode\": \"ar\", \"tokens\": 2, "
+    "\"rounds\": 0, \"drafted\": 0, \"accepted\": 0, \"block_size\": 0, \"time_s\": 0, \"prefill_s\": 0, "
+    "\"draft_s\": 0, \"verify_s\": 0, \"rollback_s\": 0, \"tree_depth_sum\": 0, \"match\": null, "
+    "\"first_mismatch\": -1, \"accept_hist\": [0], \"pos_drafted\": [], \"pos_accepted\": []}\n";
+
+static void check_file(const uint8_t *data, size_t size) {
+    if (size == 0) return;
+    FILE *f = fmemopen((void *)data, size, "r");
+    FUZZ_CHECK(f, "fmemopen");
+    eval_results d;
+    dfl_clearerr();
+    const int rc = eval_results_read(&d, f, "results.jsonl", 1, -1);
+    fclose(f);
+    FUZZ_CHECK(rc == DFL_OK || strstr(dfl_errmsg(), "results.jsonl:"), "error without path:line: %s", dfl_errmsg());
+    FUZZ_CHECK(d.good_end >= 0 && (size_t)d.good_end <= size, "good_end %ld of %zu bytes", d.good_end, size);
+    FUZZ_CHECK(d.good_end == 0 || data[d.good_end - 1] == '\n', "good_end %ld is not after a newline", d.good_end);
+    FUZZ_CHECK(d.n >= 0 && (d.n == 0 || (d.r && d.line)), "results");
+    for (int i = 1; i < d.n; i++) FUZZ_CHECK(d.line[i] > d.line[i - 1], "line order");
+    if (rc == DFL_OK) { /* resumed: cut at good_end, a line appended */
+        const size_t n = (size_t)d.good_end, m = sizeof APPENDED - 1;
+        char *buf = malloc(n + m);
+        FUZZ_CHECK(buf, "malloc");
+        memcpy(buf, data, n);
+        memcpy(buf + n, APPENDED, m);
+        FILE *g = fmemopen(buf, n + m, "r");
+        FUZZ_CHECK(g, "fmemopen");
+        eval_results e;
+        const int rc2 = eval_results_read(&e, g, "results.jsonl", 1, -1);
+        fclose(g);
+        FUZZ_CHECK(rc2 == DFL_OK && e.n == d.n + 1 && strcmp(e.r[d.n].prompt_id, "appended") == 0 &&
+                       e.good_end == (long)(n + m),
+                   "the line appended at good_end %ld does not read back (%s): %d of %d results", d.good_end,
+                   rc2 == DFL_OK ? "ok" : dfl_errmsg(), e.n, d.n + 1);
+        eval_results_free(&e);
+        free(buf);
+    }
+    eval_results_free(&d);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    check_file(data, size);
     char *line = fuzz_cstr(data, size);
     eval_result r, r2, r3;
     int32_t *ids = NULL, *ids2 = NULL;

@@ -212,6 +212,10 @@ def prompts():
           + compact({"question": "b", "id": "1"}) + "\n")
     write("prompts", "bad_turns", "mtbench\n" + compact({"turns": [1]}) + "\n" + compact({"turns": "x"}) + "\n")
     write("prompts", "bad_empty", "gsm8k 1\n\n\n")
+    # NUL characters (escaped, raw) and ids that are no string or integer: refused
+    write("prompts", "bad_nul", "gsm8k\n" + '{"question": "a\\u0000b", "id": 1}\n')
+    write("prompts", "bad_nul_raw", b"text\nab\x00c\n")
+    write("prompts", "bad_id", "gsm8k\n" + compact({"question": "a", "id": 1.5}) + "\n" + compact({"question": "b", "id": None}) + "\n")
 
 
 # ---- results.jsonl lines -------------------------------------------------------------------
@@ -240,10 +244,41 @@ def results():
     write("results", "bad_block", compact(dict(base, block_size=100000)))
     write("results", "bad_huge", compact(dict(base, tokens=1e300, output_ids=[1e20, -1])))
     write("results", "bad_cut", compact(base)[:200])
+    # whole files (eval_results_read): complete lines, a blank one, a partial last line of 1 byte
+    write("results", "file_tail1", compact(base) + "\n\n" + compact(ar) + "\n{")
+    write("results", "file_tail_cut", compact(base) + "\n" + compact(ar)[:50])
+
+
+# ---- saved features (eval_features_load + eval_replay; H 4, layer 1, vocabulary 64) ----------
+
+
+def features_file(np_, out, ext, stop, max_new, meta_edit=None):
+    """A features file as eval --save-features writes it: prompt np_ ids, output ids out (+ ext continuation)."""
+    prompt = [(3 * i + 1) % 64 for i in range(np_)]
+    truth = [(5 * i + 2) % 64 for i in range(len(out) + ext)]
+    rows = np_ + len(out) - 1
+    ids = prompt + truth[: len(out) - 1]
+    feat = b"".join(struct.pack("<f", ((r * 4 + c) % 7) / 7.0) for r in range(rows) for c in range(4))
+    meta = {"format": "dfl-features-1", "prompt_id": "7", "turn": "0", "prompt_tokens": str(np_),
+            "tokens": str(len(out)), "extended": str(ext), "stop": stop, "max_new": str(max_new), "target": "t",
+            "target_config_hash": "0", "target_weights_hash": "0", "target_layout": "text", "target_dtype": "BF16",
+            "act": "f32"}
+    meta.update(meta_edit or {})
+    return st_file([("input_ids", "I64", [rows], b"".join(struct.pack("<q", x) for x in ids)),
+                    ("truth_ids", "I64", [len(truth)], b"".join(struct.pack("<q", x) for x in truth)),
+                    ("layer.1", "F32", [rows, 4], feat)], meta=meta)
+
+
+def features():
+    write("features", "eos", features_file(3, list(range(6)), 4, "eos", 12))
+    write("features", "max_new", features_file(2, list(range(8)), 0, "max_new", 8))
+    # refused: the metadata disagree (a stop at max_new with fewer tokens once read past the truth)
+    write("features", "bad_stop", features_file(3, list(range(6)), 0, "max_new", 40))
+    write("features", "bad_tokens", features_file(3, list(range(6)), 4, "eos", 12, {"tokens": "9"}))
 
 
 def main():
-    for h in ("safetensors", "safetensors_index", "config", "tokenizer_json", "tokenizer_roundtrip", "prompts", "results"):
+    for h in ("safetensors", "safetensors_index", "config", "tokenizer_json", "tokenizer_roundtrip", "prompts", "results", "features"):
         shutil.rmtree(os.path.join(OUT, h), ignore_errors=True)
     safetensors()
     safetensors_index()
@@ -252,6 +287,7 @@ def main():
     tokenizer_roundtrip()
     prompts()
     results()
+    features()
 
 
 if __name__ == "__main__":

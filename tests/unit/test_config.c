@@ -131,6 +131,14 @@ static void test_moe(void) {
                     "\"shared_expert_intermediate_size\":40}") == DFL_OK &&
               !c.text_config && c.n_experts_per_tok == 1 && c.shared_intermediate == 40,
           "qwen3_5_moe_text: %s", dfl_errmsg());
+    /* qwen3_5_moe's num_local_experts must agree with num_experts too (it was ignored) */
+    refused("{\"model_type\":\"qwen3_5_moe_text\",\"hidden_size\":64,\"num_hidden_layers\":4,"
+            "\"num_attention_heads\":2,\"vocab_size\":100",
+            "\"num_experts\":4,\"num_local_experts\":8", "num_experts 4 and num_local_experts 8 disagree");
+    CHECK(parse(&c, "{\"model_type\":\"qwen3_5_moe_text\",\"hidden_size\":64,\"num_hidden_layers\":4,"
+                    "\"num_attention_heads\":2,\"vocab_size\":100,\"num_local_experts\":16}") == DFL_OK &&
+              c.n_experts == 16,
+          "qwen3_5_moe: num_local_experts alone: %s", dfl_errmsg());
 }
 
 /* DFlash2: its four fields from dflash_config (z-lab) or the top level (speculators), is_causal,

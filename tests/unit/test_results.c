@@ -157,6 +157,14 @@ int main(void) {
     refused(line_with("accept_hist", "[1, 1, 0, 1, 0]"), "accept_hist");
     refused(line_with("pos_drafted", "[1, 1, 1, 1]"), "pos_drafted");
     refused(line_with("block_size", "100000"), "block_size");
+    /* strictly one JSON object a line: two run together (two writers appending at once) are no line */
+    {
+        char joined[4096];
+        snprintf(joined, sizeof joined, "%s{\"prompt_id\"", line_with(NULL, NULL));
+        refused(joined, "not a JSON object");
+        snprintf(joined, sizeof joined, "%s \r\n", line_with(NULL, NULL));
+        CHECK(eval_result_parse(joined, &r, NULL, NULL) == DFL_OK, "trailing white space is fine: %s", dfl_errmsg());
+    }
     /* the autoregressive row: block_size 0, one histogram entry, no positions */
     CHECK(eval_result_parse("{\"prompt_id\": \"7\", \"turn\": 0, \"drafter\": \"\", \"mode\": \"ar\", \"tokens\": 9, "
                             "\"rounds\": 0, \"drafted\": 0, \"accepted\": 0, \"block_size\": 0, \"time_s\": 0.5, "
