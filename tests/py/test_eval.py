@@ -466,6 +466,7 @@ def devices():
     t.check("Target on" not in open(os.path.join(out, "summary.md")).read(), "cpu run: summary.md says nothing")
     cu = os.path.join(tmp, "dev-cuda")
     os.makedirs(cu)
+    shutil.copy(os.path.join(out, "run.json"), cu)  # what the run ran: eval-merge and --resume compare it
     with open(os.path.join(out, "results.jsonl")) as f, open(os.path.join(cu, "results.jsonl"), "w") as g:
         for x in f:
             g.write(x.replace('{"prompt_id": ', '{"device": "cuda", "prompt_id": ', 1))
@@ -482,6 +483,7 @@ def devices():
             f"merging cpu and cuda results refused: {p.stderr.strip()[-300:]}")
     bad = os.path.join(tmp, "dev-bad")
     os.makedirs(bad)
+    shutil.copy(os.path.join(out, "run.json"), bad)
     with open(os.path.join(bad, "results.jsonl"), "w") as g:
         g.write(open(os.path.join(cu, "results.jsonl")).readline().replace('"cuda"', '"tpu"'))
     p = dfl("eval-merge", "--out", os.path.join(tmp, "dev-bad-m"), bad, check=False)
