@@ -160,6 +160,15 @@ static int bind_scales(ld_ctx *c, const st_tensor *t, dfl_mat *out) {
     float *scale = malloc((size_t)s->numel * sizeof(float));
     if (!scale) return dfl_seterr("%s: out of memory reading '%s'", c->where, sname);
     st_read_f32(s, 0, s->numel, scale);
+    /* a multiplier is finite and not negative (a block of zeros may have 0): a sign-flipped or
+     * infinite one turns every weight of its block into garbage that no NaN scan sees */
+    for (int64_t i = 0; i < s->numel; i++)
+        if (!(scale[i] >= 0.0f && scale[i] <= 3.4028235e38f)) {
+            const float v = scale[i];
+            free(scale);
+            return dfl_seterr("%s: tensor '%s' block [%lld, %lld] holds %g; expected a finite multiplier >= 0 (%s)",
+                              file_of(c, s), sname, (long long)(i / scols), (long long)(i % scols), (double)v, why);
+        }
     out->owned = scale;
     out->scale = scale;
     out->brow = q->block_rows;

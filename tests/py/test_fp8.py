@@ -240,6 +240,14 @@ def bad_input():
             f"'{w}_scale_inv' has shape [1, 1], expected [1, 2]", "ceil(96 / 128), ceil(192 / 128)")
     refused(variant("scale-dtype", st_edit=lambda x: x.__setitem__(w + "_scale_inv", x[w + "_scale_inv"].to(torch.int32))),
             f"'{w}_scale_inv' has dtype I32; expected F32, BF16 or F16")
+    def scale_at(x, v):  # the first block's multiplier set to v
+        s = x[w + "_scale_inv"].clone()
+        s.view(-1)[0] = v
+        x[w + "_scale_inv"] = s
+    refused(variant("scale-neg", st_edit=lambda x: scale_at(x, -3e38)),
+            f"'{w}_scale_inv' block [0, 0] holds -3", "expected a finite multiplier >= 0")
+    refused(variant("scale-inf", st_edit=lambda x: scale_at(x, float("inf"))),
+            f"'{w}_scale_inv' block [0, 0] holds inf; expected a finite multiplier >= 0")
     refused(variant("not-convert", lambda q, c: q["modules_to_not_convert"].append("model.layers.1.mlp.down_proj")),
             f"'{w}' has dtype F8_E4M3 but", "lists module 'model.layers.1.mlp.down_proj' in "
             "quantization_config.modules_to_not_convert")
