@@ -304,8 +304,9 @@ static size_t stream_backlog(const job *j) {
 
 /* Called by the worker after each chunk of a stream: while the client is STREAM_BACKLOG behind,
  * the engine waits for it; a backlog that does not shrink for --timeout seconds (a client that
- * stopped reading, though its socket buffers took what was sent) cancels the request. Returns 1
- * when the request is cancelled. */
+ * stopped reading, though its socket buffers took what was sent) cancels the request (with
+ * --timeout 0 it waits while the client stays connected, except while the server stops). Returns
+ * 1 when the request is cancelled. */
 static int stream_throttle(dfl_server *srv, job *j) {
     pthread_mutex_lock(&srv->mu);
     size_t least = (size_t)-1;
@@ -314,8 +315,12 @@ static int stream_throttle(dfl_server *srv, job *j) {
         const size_t b = stream_backlog(j);
         if (b <= STREAM_BACKLOG) break;
         const double now = dfl_now();
+        /* no progress for --timeout; while the server stops, for at most the 30 s that answers in
+         * flight get (server_stop), also with --timeout 0 */
+        double limit = srv->timeout_s;
+        if (srv->stopping && (limit == 0 || limit > 30)) limit = 30;
         if (b < least) least = b, t_progress = now;
-        else if (srv->timeout_s && now - t_progress > srv->timeout_s) {
+        else if (limit > 0 && now - t_progress > limit) {
             srv->stalled++;
             job_cancel(srv, j);
             break;
