@@ -23,8 +23,11 @@ typedef struct dfl_server_opts {
     int max_context;        /* positions per sequence (prompt + output); 0 = default */
     size_t max_body;        /* request body limit in bytes */
     int timeout_s;          /* seconds a connection may stay silent (sending its request or reading the
-                             * answer; not while its request waits or runs); 0 = never time out */
-    int max_conns;          /* open connections in all (each holds a thread); more are closed at accept */
+                             * answer; not while its request waits or runs), a request has to arrive
+                             * whole (plus 1 s per 64 KiB of body), and a stream's backlog may stay
+                             * unread; 0 = never time out */
+    int max_conns;          /* open connections in all (each holds a thread); more are closed at accept;
+                             * the last max_conns / 8 only for addresses that hold none */
     int max_conns_per_client; /* open connections from one client address */
     int check_weights;      /* scan the weights for NaN/Inf at load */
     int device;             /* dfl_device (dfl/backend.h) the target's forwards run on; 0 = the CPU */

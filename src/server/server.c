@@ -17,7 +17,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
+#include <linux/sockios.h>
 #include <time.h>
 
 #include <microhttpd.h>
@@ -163,6 +165,173 @@ static void wait_a_bit(pthread_cond_t *cv, pthread_mutex_t *mu) {
     pthread_cond_timedwait(cv, mu, &ts);
 }
 
+/* ---- connections: per-address caps with a reserve, the request deadline ---- */
+
+/* A request must arrive whole within --timeout seconds of its start (the connection's, or the
+ * previous answer's end on a keep-alive connection), plus one second per REQUEST_MIN_RATE bytes
+ * of body received: a client trickling bytes just often enough to beat the inactivity timeout is
+ * cut all the same. */
+#define REQUEST_MIN_RATE 65536.0
+
+/* A stream whose client has not read this many bytes (ours not yet handed to the socket, plus the
+ * socket's send queue) holds the engine back; when the backlog does not shrink for --timeout
+ * seconds, the request is cancelled. */
+#define STREAM_BACKLOG (64u << 10)
+
+static int addr_key(const struct sockaddr *sa, unsigned char *key, int *family) {
+    *family = sa->sa_family;
+    if (sa->sa_family == AF_INET) {
+        memcpy(key, &((const struct sockaddr_in *)sa)->sin_addr, 4);
+        return 4;
+    }
+    if (sa->sa_family == AF_INET6) {
+        memcpy(key, &((const struct sockaddr_in6 *)sa)->sin6_addr, 16);
+        return 16;
+    }
+    return 0;
+}
+
+/* Open connections in all, and from the address of sa. srv->mu held. */
+static int conns_from(const dfl_server *srv, const struct sockaddr *sa, int *total) {
+    unsigned char key[16];
+    int family;
+    const int n = addr_key(sa, key, &family);
+    int same = 0;
+    for (const conn_rec *r = srv->conns; r; r = r->next)
+        same += r->family == family && r->alen == n && memcmp(r->addr, key, (size_t)n) == 0;
+    *total = srv->n_conns;
+    return same;
+}
+
+/* MHD's accept policy: at most --max-connections-per-client from one address, at most
+ * --max-connections in all, and the last `reserve` of those only for an address that holds no
+ * connection yet: however many addresses fill the rest, a new client (a health check) still gets
+ * in. */
+static enum MHD_Result on_accept(void *cls, const struct sockaddr *sa, socklen_t len) {
+    (void)len;
+    dfl_server *srv = cls;
+    int total;
+    pthread_mutex_lock(&srv->mu);
+    const int same = conns_from(srv, sa, &total);
+    const int ok = same < srv->per_client && total < srv->max_conns &&
+                   (same == 0 || total < srv->max_conns - srv->reserve);
+    pthread_mutex_unlock(&srv->mu);
+    return ok ? MHD_YES : MHD_NO;
+}
+
+/* MHD's connection notifications: STARTED is called on the accepting thread before the next
+ * accept (the caps above see every connection), CLOSED before the socket is closed (the reaper
+ * never shuts down a descriptor that was reused). */
+static void on_connection(void *cls, struct MHD_Connection *c, void **socket_context,
+                          enum MHD_ConnectionNotificationCode code) {
+    dfl_server *srv = cls;
+    if (code == MHD_CONNECTION_NOTIFY_STARTED) {
+        conn_rec *r = calloc(1, sizeof *r);
+        if (!r) return;
+        const union MHD_ConnectionInfo *fi = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+        const union MHD_ConnectionInfo *ai = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+        r->fd = fi ? fi->connect_fd : -1;
+        if (ai && ai->client_addr) r->alen = addr_key(ai->client_addr, r->addr, &r->family);
+        r->receiving = 1;
+        r->t_begin = dfl_now();
+        pthread_mutex_lock(&srv->mu);
+        r->next = srv->conns;
+        if (srv->conns) srv->conns->prev = r;
+        srv->conns = r;
+        srv->n_conns++;
+        pthread_mutex_unlock(&srv->mu);
+        *socket_context = r;
+    } else if (code == MHD_CONNECTION_NOTIFY_CLOSED) {
+        conn_rec *r = *socket_context;
+        if (!r) return;
+        pthread_mutex_lock(&srv->mu);
+        if (r->prev) r->prev->next = r->next;
+        else srv->conns = r->next;
+        if (r->next) r->next->prev = r->prev;
+        srv->n_conns--;
+        pthread_mutex_unlock(&srv->mu);
+        free(r);
+        *socket_context = NULL;
+    }
+}
+
+static conn_rec *conn_of(struct MHD_Connection *c) {
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    return ci ? ci->socket_context : NULL;
+}
+
+/* The connection's request is in whole (on = 0), or a new one begins (on = 1). */
+static void conn_receiving(dfl_server *srv, struct MHD_Connection *c, int on) {
+    conn_rec *r = conn_of(c);
+    if (!r) return;
+    pthread_mutex_lock(&srv->mu);
+    r->receiving = on;
+    if (on) r->t_begin = dfl_now(), r->got = 0;
+    pthread_mutex_unlock(&srv->mu);
+}
+
+/* Cuts (shutdown: MHD's thread then sees the end and closes it) every connection whose request
+ * has not arrived whole by its deadline. */
+static void *reaper_main(void *arg) {
+    dfl_server *srv = arg;
+    pthread_mutex_lock(&srv->mu);
+    while (!srv->reaper_quit) {
+        const double now = dfl_now();
+        for (conn_rec *r = srv->conns; r; r = r->next)
+            if (r->receiving && !r->reaped && r->fd >= 0 &&
+                now > r->t_begin + srv->timeout_s + (double)r->got / REQUEST_MIN_RATE) {
+                shutdown(r->fd, SHUT_RDWR);
+                r->reaped = 1;
+                srv->reaped++;
+            }
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += 250 * 1000 * 1000;
+        if (ts.tv_nsec >= 1000000000) ts.tv_sec++, ts.tv_nsec -= 1000000000;
+        pthread_cond_timedwait(&srv->idle, &srv->mu, &ts);
+    }
+    pthread_mutex_unlock(&srv->mu);
+    return NULL;
+}
+
+/* Bytes of a stream its client has not taken: ours not yet handed to the socket, plus the
+ * socket's send queue (sent but not acknowledged, or not sent for want of window). srv->mu held. */
+static size_t stream_backlog(const job *j) {
+    int q = 0;
+    if (j->fd >= 0 && ioctl(j->fd, SIOCOUTQ, &q) != 0) q = 0;
+    return (j->sb_len - j->sb_off) + (size_t)(q > 0 ? q : 0);
+}
+
+/* Called by the worker after each chunk of a stream: while the client is STREAM_BACKLOG behind,
+ * the engine waits for it; a backlog that does not shrink for --timeout seconds (a client that
+ * stopped reading, though its socket buffers took what was sent) cancels the request (with
+ * --timeout 0 it waits while the client stays connected, except while the server stops). Returns
+ * 1 when the request is cancelled. */
+static int stream_throttle(dfl_server *srv, job *j) {
+    pthread_mutex_lock(&srv->mu);
+    size_t least = (size_t)-1;
+    double t_progress = dfl_now();
+    while (!j->cancelled && j->conn) {
+        const size_t b = stream_backlog(j);
+        if (b <= STREAM_BACKLOG) break;
+        const double now = dfl_now();
+        /* no progress for --timeout; while the server stops, for at most the 30 s that answers in
+         * flight get (server_stop), also with --timeout 0 */
+        double limit = srv->timeout_s;
+        if (srv->stopping && (limit == 0 || limit > 30)) limit = 30;
+        if (b < least) least = b, t_progress = now;
+        else if (limit > 0 && now - t_progress > limit) {
+            srv->stalled++;
+            job_cancel(srv, j);
+            break;
+        }
+        wait_a_bit(&j->cv, &srv->mu);
+    }
+    const int stop = j->cancelled || !j->conn;
+    pthread_mutex_unlock(&srv->mu);
+    return stop;
+}
+
 /* ---- the worker ---- */
 
 static void on_round(void *ud, int start, const int32_t *block, int bs, const float *draft, int V, int accepted) {
@@ -241,6 +410,7 @@ static int on_tokens(void *ud, const int32_t *toks, int n) {
         j->stream_ids = j->out.n;
         j->stream_text = safe;
         stream_put_locked(rc->srv, j, chunk);
+        if (stream_throttle(rc->srv, j)) stop = 1;
     }
     pthread_mutex_lock(&rc->srv->mu);
     stop |= j->cancelled;
@@ -465,6 +635,8 @@ static enum MHD_Result handle_generation(dfl_server *srv, struct MHD_Connection 
     }
     j->refs = 2; /* this connection + the queue */
     j->conn = c;
+    const union MHD_ConnectionInfo *fi = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    j->fd = fi ? fi->connect_fd : -1;
     j->state = JOB_QUEUED;
     if (srv->tail) srv->tail->next = j;
     else srv->head = j;
@@ -612,6 +784,12 @@ static char *metrics_text(dfl_server *srv) {
     fprintf(f, "dfl_requests_cancelled_total %ld\n", srv->cancelled);
     fprintf(f, "# HELP dfl_queue_capacity Requests that may wait behind the running one (--max-queue).\n"
                "# TYPE dfl_queue_capacity gauge\ndfl_queue_capacity %d\n", srv->max_queue);
+    counter_head(f, "dfl_connections_cut",
+                 "Connections closed because their request did not arrive whole in time (--timeout, minimum rate).");
+    fprintf(f, "dfl_connections_cut_total %ld\n", srv->reaped);
+    counter_head(f, "dfl_streams_stalled",
+                 "Streamed requests cancelled because their client stopped reading (no progress for --timeout).");
+    fprintf(f, "dfl_streams_stalled_total %ld\n", srv->stalled);
     counter_head(f, "dfl_spec_decode_rounds",
                  "Verification rounds (target forwards after the prefill), including plain decode steps.");
     fprintf(f, "dfl_spec_decode_rounds_total %ld\n", srv->rounds);
@@ -745,6 +923,12 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     }
     if (*upload_size) { /* body data */
         r->seen += *upload_size;
+        conn_rec *cr = conn_of(c);
+        if (cr) {
+            pthread_mutex_lock(&srv->mu);
+            cr->got = r->seen;
+            pthread_mutex_unlock(&srv->mu);
+        }
         if (r->too_big || r->len + *upload_size > srv->max_body) {
             /* keep reading to the end so that the answer reaches the client, within reason */
             r->too_big = 1;
@@ -766,6 +950,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         return MHD_YES;
     }
     /* the whole request is in */
+    conn_receiving(srv, c, 0);
     const int is_get = strcmp(method, "GET") == 0 || strcmp(method, "HEAD") == 0;
     const int is_post = strcmp(method, "POST") == 0;
     if (r->ep == EP_OTHER) {
@@ -821,8 +1006,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
 }
 
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe) {
-    (void)c, (void)toe;
+    (void)toe;
     dfl_server *srv = cls;
+    conn_receiving(srv, c, 1); /* a keep-alive connection's next request: a fresh deadline */
     req *r = *con_cls;
     if (!r) return;
     pthread_mutex_lock(&srv->mu);
@@ -922,9 +1108,10 @@ static int listen_start(dfl_server *srv, const dfl_server_opts *o) {
     const int gai = getaddrinfo(host, port, &hints, &ai);
     if (gai) return dfl_seterr("cannot resolve host '%s': %s", host, gai_strerror(gai));
     /* One thread per connection, so connections are capped (in all and per client address) below
-     * what the process can start: one client holding idle connections cannot lock others out.
-     * Silent connections time out (slow or stalled requests, unread answers); a request waiting
-     * for the engine is exempt (conn_timeout). */
+     * what the process can start, with a reserve for new addresses (on_accept): clients holding
+     * idle connections cannot lock others out. Silent connections time out (slow or stalled
+     * requests, unread answers); a request waiting for the engine is exempt (conn_timeout); a
+     * request has a deadline to arrive whole (reaper_main). */
     /* The listening socket is ours, so that a port in use or an address not on this host is
      * reported with the host:port and the reason (libmicrohttpd's own log line names neither). */
     const int v6 = ai->ai_family == AF_INET6;
@@ -955,8 +1142,9 @@ static int listen_start(dfl_server *srv, const dfl_server_opts *o) {
                      MHD_USE_ERROR_LOG;
     if (v6) flags |= MHD_USE_IPv6;
     freeaddrinfo(ai);
-    srv->mhd = MHD_start_daemon(flags, 0, NULL, NULL, on_request, srv, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, srv,
+    srv->mhd = MHD_start_daemon(flags, 0, on_accept, srv, on_request, srv, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, srv,
                                 MHD_OPTION_LISTEN_SOCKET, fd, MHD_OPTION_NOTIFY_COMPLETED, on_completed, srv,
+                                MHD_OPTION_NOTIFY_CONNECTION, on_connection, srv,
                                 MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)o->timeout_s, MHD_OPTION_CONNECTION_LIMIT,
                                 (unsigned)o->max_conns, MHD_OPTION_PER_IP_CONNECTION_LIMIT,
                                 (unsigned)o->max_conns_per_client, MHD_OPTION_END);
@@ -974,6 +1162,16 @@ static int listen_start(dfl_server *srv, const dfl_server_opts *o) {
     return DFL_OK;
 }
 
+static void reaper_stop(dfl_server *srv) {
+    if (!srv->have_reaper) return;
+    pthread_mutex_lock(&srv->mu);
+    srv->reaper_quit = 1;
+    pthread_cond_broadcast(&srv->idle);
+    pthread_mutex_unlock(&srv->mu);
+    pthread_join(srv->reaper, NULL);
+    srv->have_reaper = 0;
+}
+
 dfl_server *server_start(const dfl_server_opts *o) {
     dfl_server *srv = calloc(1, sizeof *srv);
     if (!srv) {
@@ -986,6 +1184,8 @@ dfl_server *server_start(const dfl_server_opts *o) {
     srv->max_queue = o->max_queue;
     srv->max_body = o->max_body;
     srv->timeout_s = o->timeout_s > 0 ? (unsigned)o->timeout_s : 0;
+    srv->max_conns = o->max_conns, srv->per_client = o->max_conns_per_client;
+    srv->reserve = o->max_conns / 8; /* for addresses that hold no connection */
     srv->log = o->log_requests;
     hist_init(&srv->ttft, ttft_bounds, NB(ttft_bounds));
     hist_init(&srv->itl, itl_bounds, NB(itl_bounds));
@@ -1001,7 +1201,21 @@ dfl_server *server_start(const dfl_server_opts *o) {
         return NULL;
     }
     srv->have_worker = 1;
+    if (srv->timeout_s) {
+        if (pthread_create(&srv->reaper, NULL, reaper_main, srv) != 0) {
+            dfl_seterr("cannot start the connection reaper thread: %s", strerror(errno));
+            pthread_mutex_lock(&srv->mu);
+            srv->stopping = 1;
+            pthread_cond_signal(&srv->cv);
+            pthread_mutex_unlock(&srv->mu);
+            pthread_join(srv->worker, NULL);
+            server_free(srv);
+            return NULL;
+        }
+        srv->have_reaper = 1;
+    }
     if (listen_start(srv, o) != DFL_OK) {
+        reaper_stop(srv);
         pthread_mutex_lock(&srv->mu);
         srv->stopping = 1;
         pthread_cond_signal(&srv->cv);
@@ -1028,6 +1242,7 @@ void server_stop(dfl_server *srv) {
     while (srv->active > 0 && dfl_now() < deadline) wait_a_bit(&srv->idle, &srv->mu);
     pthread_mutex_unlock(&srv->mu);
     MHD_stop_daemon(srv->mhd);
+    reaper_stop(srv);
     server_free(srv);
 }
 

@@ -94,6 +94,7 @@ typedef struct job {
     int cancelled;            /* the client went away (or the server stops): stop generating */
     pthread_cond_t cv;        /* signalled on state changes and new stream data */
     struct MHD_Connection *conn;
+    int fd;                   /* the connection's socket (streams: how much the client has not read) */
     /* stream buffer: SSE bytes not yet handed to the connection */
     char *sb;
     size_t sb_len, sb_off, sb_cap;
@@ -129,6 +130,20 @@ typedef struct server_hist {
     double sum;
 } server_hist;
 
+/* One open HTTP connection (MHD's socket context), in the server's list under srv->mu: its client
+ * address (the per-address caps) and the deadline of the request it is receiving. */
+typedef struct conn_rec {
+    struct conn_rec *next, *prev;
+    int fd;
+    int family, alen;
+    unsigned char addr[16];
+    int receiving;            /* 1 from the connection's start (or its previous answer's end) until a
+                               * whole request is in */
+    double t_begin;           /* when the request began (connection start, or the previous answer's end) */
+    size_t got;               /* body bytes received of the current request */
+    int reaped;               /* shut down for missing its deadline */
+} conn_rec;
+
 struct dfl_server {
     dfl_model m;
     dfl_state s;
@@ -153,6 +168,11 @@ struct dfl_server {
     pthread_cond_t cv;        /* the worker waits here for work */
     job *head, *tail;
     int n_waiting, running, stopping;
+    conn_rec *conns;          /* open connections (NOTIFY_CONNECTION STARTED .. CLOSED) */
+    int n_conns, max_conns, per_client, reserve;
+    pthread_t reaper;         /* closes connections past their request deadline */
+    int have_reaper, reaper_quit;
+    long reaped, stalled;     /* metrics: connections cut at the request deadline; streams stopped unread */
     int active;               /* HTTP requests between their first byte and their completion */
     pthread_cond_t idle;      /* signalled when active drops to 0 */
     uint64_t seed_ctr;        /* seeds for requests that give none */

@@ -337,6 +337,7 @@ def prometheus():
         st, text = srv.request("/metrics")
         fams = {f.name: f for f in text_string_to_metric_families(text)}
         want = {"dfl_http_requests": "counter", "dfl_requests_cancelled": "counter", "dfl_queue_capacity": "gauge",
+                "dfl_connections_cut": "counter", "dfl_streams_stalled": "counter",
                 "dfl_spec_decode_rounds": "counter", "vllm:num_requests_running": "gauge",
                 "vllm:num_requests_waiting": "gauge", "vllm:request_success": "counter",
                 "vllm:prompt_tokens": "counter", "vllm:generation_tokens": "counter",
@@ -588,12 +589,13 @@ def logprobs_echo():
         t.check(srv.stop() == 0, "logprobs server exits cleanly")
 
 
-t.run(logprobs_echo)
-t.run(tree_budget)
-t.run(outputs_match, TINY, D3)
-t.run(outputs_match, TINY, None)
-t.run(outputs_match, VLM, D35)
-t.run(stops_tokenize_metrics)
-t.run(prometheus)
-t.run(queue_disconnect_sigterm)
-t.done()
+if __name__ == "__main__":  # Server and metrics are shared with test_serve_limits.py
+    t.run(logprobs_echo)
+    t.run(tree_budget)
+    t.run(outputs_match, TINY, D3)
+    t.run(outputs_match, TINY, None)
+    t.run(outputs_match, VLM, D35)
+    t.run(stops_tokenize_metrics)
+    t.run(prometheus)
+    t.run(queue_disconnect_sigterm)
+    t.done()

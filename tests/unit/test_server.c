@@ -671,13 +671,26 @@ static void test_connection_limits(void) {
     int conns = -1;
     for (int i = 0; i < 600 && (conns = server_connections(srv)) != 8; i++) usleep(100000); /* up to 60 s */
     CHECK(conns == 8, "connections open after /health and a generation closed: %d, expected the 8 held", conns);
-    /* two more clients fill the total of 24: a fourth client is closed at accept */
+    /* two more clients reach 21 = 24 - the reserve of 3 (24 / 8): the third gets 5 of its 8 */
     const int open_b = hold_connections(port, "127.0.0.3", 8, 8, b);
-    const int open_c = hold_connections(port, "127.0.0.4", 8, 8, c);
-    CHECK(open_b == 8 && open_c == 8, "two more clients: %d and %d of 8 open", open_b, open_c);
-    const int open_d = hold_connections(port, "127.0.0.5", 2, 0, d);
-    CHECK(open_d == 0, "24 connections open (the total cap): %d of 2 more stayed open", open_d);
-    close_all(a, 12), close_all(b, 8), close_all(c, 8), close_all(d, 2);
+    const int open_c = hold_connections(port, "127.0.0.4", 8, 5, c);
+    CHECK(open_b == 8 && open_c == 5, "two more clients: %d of 8 and %d of 8 open, expected 8 and 5", open_b, open_c);
+    /* the reserve: a new address gets one connection (not two), /health from another answers */
+    const int open_d = hold_connections(port, "127.0.0.5", 2, 1, d);
+    CHECK(open_d == 1, "a new address with 21 connections held: %d of 2 open, expected 1", open_d);
+    r = http(port, NULL, "/health", NULL, 0);
+    CHECK(r.status == 200, "/health from a new address with 22 connections held: %ld", r.status);
+    free(r.body);
+    for (int i = 0; i < 600 && (conns = server_connections(srv)) != 22; i++) usleep(100000); /* /health's closed */
+    CHECK(conns == 22, "connections open after /health closed: %d, expected the 22 held", conns);
+    /* the total cap: two more new addresses fill 24, the next is closed at accept */
+    int e[3];
+    const int open_e0 = hold_connections(port, "127.0.0.6", 1, 1, e);
+    const int open_e1 = hold_connections(port, "127.0.0.7", 1, 1, e + 1);
+    const int open_e2 = hold_connections(port, "127.0.0.8", 1, 0, e + 2);
+    CHECK(open_e0 == 1 && open_e1 == 1 && open_e2 == 0, "24 connections open (the total cap): new addresses got %d, %d, %d",
+          open_e0, open_e1, open_e2);
+    close_all(a, 12), close_all(b, 8), close_all(c, 8), close_all(d, 2), close_all(e, 3);
     /* the server sees the closes on its own threads: /health answers again within a bound */
     long st = 0;
     for (int i = 0; i < 120 && st != 200; i++) {
