@@ -61,6 +61,30 @@ int model_use_device(dfl_model *m, dfl_device d) {
 
 /* ---- the model API, dispatched ------------------------------------------------------- */
 
+/* What every backend's forward relies on, checked once here before it runs (nothing is touched
+ * when a check fails). */
+static int forward_check(const dfl_state *s, const int32_t *tokens, const int *parent, int n, const dfl_capture *cap) {
+    const dfl_config *g = &s->m->cfg;
+    if (parent && (n < 1 || n > s->tree_cap))
+        return dfl_seterr("tree of %d nodes: the run state holds trees of 1..%d nodes (state_enable_tree)", n,
+                          s->tree_cap);
+    if (n < 1 || n > s->max_batch)
+        return dfl_seterr("forward of %d tokens: batch must be in [1, %d]", n, s->max_batch);
+    if (s->n_past + n > s->max_ctx)
+        return dfl_seterr("context full: %d cached + %d new tokens exceed the maximum context of %d", s->n_past, n,
+                          s->max_ctx);
+    for (int t = 0; t < n; t++)
+        if (tokens[t] < 0 || tokens[t] >= g->vocab)
+            return dfl_seterr("token id %d at batch position %d is outside the vocabulary [0, %d)", tokens[t], t,
+                              g->vocab);
+    if (cap)
+        for (int i = 0; i < cap->n_layers; i++)
+            if (cap->layers[i] < 0 || cap->layers[i] >= g->n_layers)
+                return dfl_seterr("capture layer %d: the model has decoder layers 0..%d", cap->layers[i],
+                                  g->n_layers - 1);
+    return DFL_OK;
+}
+
 int state_init(dfl_state *s, const dfl_model *m, int max_ctx, int max_batch, int record) {
     return m->be->state_init(s, m, max_ctx, max_batch, record);
 }
@@ -73,19 +97,20 @@ void state_free(dfl_state *s) {
 void state_reset(dfl_state *s) { s->m->be->state_reset(s); }
 
 int model_forward_ex(dfl_state *s, const int32_t *tokens, const int *parent, int n, const dfl_fwd_out *out) {
+    if (forward_check(s, tokens, parent, n, out->cap) != DFL_OK) return DFL_ERR;
     return s->m->be->forward(s, tokens, parent, n, out);
 }
 
 int model_forward(dfl_state *s, const int32_t *tokens, int n, float *logits, int logits_last_only,
                   const dfl_capture *cap) {
     const dfl_fwd_out o = {.logits = logits, .last_only = logits_last_only, .cap = cap};
-    return s->m->be->forward(s, tokens, NULL, n, &o);
+    return model_forward_ex(s, tokens, NULL, n, &o);
 }
 
 int model_forward_tree(dfl_state *s, const int32_t *tokens, const int *parent, int n, float *logits,
                        const dfl_capture *cap) {
     const dfl_fwd_out o = {.logits = logits, .cap = cap};
-    return s->m->be->forward(s, tokens, parent, n, &o);
+    return model_forward_ex(s, tokens, parent, n, &o);
 }
 
 int state_rollback(dfl_state *s, int keep) { return s->m->be->rollback(s, keep); }

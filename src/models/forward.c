@@ -561,21 +561,7 @@ static int forward_impl(dfl_state *s, const int32_t *tokens, int n, const int *d
                         int logits_last_only, const dfl_capture *cap) {
     const dfl_model *m = s->m;
     const dfl_config *g = &m->cfg;
-    const int H = g->hidden;
-    if (n < 1 || n > s->max_batch)
-        return dfl_seterr("forward of %d tokens: batch must be in [1, %d]", n, s->max_batch);
-    if (s->n_past + n > s->max_ctx)
-        return dfl_seterr("context full: %d cached + %d new tokens exceed the maximum context of %d", s->n_past, n,
-                          s->max_ctx);
-    for (int t = 0; t < n; t++)
-        if (tokens[t] < 0 || tokens[t] >= g->vocab)
-            return dfl_seterr("token id %d at batch position %d is outside the vocabulary [0, %d)", tokens[t], t,
-                              g->vocab);
-    if (cap)
-        for (int i = 0; i < cap->n_layers; i++)
-            if (cap->layers[i] < 0 || cap->layers[i] >= g->n_layers)
-                return dfl_seterr("capture layer %d: the model has decoder layers 0..%d", cap->layers[i],
-                                  g->n_layers - 1);
+    const int H = g->hidden; /* sizes, tokens and capture layers: checked by the model API */
     for (int t = 0; t < n; t++) {
         model_embed(m, tokens[t], s->x + (size_t)t * H);
         const float p = (float)(s->n_past + (depth ? depth[t] : t)); /* tree nodes sit at start + depth */
@@ -720,9 +706,6 @@ static void cpu_disable_tree(dfl_state *s) {
 
 static int cpu_forward_tree(dfl_state *s, const int32_t *tokens, const int *parent, int n, float *logits,
                             const dfl_capture *cap) {
-    if (n < 1 || n > s->tree_cap)
-        return dfl_seterr("tree of %d nodes: the run state holds trees of 1..%d nodes (state_enable_tree)", n,
-                          s->tree_cap);
     for (int i = 0; i < n; i++) {
         if (parent[i] >= i || (i > 0 && parent[i] < 0) || (i == 0 && parent[0] != -1)) {
             s->tree_n = 0; /* the last tree's node tables are partly overwritten: no commit */

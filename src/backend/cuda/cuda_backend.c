@@ -480,27 +480,9 @@ static void mlp(dfl_state *s, int li, int n) {
     OP(OP_NORM, cu_add(c->x, c->xn, (size_t)n * g->hidden));
 }
 
-/* Checks and tree tables on the host (as the CPU backend), then the inputs to the device. */
-static int forward_prepare(dfl_state *s, const int32_t *tokens, const int *parent, int n, const dfl_capture *cap) {
-    cu_state *c = s->dev;
-    const dfl_config *g = &s->m->cfg;
-    if (parent && (n < 1 || n > s->tree_cap))
-        return dfl_seterr("tree of %d nodes: the run state holds trees of 1..%d nodes (state_enable_tree)", n,
-                          s->tree_cap);
-    if (n < 1 || n > s->max_batch)
-        return dfl_seterr("forward of %d tokens: batch must be in [1, %d]", n, s->max_batch);
-    if (s->n_past + n > s->max_ctx)
-        return dfl_seterr("context full: %d cached + %d new tokens exceed the maximum context of %d", s->n_past, n,
-                          s->max_ctx);
-    for (int t = 0; t < n; t++)
-        if (tokens[t] < 0 || tokens[t] >= g->vocab)
-            return dfl_seterr("token id %d at batch position %d is outside the vocabulary [0, %d)", tokens[t], t,
-                              g->vocab);
-    if (cap)
-        for (int i = 0; i < cap->n_layers; i++)
-            if (cap->layers[i] < 0 || cap->layers[i] >= g->n_layers)
-                return dfl_seterr("capture layer %d: the model has decoder layers 0..%d", cap->layers[i],
-                                  g->n_layers - 1);
+/* The tree tables on the host (as the CPU backend), then the inputs to the device. */
+static int forward_prepare(dfl_state *s, const int32_t *tokens, const int *parent, int n) {
+    cu_state *c = s->dev; /* sizes, tokens and capture layers: checked by the model API */
     int32_t pos[n > 0 ? n : 1];
     if (parent) {
         const int B = s->max_batch;
@@ -573,7 +555,7 @@ static int cuda_forward(dfl_state *s, const int32_t *tokens, const int *parent, 
     const dfl_model *m = s->m;
     const dfl_config *g = &m->cfg;
     const int H = g->hidden, tree = parent != NULL, base = s->n_past;
-    if (forward_prepare(s, tokens, parent, n, o->cap) != DFL_OK) return DFL_ERR;
+    if (forward_prepare(s, tokens, parent, n) != DFL_OK) return DFL_ERR;
     OP(OP_NORM, cu_embed(c->x, &((cu_model *)m->dev)->embed, c->tok, n));
     s->moe_touched = 0;
     s->rec_n_past = s->n_past;
