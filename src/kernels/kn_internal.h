@@ -12,6 +12,9 @@
 
 void kn_matmul_generic(float *y, const float *x, const dfl_mat *w, int n);
 int kn_argmax_generic(const float *x, int n);
+void kn_swiglu_generic(float *a, const float *b, int n);
+void kn_silu_inplace_generic(float *x, int n);
+void kn_conv_silu_generic(float *x, size_t ld, int n, int nc, int K, const float *wt, float *win);
 /* The block multipliers of row r of an F8_E4M3 matrix: [ceil(cols / bcol)]. */
 static inline const float *kn_f8_scale_row(const dfl_mat *w, int r) {
     return w->scale + (size_t)(r / w->brow) * (size_t)((w->cols + w->bcol - 1) / w->bcol);
