@@ -113,7 +113,15 @@ int model_forward_tree(dfl_state *s, const int32_t *tokens, const int *parent, i
     return model_forward_ex(s, tokens, parent, n, &o);
 }
 
-int state_rollback(dfl_state *s, int keep) { return s->m->be->rollback(s, keep); }
+int state_rollback(dfl_state *s, int keep) {
+    if (keep == s->n_past) return DFL_OK;
+    if (!s->record || s->rec_n < 0)
+        return dfl_seterr("rollback to %d: the last forward kept no rollback record", keep);
+    if (keep < s->rec_n_past || keep > s->rec_n_past + s->rec_n)
+        return dfl_seterr("rollback to %d: only positions %d..%d of the last recorded forward can be restored", keep,
+                          s->rec_n_past, s->rec_n_past + s->rec_n);
+    return s->m->be->rollback(s, keep);
+}
 
 int state_enable_tree(dfl_state *s, int max_nodes) { return s->m->be->enable_tree(s, max_nodes); }
 

@@ -614,12 +614,7 @@ static int forward_impl(dfl_state *s, const int32_t *tokens, int n, const int *d
 static int cpu_rollback(dfl_state *s, int keep) {
     const dfl_model *m = s->m;
     const dfl_config *g = &m->cfg;
-    if (keep == s->n_past) return DFL_OK;
-    if (!s->record || s->rec_n < 0)
-        return dfl_seterr("rollback to %d: the last forward kept no rollback record", keep);
-    if (keep < s->rec_n_past || keep > s->rec_n_past + s->rec_n)
-        return dfl_seterr("rollback to %d: only positions %d..%d of the last recorded forward can be restored", keep,
-                          s->rec_n_past, s->rec_n_past + s->rec_n);
+    /* keep is checked by the model API: inside the recorded forward, not n_past */
     const int n_keep = keep - s->rec_n_past, C = m->conv_dim, Hv = g->lin_v_heads;
     const size_t conv = (size_t)(g->conv_kernel - 1) * C, S = (size_t)Hv * g->lin_k_dim * g->lin_v_dim;
     for (int li = 0; li < g->n_layers; li++) {
