@@ -21,6 +21,8 @@ typedef struct eval_prompt {
     char *turns[2]; /* user turns (MT-Bench may have two) */
     int n_turns;
     int line;       /* line in the file */
+    char *answer;   /* a reference response ("answer" or "response" field), NULL if none: the dataset
+                     * labels of --train-metrics */
 } eval_prompt;
 
 typedef struct eval_prompts {
@@ -170,9 +172,10 @@ double eval_agg_speedup_modeled(const eval_agg *a); /* the same from modeled tim
  * as numpy's default) into q[3]; 0 when n >= 2, -1 (no spread) otherwise. */
 int eval_spread(const double *v, int n, double q[3]);
 
-/* Reports into dir: summary.json (extra: a JSON object's members to merge in, or NULL),
- * summary.md, per_position.svg, tau_hist.svg, and tau_budget.svg when DDTree modes ran. */
-int eval_write_reports(const eval_summary *s, const char *dir, const char *extra_json);
+/* Reports into dir: summary.json (extra_json: a JSON object's members to merge in, or NULL),
+ * summary.md (extra_md: sections to append, or NULL), per_position.svg, tau_hist.svg, and
+ * tau_budget.svg when DDTree modes ran. */
+int eval_write_reports(const eval_summary *s, const char *dir, const char *extra_json, const char *extra_md);
 /* Remove the reports from dir (a run about to add results: they would no longer describe them). */
 int eval_remove_reports(const char *dir);
 
@@ -197,6 +200,7 @@ int eval_prompt_set(const struct cJSON *prompts, char hash[24], char ids[24]);
 #define EVAL_MAX_MODES 16
 #define EVAL_RECORD_AUTO (-2)
 #define EVAL_MAX_REPEAT 100
+#define EVAL_TRAIN_ATTN_NONE (-9)
 
 typedef struct eval_progress {
     int done, total;     /* prompts */
@@ -259,6 +263,14 @@ typedef struct eval_opts {
     const char *features_dir;    /* replay from saved features: no target forward */
     const char *features_from;   /* also replay on features written by another pipeline (hidden-diff format) */
     int cost_reps;               /* repetitions of each cost measurement (0 = no modeled speedup) */
+    /* --train-metrics (replay; docs/train-vs-serve.md): the training frameworks' metrics on each
+     * truth (train.jsonl) and the "Training vs serving" report */
+    int train_metrics;
+    int train_anchors;           /* random anchors per response (SpecForge's num_anchors, default 512) */
+    double train_gamma;          /* loss decay of the weighted accuracy (0: by block size) */
+    int train_topk;              /* the target's top-K kept for the expected acceptance (default 64) */
+    int train_attn;              /* also score with this block attention (drafter_set_causal value), or
+                                  * EVAL_TRAIN_ATTN_NONE */
     int device;                  /* dfl_device (dfl/backend.h) the target's forwards run on (--device; the
                                   * drafters stay on the CPU); not with features_dir (no target forward) */
     const eval_dist *dist;       /* spread over processes (NULL: this process runs every unit) */

@@ -153,5 +153,10 @@ int eval_replay(const eval_truth *t, dfl_draft_if *dft, int V, const int *layer_
                 const int *budgets, int n_modes, eval_draft_cache *cache, const eval_costs *costs,
                 eval_replay_out *out);
 void eval_replay_out_free(eval_replay_out *o);
+/* Extend drafter dr's context to `upto` positions of t (col: truth column of each of its feature
+ * layers), chunk positions per call; rows [chunk, its layers * H] and toks [chunk] are scratch; c
+ * (may be NULL) counts the rows and the time. */
+int eval_replay_grow(dfl_draft_if *dr, const eval_truth *t, const int *col, float *rows, int32_t *toks, int chunk,
+                     int upto, eval_draft_cache *c);
 
 #endif

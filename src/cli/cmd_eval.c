@@ -86,6 +86,16 @@ static const char *usage_text =
     "                        puts tau on dfl's and on the pipeline's features side by side\n"
     "  --cost-reps N         at least N timed repetitions of each cost measurement for the modeled\n"
     "                        speedup, the fastest kept (default 3; 0 = no modeled speedup)\n"
+    "  --train-metrics       also compute what drafter training logs (SpecForge's accuracy on seeded\n"
+    "                        random anchors, the all-anchor simulated acceptance length, the expected\n"
+    "                        acceptance at T = 1) on the same truths, on the prompts' reference\n"
+    "                        responses (\"answer\"/\"response\" fields) too, into train.jsonl and a\n"
+    "                        \"Training vs serving\" section (docs/train-vs-serve.md)\n"
+    "  --train-anchors N     random anchors per response (default 512, SpecForge's num_anchors;\n"
+    "                        --seed seeds them)\n"
+    "  --train-gamma G       loss decay of the weighted accuracy (default by block: 7 for 16)\n"
+    "  --train-top-k K       the target's most probable tokens kept per position for the expected\n"
+    "                        acceptance (default 64; the mass they leave out is reported)\n"
     "online:\n"
     "  --online              run every drafter x mode on the target (after an autoregressive run that\n"
     "                        gives the truth; every output checked against it at temperature 0)\n"
@@ -219,7 +229,17 @@ static int parse_args(eval_opts *o, int *save_layers, const char **progress_mode
         } else if (strcmp(a, "--cost-reps") == 0) {
             if (cli_parse_long("eval", a, cli_value(argc, argv, &i), 0, 100, &v)) return 2;
             o->cost_reps = (int)v;
-        } else if (strcmp(a, "--first-turn") == 0) o->first_turn = 1;
+        } else if (strcmp(a, "--train-anchors") == 0) {
+            if (cli_parse_long("eval", a, cli_value(argc, argv, &i), 1, 1 << 20, &v)) return 2;
+            o->train_anchors = (int)v;
+        } else if (strcmp(a, "--train-top-k") == 0) {
+            if (cli_parse_long("eval", a, cli_value(argc, argv, &i), 1, 1 << 20, &v)) return 2;
+            o->train_topk = (int)v;
+        } else if (strcmp(a, "--train-gamma") == 0) {
+            if (cli_parse_double("eval", a, cli_value(argc, argv, &i), &o->train_gamma)) return 2;
+            if (!(o->train_gamma > 0)) return cli_usage_error("eval", "--train-gamma must be > 0");
+        } else if (strcmp(a, "--train-metrics") == 0) o->train_metrics = 1;
+        else if (strcmp(a, "--first-turn") == 0) o->first_turn = 1;
         else if (strcmp(a, "--resume") == 0) o->resume = 1;
         else if (strcmp(a, "--keep-going") == 0) o->keep_going = 1;
         else if (strcmp(a, "--online") == 0) o->online = 1;

@@ -396,7 +396,7 @@ int cmd_eval_merge(int argc, char **argv) {
                      have_ref ? ", \"reference_details\": \"reference.jsonl\"" : "", srt ? srt : "{}");
         eval_summary s;
         eval_summarize(&s, all, n);
-        if (!extra || eval_write_reports(&s, out, extra) != DFL_OK) rc = cli_fail("eval-merge", "%s", dfl_errmsg());
+        if (!extra || eval_write_reports(&s, out, extra, NULL) != DFL_OK) rc = cli_fail("eval-merge", "%s", dfl_errmsg());
         else {
             fprintf(stderr, "[dfl eval-merge] %d responses from %d directories -> %s/summary.md", n, n_in, out);
             if (dropped) fprintf(stderr, " (%d present in several inputs with the same results, kept once)", dropped);

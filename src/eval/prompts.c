@@ -178,13 +178,19 @@ static int parse_line(eval_prompt *p, char *text, size_t len, eval_format fmt, c
             p->turns[0] = strdup(q->valuestring);
             p->n_turns = 1;
             rc = json_id(o, alt, ids, line, &p->id);
+            /* a reference response, for training metrics on dataset labels */
+            for (const char *const *k = (const char *const[]){"answer", "response", NULL}; *k && !p->answer; k++) {
+                const cJSON *a = cJSON_GetObjectItemCaseSensitive(o, *k);
+                if (cJSON_IsString(a) && !nul_cut(a, alt ? cJSON_GetObjectItemCaseSensitive(alt, *k) : NULL))
+                    p->answer = strdup(a->valuestring);
+            }
         }
     }
     cJSON_Delete(o);
     cJSON_Delete(alt);
     if (rc != DFL_OK) {
         for (int i = 0; i < p->n_turns; i++) free(p->turns[i]);
-        free(p->id);
+        free(p->id), free(p->answer);
         memset(p, 0, sizeof *p);
     }
     return rc;
@@ -248,7 +254,7 @@ int eval_prompts_load(eval_prompts *ps, const char *path, eval_format fmt, const
 
 void eval_prompts_free(eval_prompts *ps) {
     for (int i = 0; i < ps->n; i++) {
-        free(ps->p[i].id);
+        free(ps->p[i].id), free(ps->p[i].answer);
         for (int k = 0; k < ps->p[i].n_turns; k++) free(ps->p[i].turns[k]);
     }
     free(ps->p);

@@ -287,13 +287,12 @@ static void advance(mode_run *m, const eval_truth *t, int a) {
     if (m->n_out >= t->n) m->n_out = t->n, m->done = 1;
 }
 
-/* Extend the drafter's context to `upto` positions, chunk positions per call. */
-static int grow_context(dfl_draft_if *dr, const eval_truth *t, const int *col, float *rows, int32_t *toks, int chunk,
-                        int upto, eval_draft_cache *c) {
+int eval_replay_grow(dfl_draft_if *dr, const eval_truth *t, const int *col, float *rows, int32_t *toks, int chunk,
+                     int upto, eval_draft_cache *c) {
     const int nd = dr->n_feature_layers, H = t->H;
     const double t0 = dfl_now();
     int have = dr->context_len(dr->ctx);
-    c->ctx_rows += upto > have ? upto - have : 0;
+    if (c) c->ctx_rows += upto > have ? upto - have : 0;
     while (have < upto) {
         const int p0 = have, n = upto - p0 < chunk ? upto - p0 : chunk;
         for (int p = 0; p < n; p++) {
@@ -305,7 +304,7 @@ static int grow_context(dfl_draft_if *dr, const eval_truth *t, const int *col, f
         if (dr->add_context(dr->ctx, rows, toks, n)) return DFL_ERR;
         have += n;
     }
-    c->ctx_s += dfl_now() - t0;
+    if (c) c->ctx_s += dfl_now() - t0;
     return DFL_OK;
 }
 
@@ -363,7 +362,7 @@ int eval_replay(const eval_truth *t, dfl_draft_if *dft, int V, const int *layer_
         if (bs < 1) bs = 1;
         const eval_draft *dr = NULL;
         if (bs > 1 && !(dr = eval_draft_cache_get(cache, start, bs))) {
-            if (grow_context(dft, t, layer_col, rows, toks, B, start, cache)) goto done;
+            if (eval_replay_grow(dft, t, layer_col, rows, toks, B, start, cache)) goto done;
             const double t0 = dfl_now();
             if (dft->draft(dft->ctx, anchor, bs, logits)) goto done;
             cache->draft_s += dfl_now() - t0, cache->drafts++;

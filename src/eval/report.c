@@ -9,10 +9,8 @@
 #include "dfl/backend.h"
 #include "dfl/common.h"
 #include "dfl/eval.h"
+#include "svg.h"
 
-static const char *const colors[] = {"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd",
-                                     "#8c564b", "#e377c2", "#17becf", "#7f7f7f", "#bcbd22"};
-#define N_COLORS 10
 
 static double per_pos(const eval_agg *a, int k) {
     return a->pos_drafted[k] ? (double)a->pos_accepted[k] / a->pos_drafted[k] : 0.0;
@@ -353,7 +351,7 @@ static void write_howto(FILE *f, const eval_summary *s, const char **dr, int nd)
     fprintf(f, "\n");
 }
 
-static int write_md(const eval_summary *s, const char *path) {
+static int write_md(const eval_summary *s, const char *path, const char *extra) {
     FILE *f = fopen(path, "w");
     if (!f) return dfl_seterr("%s: cannot create", path);
     const char **dr = calloc((size_t)s->n_agg + 1, sizeof *dr), **md = calloc((size_t)s->n_agg + 1, sizeof *md);
@@ -476,61 +474,10 @@ static int write_md(const eval_summary *s, const char *path) {
     }
     fprintf(f, "\nPlots: [per_position.svg](per_position.svg), [tau_hist.svg](tau_hist.svg)%s.\n",
             has_trees(s) ? ", [tau_budget.svg](tau_budget.svg)" : "");
+    if (extra) fputs(extra, f);
     free(dr);
     free(md);
     return close_report(f, path);
-}
-
-/* ---- SVG plots: a frame with ticks and labels on both axes, the legend at the right; the plot
- * area takes the width the legend leaves. ---- */
-typedef struct plot {
-    double W, H, x0, y0, pw, ph;
-} plot;
-
-/* Opens the SVG: legend entries n_leg with the longest legend text leg_chars characters. */
-static plot plot_begin(FILE *f, const char *title, int n_leg, int leg_chars) {
-    plot p = {.W = 1000, .x0 = 72, .y0 = 34, .ph = 330};
-    double lw = 48 + 6.6 * leg_chars;
-    lw = lw < 150 ? 150 : lw > 420 ? 420 : lw;
-    p.pw = p.W - p.x0 - lw - 16;
-    if (18.0 * n_leg + 10 > p.ph) p.ph = 18.0 * n_leg + 10; /* a long legend makes the plot taller */
-    p.H = p.y0 + p.ph + 52;
-    fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" font-family=\"sans-serif\" "
-               "font-size=\"12\">\n<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n",
-            p.W, p.H);
-    fprintf(f, "<text class=\"title\" x=\"%.0f\" y=\"20\" font-size=\"14\">%s</text>\n", p.x0, title);
-    return p;
-}
-
-static void plot_labels(FILE *f, const plot *p, const char *xlabel, const char *ylabel) {
-    fprintf(f, "<rect class=\"frame\" x=\"%.0f\" y=\"%.0f\" width=\"%.0f\" height=\"%.0f\" fill=\"none\" "
-               "stroke=\"#333\"/>\n", p->x0, p->y0, p->pw, p->ph);
-    fprintf(f, "<text class=\"xlabel\" x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">%s</text>\n", p->x0 + p->pw / 2,
-            p->y0 + p->ph + 40, xlabel);
-    fprintf(f, "<text class=\"ylabel\" x=\"18\" y=\"%.1f\" transform=\"rotate(-90 18 %.1f)\" "
-               "text-anchor=\"middle\">%s</text>\n", p->y0 + p->ph / 2, p->y0 + p->ph / 2, ylabel);
-}
-
-/* A tick with its value on the y axis at pixel y, with a grid line across the plot. */
-static void plot_ytick(FILE *f, const plot *p, double y, const char *label) {
-    fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#e4e4e4\"/>\n", p->x0, y, p->x0 + p->pw,
-            y);
-    fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#333\"/>\n", p->x0 - 5, y, p->x0, y);
-    fprintf(f, "<text class=\"ytick\" x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\">%s</text>\n", p->x0 - 8, y + 4, label);
-}
-
-/* A tick with its value on the x axis at pixel x. */
-static void plot_xtick(FILE *f, const plot *p, double x, const char *label) {
-    const double yb = p->y0 + p->ph;
-    fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#333\"/>\n", x, yb, x, yb + 5);
-    fprintf(f, "<text class=\"xtick\" x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">%s</text>\n", x, yb + 19, label);
-}
-
-static void plot_legend(FILE *f, const plot *p, int i, const char *color, const char *text) {
-    const double ly = p->y0 + 14 + 18 * i, lx = p->x0 + p->pw + 14;
-    fprintf(f, "<line x1=\"%.0f\" y1=\"%.1f\" x2=\"%.0f\" y2=\"%.1f\" stroke=\"%s\" stroke-width=\"3\"/>\n", lx,
-            ly - 4, lx + 20, ly - 4, color);
-    fprintf(f, "<text class=\"legend\" x=\"%.0f\" y=\"%.1f\">%s</text>\n", lx + 26, ly, text);
 }
 
 static int legend_chars(const eval_summary *s, int with_mode, int extra) {
@@ -566,7 +513,7 @@ static int write_per_position_svg(const eval_summary *s, const char *path) {
     plot_labels(f, &pl, "draft position k", "acceptance rate");
     for (int k = 1; k < s->n_agg; k++) {
         const eval_agg *a = &s->agg[k];
-        const char *c = colors[(k - 1) % N_COLORS];
+        const char *c = svg_colors[(k - 1) % SVG_N_COLORS];
         fprintf(f, "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"2\" points=\"", c);
         for (int p = 1; p < a->max_block; p++)
             if (a->pos_drafted[p]) fprintf(f, "%.1f,%.1f ", PX(p), PY(per_pos(a, p)));
@@ -622,7 +569,7 @@ static int write_tau_svg(const eval_summary *s, const char *path) {
     plot_labels(f, &pl, "per-response τ (tokens per round)", "responses");
     const double bw = pl.pw / (2.0 * (maxb - 1));
     for (int k = 1; k < s->n_agg; k++) {
-        const char *c = colors[(k - 1) % N_COLORS];
+        const char *c = svg_colors[(k - 1) % SVG_N_COLORS];
         fprintf(f, "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"2\" points=\"%.1f,%.1f ", c, pl.x0,
                 pl.y0 + pl.ph);
         for (int b = 0; b < nbins; b++) {
@@ -675,7 +622,7 @@ static int write_tau_budget_svg(const eval_summary *s, const char *path) {
     }
     plot_labels(f, &pl, "tree budget (draft nodes, log scale)", "τ (tokens per round)");
     for (int i = 0; i < nd; i++) {
-        const char *c = colors[i % N_COLORS];
+        const char *c = svg_colors[i % SVG_N_COLORS];
         int bs[EVAL_MAX_MODES * 4], n = 0;
         double ts[EVAL_MAX_MODES * 4];
         const eval_agg *chain = NULL, *any = NULL;
@@ -712,7 +659,7 @@ static int write_tau_budget_svg(const eval_summary *s, const char *path) {
     return close_report(f, path);
 }
 
-int eval_write_reports(const eval_summary *s, const char *dir, const char *extra_json) {
+int eval_write_reports(const eval_summary *s, const char *dir, const char *extra_json, const char *extra_md) {
     const char *names[] = {"summary.json", "summary.md", "per_position.svg", "tau_hist.svg", "tau_budget.svg"};
     int rc = DFL_OK;
     for (int i = 0; i < 5 && rc == DFL_OK; i++) {
@@ -732,7 +679,7 @@ int eval_write_reports(const eval_summary *s, const char *dir, const char *extra
         }
         snprintf(tmp, n, "%s.tmp", p);
         rc = i == 0 ? write_json(s, tmp, extra_json)
-             : i == 1 ? write_md(s, tmp)
+             : i == 1 ? write_md(s, tmp, extra_md)
              : i == 2 ? write_per_position_svg(s, tmp)
              : i == 3 ? write_tau_svg(s, tmp)
                       : write_tau_budget_svg(s, tmp);
@@ -746,7 +693,7 @@ int eval_write_reports(const eval_summary *s, const char *dir, const char *extra
 
 int eval_remove_reports(const char *dir) {
     static const char *const names[] = {"summary.json", "summary.md", "per_position.svg", "tau_hist.svg",
-                                        "tau_budget.svg"};
+                                        "tau_budget.svg", "train_vs_serve.svg"};
     int rc = DFL_OK;
     for (size_t i = 0; i < sizeof names / sizeof *names && rc == DFL_OK; i++) {
         char *p = dfl_path_join(dir, names[i]);

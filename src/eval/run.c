@@ -23,6 +23,7 @@
 #include "dfl/reference.h"
 #include "dfl/replay.h"
 #include "eval/features.h"
+#include "eval/train_run.h"
 
 void eval_opts_default(eval_opts *o) {
     memset(o, 0, sizeof *o);
@@ -34,6 +35,9 @@ void eval_opts_default(eval_opts *o) {
     o->cost_reps = 3;
     o->repeat = 1;
     o->zlab_dataset = -1;
+    o->train_anchors = 512;
+    o->train_topk = 64;
+    o->train_attn = EVAL_TRAIN_ATTN_NONE;
 }
 
 void eval_opts_protocol_defaults(eval_opts *o, int chat_set) {
@@ -333,6 +337,9 @@ typedef struct run {
     int ref_compared, ref_agree;
     /* per-round accepted lengths of an online run (on_round) */
     int *acc, n_acc, cap_acc;
+    tm_run tm;           /* --train-metrics: train.jsonl */
+    int last_col;        /* truth column of the target's last layer (the target's distribution), -1 */
+    int batch;           /* tokens per target forward */
 } run;
 
 static void logf_(const run *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -532,6 +539,8 @@ static int unit_complete(const run *r, const char *pid, int turn) {
             if (o->features_from && done_find(&r->done, pid, turn, r->label[d], mode, "replay", "pipeline") < 0)
                 return 0;
         }
+    for (int d = 0; d < o->n_drafters && o->train_metrics; d++)
+        if (!tm_run_has(&r->tm, pid, turn, r->label[d], "target", "dfl", "config")) return 0;
     return 1;
 }
 
@@ -588,8 +597,23 @@ static int replay_all(run *r, const char *pid, int turn, const eval_truth *t, co
     return DFL_OK;
 }
 
-/* A pipeline's features for this unit (--features-from), replayed against the same truth. */
-static int replay_pipeline(run *r, const char *pid, int turn, int index, const eval_truth *t, double *last_tau) {
+/* --train-metrics on one truth: every drafter on these labels and features (tt: the target's
+ * distribution along the truth, or NULL). */
+static int train_truth(run *r, const char *pid, int turn, const eval_truth *t, const char *labels,
+                       const char *features, const tm_target *tt) {
+    for (int d = 0; d < r->o->n_drafters; d++) {
+        const tm_job j = {.pid = pid, .turn = turn, .drafter = r->label[d], .labels = labels, .features = features,
+                          .attn = "config", .t = t, .tt = tt, .dif = &r->dif[d], .col = r->col[d],
+                          .V = r->m.cfg.vocab, .B = r->block[d]};
+        if (tm_run_unit(&r->tm, &j)) return DFL_ERR;
+    }
+    return DFL_OK;
+}
+
+/* A pipeline's features for this unit (--features-from), replayed against the same truth (and
+ * scored by the training metrics, with the target's distribution tt, when asked). */
+static int replay_pipeline(run *r, const char *pid, int turn, int index, const eval_truth *t, const tm_target *tt,
+                           double *last_tau) {
     const eval_opts *o = r->o;
     char name[64];
     eval_features_name(index, turn, name, sizeof name);
@@ -599,8 +623,85 @@ static int replay_pipeline(run *r, const char *pid, int turn, int index, const e
     if (rc == DFL_OK) rc = eval_features_load_pipeline(path, t, &pt);
     if (rc == DFL_OK && (rc = replay_all(r, pid, turn, &pt, "pipeline", 0, last_tau)) != DFL_OK)
         dfl_preperr("on the pipeline's features %s", path);
+    if (rc == DFL_OK && o->train_metrics && (rc = train_truth(r, pid, turn, &pt, "target", "pipeline", tt)) != DFL_OK)
+        dfl_preperr("on the pipeline's features %s", path);
     eval_truth_free(&pt);
     free(path);
+    return rc;
+}
+
+/* The prompt's reference response teacher-forced through the target: a truth whose labels are
+ * the dataset's tokens (the response, then <|im_end|> in a chat template; cut at --max-new) with
+ * the features of every position. */
+static int dataset_truth(run *r, const eval_prompt *p, const int32_t *pids, int np, eval_truth *dt) {
+    const int chat = r->o->chat != DFL_CHAT_NONE, H = r->m.cfg.hidden;
+    const size_t la = strlen(p->answer);
+    char *txt = malloc(la + 16);
+    int32_t *a = NULL, *seq = NULL;
+    float *rows = NULL;
+    size_t na = 0;
+    int rc = txt ? DFL_OK : dfl_seterr("out of memory");
+    if (rc == DFL_OK) {
+        snprintf(txt, la + 16, "%s%s", p->answer, chat ? "<|im_end|>" : "");
+        rc = tok_encode(r->tok, txt, strlen(txt), &a, &na);
+    }
+    int n = (int)na + (!chat && r->m.n_eos > 0); /* without a template: the target's first eos ends it */
+    n = n < r->max_new ? n : r->max_new;
+    if (rc == DFL_OK && n < 2) rc = dfl_seterr("its reference response has %d tokens: too short to score", n);
+    if (rc == DFL_OK && !(seq = malloc((size_t)(np + n) * sizeof *seq))) rc = dfl_seterr("out of memory");
+    if (rc == DFL_OK && !(rows = malloc((size_t)r->batch * r->n_layers * H * sizeof *rows)))
+        rc = dfl_seterr("out of memory");
+    if (rc == DFL_OK) {
+        memcpy(seq, pids, (size_t)np * sizeof *seq);
+        for (int i = 0; i < n; i++) seq[np + i] = i < (int)na ? a[i] : r->m.eos_ids[0];
+        const dfl_capture cap = {.n_layers = r->n_layers, .layers = r->layers, .out = rows};
+        state_reset(&r->st);
+        for (int c0 = 0; c0 < np + n - 1 && rc == DFL_OK; c0 += r->batch) { /* the last label needs no feature */
+            const int c = np + n - 1 - c0 < r->batch ? np + n - 1 - c0 : r->batch;
+            rc = model_forward(&r->st, seq + c0, c, NULL, 0, &cap);
+            if (rc == DFL_OK) rc = eval_truth_add_rows(dt, rows, c);
+        }
+        state_reset(&r->st);
+    }
+    if (rc == DFL_OK) rc = eval_truth_set(dt, pids, np, seq + np, n, 0, 1);
+    free(txt), free(a), free(seq), free(rows);
+    return rc;
+}
+
+/* --train-metrics for a truth: the dataset's labels first (when the prompt has a reference
+ * response, turn 1), then the truth's own, whose rows mark the unit complete. */
+static int train_unit(run *r, const eval_prompt *p, const char *pid, int turn, const eval_truth *t,
+                      const tm_target *tt) {
+    const eval_opts *o = r->o;
+    int todo = 0;
+    for (int d = 0; d < o->n_drafters && p && p->answer && turn == 0 && r->have_state; d++)
+        todo += !tm_run_has(&r->tm, pid, turn, r->label[d], "dataset", "dfl", "config");
+    if (todo) {
+        eval_truth dt;
+        tm_target dtt = {0};
+        int rc = eval_truth_init(&dt, r->m.cfg.hidden, r->layers, r->n_layers);
+        if (rc == DFL_OK) rc = dataset_truth(r, p, t->prompt, t->n_prompt, &dt);
+        if (rc == DFL_OK && r->last_col >= 0) rc = tm_target_from_truth(&dtt, &dt, r->last_col, &r->m, o->train_topk);
+        if (rc == DFL_OK) rc = train_truth(r, pid, turn, &dt, "dataset", "dfl", r->last_col >= 0 ? &dtt : NULL);
+        tm_target_free(&dtt);
+        eval_truth_free(&dt);
+        if (rc) return dfl_preperr("prompt %s, training metrics on the dataset's reference response", pid);
+    }
+    return train_truth(r, pid, turn, t, "target", "dfl", tt);
+}
+
+/* After a truth's own replay: the pipeline's features and the training metrics (p: the prompt,
+ * NULL for a saved truth). */
+static int replay_more(run *r, const eval_prompt *p, const char *pid, int turn, int index, const eval_truth *t,
+                       double *last_tau) {
+    const eval_opts *o = r->o;
+    tm_target tt = {0};
+    int rc = DFL_OK;
+    if (o->train_metrics && r->last_col >= 0) rc = tm_target_from_truth(&tt, t, r->last_col, &r->m, o->train_topk);
+    const tm_target *ttp = tt.n ? &tt : NULL;
+    if (rc == DFL_OK && o->features_from) rc = replay_pipeline(r, pid, turn, index, t, ttp, last_tau);
+    if (rc == DFL_OK && o->train_metrics) rc = train_unit(r, p, pid, turn, t, ttp);
+    tm_target_free(&tt);
     return rc;
 }
 
@@ -746,8 +847,7 @@ static int unit_replay(run *r, const eval_prompt *p, int index, int turn, const 
     *n_truth = t->n;
     memcpy(truth, t->ids, (size_t)t->n * sizeof *truth);
     if (replay_all(r, p->id, turn, t, "dfl", recorded, last_tau)) return DFL_ERR;
-    if (o->features_from && replay_pipeline(r, p->id, turn, index, t, last_tau)) return DFL_ERR;
-    return DFL_OK;
+    return replay_more(r, p, p->id, turn, index, t, last_tau);
 }
 
 /* ---- setup -------------------------------------------------------------------------------- */
@@ -765,6 +865,11 @@ int eval_opts_check(const eval_opts *o) {
                           "--save-features, --dump-prompts, --reference and --reference-url need one process "
                           "(or --shard i/n per process and dfl eval-merge)");
     if (o->features_dir && o->prompts) return dfl_seterr("--features replays the saved prompts: give no --prompts");
+    if (o->train_metrics && (o->online || o->dist))
+        return dfl_seterr("--train-metrics scores recorded truths: it needs replay (not --online) in one process "
+                          "(not MPI; --shard i/n per process works)");
+    if (o->train_metrics && (o->train_anchors < 1 || o->train_topk < 1 || o->train_gamma < 0))
+        return dfl_seterr("--train-anchors and --train-top-k must be >= 1, --train-gamma >= 0");
     if (o->reference && o->reference_url) return dfl_seterr("give --reference or --reference-url, not both");
     if (o->repeat < 1 || o->repeat > EVAL_MAX_REPEAT) return dfl_seterr("--repeat: 1 to %d runs", EVAL_MAX_REPEAT);
     if (o->n_modes < 1 || o->n_modes > EVAL_MAX_MODES) return dfl_seterr("1 to %d modes", EVAL_MAX_MODES);
@@ -820,6 +925,21 @@ static int lock_dir(const char *dir, const char *what, int *fd) {
 
 static int take_lock(run *r) { return lock_dir(r->o->out, "--out", &r->lock_fd); }
 
+/* The saved truths of features directory dir hold decoder layer k (its target.json says so). */
+static int saved_layer(const char *dir, int k) {
+    char *path = dfl_path_join(dir, "target.json");
+    char *txt = path ? dfl_read_file(path, NULL) : NULL;
+    cJSON *o = txt ? cJSON_Parse(txt) : NULL;
+    const cJSON *l = cJSON_GetObjectItemCaseSensitive(o, "layers");
+    int found = 0;
+    for (const cJSON *x = cJSON_IsArray(l) ? l->child : NULL; x && !found; x = x->next)
+        found = cJSON_IsNumber(x) && x->valuedouble == k;
+    cJSON_Delete(o);
+    free(txt), free(path);
+    dfl_clearerr();
+    return found;
+}
+
 static int open_drafters(run *r) {
     const eval_opts *o = r->o;
     for (; r->n_open < o->n_drafters; r->n_open++) {
@@ -856,10 +976,15 @@ static int open_drafters(run *r) {
                               o->save_layers[i], r->m.cfg.n_layers - 1);
         all[n++] = o->save_layers[i];
     }
+    /* --train-metrics: the target's last layer gives its distribution (unless saved truths lack it) */
+    const int last = r->m.cfg.n_layers - 1;
+    if (o->train_metrics && n < 2 * EVAL_MAX_FEAT_LAYERS && (!r->from_features || saved_layer(o->features_dir, last)))
+        all[n++] = last;
     eval_truth t;
     if (eval_truth_init(&t, r->m.cfg.hidden, all, n)) return DFL_ERR;
     r->n_layers = t.n_layers;
     memcpy(r->layers, t.layers, sizeof r->layers);
+    r->last_col = o->train_metrics ? eval_truth_column(&t, last) : -1;
     for (int d = 0; d < o->n_drafters; d++) {
         const int *ids;
         const int nd = anydrafter_feature_layers(&r->ad[d], &ids);
@@ -1134,6 +1259,28 @@ static void write_prompt_set(FILE *x, const run *r) {
 }
 
 /* missing: a spread run's units that no process finished (the dist's message), or NULL */
+/* The training-metrics report's inputs: train.jsonl summed, the run's settings, the cost. */
+static int train_report_in(const run *r, const eval_summary *sm, tm_agg **ag, int *n, tm_report_in *ti) {
+    const eval_opts *o = r->o;
+    memset(ti, 0, sizeof *ti);
+    if (tm_run_aggregate(r->tm.path, ag, n)) return DFL_ERR;
+    ti->ag = *ag, ti->n = *n, ti->s = sm;
+    ti->gamma = o->train_gamma > 0 ? o->train_gamma : tm_default_gamma(r->block[0]);
+    ti->num_anchors = o->train_anchors, ti->top_k = o->train_topk, ti->seed = (uint64_t)o->seed;
+    double train_s = 0, replay_s = 0;
+    for (int i = 0; i < *n; i++) train_s += (*ag)[i].draft_s;
+    for (int i = 1; i < sm->n_agg; i++)
+        if (strcmp(sm->agg[i].method, "replay") == 0 && strcmp(sm->agg[i].mode, "chain") == 0) replay_s += sm->agg[i].draft_s;
+    if (replay_s > 0)
+        snprintf(ti->cost_note, sizeof ti->cost_note, "Cost: the training metrics drafted a block at every anchor, "
+                 "%.2f s of drafter time, %.1fx the chain replay's %.2f s (one block per round).", train_s,
+                 train_s / replay_s, replay_s);
+    if (r->last_col < 0)
+        snprintf(ti->attn_note, sizeof ti->attn_note, "no expected acceptance at T = 1: the saved truths lack the "
+                 "target's last layer (record them with --train-metrics, or --save-layers %d).", r->m.cfg.n_layers - 1);
+    return DFL_OK;
+}
+
 static int write_summary(run *r, const char *missing) {
     const eval_opts *o = r->o;
     done_free(&r->done);
@@ -1205,8 +1352,27 @@ static int write_summary(run *r, const char *missing) {
         fprintf(x, ", \"compared\": %d, \"identical\": %d, \"diverged\": %d, \"details\": \"reference.jsonl\"}",
                 r->ref_compared, r->ref_agree, r->ref_compared - r->ref_agree);
     }
+    tm_agg *tag = NULL;
+    int n_tag = 0, rc = DFL_OK;
+    char *md = NULL;
+    size_t md_len = 0;
+    if (o->train_metrics) {
+        tm_report_in ti;
+        rc = train_report_in(r, &sm, &tag, &n_tag, &ti);
+        if (rc == DFL_OK && n_tag) {
+            fprintf(x, ",\n  ");
+            tm_report_json(&ti, x);
+            FILE *m = open_memstream(&md, &md_len);
+            tm_report_md(&ti, m);
+            fclose(m);
+            char *svg = dfl_path_join(o->out, "train_vs_serve.svg");
+            rc = tm_report_svg(&ti, svg);
+            free(svg);
+        }
+    }
     fclose(x);
-    int rc = eval_write_reports(&sm, o->out, extra);
+    if (rc == DFL_OK) rc = eval_write_reports(&sm, o->out, extra, md);
+    free(md), free(tag);
     for (int a = 1; a < sm.n_agg && rc == DFL_OK; a++) {
         const eval_agg *g = &sm.agg[a];
         const double sp = eval_agg_speedup(g), spm = eval_agg_speedup_modeled(g);
@@ -1226,6 +1392,7 @@ static int write_summary(run *r, const char *missing) {
 
 static void run_free(run *r) {
     const eval_opts *o = r->o;
+    tm_run_close(&r->tm);
     if (r->resf) fclose(r->resf);
     if (r->reff) fclose(r->reff);
     if (r->manf) fclose(r->manf);
@@ -1272,7 +1439,7 @@ static int run_saved(run *r, int i, unit_bufs *b, double *last_tau) {
     int rc = load_truth(r, o->features_dir, u, &b->t);
     if (rc == DFL_OK) rc = check_reference(r, u->prompt_id, u->turn, b->t.prompt, b->t.n_prompt, b->t.ids, b->t.n);
     if (rc == DFL_OK) rc = replay_all(r, u->prompt_id, u->turn, &b->t, "dfl", 0, last_tau);
-    if (rc == DFL_OK && o->features_from) rc = replay_pipeline(r, u->prompt_id, u->turn, u->index, &b->t, last_tau);
+    if (rc == DFL_OK) rc = replay_more(r, NULL, u->prompt_id, u->turn, u->index, &b->t, last_tau);
     return rc;
 }
 
@@ -1489,6 +1656,8 @@ int eval_run(const eval_opts *o, eval_outcome *res) {
             rc = dfl_seterr("%s: cannot write", o->out);
             goto out;
         }
+        r->tm.num_anchors = o->train_anchors, r->tm.seed = (uint64_t)o->seed;
+        if (o->train_metrics && (rc = tm_run_open(&r->tm, o->out, o->resume))) goto out;
     }
 
     /* sizes: the longest unit; second turns add an answer and a question. The units this process
@@ -1567,6 +1736,7 @@ int eval_run(const eval_opts *o, eval_outcome *res) {
         logf_(r, "dfl eval: target on %s (%.2f GB of weights uploaded in %.1f s)\n",
               dfl_device_name((dfl_device)o->device), r->m.weight_bytes / 1e9, dfl_now() - t0);
     }
+    r->batch = batch;
     if ((rc = alloc_states(r, max_ctx, batch))) {
         free(list);
         goto out;
