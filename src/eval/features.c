@@ -120,7 +120,9 @@ static int read_ids(const st_tensor *x, const char *path, const char *name, int3
 }
 
 /* layer.{k} [>= rows, H] of each of t's layers into t->feat. */
-static int read_layers(const st_model *st, const char *path, eval_truth *t, int rows) {
+/* optional: a layer id the file may lack (its columns stay zero, absent[its column] = 1), or -1. */
+static int read_layers(const st_model *st, const char *path, eval_truth *t, int rows, int optional,
+                       unsigned char *absent) {
     const int H = t->H, nl = t->n_layers;
     float *f = malloc((size_t)rows * nl * H * sizeof *f);
     if (!f) return dfl_seterr("%s: out of memory for %d feature rows", path, rows);
@@ -128,6 +130,11 @@ static int read_layers(const st_model *st, const char *path, eval_truth *t, int 
         char name[32];
         snprintf(name, sizeof name, "layer.%d", t->layers[k]);
         const st_tensor *x = st_find(st, name);
+        if (!x && t->layers[k] == optional) {
+            for (int p = 0; p < rows; p++) memset(f + ((size_t)p * nl + k) * H, 0, (size_t)H * sizeof *f);
+            absent[k] = 1;
+            continue;
+        }
         if (!x) {
             free(f);
             return dfl_seterr("%s: no tensor %s: the features hold other layers than the drafter reads (target layer %d)",
@@ -226,7 +233,7 @@ int eval_features_load(const char *path, eval_truth *t, eval_features_meta *meta
         for (int p = np; p < rows && bad < 0; p++)
             if (in[p] != ids[p - np]) bad = p;
         if (bad >= 0) dfl_seterr("%s: input_ids[%d] = %d but truth_ids[%d] = %d", path, bad, in[bad], bad - np, ids[bad - np]);
-        else if (read_layers(&st, path, t, rows) == DFL_OK &&
+        else if (read_layers(&st, path, t, rows, -1, NULL) == DFL_OK &&
                  eval_truth_set(t, in, np, ids, n, ext, strcmp(stop, "eos") == 0) == DFL_OK)
             rc = DFL_OK;
     }
@@ -236,7 +243,8 @@ done:
     return rc;
 }
 
-int eval_features_load_pipeline(const char *path, const eval_truth *ref, eval_truth *t) {
+int eval_features_load_pipeline(const char *path, const eval_truth *ref, eval_truth *t, int optional,
+                                unsigned char *absent) {
     st_model st = {0};
     if (st_open_file(&st, path) != DFL_OK) return DFL_ERR;
     const int rows = ref->n_rows;
@@ -257,7 +265,7 @@ int eval_features_load_pipeline(const char *path, const eval_truth *ref, eval_tr
         if (bad >= 0)
             dfl_seterr("%s: input_ids[%d] = %d, but the truth has %d there: the features are for another sequence", path,
                        bad, in[bad], bad < ref->n_prompt ? ref->prompt[bad] : ref->ids[bad - ref->n_prompt]);
-        else if (read_layers(&st, path, t, rows) == DFL_OK &&
+        else if (read_layers(&st, path, t, rows, optional, absent) == DFL_OK &&
                  eval_truth_set(t, ref->prompt, ref->n_prompt, ref->ids, ref->n, ref->n_ext, ref->eos_stop) == DFL_OK)
             rc = DFL_OK;
     }

@@ -3,6 +3,7 @@
 #define DFL_EVAL_FEATURES_H
 
 #include <stddef.h>
+#include <stdio.h>
 
 #include "dfl/model.h"
 #include "dfl/replay.h"
@@ -37,7 +38,30 @@ int eval_features_save(const char *path, const eval_truth *t, const eval_feature
 int eval_features_load(const char *path, eval_truth *t, eval_features_meta *meta, int vocab);
 /* Features of another pipeline (`dfl hidden` layout: input_ids, layer.{k}) for ref's sequence:
  * input_ids must start with ref's prompt and output; t (initialised with the layers to load)
- * gets ref's truth and the file's rows. */
-int eval_features_load_pipeline(const char *path, const eval_truth *ref, eval_truth *t);
+ * gets ref's truth and the file's rows. Layer `optional` (-1: none) may be missing: its columns
+ * are zero and absent[its column] is set. */
+int eval_features_load_pipeline(const char *path, const eval_truth *ref, eval_truth *t, int optional,
+                                unsigned char *absent);
+
+/* A pipeline's features against dfl's for one sequence, per column of pipe: the relative error
+ * (Frobenius over the positions) and, when they differ, the known mistake they match. */
+typedef struct eval_feat_check {
+    int layer;
+    double rel;           /* vs dfl's same layer; < 0: the pipeline lacks the layer */
+    int kind;             /* EVAL_FEAT_* */
+    int other;            /* the dfl layer it matches (EVAL_FEAT_SHIFTED, EVAL_FEAT_POSTNORM) */
+    double other_rel;     /* ... and how closely */
+} eval_feat_check;
+enum { EVAL_FEAT_MATCH, EVAL_FEAT_ABSENT, EVAL_FEAT_BF16, EVAL_FEAT_SHIFTED, EVAL_FEAT_POSTNORM, EVAL_FEAT_DIFFERS };
+/* out [pipe->n_layers]; m: the target (final norm) */
+void eval_features_check(const eval_truth *dfl, const eval_truth *pipe, const unsigned char *absent, const dfl_model *m,
+                         eval_feat_check *out);
+/* One verdict in words into buf. */
+const char *eval_feat_check_text(const eval_feat_check *c, char *buf, size_t n);
+/* A features_check.jsonl line for one response. */
+void eval_feat_check_write(FILE *f, const char *pid, int turn, const eval_feat_check *c, int n);
+/* From the lines of path (none: nothing written): a summary.md section and a "features_check"
+ * summary.json member (with a comma before it; written only when there are lines). */
+int eval_feat_check_report(const char *path, FILE *md, FILE *json);
 
 #endif

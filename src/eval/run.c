@@ -338,6 +338,8 @@ typedef struct run {
     /* per-round accepted lengths of an online run (on_round) */
     int *acc, n_acc, cap_acc;
     tm_run tm;           /* --train-metrics: train.jsonl */
+    FILE *fcf;           /* --features-from: features_check.jsonl */
+    int last_optional;   /* the target's last layer when held only for --train-metrics (a pipeline may lack it), -1 */
     int last_col;        /* truth column of the target's last layer (the target's distribution), -1 */
     int batch;           /* tokens per target forward */
 } run;
@@ -619,8 +621,16 @@ static int replay_pipeline(run *r, const char *pid, int turn, int index, const e
     eval_features_name(index, turn, name, sizeof name);
     char *path = dfl_is_dir(o->features_from) ? dfl_path_join(o->features_from, name) : strdup(o->features_from);
     eval_truth pt;
+    unsigned char absent[EVAL_MAX_FEAT_LAYERS] = {0};
     int rc = eval_truth_init(&pt, t->H, r->layers, r->n_layers);
-    if (rc == DFL_OK) rc = eval_features_load_pipeline(path, t, &pt);
+    /* the target's last layer, held for its distribution, is the pipeline's to give only if a drafter reads it */
+    if (rc == DFL_OK) rc = eval_features_load_pipeline(path, t, &pt, r->last_optional, absent);
+    if (rc == DFL_OK && r->fcf) {
+        eval_feat_check c[EVAL_MAX_FEAT_LAYERS];
+        eval_features_check(t, &pt, absent, &r->m, c);
+        eval_feat_check_write(r->fcf, pid, turn, c, pt.n_layers);
+        if (fflush(r->fcf) != 0) rc = dfl_seterr("%s/features_check.jsonl: write error: %s", o->out, strerror(errno));
+    }
     if (rc == DFL_OK && (rc = replay_all(r, pid, turn, &pt, "pipeline", 0, last_tau)) != DFL_OK)
         dfl_preperr("on the pipeline's features %s", path);
     if (rc == DFL_OK && o->train_metrics && (rc = train_truth(r, pid, turn, &pt, "target", "pipeline", tt)) != DFL_OK)
@@ -985,6 +995,9 @@ static int open_drafters(run *r) {
     r->n_layers = t.n_layers;
     memcpy(r->layers, t.layers, sizeof r->layers);
     r->last_col = o->train_metrics ? eval_truth_column(&t, last) : -1;
+    int read = o->n_save_layers < 0;
+    for (int i = 0; i < n - (r->last_col >= 0); i++) read |= all[i] == last;
+    r->last_optional = r->last_col >= 0 && !read ? last : -1;
     for (int d = 0; d < o->n_drafters; d++) {
         const int *ids;
         const int nd = anydrafter_feature_layers(&r->ad[d], &ids);
@@ -1354,22 +1367,28 @@ static int write_summary(run *r, const char *missing) {
     }
     tm_agg *tag = NULL;
     int n_tag = 0, rc = DFL_OK;
-    char *md = NULL;
+    char *md = NULL; /* sections after the tables */
     size_t md_len = 0;
-    if (o->train_metrics) {
+    FILE *mdx = open_memstream(&md, &md_len);
+    if (!mdx) rc = dfl_seterr("out of memory");
+    if (rc == DFL_OK && o->train_metrics) {
         tm_report_in ti;
         rc = train_report_in(r, &sm, &tag, &n_tag, &ti);
         if (rc == DFL_OK && n_tag) {
             fprintf(x, ",\n  ");
             tm_report_json(&ti, x);
-            FILE *m = open_memstream(&md, &md_len);
-            tm_report_md(&ti, m);
-            fclose(m);
+            tm_report_md(&ti, mdx);
             char *svg = dfl_path_join(o->out, "train_vs_serve.svg");
             rc = tm_report_svg(&ti, svg);
             free(svg);
         }
     }
+    if (rc == DFL_OK && o->features_from) {
+        char *fp = dfl_path_join(o->out, "features_check.jsonl");
+        rc = eval_feat_check_report(fp, mdx, x);
+        free(fp);
+    }
+    if (mdx) fclose(mdx);
     fclose(x);
     if (rc == DFL_OK) rc = eval_write_reports(&sm, o->out, extra, md);
     free(md), free(tag);
@@ -1393,6 +1412,7 @@ static int write_summary(run *r, const char *missing) {
 static void run_free(run *r) {
     const eval_opts *o = r->o;
     tm_run_close(&r->tm);
+    if (r->fcf) fclose(r->fcf);
     if (r->resf) fclose(r->resf);
     if (r->reff) fclose(r->reff);
     if (r->manf) fclose(r->manf);
@@ -1658,6 +1678,15 @@ int eval_run(const eval_opts *o, eval_outcome *res) {
         }
         r->tm.num_anchors = o->train_anchors, r->tm.seed = (uint64_t)o->seed;
         if (o->train_metrics && (rc = tm_run_open(&r->tm, o->out, o->resume))) goto out;
+        if (o->features_from) {
+            char *fp = dfl_path_join(o->out, "features_check.jsonl");
+            r->fcf = fp ? fopen(fp, o->resume ? "a" : "w") : NULL;
+            free(fp);
+            if (!r->fcf) {
+                rc = dfl_seterr("%s/features_check.jsonl: cannot write: %s", o->out, strerror(errno));
+                goto out;
+            }
+        }
     }
 
     /* sizes: the longest unit; second turns add an answer and a question. The units this process
