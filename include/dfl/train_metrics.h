@@ -128,6 +128,7 @@ typedef struct tm_report_in {
     uint64_t seed;
     char attn_note[512];          /* which block attention ran (and the comparison's), "" for none */
     char cost_note[512];          /* what the metrics cost next to the replay */
+    char alt_chat[32];            /* --train-chat's template ("" for none) */
 } tm_report_in;
 void tm_report_json(const tm_report_in *in, FILE *f); /* a "train_vs_serve" member */
 void tm_report_md(const tm_report_in *in, FILE *f);   /* the summary.md section */

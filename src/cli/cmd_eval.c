@@ -95,7 +95,8 @@ static const char *usage_text =
     "                        --seed seeds them)\n"
     "  --train-gamma G       loss decay of the weighted accuracy (default by block: 7 for 16)\n"
     "  --train-top-k K       the target's most probable tokens kept per position for the expected\n"
-    "                        acceptance (default 64; the mass they leave out is reported)\n"
+    "                        acceptance (default 64; the mass they leave out is reported)\n"    "  --train-chat MODE     also score each response after its prompt rendered in this template\n"
+    "                        (chatml, chatml-nothink, none): the chat template's share of the gap\n"
     "online:\n"
     "  --online              run every drafter x mode on the target (after an autoregressive run that\n"
     "                        gives the truth; every output checked against it at temperature 0)\n"
@@ -238,6 +239,10 @@ static int parse_args(eval_opts *o, int *save_layers, const char **progress_mode
         } else if (strcmp(a, "--train-gamma") == 0) {
             if (cli_parse_double("eval", a, cli_value(argc, argv, &i), &o->train_gamma)) return 2;
             if (!(o->train_gamma > 0)) return cli_usage_error("eval", "--train-gamma must be > 0");
+        } else if (strcmp(a, "--train-chat") == 0) {
+            const char *v = cli_value(argc, argv, &i);
+            if ((o->train_chat = prompt_chat_parse(v)) < 0)
+                return cli_usage_error("eval", "--train-chat: expected chatml, chatml-nothink or none, found '%s'", v);
         } else if (strcmp(a, "--train-metrics") == 0) o->train_metrics = 1;
         else if (strcmp(a, "--first-turn") == 0) o->first_turn = 1;
         else if (strcmp(a, "--resume") == 0) o->resume = 1;

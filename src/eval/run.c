@@ -38,6 +38,7 @@ void eval_opts_default(eval_opts *o) {
     o->train_anchors = 512;
     o->train_topk = 64;
     o->train_attn = EVAL_TRAIN_ATTN_NONE;
+    o->train_chat = -1;
 }
 
 void eval_opts_protocol_defaults(eval_opts *o, int chat_set) {
@@ -640,62 +641,98 @@ static int replay_pipeline(run *r, const char *pid, int turn, int index, const e
     return rc;
 }
 
-/* The prompt's reference response teacher-forced through the target: a truth whose labels are
- * the dataset's tokens (the response, then <|im_end|> in a chat template; cut at --max-new) with
- * the features of every position. */
-static int dataset_truth(run *r, const eval_prompt *p, const int32_t *pids, int np, eval_truth *dt) {
-    const int chat = r->o->chat != DFL_CHAT_NONE, H = r->m.cfg.hidden;
-    const size_t la = strlen(p->answer);
-    char *txt = malloc(la + 16);
-    int32_t *a = NULL, *seq = NULL;
-    float *rows = NULL;
-    size_t na = 0;
-    int rc = txt ? DFL_OK : dfl_seterr("out of memory");
-    if (rc == DFL_OK) {
-        snprintf(txt, la + 16, "%s%s", p->answer, chat ? "<|im_end|>" : "");
-        rc = tok_encode(r->tok, txt, strlen(txt), &a, &na);
-    }
-    int n = (int)na + (!chat && r->m.n_eos > 0); /* without a template: the target's first eos ends it */
-    n = n < r->max_new ? n : r->max_new;
-    if (rc == DFL_OK && n < 2) rc = dfl_seterr("its reference response has %d tokens: too short to score", n);
-    if (rc == DFL_OK && !(seq = malloc((size_t)(np + n) * sizeof *seq))) rc = dfl_seterr("out of memory");
-    if (rc == DFL_OK && !(rows = malloc((size_t)r->batch * r->n_layers * H * sizeof *rows)))
-        rc = dfl_seterr("out of memory");
+/* prompt ids + labels teacher-forced through the target: a truth with the features of every
+ * position (the last label needs none). */
+static int teacher_truth(run *r, const int32_t *pids, int np, const int32_t *lab, int n, eval_truth *dt) {
+    const int H = r->m.cfg.hidden;
+    int32_t *seq = malloc((size_t)(np + n) * sizeof *seq);
+    float *rows = malloc((size_t)r->batch * r->n_layers * H * sizeof *rows);
+    int rc = seq && rows ? DFL_OK : dfl_seterr("out of memory");
+    if (rc == DFL_OK && np + n > r->st.max_ctx)
+        rc = dfl_seterr("%d prompt and %d label tokens exceed the context %d", np, n, r->st.max_ctx);
     if (rc == DFL_OK) {
         memcpy(seq, pids, (size_t)np * sizeof *seq);
-        for (int i = 0; i < n; i++) seq[np + i] = i < (int)na ? a[i] : r->m.eos_ids[0];
+        memcpy(seq + np, lab, (size_t)n * sizeof *seq);
         const dfl_capture cap = {.n_layers = r->n_layers, .layers = r->layers, .out = rows};
         state_reset(&r->st);
-        for (int c0 = 0; c0 < np + n - 1 && rc == DFL_OK; c0 += r->batch) { /* the last label needs no feature */
+        for (int c0 = 0; c0 < np + n - 1 && rc == DFL_OK; c0 += r->batch) {
             const int c = np + n - 1 - c0 < r->batch ? np + n - 1 - c0 : r->batch;
             rc = model_forward(&r->st, seq + c0, c, NULL, 0, &cap);
             if (rc == DFL_OK) rc = eval_truth_add_rows(dt, rows, c);
         }
         state_reset(&r->st);
     }
-    if (rc == DFL_OK) rc = eval_truth_set(dt, pids, np, seq + np, n, 0, 1);
-    free(txt), free(a), free(seq), free(rows);
+    if (rc == DFL_OK) rc = eval_truth_set(dt, pids, np, lab, n, 0, 1);
+    free(seq), free(rows);
     return rc;
 }
 
-/* --train-metrics for a truth: the dataset's labels first (when the prompt has a reference
- * response, turn 1), then the truth's own, whose rows mark the unit complete. */
+/* The prompt's reference response as labels: the response, then <|im_end|> in a chat template
+ * (the target's first eos without one), cut at --max-new. */
+static int dataset_truth(run *r, const eval_prompt *p, const int32_t *pids, int np, eval_truth *dt) {
+    const int chat = r->o->chat != DFL_CHAT_NONE;
+    const size_t la = strlen(p->answer);
+    char *txt = malloc(la + 16);
+    int32_t *a = NULL;
+    size_t na = 0;
+    int rc = txt ? DFL_OK : dfl_seterr("out of memory");
+    if (rc == DFL_OK) {
+        snprintf(txt, la + 16, "%s%s", p->answer, chat ? "<|im_end|>" : "");
+        rc = tok_encode(r->tok, txt, strlen(txt), &a, &na);
+    }
+    if (rc == DFL_OK && !chat && r->m.n_eos > 0) {
+        int32_t *b = realloc(a, (na + 1) * sizeof *a);
+        if (!b) rc = dfl_seterr("out of memory");
+        else a = b, a[na++] = r->m.eos_ids[0];
+    }
+    const int n = (int)na < r->max_new ? (int)na : r->max_new;
+    if (rc == DFL_OK && n < 2) rc = dfl_seterr("its reference response has %d tokens: too short to score", n);
+    if (rc == DFL_OK) rc = teacher_truth(r, pids, np, a, n, dt);
+    free(txt), free(a);
+    return rc;
+}
+
+/* Teacher-forced labels (labels: "dataset" or "template") scored by every drafter. */
+static int train_teacher(run *r, const eval_prompt *p, const char *pid, int turn, const eval_truth *t,
+                         const char *labels) {
+    const eval_opts *o = r->o;
+    eval_truth dt;
+    tm_target dtt = {0};
+    int32_t *ids = NULL;
+    size_t ni = 0;
+    int rc = eval_truth_init(&dt, r->m.cfg.hidden, r->layers, r->n_layers);
+    if (rc == DFL_OK && labels[0] == 'd') {
+        rc = dataset_truth(r, p, t->prompt, t->n_prompt, &dt);
+    } else if (rc == DFL_OK) { /* the same response after the prompt in the other template */
+        char *txt = turn_text(p, turn, "", (dfl_chat)o->train_chat);
+        rc = txt ? tok_encode(r->tok, txt, strlen(txt), &ids, &ni) : dfl_seterr("out of memory");
+        free(txt);
+        if (rc == DFL_OK) rc = teacher_truth(r, ids, (int)ni, t->ids, t->n, &dt);
+    }
+    if (rc == DFL_OK && r->last_col >= 0) rc = tm_target_from_truth(&dtt, &dt, r->last_col, &r->m, o->train_topk);
+    if (rc == DFL_OK) rc = train_truth(r, pid, turn, &dt, labels, "dfl", r->last_col >= 0 ? &dtt : NULL);
+    tm_target_free(&dtt);
+    eval_truth_free(&dt);
+    free(ids);
+    if (rc)
+        return dfl_preperr("prompt %s, training metrics on %s", pid, labels[0] == 'd' ? "the dataset's reference response"
+                                                                                   : "the response in --train-chat's template");
+    return DFL_OK;
+}
+
+/* --train-metrics for a truth: the teacher-forced label sets first (the dataset's reference
+ * response, the response under --train-chat's template; turn 1 of a prompt, with a target), then
+ * the truth's own, whose rows mark the unit complete. */
 static int train_unit(run *r, const eval_prompt *p, const char *pid, int turn, const eval_truth *t,
                       const tm_target *tt) {
     const eval_opts *o = r->o;
-    int todo = 0;
-    for (int d = 0; d < o->n_drafters && p && p->answer && turn == 0 && r->have_state; d++)
-        todo += !tm_run_has(&r->tm, pid, turn, r->label[d], "dataset", "dfl", "config");
-    if (todo) {
-        eval_truth dt;
-        tm_target dtt = {0};
-        int rc = eval_truth_init(&dt, r->m.cfg.hidden, r->layers, r->n_layers);
-        if (rc == DFL_OK) rc = dataset_truth(r, p, t->prompt, t->n_prompt, &dt);
-        if (rc == DFL_OK && r->last_col >= 0) rc = tm_target_from_truth(&dtt, &dt, r->last_col, &r->m, o->train_topk);
-        if (rc == DFL_OK) rc = train_truth(r, pid, turn, &dt, "dataset", "dfl", r->last_col >= 0 ? &dtt : NULL);
-        tm_target_free(&dtt);
-        eval_truth_free(&dt);
-        if (rc) return dfl_preperr("prompt %s, training metrics on the dataset's reference response", pid);
+    const int teach = p && turn == 0 && r->have_state;
+    for (int s = 0; s < 2 && teach; s++) {
+        const char *labels = s == 0 ? "dataset" : "template";
+        if ((s == 0 && !p->answer) || (s == 1 && o->train_chat < 0)) continue;
+        int todo = 0;
+        for (int d = 0; d < o->n_drafters; d++) todo += !tm_run_has(&r->tm, pid, turn, r->label[d], labels, "dfl", "config");
+        if (todo && train_teacher(r, p, pid, turn, t, labels)) return DFL_ERR;
     }
     return train_truth(r, pid, turn, t, "target", "dfl", tt);
 }
@@ -878,6 +915,9 @@ int eval_opts_check(const eval_opts *o) {
     if (o->train_metrics && (o->online || o->dist))
         return dfl_seterr("--train-metrics scores recorded truths: it needs replay (not --online) in one process "
                           "(not MPI; --shard i/n per process works)");
+    if (o->train_chat >= 0 && (!o->train_metrics || o->train_chat == o->chat || o->features_dir))
+        return dfl_seterr("--train-chat scores the responses after prompts in another template: it needs "
+                          "--train-metrics, a template other than --chat's, and a target (not --features)");
     if (o->train_metrics && (o->train_anchors < 1 || o->train_topk < 1 || o->train_gamma < 0))
         return dfl_seterr("--train-anchors and --train-top-k must be >= 1, --train-gamma >= 0");
     if (o->reference && o->reference_url) return dfl_seterr("give --reference or --reference-url, not both");
@@ -1288,6 +1328,7 @@ static int train_report_in(const run *r, const eval_summary *sm, tm_agg **ag, in
         snprintf(ti->cost_note, sizeof ti->cost_note, "Cost: the training metrics drafted a block at every anchor, "
                  "%.2f s of drafter time, %.1fx the chain replay's %.2f s (one block per round).", train_s,
                  train_s / replay_s, replay_s);
+    if (o->train_chat >= 0) snprintf(ti->alt_chat, sizeof ti->alt_chat, "%s", chat_name(o->train_chat));
     if (r->last_col < 0)
         snprintf(ti->attn_note, sizeof ti->attn_note, "no expected acceptance at T = 1: the saved truths lack the "
                  "target's last layer (record them with --train-metrics, or --save-layers %d).", r->m.cfg.n_layers - 1);

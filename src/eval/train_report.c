@@ -259,6 +259,15 @@ static void md_drafter(FILE *f, const tm_report_in *in, const char *d) {
             xf = "the pipeline's features vs dfl's", xd = -d2;
         }
     }
+    const tm_agg *tc = find_set(in, d, "template", "dfl", 0);
+    if (tc) {
+        const double d1 = tm_sim_len(&tc->rnd) - tm_sim_len(&t->rnd);
+        const int none = strcmp(in->alt_chat, "none") == 0;
+        fprintf(f, "| *the prompt %s%s%s (the response the same):* random anchors | %.3f | %+.3f | chat template |\n",
+                none ? "without a chat template" : "in the ", none ? "" : in->alt_chat, none ? "" : " template",
+                tm_sim_len(&tc->rnd), d1);
+        if (fabs(d1) > fabs(xd)) xf = "the chat template the prompts were rendered with", xd = d1;
+    }
     if (ta) {
         const double d1 = tm_sim_len(&ta->walk) - tm_sim_len(&t->walk);
         fprintf(f, "| *with block attention %s:* the serving walk | %.3f | %+.3f | block attention in sliding layers |\n",
