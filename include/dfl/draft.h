@@ -20,6 +20,9 @@ typedef struct dfl_draft_if {
     int (*add_context)(void *ctx, const float *feat, const int32_t *tokens, int n);
     /* Draft a block of B tokens starting with anchor: logits [B-1, V]. */
     int (*draft)(void *ctx, int32_t anchor, int B, float *logits);
+    /* Optional (NULL: one block at a time): n blocks in one forward, block b drafted as draft()
+     * would on a context of starts[b] <= context_len positions: logits [n * (B-1), V]. */
+    int (*draft_many)(void *ctx, const int32_t *anchors, const int *starts, int n, int B, float *logits);
     /* Positions whose features the drafter holds (must equal the committed length). */
     int (*context_len)(void *ctx);
     /* Optional (NULL: always draft): asked before each round; nonzero makes the round a plain

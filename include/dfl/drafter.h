@@ -87,6 +87,8 @@ typedef struct dfl_dstate {
     int32_t *cand;        /* [B, K] last draft: each position's candidates, best logit first */
     float *cand_logit;    /* [B, K] their logits */
     int32_t *walk;        /* [B] last draft: the selector's block (row k: the token at start+k+1) */
+    float *batch;         /* drafter_draft_many's activations [batch_rows, ...] (grown on demand) */
+    int batch_rows;
     uint64_t bytes;
 } dfl_dstate;
 
@@ -106,5 +108,10 @@ int drafter_add_context(dfl_dstate *s, const float *feat, int n);
  * walk chose before it (the anchor for row 0), so each row's argmax is the selector's block
  * (s->walk) and a sampler draws among the candidates. */
 int drafter_draft(dfl_dstate *s, int32_t anchor, int B, float *logits);
+/* nb independent blocks in one forward (the weights stream once): block b is [anchors[b], MASK x
+ * (B-1)] at positions starts[b].., on the context positions < starts[b] (each starts[b] <= n_ctx).
+ * logits [nb * (B-1), V], block after block; each block's rows equal drafter_draft's on a context
+ * of starts[b] positions. DFlash only (a DFlash2 drafter drafts one block at a time). */
+int drafter_draft_many(dfl_dstate *s, const int32_t *anchors, const int *starts, int nb, int B, float *logits);
 
 #endif

@@ -269,6 +269,7 @@ typedef struct eval_opts {
     int train_anchors;           /* random anchors per response (SpecForge's num_anchors, default 512) */
     double train_gamma;          /* loss decay of the weighted accuracy (0: by block size) */
     int train_topk;              /* the target's top-K kept for the expected acceptance (default 64) */
+    int train_batch;             /* at most this many anchors' blocks per drafter forward (0: automatic) */
     int train_chat;              /* also score each response after its prompt in this template (dfl_chat), -1 */
     int train_attn;              /* also score with this block attention (drafter_set_causal value), or
                                   * EVAL_TRAIN_ATTN_NONE */

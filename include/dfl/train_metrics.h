@@ -59,6 +59,8 @@ typedef struct tm_opts {
     int B;            /* block size */
     int num_anchors;  /* the random subset's size cap per response (SpecForge's num_anchors, 512) */
     uint64_t seed;    /* the random subset's seed (mixed with the response's key) */
+    int blocks;       /* at most this many blocks per drafter forward (0: as many as 64 MiB of logits
+                       * hold, at most 32; drafters without draft_many: 1) */
 } tm_opts;
 
 /* One response's metrics. */

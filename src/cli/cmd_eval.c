@@ -95,7 +95,9 @@ static const char *usage_text =
     "                        --seed seeds them)\n"
     "  --train-gamma G       loss decay of the weighted accuracy (default by block: 7 for 16)\n"
     "  --train-top-k K       the target's most probable tokens kept per position for the expected\n"
-    "                        acceptance (default 64; the mass they leave out is reported)\n"    "  --train-chat MODE     also score each response after its prompt rendered in this template\n"
+    "                        acceptance (default 64; the mass they leave out is reported)\n"    "  --train-batch N       at most N anchors' blocks per drafter forward (default: as many as 64 MiB\n"
+    "                        of logits hold, at most 32; the weights stream once per forward)\n"
+    "  --train-chat MODE     also score each response after its prompt rendered in this template\n"
     "                        (chatml, chatml-nothink, none): the chat template's share of the gap\n"
     "online:\n"
     "  --online              run every drafter x mode on the target (after an autoregressive run that\n"
@@ -239,6 +241,9 @@ static int parse_args(eval_opts *o, int *save_layers, const char **progress_mode
         } else if (strcmp(a, "--train-gamma") == 0) {
             if (cli_parse_double("eval", a, cli_value(argc, argv, &i), &o->train_gamma)) return 2;
             if (!(o->train_gamma > 0)) return cli_usage_error("eval", "--train-gamma must be > 0");
+        } else if (strcmp(a, "--train-batch") == 0) {
+            if (cli_parse_long("eval", a, cli_value(argc, argv, &i), 1, 32, &v)) return 2;
+            o->train_batch = (int)v;
         } else if (strcmp(a, "--train-chat") == 0) {
             const char *v = cli_value(argc, argv, &i);
             if ((o->train_chat = prompt_chat_parse(v)) < 0)

@@ -1717,7 +1717,7 @@ int eval_run(const eval_opts *o, eval_outcome *res) {
             rc = dfl_seterr("%s: cannot write", o->out);
             goto out;
         }
-        r->tm.num_anchors = o->train_anchors, r->tm.seed = (uint64_t)o->seed;
+        r->tm.num_anchors = o->train_anchors, r->tm.seed = (uint64_t)o->seed, r->tm.blocks = o->train_batch;
         if (o->train_metrics && (rc = tm_run_open(&r->tm, o->out, o->resume))) goto out;
         if (o->features_from) {
             char *fp = dfl_path_join(o->out, "features_check.jsonl");

@@ -129,11 +129,10 @@ static double slot_alpha(const float *pd, const tm_target *tt, int q, double *le
     return a;
 }
 
-static int score_anchor(const eval_truth *t, dfl_draft_if *dft, int V, const tm_target *tt, int B, int p,
-                        float *logits, anchor_res *a) {
+/* One anchor's draft (logits [B-1, V], softmaxed in place when tt is given) against the labels. */
+static void score_anchor(const eval_truth *t, int V, const tm_target *tt, int B, int p, float *logits, anchor_res *a) {
     const int T = t->n_prompt + t->n;
     const int32_t *lab = t->ids - t->n_prompt; /* lab[q] = the label at position q >= n_prompt */
-    if (dft->draft(dft->ctx, lab[p], B, logits)) return DFL_ERR;
     memset(a, 0, sizeof *a);
     a->n_valid = T - 1 - p < B - 1 ? T - 1 - p : B - 1;
     a->have_alpha = tt != NULL;
@@ -148,13 +147,44 @@ static int score_anchor(const eval_truth *t, dfl_draft_if *dft, int V, const tm_
             a->alpha[k] = slot_alpha(row, tt, p + k - 1, &a->left[k]);
         }
     }
-    return DFL_OK;
+}
+
+/* Blocks per drafter forward: logits of at most 64 MiB, at most 32 blocks. */
+static int blocks_per_forward(const dfl_draft_if *dft, int B, int V) {
+    if (!dft->draft_many) return 1;
+    const long per = (long)(B - 1) * V * (long)sizeof(float), nb = (64L << 20) / per;
+    return nb < 1 ? 1 : nb > 32 ? 32 : (int)nb;
+}
+
+/* Draft the anchors np + i, i in [i0, i1), in forwards of nb blocks, and score them. */
+static int score_all(const eval_truth *t, dfl_draft_if *dft, const int *col, int V, const tm_target *tt, int B,
+                     int nb, anchor_res *res, int n_anchor) {
+    const int np = t->n_prompt, nd = dft->n_feature_layers;
+    const int32_t *lab = t->ids - np;
+    float *logits = malloc((size_t)nb * (B - 1) * V * sizeof(float));
+    float *rows = malloc((size_t)B * nd * t->H * sizeof(float));
+    int32_t *toks = malloc((size_t)B * sizeof(int32_t)), anchors[32];
+    int starts[32], rc = DFL_OK;
+    if (!logits || !rows || !toks) rc = dfl_seterr("out of memory for training metrics");
+    for (int i0 = 0; i0 < n_anchor && rc == DFL_OK; i0 += nb) {
+        const int n = n_anchor - i0 < nb ? n_anchor - i0 : nb, last = np + i0 + n - 1;
+        for (int b = 0; b < n; b++) starts[b] = np + i0 + b, anchors[b] = lab[np + i0 + b];
+        /* the context must reach the last block's start; each block sees positions < its own */
+        rc = eval_replay_grow(dft, t, col, rows, toks, B, last, NULL);
+        if (rc == DFL_OK)
+            rc = n == 1 && dft->context_len(dft->ctx) == starts[0] ? dft->draft(dft->ctx, anchors[0], B, logits)
+                                                                  : dft->draft_many(dft->ctx, anchors, starts, n, B, logits);
+        for (int b = 0; b < n && rc == DFL_OK; b++)
+            score_anchor(t, V, tt, B, starts[b], logits + (size_t)b * (B - 1) * V, &res[i0 + b]);
+    }
+    free(logits), free(rows), free(toks);
+    return rc;
 }
 
 int tm_score(const eval_truth *t, dfl_draft_if *dft, const int *col, int V, const tm_target *tt, const tm_opts *o,
              uint64_t key, tm_unit *u) {
     memset(u, 0, sizeof *u);
-    const int B = o->B, np = t->n_prompt, T = np + t->n, nd = dft->n_feature_layers;
+    const int B = o->B, np = t->n_prompt, T = np + t->n;
     u->B = B;
     if (B < 2 || B > DFL_MAX_BLOCK) return dfl_seterr("training metrics: block size %d outside [2, %d]", B, DFL_MAX_BLOCK);
     if (dft->context_len(dft->ctx) != 0) return dfl_seterr("training metrics: the drafter context is not empty");
@@ -165,17 +195,11 @@ int tm_score(const eval_truth *t, dfl_draft_if *dft, const int *col, int V, cons
     const int n_anchor = T - 1 - np > 0 ? T - 1 - np : 0;
     u->n_valid = n_anchor;
     anchor_res *res = calloc((size_t)(n_anchor > 0 ? n_anchor : 1), sizeof *res);
-    float *logits = malloc((size_t)(B - 1) * V * sizeof(float));
-    float *rows = malloc((size_t)B * nd * t->H * sizeof(float));
-    int32_t *toks = malloc((size_t)B * sizeof(int32_t));
-    int rc = DFL_OK;
-    if (!res || !logits || !rows || !toks) rc = dfl_seterr("out of memory for training metrics");
+    int rc = res ? DFL_OK : dfl_seterr("out of memory for training metrics");
     const double t0 = dfl_now();
-    for (int i = 0; i < n_anchor && rc == DFL_OK; i++) {
-        const int p = np + i;
-        rc = eval_replay_grow(dft, t, col, rows, toks, B, p, NULL);
-        if (rc == DFL_OK) rc = score_anchor(t, dft, V, tt, B, p, logits, &res[i]);
-    }
+    int nb = blocks_per_forward(dft, B, V);
+    if (o->blocks > 0 && o->blocks < nb) nb = o->blocks;
+    if (rc == DFL_OK) rc = score_all(t, dft, col, V, tt, B, nb, res, n_anchor);
     u->draft_s = dfl_now() - t0, u->drafts = n_anchor;
     if (rc == DFL_OK) {
         for (int i = 0; i < n_anchor; i++) counts_add_anchor(&u->all, &res[i]);
@@ -188,7 +212,7 @@ int tm_score(const eval_truth *t, dfl_draft_if *dft, const int *col, int V, cons
             for (int i = 0; i < m; i++) counts_add_anchor(&u->rnd, &res[u->anchors[i] - np]);
         }
     }
-    free(res), free(logits), free(rows), free(toks);
+    free(res);
     if (rc) tm_unit_free(u);
     return rc;
 }

@@ -94,7 +94,7 @@ int tm_run_unit(tm_run *tr, const tm_job *j) {
     snprintf(row.labels, sizeof row.labels, "%s", j->labels);
     snprintf(row.features, sizeof row.features, "%s", j->features);
     snprintf(row.attn, sizeof row.attn, "%s", j->attn);
-    const tm_opts o = {.B = j->B, .num_anchors = tr->num_anchors, .seed = tr->seed};
+    const tm_opts o = {.B = j->B, .num_anchors = tr->num_anchors, .seed = tr->seed, .blocks = tr->blocks};
     char turn[16];
     snprintf(turn, sizeof turn, "\t%d", j->turn);
     const uint64_t key = tm_hash(tm_hash(TM_FNV_BASIS, j->pid), turn);

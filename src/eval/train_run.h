@@ -11,7 +11,7 @@ typedef struct tm_run {
     char *path;
     char **keys;       /* the rows held (prompt, turn, drafter, labels, features, attention) */
     int n_keys, cap_keys;
-    int num_anchors;
+    int num_anchors, blocks;
     uint64_t seed;
 } tm_run;
 

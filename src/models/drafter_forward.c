@@ -68,7 +68,7 @@ void dstate_free(dfl_dstate *s) {
             if (s->v_ctx) free(s->v_ctx[i]);
         }
     free(s->k_ctx), free(s->v_ctx), free(s->ctx), free(s->x), free(s->xn), free(s->q), free(s->kb), free(s->vb);
-    free(s->att), free(s->mlp1), free(s->mlp2), free(s->scores), free(s->inv_freq);
+    free(s->att), free(s->mlp1), free(s->mlp2), free(s->scores), free(s->inv_freq), free(s->batch);
     dflash2_state_free(s);
     memset(s, 0, sizeof *s);
 }
@@ -112,19 +112,27 @@ int drafter_add_context(dfl_dstate *s, const float *feat, int n) {
     return DFL_OK;
 }
 
-int drafter_draft(dfl_dstate *s, int32_t anchor, int B, float *logits) {
+/* Activations of a forward over nb blocks of B rows: the state's own for one block, the batch
+ * scratch for more. */
+typedef struct dscratch {
+    float *x, *xn, *q, *kb, *vb, *att, *mlp1, *mlp2;
+} dscratch;
+
+/* The DFlash layers over nb independent blocks [anchors[b], MASK x (B-1)] at positions
+ * starts[b].. (block b attends to context positions < starts[b] and to itself), then the final
+ * norm and lm_head of rows 1..B-1 of each: logits [nb * (B-1), V]. */
+static int draft_rows(dfl_dstate *s, const dscratch *w, const int32_t *anchors, const int *starts, int nb, int B,
+                      float *logits) {
     const dfl_drafter *d = s->d;
     const dfl_config *g = &d->cfg;
     const dfl_model *t = s->t;
     const int H = g->hidden, hd = g->head_dim, Hq = g->n_heads, Hkv = g->n_kv_heads, kv = Hkv * hd;
-    const int start = s->n_ctx, group = Hq / Hkv, dflash2 = g->dflash2;
-    if (B < 2 || B > s->max_block) return dfl_seterr("draft block of %d: must be in [2, %d]", B, s->max_block);
-    if (anchor < 0 || anchor >= t->cfg.vocab) return dfl_seterr("anchor token %d outside the vocabulary", anchor);
+    const int group = Hq / Hkv, dflash2 = g->dflash2, R = nb * B;
     /* block = [anchor, MASK x (B-1)], embedded with the target's embedding */
-    for (int i = 0; i < B; i++) {
-        model_embed(t, i == 0 ? anchor : g->mask_token_id, s->x + (size_t)i * H);
+    for (int i = 0; i < R; i++) {
+        model_embed(t, i % B == 0 ? anchors[i / B] : g->mask_token_id, w->x + (size_t)i * H);
         if (g->input_embedding_scale != 1.0f)
-            for (int j = 0; j < H; j++) s->x[(size_t)i * H + j] *= g->input_embedding_scale;
+            for (int j = 0; j < H; j++) w->x[(size_t)i * H + j] *= g->input_embedding_scale;
     }
     const float scale = 1.0f / sqrtf((float)hd);
     for (int li = 0; li < g->n_layers; li++) {
@@ -132,74 +140,79 @@ int drafter_draft(dfl_dstate *s, int32_t anchor, int B, float *logits) {
         const int sliding = l->type == DFL_LAYER_SLIDING, window = g->sliding_window;
         /* is_causal (DFlash2 configs) overrides the default: sliding layers causal, full ones not */
         const int causal = g->causal >= 0 ? g->causal : sliding;
-        for (int i = 0; i < B; i++) kn_rmsnorm(s->xn + (size_t)i * H, s->x + (size_t)i * H, l->input_norm, H, g->rms_eps);
-        const float *ain = s->xn; /* the attention's input: DFlash2 convolves the normed rows first */
+        for (int i = 0; i < R; i++) kn_rmsnorm(w->xn + (size_t)i * H, w->x + (size_t)i * H, l->input_norm, H, g->rms_eps);
+        const float *ain = w->xn; /* the attention's input: DFlash2 convolves the normed rows first */
         if (dflash2) {
             dflash2_conv_deltas(s, &l->attn_conv_proj, s->xn, B);
             dflash2_conv(s, l->attn_conv_base, 0, s->xn, s->conv, B);
             ain = s->conv;
         }
-        kn_matmul_multi(3, (float *[]){s->q, s->kb, s->vb}, ain, (const dfl_mat *[]){&l->q_proj, &l->k_proj, &l->v_proj},
-                        B);
-        for (int i = 0; i < B; i++) {
-            norm_rope(s, s->q + (size_t)i * Hq * hd, Hq, l->q_norm, start + i);
-            norm_rope(s, s->kb + (size_t)i * kv, Hkv, l->k_norm, start + i);
+        kn_matmul_multi(3, (float *[]){w->q, w->kb, w->vb}, ain, (const dfl_mat *[]){&l->q_proj, &l->k_proj, &l->v_proj},
+                        R);
+        for (int i = 0; i < R; i++) {
+            norm_rope(s, w->q + (size_t)i * Hq * hd, Hq, l->q_norm, starts[i / B] + i % B);
+            norm_rope(s, w->kb + (size_t)i * kv, Hkv, l->k_norm, starts[i / B] + i % B);
         }
         const float *kc = s->k_ctx[li], *vc = s->v_ctx[li];
-        /* query heads sharing a key/value head together unless that leaves threads idle */
+        /* query heads sharing a key/value head together unless that leaves threads idle (decided
+         * per block, so that a batch computes each block as drafter_draft does) */
         const int G = B * Hkv >= omp_get_max_threads() ? group : 1;
         const size_t ldsc = (size_t)s->max_ctx + s->max_block;
-#pragma omp parallel for collapse(2) schedule(static) if ((size_t)B * Hq * (start + B) * hd >= KN_PAR_MIN_WORK)
-        for (int i = 0; i < B; i++) {
+#pragma omp parallel for collapse(2) schedule(static) if ((size_t)R * Hq * (starts[0] + B) * hd >= KN_PAR_MIN_WORK)
+        for (int i = 0; i < R; i++) {
             for (int h0 = 0; h0 < Hq; h0 += G) {
                 float *sc = s->scores + (size_t)omp_get_thread_num() * group * ldsc; /* [G][ldsc] */
-                const float *q = s->q + ((size_t)i * Hq + h0) * hd;
-                const int kvh = h0 / group, qpos = start + i;
+                const float *q = w->q + ((size_t)i * Hq + h0) * hd;
+                const int b = i / B, start = starts[b], kvh = h0 / group, qpos = start + i % B;
+                const float *kb = w->kb + (size_t)b * B * kv, *vb = w->vb + (size_t)b * B * kv;
                 /* visible keys: context 0..start-1 then block 0..B-1 (absolute positions);
                  * full layers see everything but the future in causal ones, sliding layers a window */
                 const int n_keys = start + B;
                 kn_dot_rows(sc, ldsc, q, (size_t)hd, G, kc + (size_t)kvh * hd, (size_t)kv, start, hd);
-                kn_dot_rows(sc + start, ldsc, q, (size_t)hd, G, s->kb + (size_t)kvh * hd, (size_t)kv, B, hd);
+                kn_dot_rows(sc + start, ldsc, q, (size_t)hd, G, kb + (size_t)kvh * hd, (size_t)kv, B, hd);
                 for (int gi = 0; gi < G; gi++) {
                     float *sg = sc + gi * ldsc;
                     for (int j = 0; j < n_keys; j++)
                         sg[j] = (causal && j > qpos) || (sliding && qpos - j >= window) ? -INFINITY : sg[j] * scale;
                     kn_softmax(sg, n_keys);
                 }
-                float *o = s->att + ((size_t)i * Hq + h0) * hd;
+                float *o = w->att + ((size_t)i * Hq + h0) * hd;
                 memset(o, 0, (size_t)G * hd * sizeof(float));
                 kn_axpy_rows(o, (size_t)hd, sc, ldsc, G, vc + (size_t)kvh * hd, (size_t)kv, start, hd);
-                kn_axpy_rows(o, (size_t)hd, sc + start, ldsc, G, s->vb + (size_t)kvh * hd, (size_t)kv, B, hd);
+                kn_axpy_rows(o, (size_t)hd, sc + start, ldsc, G, vb + (size_t)kvh * hd, (size_t)kv, B, hd);
             }
         }
-        kn_matmul(s->xn, s->att, &l->o_proj, B);
-        const float *aout = s->xn;
+        kn_matmul(w->xn, w->att, &l->o_proj, R);
+        const float *aout = w->xn;
         if (dflash2) { /* the output side, with the deltas taken from the attention's normed input */
             dflash2_conv(s, l->attn_conv_base, 1, s->xn, s->conv, B);
             aout = s->conv;
         }
-        for (size_t i = 0; i < (size_t)B * H; i++) s->x[i] += aout[i];
-        for (int i = 0; i < B; i++) kn_rmsnorm(s->xn + (size_t)i * H, s->x + (size_t)i * H, l->post_norm, H, g->rms_eps);
-        const float *mlp_in = s->xn;
+        for (size_t i = 0; i < (size_t)R * H; i++) w->x[i] += aout[i];
+        for (int i = 0; i < R; i++) kn_rmsnorm(w->xn + (size_t)i * H, w->x + (size_t)i * H, l->post_norm, H, g->rms_eps);
+        const float *mlp_in = w->xn;
         if (dflash2) {
             dflash2_conv_deltas(s, &l->mlp_conv_proj, s->xn, B);
             dflash2_conv(s, l->mlp_conv_base, 0, s->xn, s->conv, B);
             mlp_in = s->conv;
         }
-        kn_matmul_multi(2, (float *[]){s->mlp1, s->mlp2}, mlp_in, (const dfl_mat *[]){&l->gate, &l->up}, B);
-        kn_swiglu(s->mlp1, s->mlp2, B * g->intermediate);
-        kn_matmul(s->xn, s->mlp1, &l->down, B);
-        const float *mout = s->xn;
+        kn_matmul_multi(2, (float *[]){w->mlp1, w->mlp2}, mlp_in, (const dfl_mat *[]){&l->gate, &l->up}, R);
+        kn_swiglu(w->mlp1, w->mlp2, R * g->intermediate);
+        kn_matmul(w->xn, w->mlp1, &l->down, R);
+        const float *mout = w->xn;
         if (dflash2) {
             dflash2_conv(s, l->mlp_conv_base, 1, s->xn, s->conv, B);
             mout = s->conv;
         }
-        for (size_t i = 0; i < (size_t)B * H; i++) s->x[i] += mout[i];
+        for (size_t i = 0; i < (size_t)R * H; i++) w->x[i] += mout[i];
     }
-    /* positions 1..B-1 predict the tokens at start+1..start+B-1 */
-    for (int i = 1; i < B; i++) kn_rmsnorm(s->xn + (size_t)(i - 1) * H, s->x + (size_t)i * H, d->norm, H, g->rms_eps);
-    model_lm_head(t, s->xn, logits, B - 1);
-    const size_t nl = (size_t)(B - 1) * t->cfg.vocab;
+    /* rows 1..B-1 of each block predict the tokens at start+1..start+B-1 */
+    for (int b = 0; b < nb; b++)
+        for (int i = 1; i < B; i++)
+            kn_rmsnorm(w->xn + ((size_t)b * (B - 1) + i - 1) * H, w->x + ((size_t)b * B + i) * H, d->norm, H,
+                       g->rms_eps);
+    model_lm_head(t, w->xn, logits, nb * (B - 1));
+    const size_t nl = (size_t)nb * (B - 1) * t->cfg.vocab;
     if (g->output_multiplier != 1.0f)
         for (size_t i = 0; i < nl; i++) logits[i] *= g->output_multiplier;
     if (g->final_logit_softcap > 0)
@@ -208,14 +221,64 @@ int drafter_draft(dfl_dstate *s, int32_t anchor, int B, float *logits) {
     const int any_bad = kn_count_nonfinite(logits, nl) > 0; /* fast path: none */
     for (size_t i = 0; i < nl && any_bad; i++)
         if (!isfinite(logits[i])) {
-            const int row = (int)(i / (size_t)t->cfg.vocab);
+            const int row = (int)(i / (size_t)t->cfg.vocab), b = row / (B - 1), k = row % (B - 1);
             int bad = 0;
             for (size_t j = (size_t)row * t->cfg.vocab; j < (size_t)(row + 1) * t->cfg.vocab; j++) bad += !isfinite(logits[j]);
             return dfl_seterr("drafter logits are not finite at block position %d (context position %d; %d of %d "
                               "values): the drafter holds NaN/Inf weights or its input features do; run dfl inspect "
                               "--check-weights %s",
-                              row + 1, start + row + 1, bad, t->cfg.vocab, d->dir ? d->dir : "DRAFTER");
+                              k + 1, starts[b] + k + 1, bad, t->cfg.vocab, d->dir ? d->dir : "DRAFTER");
         }
-    if (dflash2) dflash2_select(s, s->xn, anchor, B - 1, logits);
+    if (dflash2) dflash2_select(s, s->xn, anchors[0], B - 1, logits);
     return DFL_OK;
+}
+
+int drafter_draft(dfl_dstate *s, int32_t anchor, int B, float *logits) {
+    if (B < 2 || B > s->max_block) return dfl_seterr("draft block of %d: must be in [2, %d]", B, s->max_block);
+    if (anchor < 0 || anchor >= s->t->cfg.vocab) return dfl_seterr("anchor token %d outside the vocabulary", anchor);
+    const dscratch w = {s->x, s->xn, s->q, s->kb, s->vb, s->att, s->mlp1, s->mlp2};
+    const int start = s->n_ctx;
+    return draft_rows(s, &w, &anchor, &start, 1, B, logits);
+}
+
+/* The batch scratch for rows rows (grown on demand). */
+static int batch_reserve(dfl_dstate *s, int rows) {
+    if (rows <= s->batch_rows) return DFL_OK;
+    const dfl_config *g = &s->d->cfg;
+    const size_t H = g->hidden, qd = (size_t)g->n_heads * g->head_dim, kv = (size_t)g->n_kv_heads * g->head_dim;
+    const size_t per = 2 * H + 2 * qd + 2 * kv + 2 * (size_t)g->intermediate;
+    float *p = realloc(s->batch, (size_t)rows * per * sizeof(float));
+    if (!p) return dfl_seterr("out of memory for a batch of %d drafter rows (%.1f MiB)", rows,
+                              (double)rows * per * sizeof(float) / 1048576.0);
+    s->bytes += (uint64_t)(rows - s->batch_rows) * per * sizeof(float);
+    s->batch = p, s->batch_rows = rows;
+    return DFL_OK;
+}
+
+int drafter_draft_many(dfl_dstate *s, const int32_t *anchors, const int *starts, int nb, int B, float *logits) {
+    const dfl_config *g = &s->d->cfg;
+    if (g->dflash2 && nb > 1) return dfl_seterr("a DFlash2 drafter drafts one block at a time");
+    if (B < 2 || B > s->max_block) return dfl_seterr("draft block of %d: must be in [2, %d]", B, s->max_block);
+    if (nb < 1) return dfl_seterr("no blocks to draft");
+    for (int b = 0; b < nb; b++) {
+        if (anchors[b] < 0 || anchors[b] >= s->t->cfg.vocab)
+            return dfl_seterr("anchor token %d outside the vocabulary", anchors[b]);
+        if (starts[b] < 0 || starts[b] > s->n_ctx)
+            return dfl_seterr("block %d starts at position %d, but the context holds %d", b, starts[b], s->n_ctx);
+    }
+    if (nb == 1 && starts[0] == s->n_ctx) return drafter_draft(s, anchors[0], B, logits);
+    if (batch_reserve(s, nb * B)) return DFL_ERR;
+    const size_t R = (size_t)nb * B, H = g->hidden, qd = (size_t)g->n_heads * g->head_dim;
+    const size_t kv = (size_t)g->n_kv_heads * g->head_dim, I = g->intermediate;
+    dscratch w;
+    float *p = s->batch;
+    w.x = p, p += R * H;
+    w.xn = p, p += R * H;
+    w.q = p, p += R * qd;
+    w.att = p, p += R * qd;
+    w.kb = p, p += R * kv;
+    w.vb = p, p += R * kv;
+    w.mlp1 = p, p += R * I;
+    w.mlp2 = p;
+    return draft_rows(s, &w, anchors, starts, nb, B, logits);
 }

@@ -80,12 +80,15 @@ static int dflash_add(void *ctx, const float *feat, const int32_t *tokens, int n
     return drafter_add_context(ctx, feat, n);
 }
 static int dflash_draft(void *ctx, int32_t anchor, int B, float *logits) { return drafter_draft(ctx, anchor, B, logits); }
+static int dflash_draft_many(void *ctx, const int32_t *anchors, const int *starts, int n, int B, float *logits) {
+    return drafter_draft_many(ctx, anchors, starts, n, B, logits);
+}
 static int dflash_len(void *ctx) { return ((dfl_dstate *)ctx)->n_ctx; }
 static void dflash_reset(void *ctx) { dstate_reset(ctx); }
 
 dfl_draft_if spec_dflash_drafter(dfl_dstate *ds) {
     return (dfl_draft_if){.ctx = ds, .add_context = dflash_add, .draft = dflash_draft, .context_len = dflash_len,
-                          .reset = dflash_reset, .feature_layers = ds->d->cfg.target_layer_ids, .n_feature_layers = ds->d->cfg.n_target_ids};
+                          .draft_many = ds->d->cfg.dflash2 ? NULL : dflash_draft_many, .reset = dflash_reset, .feature_layers = ds->d->cfg.target_layer_ids, .n_feature_layers = ds->d->cfg.n_target_ids};
 }
 
 typedef struct gen {
