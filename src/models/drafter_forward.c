@@ -130,7 +130,8 @@ int drafter_draft(dfl_dstate *s, int32_t anchor, int B, float *logits) {
     for (int li = 0; li < g->n_layers; li++) {
         const dfl_dlayer_w *l = &d->layers[li];
         const int sliding = l->type == DFL_LAYER_SLIDING, window = g->sliding_window;
-        /* is_causal (DFlash2 configs) overrides the default: sliding layers causal, full ones not */
+        /* cfg.causal (is_causal, dflash_config.causal or drafter_set_causal) overrides the
+         * default, -1: sliding layers causal, full ones not (docs/design.md §4) */
         const int causal = g->causal >= 0 ? g->causal : sliding;
         for (int i = 0; i < B; i++) kn_rmsnorm(s->xn + (size_t)i * H, s->x + (size_t)i * H, l->input_norm, H, g->rms_eps);
         const float *ain = s->xn; /* the attention's input: DFlash2 convolves the normed rows first */
