@@ -477,6 +477,17 @@ def make_dflash_qwen35_moe(out, tok, tokdir):
     save_drafter(cfg, 14, out, tok, tokdir)
 
 
+def make_dflash_qwen3_sliding(out, tok, tokdir):
+    """S, F, S with a window (10) above the block (8) and below the test prompts' context: the
+    block attention semantics (docs/design.md §4) give different drafts here."""
+    cfg = drafter_config(tok, hidden_size=64, num_hidden_layers=3, num_attention_heads=4,
+                         num_key_value_heads=2, head_dim=32, intermediate_size=128, block_size=8,
+                         num_target_layers=4, use_sliding_window=True, sliding_window=10, max_window_layers=3,
+                         layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+                         dflash_config={"mask_token_id": tok["<|mask|>"], "target_layer_ids": [0, 1, 2]})
+    save_drafter(cfg, 16, out, tok, tokdir)
+
+
 def make_dflash_qwen3_toplevel(out, tok, tokdir):
     cfg = drafter_config(tok, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
                          num_key_value_heads=2, head_dim=32, intermediate_size=128, block_size=8,
@@ -565,6 +576,7 @@ FIXTURES = {
     "dflash_qwen3": make_dflash_qwen3,
     "dflash_qwen35": make_dflash_qwen35,
     "dflash_qwen3_toplevel": make_dflash_qwen3_toplevel,
+    "dflash_qwen3_sliding": make_dflash_qwen3_sliding,
     "dflash_qwen35_moe": make_dflash_qwen35_moe,
     "dflash2_qwen3": make_dflash2_qwen3,
     "dflash2_qwen35": make_dflash2_qwen35,

@@ -7,6 +7,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "dfl/drafter.h"
 #include "dfl/model.h"
@@ -35,6 +36,15 @@ typedef struct dfl_any_drafter {
  * open and the message names arg. */
 int anydrafter_open(dfl_any_drafter *a, const char *arg, const dfl_model *t, const char *target_dir, int block,
                     int check_weights, char *warning, size_t len);
+
+/* Block attention of a DFlash / DFlash2 drafter (drafter_set_causal: -1, 0, 1, or
+ * DFL_BLOCK_ATTN_AUTO for the config's). An MTP head has no block attention: it takes AUTO only,
+ * anything else is DFL_ERR. Before or after anydrafter_state_init. */
+int anydrafter_set_causal(dfl_any_drafter *a, int causal);
+/* drafter_attn_semantics of a DFlash / DFlash2 drafter; NULL for an MTP head. */
+const char *anydrafter_attn_semantics(const dfl_any_drafter *a);
+/* For JSON reports: `, "block_attention": {drafter_attn_json}` onto f; nothing for an MTP head. */
+void anydrafter_attn_json(FILE *f, const dfl_any_drafter *a);
 
 /* Allocate the run state for max_ctx positions and blocks of a->block; *dif drives it (its
  * context empty). */

@@ -19,6 +19,13 @@ typedef enum dfl_layer_type {
     DFL_LAYER_SLIDING, /* sliding-window attention (drafters) */
 } dfl_layer_type;
 
+/* The config field a drafter's block attention came from (dfl_config.causal_field). */
+typedef enum dfl_causal_field {
+    DFL_CAUSAL_UNSET,         /* neither: the default, sliding layers causal */
+    DFL_CAUSAL_IS_CAUSAL,     /* top-level is_causal */
+    DFL_CAUSAL_DFLASH_CONFIG, /* dflash_config.causal */
+} dfl_causal_field;
+
 typedef struct dfl_config {
     dfl_arch arch;
     char model_type[64];     /* as written in config.json (top level) */
@@ -73,6 +80,10 @@ typedef struct dfl_config {
     float input_embedding_scale;
     float output_multiplier;
     float final_logit_softcap; /* 0 = none */
+    /* attention inside the block (docs/design.md §4), DFlash and DFlash2: -1 causal in sliding
+     * layers only (unset: the default), 0 bidirectional everywhere, 1 causal everywhere */
+    int causal;
+    int causal_field;        /* where causal came from: DFL_CAUSAL_UNSET, _IS_CAUSAL, _DFLASH_CONFIG */
 
     /* DFlash2 drafter (architectures: DFlash2DraftModel; docs/dflash2.md); dflash2 = 0 for DFlash */
     int dflash2;
@@ -80,7 +91,6 @@ typedef struct dfl_config {
     int conv_group;          /* conv_group_size: channels sharing one dynamic coefficient */
     int selector_rank;       /* R of the candidate selector's codebooks */
     int selector_top_k;      /* K candidates per block position */
-    int causal;              /* is_causal (or dflash_config.causal): -1 unset (sliding layers causal), 0, 1 */
 
     int eos_ids[DFL_MAX_EOS]; /* config.json eos_token_id, then config_load_eos's */
     int n_eos;

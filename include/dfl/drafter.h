@@ -5,6 +5,8 @@
 #ifndef DFL_DRAFTER_H
 #define DFL_DRAFTER_H
 
+#include <stdio.h>
+
 #include "dfl/config.h"
 #include "dfl/kernels.h"
 #include "dfl/model.h"
@@ -44,6 +46,10 @@ typedef struct dfl_drafter {
     dfl_mat sel_succ;      /* [V, R] candidate_selector.successor_codebook */
     unsigned char *used;   /* [n_tensors] */
     uint64_t weight_bytes;
+    /* block attention: cfg.causal is the setting in effect (drafter_set_causal may replace it) */
+    int causal_config;     /* the config's cfg.causal */
+    int causal_override;   /* 1: cfg.causal was set by drafter_set_causal */
+    char attn_desc[320];   /* drafter_attn_semantics */
 } dfl_drafter;
 
 /* Open a drafter checkpoint. n_target_layers resolves the default target_layer_ids when the
@@ -60,6 +66,36 @@ int drafter_check_target(const dfl_drafter *d, const dfl_model *target);
  * num_target_layers differs from the target's layer count. The message goes into buf (len
  * bytes) and buf is returned; NULL when there is nothing to say. */
 const char *drafter_target_warning(const dfl_drafter *d, const dfl_model *target, char *buf, size_t len);
+
+/* Attention inside the block (docs/design.md §4, "Block attention"); the values of cfg.causal:
+ * -1 causal in sliding_attention layers only, full layers bidirectional (SpecForge, SGLang; the
+ * default where the config sets neither is_causal nor dflash_config.causal); 0 bidirectional in
+ * every layer (z-lab's reference model); 1 causal in every layer. AUTO: the checkpoint's config. */
+#define DFL_BLOCK_ATTN_AUTO (-2)
+#define DFL_BLOCK_ATTN_SLIDING (-1)
+#define DFL_BLOCK_ATTN_BIDIRECTIONAL 0
+#define DFL_BLOCK_ATTN_CAUSAL 1
+
+/* Draft with block attention `causal` (-1, 0, 1; DFL_BLOCK_ATTN_AUTO: back to the config's) from
+ * the next draft on. DFL_ERR, nothing changed, for another value or for 0 where a sliding layer's
+ * window is smaller than block_size (as the config check: the window would cut the block). */
+int drafter_set_causal(dfl_drafter *d, int causal);
+/* The number of sliding_attention layers; 0: -1 and 0 give the same drafts. */
+int drafter_has_sliding(const dfl_drafter *d);
+/* One line for reports: what the drafter does inside the block and where the setting came from
+ * (config field, default or drafter_set_causal). Valid until the next drafter_set_causal. */
+const char *drafter_attn_semantics(const dfl_drafter *d);
+/* "sliding-causal", "bidirectional", "causal" for -1, 0, 1; "auto" for DFL_BLOCK_ATTN_AUTO; else NULL. */
+const char *drafter_causal_name(int causal);
+/* The inverse (what --block-attn takes): DFL_OK and *causal, or DFL_ERR naming the names. */
+int drafter_causal_parse(const char *s, int *causal);
+/* Where cfg.causal came from: "override" (drafter_set_causal), "is_causal", "dflash_config.causal"
+ * or "default". */
+const char *drafter_causal_source(const dfl_drafter *d);
+/* The setting as one JSON object onto f: {"mode", "effective" (what the layers do: bidirectional
+ * for sliding-causal without sliding layers), "source", "config" (the config's mode),
+ * "sliding_layers", "sliding_window", "semantics" (drafter_attn_semantics)}. */
+void drafter_attn_json(FILE *f, const dfl_drafter *d);
 
 /* Drafter run state: context K/V per layer cached across rounds (positions 0..n_ctx-1, the
  * committed positions whose target features were added); the block's K/V are never cached. */

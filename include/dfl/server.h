@@ -17,6 +17,8 @@ typedef struct dfl_server_opts {
     const char *model_name; /* the "model" of responses and metrics; NULL = target dir basename */
     int block;              /* verification block; 0 = the drafter's block_size */
     int tree_budget;        /* 0 = chain verification; N = DDTree with N draft nodes (greedy requests only) */
+    const char *block_attn; /* a DFlash drafter's block attention (drafter_causal_parse: "sliding-causal",
+                             * "bidirectional", "causal"); NULL or "auto" = the checkpoint's config */
     const char *host;       /* address to bind (numeric or a name); NULL = 127.0.0.1 */
     int port;               /* 0 = a free port chosen by the system (see server_port) */
     int max_queue;          /* generation requests that may wait behind the running one */
@@ -57,6 +59,8 @@ int server_max_context(const dfl_server *s);
 /* What the user should know about the drafter/target pair that still runs (its num_target_layers
  * differs from the target's layer count); "" when nothing. */
 const char *server_drafter_warning(const dfl_server *s);
+/* The drafter's block attention (drafter_attn_semantics); "" without a DFlash / DFlash2 drafter. */
+const char *server_drafter_attn(const dfl_server *s);
 
 /* Drain and free: new requests get 503, queued ones are answered 503 ("shutting down"), the
  * one being generated runs to its end and is delivered; then the daemon stops and every

@@ -403,6 +403,7 @@ typedef struct gen_args {
     int32_t *ids;
     int n_ids, chat, ignore_eos, accept_rule;
     int max_new, max_ctx, block, budget;
+    int block_attn; /* DFL_BLOCK_ATTN_AUTO or the drafter_set_causal value */
     double temperature;
     long seed;
 } gen_args;
@@ -410,6 +411,7 @@ typedef struct gen_args {
 static int gen_args_from_json(gen_args *a, const cJSON *j) {
     memset(a, 0, sizeof *a);
     a->max_new = 128;
+    a->block_attn = DFL_BLOCK_ATTN_AUTO;
     for (const cJSON *v = j->child; v; v = v->next) {
         const char *k = v->string, *s = NULL;
         int rc = DFL_OK;
@@ -439,7 +441,10 @@ static int gen_args_from_json(gen_args *a, const cJSON *j) {
         else if (!strcmp(k, "temperature")) rc = opt_double(v, 0, &a->temperature);
         else if (!strcmp(k, "seed")) rc = opt_long(v, 0, LONG_MAX, &a->seed);
         else if (!strcmp(k, "ignore_eos")) rc = opt_bool(v, &a->ignore_eos);
-        else if (!strcmp(k, "accept_rule")) {
+        else if (!strcmp(k, "block_attn")) {
+            if ((rc = opt_string(v, &s)) == DFL_OK && drafter_causal_parse(s, &a->block_attn) != DFL_OK)
+                rc = dfl_seterr("block_attn: expected auto, sliding-causal, bidirectional or causal, found \"%s\"", s);
+        } else if (!strcmp(k, "accept_rule")) {
             if ((rc = opt_string(v, &s)) == DFL_OK && (a->accept_rule = spec_accept_rule_parse(s)) < 0)
                 rc = dfl_seterr("accept_rule: expected pq or match, found \"%s\"", s);
         } else
@@ -451,6 +456,7 @@ static int gen_args_from_json(gen_args *a, const cJSON *j) {
     if (!!a->prompt + !!a->ids != 1) return dfl_seterr("give exactly one of prompt and prompt_ids");
     if (a->ids && a->chat) return dfl_seterr("chat applies to a text prompt, not prompt_ids");
     if ((a->block || a->budget) && !a->drafter) return dfl_seterr("block_size and tree_budget need a drafter");
+    if (a->block_attn != DFL_BLOCK_ATTN_AUTO && !a->drafter) return dfl_seterr("block_attn needs a drafter");
     if (a->budget && a->temperature > 0)
         return dfl_seterr("tree_budget (DDTree) is greedy: it cannot be combined with temperature > 0");
     return DFL_OK;
@@ -483,6 +489,11 @@ static int generate(FILE *f, gen_args *a) {
         }
         have_ad = 1;
         a->block = ad.block;
+        if (anydrafter_set_causal(&ad, a->block_attn) != DFL_OK) {
+            anydrafter_close(&ad);
+            model_close(&m);
+            return dfl_preperr("block_attn");
+        }
     }
     const double t_load = dfl_now() - t0;
     /* a tokenizer when there is one: text prompts need it, ids get their text from it */
@@ -548,6 +559,7 @@ static int generate(FILE *f, gen_args *a) {
             fprintf(f, ", \"unknown_ids\": %d, \"stats\": {", unknown);
             spec_stats_json(f, &st, have_ds, a->budget, rl.committed, rl.n, t_load, m.weight_bytes,
                             s.bytes + (have_ad ? anydrafter_state_bytes(&ad) : 0), max_ctx);
+            if (have_ad) anydrafter_attn_json(f, &ad);
             fprintf(f, "}}");
             free(text);
         }

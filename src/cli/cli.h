@@ -81,3 +81,15 @@ int cli_device_option(const char *cmd, int argc, char **argv, int *i, dfl_device
 /* Move the opened model to device d (model_use_device), saying on stderr where it runs when not
  * the CPU; 0, or the message printed and 1. */
 int cli_use_device(const char *cmd, struct dfl_model *m, dfl_device d);
+
+/* --block-attn (generate, serve, bench): a DFlash / DFlash2 drafter's attention inside the block
+ * (docs/design.md §4, "Block attention"). */
+#define CLI_BLOCK_ATTN_HELP                                                                        \
+    "  --block-attn MODE   a DFlash drafter's attention inside the draft block: auto (default: the\n" \
+    "                      checkpoint's is_causal / dflash_config.causal, else sliding-causal) |\n"  \
+    "                      sliding-causal (sliding_attention layers causal, full layers\n"            \
+    "                      bidirectional: SpecForge, SGLang) | bidirectional (every layer: z-lab's\n" \
+    "                      reference model) | causal (every layer)\n"
+/* 1 if argv[*i] is --block-attn (consumed, *i advanced, *causal = DFL_BLOCK_ATTN_AUTO or the
+ * drafter_set_causal value), 0 if not, -1 after printing a bad value. */
+int cli_block_attn_option(const char *cmd, int argc, char **argv, int *i, int *causal);

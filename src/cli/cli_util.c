@@ -6,6 +6,7 @@
 
 #include "cli/cli.h"
 #include "dfl/common.h"
+#include "dfl/drafter.h"
 #include "dfl/model.h"
 
 int cli_is_help(const char *arg) { return strcmp(arg, "-h") == 0 || strcmp(arg, "--help") == 0; }
@@ -144,4 +145,14 @@ int cli_use_device(const char *cmd, dfl_model *m, dfl_device d) {
     fprintf(stderr, "dfl %s: target on %s (%.2f GB of weights uploaded in %.1f s)\n", cmd, dfl_device_name(d),
             m->weight_bytes / 1e9, dfl_now() - t0);
     return 0;
+}
+
+int cli_block_attn_option(const char *cmd, int argc, char **argv, int *i, int *causal) {
+    if (strcmp(argv[*i], "--block-attn") != 0) return 0;
+    const char *v = cli_value(argc, argv, i);
+    if (drafter_causal_parse(v, causal) != DFL_OK) {
+        cli_usage_error(cmd, "--block-attn: expected auto, sliding-causal, bidirectional or causal, found '%s'", v);
+        return -1;
+    }
+    return 1;
 }

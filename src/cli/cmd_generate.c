@@ -15,7 +15,8 @@
 
 static const char *usage_text =
     "usage: dfl generate --target DIR (--prompt STR | --prompt-file F | --prompt-ids IDS)\n"
-    "                    [--drafter DIR|mtp|DIR:mtp [--block-size B] [--tree-budget N]] [--temperature X --seed S [--accept-rule pq|match]]\n"
+    "                    [--drafter DIR|mtp|DIR:mtp [--block-size B] [--tree-budget N] [--block-attn MODE]]\n"
+    "                    [--temperature X --seed S [--accept-rule pq|match]]\n"
     "                    [--max-new N] [--chat MODE] [--tokenizer PATH] [--max-context N] [--ignore-eos]\n"
     "                    [--json] [--dump-drafts F] [--check-weights] [--device cpu|cuda]\n"
     "\n"
@@ -32,7 +33,7 @@ static const char *usage_text =
     "  --block-size B      verification block (default: the drafter's block_size; 2..block_size);\n"
     "                      with the MTP head B-1 autoregressive steps (default 4, 2..256)\n"
     "  --tree-budget N     0 = chain verification (default); N > 0 = DDTree: verify the N most probable\n"
-    "                      draft prefixes as a tree in one forward (greedy only; N <= 256)\n"
+    "                      draft prefixes as a tree in one forward (greedy only; N <= 256)\n" CLI_BLOCK_ATTN_HELP
     "  --temperature X     0 = greedy (default); > 0 samples (speculative sampling with a drafter)\n"
     "  --seed S            sampling seed (default 0)\n"
     "  --accept-rule R     temperature > 0 with a drafter: pq = speculative sampling (drafts sampled\n"
@@ -47,7 +48,9 @@ static const char *usage_text =
     "                      tokens/s; with a drafter also rounds, drafted, accepted, tau (mean accepted+1\n"
     "                      per round), tau_token_weighted (tokens after the first / rounds), per_position\n"
     "                      (acceptance rate of draft k; null where never proposed), accept_hist,\n"
-    "                      acceptance_lengths (a+1 per round), draft_s, verify_s, rollback_s\n"
+    "                      acceptance_lengths (a+1 per round), draft_s, verify_s, rollback_s; with a\n"
+    "                      DFlash drafter block_attention {mode, effective, source, config,\n"
+    "                      sliding_layers, sliding_window, semantics}\n"
     "  --dump-drafts F     write each drafted round r to F (safetensors): draft_logits.{r} F32 [bs-1, V]\n"
     "                      (probabilities when sampling), block_ids.{r} I64 [bs] = the verified block,\n"
     "                      start.{r} = the anchor's position\n"
@@ -158,14 +161,15 @@ int cmd_generate(int argc, char **argv) {
     cli_prompt pr = {0};
     long max_new = 128, max_ctx = 0, block = 0, seed = 0, budget = 0;
     double temperature = 0;
-    int accept_rule = DFL_ACCEPT_PQ;
+    int accept_rule = DFL_ACCEPT_PQ, block_attn = DFL_BLOCK_ATTN_AUTO;
     int json = 0, check = 0, ignore_eos = 0;
     dfl_device device = DFL_DEVICE_CPU;
     for (int i = 1; i < argc; i++) {
         int r = cli_prompt_option("generate", &pr, argc, argv, &i);
         if (r < 0) return 2;
         if (r > 0) continue;
-        if ((r = cli_device_option("generate", argc, argv, &i, &device)) != 0) {
+        if ((r = cli_device_option("generate", argc, argv, &i, &device)) != 0 ||
+            (r = cli_block_attn_option("generate", argc, argv, &i, &block_attn)) != 0) {
             if (r < 0) return 2;
             continue;
         }
@@ -212,6 +216,8 @@ int cmd_generate(int argc, char **argv) {
     if (block && !drafter_dir) return cli_usage_error("generate", "--block-size needs --drafter");
     if (dump_path && !drafter_dir) return cli_usage_error("generate", "--dump-drafts needs --drafter");
     if (budget && !drafter_dir) return cli_usage_error("generate", "--tree-budget needs --drafter");
+    if (block_attn != DFL_BLOCK_ATTN_AUTO && !drafter_dir)
+        return cli_usage_error("generate", "--block-attn needs --drafter");
     if (budget && temperature > 0)
         return cli_usage_error("generate", "--tree-budget (DDTree) is greedy: it cannot be combined with --temperature");
     dfl_model m;
@@ -230,6 +236,10 @@ int cmd_generate(int argc, char **argv) {
             return cli_fail("generate", "%s", dfl_errmsg());
         }
         have_ad = 1;
+        if (anydrafter_set_causal(&ad, block_attn) != DFL_OK) {
+            rc = cli_fail("generate", "%s", dfl_errmsg());
+            goto out0;
+        }
         if (warning[0]) fprintf(stderr, "dfl: warning: %s\n", warning);
         block = ad.block;
     }
@@ -309,6 +319,7 @@ int cmd_generate(int argc, char **argv) {
         printf("\"stats\": {");
         spec_stats_json(stdout, &st, have_ds, (int)budget, rl.committed, rl.n, t_load, m.weight_bytes,
                         s.bytes + (have_ad ? anydrafter_state_bytes(&ad) : 0), max_ctx);
+        if (have_ad) anydrafter_attn_json(stdout, &ad);
         printf("}");
         printf("}\n");
         free(text);
@@ -321,6 +332,8 @@ int cmd_generate(int argc, char **argv) {
         if (have_ds) {
             fprintf(stderr, "; %d rounds, tau %.2f (block %ld", st.rounds, spec_tau(&st), block);
             if (budget) fprintf(stderr, ", DDTree budget %ld", budget);
+            const char *attn = anydrafter_attn_semantics(&ad);
+            if (attn) fprintf(stderr, "; block attention: %s", attn);
             fprintf(stderr, ")");
         }
         fprintf(stderr, "; weights %.1f MB mmapped, state %.1f MB\n", m.weight_bytes / 1e6, s.bytes / 1e6);

@@ -6,11 +6,13 @@
 #include "cli/cli.h"
 #include "dfl/ddtree.h"
 #include "dfl/common.h"
+#include "dfl/drafter.h"
 #include "dfl/server.h"
 #include "dfl/spec.h"
 
 static const char *usage_text =
-    "usage: dfl serve --target DIR [--drafter DIR|mtp|DIR:mtp [--block-size B] [--tree-budget N]] [--host ADDR] [--port P]\n"
+    "usage: dfl serve --target DIR [--drafter DIR|mtp|DIR:mtp [--block-size B] [--tree-budget N] [--block-attn MODE]]\n"
+    "                 [--host ADDR] [--port P]\n"
     "                 [--max-queue N] [--max-context N] [--max-body BYTES] [--tokenizer PATH]\n"
     "                 [--timeout S] [--max-connections N] [--max-connections-per-client N]\n"
     "                 [--model-name NAME] [--quiet] [--check-weights] [--device cpu|cuda]\n"
@@ -30,7 +32,7 @@ static const char *usage_text =
     "  --block-size B      verification block (default: the drafter's block_size; the MTP head: 4 =\n"
     "                      3 autoregressive steps)\n"
     "  --tree-budget N     verify with DDTree of N draft nodes (0 = chain, default); greedy requests\n"
-    "                      only (temperature 0), others get 400\n"
+    "                      only (temperature 0), others get 400\n" CLI_BLOCK_ATTN_HELP
     "  --host ADDR         address to bind (default 127.0.0.1, loopback only)\n"
     "  --port P            TCP port (default 8000; 0 = a free port, printed at start)\n"
     "  --max-queue N       requests that may wait behind the running one; more get 503 (default 64)\n"
@@ -53,7 +55,8 @@ static const char *usage_text =
     "  --device D          cpu (default) | cuda: where the target's forwards run (the drafter stays on\n"
     "                      the CPU; the devices this build has: dfl --version; /v1/models names it)\n"
     "\n"
-    "Prints \"dfl serve: listening on http://HOST:PORT\" on stderr once it accepts requests.\n";
+    "Prints \"dfl serve: listening on http://HOST:PORT\" on stderr once it accepts requests (after a\n"
+    "line naming a DFlash drafter's block attention).\n";
 
 int cmd_serve(int argc, char **argv) {
     dfl_server_opts o;
@@ -61,6 +64,7 @@ int cmd_serve(int argc, char **argv) {
     o.port = 8000;
     o.log_requests = 1;
     long v;
+    int block_attn = DFL_BLOCK_ATTN_AUTO;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         dfl_device dev;
@@ -70,6 +74,9 @@ int cmd_serve(int argc, char **argv) {
             o.device = (int)dev;
             continue;
         }
+        const int attn_rc = cli_block_attn_option("serve", argc, argv, &i, &block_attn);
+        if (attn_rc < 0) return 2;
+        if (attn_rc > 0) continue;
         if (cli_is_help(a)) {
             fputs(usage_text, stdout);
             return 0;
@@ -121,6 +128,9 @@ int cmd_serve(int argc, char **argv) {
     if (!o.target) return cli_usage_error("serve", "missing --target DIR");
     if (o.block && !o.drafter) return cli_usage_error("serve", "--block-size needs --drafter");
     if (o.tree_budget && !o.drafter) return cli_usage_error("serve", "--tree-budget needs --drafter");
+    if (block_attn != DFL_BLOCK_ATTN_AUTO && !o.drafter)
+        return cli_usage_error("serve", "--block-attn needs --drafter");
+    o.block_attn = drafter_causal_name(block_attn);
     if (o.max_conns_per_client > o.max_conns)
         return cli_usage_error("serve", "--max-connections-per-client %d exceeds --max-connections %d",
                                o.max_conns_per_client, o.max_conns);
@@ -135,6 +145,8 @@ int cmd_serve(int argc, char **argv) {
     dfl_server *srv = server_start(&o);
     if (!srv) return cli_fail("serve", "%s", dfl_errmsg());
     if (*server_drafter_warning(srv)) fprintf(stderr, "dfl serve: warning: %s\n", server_drafter_warning(srv));
+    if (*server_drafter_attn(srv))
+        fprintf(stderr, "dfl serve: drafter block attention: %s\n", server_drafter_attn(srv));
     const char *host = o.host ? o.host : "127.0.0.1";
     const int v6 = strchr(host, ':') != NULL;
     fprintf(stderr, "dfl serve: listening on http://%s%s%s:%d (target %s%s%s%s%s, context %d, queue %d)\n",

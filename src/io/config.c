@@ -261,17 +261,30 @@ static int parse_dflash2(dfl_config *c, const cJSON *const srcs[2], const char *
     }
     if (c->hidden % c->conv_group)
         return dfl_seterr("%s: conv_group_size %d does not divide hidden_size %d", where, c->conv_group, c->hidden);
-    /* vLLM's order: top-level is_causal, then dflash_config.causal, else sliding layers causal */
+    return DFL_OK;
+}
+
+/* Attention inside the block (docs/design.md §4), DFlash and DFlash2 alike. vLLM's order:
+ * top-level is_causal, then dflash_config.causal, else -1 (sliding layers causal). */
+static int parse_causal(dfl_config *c, const cJSON *const srcs[2], const char *where) {
     int causal = 0, present = 0;
+    c->causal = -1;
+    c->causal_field = DFL_CAUSAL_UNSET;
     if (get_bool(srcs[1], "is_causal", where, &causal, &present)) return DFL_ERR;
-    if (!present && srcs[0] && cJSON_IsObject(srcs[0]) && get_bool(srcs[0], "causal", where, &causal, &present))
-        return DFL_ERR;
-    c->causal = present ? causal : -1;
+    if (present) c->causal_field = DFL_CAUSAL_IS_CAUSAL;
+    if (!present && srcs[0] && cJSON_IsObject(srcs[0])) {
+        char w[512];
+        snprintf(w, sizeof w, "%s: dflash_config", where);
+        if (get_bool(srcs[0], "causal", w, &causal, &present)) return DFL_ERR;
+        if (present) c->causal_field = DFL_CAUSAL_DFLASH_CONFIG;
+    }
+    if (present) c->causal = causal;
     /* a bidirectional window is only unambiguous when the block fits in it */
     for (int i = 0; i < c->n_layers; i++)
         if (c->layer_types[i] == DFL_LAYER_SLIDING && c->causal == 0 && c->sliding_window < c->block_size)
-            return dfl_seterr("%s: sliding_window %d is smaller than block_size %d in a non-causal (is_causal false) "
-                              "sliding_attention layer %d", where, c->sliding_window, c->block_size, i);
+            return dfl_seterr("%s: sliding_window %d is smaller than block_size %d in a non-causal (%s false) "
+                              "sliding_attention layer %d", where, c->sliding_window, c->block_size,
+                              c->causal_field == DFL_CAUSAL_IS_CAUSAL ? "is_causal" : "dflash_config.causal", i);
     return DFL_OK;
 }
 
@@ -343,7 +356,7 @@ static int parse_drafter(dfl_config *c, const cJSON *root, const char *where) {
     c->input_embedding_scale = (float)scale;
     c->output_multiplier = (float)mult;
     c->final_logit_softcap = (float)cap;
-    c->causal = -1;
+    if (parse_causal(c, srcs, where)) return DFL_ERR;
     return c->dflash2 ? parse_dflash2(c, srcs, where) : DFL_OK;
 }
 

@@ -47,6 +47,8 @@ static int bind_dlayer(dfl_drafter *d, ld_ctx *c, int i) {
     return DFL_OK;
 }
 
+static void attn_describe(dfl_drafter *d);
+
 int drafter_open(dfl_drafter *d, const char *dir, int n_target_layers) {
     return drafter_open_checked(d, dir, n_target_layers, 0);
 }
@@ -126,6 +128,8 @@ int drafter_open_checked(dfl_drafter *d, const char *dir, int n_target_layers, i
     if (ld_finish(&c) != DFL_OK) goto fail;
     for (int i = 0; i < d->st.n_tensors; i++)
         if (d->used[i]) d->weight_bytes += d->st.tensors[i].nbytes;
+    d->causal_config = g->causal;
+    attn_describe(d);
     return DFL_OK;
 fail:
     drafter_close(d);
@@ -181,4 +185,89 @@ const char *drafter_target_warning(const dfl_drafter *d, const dfl_model *t, cha
              "trained on another target?)%s", d->dir, g->n_target_layers, t->cfg.n_layers,
              g->target_ids_default ? "; its default target_layer_ids follow num_target_layers" : "");
     return buf;
+}
+
+/* ---- block attention (docs/design.md §4) ---- */
+
+static const char *const causal_names[4] = {"auto", "sliding-causal", "bidirectional", "causal"};
+
+const char *drafter_causal_name(int causal) {
+    return causal >= DFL_BLOCK_ATTN_AUTO && causal <= DFL_BLOCK_ATTN_CAUSAL ? causal_names[causal + 2] : NULL;
+}
+
+int drafter_causal_parse(const char *s, int *causal) {
+    for (int i = 0; i < 4; i++)
+        if (strcmp(s, causal_names[i]) == 0) {
+            *causal = i - 2;
+            return DFL_OK;
+        }
+    return dfl_seterr("block attention: expected auto, sliding-causal, bidirectional or causal, found '%s'", s);
+}
+
+int drafter_has_sliding(const dfl_drafter *d) {
+    int n = 0;
+    for (int i = 0; i < d->cfg.n_layers; i++) n += d->cfg.layer_types[i] == DFL_LAYER_SLIDING;
+    return n;
+}
+
+const char *drafter_causal_source(const dfl_drafter *d) {
+    if (d->causal_override) return "override";
+    return d->cfg.causal_field == DFL_CAUSAL_IS_CAUSAL       ? "is_causal"
+           : d->cfg.causal_field == DFL_CAUSAL_DFLASH_CONFIG ? "dflash_config.causal"
+                                                             : "default";
+}
+
+/* what the layers do: sliding-causal without sliding layers is bidirectional */
+static const char *effective_name(const dfl_drafter *d, int causal) {
+    return drafter_causal_name(causal < 0 && !drafter_has_sliding(d) ? 0 : causal);
+}
+
+static void attn_describe(dfl_drafter *d) {
+    const int c = d->cfg.causal, n = drafter_has_sliding(d);
+    const char *what = c == 1    ? "causal in every layer"
+                       : !n      ? "bidirectional in the block (no sliding layers)"
+                       : c == 0  ? "bidirectional in every layer (z-lab reference)"
+                                 : "sliding layers causal in the block (SpecForge/SGLang), full layers bidirectional";
+    const int cc = d->causal_config;
+    char from[128];
+    if (d->cfg.causal_field == DFL_CAUSAL_UNSET)
+        snprintf(from, sizeof from, "default: the config sets neither is_causal nor dflash_config.causal");
+    else
+        snprintf(from, sizeof from, "config %s = %s",
+                 d->cfg.causal_field == DFL_CAUSAL_IS_CAUSAL ? "is_causal" : "dflash_config.causal",
+                 cc ? "true" : "false");
+    if (d->causal_override)
+        snprintf(d->attn_desc, sizeof d->attn_desc, "%s; set at run time (the config's: %s, %s)", what,
+                 drafter_causal_name(cc), from);
+    else
+        snprintf(d->attn_desc, sizeof d->attn_desc, "%s; %s", what, from);
+}
+
+int drafter_set_causal(dfl_drafter *d, int causal) {
+    if (causal < DFL_BLOCK_ATTN_AUTO || causal > DFL_BLOCK_ATTN_CAUSAL)
+        return dfl_seterr("drafter %s: block attention %d: expected -2 (the config's), -1 (causal in sliding layers), "
+                          "0 (bidirectional) or 1 (causal)", d->dir, causal);
+    const int override = causal != DFL_BLOCK_ATTN_AUTO, c = override ? causal : d->causal_config;
+    const dfl_config *g = &d->cfg;
+    /* the config's check (config.c): a bidirectional window must hold the whole block */
+    for (int i = 0; i < g->n_layers && c == 0; i++)
+        if (g->layer_types[i] == DFL_LAYER_SLIDING && g->sliding_window < g->block_size)
+            return dfl_seterr("drafter %s: bidirectional block attention: sliding_window %d is smaller than block_size "
+                              "%d in sliding_attention layer %d (the window would cut the block; use sliding-causal "
+                              "or causal)", d->dir, g->sliding_window, g->block_size, i);
+    d->cfg.causal = c;
+    d->causal_override = override;
+    attn_describe(d);
+    return DFL_OK;
+}
+
+const char *drafter_attn_semantics(const dfl_drafter *d) { return d->attn_desc; }
+
+void drafter_attn_json(FILE *f, const dfl_drafter *d) {
+    fprintf(f, "{\"mode\": \"%s\", \"effective\": \"%s\", \"source\": \"%s\", \"config\": \"%s\", "
+            "\"sliding_layers\": %d, \"sliding_window\": %d, \"semantics\": ",
+            drafter_causal_name(d->cfg.causal), effective_name(d, d->cfg.causal), drafter_causal_source(d),
+            drafter_causal_name(d->causal_config), drafter_has_sliding(d), d->cfg.sliding_window);
+    dfl_json_write_string(f, d->attn_desc);
+    fputc('}', f);
 }

@@ -138,7 +138,8 @@ static int draft_rows(dfl_dstate *s, const dscratch *w, const int32_t *anchors, 
     for (int li = 0; li < g->n_layers; li++) {
         const dfl_dlayer_w *l = &d->layers[li];
         const int sliding = l->type == DFL_LAYER_SLIDING, window = g->sliding_window;
-        /* is_causal (DFlash2 configs) overrides the default: sliding layers causal, full ones not */
+        /* cfg.causal (is_causal, dflash_config.causal or drafter_set_causal) overrides the
+         * default, -1: sliding layers causal, full ones not (docs/design.md §4) */
         const int causal = g->causal >= 0 ? g->causal : sliding;
         for (int i = 0; i < R; i++) kn_rmsnorm(w->xn + (size_t)i * H, w->x + (size_t)i * H, l->input_norm, H, g->rms_eps);
         const float *ain = w->xn; /* the attention's input: DFlash2 convolves the normed rows first */

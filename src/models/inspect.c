@@ -336,6 +336,8 @@ static int inspect_drafter(FILE *f, FILE *log, const char *dir, const char *targ
                    "\"selector_top_k\": %d, \"is_causal\": %s}",
                    c->conv_taps, c->conv_group, c->selector_rank, c->selector_top_k,
                    c->causal < 0 ? "null" : c->causal ? "true" : "false");
+        fprintf(f, ", \"block_attention\": ");
+        drafter_attn_json(f, &d);
         fprintf(f, ", \"dtypes\": ");
         print_dtypes_json(f, dt);
         fprintf(f, ", \"tensors\": {\"text\": 0, \"vision\": 0, \"mtp\": 0, \"other\": %d, \"drafter\": %d}, "
@@ -359,10 +361,10 @@ static int inspect_drafter(FILE *f, FILE *log, const char *dir, const char *targ
         fprintf(f, "sizes:        hidden %d, intermediate %d; %d q heads / %d kv heads, head_dim %d, rope theta %g\n",
                c->hidden, c->intermediate, c->n_heads, c->n_kv_heads, c->head_dim, c->rope_theta);
         fprintf(f, "block size:   %d   mask token id: %d\n", c->block_size, c->mask_token_id);
+        fprintf(f, "block attn:   %s [mode %s]\n", drafter_attn_semantics(&d), drafter_causal_name(c->causal));
         if (c->dflash2)
             fprintf(f, "dflash2:      grouped conv of %d taps, groups of %d channels; selector rank %d over the top %d "
-                   "candidates; attention %s\n", c->conv_taps, c->conv_group, c->selector_rank, c->selector_top_k,
-                   c->causal < 0 ? "causal in sliding layers only" : c->causal ? "causal" : "bidirectional in the block");
+                   "candidates\n", c->conv_taps, c->conv_group, c->selector_rank, c->selector_top_k);
         fprintf(f, "target layers:");
         for (int i = 0; i < c->n_target_ids; i++) fprintf(f, " %d", c->target_layer_ids[i]);
         fprintf(f, "  (%s) = output of those decoder layers = transformers hidden_states[",

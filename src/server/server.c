@@ -1073,6 +1073,10 @@ static int load(dfl_server *srv, const dfl_server_opts *o) {
             return DFL_ERR;
         srv->have_ad = 1;
         srv->block = srv->ad.block;
+        int causal = DFL_BLOCK_ATTN_AUTO;
+        if (o->block_attn && (drafter_causal_parse(o->block_attn, &causal) != DFL_OK ||
+                              anydrafter_set_causal(&srv->ad, causal) != DFL_OK))
+            return DFL_ERR;
     }
     const int maxpos = srv->m.cfg.max_position;
     srv->max_ctx = o->max_context ? o->max_context
@@ -1247,3 +1251,8 @@ void server_stop(dfl_server *srv) {
 }
 
 const char *server_drafter_warning(const dfl_server *s) { return s->drafter_warning; }
+
+const char *server_drafter_attn(const dfl_server *s) {
+    const char *a = s->have_ad ? anydrafter_attn_semantics(&s->ad) : NULL;
+    return a ? a : "";
+}

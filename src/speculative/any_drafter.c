@@ -38,6 +38,24 @@ int anydrafter_open(dfl_any_drafter *a, const char *arg, const dfl_model *t, con
     return DFL_OK;
 }
 
+int anydrafter_set_causal(dfl_any_drafter *a, int causal) {
+    if (a->kind != DFL_DRAFTER_MTP) return drafter_set_causal(&a->d, causal);
+    if (causal == DFL_BLOCK_ATTN_AUTO) return DFL_OK;
+    const char *name = drafter_causal_name(causal);
+    return dfl_seterr("block attention %s: applies to DFlash and DFlash2 drafters; an MTP head drafts one token "
+                      "at a time and has no block attention", name ? name : "(invalid)");
+}
+
+const char *anydrafter_attn_semantics(const dfl_any_drafter *a) {
+    return a->kind == DFL_DRAFTER_MTP ? NULL : drafter_attn_semantics(&a->d);
+}
+
+void anydrafter_attn_json(FILE *f, const dfl_any_drafter *a) {
+    if (a->kind == DFL_DRAFTER_MTP) return;
+    fprintf(f, ", \"block_attention\": ");
+    drafter_attn_json(f, &a->d);
+}
+
 int anydrafter_state_init(dfl_any_drafter *a, const dfl_model *t, int max_ctx, dfl_draft_if *dif) {
     if (a->kind == DFL_DRAFTER_MTP) {
         if (mstate_init(&a->ms, &a->mtp, t, max_ctx, a->block) != DFL_OK) return DFL_ERR;

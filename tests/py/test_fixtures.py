@@ -22,7 +22,7 @@ FIX = os.environ.get("DFL_FIXTURES") or os.path.join(ROOT, "build", "fixtures")
 TARGETS = ["qwen3_tiny", "qwen3_bf16", "qwen35_vlm", "qwen35_text", "qwen35_bf16", "qwen35_r1", "qwen35_sharded",
            "qwen35_mtp", "qwen3_moe", "qwen3_moe_fused", "qwen3_moe_bf16", "qwen35_moe_vlm", "qwen35_moe_text",
            "qwen35_moe_fused", "qwen35_moe_mtp"]
-DRAFTERS = ["dflash_qwen3", "dflash_qwen35", "dflash_qwen3_toplevel", "dflash_qwen35_moe"]
+DRAFTERS = ["dflash_qwen3", "dflash_qwen35", "dflash_qwen3_toplevel", "dflash_qwen35_moe", "dflash_qwen3_sliding"]
 IDS = torch.tensor([[997, 348, 266, 198, 45, 288, 282, 741, 645, 220, 19, 23, 14, 17, 279, 998, 5, 700]])
 
 hf_logging.disable_progress_bar()
@@ -253,7 +253,8 @@ def sharded():
 @test
 def drafters():
     expect = {"dflash_qwen3": ([0, 2], 8, 64, 2), "dflash_qwen3_toplevel": ([0, 2], 8, 64, 2),
-              "dflash_qwen35": ([1, 3, 5], 16, 128, 3), "dflash_qwen35_moe": ([0, 2], 16, 64, 2)}
+              "dflash_qwen35": ([1, 3, 5], 16, 128, 3), "dflash_qwen35_moe": ([0, 2], 16, 64, 2),
+              "dflash_qwen3_sliding": ([0, 1, 2], 8, 64, 3)}
     for name, (ids, block, H, L) in expect.items():
         model = load(name, DFlashDraftModel)
         assert list(model.target_layer_ids) == ids and model.block_size == block and model.mask_token_id == 999
@@ -264,6 +265,9 @@ def drafters():
     assert "dflash_config" not in config("dflash_qwen3_toplevel") and config("dflash_qwen3_toplevel")["mask_token_id"] == 999
     assert "target_layer_ids" not in config("dflash_qwen35")["dflash_config"]
     assert config("dflash_qwen35")["layer_types"] == ["sliding_attention", "sliding_attention", "full_attention"]
+    c = config("dflash_qwen3_sliding")  # window above the block, no is_causal: the default semantics
+    assert c["layer_types"] == ["sliding_attention", "full_attention", "sliding_attention"] and \
+        c["sliding_window"] == 10 and "is_causal" not in c and "causal" not in c["dflash_config"]
 
 
 def oracle_drafter(drafter, truth, seed):

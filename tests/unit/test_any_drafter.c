@@ -3,7 +3,10 @@
  * default block (the drafter's block_size, DFL_MTP_DEFAULT_BLOCK for the head), name the feature
  * layers their dfl_draft_if reads, and decode greedily to the autoregressive tokens; a block
  * outside the drafter's range, a target without an MTP head and a missing directory are refused
- * with nothing left open. Runs under ASan+UBSan too. */
+ * with nothing left open. Block attention (drafter_set_causal and friends): the names both ways,
+ * the setting and its source, back to the config's with AUTO, and the refusals (a value out of
+ * range, a bidirectional window smaller than the block, anything but AUTO for an MTP head), each
+ * leaving the setting as it was. Runs under ASan+UBSan too. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -94,8 +97,58 @@ static void refusals(void) {
     model_close(&m);
 }
 
+static void block_attn(void) {
+    for (int c = DFL_BLOCK_ATTN_AUTO; c <= DFL_BLOCK_ATTN_CAUSAL; c++) {
+        int back = 99;
+        CHECK(drafter_causal_parse(drafter_causal_name(c), &back) == DFL_OK && back == c, "name of %d", c);
+    }
+    int v = 7;
+    CHECK(drafter_causal_name(2) == NULL && drafter_causal_name(-3) == NULL, "names out of range");
+    CHECK(drafter_causal_parse("Causal", &v) == DFL_ERR && v == 7 &&
+              strstr(dfl_errmsg(), "expected auto, sliding-causal, bidirectional or causal, found 'Causal'"),
+          "parse: %s", dfl_errmsg());
+    dfl_model m;
+    dfl_any_drafter a;
+    if (model_open(&m, test_fixture("qwen35_mtp"), 0) != DFL_OK) {
+        CHECK(0, "%s", dfl_errmsg());
+        return;
+    }
+    /* dflash_qwen35: S, S, F, window 4 < block 16, no is_causal */
+    char arg[4096];
+    snprintf(arg, sizeof arg, "%s", test_fixture("dflash_qwen35"));
+    if (anydrafter_open(&a, arg, &m, m.dir, 0, 0, NULL, 0) != DFL_OK) {
+        CHECK(0, "%s", dfl_errmsg());
+        model_close(&m);
+        return;
+    }
+    const dfl_drafter *d = &a.d;
+    CHECK(d->cfg.causal == -1 && drafter_has_sliding(d) == 2 && !strcmp(drafter_causal_source(d), "default") &&
+              strstr(anydrafter_attn_semantics(&a), "sliding layers causal in the block (SpecForge/SGLang)"),
+          "default: %d %s", d->cfg.causal, anydrafter_attn_semantics(&a));
+    CHECK(anydrafter_set_causal(&a, 1) == DFL_OK && d->cfg.causal == 1 &&
+              !strcmp(drafter_causal_source(d), "override") &&
+              strstr(drafter_attn_semantics(d), "causal in every layer; set at run time"),
+          "causal: %s", drafter_attn_semantics(d));
+    CHECK(anydrafter_set_causal(&a, 0) == DFL_ERR && d->cfg.causal == 1 &&
+              strstr(dfl_errmsg(), "sliding_window 4 is smaller than block_size 16 in sliding_attention layer 0"),
+          "bidirectional window: %s", dfl_errmsg());
+    CHECK(anydrafter_set_causal(&a, 2) == DFL_ERR && d->cfg.causal == 1 && strstr(dfl_errmsg(), "block attention 2"),
+          "out of range: %s", dfl_errmsg());
+    CHECK(anydrafter_set_causal(&a, DFL_BLOCK_ATTN_AUTO) == DFL_OK && d->cfg.causal == -1 && !d->causal_override &&
+              !strcmp(drafter_causal_source(d), "default"),
+          "auto: back to the config's");
+    anydrafter_close(&a);
+    CHECK(anydrafter_open(&a, "mtp", &m, m.dir, 0, 0, NULL, 0) == DFL_OK, "%s", dfl_errmsg());
+    CHECK(anydrafter_set_causal(&a, DFL_BLOCK_ATTN_AUTO) == DFL_OK && anydrafter_attn_semantics(&a) == NULL,
+          "MTP: auto is nothing to do");
+    CHECK(anydrafter_set_causal(&a, 0) == DFL_ERR && strstr(dfl_errmsg(), "an MTP head"), "MTP: %s", dfl_errmsg());
+    anydrafter_close(&a);
+    model_close(&m);
+}
+
 int main(void) {
     kinds();
     refusals();
+    block_attn();
     return test_done("any_drafter");
 }

@@ -158,7 +158,8 @@ static void test_dflash2(void) {
                     "\"selector_top_k\":4,\"dflash_config\":{\"causal\":true,\"selector_top_k\":6}}") == DFL_OK &&
               c.conv_taps == 3 && c.conv_group == 32 && c.selector_rank == 8 && c.selector_top_k == 6 && c.causal == 1,
           "dflash2 at top level, dflash_config first: %s", dfl_errmsg());
-    CHECK(parse(&c, DRAFTER_BASE ",\"mask_token_id\":1}") == DFL_OK && !c.dflash2 && c.causal == -1,
+    CHECK(parse(&c, DRAFTER_BASE ",\"mask_token_id\":1}") == DFL_OK && !c.dflash2 && c.causal == -1 &&
+              c.causal_field == DFL_CAUSAL_UNSET,
           "DFlash is not DFlash2: %s", dfl_errmsg());
     const char *four = "\"conv_group_size\":16,\"selector_rank\":8,\"selector_top_k\":4";
     char extra[512];
@@ -177,6 +178,32 @@ static void test_dflash2(void) {
     refused(DFLASH2_BASE, "\"conv_kernel_size\":2,\"conv_group_size\":16,\"selector_rank\":8,\"selector_top_k\":4,"
             "\"is_causal\":false,\"layer_types\":[\"full_attention\",\"sliding_attention\"],\"sliding_window\":4",
             "sliding_window 4 is smaller than block_size 8 in a non-causal (is_causal false) sliding_attention layer 1");
+}
+
+/* Plain DFlash reads the block attention as DFlash2 does: is_causal, then dflash_config.causal,
+ * else -1 (sliding layers causal); the same refusals. */
+static void test_dflash_causal(void) {
+    dfl_config c;
+    CHECK(parse(&c, DRAFTER_BASE ",\"mask_token_id\":1,\"is_causal\":true,\"dflash_config\":{\"causal\":false}}") ==
+                  DFL_OK && c.causal == 1 && c.causal_field == DFL_CAUSAL_IS_CAUSAL,
+          "is_causal first: %s", dfl_errmsg());
+    CHECK(parse(&c, DRAFTER_BASE ",\"is_causal\":null,\"dflash_config\":{\"mask_token_id\":1,\"causal\":false}}") ==
+                  DFL_OK && c.causal == 0 && c.causal_field == DFL_CAUSAL_DFLASH_CONFIG,
+          "dflash_config.causal: %s", dfl_errmsg());
+    CHECK(parse(&c, DRAFTER_BASE ",\"dflash_config\":{\"mask_token_id\":1,\"causal\":null}}") == DFL_OK &&
+              c.causal == -1 && c.causal_field == DFL_CAUSAL_UNSET,
+          "null is unset: %s", dfl_errmsg());
+    refused(DRAFTER_BASE, "\"mask_token_id\":1,\"is_causal\":\"no\"",
+            "config.json: field 'is_causal' must be true or false");
+    refused(DRAFTER_BASE, "\"dflash_config\":{\"mask_token_id\":1,\"causal\":0}",
+            "config.json: dflash_config: field 'causal' must be true or false");
+    refused(DRAFTER_BASE, "\"mask_token_id\":1,\"layer_types\":[\"sliding_attention\",\"full_attention\"],"
+            "\"sliding_window\":4,\"dflash_config\":{\"causal\":false}",
+            "sliding_window 4 is smaller than block_size 8 in a non-causal (dflash_config.causal false) "
+            "sliding_attention layer 0");
+    CHECK(parse(&c, DRAFTER_BASE ",\"mask_token_id\":1,\"layer_types\":[\"sliding_attention\",\"full_attention\"],"
+                    "\"sliding_window\":4,\"is_causal\":true}") == DFL_OK && c.causal == 1,
+          "a causal window smaller than the block: %s", dfl_errmsg());
 }
 
 static void write_text(const char *dir, const char *name, const char *text) {
@@ -316,6 +343,7 @@ int main(void) {
           "sliding without window: %s", dfl_errmsg());
     test_ranges();
     test_dflash2();
+    test_dflash_causal();
     test_extra_eos();
     test_moe();
     return test_done("test_config");
