@@ -271,8 +271,10 @@ typedef struct eval_opts {
     int train_topk;              /* the target's top-K kept for the expected acceptance (default 64) */
     int train_batch;             /* at most this many anchors' blocks per drafter forward (0: automatic) */
     int train_chat;              /* also score each response after its prompt in this template (dfl_chat), -1 */
-    int train_attn;              /* also score with this block attention (drafter_set_causal value), or
-                                  * EVAL_TRAIN_ATTN_NONE */
+    int train_attn;              /* also score with this block attention (drafter_set_causal value) the
+                                  * drafters with sliding_attention layers, or EVAL_TRAIN_ATTN_NONE */
+    int block_attn;              /* the drafters' block attention (drafter_set_causal value; default
+                                  * DFL_BLOCK_ATTN_AUTO: each checkpoint's config) */
     int device;                  /* dfl_device (dfl/backend.h) the target's forwards run on (--device; the
                                   * drafters stay on the CPU); not with features_dir (no target forward) */
     const eval_dist *dist;       /* spread over processes (NULL: this process runs every unit) */

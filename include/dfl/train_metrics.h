@@ -128,7 +128,7 @@ typedef struct tm_report_in {
     double gamma;
     int num_anchors, top_k;
     uint64_t seed;
-    char attn_note[512];          /* which block attention ran (and the comparison's), "" for none */
+    char exp_note[512];           /* why there is no expected acceptance, "" */
     char cost_note[512];          /* what the metrics cost next to the replay */
     char alt_chat[32];            /* --train-chat's template ("" for none) */
 } tm_report_in;

@@ -9,6 +9,7 @@
 #include "dfl/common.h"
 #include "dfl/ddtree.h"
 #include "dfl/eval.h"
+#include "dfl/drafter.h"
 #include "dfl/prompt.h"
 #include "dfl/replay.h"
 
@@ -86,6 +87,7 @@ static const char *usage_text =
     "                        puts tau on dfl's and on the pipeline's features side by side\n"
     "  --cost-reps N         at least N timed repetitions of each cost measurement for the modeled\n"
     "                        speedup, the fastest kept (default 3; 0 = no modeled speedup)\n"
+    CLI_BLOCK_ATTN_HELP
     "  --train-metrics       also compute what drafter training logs (SpecForge's accuracy on seeded\n"
     "                        random anchors, the all-anchor simulated acceptance length, the expected\n"
     "                        acceptance at T = 1) on the same truths, on the prompts' reference\n"
@@ -97,6 +99,8 @@ static const char *usage_text =
     "  --train-top-k K       the target's most probable tokens kept per position for the expected\n"
     "                        acceptance (default 64; the mass they leave out is reported)\n"    "  --train-batch N       at most N anchors' blocks per drafter forward (default: as many as 64 MiB\n"
     "                        of logits hold, at most 32; the weights stream once per forward)\n"
+    "  --train-attn MODE     also score the drafters with sliding_attention layers under this block\n"
+    "                        attention (sliding-causal, bidirectional, causal): its row of the gap\n"
     "  --train-chat MODE     also score each response after its prompt rendered in this template\n"
     "                        (chatml, chatml-nothink, none): the chat template's share of the gap\n"
     "online:\n"
@@ -241,6 +245,15 @@ static int parse_args(eval_opts *o, int *save_layers, const char **progress_mode
         } else if (strcmp(a, "--train-gamma") == 0) {
             if (cli_parse_double("eval", a, cli_value(argc, argv, &i), &o->train_gamma)) return 2;
             if (!(o->train_gamma > 0)) return cli_usage_error("eval", "--train-gamma must be > 0");
+        } else if (strcmp(a, "--block-attn") == 0) {
+            if (cli_block_attn_option("eval", argc, argv, &i, &o->block_attn) < 0) return 2;
+        } else if (strcmp(a, "--train-attn") == 0) {
+            const char *v = cli_value(argc, argv, &i);
+            int c;
+            if (drafter_causal_parse(v, &c) != DFL_OK || c == DFL_BLOCK_ATTN_AUTO)
+                return cli_usage_error("eval", "--train-attn: expected sliding-causal, bidirectional or causal, found "
+                                       "'%s'", v);
+            o->train_attn = c;
         } else if (strcmp(a, "--train-batch") == 0) {
             if (cli_parse_long("eval", a, cli_value(argc, argv, &i), 1, 32, &v)) return 2;
             o->train_batch = (int)v;

@@ -39,6 +39,7 @@ void eval_opts_default(eval_opts *o) {
     o->train_topk = 64;
     o->train_attn = EVAL_TRAIN_ATTN_NONE;
     o->train_chat = -1;
+    o->block_attn = DFL_BLOCK_ATTN_AUTO;
 }
 
 void eval_opts_protocol_defaults(eval_opts *o, int chat_set) {
@@ -613,6 +614,25 @@ static int train_truth(run *r, const char *pid, int turn, const eval_truth *t, c
     return DFL_OK;
 }
 
+/* --train-attn: the truth's own labels scored again by each drafter with sliding layers under the
+ * other block attention (the setting restored after). */
+static int train_attn(run *r, const char *pid, int turn, const eval_truth *t, const tm_target *tt) {
+    const eval_opts *o = r->o;
+    for (int d = 0; d < o->n_drafters && o->train_attn != EVAL_TRAIN_ATTN_NONE; d++) {
+        dfl_any_drafter *a = &r->ad[d];
+        if (a->kind == DFL_DRAFTER_MTP || !drafter_has_sliding(&a->d)) continue;
+        const tm_job j = {.pid = pid, .turn = turn, .drafter = r->label[d], .labels = "target", .features = "dfl",
+                          .attn = drafter_causal_name(o->train_attn), .t = t, .tt = tt, .dif = &r->dif[d],
+                          .col = r->col[d], .V = r->m.cfg.vocab, .B = r->block[d]};
+        if (tm_run_has(&r->tm, pid, turn, j.drafter, j.labels, j.features, j.attn)) continue;
+        int rc = anydrafter_set_causal(a, o->train_attn);
+        if (rc == DFL_OK) rc = tm_run_unit(&r->tm, &j);
+        const int back = anydrafter_set_causal(a, o->block_attn);
+        if (rc || back) return DFL_ERR;
+    }
+    return DFL_OK;
+}
+
 /* A pipeline's features for this unit (--features-from), replayed against the same truth (and
  * scored by the training metrics, with the target's distribution tt, when asked). */
 static int replay_pipeline(run *r, const char *pid, int turn, int index, const eval_truth *t, const tm_target *tt,
@@ -734,6 +754,7 @@ static int train_unit(run *r, const eval_prompt *p, const char *pid, int turn, c
         for (int d = 0; d < o->n_drafters; d++) todo += !tm_run_has(&r->tm, pid, turn, r->label[d], labels, "dfl", "config");
         if (todo && train_teacher(r, p, pid, turn, t, labels)) return DFL_ERR;
     }
+    if (train_attn(r, pid, turn, t, tt)) return DFL_ERR;
     return train_truth(r, pid, turn, t, "target", "dfl", tt);
 }
 
@@ -998,6 +1019,10 @@ static int open_drafters(run *r) {
         if (anydrafter_open(a, o->drafters[r->n_open], &r->m, r->m.dir, o->block, 0, warn, sizeof warn) != DFL_OK)
             return DFL_ERR;
         if (warn[0]) logf_(r, "dfl eval: warning: %s\n", warn);
+        if (o->block_attn != DFL_BLOCK_ATTN_AUTO && anydrafter_set_causal(a, o->block_attn) != DFL_OK) {
+            anydrafter_close(a);
+            return dfl_preperr("--block-attn");
+        }
         if (a->kind == DFL_DRAFTER_MTP) { /* labelled by the checkpoint its head comes from */
             const size_t len = strlen(a->mtp.dir) + 8;
             if ((r->label[r->n_open] = malloc(len))) snprintf(r->label[r->n_open], len, "mtp (%s)", a->mtp.dir);
@@ -1204,6 +1229,7 @@ static cJSON *run_object(const run *r, const int *list, int n) {
                             o->temperature > 0 ? spec_accept_rule_name((dfl_accept_rule)o->accept_rule) : "greedy");
     cJSON_AddStringToObject(j, "prompts_file", o->prompts ? o->prompts : o->features_dir ? o->features_dir : "");
     cJSON_AddStringToObject(j, "shard", shard);
+    cJSON_AddStringToObject(j, "block_attn", drafter_causal_name(o->block_attn));
     /* every prompt of the file (or saved truths), whichever shard runs it: shards of one run share it */
     cJSON *all = cJSON_CreateObject();
     const int n_all = r->from_features ? r->saved.n : r->ps.n;
@@ -1330,7 +1356,7 @@ static int train_report_in(const run *r, const eval_summary *sm, tm_agg **ag, in
                  train_s / replay_s, replay_s);
     if (o->train_chat >= 0) snprintf(ti->alt_chat, sizeof ti->alt_chat, "%s", chat_name(o->train_chat));
     if (r->last_col < 0)
-        snprintf(ti->attn_note, sizeof ti->attn_note, "no expected acceptance at T = 1: the saved truths lack the "
+        snprintf(ti->exp_note, sizeof ti->exp_note, "No expected acceptance at T = 1: the saved truths lack the "
                  "target's last layer (record them with --train-metrics, or --save-layers %d).", r->m.cfg.n_layers - 1);
     return DFL_OK;
 }
@@ -1379,6 +1405,13 @@ static int write_summary(run *r, const char *missing) {
             (unsigned long long)r->m.weight_bytes, (unsigned long long)(r->have_state ? r->st.bytes : 0),
             ru.ru_maxrss * 1024L);
     for (int i = 0; i < r->ps.n_bad; i++) fprintf(x, "%s%d", i ? ", " : "", r->ps.bad_lines[i]);
+    fprintf(x, "], \"block_attention\": [");
+    for (int d = 0; d < r->n_open; d++) {
+        fprintf(x, "%s{\"drafter\": ", d ? ", " : "");
+        dfl_json_write_string(x, r->label[d]);
+        anydrafter_attn_json(x, &r->ad[d]);
+        fputc('}', x);
+    }
     fprintf(x, "]");
     write_prompt_set(x, r);
     fprintf(x, "}");
@@ -1412,6 +1445,11 @@ static int write_summary(run *r, const char *missing) {
     size_t md_len = 0;
     FILE *mdx = open_memstream(&md, &md_len);
     if (!mdx) rc = dfl_seterr("out of memory");
+    for (int d = 0; mdx && d < r->n_open; d++) /* which block attention ran: it changes tau silently */
+        if (anydrafter_attn_semantics(&r->ad[d]))
+            fprintf(mdx, "%s%s: %s", d ? "; " : "\nBlock attention (--block-attn): ", r->label[d],
+                    anydrafter_attn_semantics(&r->ad[d]));
+    if (mdx && r->n_open) fputs(".\n", mdx);
     if (rc == DFL_OK && o->train_metrics) {
         tm_report_in ti;
         rc = train_report_in(r, &sm, &tag, &n_tag, &ti);

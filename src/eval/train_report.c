@@ -217,6 +217,7 @@ static void md_verdict(FILE *f, const wrow *w, int n, const char *extra_factor, 
         return;
     }
     if (best > 0) fprintf(f, "\n**What moved tau most: %s (%+.3f).**", w[best].factor, bd);
+    else fputs("\n**No factor moved tau here.**", f);
 }
 
 static void md_drafter(FILE *f, const tm_report_in *in, const char *d) {
@@ -295,7 +296,7 @@ void tm_report_md(const tm_report_in *in, FILE *f) {
                "the response; random anchors: at most %d per response, seed %llu (SpecForge's sampling); loss weights "
                "exp(-(k-1)/%g). Acceptance lengths count the anchor's own token (1 + accepted drafts).\n",
             in->num_anchors, (unsigned long long)in->seed, in->gamma);
-    if (in->attn_note[0]) fprintf(f, "\nBlock attention: %s\n", in->attn_note);
+    if (in->exp_note[0]) fprintf(f, "\n%s\n", in->exp_note);
     const char *d[EVAL_MAX_DRAFTERS];
     const int nd = drafters(in, d);
     for (int i = 0; i < nd; i++) md_drafter(f, in, d[i]);
