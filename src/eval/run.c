@@ -693,13 +693,11 @@ static int dataset_truth(run *r, const eval_prompt *p, const int32_t *pids, int 
     const int chat = r->o->chat != DFL_CHAT_NONE;
     const size_t la = strlen(p->answer);
     char *txt = malloc(la + 16);
+    if (!txt) return dfl_seterr("out of memory");
     int32_t *a = NULL;
     size_t na = 0;
-    int rc = txt ? DFL_OK : dfl_seterr("out of memory");
-    if (rc == DFL_OK) {
-        snprintf(txt, la + 16, "%s%s", p->answer, chat ? "<|im_end|>" : "");
-        rc = tok_encode(r->tok, txt, strlen(txt), &a, &na);
-    }
+    snprintf(txt, la + 16, "%s%s", p->answer, chat ? "<|im_end|>" : "");
+    int rc = tok_encode(r->tok, txt, strlen(txt), &a, &na);
     if (rc == DFL_OK && !chat && r->m.n_eos > 0) {
         int32_t *b = realloc(a, (na + 1) * sizeof *a);
         if (!b) rc = dfl_seterr("out of memory");
