@@ -13,6 +13,7 @@
 #include "dfl/common.h"
 #include "dfl/ddtree.h"
 #include "dfl/dfl_api.h"
+#include "dfl/drafter.h"
 #include "dfl/eval.h"
 #include "dfl/inspect.h"
 #include "dfl/model.h"
@@ -225,6 +226,21 @@ static int eval_opts_from_json(eval_opts *o, int *save_layers, const cJSON *j) {
         else if (!strcmp(k, "save_features")) rc = opt_string(v, &o->save_features);
         else if (!strcmp(k, "features")) rc = opt_string(v, &o->features_dir);
         else if (!strcmp(k, "features_from")) rc = opt_string(v, &o->features_from);
+        else if (!strcmp(k, "train_metrics")) rc = opt_bool(v, &o->train_metrics);
+        else if (!strcmp(k, "train_anchors")) rc = opt_int(v, 1, 1 << 20, &o->train_anchors);
+        else if (!strcmp(k, "train_top_k")) rc = opt_int(v, 1, 1 << 20, &o->train_topk);
+        else if (!strcmp(k, "train_batch")) rc = opt_int(v, 1, 32, &o->train_batch);
+        else if (!strcmp(k, "train_gamma")) rc = opt_double(v, 1e-9, &o->train_gamma);
+        else if (!strcmp(k, "train_chat")) {
+            if ((rc = opt_string(v, &s)) == DFL_OK && (o->train_chat = prompt_chat_parse(s)) < 0)
+                rc = dfl_seterr("train_chat: expected chatml, chatml-nothink or none, found \"%s\"", s);
+        } else if (!strcmp(k, "block_attn") || !strcmp(k, "train_attn")) {
+            int c = 0;
+            if ((rc = opt_string(v, &s)) == DFL_OK && (rc = drafter_causal_parse(s, &c)) != DFL_OK) dfl_preperr("%s", k);
+            if (rc == DFL_OK && k[0] == 't' && c == DFL_BLOCK_ATTN_AUTO)
+                rc = dfl_seterr("train_attn: expected sliding-causal, bidirectional or causal, found \"auto\"");
+            *(k[0] == 'b' ? &o->block_attn : &o->train_attn) = c;
+        }
         else if (!strcmp(k, "reference")) rc = opt_string(v, &o->reference);
         else if (!strcmp(k, "reference_url")) rc = opt_string(v, &o->reference_url);
         else if (!strcmp(k, "dump_prompts")) rc = opt_string(v, &o->dump_prompts);
