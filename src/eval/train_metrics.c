@@ -11,6 +11,20 @@
 #include "dfl/kernels.h"
 #include "dfl/model.h"
 
+/* Softmax with the normalizer summed in double: 1 - (a top-K's mass) is read to small values, and
+ * a float sum over a 150k-250k vocabulary is off by ~1e-5 relative. */
+static void softmax_d(float *x, int n) {
+    float m = x[0];
+    for (int i = 1; i < n; i++) m = x[i] > m ? x[i] : m;
+    double s = 0;
+    for (int i = 0; i < n; i++) {
+        x[i] = expf(x[i] - m);
+        s += x[i];
+    }
+    const double inv = 1.0 / s;
+    for (int i = 0; i < n; i++) x[i] = (float)(x[i] * inv);
+}
+
 /* ---- the target's distribution ---------------------------------------------------------- */
 
 void tm_target_free(tm_target *tt) {
@@ -42,7 +56,7 @@ int tm_target_from_truth(tm_target *tt, const eval_truth *t, int col, const dfl_
         model_lm_head(m, xn, lg, c);
         for (int i = 0; i < c && rc == DFL_OK; i++) {
             float *row = lg + (size_t)i * V;
-            kn_softmax(row, V);
+            softmax_d(row, V);
             const size_t o = (size_t)(q0 + i) * K;
             if (ddtree_topk(row, 1, V, K, tt->ids + o, lp) != DFL_OK) {
                 rc = dfl_seterr("out of memory for the target's top-%d", K);
@@ -98,7 +112,9 @@ typedef struct anchor_res {
     int have_alpha;
 } anchor_res;
 
-static void counts_add_anchor(tm_counts *c, const anchor_res *a) {
+/* bonus: the round would commit the target's own next token after the drafts (1), or the drafts
+ * reached the end of the labels (0: a serving round stops at the eos, no bonus). */
+static void counts_add_anchor(tm_counts *c, const anchor_res *a, int bonus) {
     c->anchors++;
     for (int k = 1; k <= a->n_valid; k++) {
         c->valid[k]++;
@@ -106,7 +122,7 @@ static void counts_add_anchor(tm_counts *c, const anchor_res *a) {
         if (k - 1 <= a->lead) c->cont[k]++;
         if (k <= a->lead) c->reach[k]++;
     }
-    c->len_sum += 1 + a->lead;
+    c->len_sum += bonus + a->lead;
     if (!a->have_alpha) return;
     c->exp_anchors++;
     double prod = 1, e = 1;
@@ -143,7 +159,7 @@ static void score_anchor(const eval_truth *t, int V, const tm_target *tt, int B,
         if (run && a->ok[k]) a->lead++;
         else run = 0;
         if (tt) {
-            kn_softmax(row, V);
+            softmax_d(row, V);
             a->alpha[k] = slot_alpha(row, tt, p + k - 1, &a->left[k]);
         }
     }
@@ -202,14 +218,16 @@ int tm_score(const eval_truth *t, dfl_draft_if *dft, const int *col, int V, cons
     if (rc == DFL_OK) rc = score_all(t, dft, col, V, tt, B, nb, res, n_anchor);
     u->draft_s = dfl_now() - t0, u->drafts = n_anchor;
     if (rc == DFL_OK) {
-        for (int i = 0; i < n_anchor; i++) counts_add_anchor(&u->all, &res[i]);
-        /* the serving walk: a round at p accepts its leading run and the bonus token */
-        for (int p = np; p <= T - 2; p += res[p - np].lead + 1) counts_add_anchor(&u->walk, &res[p - np]);
+        for (int i = 0; i < n_anchor; i++) counts_add_anchor(&u->all, &res[i], 1);
+        /* the serving walk: a round at p commits its leading run and the bonus token, but for the
+         * round whose drafts reach the last label (the eos): the output ends there */
+        for (int p = np; p <= T - 2; p += res[p - np].lead + 1)
+            counts_add_anchor(&u->walk, &res[p - np], p + res[p - np].lead < T - 1);
         const int m = sample_anchors(np, n_anchor, o->num_anchors, o->seed ^ key, &u->anchors);
         if (m < 0) rc = DFL_ERR;
         else {
             u->n_anchors = m;
-            for (int i = 0; i < m; i++) counts_add_anchor(&u->rnd, &res[u->anchors[i] - np]);
+            for (int i = 0; i < m; i++) counts_add_anchor(&u->rnd, &res[u->anchors[i] - np], 1);
         }
     }
     free(res);

@@ -19,12 +19,13 @@ Sequence x = prompt ids (n_prompt) + label ids (n), T = n_prompt + n; the labels
 - counts over a set of anchors: valid/correct per k, cont[k] (run reached k-1 and slot k valid),
   reach[k] (run reached k), len_sum = sum (1 + a), exp_len_sum = sum (1 + sum_k prod_{j<=k} alpha_j)
   over valid slots, alpha/left per k summed over valid slots;
-- the serving walk: p = n_prompt, then p += a(p) + 1 while p <= T - 2.
+- the serving walk: p = n_prompt, then p += a(p) + 1 while p <= T - 2; a round whose run reaches the
+  last label (T - 1) ends the output, so it counts a, not 1 + a (no bonus token).
 
-softmax="torch" is torch's float32 softmax (accurate to ~1e-7); softmax="dfl" reproduces dfl's
-kn_softmax (float32 exp, the normalizer summed sequentially in float32), whose probabilities are
-off by up to ~1e-5 relative for a 4096-token vocabulary: comparing with it isolates dfl's logic from
-that rounding (tests/py/test_train_metrics.py does both)."""
+softmax="torch" is torch's float32 softmax; softmax="dfl" reproduces the training metrics' softmax
+(src/eval/train_metrics.c: float32 exp, the normalizer summed in double, the quotient rounded to
+float32): comparing with it isolates dfl's logic from rounding (tests/py/test_train_metrics.py does
+both)."""
 import numpy as np
 import torch
 from safetensors import safe_open
@@ -86,8 +87,8 @@ def softmax(x, how="torch"):
         return torch.softmax(x.float(), dim=-1)
     z = x.float().numpy()
     e = np.exp(z - z.max(-1, keepdims=True)).astype(np.float32)
-    s = np.add.accumulate(e, axis=-1, dtype=np.float32)[..., -1:]  # sequential float32 sum, as kn_softmax
-    return torch.from_numpy(e * (np.float32(1) / s))
+    s = e.sum(-1, keepdims=True, dtype=np.float64)  # summed in double, as train_metrics.c's softmax_d
+    return torch.from_numpy((e.astype(np.float64) * (1.0 / s)).astype(np.float32))
 
 
 @torch.no_grad()
@@ -147,11 +148,15 @@ def subset(r, idx):
     return out
 
 
-def counts(r):
-    """The train.jsonl count object of scored anchors (arrays over k = 1..B-1)."""
+def counts(r, T=None):
+    """The train.jsonl count object of scored anchors (arrays over k = 1..B-1). T (the serving walk):
+    a round whose leading run reaches the last label (position T - 1) commits no bonus token."""
     valid, ok, lead = r["valid"], r["ok"], r["lead"]
     k = torch.arange(1, valid.shape[1] + 1)[None, :]
-    c = {"anchors": len(r["anchors"]), "len_sum": float((1 + lead).sum()),
+    bonus = torch.ones_like(lead)
+    if T is not None:
+        bonus = (torch.as_tensor(r["anchors"]) + lead < T - 1).to(lead.dtype)
+    c = {"anchors": len(r["anchors"]), "len_sum": float((bonus + lead).sum()),
          "valid": valid.sum(0).tolist(), "correct": ok.sum(0).tolist(),
          "cont": (valid & (k - 1 <= lead[:, None])).sum(0).tolist(),
          "reach": (valid & (k <= lead[:, None])).sum(0).tolist()}
@@ -199,4 +204,4 @@ class Reference:
         r_rnd = self.score(x, layers, list(random_anchors), tk)
         r_walk = subset(r_all, walk(r_all, n_prompt, T))
         res = {"random": r_rnd, "all": r_all, "walk": r_walk}
-        return {k: counts(v) for k, v in res.items()}, res
+        return {k: counts(v, T if k == "walk" else None) for k, v in res.items()}, res

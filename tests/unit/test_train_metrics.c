@@ -1,5 +1,5 @@
 /* Training metrics (dfl/train_metrics.h) with a stand-in drafter whose drafts are known: slot k of
- * an anchor at p proposes the label at p + k except where (p + k) % 4 == 0. Every count (valid,
+ * an anchor at p proposes the label at p + k except where (p + k) % 4 == 0 (but the last). Every count (valid,
  * correct, leading runs, the serving walk, the random subset, the expected acceptance against a
  * given target distribution) is checked against a direct computation; the subset is a function
  * of the seed and the key; train.jsonl lines parse back to the same counts. */
@@ -14,7 +14,8 @@
 enum { H = 2, V = 8, B = 5, NP = 3, N = 14 };
 
 static int32_t labels[N];
-static int miss(int q) { return q % 4 == 0; } /* position q is mispredicted */
+/* position q is mispredicted (the last label is not: the walk's last round then reaches the eos) */
+static int miss(int q) { return q % 4 == 0 && q < NP + N - 1; }
 
 typedef struct stand_in {
     int n_ctx;
@@ -54,12 +55,13 @@ static int lead(int p, int *n_valid) {
     return a;
 }
 
-static void check_counts(const char *what, const tm_counts *c, const int *anchors, int n, int with_alpha) {
+/* walk: a round whose drafts reach the last label ends the output (no bonus token). */
+static void check_counts(const char *what, const tm_counts *c, const int *anchors, int n, int with_alpha, int walk) {
     tm_counts e = {0};
     for (int i = 0; i < n; i++) {
         int nv;
         const int p = anchors[i], a = lead(p, &nv);
-        e.anchors++, e.len_sum += 1 + a;
+        e.anchors++, e.len_sum += (walk && p + a >= NP + N - 1 ? 0 : 1) + a;
         double prod = 1, ex = 1;
         for (int k = 1; k <= nv; k++) {
             e.valid[k]++, e.correct[k] += !miss(p + k), e.cont[k] += k - 1 <= a, e.reach[k] += k <= a;
@@ -112,15 +114,17 @@ int main(void) {
     CHECK(tm_score(&t, &d, col, V, &tt, &o, 11, &u) == DFL_OK, "score: %s", dfl_errmsg());
     int all[N], walk[N], nw = 0;
     for (int i = 0; i < N - 1; i++) all[i] = NP + i;
-    check_counts("every anchor", &u.all, all, N - 1, 1);
+    check_counts("every anchor", &u.all, all, N - 1, 1, 0);
     for (int p = NP, nv; p <= NP + N - 2; p += lead(p, &nv) + 1) walk[nw++] = p;
-    check_counts("walk", &u.walk, walk, nw, 1);
+    check_counts("walk", &u.walk, walk, nw, 1, 1);
+    CHECK(u.walk.len_sum == N - 1, "the walk commits every label after the first: %g, expected %d", u.walk.len_sum,
+          N - 1);
     CHECK(u.n_anchors == 5 && u.n_valid == N - 1, "%d random of %d valid anchors, expected 5 of %d", u.n_anchors,
           u.n_valid, N - 1);
     for (int i = 0; i < u.n_anchors; i++)
         CHECK(u.anchors[i] >= NP && u.anchors[i] <= NP + N - 2 && (i == 0 || u.anchors[i] > u.anchors[i - 1]),
               "random anchor %d = %d: must be a valid anchor, ascending", i, u.anchors[i]);
-    check_counts("random anchors", &u.rnd, u.anchors, u.n_anchors, 1);
+    check_counts("random anchors", &u.rnd, u.anchors, u.n_anchors, 1, 0);
     /* the subset: the same for the same seed and key, another for another seed */
     tm_unit u2, u3;
     sd_reset(&sd);
