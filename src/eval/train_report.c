@@ -46,7 +46,7 @@ static int waterfall(const tm_report_in *in, const char *d, wrow *w) {
     w[n++] = (wrow){"the target's greedy labels, random anchors", "labels: dataset -> target greedy", tm_sim_len(&t->rnd)};
     w[n++] = (wrow){"every anchor", "anchor sampling", tm_sim_len(&t->all)};
     w[n++] = (wrow){"the serving walk's round starts", "where rounds start (after a rejection)", tm_sim_len(&t->walk)};
-    if (sv) w[n++] = (wrow){"the replay's chain tau", "end of response (shorter last blocks, drafts past an eos)",
+    if (sv) w[n++] = (wrow){"the replay's chain tau", "shorter blocks near --max-new",
                             eval_agg_tau_tokens(sv)};
     return n;
 }
