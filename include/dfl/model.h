@@ -213,6 +213,17 @@ int model_forward_ex(dfl_state *s, const int32_t *tokens, const int *parent, int
  * the state before the forward. */
 int state_rollback(dfl_state *s, int keep);
 
+/* What the two rollback strategies of a hybrid model copy per round of B tokens, timed on the live
+ * CPU state (dfl bench): replay (what dfl does) records each linear layer's recurrent state and
+ * conv window before a forward plus B tokens of recurrence inputs; snapshots (the alternative)
+ * would copy state and window after each of the B tokens and one back on rollback. The best of
+ * reps after a warm-up; sizes in MB. DFL_ERR on a device backend. */
+typedef struct dfl_rollback_costs {
+    double record_ms, snap_save_ms, snap_restore_ms;
+    double record_mb, snap_mb;
+} dfl_rollback_costs;
+int state_rollback_costs(dfl_state *s, int B, int reps, dfl_rollback_costs *c);
+
 /* Tree verification (DDTree, docs/design.md §6). Enable per-node states for trees of up to max_nodes
  * nodes (root included); memory: per linear layer max_nodes x (conv window + [Hv, dk, dv]). */
 int state_enable_tree(dfl_state *s, int max_nodes);

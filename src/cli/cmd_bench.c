@@ -276,16 +276,10 @@ static double time_verify(dfl_state *s, const int32_t *toks, int n, float *logit
 }
 
 /* Rollback strategies over one verification round of B tokens after the context. */
+/* Rollback by replay after a recorded forward of B tokens, to every accepted length; then what the
+ * replay and the snapshot strategies copy per round (state_rollback_costs). */
 static int bench_rollback(dfl_state *s, const int32_t *toks, int B, int reps, bench_res *r) {
-    const dfl_model *m = s->m;
-    const dfl_config *g = &m->cfg;
-    const size_t conv = (size_t)(g->conv_kernel - 1) * m->conv_dim;
-    const size_t S = (size_t)g->lin_v_heads * g->lin_k_dim * g->lin_v_dim;
-    const size_t rec_tok = (size_t)m->conv_dim + 2 * (size_t)g->lin_v_heads;
-    int n_lin = 0;
-    for (int i = 0; i < g->n_layers; i++) n_lin += g->layer_types[i] == DFL_LAYER_LINEAR;
     const int base = s->n_past;
-    /* replay: after a recorded forward of B tokens, roll back to every accepted length */
     double sum = 0, worst = 0;
     int count = 0;
     for (int rep = 0; rep < reps; rep++) {
@@ -301,54 +295,10 @@ static int bench_rollback(dfl_state *s, const int32_t *toks, int B, int reps, be
     }
     r->replay_mean_ms = 1e3 * sum / count;
     r->replay_max_ms = 1e3 * worst;
-    r->replay_mb = n_lin * (conv + S + (size_t)B * rec_tok) * sizeof(float) / 1e6;
-    /* the copies each strategy makes per round, timed on the live state: replay records every
-     * linear layer's state and conv window before the forward plus B tokens of inputs; the
-     * snapshots alternative copies state and conv window after each of the B tokens, and its
-     * rollback copies one snapshot back */
-    const size_t rec_n = conv + S + (size_t)B * rec_tok;
-    float *rec = malloc(rec_n * sizeof(float)), *back = malloc((conv + S) * sizeof(float));
-    float *snap = malloc((size_t)n_lin * B * (conv + S) * sizeof(float));
-    if (!rec || !back || !snap) {
-        free(rec), free(back), free(snap);
-        return dfl_seterr("out of memory for the rollback measurement");
-    }
-    double rec_best = 1e30, save_best = 1e30, restore_best = 1e30;
-    for (int rep = 0; rep < reps + 1; rep++) { /* the first run warms up */
-        double t0 = dfl_now();
-        for (int li = 0; li < g->n_layers; li++) {
-            if (g->layer_types[li] != DFL_LAYER_LINEAR) continue;
-            memcpy(rec, s->conv_state[li], conv * sizeof(float));
-            memcpy(rec + conv, s->rec_state[li], S * sizeof(float));
-            memcpy(rec + conv + S, s->q, (size_t)B * m->conv_dim * sizeof(float));
-            memcpy(rec + conv + S + (size_t)B * m->conv_dim, s->ab, (size_t)B * 2 * g->lin_v_heads * sizeof(float));
-        }
-        const double t_rec = dfl_now() - t0;
-        t0 = dfl_now();
-        float *d = snap;
-        for (int li = 0; li < g->n_layers; li++) {
-            if (g->layer_types[li] != DFL_LAYER_LINEAR) continue;
-            for (int t = 0; t < B; t++, d += conv + S) {
-                memcpy(d, s->conv_state[li], conv * sizeof(float));
-                memcpy(d + conv, s->rec_state[li], S * sizeof(float));
-            }
-        }
-        const double t_save = dfl_now() - t0;
-        t0 = dfl_now();
-        for (int l = 0; l < n_lin; l++)
-            memcpy(back, snap + ((size_t)l * B + B / 2) * (conv + S), (conv + S) * sizeof(float));
-        const double t_restore = dfl_now() - t0;
-        if (rep > 0) {
-            rec_best = t_rec < rec_best ? t_rec : rec_best;
-            save_best = t_save < save_best ? t_save : save_best;
-            restore_best = t_restore < restore_best ? t_restore : restore_best;
-        }
-    }
-    r->replay_record_ms = 1e3 * rec_best;
-    r->snap_save_ms = 1e3 * save_best;
-    r->snap_restore_ms = 1e3 * restore_best;
-    r->snap_mb = (double)n_lin * B * (conv + S) * sizeof(float) / 1e6;
-    free(rec), free(back), free(snap);
+    dfl_rollback_costs c;
+    if (state_rollback_costs(s, B, reps, &c) != DFL_OK) return DFL_ERR;
+    r->replay_mb = c.record_mb, r->replay_record_ms = c.record_ms;
+    r->snap_save_ms = c.snap_save_ms, r->snap_restore_ms = c.snap_restore_ms, r->snap_mb = c.snap_mb;
     return DFL_OK;
 }
 

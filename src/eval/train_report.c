@@ -180,7 +180,7 @@ static void md_sets(FILE *f, const tm_report_in *in, const char *d) {
     }
 }
 
-static void md_per_k(FILE *f, const tm_report_in *in, const tm_agg *t, const eval_agg *sv) {
+static void md_per_k(FILE *f, const tm_agg *t, const eval_agg *sv) {
     const int B = t->B;
     fputs("\n| k |", f);
     for (int k = 1; k < B; k++) fprintf(f, " %d |", k);
@@ -203,7 +203,6 @@ static void md_per_k(FILE *f, const tm_report_in *in, const tm_agg *t, const eva
         }
     }
     fputs("\n", f);
-    (void)in;
 }
 
 /* The factor with the largest effect, in words. */
@@ -283,7 +282,7 @@ static void md_drafter(FILE *f, const tm_report_in *in, const char *d) {
                 tm_exp_len(&t->all), in->top_k, t->all.valid[1] ? t->all.left[1] / t->all.valid[1] : 0.0);
     fputs("\n\n", f);
     md_sets(f, in, d);
-    md_per_k(f, in, t, sv);
+    md_per_k(f, t, sv);
     if (tp && sp && sv && eval_agg_tau_tokens(sp) < 0.8 * eval_agg_tau_tokens(sv))
         fprintf(f, "\n**Warning:** on the pipeline's features the serving tau falls to %.3f from %.3f on dfl's: the "
                    "pipeline's hidden states are not the target's (see the features check below, docs/train-vs-serve.md).\n",
