@@ -21,18 +21,19 @@
  * target's final norm to b's rows first. */
 static double rel_err(const eval_truth *a, int ca, const eval_truth *b, int cb, const dfl_model *m, int b_norm) {
     const int H = a->H;
-    float xn[8192];
+    float *xn = b_norm ? malloc((size_t)H * sizeof *xn) : NULL;
+    if (b_norm && !xn) return INFINITY; /* out of memory: no match claimed */
     double num = 0, den = 0;
     for (int p = 0; p < a->n_rows && p < b->n_rows; p++) {
         const float *x = a->feat + ((size_t)p * a->n_layers + ca) * H;
         const float *y = b->feat + ((size_t)p * b->n_layers + cb) * H;
         if (b_norm) {
-            if (H > (int)(sizeof xn / sizeof *xn)) return INFINITY;
             kn_rmsnorm(xn, y, m->final_norm, H, m->cfg.rms_eps);
             y = xn;
         }
         for (int j = 0; j < H; j++) num += ((double)x[j] - y[j]) * ((double)x[j] - y[j]), den += (double)y[j] * y[j];
     }
+    free(xn);
     return den > 0 ? sqrt(num / den) : (num > 0 ? INFINITY : 0);
 }
 
