@@ -15,7 +15,8 @@ import shutil
 import tempfile
 import threading
 
-__all__ = ["Error", "Target", "inspect", "hidden", "tokenize", "generate", "eval", "replay", "version"]
+__all__ = ["Error", "Target", "inspect", "hidden", "tokenize", "generate", "eval", "replay", "version", "record",
+           "RecordError"]
 
 # The shared libraries libdfl.so needs at run time (Debian/Ubuntu package names).
 _SYSTEM_LIBS = {
@@ -248,3 +249,14 @@ def replay(features_dir, drafter, budgets=(0,), *, out=None, progress=None, **op
         return _lib.dfl_api_replay(_path(features_dir, "features_dir"), _path(drafter, "drafter"), arr, len(budgets),
                                    _options(dict(out=o, **options)), cb, None, _c.byref(res))
     return _run_eval(fn, out, progress)
+
+
+def __getattr__(name):
+    """record and RecordError: the transformers recorder (recorder.py, the "record" extra), imported on
+    first use (torch and transformers only when record() runs; `python -m dflash_eval.recorder` runs
+    it as a script without a second copy)."""
+    if name in ("record", "RecordError"):
+        from . import recorder
+
+        return getattr(recorder, name)
+    raise AttributeError(f"module 'dflash_eval' has no attribute {name!r}")

@@ -324,6 +324,8 @@ typedef struct run {
     char *res_path, *ref_path;
     int lock_fd, feat_lock_fd; /* flocks of --out and of --save-features */
     char *feat_incomplete;     /* --features: the recording that saved them did not finish (message) */
+    char recorder[256];        /* what produced the truths: "dfl", or --features' target.json "recorder"
+                                * (the Python package's transformers recorder) */
     cJSON *desc;               /* DIR/run.json as this run wrote it (writer only) */
     dfl_state st;
     int have_state;
@@ -1163,7 +1165,7 @@ static int write_target_json(run *r, int complete) {
     for (int i = 0; i < r->n_layers; i++) fprintf(f, "%s%d", i ? ", " : "", r->layers[i]);
     fprintf(f, "], \"max_new\": %d, \"prompts_file\": ", r->max_new);
     dfl_json_write_string(f, r->o->prompts);
-    fprintf(f, ", \"complete\": %s, \"costs\": ", complete ? "true" : "false");
+    fprintf(f, ", \"recorder\": \"dfl\", \"complete\": %s, \"costs\": ", complete ? "true" : "false");
     write_costs_json(f, &r->costs);
     fprintf(f, "}\n");
     const int bad = ferror(f);
@@ -1185,8 +1187,10 @@ static int features_complete(run *r, const char *dir) {
     } else {
         cJSON *o = cJSON_Parse(txt);
         const cJSON *c = cJSON_GetObjectItemCaseSensitive(o, "complete");
+        const cJSON *rec = cJSON_GetObjectItemCaseSensitive(o, "recorder");
         if (!o) rc = dfl_seterr("%s: not valid JSON", path);
         else if (c && !cJSON_IsBool(c)) rc = dfl_seterr("%s: field 'complete': expected true or false", path);
+        else if (rec && !cJSON_IsString(rec)) rc = dfl_seterr("%s: field 'recorder': expected a string", path);
         else if (cJSON_IsFalse(c)) {
             char msg[8600];
             snprintf(msg, sizeof msg, "%s: the recording run that saved these features did not finish (target.json "
@@ -1195,6 +1199,7 @@ static int features_complete(run *r, const char *dir) {
                      r->saved.n, dir);
             if (!(r->feat_incomplete = strdup(msg))) rc = dfl_seterr("out of memory");
         }
+        if (rc == DFL_OK && cJSON_IsString(rec)) snprintf(r->recorder, sizeof r->recorder, "%s", rec->valuestring);
         cJSON_Delete(o);
         free(txt);
     }
@@ -1412,6 +1417,8 @@ static int write_summary(run *r, const char *missing) {
     }
     fprintf(x, "]");
     write_prompt_set(x, r);
+    fprintf(x, ", \"truth_recorder\": "); /* what produced the truths (target.json "recorder"; absent: dfl) */
+    dfl_json_write_string(x, r->recorder);
     fprintf(x, "}");
     if (missing) { /* the run is incomplete: what is missing, for scripts (mpirun may exit 0) */
         fprintf(x, ",\n  \"incomplete\": ");
@@ -1448,6 +1455,9 @@ static int write_summary(run *r, const char *missing) {
             fprintf(mdx, "%s%s: %s", d ? "; " : "\nBlock attention (--block-attn): ", r->label[d],
                     anydrafter_attn_semantics(&r->ad[d]));
     if (mdx && r->n_open) fputs(".\n", mdx);
+    if (mdx && r->from_features) /* whose truths were replayed: dfl's recording or another recorder's */
+        fprintf(mdx, "\nTruths recorded by %s (%s/target.json)%s.\n", r->recorder, o->features_dir,
+                r->costs.ok ? "" : "; no target costs were measured when recording, so no modeled speedup");
     if (rc == DFL_OK && o->train_metrics) {
         tm_report_in ti;
         rc = train_report_in(r, &sm, &tag, &n_tag, &ti);
@@ -1644,6 +1654,7 @@ int eval_run(const eval_opts *o, eval_outcome *res) {
     r->from_features = o->features_dir != NULL;
     r->device = o->device;
     r->rec_auto = o->record_budget == EVAL_RECORD_AUTO;
+    snprintf(r->recorder, sizeof r->recorder, "dfl");
     r->rec_budget = o->record_budget >= 0 ? o->record_budget : r->rec_auto ? 0 : o->budgets[0];
     for (int k = 0; k < o->n_modes; k++) r->max_budget = o->budgets[k] > r->max_budget ? o->budgets[k] : r->max_budget;
     memset(res, 0, sizeof *res);
