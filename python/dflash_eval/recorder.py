@@ -57,11 +57,13 @@ def _need_torch():
 def _dfl_bin(dfl_bin=None):
     """The dfl executable: the argument, $DFL_BIN, the package's bundled one, or dfl on PATH."""
     bundled = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bin", "dfl")
-    for c in (dfl_bin, os.environ.get("DFL_BIN"), bundled):
-        if c and os.path.isfile(c) and os.access(c, os.X_OK):
-            return c
-    if dfl_bin or os.environ.get("DFL_BIN"):
-        raise RecordError(f"dfl executable {dfl_bin or os.environ.get('DFL_BIN')}: not an executable file")
+    given = dfl_bin or os.environ.get("DFL_BIN")  # what the caller named is used or refused, never replaced
+    if given:
+        if os.path.isfile(given) and os.access(given, os.X_OK):
+            return given
+        raise RecordError(f"dfl executable {given}: not an executable file")
+    if os.path.isfile(bundled) and os.access(bundled, os.X_OK):
+        return bundled
     w = shutil.which("dfl")
     if not w:
         raise RecordError("the dfl executable was not found (the package's bin/dfl, $DFL_BIN or dfl on PATH): the "
