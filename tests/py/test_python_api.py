@@ -2,7 +2,8 @@
 scikit-build-core, it installs into a fresh venv, and there dflash_eval's eval, replay, hidden,
 generate and inspect equal the CLI's outputs (summary.json without timings, token for token,
 bit for bit); bad arguments raise dflash_eval.Error; two threads calling at once both finish
-with the sequential results. Skipped (exit 77) when the wheel cannot be built here (no
+with the sequential results; docs/python.md's training loop (tools/train/loop_example.py) runs on
+the installed package. Skipped (exit 77) when the wheel cannot be built here (no
 scikit-build-core reachable: an offline machine without the package index)."""
 import json
 import os
@@ -112,6 +113,16 @@ def main():
     t.check("unknown option \"max_tokens\"" in r["errors"]["unknown"], r["errors"]["unknown"])
     t.check("layers[0]: expected a decoder layer in [0, " in r["errors"]["layer"], r["errors"]["layer"])
     t.check(r["callback_error"] == "ValueError: stop", f"a progress callback's exception is raised: {r['callback_error']}")
+
+    # docs/python.md's training loop (tools/train/loop_example.py), a few steps, on the installed package:
+    # each checkpoint scored by dfl next to its training accuracy
+    p = subprocess.run([py, os.path.join(SOURCE, "tools", "train", "loop_example.py"), "--steps", "4", "--every", "2",
+                        "--train", "4", "--eval", "2", "--max-new", "32", "--work", os.path.join(tmp, "loop")],
+                       capture_output=True, text=True, cwd=tmp, env=dict(os.environ, PYTHONPATH=""))
+    steps = [x for x in p.stdout.splitlines() if x.startswith("step ")]
+    t.check(p.returncode == 0 and len(steps) == 2 and all("dfl on held-out: tau" in x for x in steps),
+            f"the training-loop example runs and logs dfl's tau per checkpoint: rc {p.returncode}\n{p.stdout[-1500:]}"
+            f"{p.stderr[-1500:]}")
 
 
 main()
