@@ -14,6 +14,8 @@ typedef enum eval_format {
     EVAL_FMT_MTBENCH, /* JSON lines with "question_id" and "turns" (1 or 2 user turns) */
     EVAL_FMT_JSONL,   /* JSON lines, the prompt in a named string field */
     EVAL_FMT_TEXT,    /* one prompt per line */
+    EVAL_FMT_MESSAGES, /* JSON lines with OpenAI "messages": [{"role", "content"}] */
+    EVAL_FMT_SHAREGPT, /* JSON lines with ShareGPT "conversations": [{"from", "value"}] */
 } eval_format;
 
 typedef struct eval_prompt {
@@ -21,8 +23,9 @@ typedef struct eval_prompt {
     char *turns[2]; /* user turns (MT-Bench may have two) */
     int n_turns;
     int line;       /* line in the file */
-    char *answer;   /* a reference response ("answer" or "response" field), NULL if none: the dataset
-                     * labels of --train-metrics */
+    char *answer;   /* a reference response ("answer" or "response" field; messages / sharegpt: the
+                     * assistant turn after the first user turn), NULL if none: the dataset labels of
+                     * --train-metrics */
 } eval_prompt;
 
 typedef struct eval_prompts {
@@ -36,8 +39,13 @@ typedef struct eval_prompts {
  * digits: what tells two prompts of one id apart (run.json, eval-merge, eval-compare). */
 void eval_prompt_hash(const eval_prompt *p, int first_turn, char out[24]);
 
-/* Parse "gsm8k", "mtbench", "text" or "jsonl:FIELD". */
+/* Parse "gsm8k", "mtbench", "text", "messages", "sharegpt" or "jsonl:FIELD". */
 int eval_format_parse(const char *s, eval_format *fmt, char *field, int field_len);
+/* The format's name as --format takes it ("jsonl:FIELD" with its field) into out. */
+void eval_format_name(eval_format fmt, const char *field, char *out, size_t n);
+/* The format a prompt file's first line shows: "turns" -> mtbench, "messages" -> messages,
+ * "conversations" -> sharegpt, else gsm8k (an unreadable file: gsm8k, its loading says why). */
+eval_format eval_format_sniff(const char *path);
 /* Load a prompt file. A malformed line is an error naming file and line, unless keep_going
  * (then it is recorded in bad_lines). limit > 0 keeps the first `limit` prompts. */
 int eval_prompts_load(eval_prompts *ps, const char *path, eval_format fmt, const char *field, int limit,
@@ -126,6 +134,16 @@ typedef struct eval_results {
 int eval_results_read(eval_results *d, FILE *f, const char *path, int want_ids, int act);
 void eval_results_free(eval_results *d);
 
+/* One response of an aggregate. */
+typedef struct eval_resp {
+    int line;            /* the index of its result in what eval_summarize read */
+    char prompt_id[128];
+    int turn, tokens;
+    double tau;          /* (tokens - 1) / rounds (1 without rounds) */
+    int capped;          /* it reached the run's --max-new (eval_summary_outputs) */
+    int loop;            /* the period of the loop it ends in (eval_output_loops); 0: none, or no ids */
+} eval_resp;
+
 /* Aggregate of all responses of one drafter x mode (or of the autoregressive runs). */
 typedef struct eval_agg {
     char drafter[512], mode[32], method[16], features[16];
@@ -142,7 +160,7 @@ typedef struct eval_agg {
     long tree_depth_sum;
     long accept_hist[DFL_MAX_BLOCK + 1];
     long pos_drafted[DFL_MAX_BLOCK], pos_accepted[DFL_MAX_BLOCK];
-    double *taus;        /* per-response tau, for the histogram */
+    struct eval_resp *resp; /* each response of the first run, in the order read [responses] */
     double *speedups;    /* per-response measured speedup (online rows with the AR row of the same prompt/turn) */
     int n_speedups;
     double *speedups_modeled; /* per-response modeled speedup (rows with modeled times) */
@@ -152,16 +170,81 @@ typedef struct eval_agg {
     int n_run_speedups;
 } eval_agg;
 
+/* ---- statistics (docs/eval.md, "Statistics") ---------------------------------------------- */
+
+#define EVAL_BOOT_RESAMPLES 2000
+#define EVAL_BOOT_SEED 1
+/* A drafter whose τ is at most this accepts (nearly) nothing: summary.md and stderr alarm. */
+#define EVAL_TAU_DEAD 1.05
+#define EVAL_DEAD_HINT                                                                                  \
+    "check its target_layer_ids (the target layers it reads: dfl inspect DRAFTER --target T), its "     \
+    "mask_token_id (the token its blocks are filled with in training), the target it was trained for " \
+    "(hidden states of another checkpoint mean nothing to it) and its block attention (--block-attn)"
+
+/* One prompt's τ in a row: the mean over its turns of per-response (tokens - 1) / rounds. */
+typedef struct eval_ptau {
+    const char *id;      /* the prompt id (points into the results it came from) */
+    double tau;
+} eval_ptau;
+
+/* The per-prompt τ of the row (drafter, mode, method, features) in res[0..n): the first response
+ * of each prompt and turn of the first run (rep 0), sorted by id (strcmp). *out is malloc'd;
+ * returns the count, -1 when out of memory. */
+int eval_prompt_taus(const eval_result *res, int n, const char *drafter, const char *mode, const char *method,
+                     const char *features, eval_ptau **out);
+
+/* B - A over the prompts both have, paired by id: their mean τ, the mean of the per-prompt
+ * differences and its 95% bootstrap interval [lo, hi] (eval_bootstrap_mean). */
+typedef struct eval_paired {
+    int n;
+    double tau_a, tau_b, diff, lo, hi;
+} eval_paired;
+void eval_paired_compare(const eval_ptau *a, int na, const eval_ptau *b, int nb, int resamples, int64_t seed,
+                         eval_paired *p);
+/* The 95% percentile interval of the mean of d[0..n) over `resamples` resamples with replacement:
+ * each draws n indices as Python's random.Random(seed).randrange(n) does, in turn; the 2.5th and
+ * 97.5th percentiles of the resampled means (numpy's linear interpolation). n < 2: the mean twice. */
+void eval_bootstrap_mean(const double *d, int n, int resamples, int64_t seed, double ci[2]);
+/* The verdict in one line: "B accepts 0.42 ± 0.11 more tokens per round than A on these 80 prompts
+ * (...)", or that the interval holds 0. */
+void eval_paired_verdict(const eval_paired *p, const char *a, const char *b, char *out, size_t len);
+
+/* A response loops when it ends in at least 3 copies of one span of p tokens (1 <= p <=
+ * EVAL_LOOP_MAX_PERIOD) covering at least EVAL_LOOP_MIN_TOKENS tokens together. Returns the
+ * smallest such p, 0 when it does not loop. */
+#define EVAL_LOOP_MAX_PERIOD 256
+#define EVAL_LOOP_MIN_TOKENS 32
+int eval_output_loops(const int32_t *ids, int n);
+
+/* Two rows of one mode compared (agg indices; a is the first drafter of that mode). */
+typedef struct eval_cmp {
+    int a, b;
+    eval_paired p;
+} eval_cmp;
+
 typedef struct eval_summary {
     eval_agg *agg;       /* agg[0] is the autoregressive baseline */
     int n_agg;
     int n_prompts;       /* responses of the autoregressive run */
     int act_bf16;        /* the responses were computed with bf16 activations (DFL_ACT=bf16) */
     int device;          /* the dfl_device their target ran on (one per run: resume and merge check it) */
+    eval_cmp *cmp;       /* every other drafter against the first, per mode, method and features */
+    int n_cmp;
+    /* set by the caller for the reports (eval_summarize leaves them empty): */
+    const struct cJSON *run;     /* what the run ran (run.json): summary.md's settings; NULL: unknown */
+    int max_new;                 /* its --max-new (0: unknown); eval_summary_outputs flags what reached it */
+    const char *modeled_warning; /* why the modeled speedups are unreliable (eval_costs_check); NULL: fine */
+    int modeled_checked;         /* the costs were checked (eval_costs_check) */
+    const char *warnings_md;     /* more warnings for the top of summary.md (markdown list items); NULL */
 } eval_summary;
 
-/* Build the summary from results (each response once; later duplicates are ignored). */
+/* Build the summary from results (each response once; later duplicates are ignored), with the
+ * paired comparisons of the drafters. */
 int eval_summarize(eval_summary *s, const eval_result *results, int n);
+/* Flag the responses that reached max_new (> 0) and those whose output loops (eval_output_loops;
+ * ids[i] of results[i], or of any first-run row of the same prompt and turn that has them). */
+void eval_summary_outputs(eval_summary *s, const eval_result *results, int32_t *const *ids, const int *n_ids, int n,
+                          int max_new);
 void eval_summary_free(eval_summary *s);
 /* Derived figures of one aggregate. */
 double eval_agg_tau(const eval_agg *a);        /* mean of per-response tau (z-lab's dataset tau) */

@@ -10,6 +10,7 @@
 #ifndef DFL_REPLAY_H
 #define DFL_REPLAY_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "dfl/spec.h"
@@ -118,9 +119,11 @@ typedef struct eval_costs {
     int n_chain;
     int chain_n[EVAL_MAX_COSTS]; /* tokens, ascending (1 = a decode step) */
     double chain_s[EVAL_MAX_COSTS];
+    double chain_med[EVAL_MAX_COSTS]; /* the median of the timed repetitions (0: unknown) */
     int n_tree;
     int tree_budget[EVAL_MAX_COSTS];
     double tree_s[EVAL_MAX_COSTS];
+    double tree_med[EVAL_MAX_COSTS];
     char note[256];              /* why some costs are missing */
 } eval_costs;
 
@@ -130,6 +133,19 @@ typedef struct eval_costs {
  * the fastest of at least reps repetitions (more, up to 64, until 25 ms are timed). Budgets above DDTREE_MAX_BUDGET, or whose tree state does not fit, get no cost (note). */
 int eval_costs_measure(eval_costs *c, const dfl_model *m, dfl_draft_if *dr, const int32_t *prompt, int n_prompt,
                        const int *blocks, int n_blocks, const int *budgets, int n_budgets, int reps);
+/* The checks of a modeled speedup's costs (eval_costs_check): a verification of n >= 2 tokens, or
+ * a tree, costs at least EVAL_COST_NOISE of a decode step (it computes more); the median of a
+ * size's repetitions is at most EVAL_COST_SPREAD times its fastest (else the machine's load moved
+ * them); the run's measured autoregressive step is between EVAL_COST_AR_LO and EVAL_COST_AR_HI
+ * decode costs (it adds the loop's own work: up to ~3x on a tiny model). */
+#define EVAL_COST_NOISE 0.8
+#define EVAL_COST_SPREAD 2.0
+#define EVAL_COST_AR_LO 0.67
+#define EVAL_COST_AR_HI 4.0
+/* 1 when the costs pass every check; else 0 and why (each failure, with the numbers) into why.
+ * ar_step_s: the run's measured autoregressive decode time per token (<= 0: none measured). */
+int eval_costs_check(const eval_costs *c, double ar_step_s, char *why, size_t n);
+
 /* Seconds of a chain forward of n tokens (linear between measured sizes), of a tree of budget
  * N (-1 if not measured). */
 double eval_cost_chain(const eval_costs *c, int n);

@@ -10,6 +10,10 @@ typedef struct dfl_tokenizer dfl_tokenizer;
 
 /* path: a tokenizer.json file, or a model directory holding one. NULL + dfl_errmsg() on error. */
 dfl_tokenizer *tok_open(const char *path);
+/* Before tok_open for a command (what: "the prompts need", "serving text needs"): the tokenizer is `given`
+ * (--tokenizer: a tokenizer.json or a directory holding one), else model_dir's tokenizer.json.
+ * DFL_ERR with a message that explains --tokenizer when it is not there. */
+int tok_locate(const char *given, const char *model_dir, const char *what);
 void tok_close(dfl_tokenizer *tok);
 
 /* Encode UTF-8 text (len bytes). *ids is malloc'd (caller frees), *n_ids its length.
@@ -36,5 +40,7 @@ int tok_has_id(const dfl_tokenizer *tok, int32_t id);
 
 /* 1 if id is a special added token. */
 int tok_is_special(const dfl_tokenizer *tok, int32_t id);
+/* 1 if id is an added token (tokenizer.json "added_tokens"), special or not. */
+int tok_is_added(const dfl_tokenizer *tok, int32_t id);
 
 #endif

@@ -11,6 +11,7 @@
 
 #include "cli/cli.h"
 #include "dfl/common.h"
+#include "dfl/eval.h"
 
 #define MAX_RUNS 16
 
@@ -25,9 +26,15 @@ static const char *usage_text =
     "runs must hold the same prompts (the prompt ids and the hashes of their texts: run.prompt_set)\n"
     "and --max-new and chat: anything else is refused, naming the field.\n"
     "\n"
+    "\n"
+    "Each later run is also compared with the first on each row, paired over the prompts both hold\n"
+    "(DIR/results.jsonl): the mean per-prompt difference of τ with its 95% bootstrap interval over\n"
+    "prompts and a one-line verdict (docs/eval.md, \"Statistics\").\n"
+    "\n"
     "  --json   one JSON object: {\"runs\": [{\"dir\", \"target\", \"activations\"}], \"rows\":\n"
     "           [{\"drafter\", \"mode\", \"method\", \"tau\": [...], \"tau_token_weighted\": [...],\n"
-    "           \"change_percent\": [...], \"mismatches\": [...]}]}\n";
+    "           \"change_percent\": [...], \"mismatches\": [...], \"paired\": [{\"run\", \"prompts\",\n"
+    "           \"tau_a\", \"tau_b\", \"diff\", \"ci95\", \"verdict\"}, ...]}]}\n";
 
 typedef struct run_sum {
     const char *dir;
@@ -35,6 +42,7 @@ typedef struct run_sum {
     cJSON *results;  /* its "results" array */
     const char *target;
     const char *act; /* "f32" or "bf16" (summaries written before the mode existed: f32) */
+    eval_results res;/* DIR/results.jsonl, for the per-prompt τ (n = 0 when absent) */
 } run_sum;
 
 static char *read_all(const char *path) {
@@ -77,7 +85,11 @@ static int load_run(run_sum *r, const char *dir) {
     r->target = cJSON_IsString(t) ? t->valuestring : "?";
     const cJSON *a = cJSON_GetObjectItemCaseSensitive(r->root, "activations");
     r->act = cJSON_IsString(a) ? a->valuestring : "f32";
-    return DFL_OK;
+    snprintf(path, sizeof path, "%s/results.jsonl", dir);
+    FILE *f = fopen(path, "r");
+    const int rc = f ? eval_results_read(&r->res, f, path, 0, -1) : DFL_OK;
+    if (f) fclose(f);
+    return rc;
 }
 
 static const char *str_of(const cJSON *o, const char *k) {
@@ -99,6 +111,51 @@ static const cJSON *find_row(const run_sum *r, const char *drafter, const char *
             return x;
     }
     return NULL;
+}
+
+/* Run i against the first on one row, paired over the prompts both hold: the comparison and its
+ * verdict into json (an object of the row's "paired" array) or onto stdout. */
+static void paired(const run_sum *runs, int i, const char *dr, const char *mode, const char *method, const char *feat,
+                   cJSON *json) {
+    eval_ptau *a = NULL, *b = NULL;
+    const int na = eval_prompt_taus(runs[0].res.r, runs[0].res.n, dr, mode, method, feat, &a);
+    const int nb = eval_prompt_taus(runs[i].res.r, runs[i].res.n, dr, mode, method, feat, &b);
+    eval_paired p;
+    eval_paired_compare(a, na, b, nb, EVAL_BOOT_RESAMPLES, EVAL_BOOT_SEED, &p);
+    char v[4096];
+    eval_paired_verdict(&p, runs[0].dir, runs[i].dir, v, sizeof v);
+    if (json) {
+        cJSON *o = cJSON_CreateObject(), *ci = cJSON_CreateArray();
+        cJSON_AddStringToObject(o, "run", runs[i].dir);
+        cJSON_AddNumberToObject(o, "prompts", p.n);
+        cJSON_AddNumberToObject(o, "tau_a", p.tau_a);
+        cJSON_AddNumberToObject(o, "tau_b", p.tau_b);
+        cJSON_AddNumberToObject(o, "diff", p.diff);
+        cJSON_AddItemToArray(ci, cJSON_CreateNumber(p.lo));
+        cJSON_AddItemToArray(ci, cJSON_CreateNumber(p.hi));
+        cJSON_AddItemToObject(o, "ci95", ci);
+        cJSON_AddStringToObject(o, "verdict", v);
+        cJSON_AddItemToArray(json, o);
+    } else {
+        printf("- %s %s%s: %s.\n", dr, mode, strcmp(method, "online") == 0 ? " (online)" : "", v);
+    }
+    free(a), free(b);
+}
+
+/* The paired verdicts of every row common to all runs (Markdown, after the table). */
+static void print_paired(const run_sum *runs, int n) {
+    printf("\nPaired over prompts (DIR/results.jsonl; each later run against the first, %d bootstrap resamples):\n\n",
+           EVAL_BOOT_RESAMPLES);
+    const cJSON *x;
+    cJSON_ArrayForEach(x, runs[0].results) {
+        const char *dr = str_of(x, "drafter"), *mode = str_of(x, "mode"), *method = str_of(x, "method");
+        int all = 1;
+        for (int i = 0; i < n && all; i++) all = find_row(&runs[i], dr, mode, method) != NULL;
+        for (int i = 1; all && i < n; i++)
+            if (!runs[0].res.n || !runs[i].res.n) printf("- %s %s: no results.jsonl in %s: no paired comparison.\n", dr,
+                                                         mode, runs[0].res.n ? runs[i].dir : runs[0].dir);
+            else paired(runs, i, dr, mode, method, *str_of(x, "features") ? str_of(x, "features") : "dfl", NULL);
+    }
 }
 
 /* A run.* field of summary.json as JSON text (malloc'd), NULL when absent. */
@@ -225,6 +282,9 @@ int cmd_eval_compare(int argc, char **argv) {
                 cJSON_AddItemToArray(mm, cJSON_CreateNumber(num_of(row[i], "mismatches")));
                 if (i) cJSON_AddItemToArray(ch, cJSON_CreateNumber(base > 0 ? 100.0 * (num_of(row[i], "tau") / base - 1) : 0));
             }
+            cJSON *pa = cJSON_AddArrayToObject(o, "paired");
+            for (int i = 1; i < n && runs[0].res.n && runs[i].res.n; i++)
+                paired(runs, i, dr, mode, method, *str_of(x, "features") ? str_of(x, "features") : "dfl", pa);
             cJSON_AddItemToArray(rows, o);
         } else {
             printf("| %s | %s%s |", dr, mode, strcmp(method, "online") == 0 ? " (online)" : "");
@@ -246,8 +306,9 @@ int cmd_eval_compare(int argc, char **argv) {
         for (int i = 0; i < n; i++)
             printf("%s%s = target %s, %s activations", i ? "; " : "", runs[i].dir, runs[i].target, runs[i].act);
         printf(". τ change: relative to the first run.\n");
+        print_paired(runs, n);
     }
     cJSON_Delete(out);
-    for (int i = 0; i < n; i++) cJSON_Delete(runs[i].root);
+    for (int i = 0; i < n; i++) cJSON_Delete(runs[i].root), eval_results_free(&runs[i].res);
     return rc;
 }

@@ -329,10 +329,13 @@ int cmd_eval_merge(int argc, char **argv) {
     int n = 0, have_ref = 0, total = 0;
     for (int k = 0; k < n_in; k++) total += in[k].res.n;
     all = malloc(((size_t)total + 1) * sizeof *all);
+    int32_t **all_ids = malloc(((size_t)total + 1) * sizeof *all_ids); /* the output ids of each (loops) */
+    int *all_n = malloc(((size_t)total + 1) * sizeof *all_n);
+    if (!all_ids || !all_n) free(all), all = NULL;
     for (int k = 0; fr && ff && all && k < n_in; k++) {
         if (copy_lines(fr, &in[k], keep[k]) != DFL_OK) rc = cli_fail("eval-merge", "%s", dfl_errmsg());
         for (int i = 0; i < in[k].res.n; i++)
-            if (keep[k][i]) all[n++] = in[k].res.r[i];
+            if (keep[k][i]) all_ids[n] = in[k].res.ids[i], all_n[n] = in[k].res.n_ids[i], all[n++] = in[k].res.r[i];
         if (in[k].ref) fputs(in[k].ref, ff), have_ref = 1;
     }
     if (fr) fclose(fr);
@@ -396,6 +399,9 @@ int cmd_eval_merge(int argc, char **argv) {
                      have_ref ? ", \"reference_details\": \"reference.jsonl\"" : "", srt ? srt : "{}");
         eval_summary s;
         eval_summarize(&s, all, n);
+        s.run = run; /* the settings: the first input's options, the merged prompts */
+        const cJSON *mx = cJSON_GetObjectItemCaseSensitive(run, "max_new");
+        eval_summary_outputs(&s, all, all_ids, all_n, n, cJSON_IsNumber(mx) ? (int)mx->valuedouble : 0);
         if (!extra || eval_write_reports(&s, out, extra, NULL) != DFL_OK) rc = cli_fail("eval-merge", "%s", dfl_errmsg());
         else {
             fprintf(stderr, "[dfl eval-merge] %d responses from %d directories -> %s/summary.md", n, n_in, out);
@@ -408,6 +414,7 @@ int cmd_eval_merge(int argc, char **argv) {
     }
     cJSON_Delete(run);
     free(run_text), free(runp), free(res), free(ref), free(res_text), free(ref_text), free(all);
+    free(all_ids), free(all_n);
 done:
     for (int k = 0; k < n_in; k++) {
         eval_results_free(&in[k].res);

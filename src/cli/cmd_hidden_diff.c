@@ -64,6 +64,12 @@ int cmd_hidden_diff(int argc, char **argv) {
         else return cli_usage_error("hidden-diff", "unexpected argument '%s'", argv[i]);
     }
     if (!pa || !pb) return cli_usage_error("hidden-diff", "needs two files (see dfl hidden-diff --help)");
+    const char *dir = dfl_is_dir(pa) ? pa : dfl_is_dir(pb) ? pb : NULL;
+    if (dir) /* what to give instead */
+        return cli_usage_error("hidden-diff", "%s is a directory: hidden-diff compares two files, each one dump in "
+                               "the `dfl hidden` format (A.safetensors B.safetensors); for directories of saved "
+                               "features (dfl eval --save-features) compare a file of each, e.g. %s/<file> "
+                               "%s/<file>, with the names manifest.jsonl lists", dir, pa, pb);
     st_model a = {0}, b = {0};
     if (st_open_file(&a, pa) != DFL_OK) return cli_fail("hidden-diff", "%s", dfl_errmsg());
     if (st_open_file(&b, pb) != DFL_OK) {

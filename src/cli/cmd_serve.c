@@ -9,6 +9,7 @@
 #include "dfl/drafter.h"
 #include "dfl/server.h"
 #include "dfl/spec.h"
+#include "dfl/tokenizer.h"
 
 static const char *usage_text =
     "usage: dfl serve --target DIR [--drafter DIR|mtp|DIR:mtp [--block-size B] [--tree-budget N] [--block-attn MODE]]\n"
@@ -126,6 +127,7 @@ int cmd_serve(int argc, char **argv) {
         }
     }
     if (!o.target) return cli_usage_error("serve", "missing --target DIR");
+    if (tok_locate(o.tokenizer, o.target, "serving text needs") != DFL_OK) return cli_fail("serve", "%s", dfl_errmsg());
     if (o.block && !o.drafter) return cli_usage_error("serve", "--block-size needs --drafter");
     if (o.tree_budget && !o.drafter) return cli_usage_error("serve", "--tree-budget needs --drafter");
     if (block_attn != DFL_BLOCK_ATTN_AUTO && !o.drafter)

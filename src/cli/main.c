@@ -63,10 +63,25 @@ static const struct subcommand subcommands[] = {
 };
 
 static void usage(FILE *f) {
-    fprintf(f, "usage: dfl <command> [options]   (dfl <command> --help for each)\n\ncommands:\n");
+    fprintf(f, "usage: dfl <command> [options]   (dfl help <command>, or dfl <command> --help, for each)\n\ncommands:\n");
     for (size_t i = 0; i < sizeof subcommands / sizeof subcommands[0]; i++)
         fprintf(f, "  %-12s %s\n", subcommands[i].name, subcommands[i].summary);
     fprintf(f, "  %-12s %s\n", "version", "version, git commit, build type, kernel ISA, MPI (also dfl --version)");
+    fprintf(f, "  %-12s %s\n", "help", "this list; dfl help <command>: that command's options");
+}
+
+/* dfl help [CMD]: the command list, or CMD's own --help. */
+static int help(int argc, char **argv) {
+    if (argc < 3) return usage(stdout), 0;
+    if (strcmp(argv[2], "version") == 0 || strcmp(argv[2], "help") == 0) return usage(stdout), 0;
+    for (size_t i = 0; i < sizeof subcommands / sizeof subcommands[0]; i++)
+        if (strcmp(argv[2], subcommands[i].name) == 0) {
+            char *args[] = {argv[2], "--help", NULL};
+            return subcommands[i].fn(2, args);
+        }
+    fprintf(stderr, "dfl help: unknown command '%s'\n", argv[2]);
+    usage(stderr);
+    return 2;
 }
 
 int main(int argc, char **argv) {
@@ -75,6 +90,7 @@ int main(int argc, char **argv) {
         return argc < 2 ? 2 : 0;
     }
     if (strcmp(argv[1], "--version") == 0 || strcmp(argv[1], "version") == 0) return version();
+    if (strcmp(argv[1], "help") == 0) return help(argc, argv);
     for (size_t i = 0; i < sizeof subcommands / sizeof subcommands[0]; i++)
         if (strcmp(argv[1], subcommands[i].name) == 0) {
             static const char *const computes[] = {"generate", "hidden", "eval", "serve"};

@@ -1,4 +1,6 @@
 /* The target's verification costs, measured once per run for replay's modeled speedup. */
+#include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -10,6 +12,17 @@ static double minimum(const double *v, int n) {
     double m = v[0];
     for (int i = 1; i < n; i++) m = v[i] < m ? v[i] : m;
     return m;
+}
+
+static int cmp_double(const void *x, const void *y) {
+    const double a = *(const double *)x, b = *(const double *)y;
+    return (a > b) - (a < b);
+}
+
+/* The median of v[0..n) (sorts v). */
+static double median(double *v, int n) {
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 /* Repetitions per size: after one untimed warm-up (first touch of buffers and tree slots), at
@@ -90,6 +103,7 @@ int eval_costs_measure(eval_costs *c, const dfl_model *m, dfl_draft_if *dr, cons
             if (r >= 0) total += t[r] = dfl_now() - t0;
         }
         c->chain_s[i] = minimum(t, r);
+        c->chain_med[i] = median(t, r);
         c->reps = r > c->reps ? r : c->reps;
     }
     s.no_record = 1;
@@ -116,6 +130,7 @@ int eval_costs_measure(eval_costs *c, const dfl_model *m, dfl_draft_if *dr, cons
         }
         ddtree_free(&tree);
         c->tree_s[i] = minimum(t, r);
+        c->tree_med[i] = median(t, r);
         c->reps = r > c->reps ? r : c->reps;
     }
     c->ok = 1;
@@ -125,4 +140,42 @@ done:
     free(logits), free(feat), free(vlog), free(t), free(toks);
     state_free(&s);
     return rc;
+}
+
+/* Append one failed check to why ("; " between them). */
+static void add_why(char *why, size_t n, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void add_why(char *why, size_t n, const char *fmt, ...) {
+    size_t used = strlen(why);
+    if (used && used + 2 < n) snprintf(why + used, n - used, "; "), used += 2;
+    if (used + 1 >= n) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(why + used, n - used, fmt, ap);
+    va_end(ap);
+}
+
+int eval_costs_check(const eval_costs *c, double ar_step_s, char *why, size_t n) {
+    why[0] = 0;
+    if (!c->ok || c->n_chain < 1 || c->chain_n[0] != 1) return 1; /* nothing priced, nothing to check */
+    const double dec = c->chain_s[0], ms = 1e3;
+    for (int i = 1; i < c->n_chain; i++)
+        if (c->chain_s[i] < EVAL_COST_NOISE * dec)
+            add_why(why, n, "a verification of %d tokens (%.3f ms) costs less than a decode step (%.3f ms)",
+                    c->chain_n[i], c->chain_s[i] * ms, dec * ms);
+    for (int i = 0; i < c->n_tree; i++)
+        if (c->tree_s[i] >= 0 && c->tree_s[i] < EVAL_COST_NOISE * dec)
+            add_why(why, n, "a tree of budget %d (%.3f ms) costs less than a decode step (%.3f ms)", c->tree_budget[i],
+                    c->tree_s[i] * ms, dec * ms);
+    for (int i = 0; i < c->n_chain; i++)
+        if (c->chain_med[i] > EVAL_COST_SPREAD * c->chain_s[i])
+            add_why(why, n, "the timed repetitions of the %d-token forward spread: median %.3f ms, fastest %.3f ms",
+                    c->chain_n[i], c->chain_med[i] * ms, c->chain_s[i] * ms);
+    for (int i = 0; i < c->n_tree; i++)
+        if (c->tree_s[i] >= 0 && c->tree_med[i] > EVAL_COST_SPREAD * c->tree_s[i])
+            add_why(why, n, "the timed repetitions of the budget-%d tree spread: median %.3f ms, fastest %.3f ms",
+                    c->tree_budget[i], c->tree_med[i] * ms, c->tree_s[i] * ms);
+    if (ar_step_s > 0 && (ar_step_s < EVAL_COST_AR_LO * dec || ar_step_s > EVAL_COST_AR_HI * dec))
+        add_why(why, n, "the decode cost (%.3f ms, measured at the start) is far from the autoregressive step the run "
+                "measured (%.3f ms per token)", dec * ms, ar_step_s * ms);
+    return why[0] == 0;
 }

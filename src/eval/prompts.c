@@ -13,13 +13,37 @@ int eval_format_parse(const char *s, eval_format *fmt, char *field, int field_le
     if (strcmp(s, "gsm8k") == 0) *fmt = EVAL_FMT_GSM8K;
     else if (strcmp(s, "mtbench") == 0) *fmt = EVAL_FMT_MTBENCH;
     else if (strcmp(s, "text") == 0) *fmt = EVAL_FMT_TEXT;
+    else if (strcmp(s, "messages") == 0) *fmt = EVAL_FMT_MESSAGES;
+    else if (strcmp(s, "sharegpt") == 0) *fmt = EVAL_FMT_SHAREGPT;
     else if (strncmp(s, "jsonl:", 6) == 0 && s[6]) {
         *fmt = EVAL_FMT_JSONL;
         snprintf(field, (size_t)field_len, "%s", s + 6);
     } else {
-        return dfl_seterr("format '%s': expected gsm8k, mtbench, text or jsonl:FIELD", s);
+        return dfl_seterr("format '%s': expected gsm8k, mtbench, text, messages, sharegpt or jsonl:FIELD", s);
     }
     return DFL_OK;
+}
+
+void eval_format_name(eval_format fmt, const char *field, char *out, size_t n) {
+    static const char *const names[] = {"gsm8k", "mtbench", "jsonl:", "text", "messages", "sharegpt"};
+    snprintf(out, n, "%s%s", names[fmt], fmt == EVAL_FMT_JSONL ? field : "");
+}
+
+eval_format eval_format_sniff(const char *path) {
+    FILE *f = fopen(path, "r");
+    char *line = NULL;
+    size_t cap = 0;
+    ssize_t len = 0;
+    while (f && (len = getline(&line, &cap, f)) >= 0 && strspn(line, " \t\r\n") == (size_t)len) {} /* blank lines */
+    cJSON *o = f && len > 0 ? cJSON_Parse(line) : NULL;
+    eval_format fmt = EVAL_FMT_GSM8K;
+    if (cJSON_IsArray(cJSON_GetObjectItemCaseSensitive(o, "turns"))) fmt = EVAL_FMT_MTBENCH;
+    else if (cJSON_IsArray(cJSON_GetObjectItemCaseSensitive(o, "messages"))) fmt = EVAL_FMT_MESSAGES;
+    else if (cJSON_IsArray(cJSON_GetObjectItemCaseSensitive(o, "conversations"))) fmt = EVAL_FMT_SHAREGPT;
+    cJSON_Delete(o);
+    free(line);
+    if (f) fclose(f);
+    return fmt;
 }
 
 /* cJSON ends a string at a NUL character: a prompt "a\\u0000b" would be cut to "a" without a word.
@@ -77,6 +101,10 @@ static int missing_field(const cJSON *o, const char *f, eval_format fmt) {
                                         NULL};
     if (cJSON_IsArray(cJSON_GetObjectItemCaseSensitive(o, "turns")))
         return dfl_seterr("missing string field '%s'; the object has \"turns\": use --format mtbench", f);
+    if (cJSON_IsArray(cJSON_GetObjectItemCaseSensitive(o, "messages")))
+        return dfl_seterr("missing string field '%s'; the object has OpenAI \"messages\": use --format messages", f);
+    if (cJSON_IsArray(cJSON_GetObjectItemCaseSensitive(o, "conversations")))
+        return dfl_seterr("missing string field '%s'; the object has ShareGPT \"conversations\": use --format sharegpt", f);
     for (int i = 0; known[i]; i++)
         if (strcmp(known[i], f) && cJSON_IsString(cJSON_GetObjectItemCaseSensitive(o, known[i])))
             return dfl_seterr("missing string field '%s'; the object has a string field \"%s\": use --format "
@@ -96,6 +124,54 @@ static int missing_field(const cJSON *o, const char *f, eval_format fmt) {
         return dfl_seterr("missing string field '%s'%s; its string fields: %s (use --format jsonl:FIELD)", f,
                           fmt == EVAL_FMT_GSM8K ? " (format gsm8k)" : "", names);
     return dfl_seterr("missing string field '%s'; the object has no string field", f);
+}
+
+/* One message of a chat record: its role as user (1), assistant (2) or other (0), its text. */
+static int chat_message(const cJSON *m, const cJSON *am, eval_format fmt, int i, int *role, const char **text) {
+    const int oa = fmt == EVAL_FMT_MESSAGES;
+    const char *key = oa ? "messages" : "conversations", *rk = oa ? "role" : "from", *ck = oa ? "content" : "value";
+    const cJSON *r = cJSON_GetObjectItemCaseSensitive(m, rk), *c = cJSON_GetObjectItemCaseSensitive(m, ck);
+    if (!cJSON_IsString(r)) return dfl_seterr("%s[%d]: expected an object with a string \"%s\"", key, i, rk);
+    const char *v = r->valuestring;
+    *role = !strcmp(v, "user") || !strcmp(v, "human") ? 1 : !strcmp(v, "assistant") || !strcmp(v, "gpt") ? 2 : 0;
+    if (!*role && !strcmp(v, "system"))
+        return dfl_seterr("%s[%d] is a system message: dfl's chat templates (--chat) render user turns only; drop it, or "
+                          "fold it into the first user turn", key, i);
+    if (!*role) return dfl_seterr("%s[%d].%s: '%s' is no role dfl runs (expected %s)", key, i, rk, v,
+                                  oa ? "user or assistant" : "human or gpt");
+    if (!cJSON_IsString(c))
+        return dfl_seterr("%s[%d].%s: expected a string (content parts or null are not read: give the text as a string)",
+                          key, i, ck);
+    if (nul_cut(c, am ? cJSON_GetObjectItemCaseSensitive(am, ck) : NULL))
+        return dfl_seterr("%s[%d].%s holds a NUL character (\\u0000), which dfl does not accept in a prompt", key, i, ck);
+    *text = c->valuestring;
+    return DFL_OK;
+}
+
+/* A chat record (--format messages, sharegpt): its user turns are the prompt's turns (at most 2),
+ * the assistant turn after the first user turn its reference answer. */
+static int parse_chat(eval_prompt *p, const cJSON *o, const cJSON *alt, eval_format fmt) {
+    const char *key = fmt == EVAL_FMT_MESSAGES ? "messages" : "conversations";
+    const cJSON *msgs = cJSON_GetObjectItemCaseSensitive(o, key);
+    const cJSON *amsgs = alt ? cJSON_GetObjectItemCaseSensitive(alt, key) : NULL;
+    if (!cJSON_IsArray(msgs))
+        return dfl_seterr("missing array field '%s' (format %s: %s)", key, fmt == EVAL_FMT_MESSAGES ? "messages" : "sharegpt",
+                          fmt == EVAL_FMT_MESSAGES ? "{\"messages\": [{\"role\": \"user\", \"content\": \"...\"}, ...]}"
+                                                   : "{\"conversations\": [{\"from\": \"human\", \"value\": \"...\"}, ...]}");
+    for (int i = 0; i < cJSON_GetArraySize(msgs); i++) {
+        int role = 0;
+        const char *text = NULL;
+        if (chat_message(cJSON_GetArrayItem(msgs, i), cJSON_GetArrayItem(amsgs, i), fmt, i, &role, &text)) return DFL_ERR;
+        if (role == 2 && !p->n_turns)
+            return dfl_seterr("%s[%d]: the conversation starts with an assistant message, which dfl cannot render (its "
+                              "templates begin with a user turn)", key, i);
+        if (role == 1 && p->n_turns == 2)
+            return dfl_seterr("%s[%d]: a third user turn: dfl eval runs at most two (the second after the model's own "
+                              "first answer, as MT-Bench); keep the first two", key, i);
+        if (role == 1 && !(p->turns[p->n_turns++] = strdup(text))) return dfl_seterr("out of memory");
+        if (role == 2 && p->n_turns == 1 && !p->answer && !(p->answer = strdup(text))) return dfl_seterr("out of memory");
+    }
+    return p->n_turns ? DFL_OK : dfl_seterr("'%s' holds no user turn", key);
 }
 
 /* Parse one line (len bytes, without its newline) into p; DFL_ERR with a message (without
@@ -166,6 +242,10 @@ static int parse_line(eval_prompt *p, char *text, size_t len, eval_format fmt, c
             }
             if (rc == DFL_OK) rc = json_id(o, alt, ids, line, &p->id);
         }
+    } else if (rc == DFL_OK && (fmt == EVAL_FMT_MESSAGES || fmt == EVAL_FMT_SHAREGPT)) {
+        static const char *const ids[] = {"id", "idx", "question_id", NULL};
+        rc = parse_chat(p, o, alt, fmt);
+        if (rc == DFL_OK) rc = json_id(o, alt, ids, line, &p->id);
     } else if (rc == DFL_OK) {
         static const char *const ids[] = {"id", "idx", "question_id", NULL};
         const char *f = fmt == EVAL_FMT_GSM8K ? "question" : field;

@@ -134,7 +134,7 @@ int eval_zlab_load(eval_prompts *ps, const eval_opts *o, int *dataset) {
     for (int i = 0; i < count; i++) sel[i] = ps->p[order[i]], used[order[i]] = 1;
     for (int i = 0; i < ps->n; i++)
         if (!used[i]) {
-            free(ps->p[i].id);
+            free(ps->p[i].id), free(ps->p[i].answer);
             for (int k = 0; k < ps->p[i].n_turns; k++) free(ps->p[i].turns[k]);
         }
     free(ps->p);

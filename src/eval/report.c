@@ -9,46 +9,27 @@
 #include "dfl/backend.h"
 #include "dfl/common.h"
 #include "dfl/eval.h"
-#include "svg.h"
+#include "report.h"
 
 
-static double per_pos(const eval_agg *a, int k) {
+double report_per_pos(const eval_agg *a, int k) {
     return a->pos_drafted[k] ? (double)a->pos_accepted[k] / a->pos_drafted[k] : 0.0;
 }
 
-/* Last path component for legends (a trailing slash is ignored). */
-static void base_name(const char *p, char *out, size_t n) {
-    size_t len = strlen(p);
-    while (len > 1 && p[len - 1] == '/') len--;
-    size_t start = len;
-    while (start > 0 && p[start - 1] != '/') start--;
-    snprintf(out, n, "%.*s", (int)(len - start), p + start);
-}
-
-
-/* Legend name: the drafter's last path component, marked like its table label. */
-static void legend_name(const eval_agg *a, char *out, size_t n) {
-    char b[256];
-    base_name(a->drafter, b, sizeof b);
-    snprintf(out, n, "%s%s", b, a->label + strlen(a->drafter));
-}
-
-/* Close a report written to path: an error of any write (not only the last flush) fails it. */
-static int close_report(FILE *f, const char *path) {
+int report_close(FILE *f, const char *path) {
     const int bad = ferror(f);
     const int e = errno;
     if (fclose(f) != 0 || bad) return dfl_seterr("%s: write error: %s", path, strerror(bad ? e : errno));
     return DFL_OK;
 }
 
-static int has_trees(const eval_summary *s) {
+int report_has_trees(const eval_summary *s) {
     for (int k = 1; k < s->n_agg; k++)
         if (strncmp(s->agg[k].mode, "ddtree-", 7) == 0) return 1;
     return 0;
 }
 
-/* The deepest draft position any row proposed (0 if none). */
-static int max_proposed(const eval_summary *s) {
+int report_max_proposed(const eval_summary *s) {
     int m = 0;
     for (int k = 1; k < s->n_agg; k++)
         for (int p = 1; p < s->agg[k].max_block; p++)
@@ -102,7 +83,8 @@ static int write_json(const eval_summary *s, const char *path, const char *extra
                "    \"tau_token_weighted\": \"sum over responses of (generated tokens - 1) / sum of rounds\",\n"
                "    \"tau_accept\": \"1 + accepted drafts / rounds (vLLM's mean acceptance length)\",\n"
                "    \"per_position\": \"for draft position k: rounds in which draft k was accepted / rounds in "
-               "which it was proposed\",\n"
+               "which it was proposed. Chain: every round proposes k, a marginal rate; DDTree: rounds whose tree reached "
+               "depth k, a rate conditional on reaching it (the two do not compare)\",\n"
                "    \"speedup\": \"autoregressive decode time per token / speculative decode time per token, same "
                "engine and responses (the first token of each response comes from the prefill and is excluded); "
                "measured, online rows only\",\n"
@@ -117,13 +99,29 @@ static int write_json(const eval_summary *s, const char *path, const char *extra
                "responses (values, index = repetition) with their min, median and max; null for a single run. tau and "
                "every other figure come from the first run\",\n"
                "    \"method\": \"online: the speculative loop ran on the target; replay: the drafter alone on the "
-               "recorded target truth and features (exact at temperature 0: same rounds as online)\"\n"
+               "recorded target truth and features (exact at temperature 0: same rounds as online)\",\n"
+               "    \"speedup_device\": \"speedups are this device's: CPU speedups do not predict GPU serving, where a "
+               "verification of 16 tokens costs about one decode step (memory-bound) and the drafter's share differs\",\n"
+               "    \"speedup_modeled_reliable\": \"false when the costs the modeled speedups come from fail a check "
+               "(a verification or tree cheaper than a decode step, timed repetitions spread more than 2x, the decode "
+               "cost far from the run's measured autoregressive step): speedup_modeled_warning says which; null when not "
+               "checked\",\n"
+               "    \"comparisons\": \"every drafter against the first drafter of the same mode, method and features, "
+               "paired over the prompts both have: per prompt the mean over its turns of per-response tau; diff = mean "
+               "of B - A, ci95 = 2.5th and 97.5th percentiles of the mean over 2000 bootstrap resamples of the prompts "
+               "(Python's random.Random(1).randrange, numpy's percentile)\",\n"
+               "    \"responses_at_max_new\": \"responses whose tokens reached --max-new (cut short, not ended by eos); "
+               "tau_at_max_new / tau_not_at_max_new: mean per-response tau of those and of the rest\",\n"
+               "    \"responses_looping\": \"responses that end in at least 3 copies of one span of p <= 256 tokens "
+               "covering at least 32 tokens (the output ids; replay rows: the truth of their prompt and turn)\"\n"
                "  },\n");
     fprintf(f, "  \"activations\": \"%s\",\n", s->act_bf16 ? "bf16" : "f32");
-    fprintf(f, "  \"device\": \"%s\",\n", dfl_device_name((dfl_device)s->device)); /* where the target ran */
-    fprintf(f, "  \"prompts\": %d,\n  \"autoregressive\": {\"responses\": %d, \"tokens\": %d, \"decode_s\": %.6f, "
+    fprintf(f, "  \"device\": \"%s\",\n  ", dfl_device_name((dfl_device)s->device)); /* where the target ran */
+    report_checks_json(f, s);
+    fprintf(f, "\"prompts\": %d,\n", s->n_prompts);
+    fprintf(f, "  \"autoregressive\": {\"responses\": %d, \"tokens\": %d, \"decode_s\": %.6f, "
                "\"prefill_s\": %.6f, \"tokens_per_s\": %.3f},\n  \"results\": [",
-            s->n_prompts, ar->responses, ar->tokens, ar->time_s, ar->prefill_s,
+            ar->responses, ar->tokens, ar->time_s, ar->prefill_s,
             ar->time_s > 0 ? (ar->tokens - ar->responses) / ar->time_s : 0.0);
     for (int k = 1; k < s->n_agg; k++) {
         const eval_agg *a = &s->agg[k];
@@ -141,14 +139,16 @@ static int write_json(const eval_summary *s, const char *path, const char *extra
                    "\"accepted\": %ld, \"tau\": %.6f, \"tau_token_weighted\": %.6f, \"tau_accept\": %.6f, "
                    "\"tokens_per_s\": %s, \"speedup\": %s, \"speedup_modeled\": %s, \"draft_share\": %.4f, "
                    "\"verify_share\": %.4f, \"rollback_share\": %.4f, \"mean_tree_depth\": %.4f, "
-                   "\"mean_tree_nodes\": %.4f, \"mismatches\": %d, \"per_position\": [",
+                   "\"mean_tree_nodes\": %.4f, \"mismatches\": %d",
                 a->mode, a->method, a->features, a->responses, a->tokens, a->rounds, a->drafted, a->accepted,
                 eval_agg_tau(a), eval_agg_tau_tokens(a), a->rounds ? 1.0 + (double)a->accepted / a->rounds : 0.0, tps,
                 sp, spm, busy > 0 ? a->draft_s / busy : 0, busy > 0 ? a->verify_s / busy : 0,
                 busy > 0 ? a->rollback_s / busy : 0, a->rounds ? (double)a->tree_depth_sum / a->rounds : 0.0,
                 a->rounds ? (double)a->tree_nodes / a->rounds : 0.0, a->mismatches);
+        report_row_checks_json(f, a);
+        fprintf(f, ", \"per_position\": [");
         for (int p = 1; p < a->max_block; p++) {
-            if (a->pos_drafted[p]) fprintf(f, "%s%.6f", p > 1 ? ", " : "", per_pos(a, p));
+            if (a->pos_drafted[p]) fprintf(f, "%s%.6f", p > 1 ? ", " : "", report_per_pos(a, p));
             else fprintf(f, "%snull", p > 1 ? ", " : ""); /* never proposed */
         }
         fprintf(f, "], \"accept_hist\": [");
@@ -168,11 +168,10 @@ static int write_json(const eval_summary *s, const char *path, const char *extra
         fprintf(f, "}");
     }
     fprintf(f, "\n  ]%s%s\n}\n", extra && *extra ? ",\n  " : "", extra ? extra : "");
-    return close_report(f, path);
+    return report_close(f, path);
 }
 
-/* Distinct drafters and modes, in order of appearance. */
-static int distinct(const eval_summary *s, int drafters, const char **out) {
+int report_distinct(const eval_summary *s, int drafters, const char **out) {
     int n = 0;
     for (int k = 1; k < s->n_agg; k++) {
         const char *v = drafters ? s->agg[k].label : s->agg[k].mode;
@@ -300,7 +299,9 @@ static void write_howto(FILE *f, const eval_summary *s, const char **dr, int nd)
                 fprintf(f, " = %s", s->agg[k].mode);
         fprintf(f, " (%.3f)", eval_agg_tau(bt));
         if (bs) fprintf(f, ", by measured speedup %s (%.2fx)", bs->mode, eval_agg_speedup(bs));
-        if (bm) fprintf(f, ", by modeled speedup %s (%.2fx)", bm->mode, eval_agg_speedup_modeled(bm));
+        if (bm)
+            fprintf(f, ", by modeled speedup %s (%.2fx%s)", bm->mode, eval_agg_speedup_modeled(bm),
+                    s->modeled_warning ? ", unreliable" : "");
         first = 0;
     }
     if (!first)
@@ -337,6 +338,11 @@ static void write_howto(FILE *f, const eval_summary *s, const char **dr, int nd)
             fprintf(f, "  This was one run: `--repeat N` runs every prompt N times and gives each speedup's range "
                        "over runs.\n");
     }
+    if ((any_measured || any_modeled) && s->device == 0)
+        fprintf(f, "- **These are CPU speedups; they do not predict GPU serving.** On a GPU a verification of 16 "
+                   "tokens costs about one decode step (memory-bound: 1.30x on an H200, docs/backends.md) and the "
+                   "drafter's share of a round differs, so a drafter slower than autoregressive decoding here can be "
+                   "faster there; measure there (`--device cuda`). τ does not depend on the device.\n");
     if (any_modeled) {
         fprintf(f, "- **Modeled speedups** (replay) price each verification, and the autoregressive side, with "
                    "target costs measured once at the start of the run (only the drafter's work is timed as it "
@@ -347,6 +353,11 @@ static void write_howto(FILE *f, const eval_summary *s, const char **dr, int nd)
                        "%.2fx–%.2fx (p10–p90), median %.2fx (`speedup_modeled_spread`).\n",
                     w->label, w->mode, q[0], q[2], q[1]);
         else fprintf(f, "One response per row here: no spread.\n");
+        if (s->modeled_warning)
+            fprintf(f, "  **Here the costs fail their checks: the modeled speedups are unreliable** (Warnings, above).\n");
+        else if (s->modeled_checked)
+            fprintf(f, "  The costs passed their checks (every verification and tree at least a decode step, timed "
+                       "repetitions within 2x of the fastest, the decode cost near the measured autoregressive step).\n");
     }
     fprintf(f, "\n");
 }
@@ -355,7 +366,7 @@ static int write_md(const eval_summary *s, const char *path, const char *extra) 
     FILE *f = fopen(path, "w");
     if (!f) return dfl_seterr("%s: cannot create", path);
     const char **dr = calloc((size_t)s->n_agg + 1, sizeof *dr), **md = calloc((size_t)s->n_agg + 1, sizeof *md);
-    const int nd = distinct(s, 1, dr), nm = distinct(s, 0, md);
+    const int nd = report_distinct(s, 1, dr), nm = report_distinct(s, 0, md);
     const eval_agg *ar = &s->agg[0];
     fprintf(f, "# dfl eval summary\n\n%d prompts", s->n_prompts);
     if (ar->responses)
@@ -378,6 +389,8 @@ static int write_md(const eval_summary *s, const char *path, const char *extra) 
         fprintf(f, "**Target on %s** (`--device %s`): the target's forwards ran there, the drafters on the CPU; "
                    "times and speedups are this device's.\n\n", dfl_device_name((dfl_device)s->device),
                 dfl_device_name((dfl_device)s->device));
+    report_settings_md(f, s);
+    report_warnings_md(f, s);
     write_howto(f, s, dr, nd);
     static const char *const titles[] = {
         "τ (mean over responses of (tokens − 1) / rounds)", "τ token-weighted (Σ(tokens − 1) / Σ rounds)",
@@ -393,7 +406,8 @@ static int write_md(const eval_summary *s, const char *path, const char *extra) 
         const int t = order[oi];
         if ((t == 2 && !any_measured) || (t == 3 && !any_modeled) || (t == 4 && !any_measured) || (t == 6 && !runs))
             continue;
-        fprintf(f, "## %s%s\n\n| drafter |", titles[t], t == 2 && runs ? " — the first of the repeated runs" : "");
+        fprintf(f, "## %s%s%s\n\n| drafter |", titles[t], t == 2 && runs ? " — the first of the repeated runs" : "",
+                t == 3 && s->modeled_warning ? " — UNRELIABLE: the costs fail their checks (Warnings, above)" : "");
         for (int j = 0; j < nm; j++) fprintf(f, " %s |", md[j]);
         fprintf(f, "\n|---|");
         for (int j = 0; j < nm; j++) fprintf(f, "---:|");
@@ -439,6 +453,8 @@ static int write_md(const eval_summary *s, const char *path, const char *extra) 
         }
         fprintf(f, "\n");
     }
+    report_compare_md(f, s);
+    report_outputs_md(f, s);
     if (any_pipe) {
         fprintf(f, "## τ on dfl's features vs the pipeline's (--features-from), same truth\n\n"
                    "| drafter | mode | τ dfl features | τ pipeline features | Δ |\n|---|---|---:|---:|---:|\n");
@@ -458,9 +474,11 @@ static int write_md(const eval_summary *s, const char *path, const char *extra) 
     }
     /* columns up to the deepest position any row proposed; a position a mode never proposed is
      * "–" (DDTree-8 never drafts deeper than 8), not a rate of 0 */
-    const int maxb = max_proposed(s) + 1;
+    const int maxb = report_max_proposed(s) + 1;
     fprintf(f, "## Per-position acceptance (rounds in which draft k was accepted / proposed; – = never "
-               "proposed)\n\n| drafter | mode |");
+               "proposed)\n\nChain rows: every round proposes k, a marginal rate. DDTree rows: rounds whose tree "
+               "reached depth k, a rate conditional on reaching it — the two do not compare position by position.\n\n"
+               "| drafter | mode |");
     for (int p = 1; p < maxb; p++) fprintf(f, " %d |", p);
     fprintf(f, "\n|---|---|");
     for (int p = 1; p < maxb; p++) fprintf(f, "---:|");
@@ -468,195 +486,16 @@ static int write_md(const eval_summary *s, const char *path, const char *extra) 
     for (int k = 1; k < s->n_agg; k++) {
         fprintf(f, "| %s | %s |", s->agg[k].label, s->agg[k].mode);
         for (int p = 1; p < maxb; p++)
-            if (p < s->agg[k].max_block && s->agg[k].pos_drafted[p]) fprintf(f, " %.3f |", per_pos(&s->agg[k], p));
+            if (p < s->agg[k].max_block && s->agg[k].pos_drafted[p]) fprintf(f, " %.3f |", report_per_pos(&s->agg[k], p));
             else fprintf(f, " – |");
         fprintf(f, "\n");
     }
     fprintf(f, "\nPlots: [per_position.svg](per_position.svg), [tau_hist.svg](tau_hist.svg)%s.\n",
-            has_trees(s) ? ", [tau_budget.svg](tau_budget.svg)" : "");
+            report_has_trees(s) ? ", [tau_budget.svg](tau_budget.svg)" : "");
     if (extra) fputs(extra, f);
     free(dr);
     free(md);
-    return close_report(f, path);
-}
-
-static int legend_chars(const eval_summary *s, int with_mode, int extra) {
-    int m = 0;
-    for (int k = 1; k < s->n_agg; k++) {
-        char name[256];
-        legend_name(&s->agg[k], name, sizeof name);
-        const int n = (int)strlen(name) + (with_mode ? 1 + (int)strlen(s->agg[k].mode) : 0) + extra;
-        if (n > m) m = n;
-    }
-    return m;
-}
-
-/* A line chart of per-position acceptance, one line per drafter x mode; positions a mode never
- * proposed (DDTree-8 never drafts deeper than 8) are left out, not drawn as 0. */
-static int write_per_position_svg(const eval_summary *s, const char *path) {
-    FILE *f = fopen(path, "w");
-    if (!f) return dfl_seterr("%s: cannot create", path);
-    const int npos = max_proposed(s) > 0 ? max_proposed(s) : 1;
-    const plot pl = plot_begin(f, "Per-position acceptance (rounds in which draft k was accepted / proposed)",
-                               s->n_agg - 1, legend_chars(s, 1, 0));
-    char lab[32];
-    for (int i = 0; i <= 10; i += 2) {
-        snprintf(lab, sizeof lab, "%.1f", i / 10.0);
-        plot_ytick(f, &pl, pl.y0 + pl.ph - pl.ph * i / 10.0, lab);
-    }
-#define PX(p) (pl.x0 + pl.pw * ((p) - 0.5) / npos)
-#define PY(v) (pl.y0 + pl.ph - pl.ph * (v))
-    for (int p = 1; p <= npos; p++) {
-        snprintf(lab, sizeof lab, "%d", p);
-        plot_xtick(f, &pl, PX(p), lab);
-    }
-    plot_labels(f, &pl, "draft position k", "acceptance rate");
-    for (int k = 1; k < s->n_agg; k++) {
-        const eval_agg *a = &s->agg[k];
-        const char *c = svg_colors[(k - 1) % SVG_N_COLORS];
-        fprintf(f, "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"2\" points=\"", c);
-        for (int p = 1; p < a->max_block; p++)
-            if (a->pos_drafted[p]) fprintf(f, "%.1f,%.1f ", PX(p), PY(per_pos(a, p)));
-        fprintf(f, "\"/>\n");
-        for (int p = 1; p < a->max_block; p++)
-            if (a->pos_drafted[p])
-                fprintf(f, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"2.5\" fill=\"%s\"/>\n", PX(p), PY(per_pos(a, p)), c);
-        char name[256], text[300];
-        legend_name(a, name, sizeof name);
-        snprintf(text, sizeof text, "%s %s", name, a->mode);
-        plot_legend(f, &pl, k - 1, c, text);
-    }
-#undef PX
-#undef PY
-    fprintf(f, "</svg>\n");
-    return close_report(f, path);
-}
-
-/* A tick step of 1, 2 or 5 x 10^k giving at most about 6 ticks up to top. */
-static int nice_step(int top) {
-    for (int m = 1;; m *= 10) {
-        if (top <= 6 * m) return m;
-        if (top <= 12 * m) return 2 * m;
-        if (top <= 30 * m) return 5 * m;
-    }
-}
-
-/* Histograms of per-response tau (bins of 0.5), one step line per drafter x mode. */
-static int write_tau_svg(const eval_summary *s, const char *path) {
-    FILE *f = fopen(path, "w");
-    if (!f) return dfl_seterr("%s: cannot create", path);
-    int maxb = 2;
-    for (int k = 1; k < s->n_agg; k++) maxb = s->agg[k].max_block > maxb ? s->agg[k].max_block : maxb;
-    const int nbins = 2 * (maxb - 1) + 1; /* tau in [1, maxb] */
-    int *cnt = calloc((size_t)s->n_agg * nbins, sizeof(int)), top = 1;
-    for (int k = 1; k < s->n_agg; k++)
-        for (int i = 0; i < s->agg[k].responses; i++) {
-            int b = (int)((s->agg[k].taus[i] - 1.0) * 2.0);
-            b = b < 0 ? 0 : b >= nbins ? nbins - 1 : b;
-            if (++cnt[k * nbins + b] > top) top = cnt[k * nbins + b];
-        }
-    const int step = nice_step(top), ytop = (top + step - 1) / step * step;
-    const plot pl = plot_begin(f, "Per-response τ (responses per 0.5 bin)", s->n_agg - 1, legend_chars(s, 1, 10));
-    char lab[32];
-    for (int v = 0; v <= ytop; v += step) {
-        snprintf(lab, sizeof lab, "%d", v);
-        plot_ytick(f, &pl, pl.y0 + pl.ph - pl.ph * v / (double)ytop, lab);
-    }
-    for (int t = 1; t <= maxb; t++) {
-        snprintf(lab, sizeof lab, "%d", t);
-        plot_xtick(f, &pl, pl.x0 + pl.pw * (t - 1) / (double)(maxb - 1), lab);
-    }
-    plot_labels(f, &pl, "per-response τ (tokens per round)", "responses");
-    const double bw = pl.pw / (2.0 * (maxb - 1));
-    for (int k = 1; k < s->n_agg; k++) {
-        const char *c = svg_colors[(k - 1) % SVG_N_COLORS];
-        fprintf(f, "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"2\" points=\"%.1f,%.1f ", c, pl.x0,
-                pl.y0 + pl.ph);
-        for (int b = 0; b < nbins; b++) {
-            const double y = pl.y0 + pl.ph - pl.ph * cnt[k * nbins + b] / (double)ytop;
-            const double xa = pl.x0 + bw * b, xb = xa + bw > pl.x0 + pl.pw ? pl.x0 + pl.pw : xa + bw;
-            fprintf(f, "%.1f,%.1f %.1f,%.1f ", xa, y, xb, y);
-        }
-        fprintf(f, "%.1f,%.1f\"/>\n", pl.x0 + pl.pw, pl.y0 + pl.ph);
-        char name[256], text[320];
-        legend_name(&s->agg[k], name, sizeof name);
-        snprintf(text, sizeof text, "%s %s (τ %.2f)", name, s->agg[k].mode, eval_agg_tau(&s->agg[k]));
-        plot_legend(f, &pl, k - 1, c, text);
-    }
-    fprintf(f, "</svg>\n");
-    free(cnt);
-    return close_report(f, path);
-}
-
-/* τ against the tree budget (log scale), a line per drafter; its chain τ as a dashed line. */
-static int write_tau_budget_svg(const eval_summary *s, const char *path) {
-    FILE *f = fopen(path, "w");
-    if (!f) return dfl_seterr("%s: cannot create", path);
-    const char **labels = calloc((size_t)s->n_agg + 1, sizeof *labels);
-    const int nd = distinct(s, 1, labels);
-    int bmax = 1, bmin = 1 << 30;
-    double tmax = 1;
-    for (int k = 1; k < s->n_agg; k++) {
-        const eval_agg *a = &s->agg[k];
-        if (strncmp(a->mode, "ddtree-", 7) == 0 && atoi(a->mode + 7) > bmax) bmax = atoi(a->mode + 7);
-        if (strncmp(a->mode, "ddtree-", 7) == 0 && atoi(a->mode + 7) < bmin) bmin = atoi(a->mode + 7);
-        if (eval_agg_tau(a) > tmax) tmax = eval_agg_tau(a);
-    }
-    /* the x axis spans the powers of two around the budgets run */
-    const int l0 = bmin < bmax ? (int)floor(log2((double)bmin)) : 0;
-    int lb = (int)ceil(log2((double)bmax));
-    if (lb <= l0) lb = l0 + 1;
-    const int ymax = (int)tmax + 1;
-    const plot pl = plot_begin(f, "τ against the DDTree budget (dashed: chain)", nd, legend_chars(s, 0, 0));
-#define BX(b) (pl.x0 + pl.pw * (0.03 + 0.94 * (log2((double)(b)) - l0) / (lb - l0)))
-#define TY(t) (pl.y0 + pl.ph - pl.ph * ((t) - 1.0) / (ymax - 1.0))
-    char lab[32];
-    const int ystep = ymax > 12 ? 2 : 1;
-    for (int t = 1; t <= ymax; t += ystep) {
-        snprintf(lab, sizeof lab, "%d", t);
-        plot_ytick(f, &pl, TY(t), lab);
-    }
-    for (int e = l0; e <= lb; e++) {
-        snprintf(lab, sizeof lab, "%d", 1 << e);
-        plot_xtick(f, &pl, BX(1 << e), lab);
-    }
-    plot_labels(f, &pl, "tree budget (draft nodes, log scale)", "τ (tokens per round)");
-    for (int i = 0; i < nd; i++) {
-        const char *c = svg_colors[i % SVG_N_COLORS];
-        int bs[EVAL_MAX_MODES * 4], n = 0;
-        double ts[EVAL_MAX_MODES * 4];
-        const eval_agg *chain = NULL, *any = NULL;
-        for (int k = 1; k < s->n_agg; k++) {
-            const eval_agg *a = &s->agg[k];
-            if (strcmp(a->label, labels[i]) != 0) continue;
-            any = a;
-            if (strcmp(a->mode, "chain") == 0) chain = a;
-            else if (strncmp(a->mode, "ddtree-", 7) == 0 && n < EVAL_MAX_MODES * 4) {
-                int j = n++;
-                const int b = atoi(a->mode + 7);
-                while (j > 0 && bs[j - 1] > b) bs[j] = bs[j - 1], ts[j] = ts[j - 1], j--;
-                bs[j] = b, ts[j] = eval_agg_tau(a);
-            }
-        }
-        if (n) {
-            fprintf(f, "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"2\" points=\"", c);
-            for (int j = 0; j < n; j++) fprintf(f, "%.1f,%.1f ", BX(bs[j]), TY(ts[j]));
-            fprintf(f, "\"/>\n");
-            for (int j = 0; j < n; j++)
-                fprintf(f, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"3\" fill=\"%s\"/>\n", BX(bs[j]), TY(ts[j]), c);
-        }
-        if (chain)
-            fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"%s\" stroke-dasharray=\"6,4\"/>\n",
-                    pl.x0, TY(eval_agg_tau(chain)), pl.x0 + pl.pw, TY(eval_agg_tau(chain)), c);
-        char name[256];
-        legend_name(any, name, sizeof name);
-        plot_legend(f, &pl, i, c, name);
-    }
-#undef BX
-#undef TY
-    fprintf(f, "</svg>\n");
-    free(labels);
-    return close_report(f, path);
+    return report_close(f, path);
 }
 
 int eval_write_reports(const eval_summary *s, const char *dir, const char *extra_json, const char *extra_md) {
@@ -664,7 +503,7 @@ int eval_write_reports(const eval_summary *s, const char *dir, const char *extra
     int rc = DFL_OK;
     for (int i = 0; i < 5 && rc == DFL_OK; i++) {
         char *p = dfl_path_join(dir, names[i]);
-        if (i == 4 && !has_trees(s)) { /* no tree modes: no plot, and none of an earlier run left behind */
+        if (i == 4 && !report_has_trees(s)) { /* no tree modes: no plot, and none of an earlier run left behind */
             if (unlink(p) != 0 && errno != ENOENT) rc = dfl_seterr("%s: cannot remove: %s", p, strerror(errno));
             free(p);
             break;
@@ -680,9 +519,9 @@ int eval_write_reports(const eval_summary *s, const char *dir, const char *extra
         snprintf(tmp, n, "%s.tmp", p);
         rc = i == 0 ? write_json(s, tmp, extra_json)
              : i == 1 ? write_md(s, tmp, extra_md)
-             : i == 2 ? write_per_position_svg(s, tmp)
-             : i == 3 ? write_tau_svg(s, tmp)
-                      : write_tau_budget_svg(s, tmp);
+             : i == 2 ? plot_per_position(s, tmp)
+             : i == 3 ? plot_tau_hist(s, tmp)
+                      : plot_tau_budget(s, tmp);
         if (rc == DFL_OK && rename(tmp, p) != 0) rc = dfl_seterr("%s: cannot rename into place: %s", p, strerror(errno));
         if (rc != DFL_OK) unlink(tmp);
         free(tmp);

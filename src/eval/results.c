@@ -371,6 +371,28 @@ static void run_speedups(eval_agg *a, const eval_result *res, const char *dups, 
     }
 }
 
+/* Every drafter against the first one of the same mode, method and features, paired over prompts. */
+static void compare_drafters(eval_summary *s, const eval_result *res, int n) {
+    for (int b = 2; b < s->n_agg; b++) {
+        const eval_agg *B = &s->agg[b];
+        int a = 1;
+        while (a < b && (strcmp(s->agg[a].mode, B->mode) || strcmp(s->agg[a].method, B->method) ||
+                         strcmp(s->agg[a].features, B->features)))
+            a++;
+        if (a == b) continue; /* b is the first of its mode */
+        eval_ptau *ta = NULL, *tb = NULL;
+        const int na = eval_prompt_taus(res, n, s->agg[a].drafter, B->mode, B->method, B->features, &ta);
+        const int nb = eval_prompt_taus(res, n, B->drafter, B->mode, B->method, B->features, &tb);
+        eval_cmp *c = na >= 0 && nb >= 0 ? realloc(s->cmp, (size_t)(s->n_cmp + 1) * sizeof *c) : NULL;
+        if (c) {
+            s->cmp = c;
+            c[s->n_cmp].a = a, c[s->n_cmp].b = b;
+            eval_paired_compare(ta, na, tb, nb, EVAL_BOOT_RESAMPLES, EVAL_BOOT_SEED, &c[s->n_cmp++].p);
+        }
+        free(ta), free(tb);
+    }
+}
+
 int eval_summarize(eval_summary *s, const eval_result *res, int n) {
     memset(s, 0, sizeof *s);
     s->agg = calloc(1, sizeof *s->agg);
@@ -422,9 +444,11 @@ int eval_summarize(eval_summary *s, const eval_result *res, int n) {
             }
         }
         a->tree_nodes += r->tree_nodes;
-        a->taus = realloc(a->taus, (size_t)(a->responses + 1) * sizeof(double));
+        a->resp = realloc(a->resp, (size_t)(a->responses + 1) * sizeof *a->resp);
         const double tau = r->rounds ? (double)(r->tokens - 1) / r->rounds : 1.0;
-        a->taus[a->responses++] = tau;
+        eval_resp *e = &a->resp[a->responses++];
+        *e = (eval_resp){.line = i, .turn = r->turn, .tokens = r->tokens, .tau = tau};
+        snprintf(e->prompt_id, sizeof e->prompt_id, "%s", r->prompt_id);
         a->tau_sum += tau;
         a->tokens += r->tokens;
         a->rounds += r->rounds;
@@ -471,18 +495,60 @@ int eval_summarize(eval_summary *s, const eval_result *res, int n) {
         run_speedups(a, res, dups, n);
     }
     free(dups);
+    compare_drafters(s, res, n);
     return DFL_OK;
 }
 
 void eval_summary_free(eval_summary *s) {
     for (int k = 0; k < s->n_agg; k++) {
-        free(s->agg[k].taus);
+        free(s->agg[k].resp);
         free(s->agg[k].speedups);
         free(s->agg[k].speedups_modeled);
         free(s->agg[k].run_speedups);
     }
     free(s->agg);
+    free(s->cmp);
     memset(s, 0, sizeof *s);
+}
+
+static int cmp_key(const void *x, const void *y, void *ctx) {
+    const eval_result *res = ctx;
+    const eval_result *a = &res[*(const int *)x], *b = &res[*(const int *)y];
+    return a->turn != b->turn ? a->turn - b->turn : strcmp(a->prompt_id, b->prompt_id);
+}
+
+/* The output ids of response i: its own, else those of a first-run row of its prompt and turn
+ * (withids: the indices of the rows with ids, sorted by turn and prompt). */
+static const int32_t *output_of(const eval_result *res, int32_t *const *ids, const int *n_ids, const int *withids,
+                                int nw, int i, int *len) {
+    if (ids[i]) return *len = n_ids[i], ids[i];
+    int lo = 0, hi = nw;
+    while (lo < hi) { /* the first row of this turn and prompt */
+        const int mid = (lo + hi) / 2, c = cmp_key(&withids[mid], &i, (void *)res);
+        if (c < 0) lo = mid + 1;
+        else hi = mid;
+    }
+    for (; lo < nw && cmp_key(&withids[lo], &i, (void *)res) == 0; lo++)
+        if (res[withids[lo]].rep == 0) return *len = n_ids[withids[lo]], ids[withids[lo]];
+    return *len = 0, NULL;
+}
+
+void eval_summary_outputs(eval_summary *s, const eval_result *res, int32_t *const *ids, const int *n_ids, int n,
+                          int max_new) {
+    s->max_new = max_new;
+    int *withids = malloc(((size_t)n + 1) * sizeof *withids), nw = 0;
+    for (int i = 0; withids && ids && i < n; i++)
+        if (ids[i]) withids[nw++] = i;
+    if (withids) qsort_r(withids, (size_t)nw, sizeof *withids, cmp_key, (void *)res);
+    for (int k = 1; k < s->n_agg; k++)
+        for (int i = 0; i < s->agg[k].responses; i++) {
+            eval_resp *e = &s->agg[k].resp[i];
+            int len = 0;
+            const int32_t *out = withids && ids ? output_of(res, ids, n_ids, withids, nw, e->line, &len) : NULL;
+            e->capped = max_new > 0 && e->tokens >= max_new;
+            e->loop = out ? eval_output_loops(out, len) : 0;
+        }
+    free(withids);
 }
 
 double eval_agg_tau(const eval_agg *a) { return a->responses ? a->tau_sum / a->responses : 0; }

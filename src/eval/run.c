@@ -199,11 +199,9 @@ static char *turn_text(const eval_prompt *p, int turn, const char *answer1, dfl_
 }
 
 /* The prompt set: a prompt file (its --format, or sniffed), or z-lab's selection with --protocol zlab. */
-static void sniff_format(const char *path, eval_format *fmt);
 static int load_prompts(eval_prompts *ps, const eval_opts *o, int *zlab_dataset) {
     if (o->protocol == EVAL_PROTOCOL_ZLAB) return eval_zlab_load(ps, o, zlab_dataset);
-    eval_format fmt = o->fmt;
-    if (!o->have_fmt) sniff_format(o->prompts, &fmt);
+    const eval_format fmt = o->have_fmt ? o->fmt : eval_format_sniff(o->prompts);
     return eval_prompts_load(ps, o->prompts, fmt, o->field, o->limit, o->keep_going);
 }
 
@@ -346,6 +344,7 @@ typedef struct run {
     int last_optional;   /* the target's last layer when held only for --train-metrics (a pipeline may lack it), -1 */
     int last_col;        /* truth column of the target's last layer (the target's distribution), -1 */
     int batch;           /* tokens per target forward */
+    char *warn_md;       /* warnings for the top of summary.md (mask tokens), NULL when none */
 } run;
 
 static void logf_(const run *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -1011,6 +1010,35 @@ static int saved_layer(const char *dir, int k) {
     return found;
 }
 
+/* A DFlash drafter fills its blocks with the mask token its training added: a mask_token_id that
+ * is an ordinary token of the tokenizer (an id past the tokenizer, in the padded embedding, is
+ * fine: z-lab's drafters use one) is most likely wrong and costs τ silently. Said on stderr now
+ * and at the top of summary.md. */
+static int check_mask_tokens(run *r) {
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *m = r->tok ? open_memstream(&buf, &len) : NULL;
+    if (!m) return r->tok ? dfl_seterr("out of memory") : DFL_OK;
+    for (int d = 0; d < r->n_open; d++) {
+        const int32_t id = r->ad[d].d.cfg.mask_token_id;
+        if (r->ad[d].kind == DFL_DRAFTER_MTP || !tok_has_id(r->tok, id) || tok_is_added(r->tok, id)) continue;
+        char *txt = tok_decode(r->tok, &id, 1, 0);
+        fprintf(m, "- **%s: mask_token_id %d is an ordinary token** (", r->label[d], id);
+        dfl_json_write_string(m, txt ? txt : "?");
+        fprintf(m, "), not a special or added token of the tokenizer: the drafter reads a real word where its training "
+                   "put the mask, which costs τ silently. Check dflash_config.mask_token_id against the tokenizer it "
+                   "was trained with.\n");
+        logf_(r, "dfl eval: warning: drafter %s: mask_token_id %d is an ordinary token of the tokenizer (%s), not a "
+                 "special or added one: check dflash_config.mask_token_id against the tokenizer it was trained with\n",
+              r->label[d], id, txt ? txt : "?");
+        free(txt);
+    }
+    fclose(m);
+    if (len) r->warn_md = buf;
+    else free(buf);
+    return DFL_OK;
+}
+
 static int open_drafters(run *r) {
     const eval_opts *o = r->o;
     for (; r->n_open < o->n_drafters; r->n_open++) {
@@ -1097,15 +1125,27 @@ static void write_costs_json(FILE *x, const eval_costs *c) {
     fprintf(x, "{\"measured\": %s, \"context\": %d, \"reps\": %d, \"chain\": {", c->ok ? "true" : "false", c->context,
             c->reps);
     for (int i = 0; i < c->n_chain; i++) fprintf(x, "%s\"%d\": %.6f", i ? ", " : "", c->chain_n[i], c->chain_s[i]);
-    fprintf(x, "}, \"tree\": {");
-    for (int i = 0; i < c->n_tree; i++) {
-        fprintf(x, "%s\"%d\": ", i ? ", " : "", c->tree_budget[i]);
-        if (c->tree_s[i] >= 0) fprintf(x, "%.6f", c->tree_s[i]);
-        else fprintf(x, "null");
+    fprintf(x, "}, \"chain_median\": {");
+    for (int i = 0; i < c->n_chain; i++) fprintf(x, "%s\"%d\": %.6f", i ? ", " : "", c->chain_n[i], c->chain_med[i]);
+    for (int med = 0; med < 2; med++) {
+        fprintf(x, "}, \"%s\": {", med ? "tree_median" : "tree");
+        for (int i = 0; i < c->n_tree; i++) {
+            fprintf(x, "%s\"%d\": ", i ? ", " : "", c->tree_budget[i]);
+            if (c->tree_s[i] >= 0) fprintf(x, "%.6f", med ? c->tree_med[i] : c->tree_s[i]);
+            else fprintf(x, "null");
+        }
     }
     fprintf(x, "}, \"note\": ");
     dfl_json_write_string(x, c->note);
     fprintf(x, "}");
+}
+
+/* The number under key "k" of o, 0 when there is none. */
+static double number_at(const cJSON *o, int k) {
+    char key[16];
+    snprintf(key, sizeof key, "%d", k);
+    const cJSON *x = cJSON_GetObjectItemCaseSensitive(o, key);
+    return cJSON_IsNumber(x) ? x->valuedouble : 0;
 }
 
 /* target.json of a features directory: the costs measured when recording (for the modeled
@@ -1136,6 +1176,10 @@ static int costs_load(eval_costs *c, const char *dir) {
                 c->tree_s[c->n_tree++] = cJSON_IsNumber(e) ? e->valuedouble : -1;
             }
         }
+        const cJSON *cm = cJSON_GetObjectItemCaseSensitive(co, "chain_median"); /* absent in older recordings */
+        const cJSON *tm = cJSON_GetObjectItemCaseSensitive(co, "tree_median");
+        for (int i = 0; i < c->n_chain; i++) c->chain_med[i] = number_at(cm, c->chain_n[i]);
+        for (int i = 0; i < c->n_tree; i++) c->tree_med[i] = number_at(tm, c->tree_budget[i]);
         const cJSON *ctx = cJSON_GetObjectItemCaseSensitive(co, "context"), *reps = cJSON_GetObjectItemCaseSensitive(co, "reps");
         c->context = cJSON_IsNumber(ctx) ? (int)ctx->valuedouble : 0;
         c->reps = cJSON_IsNumber(reps) ? (int)reps->valuedouble : 0;
@@ -1211,6 +1255,28 @@ static const char *chat_name(int chat) {
     return chat == DFL_CHAT_NONE ? "none" : chat == DFL_CHAT_CHATML ? "chatml" : "chatml-nothink";
 }
 
+/* What summary.md's settings name besides the options runs must share (eval_run_differs compares
+ * none of these): the drafters, the prompt format, the protocol, where and how it ran. */
+static void run_settings(const run *r, cJSON *j) {
+    const eval_opts *o = r->o;
+    cJSON *d = cJSON_AddArrayToObject(j, "drafters");
+    for (int i = 0; i < r->n_open; i++) cJSON_AddItemToArray(d, cJSON_CreateString(r->label[i]));
+    char fmt[160];
+    if (r->from_features) snprintf(fmt, sizeof fmt, "saved truths (--features)");
+    else if (o->protocol) snprintf(fmt, sizeof fmt, "%s, as z-lab's benchmark formats it", eval_zlab_dataset_name(r->zlab_dataset));
+    else {
+        eval_format_name(o->have_fmt ? o->fmt : eval_format_sniff(o->prompts), o->field, fmt, sizeof fmt - 16);
+        if (!o->have_fmt) strcat(fmt, " (detected)");
+    }
+    cJSON_AddStringToObject(j, "prompt_format", fmt);
+    cJSON_AddStringToObject(j, "protocol", o->protocol ? "zlab" : "none");
+    if (o->protocol) cJSON_AddStringToObject(j, "protocol_dataset", eval_zlab_dataset_name(r->zlab_dataset));
+    cJSON_AddNumberToObject(j, "limit", o->limit);
+    cJSON_AddNumberToObject(j, "threads", omp_get_max_threads());
+    cJSON_AddStringToObject(j, "isa", kn_isa_name(kn_isa_get()));
+    cJSON_AddStringToObject(j, "device", dfl_device_name((dfl_device)r->device));
+}
+
 /* This run's description (run.json): its options and the prompts of its units. */
 static cJSON *run_object(const run *r, const int *list, int n) {
     const eval_opts *o = r->o;
@@ -1233,6 +1299,7 @@ static cJSON *run_object(const run *r, const int *list, int n) {
     cJSON_AddStringToObject(j, "prompts_file", o->prompts ? o->prompts : o->features_dir ? o->features_dir : "");
     cJSON_AddStringToObject(j, "shard", shard);
     cJSON_AddStringToObject(j, "block_attn", drafter_causal_name(o->block_attn));
+    run_settings(r, j);
     /* every prompt of the file (or saved truths), whichever shard runs it: shards of one run share it */
     cJSON *all = cJSON_CreateObject();
     const int n_all = r->from_features ? r->saved.n : r->ps.n;
@@ -1364,12 +1431,54 @@ static int train_report_in(const run *r, const eval_summary *sm, tm_agg **ag, in
     return DFL_OK;
 }
 
+/* The summary's checks: the settings, flagged responses, the costs of the modeled speedups (why:
+ * the reason they fail, n bytes), the mask-token warnings. */
+static void summary_checks(run *r, eval_summary *sm, char *why, size_t n) {
+    sm->run = r->desc;
+    sm->warnings_md = r->warn_md;
+    eval_summary_outputs(sm, r->done.r, r->done.ids, r->done.n_ids, r->done.n, r->max_new);
+    if (!r->replay || !r->costs.ok) return;
+    const eval_agg *ar = &sm->agg[0]; /* with --check-ar: the autoregressive step this run measured */
+    const double step = ar->time_s > 0 && ar->tokens > ar->responses ? ar->time_s / (ar->tokens - ar->responses) : 0;
+    sm->modeled_checked = 1;
+    if (eval_costs_check(&r->costs, step, why, n)) return;
+    sm->modeled_warning = why;
+    logf_(r, "dfl eval: warning: the modeled speedups are unreliable: %s (summary.md says so too)\n", why);
+}
+
+/* The index of drafter label d in this run (EVAL_MAX_DRAFTERS when it is not one of them). */
+static int drafter_index(const run *r, const char *d) {
+    for (int i = 0; i < r->n_open; i++)
+        if (strcmp(r->label[i], d) == 0) return i;
+    return EVAL_MAX_DRAFTERS;
+}
+
+/* Each row's τ and speedups on stderr; an alarm, once per drafter, for one that accepts nothing. */
+static void log_rows(const run *r, const eval_summary *sm) {
+    int dead[EVAL_MAX_DRAFTERS + 1] = {0};
+    for (int a = 1; a < sm->n_agg; a++) {
+        const eval_agg *g = &sm->agg[a];
+        const double sp = eval_agg_speedup(g), spm = eval_agg_speedup_modeled(g);
+        logf_(r, "[dfl eval] %s %s: tau %.3f (token-weighted %.3f)", g->label, g->mode, eval_agg_tau(g),
+              eval_agg_tau_tokens(g));
+        if (sp > 0) logf_(r, ", speedup %.2fx", sp);
+        if (spm > 0) logf_(r, ", modeled speedup %.2fx%s", spm, sm->modeled_warning ? " (unreliable)" : "");
+        logf_(r, "\n");
+        if (g->mismatches) logf_(r, "[dfl eval]   %d mismatches\n", g->mismatches);
+        if (g->rounds && eval_agg_tau(g) <= EVAL_TAU_DEAD && !dead[drafter_index(r, g->drafter)]++)
+            logf_(r, "dfl eval: warning: drafter %s accepts (almost) nothing (tau %.3f, %s %s): %s\n", g->drafter,
+                  eval_agg_tau(g), g->label, g->mode, EVAL_DEAD_HINT);
+    }
+}
+
 static int write_summary(run *r, const char *missing) {
     const eval_opts *o = r->o;
     done_free(&r->done);
     if (load_done(&r->done, r->res_path, r->device) != DFL_OK) return DFL_ERR;
     eval_summary sm;
     eval_summarize(&sm, r->done.r, r->done.n);
+    char why[1024];
+    summary_checks(r, &sm, why, sizeof why);
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
     char *extra = NULL;
@@ -1479,16 +1588,7 @@ static int write_summary(run *r, const char *missing) {
     fclose(x);
     if (rc == DFL_OK) rc = eval_write_reports(&sm, o->out, extra, md);
     free(md), free(tag);
-    for (int a = 1; a < sm.n_agg && rc == DFL_OK; a++) {
-        const eval_agg *g = &sm.agg[a];
-        const double sp = eval_agg_speedup(g), spm = eval_agg_speedup_modeled(g);
-        logf_(r, "[dfl eval] %s %s: tau %.3f (token-weighted %.3f)", g->label, g->mode, eval_agg_tau(g),
-              eval_agg_tau_tokens(g));
-        if (sp > 0) logf_(r, ", speedup %.2fx", sp);
-        if (spm > 0) logf_(r, ", modeled speedup %.2fx", spm);
-        logf_(r, "\n");
-        if (g->mismatches) logf_(r, "[dfl eval]   %d mismatches\n", g->mismatches);
-    }
+    if (rc == DFL_OK) log_rows(r, &sm);
     if (o->reference || o->reference_url)
         logf_(r, "[dfl eval] reference: %d of %d outputs identical\n", r->ref_agree, r->ref_compared);
     eval_summary_free(&sm);
@@ -1515,20 +1615,10 @@ static void run_free(run *r) {
     if (r->have_model) model_close(&r->m);
     if (r->lock_fd > 0) close(r->lock_fd);
     if (r->feat_lock_fd > 0) close(r->feat_lock_fd);
-    free(r->feat_incomplete);
+    free(r->feat_incomplete), free(r->warn_md);
     cJSON_Delete(r->desc);
     eval_prompts_free(&r->ps);
     (void)o;
-}
-
-static void sniff_format(const char *path, eval_format *fmt) {
-    FILE *f = fopen(path, "r");
-    char line[8192] = "";
-    if (f) {
-        if (!fgets(line, sizeof line, f)) line[0] = 0;
-        fclose(f);
-    }
-    *fmt = strstr(line, "\"turns\"") ? EVAL_FMT_MTBENCH : EVAL_FMT_GSM8K;
 }
 
 /* The buffers a unit runs in: the truth, an output, and the sizes they were made for. */
@@ -1713,11 +1803,13 @@ int eval_run(const eval_opts *o, eval_outcome *res) {
     if ((rc = eval_target_identity(&r->m, &r->id))) goto out;
     if ((rc = open_drafters(r))) goto out;
     if (!r->from_features || o->reference) {
-        if (!(r->tok = tok_open(o->tokenizer ? o->tokenizer : target))) {
+        if (tok_locate(o->tokenizer, target, r->from_features ? "--reference needs" : "the prompts need") ||
+            !(r->tok = tok_open(o->tokenizer ? o->tokenizer : target))) {
             rc = DFL_ERR;
             goto out;
         }
     }
+    if ((rc = check_mask_tokens(r))) goto out;
     if (o->reference && (rc = ref_file_load(&r->refs, o->reference, r->tok))) goto out;
     /* a worker of a spread run writes nothing: its lines go to the writer */
     const int writes = !o->dist || o->dist->writer;
@@ -1938,6 +2030,7 @@ int eval_dump_prompts(const eval_opts *o) {
         return dfl_seterr("--protocol zlab uses Qwen3's template with thinking off (--chat chatml-nothink)");
     eval_prompts ps;
     int d = -1;
+    if (tok_locate(o->tokenizer, o->target, "the prompts need")) return DFL_ERR;
     if (load_prompts(&ps, o, &d)) return DFL_ERR;
     dfl_tokenizer *tok = tok_open(o->tokenizer ? o->tokenizer : o->target);
     FILE *f = tok ? fopen(o->dump_prompts, "w") : NULL;

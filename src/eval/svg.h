@@ -14,6 +14,15 @@ typedef struct plot {
 
 /* Opens the SVG: legend entries n_leg with the longest legend text leg_chars characters. */
 plot plot_begin(FILE *f, const char *title, int n_leg, int leg_chars);
+/* The geometry of a plot whose title line starts at pixel top (panels stacked in one SVG): H is
+ * its bottom. */
+plot plot_layout(double top, int n_leg, int leg_chars);
+/* The <svg> element of a W x H drawing on white. */
+void svg_begin(FILE *f, double W, double H);
+/* A plot's title, above its frame. */
+void plot_title(FILE *f, const plot *p, const char *title);
+/* s as SVG text content (&, <, > escaped: legends are paths). */
+void svg_text(FILE *f, const char *s);
 void plot_labels(FILE *f, const plot *p, const char *xlabel, const char *ylabel);
 /* A tick with its value on the y axis at pixel y, with a grid line across the plot. */
 void plot_ytick(FILE *f, const plot *p, double y, const char *label);

@@ -463,6 +463,19 @@ static int load_json(dfl_tokenizer *tok, const cJSON *root) {
     return DFL_OK;
 }
 
+int tok_locate(const char *given, const char *model_dir, const char *what) {
+    const char *dir = given ? given : model_dir;
+    char *file = dfl_is_dir(dir) ? dfl_path_join(dir, "tokenizer.json") : strdup(dir);
+    const int ok = file && dfl_is_file(file);
+    free(file);
+    if (ok) return DFL_OK;
+    if (given)
+        return dfl_seterr("--tokenizer %s: no tokenizer.json there (give a tokenizer.json file, or a directory holding "
+                          "one)", given);
+    return dfl_seterr("%s a tokenizer: no tokenizer.json in %s (give --tokenizer PATH: a tokenizer.json, or a directory "
+                      "holding one, such as the original checkpoint's)", what, model_dir);
+}
+
 dfl_tokenizer *tok_open(const char *path) {
     char *file = dfl_is_dir(path) ? dfl_path_join(path, "tokenizer.json") : strdup(path);
     if (!file) {

@@ -2,7 +2,7 @@
  * Input: a first line "FORMAT [FLAGS]" (FORMAT as for --prompt-format; FLAGS a number: bit 0
  * keep_going, bits 1.. the limit), then the prompt file. Any input loads or is refused with a
  * message naming the file; a loaded set has 1..limit prompts in increasing line order, unique
- * ids, 1 or 2 turns each (2 only for mtbench), bad lines only with keep_going; and each prompt is
+ * ids, 1 or 2 turns each (2 only for mtbench, messages, sharegpt), bad lines only with keep_going; and each prompt is
  * its line's text whole: a text line byte for byte, a JSON field as a parser that keeps NUL
  * characters reads it (so a prompt cut at a NUL is a failure: "a\u0000b" once loaded as "a"),
  * its id the line's id field (a string, or an integer written as one) or else its line number. */
@@ -55,7 +55,21 @@ static void check_whole(const eval_prompt *p, const uint8_t *body, size_t n, eva
     unnul(line);
     cJSON *o = cJSON_Parse(line);
     FUZZ_CHECK(cJSON_IsObject(o), "line %d loaded but is no JSON object", p->line);
-    for (int k = 0; k < p->n_turns; k++) {
+    if (fmt == EVAL_FMT_MESSAGES || fmt == EVAL_FMT_SHAREGPT) { /* the user messages, in order */
+        const int oa = fmt == EVAL_FMT_MESSAGES;
+        int k = 0;
+        const cJSON *m;
+        cJSON_ArrayForEach(m, cJSON_GetObjectItemCaseSensitive(o, oa ? "messages" : "conversations")) {
+            const cJSON *r = cJSON_GetObjectItemCaseSensitive(m, oa ? "role" : "from");
+            const cJSON *v = cJSON_GetObjectItemCaseSensitive(m, oa ? "content" : "value");
+            if (!cJSON_IsString(r) || (strcmp(r->valuestring, "user") && strcmp(r->valuestring, "human"))) continue;
+            FUZZ_CHECK(k < p->n_turns && cJSON_IsString(v) && strcmp(v->valuestring, p->turns[k]) == 0,
+                       "line %d user message %d: not the loaded turn (a NUL character?)", p->line, k);
+            k++;
+        }
+        FUZZ_CHECK(k == p->n_turns, "line %d: %d user messages, %d turns loaded", p->line, k, p->n_turns);
+    }
+    for (int k = 0; fmt != EVAL_FMT_MESSAGES && fmt != EVAL_FMT_SHAREGPT && k < p->n_turns; k++) {
         const cJSON *v = fmt == EVAL_FMT_MTBENCH ? cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(o, "turns"), k)
                                                  : cJSON_GetObjectItemCaseSensitive(o, fmt == EVAL_FMT_GSM8K ? "question" : field);
         FUZZ_CHECK(cJSON_IsString(v) && strcmp(v->valuestring, p->turns[k]) == 0,
@@ -114,7 +128,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     FUZZ_CHECK(keep_going || ps.n_bad == 0, "bad lines without keep_going");
     for (int i = 0; i < ps.n; i++) {
         const eval_prompt *p = &ps.p[i];
-        FUZZ_CHECK(p->id && p->n_turns >= 1 && p->n_turns <= (fmt == EVAL_FMT_MTBENCH ? 2 : 1), "prompt %d", i);
+        const int two = fmt == EVAL_FMT_MTBENCH || fmt == EVAL_FMT_MESSAGES || fmt == EVAL_FMT_SHAREGPT;
+        FUZZ_CHECK(p->id && p->n_turns >= 1 && p->n_turns <= (two ? 2 : 1), "prompt %d", i);
         for (int k = 0; k < p->n_turns; k++) FUZZ_CHECK(p->turns[k] != NULL, "turn %d of prompt %d", k, i);
         FUZZ_CHECK(i == 0 || p->line > ps.p[i - 1].line, "line order");
         for (int j = i < 2000 ? 0 : i; j < i; j++) FUZZ_CHECK(strcmp(ps.p[j].id, p->id) != 0, "repeated id '%s'", p->id);

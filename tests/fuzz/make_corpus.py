@@ -207,6 +207,14 @@ def prompts():
     write("prompts", "jsonl_field", "jsonl:prompt 5\n" + compact({"prompt": "hello", "id": 1}) + "\n\n"
           + compact({"prompt": "world"}) + "\r\n" + "not json\n" + compact({"prompt": 3}) + "\n")
     write("prompts", "text", "text\nfirst prompt\n\nsecond prompt\r\n\u4e2d\n")
+    write("prompts", "messages", "messages\n" + "\n".join(compact(o) for o in [
+        {"id": "m1", "messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"},
+                                  {"role": "user", "content": "More"}]},
+        {"messages": [{"role": "system", "content": "x"}, {"role": "user", "content": "y"}]},
+        {"messages": [{"role": "user", "content": [{"type": "text", "text": "parts"}]}]}]) + "\n")
+    write("prompts", "sharegpt", "sharegpt 1\n" + "\n".join(compact(o) for o in [
+        {"id": 3, "conversations": [{"from": "human", "value": "Q"}, {"from": "gpt", "value": "A"}]},
+        {"conversations": [{"from": "gpt", "value": "first"}]}, {"conversations": []}]) + "\n")
     write("prompts", "bad_format", "jsonl:\n{}\n")
     write("prompts", "bad_dup", "gsm8k\n" + compact({"question": "a", "id": 1}) + "\n"
           + compact({"question": "b", "id": "1"}) + "\n")

@@ -76,7 +76,10 @@ def resume_after_full_disk():
     """A write cut by a full disk (any length: here the size limit falls inside the second line) is
     cut away by the next --resume."""
     base = path("base")
-    size = len(open(os.path.join(base, "results.jsonl")).read().splitlines()[0]) + 2
+    first = open(os.path.join(base, "results.jsonl")).read().splitlines()
+    # inside the second line, and past run.json's size (written whole before any result)
+    size = max(len(first[0]) + 2, os.path.getsize(os.path.join(base, "run.json")) + 1)
+    t.check(size < len(first[0]) + 1 + len(first[1]), f"a limit of {size} bytes falls inside the second line")
     out = path("fsize")
     p = evalrun(out, "--limit", 3, "--max-new", 24, check=False, preexec_fn=file_limit(size))
     t.check(p.returncode != 0 and "results.jsonl" in p.stderr, f"a full disk is an error naming the file: {p.stderr[-300:]}")

@@ -44,10 +44,10 @@ def fresh_venv(wheel):
     return venv
 
 
-# summary.json members that are measurements of time or memory: they differ between runs
+# summary.json members that are measurements of time or memory, or checks of them: they differ between runs
 TIMING = {"tokens_per_s", "speedup", "speedup_modeled", "draft_share", "verify_share", "rollback_share",
           "speedup_spread", "speedup_modeled_spread", "speedup_runs", "decode_s", "prefill_s", "peak_rss_bytes",
-          "costs", "features_dir"}
+          "costs", "features_dir", "speedup_modeled_reliable", "speedup_modeled_warning"}
 
 
 def comparable(s):
