@@ -18,7 +18,12 @@ dfl_draft_if spec_dflash_drafter(dfl_dstate *ds);
  * accepted with min(1, p/q), the first rejection resampled from norm(max(0, p - q));
  * DFL_ACCEPT_MATCH, the original DFlash generate loop's rule — greedy drafts, each position's token sampled from
  * the target's p, drafts accepted while they equal it, the first sample that differs is the
- * bonus. At temperature 0 both are greedy verification. */
+ * bonus. At temperature 0 both are greedy verification.
+ * With top_k / top_p (dfl_gen_opts), p is the target's distribution as served: softmax(logits / T),
+ * then top-k, then top-p over the renormalised survivors, renormalised (spec_sampling_filter).
+ * The output is distributed as sampling that p autoregressively. The pq rule filters the
+ * drafter's q the same way: drafts come from where p can put mass, and min(1, p/q) and the
+ * residual keep the output exact for any q, filtered or not. */
 typedef enum dfl_accept_rule { DFL_ACCEPT_PQ = 0, DFL_ACCEPT_MATCH = 1 } dfl_accept_rule;
 
 /* "pq" / "match"; parse: -1 if neither. */
@@ -30,6 +35,12 @@ typedef struct dfl_gen_opts {
     int block;          /* block size B (verification width); ignored without a drafter */
     int tree_budget;    /* 0 = chain verification; N > 0 = DDTree with N draft nodes (greedy only) */
     float temperature;  /* 0 = greedy */
+    /* Sampling filters at temperature > 0 (ignored when greedy: the argmax always survives them):
+     * keep the top_k most probable tokens (0 = off), then the smallest most-probable-first set
+     * whose mass reaches top_p of theirs (0 or 1 = off; the zero default is off, so that an
+     * initialiser that names neither keeps the full distribution). */
+    int top_k;
+    float top_p;
     uint64_t seed;      /* sampling seed */
     dfl_accept_rule accept_rule; /* temperature > 0: how drafts are accepted */
     int ignore_eos;
@@ -40,7 +51,8 @@ typedef struct dfl_gen_opts {
     int extend;
     /* Optional: called after each verification round with the verified block [bs] at position
      * start, the drafter's output [bs-1, V] (its sampling probabilities with DFL_ACCEPT_PQ at
-     * temperature > 0, else its logits; NULL for a plain decode step) and the accepted draft count. */
+     * temperature > 0, top-k / top-p filtered when those are on; else its logits; NULL for a plain
+     * decode step) and the accepted draft count. */
     void (*on_round)(void *ud, int start, const int32_t *block, int bs, const float *draft, int V, int accepted);
     void *on_round_ud;
     /* Optional (NULL: no cost): the target's raw logits row [V] (temperature 1, before any
@@ -97,6 +109,15 @@ double spec_tau_token_weighted(const dfl_gen_stats *st);
  * committed[0..n_rounds), the tokens each round committed (accepted + 1). */
 void spec_stats_json(FILE *f, const dfl_gen_stats *st, int drafting, int tree_budget, const int *committed,
                      int n_rounds, double t_load, uint64_t weight_bytes, uint64_t state_bytes, long max_ctx);
+
+/* The sampling filter of top_k / top_p (0 = off for both; top_p 1 is off too) on a probability
+ * vector p[V]: keeps the top_k most probable tokens, then of those the smallest set, most
+ * probable first, whose mass reaches top_p of theirs (at least one token), as vLLM and HF
+ * transformers apply them (top-k first; ties ranked by the lower id). Tokens outside get 0 and
+ * the kept ones are renormalised to sum 1; with both off, p is left as it is. scratch: [V].
+ * Returns the number of tokens kept (V when off). */
+typedef struct dfl_ranked { float p; int32_t id; } dfl_ranked;
+int spec_sampling_filter(float *p, int V, int top_k, float top_p, dfl_ranked *scratch);
 
 /* Small deterministic RNG (splitmix64 seeding xoshiro256**). */
 typedef struct dfl_rng { uint64_t s[4]; } dfl_rng;

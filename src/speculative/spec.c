@@ -59,9 +59,85 @@ static int32_t sample(const float *p, int V, dfl_rng *r) {
     return last;
 }
 
-static int32_t pick(const float *logits, int V, const dfl_gen_opts *o, float *probs, dfl_rng *r) {
-    if (o->temperature <= 0) return kn_argmax(logits, V);
+/* ranked: higher p first, ties by the lower id (a deterministic order for the filter) */
+static int ranked_before(const dfl_ranked *a, const dfl_ranked *b) {
+    return a->p > b->p || (a->p == b->p && a->id < b->id);
+}
+
+static int ranked_cmp(const void *x, const void *y) {
+    const dfl_ranked *a = x, *b = y;
+    return ranked_before(a, b) ? -1 : ranked_before(b, a) ? 1 : 0;
+}
+
+/* min-heap on the ranking: h[0] is the least of the kept candidates */
+static void heap_down(dfl_ranked *h, int n, int i) {
+    for (;;) {
+        int l = 2 * i + 1, r = l + 1, m = i;
+        if (l < n && ranked_before(&h[m], &h[l])) m = l;
+        if (r < n && ranked_before(&h[m], &h[r])) m = r;
+        if (m == i) return;
+        const dfl_ranked t = h[i];
+        h[i] = h[m], h[m] = t, i = m;
+    }
+}
+
+int spec_sampling_filter(float *p, int V, int top_k, float top_p, dfl_ranked *c) {
+    const int use_k = top_k > 0 && top_k < V, use_p = top_p > 0 && top_p < 1;
+    if (!use_k && !use_p) return V;
+    int n = 0;
+    double mass = 0; /* what top-p is a fraction of: the top-k survivors' mass, or all of it */
+    if (use_k) { /* the top_k best in one pass over the vocabulary: a min-heap of k */
+        for (int i = 0; i < V; i++) {
+            const dfl_ranked x = {p[i], i};
+            if (n < top_k) {
+                c[n++] = x;
+                if (n == top_k)
+                    for (int j = n / 2 - 1; j >= 0; j--) heap_down(c, n, j);
+            } else if (ranked_before(&x, &c[0])) {
+                c[0] = x;
+                heap_down(c, n, 0);
+            }
+        }
+        for (int i = 0; i < n; i++) mass += c[i].p;
+    } else {
+        /* top-p alone: a token whose p is at most (1 - top_p) * total / V has at least top_p of
+         * the mass ranked before it (the rest, itself included, holds at most V times its p), so
+         * it is dropped; half that bound leaves room for rounding. Only the others are sorted. */
+        for (int i = 0; i < V; i++) mass += p[i];
+        const double floor_p = 0.5 * (1.0 - top_p) * mass / V;
+        for (int i = 0; i < V; i++)
+            if (p[i] > floor_p) c[n++] = (dfl_ranked){p[i], i};
+        if (n == 0) return V; /* no mass anywhere: nothing to filter */
+    }
+    qsort(c, (size_t)n, sizeof *c, ranked_cmp);
+    int keep = n;
+    if (use_p) { /* the smallest most-probable-first prefix whose mass reaches top_p */
+        double cum = 0;
+        keep = 0;
+        while (keep < n && (keep == 0 || cum < (double)top_p * mass)) cum += c[keep++].p;
+    }
+    double kept = 0;
+    for (int i = 0; i < keep; i++) kept += c[i].p;
+    memset(p, 0, (size_t)V * sizeof *p);
+    if (!(kept > 0)) { /* no mass among the kept (a q that is zero there): the best one alone */
+        p[c[0].id] = 1.0f;
+        return 1;
+    }
+    for (int i = 0; i < keep; i++) p[c[i].id] = (float)(c[i].p / kept);
+    return keep;
+}
+
+/* The sampling distribution at temperature > 0: softmax(logits / T), top-k / top-p filtered.
+ * In place when probs == logits. */
+static void sampling_probs(float *probs, const float *logits, int V, const dfl_gen_opts *o, dfl_ranked *scratch) {
     softmax_t(probs, logits, V, o->temperature);
+    spec_sampling_filter(probs, V, o->top_k, o->top_p, scratch);
+}
+
+static int32_t pick(const float *logits, int V, const dfl_gen_opts *o, float *probs, dfl_ranked *scratch,
+                    dfl_rng *r) {
+    if (o->temperature <= 0) return kn_argmax(logits, V);
+    sampling_probs(probs, logits, V, o, scratch);
     return sample(probs, V, r);
 }
 
@@ -226,6 +302,8 @@ int spec_generate(dfl_state *s, dfl_draft_if *dr, const int32_t *prompt, int n_p
     if (N < 0 || N > DDTREE_MAX_BUDGET) return dfl_seterr("tree budget %d: must be in [0, %d]", N, DDTREE_MAX_BUDGET);
     if (N > 0 && o->temperature > 0)
         return dfl_seterr("tree verification (DDTree) is greedy: use temperature 0 or chain verification");
+    if (!(o->top_p >= 0 && o->top_p <= 1)) return dfl_seterr("top_p must be in (0, 1] (0 = off), found %g", o->top_p);
+    if (o->top_k < 0) return dfl_seterr("top_k must be >= 0 (0 = off), found %d", o->top_k);
     if (N > 0 && s->tree_cap < N + 1)
         return dfl_seterr("tree budget %d needs a run state with tree verification for %d nodes (has %d)", N, N + 1,
                           s->tree_cap);
@@ -239,6 +317,7 @@ int spec_generate(dfl_state *s, dfl_draft_if *dr, const int32_t *prompt, int n_p
     const int rows = chunk > B ? (chunk > N + 1 ? chunk : N + 1) : (B > N + 1 ? B : N + 1);
     float *logits = malloc((size_t)(B > N + 1 ? B : N + 1) * V * sizeof(float));
     float *probs = malloc((size_t)V * sizeof(float));
+    dfl_ranked *rank = o->temperature > 0 ? malloc((size_t)V * sizeof *rank) : NULL; /* the sampling filter's */
     float *dlogits = dr ? malloc((size_t)B * V * sizeof(float)) : NULL;
     float *feat = dr ? malloc((size_t)rows * nf * H * sizeof(float)) : NULL;
     /* every prompt row's logits, for opts.prompt_logits */
@@ -246,7 +325,7 @@ int spec_generate(dfl_state *s, dfl_draft_if *dr, const int32_t *prompt, int n_p
     float *plog = want_plog ? malloc((size_t)(n_prompt < chunk ? n_prompt : chunk) * V * sizeof(float)) : NULL;
     int rc = DFL_ERR;
     dfl_tree tree = {0}; /* before the first goto: the cleanup frees it */
-    if (!logits || !probs || (dr && (!dlogits || !feat)) || (want_plog && !plog)) {
+    if (!logits || !probs || (o->temperature > 0 && !rank) || (dr && (!dlogits || !feat)) || (want_plog && !plog)) {
         dfl_seterr("out of memory for generation buffers");
         goto done;
     }
@@ -278,7 +357,7 @@ int spec_generate(dfl_state *s, dfl_draft_if *dr, const int32_t *prompt, int n_p
         rc = DFL_OK;
         goto done;
     }
-    int32_t first = pick(logits, V, o, probs, &rng);
+    int32_t first = pick(logits, V, o, probs, rank, &rng);
     st->t_prefill = dfl_now() - t0;
     t0 = dfl_now();
     const float *row0 = logits;
@@ -296,7 +375,7 @@ int spec_generate(dfl_state *s, dfl_draft_if *dr, const int32_t *prompt, int n_p
             int32_t next;
             if (verify_forward(s, &anchor, NULL, 1, 1, logits, &next, ids_only, dr ? &cap : NULL)) goto done;
             st->t_verify += dfl_now() - tv;
-            if (!ids_only) next = pick(logits, V, o, probs, &rng);
+            if (!ids_only) next = pick(logits, V, o, probs, rank, &rng);
             if (dr) {
                 double tr = dfl_now();
                 if (dr->add_context(dr->ctx, feat, &anchor, 1)) goto done;
@@ -326,7 +405,7 @@ int spec_generate(dfl_state *s, dfl_draft_if *dr, const int32_t *prompt, int n_p
         for (int k = 1; k < bs; k++) {
             float *q = dlogits + (size_t)(k - 1) * V;
             if (o->temperature > 0 && o->accept_rule == DFL_ACCEPT_PQ) {
-                softmax_t(q, q, V, o->temperature); /* keep q_k for the acceptance test */
+                sampling_probs(q, q, V, o, rank); /* keep q_k (filtered as p is) for the acceptance test */
                 block[k] = sample(q, V, &rng);
             } else {
                 block[k] = kn_argmax(q, V);
@@ -350,23 +429,29 @@ int spec_generate(dfl_state *s, dfl_draft_if *dr, const int32_t *prompt, int n_p
             bonus = kn_argmax(logits + (size_t)a * V, V);
         } else if (o->accept_rule == DFL_ACCEPT_MATCH) {
             for (;; a++) { /* the target samples each position; greedy drafts are kept while they agree */
-                softmax_t(probs, logits + (size_t)a * V, V, o->temperature);
+                sampling_probs(probs, logits + (size_t)a * V, V, o, rank);
                 bonus = sample(probs, V, &rng);
                 if (a == bs - 1 || bonus != block[a + 1]) break;
             }
         } else {
             bonus = -1;
             for (; a < bs - 1; a++) {
-                softmax_t(probs, logits + (size_t)a * V, V, o->temperature);
+                sampling_probs(probs, logits + (size_t)a * V, V, o, rank);
                 const float *q = dlogits + (size_t)a * V;
                 const int32_t d = block[a + 1];
                 if (rng_uniform(&rng) * q[d] < probs[d]) continue; /* accept with min(1, p/q) */
-                for (int i = 0; i < V; i++) probs[i] = probs[i] > q[i] ? probs[i] - q[i] : 0.0f;
+                double left = 0;
+                for (int i = 0; i < V; i++) left += probs[i] > q[i] ? probs[i] - q[i] : 0.0f;
+                /* a rejection needs p(d) < q(d), so p - q has positive mass elsewhere; where
+                 * rounding leaves none (p and q equal to float precision), sample p itself
+                 * rather than an all-zero vector (token 0) */
+                if (left > 0)
+                    for (int i = 0; i < V; i++) probs[i] = probs[i] > q[i] ? probs[i] - q[i] : 0.0f;
                 bonus = sample(probs, V, &rng); /* from norm(max(0, p - q)) */
                 break;
             }
             if (bonus < 0) { /* every draft accepted: the bonus comes from p at the last row */
-                softmax_t(probs, logits + (size_t)a * V, V, o->temperature);
+                sampling_probs(probs, logits + (size_t)a * V, V, o, rank);
                 bonus = sample(probs, V, &rng);
             }
         }
@@ -402,6 +487,6 @@ int spec_generate(dfl_state *s, dfl_draft_if *dr, const int32_t *prompt, int n_p
 done:
     s->no_record = no_record0;
     ddtree_free(&tree);
-    free(logits), free(probs), free(dlogits), free(feat), free(plog);
+    free(logits), free(probs), free(rank), free(dlogits), free(feat), free(plog);
     return rc;
 }

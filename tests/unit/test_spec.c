@@ -6,7 +6,11 @@
  * length every round (the anchor never enters it). Sampling: the distribution of the first
  * sampled tokens with a drafter (DFlash, and DFlash2 whose q is zero outside its candidates)
  * matches the target's own sampling (chi-square homogeneity test, false-alarm rate 1e-3 per
- * comparison, fixed seeds). */
+ * comparison, fixed seeds). Sampling as served (top-k, top-p, both): spec_sampling_filter against
+ * a naive sort on random vectors with ties; every committed token lies in its row's filtered
+ * support; for both accept rules, with the random drafter and with an oracle (acceptances), the
+ * distribution of the first sampled tokens matches autoregressive sampling of the filtered target
+ * (the same chi-square test, which tells the filtered distribution from the unfiltered one). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,6 +26,8 @@ typedef struct oracle {
     int n_prompt, n_ctx, round, V;
     int checks_failed;
     int full_every;       /* when > 0 and round % full_every == 0: no corruption */
+    int soft;             /* a spread q: logit 5 on the proposal, 2.5 on the 30 ids after it, 0 elsewhere
+                           * (top-k / top-p change it a lot: a q filtered unlike p would show) */
 } oracle;
 
 static int o_add(void *ctx, const float *feat, const int32_t *tokens, int n) {
@@ -42,7 +48,8 @@ static int o_draft(void *ctx, int32_t anchor, int B, float *logits) {
     for (int k = 1; k < B; k++) {
         int32_t t = n_out - 1 + k < N_GEN ? o->truth[n_out - 1 + k] : 0;
         if (k == bad) t = (t + 1) % o->V;
-        logits[(size_t)(k - 1) * o->V + t] = 10.0f;
+        for (int j = 1; o->soft && j <= 30; j++) logits[(size_t)(k - 1) * o->V + (t + j) % o->V] = 2.5f;
+        logits[(size_t)(k - 1) * o->V + t] = o->soft ? 5.0f : 10.0f;
     }
     return DFL_OK;
 }
@@ -117,8 +124,21 @@ static double chi2_crit(int df) {
     return df * pow(1 - h + z * sqrt(h), 3);
 }
 
+/* The same at another level: z is the standard normal's upper quantile (1e-4: 3.7190). */
+#define Z_1E4 3.7190
+static double chi2_crit_z(int df, double z) {
+    const double h = 2.0 / (9.0 * df);
+    return df * pow(1 - h + z * sqrt(h), 3);
+}
+
 /* Two-sample homogeneity test on token counts a[], b[] (same totals), pooling rare tokens. */
+static int homogeneous_z(const int *a, const int *b, int V, double z, double *stat_out, int *df_out);
 static int homogeneous(const int *a, const int *b, int V, int n, double *stat_out, int *df_out) {
+    (void)n;
+    return homogeneous_z(a, b, V, 3.0902, stat_out, df_out);
+}
+
+static int homogeneous_z(const int *a, const int *b, int V, double z, double *stat_out, int *df_out) {
     double stat = 0;
     int df = -1, ra = 0, rb = 0;
     for (int i = 0; i < V; i++) {
@@ -135,10 +155,9 @@ static int homogeneous(const int *a, const int *b, int V, int n, double *stat_ou
         stat += (ra - e) * (ra - e) / e + (rb - e) * (rb - e) / e;
         df++;
     }
-    (void)n;
     *stat_out = stat;
     *df_out = df;
-    return df < 1 || stat < chi2_crit(df);
+    return df < 1 || stat < chi2_crit_z(df, z);
 }
 
 static void sampling(const char *target, const char *drafter) {
@@ -254,6 +273,223 @@ static void sampling(const char *target, const char *drafter) {
     model_close(&m);
 }
 
+/* ---- sampling as served: top-k / top-p ---- */
+
+/* The filter by the definition, naively: rank all tokens (p desc, id asc) in double, keep the
+ * top k, then the shortest prefix whose mass reaches top_p of theirs; renormalised. */
+static void naive_filter(const float *p, int V, int k, float top_p, double *out) {
+    int *ord = malloc((size_t)V * sizeof *ord);
+    for (int i = 0; i < V; i++) ord[i] = i;
+    for (int i = 1; i < V; i++) { /* insertion sort: V is small here */
+        int x = ord[i], j = i;
+        while (j > 0 && (p[ord[j - 1]] < p[x] || (p[ord[j - 1]] == p[x] && ord[j - 1] > x))) ord[j] = ord[j - 1], j--;
+        ord[j] = x;
+    }
+    int n = k > 0 && k < V ? k : V;
+    double mass = 0;
+    for (int i = 0; i < n; i++) mass += p[ord[i]];
+    int keep = n;
+    if (top_p > 0 && top_p < 1) {
+        double cum = 0;
+        keep = 0;
+        while (keep < n && (keep == 0 || cum < top_p * mass)) cum += p[ord[keep++]];
+    }
+    double kept = 0;
+    for (int i = 0; i < keep; i++) kept += p[ord[i]];
+    for (int i = 0; i < V; i++) out[i] = 0;
+    const int on = (k > 0 && k < V) || (top_p > 0 && top_p < 1); /* off: p unchanged */
+    for (int i = 0; i < keep; i++) out[ord[i]] = on ? p[ord[i]] / kept : p[ord[i]];
+    free(ord);
+}
+
+static void filter_vs_naive(void) {
+    const int V = 300;
+    float *p = malloc(V * sizeof *p), *f = malloc(V * sizeof *f);
+    double *want = malloc(V * sizeof *want);
+    dfl_ranked *scratch = malloc(V * sizeof *scratch);
+    dfl_rng r;
+    rng_seed(&r, 31337);
+    const int ks[] = {0, 1, 2, 20, 299, 300, 1000};
+    const float ps[] = {0, 1e-6f, 0.3f, 0.9f, 0.95f, 0.999f, 1};
+    double worst = 0;
+    for (int trial = 0; trial < 60; trial++) {
+        /* shapes: peaked, flat, ties (values from a few levels), zeros outside a few candidates */
+        const int shape = trial % 4;
+        double sum = 0;
+        for (int i = 0; i < V; i++) {
+            double u = rng_uniform(&r);
+            double x = shape == 0 ? exp(8 * u) : shape == 1 ? 1 + 0.01 * u : shape == 2 ? (double)(1 + (int)(u * 4))
+                                                                                          : (i % 37 == 0 ? u : 0);
+            p[i] = (float)x;
+            sum += x;
+        }
+        for (int i = 0; i < V; i++) p[i] = (float)(p[i] / sum);
+        for (size_t a = 0; a < sizeof ks / sizeof ks[0]; a++)
+            for (size_t b = 0; b < sizeof ps / sizeof ps[0]; b++) {
+                memcpy(f, p, V * sizeof *p);
+                const int kept = spec_sampling_filter(f, V, ks[a], ps[b], scratch);
+                naive_filter(p, V, ks[a], ps[b], want);
+                int same = 1, n_want = 0;
+                for (int i = 0; i < V; i++) {
+                    n_want += want[i] > 0;
+                    same &= (want[i] > 0) == (f[i] > 0);
+                    if (fabs(want[i] - f[i]) > worst) worst = fabs(want[i] - f[i]);
+                }
+                const int off = (ks[a] <= 0 || ks[a] >= V) && (ps[b] <= 0 || ps[b] >= 1);
+                CHECK(same && (off ? kept == V : kept >= n_want), "filter k=%d top_p=%g shape %d: kept set differs "
+                      "from the naive sort (%d kept, %d expected)", ks[a], ps[b], shape, kept, n_want);
+            }
+    }
+    CHECK(worst < 1e-6, "filter: renormalised probabilities differ from the naive ones by %.3g", worst);
+    /* top_p tiny keeps the single most probable token; ties keep the lower id */
+    for (int i = 0; i < V; i++) p[i] = 1.0f / V;
+    CHECK(spec_sampling_filter(p, V, 0, 1e-6f, scratch) == 1 && p[0] == 1.0f, "flat, top_p 1e-6: token 0 alone");
+    for (int i = 0; i < V; i++) p[i] = 1.0f / V;
+    CHECK(spec_sampling_filter(p, V, 3, 0, scratch) == 3 && fabsf(p[0] + p[1] + p[2] - 1) < 1e-6f && p[3] == 0,
+          "flat, top_k 3: ids 0, 1, 2");
+    free(p), free(f), free(want), free(scratch);
+}
+
+/* A sampling setting and the support check of every committed token (opts.on_logits): the token
+ * must rank within top_k of its row, and the mass ranked before it (among the top k,
+ * renormalised) must be below top_p (1e-5 of slack for float rounding). */
+typedef struct support_chk {
+    float T, top_p;
+    int top_k, on;
+    long tokens, outside;
+} support_chk;
+
+typedef struct pd { double p; int id; } pd;
+
+static int pd_cmp(const void *x, const void *y) {
+    const pd *a = x, *b = y;
+    return a->p > b->p ? -1 : a->p < b->p ? 1 : a->id - b->id;
+}
+
+static void support_on_logits(void *ud, int prompt, int i, int32_t token, const float *row, int V) {
+    (void)i;
+    support_chk *c = ud;
+    if (prompt || !c->on) return;
+    c->tokens++;
+    double mx = row[0];
+    for (int v = 1; v < V; v++) mx = row[v] > mx ? row[v] : mx;
+    pd *r = malloc((size_t)V * sizeof *r);
+    for (int v = 0; v < V; v++) r[v] = (pd){exp(((double)row[v] - mx) / c->T), v};
+    qsort(r, (size_t)V, sizeof *r, pd_cmp);
+    const int n = c->top_k > 0 && c->top_k < V ? c->top_k : V;
+    double mass = 0, before = 0;
+    int rank = -1;
+    for (int v = 0; v < n; v++) mass += r[v].p;
+    for (int v = 0; v < V && rank < 0; v++) {
+        if (r[v].id == token) rank = v;
+        else before += r[v].p;
+    }
+    free(r);
+    const int in_p = c->top_p <= 0 || c->top_p >= 1 || before / mass < c->top_p + 1e-5;
+    if (rank >= n || !in_p) c->outside++;
+}
+
+typedef struct filt_cfg {
+    float T, top_p;
+    int top_k;
+    const char *what;
+} filt_cfg;
+
+static void sampling_filtered(const char *target, const char *drafter, const filt_cfg *cfg, int n_cfg) {
+    dfl_model m;
+    if (model_open(&m, test_fixture(target), 0) != DFL_OK) {
+        CHECK(0, "%s", dfl_errmsg());
+        return;
+    }
+    dfl_drafter d;
+    CHECK(drafter_open(&d, test_fixture(drafter), m.cfg.n_layers) == DFL_OK, "drafter: %s", dfl_errmsg());
+    const int V = m.cfg.vocab, K = 3, RUNS = 1000;
+    dfl_state s;
+    CHECK(state_init(&s, &m, NP + K + 16, 16, 1) == DFL_OK, "state: %s", dfl_errmsg());
+    dfl_dstate ds;
+    CHECK(dstate_init(&ds, &d, &m, NP + K + 1, 4) == DFL_OK, "dstate");
+    int32_t out[K], truth[N_GEN] = {0}, greedy_out[K];
+    dfl_gen_stats st;
+    dfl_gen_opts greedy = {.max_new = K, .ignore_eos = 1};
+    spec_generate(&s, NULL, prompt, NP, &greedy, truth, &st, NULL, NULL); /* the oracle proposes these */
+    /* greedy ignores the filters: the argmax always survives them */
+    dfl_gen_opts gf = {.max_new = K, .ignore_eos = 1, .top_k = 3, .top_p = 0.5f};
+    state_reset(&s);
+    CHECK(spec_generate(&s, NULL, prompt, NP, &gf, greedy_out, &st, NULL, NULL) == DFL_OK &&
+              memcmp(greedy_out, truth, sizeof greedy_out) == 0, "%s: top_k/top_p changed greedy decoding", target);
+    enum { AR, PQ_D, PQ_O, M_D, M_O, AR_FULL, N_ARM };
+    static const char *const arm_name[N_ARM] = {"autoregressive", "pq rule, drafter", "pq rule, oracle",
+                                                "match rule, drafter", "match rule, oracle", "unfiltered"};
+    for (int c = 0; c < n_cfg; c++) {
+        int *cnt[N_ARM];
+        for (int a = 0; a < N_ARM; a++) cnt[a] = calloc((size_t)K * V, sizeof(int));
+        support_chk chk = {.T = cfg[c].T, .top_p = cfg[c].top_p, .top_k = cfg[c].top_k};
+        long acc[N_ARM] = {0};
+        for (int r = 0; r < RUNS; r++) {
+            chk.on = r < RUNS / 5; /* the support of the tokens of the first runs' (a naive sort per token) */
+            for (int a = 0; a < N_ARM; a++) {
+                dfl_gen_opts o = {.max_new = a == AR_FULL ? 1 : K, .block = 4, .temperature = cfg[c].T,
+                                  .top_p = cfg[c].top_p, .top_k = cfg[c].top_k,
+                                  .seed = 1000003u * (uint64_t)(a + 1) + (uint64_t)r + 77 * (uint64_t)c,
+                                  .ignore_eos = 1, .on_logits = support_on_logits, .on_logits_ud = &chk,
+                                  .accept_rule = a == M_D || a == M_O ? DFL_ACCEPT_MATCH : DFL_ACCEPT_PQ};
+                if (a == AR_FULL) o.top_p = 0, o.top_k = 0, o.on_logits = NULL;
+                /* round 0: no draft corrupted */
+                oracle orc = {.truth = truth, .n_prompt = NP, .V = V, .round = 0, .soft = 1};
+                int layer0 = 0;
+                dfl_draft_if odif = {.ctx = &orc, .add_context = o_add, .draft = o_draft, .context_len = o_len,
+                                     .feature_layers = &layer0, .n_feature_layers = 1};
+                state_reset(&s);
+                dstate_reset(&ds);
+                dfl_draft_if dif = spec_dflash_drafter(&ds);
+                dfl_draft_if *use = a == PQ_D || a == M_D ? &dif : a == PQ_O || a == M_O ? &odif : NULL;
+                CHECK(spec_generate(&s, use, prompt, NP, &o, out, &st, NULL, NULL) == DFL_OK, "%s: %s", arm_name[a],
+                      dfl_errmsg());
+                for (int k = 0; k < o.max_new; k++) cnt[a][k * V + out[k]]++;
+                acc[a] += st.accepted;
+            }
+        }
+        const char *what = cfg[c].what;
+        CHECK(chk.tokens == (long)(RUNS / 5) * K * (N_ARM - 1) && chk.outside == 0,
+              "%s %s: %ld of %ld committed tokens lie outside their row's filtered support", target, what, chk.outside,
+              chk.tokens);
+        /* token 0 comes from the prefill's logits in every arm; tokens 1.. from the rounds */
+        for (int k = 1; k < K; k++)
+            for (int a = PQ_D; a <= M_O; a++) {
+                double stat;
+                int df;
+                CHECK(homogeneous_z(cnt[AR] + k * V, cnt[a] + k * V, V, Z_1E4, &stat, &df),
+                      "%s %s: sampled token %d: %s: distribution differs from autoregressive sampling of the filtered "
+                      "target (chi2 %.1f, df %d, crit %.1f)", target, what, k, arm_name[a], stat, df,
+                      chi2_crit_z(df, Z_1E4));
+            }
+        /* the test tells the filtered distribution from the full one */
+        double stat;
+        int df;
+        CHECK(!homogeneous_z(cnt[AR], cnt[AR_FULL], V, Z_1E4, &stat, &df),
+              "%s %s: the test cannot tell the filtered distribution from the unfiltered one (chi2 %.1f, df %d)",
+              target, what, stat, df);
+        /* the acceptance paths run: the oracle's drafts (the greedy tokens) are accepted */
+        CHECK(acc[PQ_O] > RUNS / 20 && acc[M_O] > RUNS / 20,
+              "%s %s: oracle drafts accepted %ld (pq) and %ld (match) times in %d runs", target, what, acc[PQ_O],
+              acc[M_O], RUNS);
+        for (int a = 0; a < N_ARM; a++) free(cnt[a]);
+    }
+    /* bad settings name the field */
+    dfl_gen_opts bad = {.max_new = K, .temperature = 1, .top_p = 1.5f, .ignore_eos = 1};
+    state_reset(&s);
+    CHECK(spec_generate(&s, NULL, prompt, NP, &bad, out, &st, NULL, NULL) == DFL_ERR && strstr(dfl_errmsg(), "top_p"),
+          "top_p 1.5: %s", dfl_errmsg());
+    bad.top_p = 0, bad.top_k = -1;
+    state_reset(&s);
+    CHECK(spec_generate(&s, NULL, prompt, NP, &bad, out, &st, NULL, NULL) == DFL_ERR && strstr(dfl_errmsg(), "top_k"),
+          "top_k -1: %s", dfl_errmsg());
+    dstate_free(&ds);
+    state_free(&s);
+    drafter_close(&d);
+    model_close(&m);
+}
+
 static void bad_input(void) {
     dfl_model m;
     dfl_drafter d;
@@ -297,6 +533,14 @@ int main(void) {
     sampling("qwen3_tiny", "dflash_qwen3");
     sampling("qwen35_vlm", "dflash_qwen35");
     sampling("qwen3_tiny", "dflash2_qwen3"); /* q is zero outside each position's candidates */
+    filter_vs_naive();
+    /* Qwen's recommended setting (both filters); each filter alone at other temperatures */
+    const filt_cfg served[] = {{1.0f, 0.95f, 20, "T 1, top_p 0.95, top_k 20"},
+                               {0.7f, 0.8f, 0, "T 0.7, top_p 0.8"},
+                               {0.8f, 0, 6, "T 0.8, top_k 6"}};
+    sampling_filtered("qwen3_tiny", "dflash_qwen3", served, 3);
+    sampling_filtered("qwen35_vlm", "dflash_qwen35", served, 1);
+    sampling_filtered("qwen3_tiny", "dflash2_qwen3", served, 1); /* q is zero outside the candidates */
     bad_input();
     return test_done("test_spec");
 }
