@@ -49,7 +49,8 @@ int dfl_api_hidden(dfl_api_target *t, const int32_t *ids, int n, const int *laye
 /* Greedy or sampled generation, speculative with a drafter (= dfl generate --json). options: a
  * JSON object {"target": DIR, "prompt": TEXT | "prompt_ids": [..], "drafter", "tokenizer",
  * "chat", "max_new", "max_context", "block_size", "tree_budget", "temperature", "seed",
- * "accept_rule", "ignore_eos", "block_attn"}; *result: {"tokens": [..], "text", "unknown_ids", "stats": {..}}. */
+ * "top_p", "top_k", "accept_rule", "ignore_eos", "block_attn"}; *result: {"tokens": [..], "text",
+ * "unknown_ids", "stats": {..}}. */
 int dfl_api_generate(const char *options, char **result);
 
 /* Progress of a long call: prompts (or saved truths) done of total, the one just finished and

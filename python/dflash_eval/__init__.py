@@ -189,7 +189,8 @@ def _options(kw):
 
 def generate(target, prompt=None, *, prompt_ids=None, drafter=None, **options):
     """`dfl generate --json`: {"tokens", "text", "unknown_ids", "stats"}. options: tokenizer, chat,
-    max_new, max_context, block_size, tree_budget, block_attn, temperature, seed, accept_rule, ignore_eos."""
+    max_new, max_context, block_size, tree_budget, block_attn, temperature, seed, top_p, top_k, accept_rule,
+    ignore_eos."""
     out = _c.c_void_p()
     _check(_lib.dfl_api_generate(_options(dict(target=target, prompt=prompt, prompt_ids=prompt_ids,
                                                     drafter=drafter, **options)), _c.byref(out)))

@@ -418,9 +418,9 @@ typedef struct gen_args {
     const char *target, *drafter, *prompt, *tokenizer;
     int32_t *ids;
     int n_ids, chat, ignore_eos, accept_rule;
-    int max_new, max_ctx, block, budget;
+    int max_new, max_ctx, block, budget, top_k, filter_given;
     int block_attn; /* DFL_BLOCK_ATTN_AUTO or the drafter_set_causal value */
-    double temperature;
+    double temperature, top_p;
     long seed;
 } gen_args;
 
@@ -456,7 +456,14 @@ static int gen_args_from_json(gen_args *a, const cJSON *j) {
         else if (!strcmp(k, "tree_budget")) rc = opt_int(v, 0, DDTREE_MAX_BUDGET, &a->budget);
         else if (!strcmp(k, "temperature")) rc = opt_double(v, 0, &a->temperature);
         else if (!strcmp(k, "seed")) rc = opt_long(v, 0, LONG_MAX, &a->seed);
-        else if (!strcmp(k, "ignore_eos")) rc = opt_bool(v, &a->ignore_eos);
+        else if (!strcmp(k, "top_p")) {
+            char b[128];
+            if (!cJSON_IsNumber(v) || !(v->valuedouble > 0 && v->valuedouble <= 1))
+                rc = dfl_seterr("top_p: expected a number in (0, 1], found %s", dfl_json_brief(v, b, sizeof b));
+            else a->top_p = v->valuedouble, a->filter_given = 1;
+        } else if (!strcmp(k, "top_k")) {
+            if ((rc = opt_int(v, 0, INT32_MAX, &a->top_k)) == DFL_OK) a->filter_given = 1;
+        } else if (!strcmp(k, "ignore_eos")) rc = opt_bool(v, &a->ignore_eos);
         else if (!strcmp(k, "block_attn")) {
             if ((rc = opt_string(v, &s)) == DFL_OK && drafter_causal_parse(s, &a->block_attn) != DFL_OK)
                 rc = dfl_seterr("block_attn: expected auto, sliding-causal, bidirectional or causal, found \"%s\"", s);
@@ -475,6 +482,8 @@ static int gen_args_from_json(gen_args *a, const cJSON *j) {
     if (a->block_attn != DFL_BLOCK_ATTN_AUTO && !a->drafter) return dfl_seterr("block_attn needs a drafter");
     if (a->budget && a->temperature > 0)
         return dfl_seterr("tree_budget (DDTree) is greedy: it cannot be combined with temperature > 0");
+    if (a->filter_given && !(a->temperature > 0))
+        return dfl_seterr("top_p and top_k filter sampling: they need temperature > 0");
     return DFL_OK;
 }
 
@@ -560,7 +569,8 @@ static int generate(FILE *f, gen_args *a) {
     if (rc == DFL_OK) {
         dfl_gen_opts go = {.max_new = a->max_new, .block = a->block, .temperature = (float)a->temperature,
                            .seed = (uint64_t)a->seed, .ignore_eos = a->ignore_eos, .tree_budget = a->budget,
-                           .accept_rule = (dfl_accept_rule)a->accept_rule};
+                           .accept_rule = (dfl_accept_rule)a->accept_rule, .top_p = (float)a->top_p,
+                           .top_k = a->top_k};
         if (have_ds) go.on_round = on_round, go.on_round_ud = &rl;
         dfl_gen_stats st;
         rc = spec_generate(&s, have_ds ? &dif : NULL, prompt, (int)n_prompt, &go, out, &st, NULL, NULL);

@@ -16,7 +16,7 @@
 static const char *usage_text =
     "usage: dfl generate --target DIR (--prompt STR | --prompt-file F | --prompt-ids IDS)\n"
     "                    [--drafter DIR|mtp|DIR:mtp [--block-size B] [--tree-budget N] [--block-attn MODE]]\n"
-    "                    [--temperature X --seed S [--accept-rule pq|match]]\n"
+    "                    [--temperature X --seed S [--top-p P] [--top-k K] [--accept-rule pq|match]]\n"
     "                    [--max-new N] [--chat MODE] [--tokenizer PATH] [--max-context N] [--ignore-eos]\n"
     "                    [--json] [--dump-drafts F] [--check-weights] [--device cpu|cuda]\n"
     "\n"
@@ -36,10 +36,17 @@ static const char *usage_text =
     "                      draft prefixes as a tree in one forward (greedy only; N <= 256)\n" CLI_BLOCK_ATTN_HELP
     "  --temperature X     0 = greedy (default); > 0 samples (speculative sampling with a drafter)\n"
     "  --seed S            sampling seed (default 0)\n"
+    "  --top-p P           with --temperature: sample from the smallest set of most probable tokens\n"
+    "                      whose probability reaches P, renormalised; P in (0, 1], 1 = off (default)\n"
+    "  --top-k K           with --temperature: sample from the K most probable tokens, renormalised;\n"
+    "                      0 = off (default). Both: top-k first, then top-p over what it keeps (as\n"
+    "                      vLLM and transformers; Qwen3 recommends T 0.6, top-p 0.95, top-k 20 with\n"
+    "                      thinking)\n"
     "  --accept-rule R     temperature > 0 with a drafter: pq = speculative sampling (drafts sampled\n"
     "                      from the drafter, accepted with min(1, p/q); default), match = the\n"
     "                      original DFlash loop (greedy drafts kept while they equal the target's\n"
-    "                      sample); both lossless\n"
+    "                      sample); both lossless: the output is distributed as sampling the target\n"
+    "                      after temperature, top-k and top-p\n"
     "  --max-new N         tokens to generate at most (default 128)\n"
     "  --max-context N     positions to allocate caches for (default prompt + max-new)\n"
     "  --ignore-eos        do not stop at eos ids\n"
@@ -160,8 +167,9 @@ int cmd_generate(int argc, char **argv) {
     const char *target = NULL, *drafter_dir = NULL, *dump_path = NULL;
     cli_prompt pr = {0};
     long max_new = 128, max_ctx = 0, block = 0, seed = 0, budget = 0;
-    double temperature = 0;
-    int accept_rule = DFL_ACCEPT_PQ, block_attn = DFL_BLOCK_ATTN_AUTO;
+    double temperature = 0, top_p = 1;
+    long top_k = 0;
+    int accept_rule = DFL_ACCEPT_PQ, block_attn = DFL_BLOCK_ATTN_AUTO, filter_given = 0;
     int json = 0, check = 0, ignore_eos = 0;
     dfl_device device = DFL_DEVICE_CPU;
     for (int i = 1; i < argc; i++) {
@@ -189,6 +197,14 @@ int cmd_generate(int argc, char **argv) {
         } else if (strcmp(argv[i], "--temperature") == 0) {
             if (cli_parse_double("generate", "--temperature", cli_value(argc, argv, &i), &temperature)) return 2;
             if (temperature < 0) return cli_usage_error("generate", "--temperature must be >= 0");
+        } else if (strcmp(argv[i], "--top-p") == 0) {
+            if (cli_parse_double("generate", "--top-p", cli_value(argc, argv, &i), &top_p)) return 2;
+            if (!(top_p > 0 && top_p <= 1))
+                return cli_usage_error("generate", "--top-p must be in (0, 1], found %g", top_p);
+            filter_given = 1;
+        } else if (strcmp(argv[i], "--top-k") == 0) {
+            if (cli_parse_long("generate", "--top-k", cli_value(argc, argv, &i), 0, 0x7fffffffL, &top_k)) return 2;
+            filter_given = 1;
         } else if (strcmp(argv[i], "--accept-rule") == 0) {
             const char *v = cli_value(argc, argv, &i);
             if ((accept_rule = spec_accept_rule_parse(v)) < 0)
@@ -220,6 +236,10 @@ int cmd_generate(int argc, char **argv) {
         return cli_usage_error("generate", "--block-attn needs --drafter");
     if (budget && temperature > 0)
         return cli_usage_error("generate", "--tree-budget (DDTree) is greedy: it cannot be combined with --temperature");
+    /* greedy decoding keeps the argmax, which both filters keep: asked for without sampling, they
+     * would change nothing, which is not what the command line says */
+    if (filter_given && temperature <= 0)
+        return cli_usage_error("generate", "--top-p and --top-k filter sampling: they need --temperature > 0");
     dfl_model m;
     double t0 = dfl_now();
     if (model_open(&m, target, check) != DFL_OK) return cli_fail("generate", "%s", dfl_errmsg());
@@ -298,7 +318,7 @@ int cmd_generate(int argc, char **argv) {
     }
     dfl_gen_opts o = {.max_new = (int)max_new, .block = (int)block, .temperature = (float)temperature,
                       .seed = (uint64_t)seed, .ignore_eos = ignore_eos, .tree_budget = (int)budget,
-                      .accept_rule = (dfl_accept_rule)accept_rule};
+                      .accept_rule = (dfl_accept_rule)accept_rule, .top_p = (float)top_p, .top_k = (int)top_k};
     rounds_log rl = {.keep_drafts = dump_path != NULL, .tree_budget = (int)budget};
     if (have_ds) o.on_round = on_round, o.on_round_ud = &rl;
     int32_t *out = malloc((size_t)max_new * sizeof(int32_t));

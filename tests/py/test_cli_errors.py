@@ -144,6 +144,15 @@ def bad_options():
                  "--block-size", "9"], "must be in [2, 8]")
     expect_fail(["generate", "--target", tiny, "--drafter", tiny, "--prompt-ids", "1,2"], "not a DFlash drafter")
     expect_fail(["generate", "--target", tiny, "--prompt-ids", "1,2", "--temperature", "-1"], "--temperature", code=2)
+    # sampling filters: top_p in (0, 1], top_k >= 0, and only with sampling
+    for bad in ("0", "1.5", "-0.1", "nan", "x"):
+        expect_fail(["generate", "--target", tiny, "--prompt-ids", "1,2", "--temperature", "1", "--top-p", bad],
+                    "--top-p", code=2)
+    for bad in ("-1", "2.5", "x"):
+        expect_fail(["generate", "--target", tiny, "--prompt-ids", "1,2", "--temperature", "1", "--top-k", bad],
+                    "--top-k", code=2)
+    expect_fail(["generate", "--target", tiny, "--prompt-ids", "1,2", "--top-p", "0.9"], "--temperature", code=2)
+    expect_fail(["generate", "--target", tiny, "--prompt-ids", "1,2", "--top-k", "20"], "--temperature", code=2)
     d3 = fixture("dflash_qwen3")
     expect_fail(["generate", "--target", tiny, "--prompt-ids", "1,2", "--tree-budget", "4"], "needs --drafter", code=2)
     expect_fail(["generate", "--target", tiny, "--drafter", d3, "--prompt-ids", "1,2", "--tree-budget", "257"],
