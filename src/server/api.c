@@ -157,6 +157,8 @@ static void sb_add(sbuf *b, const char *s) {
     b->len += n;
 }
 
+static int check_members(const cJSON *obj, const char *param, const char *const *known, api_err *e);
+
 /* messages -> ChatML text: <|im_start|>{role}\n{content}<|im_end|>\n per message, then the
  * assistant header (and an empty think block when chat_template_kwargs.enable_thinking is false,
  * as Qwen3's template does). */
@@ -179,6 +181,12 @@ static char *chat_text(const cJSON *body, api_err *e) {
         if (!cJSON_IsObject(m) || !cJSON_IsString(role)) {
             snprintf(param, sizeof param, "messages[%d].role", i);
             api_seterr(e, 400, param, "'%s' must be a string", param);
+            free(b.s);
+            return NULL;
+        }
+        static const char *const msg_known[] = {"role", "content", NULL}; /* no names, tool calls, ... */
+        snprintf(param, sizeof param, "messages[%d]", i);
+        if (check_members(m, param, msg_known, e) < 0) {
             free(b.s);
             return NULL;
         }
@@ -217,7 +225,9 @@ static char *chat_text(const cJSON *body, api_err *e) {
             free(b.s);
             return NULL;
         }
-        if (get_bool(kw, "enable_thinking", "chat_template_kwargs.enable_thinking", &think, e) < 0) {
+        static const char *const kw_known[] = {"enable_thinking", NULL};
+        if (check_members(kw, "chat_template_kwargs", kw_known, e) < 0 ||
+            get_bool(kw, "enable_thinking", "chat_template_kwargs.enable_thinking", &think, e) < 0) {
             free(b.s);
             return NULL;
         }
@@ -265,45 +275,206 @@ static int parse_stop(const cJSON *obj, const char *param, job *j, api_err *e) {
     return 0;
 }
 
-/* Sampling controls dfl does not implement are accepted only at their neutral values (or with
- * greedy decoding, where they change nothing), so that no request silently gets another
- * distribution than it asked for. */
-static int check_unsupported(const cJSON *obj, const char *prefix, int greedy, endpoint ep, api_err *e) {
-    static const struct {
-        const char *name;
-        double neutral, alt;   /* accepted values (alt: a second neutral spelling) */
-        int sampling_only;     /* no effect when greedy */
-    } ctl[] = {
-        {"n", 1, 1, 0}, {"best_of", 1, 1, 0}, {"top_p", 1, 1, 1}, {"top_k", -1, 0, 1}, {"min_p", 0, 0, 1},
-        {"presence_penalty", 0, 0, 0}, {"frequency_penalty", 0, 0, 0}, {"repetition_penalty", 1, 1, 0},
-    };
-    char param[64];
-    for (size_t i = 0; i < sizeof ctl / sizeof ctl[0]; i++) {
-        cJSON *v = field(obj, ctl[i].name);
-        if (!v) continue;
-        snprintf(param, sizeof param, "%s%s", prefix, ctl[i].name);
-        if (!cJSON_IsNumber(v)) {
-            api_seterr(e, 400, param, "'%s' must be a number", param);
+/* ---- the request fields: one rule ----
+ *
+ * Every field of a generation request is one of: implemented (parsed in api_parse_generation);
+ * metadata that changes no output (model, user); or a control dfl does not implement, accepted
+ * only at the value that makes it a no-op (n 1, logit_bias {}, response_format {"type": "text"},
+ * tools [], ...; min_p at any value with greedy decoding, where it changes nothing). Anything
+ * else, unknown fields included, is refused with 400 naming the field: no request silently gets
+ * another output than it asked for. docs/serve.md lists the fields. */
+
+enum { ON_CMPL = 1, ON_CHAT = 2, ON_GEN = 4 /* /generate's top level */, ON_SP = 8 /* its sampling_params */,
+       ON_OAI = ON_CMPL | ON_CHAT };
+
+typedef enum fkind {
+    F_PARSED,    /* implemented, or metadata: parsed (or ignored) elsewhere */
+    F_NUM,       /* a number, accepted at `neutral` only (any value when greedy and `sampling_only`) */
+    F_EMPTY_OBJ, /* {} */
+    F_EMPTY_ARR, /* [] */
+    F_FALSE,     /* false or 0 */
+    F_TRUE,      /* true */
+    F_STR,       /* the string `str` */
+    F_TEXT_FMT,  /* {"type": "text"} */
+    F_BOOL,      /* any boolean: nothing it could change exists (parallel_tool_calls without tools) */
+} fkind;
+
+typedef struct field_rule {
+    const char *name;
+    unsigned on;        /* where the field exists */
+    fkind kind;
+    double neutral;
+    int sampling_only;
+    const char *str;
+} field_rule;
+
+static const field_rule field_rules[] = {
+    /* implemented */
+    {"prompt", ON_CMPL, F_PARSED, 0, 0, NULL}, {"messages", ON_CHAT, F_PARSED, 0, 0, NULL},
+    {"text", ON_GEN, F_PARSED, 0, 0, NULL}, {"input_ids", ON_GEN, F_PARSED, 0, 0, NULL},
+    {"sampling_params", ON_GEN, F_PARSED, 0, 0, NULL},
+    {"max_tokens", ON_OAI, F_PARSED, 0, 0, NULL}, {"max_completion_tokens", ON_CHAT, F_PARSED, 0, 0, NULL},
+    {"max_new_tokens", ON_SP, F_PARSED, 0, 0, NULL},
+    {"temperature", ON_OAI | ON_SP, F_PARSED, 0, 0, NULL}, {"top_p", ON_OAI | ON_SP, F_PARSED, 0, 0, NULL},
+    {"top_k", ON_OAI | ON_SP, F_PARSED, 0, 0, NULL}, {"seed", ON_OAI | ON_SP, F_PARSED, 0, 0, NULL},
+    {"sampling_seed", ON_SP, F_PARSED, 0, 0, NULL}, {"stop", ON_OAI | ON_SP, F_PARSED, 0, 0, NULL},
+    {"ignore_eos", ON_OAI | ON_SP, F_PARSED, 0, 0, NULL}, {"stream", ON_OAI | ON_GEN, F_PARSED, 0, 0, NULL},
+    {"stream_options", ON_OAI, F_PARSED, 0, 0, NULL}, {"logprobs", ON_OAI, F_PARSED, 0, 0, NULL},
+    {"echo", ON_CMPL, F_PARSED, 0, 0, NULL}, {"top_logprobs", ON_CHAT, F_PARSED, 0, 0, NULL},
+    {"chat_template_kwargs", ON_CHAT, F_PARSED, 0, 0, NULL},
+    /* metadata; vLLM's return_token_ids: dfl always returns token_ids */
+    {"model", ON_OAI, F_PARSED, 0, 0, NULL}, {"user", ON_OAI, F_PARSED, 0, 0, NULL},
+    {"return_token_ids", ON_OAI, F_BOOL, 0, 0, NULL},
+    /* not implemented: accepted as no-ops only */
+    {"n", ON_OAI | ON_SP, F_NUM, 1, 0, NULL}, {"best_of", ON_CMPL, F_NUM, 1, 0, NULL},
+    {"min_p", ON_OAI | ON_SP, F_NUM, 0, 1, NULL}, {"presence_penalty", ON_OAI | ON_SP, F_NUM, 0, 0, NULL},
+    {"frequency_penalty", ON_OAI | ON_SP, F_NUM, 0, 0, NULL},
+    {"repetition_penalty", ON_OAI | ON_SP, F_NUM, 1, 0, NULL}, {"min_tokens", ON_OAI, F_NUM, 0, 0, NULL},
+    {"min_new_tokens", ON_SP, F_NUM, 0, 0, NULL}, {"logit_bias", ON_OAI, F_EMPTY_OBJ, 0, 0, NULL},
+    {"stop_token_ids", ON_OAI | ON_SP, F_EMPTY_ARR, 0, 0, NULL},
+    {"skip_special_tokens", ON_OAI | ON_SP, F_TRUE, 0, 0, NULL},
+    {"include_stop_str_in_output", ON_OAI, F_FALSE, 0, 0, NULL}, {"suffix", ON_CMPL, F_STR, 0, 0, ""},
+    {"echo", ON_CHAT, F_FALSE, 0, 0, NULL}, {"return_logprob", ON_GEN, F_FALSE, 0, 0, NULL},
+    {"response_format", ON_CHAT, F_TEXT_FMT, 0, 0, NULL}, {"tools", ON_CHAT, F_EMPTY_ARR, 0, 0, NULL},
+    {"functions", ON_CHAT, F_EMPTY_ARR, 0, 0, NULL}, {"tool_choice", ON_CHAT, F_STR, 0, 0, "none"},
+    {"function_call", ON_CHAT, F_STR, 0, 0, "none"}, {"parallel_tool_calls", ON_CHAT, F_BOOL, 0, 0, NULL},
+};
+
+static const char *kind_accepts(const field_rule *r, char *b, size_t n) {
+    switch (r->kind) {
+    case F_NUM: snprintf(b, n, "%g%s", r->neutral, r->sampling_only ? " (any value at temperature 0)" : ""); break;
+    case F_EMPTY_OBJ: snprintf(b, n, "{}"); break;
+    case F_EMPTY_ARR: snprintf(b, n, "[]"); break;
+    case F_FALSE: snprintf(b, n, "false"); break;
+    case F_TRUE: snprintf(b, n, "true"); break;
+    case F_STR: snprintf(b, n, "\"%s\"", r->str); break;
+    case F_TEXT_FMT: snprintf(b, n, "{\"type\": \"text\"}"); break;
+    default: snprintf(b, n, "a boolean"); break;
+    }
+    return b;
+}
+
+static int is_noop(const field_rule *r, const cJSON *v, int greedy) {
+    switch (r->kind) {
+    case F_NUM: return cJSON_IsNumber(v) && (v->valuedouble == r->neutral || (greedy && r->sampling_only));
+    case F_EMPTY_OBJ: return cJSON_IsObject(v) && !v->child;
+    case F_EMPTY_ARR: return cJSON_IsArray(v) && !v->child;
+    case F_FALSE: return cJSON_IsFalse(v) || (cJSON_IsNumber(v) && v->valuedouble == 0);
+    case F_TRUE: return cJSON_IsTrue(v);
+    case F_STR: return cJSON_IsString(v) && strcmp(v->valuestring, r->str) == 0;
+    case F_TEXT_FMT: {
+        const cJSON *t = cJSON_GetObjectItemCaseSensitive(v, "type");
+        return cJSON_IsObject(v) && cJSON_GetArraySize(v) == 1 && cJSON_IsString(t) &&
+               strcmp(t->valuestring, "text") == 0;
+    }
+    case F_BOOL: return cJSON_IsBool(v);
+    default: return 1;
+    }
+}
+
+static const char *ep_path(endpoint ep) {
+    return ep == EP_COMPLETIONS ? "/v1/completions" : ep == EP_CHAT ? "/v1/chat/completions" : "/generate";
+}
+
+/* Every field of obj (where: ON_*) under the rule above; prefix names the object ("" or
+ * "sampling_params."). A null field counts as absent. */
+static int check_fields(const cJSON *obj, unsigned where, const char *prefix, int greedy, endpoint ep, api_err *e) {
+    char param[96], acc[96], val[64];
+    for (const cJSON *v = obj->child; v; v = v->next) {
+        if (cJSON_IsNull(v) || !v->string) continue;
+        const field_rule *r = NULL;
+        for (size_t i = 0; i < sizeof field_rules / sizeof field_rules[0] && !r; i++)
+            if ((field_rules[i].on & where) && strcmp(field_rules[i].name, v->string) == 0) r = &field_rules[i];
+        snprintf(param, sizeof param, "%s%s", prefix, v->string);
+        if (!r) {
+            api_seterr(e, 400, param, "'%s' is not supported on %s (not a field dfl serve implements; docs/serve.md, "
+                       "\"Request fields\", lists them)", param, ep_path(ep));
             return -1;
         }
-        const double x = v->valuedouble;
-        if (x == ctl[i].neutral || x == ctl[i].alt || (greedy && ctl[i].sampling_only)) continue;
-        if (strcmp(ctl[i].name, "top_k") == 0 && x < 0) continue;
-        api_seterr(e, 400, param, "'%s' = %g is not supported (dfl samples from the full distribution, one sequence "
-                   "per request; see docs/serve.md)", param, x);
+        if (r->kind == F_PARSED || is_noop(r, v, greedy)) continue;
+        api_seterr(e, 400, param, "'%s' = %s is not supported: dfl serve accepts it only as %s, where it changes "
+                   "nothing (docs/serve.md, \"Request fields\")", param, dfl_json_brief(v, val, sizeof val),
+                   kind_accepts(r, acc, sizeof acc));
         return -1;
     }
-    static const char *const flags[] = {"logprobs", "echo", "return_logprob", "top_logprobs"};
-    for (size_t i = 0; i < sizeof flags / sizeof flags[0]; i++) {
-        cJSON *v = field(obj, flags[i]);
-        if (!v || cJSON_IsFalse(v) || (cJSON_IsNumber(v) && v->valuedouble == 0)) continue;
-        /* parsed in api_parse_generation: completions' logprobs and echo, chat's logprobs and top_logprobs */
-        if ((ep == EP_COMPLETIONS && i < 2) || (ep == EP_CHAT && (i == 0 || i == 3))) continue;
-        snprintf(param, sizeof param, "%s%s", prefix, flags[i]);
-        api_seterr(e, 400, param, "'%s' is not supported on %s (see docs/serve.md: logprobs and echo on POST "
-                   "/v1/completions, logprobs and top_logprobs on chat)", param,
-                   ep == EP_CHAT ? "/v1/chat/completions" : "/generate");
+    return 0;
+}
+
+/* The members of a sub-object (stream_options, chat_template_kwargs, a message) that dfl reads:
+ * any other is refused, naming it. */
+static int check_members(const cJSON *obj, const char *param, const char *const *known, api_err *e) {
+    for (const cJSON *v = obj->child; v; v = v->next) {
+        if (cJSON_IsNull(v) || !v->string) continue;
+        int ok = 0;
+        for (int i = 0; known[i] && !ok; i++) ok = strcmp(known[i], v->string) == 0;
+        if (ok) continue;
+        char p[96], list[96] = "";
+        snprintf(p, sizeof p, "%s.%s", param, v->string);
+        for (int i = 0; known[i]; i++)
+            snprintf(list + strlen(list), sizeof list - strlen(list), "%s'%s'", i ? ", " : "", known[i]);
+        api_seterr(e, 400, p, "'%s' is not supported (dfl serve reads only %s in '%s'; docs/serve.md, \"Request "
+                   "fields\")", p, list, param);
         return -1;
+    }
+    return 0;
+}
+
+/* One completions prompt (a string or token ids) into j; param names it ("prompt", "prompt[2]"). */
+static int parse_prompt(struct dfl_server *srv, const cJSON *p, const char *param, job *j, api_err *e) {
+    if (cJSON_IsString(p)) {
+        if (encode(srv, p->valuestring, &j->prompt, &j->n_prompt, e)) return -1;
+        if (!(j->echo_text = strdup(p->valuestring))) {
+            api_seterr(e, 500, NULL, "out of memory");
+            return -1;
+        }
+    } else if (is_id_list(p)) {
+        if (get_ids(p, param, srv->m.cfg.vocab, &j->prompt, &j->n_prompt, e)) return -1;
+    } else if (!p || cJSON_IsNull(p)) {
+        api_seterr(e, 400, param, "'%s' is required", param);
+        return -1;
+    } else {
+        api_seterr(e, 400, param, "'%s' must be a string or an array of token ids%s", param,
+                   strchr(param, '[') ? "" : " (or a list of those: one choice per prompt)");
+        return -1;
+    }
+    return 0;
+}
+
+static int prompt_fits(struct dfl_server *srv, const job *j, const char *param, api_err *e) {
+    if (j->n_prompt < 1) {
+        api_seterr(e, 400, param, "the prompt is empty (0 tokens)");
+        return -1;
+    }
+    if (j->n_prompt >= srv->max_ctx) {
+        api_seterr(e, 400, param, "the prompt has %d tokens; the context holds %d positions (prompt + output)",
+                   j->n_prompt, srv->max_ctx);
+        return -1;
+    }
+    return 0;
+}
+
+/* A list of prompts on /v1/completions: one sub-job per prompt, in order (api_parse_generation
+ * copies the options into them). */
+static int parse_prompt_list(struct dfl_server *srv, const cJSON *list, job *j, int *longest, api_err *e) {
+    const int n = cJSON_GetArraySize(list);
+    if (!(j->sub = calloc((size_t)n, sizeof *j->sub))) {
+        api_seterr(e, 500, NULL, "out of memory");
+        return -1;
+    }
+    int i = 0;
+    for (const cJSON *x = list->child; x; x = x->next, i++) {
+        job *c = calloc(1, sizeof *c);
+        if (!c) {
+            api_seterr(e, 500, NULL, "out of memory");
+            return -1;
+        }
+        pthread_cond_init(&c->cv, NULL);
+        c->srv = srv, c->refs = 1, c->index = i, c->logprobs = -1;
+        j->sub[j->n_sub++] = c;
+        char param[32];
+        snprintf(param, sizeof param, "prompt[%d]", i);
+        if (parse_prompt(srv, x, param, c, e) || prompt_fits(srv, c, param, e)) return -1;
+        if (c->n_prompt > j->sub[*longest]->n_prompt) *longest = i;
     }
     return 0;
 }
@@ -312,26 +483,16 @@ int api_parse_generation(struct dfl_server *srv, endpoint ep, cJSON *body, job *
     const int vocab = srv->m.cfg.vocab;
     j->ep = ep;
     j->logprobs = -1;
+    int longest = 0; /* a list of prompts: the longest one's index */
     /* the prompt */
     if (ep == EP_COMPLETIONS) {
         cJSON *p = cJSON_GetObjectItemCaseSensitive(body, "prompt");
-        if (cJSON_IsArray(p) && cJSON_GetArraySize(p) == 1 && !cJSON_IsNumber(p->child)) p = p->child; /* a batch of one */
-        if (cJSON_IsString(p)) {
-            if (encode(srv, p->valuestring, &j->prompt, &j->n_prompt, e)) return -1;
-            if (!(j->echo_text = strdup(p->valuestring))) {
-                api_seterr(e, 500, NULL, "out of memory");
-                return -1;
-            }
-        } else if (is_id_list(p)) {
-            if (get_ids(p, "prompt", vocab, &j->prompt, &j->n_prompt, e)) return -1;
-        } else if (cJSON_IsArray(p) && cJSON_GetArraySize(p) > 1) {
-            api_seterr(e, 400, "prompt", "'prompt': one prompt per request (batches are not supported)");
-            return -1;
-        } else if (!p || cJSON_IsNull(p)) {
-            api_seterr(e, 400, "prompt", "'prompt' is required");
-            return -1;
-        } else {
-            api_seterr(e, 400, "prompt", "'prompt' must be a string or an array of token ids");
+        /* a list of prompts (strings or id lists): a list of one is that prompt */
+        if (cJSON_IsArray(p) && p->child && !cJSON_IsNumber(p->child) && !p->child->next) p = p->child;
+        if (cJSON_IsArray(p) && p->child && !cJSON_IsNumber(p->child)) {
+            if (parse_prompt_list(srv, p, j, &longest, e)) return -1;
+            j->n_prompt = j->sub[longest]->n_prompt;
+        } else if (parse_prompt(srv, p, "prompt", j, e)) {
             return -1;
         }
     } else if (ep == EP_CHAT) {
@@ -359,15 +520,7 @@ int api_parse_generation(struct dfl_server *srv, endpoint ep, cJSON *body, job *
             return -1;
     }
     const char *pfield = ep == EP_COMPLETIONS ? "prompt" : ep == EP_CHAT ? "messages" : j->prompt && field(body, "text") ? "text" : "input_ids";
-    if (j->n_prompt < 1) {
-        api_seterr(e, 400, pfield, "the prompt is empty (0 tokens)");
-        return -1;
-    }
-    if (j->n_prompt >= srv->max_ctx) {
-        api_seterr(e, 400, pfield, "the prompt has %d tokens; the context holds %d positions (prompt + output)",
-                   j->n_prompt, srv->max_ctx);
-        return -1;
-    }
+    if (!j->n_sub && prompt_fits(srv, j, pfield, e)) return -1;
     /* options */
     const cJSON *o = body;
     const char *pre = "";
@@ -421,6 +574,27 @@ int api_parse_generation(struct dfl_server *srv, endpoint ep, cJSON *body, job *
                    srv->tree_budget, p_temp);
         return -1;
     }
+    /* top_p in (0, 1] (1 = off), top_k >= 1 or -1 / 0 = off (vLLM's and SGLang's off is -1);
+     * checked at temperature 0 too, where they change nothing */
+    double top_p = 1;
+    long long top_k = 0;
+    char p_top_p[40], p_top_k[40];
+    snprintf(p_top_p, sizeof p_top_p, "%stop_p", pre);
+    snprintf(p_top_k, sizeof p_top_k, "%stop_k", pre);
+    if (get_double(o, "top_p", p_top_p, -1e300, 1e300, &top_p, e) < 0) return -1;
+    if (!(top_p > 0 && top_p <= 1)) {
+        api_seterr(e, 400, p_top_p, "'%s' must be in (0, 1], found %g", p_top_p, top_p);
+        return -1;
+    }
+    cJSON *tk = field(o, "top_k");
+    if (tk && (!cJSON_IsNumber(tk) || tk->valuedouble != floor(tk->valuedouble) || tk->valuedouble < -1 ||
+               tk->valuedouble > 2147483647.0)) {
+        char b[64];
+        api_seterr(e, 400, p_top_k, "'%s' must be an integer >= 1, or -1 or 0 (off); found %s", p_top_k,
+                   dfl_json_brief(tk, b, sizeof b));
+        return -1;
+    }
+    if (tk) top_k = (long long)tk->valuedouble;
     r = get_int(o, "seed", p_seed, 0, 9007199254740992.0, &seed, e);
     if (r < 0) return -1;
     if (r == 0 && ep == EP_GENERATE) {
@@ -430,9 +604,15 @@ int api_parse_generation(struct dfl_server *srv, endpoint ep, cJSON *body, job *
     j->seed_given = r;
     if (get_bool(o, "ignore_eos", p_eos, &j->ignore_eos, e) < 0) return -1;
     if (parse_stop(o, p_stop, j, e) < 0) return -1;
-    if (check_unsupported(o, pre, temp == 0, ep, e) < 0) return -1;
-    if (ep == EP_GENERATE && check_unsupported(body, "", temp == 0, ep, e) < 0) return -1;
+    if (check_fields(body, ep == EP_COMPLETIONS ? ON_CMPL : ep == EP_CHAT ? ON_CHAT : ON_GEN, "", temp == 0, ep, e) < 0)
+        return -1;
+    if (ep == EP_GENERATE && check_fields(o, ON_SP, pre, temp == 0, ep, e) < 0) return -1;
     if (get_bool(body, "stream", "stream", &j->stream, e) < 0) return -1;
+    if (j->n_sub && j->stream) {
+        api_seterr(e, 400, "stream", "'stream' is not supported with a list of prompts (send the list unstreamed, or "
+                   "one prompt per streamed request)");
+        return -1;
+    }
     if (ep != EP_GENERATE && j->stream && (j->logprobs >= 0 || j->echo)) {
         const char *f = j->logprobs >= 0 ? "logprobs" : "echo";
         api_seterr(e, 400, f, "'%s' is not supported with \"stream\": true (send the request unstreamed)", f);
@@ -444,16 +624,39 @@ int api_parse_generation(struct dfl_server *srv, endpoint ep, cJSON *body, job *
             api_seterr(e, 400, "stream_options", "'stream_options' must be an object");
             return -1;
         }
+        static const char *const so_known[] = {"include_usage", NULL};
+        if (check_members(so, "stream_options", so_known, e) < 0) return -1;
         if (get_bool(so, "include_usage", "stream_options.include_usage", &j->include_usage, e) < 0) return -1;
     }
     if (j->n_prompt + max_new > srv->max_ctx) {
-        api_seterr(e, 400, p_max, "prompt (%d tokens) + %s %lld exceeds the context of %d positions", j->n_prompt,
+        char which[32] = "prompt";
+        if (j->n_sub) snprintf(which, sizeof which, "prompt[%d]", longest);
+        api_seterr(e, 400, p_max, "%s (%d tokens) + %s %lld exceeds the context of %d positions", which, j->n_prompt,
                    p_max, max_new, srv->max_ctx);
         return -1;
     }
     j->max_new = (int)max_new;
     j->temperature = (float)temp;
+    j->top_p = (float)top_p;
+    j->top_k = top_k > 0 ? (int)top_k : 0;
     j->seed = (uint64_t)seed;
+    /* a list of prompts: each sub-job gets the options (its own stop strings, for job_free) */
+    for (int i = 0; i < j->n_sub; i++) {
+        job *c = j->sub[i];
+        c->ep = ep, c->max_new = j->max_new, c->temperature = j->temperature, c->top_p = j->top_p;
+        c->top_k = j->top_k, c->seed = j->seed, c->seed_given = j->seed_given, c->ignore_eos = j->ignore_eos;
+        c->logprobs = j->logprobs, c->echo = j->echo;
+        if (!c->echo) free(c->echo_text), c->echo_text = NULL;
+        if (j->n_stops && !(c->stops = calloc((size_t)j->n_stops, sizeof *c->stops))) {
+            api_seterr(e, 500, NULL, "out of memory");
+            return -1;
+        }
+        for (int k = 0; k < j->n_stops; k++)
+            if (!(c->stops[c->n_stops++] = strdup(j->stops[k]))) {
+                api_seterr(e, 500, NULL, "out of memory");
+                return -1;
+            }
+    }
     return 0;
 }
 
@@ -724,56 +927,77 @@ static char *echo_prefix(struct dfl_server *srv, const job *j) {
     return s;
 }
 
-cJSON *api_response(struct dfl_server *srv, const job *j) {
+/* One OpenAI choice (index j->index): text (the echoed prompt first), logprobs, ids, finish. NULL
+ * when out of memory. */
+static cJSON *openai_choice(struct dfl_server *srv, const job *j) {
     char *text = textout_final(&j->out);
     if (!text) return NULL;
-    char *echo = NULL;
     if (j->ep == EP_COMPLETIONS && j->echo) {
         char *pre = echo_prefix(srv, j);
         const size_t a = pre ? strlen(pre) : 0, b = strlen(text);
-        echo = pre ? malloc(a + b + 1) : NULL;
-        if (!echo) {
+        char *both = pre ? malloc(a + b + 1) : NULL;
+        if (!both) {
             free(pre), free(text);
             return NULL;
         }
-        memcpy(echo, pre, a);
-        memcpy(echo + a, text, b + 1);
-        free(text);
-        text = echo;
-        echo = pre;
+        memcpy(both, pre, a);
+        memcpy(both + a, text, b + 1);
+        free(text), free(pre);
+        text = both;
     }
-    cJSON *r;
+    const int chat = j->ep == EP_CHAT;
+    cJSON *c = cJSON_CreateObject();
+    cJSON_AddNumberToObject(c, "index", j->index);
+    if (chat) {
+        cJSON *msg = cJSON_AddObjectToObject(c, "message");
+        cJSON_AddStringToObject(msg, "role", "assistant");
+        cJSON_AddStringToObject(msg, "content", text);
+        cJSON *lo = j->logprobs >= 0 ? chat_logprobs(srv, j) : NULL;
+        if (lo) cJSON_AddItemToObject(c, "logprobs", lo);
+        else cJSON_AddNullToObject(c, "logprobs");
+    } else {
+        cJSON_AddStringToObject(c, "text", text);
+        cJSON *lo = j->logprobs >= 0 ? completion_logprobs(srv, j) : NULL;
+        if (lo) cJSON_AddItemToObject(c, "logprobs", lo);
+        else cJSON_AddNullToObject(c, "logprobs");
+    }
+    cJSON_AddItemToObject(c, "token_ids", int_array(j->out.ids, j->out.n));
+    cJSON_AddStringToObject(c, "finish_reason", j->finish);
+    cJSON_AddItemToObject(c, "stop_reason", stop_reason(j));
+    free(text);
+    return c;
+}
+
+cJSON *api_response(struct dfl_server *srv, const job *j) {
     if (j->ep == EP_GENERATE) {
-        r = cJSON_CreateObject();
+        char *text = textout_final(&j->out);
+        if (!text) return NULL;
+        cJSON *r = cJSON_CreateObject();
         cJSON_AddStringToObject(r, "text", text);
         cJSON_AddItemToObject(r, "output_ids", int_array(j->out.ids, j->out.n));
         cJSON_AddItemToObject(r, "meta_info", meta_info(j, 1));
-    } else {
-        const int chat = j->ep == EP_CHAT;
-        r = openai_head(srv, j, chat ? "chat.completion" : "text_completion");
-        cJSON *c = cJSON_CreateObject();
-        cJSON_AddNumberToObject(c, "index", 0);
-        if (chat) {
-            cJSON *msg = cJSON_AddObjectToObject(c, "message");
-            cJSON_AddStringToObject(msg, "role", "assistant");
-            cJSON_AddStringToObject(msg, "content", text);
-            cJSON *lo = j->logprobs >= 0 ? chat_logprobs(srv, j) : NULL;
-            if (lo) cJSON_AddItemToObject(c, "logprobs", lo);
-            else cJSON_AddNullToObject(c, "logprobs");
-        } else {
-            cJSON_AddStringToObject(c, "text", text);
-            cJSON *lo = j->logprobs >= 0 ? completion_logprobs(srv, j) : NULL;
-            if (lo) cJSON_AddItemToObject(c, "logprobs", lo);
-            else cJSON_AddNullToObject(c, "logprobs");
-        }
-        cJSON_AddItemToObject(c, "token_ids", int_array(j->out.ids, j->out.n));
-        cJSON_AddStringToObject(c, "finish_reason", j->finish);
-        cJSON_AddItemToObject(c, "stop_reason", stop_reason(j));
-        cJSON_AddItemToArray(cJSON_AddArrayToObject(r, "choices"), c);
-        cJSON_AddItemToObject(r, "usage", usage(j));
+        free(text);
+        return r;
     }
-    free(text);
-    free(echo);
+    cJSON *r = openai_head(srv, j, j->ep == EP_CHAT ? "chat.completion" : "text_completion");
+    cJSON *choices = cJSON_AddArrayToObject(r, "choices");
+    /* a list of prompts: one choice per prompt, in order; usage sums them */
+    const int n = j->n_sub ? j->n_sub : 1;
+    int prompt_tokens = 0, completion_tokens = 0;
+    for (int i = 0; i < n; i++) {
+        const job *c = j->n_sub ? j->sub[i] : j;
+        cJSON *ch = openai_choice(srv, c);
+        if (!ch) {
+            cJSON_Delete(r);
+            return NULL;
+        }
+        cJSON_AddItemToArray(choices, ch);
+        prompt_tokens += c->n_prompt, completion_tokens += c->out.n;
+    }
+    cJSON *u = cJSON_AddObjectToObject(r, "usage");
+    cJSON_AddNumberToObject(u, "prompt_tokens", prompt_tokens);
+    cJSON_AddNumberToObject(u, "completion_tokens", completion_tokens);
+    cJSON_AddNumberToObject(u, "total_tokens", prompt_tokens + completion_tokens);
     return r;
 }
 

@@ -69,6 +69,8 @@ int server_max_context(const dfl_server *s) { return s->max_ctx; }
 /* ---- jobs ---- */
 
 void job_free(job *j) {
+    for (int i = 0; i < j->n_sub; i++) job_free(j->sub[i]);
+    free(j->sub);
     free(j->prompt);
     for (int i = 0; i < j->n_stops; i++) free(j->stops[i]);
     free(j->stops);
@@ -358,6 +360,7 @@ static void on_logits(void *ud, int prompt, int i, int32_t token, const float *r
 typedef struct run_ctx {
     dfl_server *srv;
     job *j;
+    job *owner;   /* the queued request: j, or the list of prompts j belongs to (its cancel flag counts) */
     int failed;
 } run_ctx;
 
@@ -413,16 +416,16 @@ static int on_tokens(void *ud, const int32_t *toks, int n) {
         if (stream_throttle(rc->srv, j)) stop = 1;
     }
     pthread_mutex_lock(&rc->srv->mu);
-    stop |= j->cancelled;
+    stop |= rc->owner->cancelled;
     pthread_mutex_unlock(&rc->srv->mu);
     return stop;
 }
 
-static void run_job(dfl_server *srv, job *j) {
+static void run_job(dfl_server *srv, job *j, job *owner) {
     state_reset(&srv->s);
     if (srv->drafting) srv->dif.reset(srv->dif.ctx);
     dfl_gen_opts o = {.max_new = j->max_new, .block = srv->block, .tree_budget = srv->tree_budget,
-                      .temperature = j->temperature,
+                      .temperature = j->temperature, .top_p = j->top_p, .top_k = j->top_k,
                       .seed = j->seed, .ignore_eos = j->ignore_eos, .on_round = on_round, .on_round_ud = j};
     if (j->logprobs >= 0) {
         const size_t n = (size_t)j->n_prompt + (size_t)j->max_new, k = (size_t)(j->logprobs ? j->logprobs : 1);
@@ -439,7 +442,7 @@ static void run_job(dfl_server *srv, job *j) {
         o.on_logits = on_logits, o.on_logits_ud = j, o.prompt_logits = j->echo;
     }
     int32_t *out = malloc((size_t)(j->max_new ? j->max_new : 1) * sizeof *out);
-    run_ctx rc = {.srv = srv, .j = j};
+    run_ctx rc = {.srv = srv, .j = j, .owner = owner};
     if (j->stream) stream_put_locked(srv, j, api_stream_start(srv, j));
     int r = out ? spec_generate(&srv->s, srv->drafting ? &srv->dif : NULL, j->prompt, j->n_prompt, &o, out, &j->st,
                                 on_tokens, &rc)
@@ -458,6 +461,24 @@ static void run_job(dfl_server *srv, job *j) {
     if (j->stream) stream_put_locked(srv, j, api_stream_end(srv, j, j->stream_ids, j->stream_text));
 }
 
+/* The metrics of a finished generation (a request, or one prompt of a list, as vLLM counts
+ * them). srv->mu held. */
+static void account(dfl_server *srv, const job *j) {
+    if (j->err_status || j->cancelled) return;
+    const dfl_gen_stats *st = &j->st;
+    srv->requests_ok++;
+    hist_observe(&srv->e2e, j->t_done - j->t_start);
+    srv->prompt_tokens += j->n_prompt;
+    srv->gen_tokens += j->out.n;
+    srv->rounds += st->rounds;
+    if (st->max_block > 1) {
+        srv->drafts += st->pos_drafted[1];
+        srv->draft_tokens += st->drafted;
+        srv->accepted_tokens += st->accepted;
+        for (int k = 1; k < st->max_block; k++) srv->acc_pos[k - 1] += st->pos_accepted[k];
+    }
+}
+
 static void *worker_main(void *arg) {
     dfl_server *srv = arg;
     pthread_mutex_lock(&srv->mu);
@@ -471,23 +492,26 @@ static void *worker_main(void *arg) {
         j->state = JOB_RUNNING;
         srv->running = 1;
         pthread_mutex_unlock(&srv->mu);
-        run_job(srv, j);
-        pthread_mutex_lock(&srv->mu);
-        srv->running = 0;
-        if (!j->err_status && !j->cancelled) {
-            const dfl_gen_stats *st = &j->st;
-            srv->requests_ok++;
-            hist_observe(&srv->e2e, j->t_done - j->t_start);
-            srv->prompt_tokens += j->n_prompt;
-            srv->gen_tokens += j->out.n;
-            srv->rounds += st->rounds;
-            if (st->max_block > 1) {
-                srv->drafts += st->pos_drafted[1];
-                srv->draft_tokens += st->drafted;
-                srv->accepted_tokens += st->accepted;
-                for (int k = 1; k < st->max_block; k++) srv->acc_pos[k - 1] += st->pos_accepted[k];
+        if (!j->n_sub) {
+            run_job(srv, j, j);
+            pthread_mutex_lock(&srv->mu);
+            account(srv, j);
+        } else { /* a list of prompts, in order; the first failure ends the request */
+            pthread_mutex_lock(&srv->mu);
+            for (int i = 0; i < j->n_sub && !j->cancelled && !j->err_status; i++) {
+                job *c = j->sub[i];
+                pthread_mutex_unlock(&srv->mu);
+                run_job(srv, c, j);
+                pthread_mutex_lock(&srv->mu);
+                if (c->err_status) {
+                    j->err_status = c->err_status;
+                    snprintf(j->err_msg, sizeof j->err_msg, "prompt[%d]: %.280s", i, c->err_msg);
+                }
+                if (!j->cancelled) account(srv, c); /* a prompt cut short by a cancel is not a finished one */
             }
+            j->t_done = dfl_now();
         }
+        srv->running = 0;
         j->state = JOB_DONE;
         pthread_cond_broadcast(&j->cv);
         job_unref(j);
@@ -620,8 +644,16 @@ static enum MHD_Result handle_generation(dfl_server *srv, struct MHD_Connection 
         return send_error(srv, c, r, method, url, &e);
     }
     textout_init(&j->out, srv->tok, j->stops, j->n_stops);
+    for (int i = 0; i < j->n_sub; i++) {
+        job *c = j->sub[i];
+        textout_init(&c->out, srv->tok, c->stops, c->n_stops);
+        c->t_start = j->t_start, c->created = j->created;
+    }
     pthread_mutex_lock(&srv->mu);
     if (!j->seed_given) j->seed = splitmix(&srv->seed_ctr) >> 11; /* fits a JSON number exactly */
+    /* a list of prompts with a seed: each prompt gets it (the choices equal one request per
+     * prompt, as vLLM does); without one, each draws its own */
+    for (int i = 0; i < j->n_sub; i++) j->sub[i]->seed = j->seed_given ? j->seed : splitmix(&srv->seed_ctr) >> 11;
     snprintf(j->id, sizeof j->id, "%s%lx%06lu", r->ep == EP_COMPLETIONS ? "cmpl-" : r->ep == EP_CHAT ? "chatcmpl-" : "",
              (unsigned long)j->created, ++srv->next_id);
     if (srv->stopping) api_seterr(&e, 503, NULL, "the server is shutting down");

@@ -76,6 +76,8 @@ typedef struct job {
     int n_prompt;
     int max_new;
     float temperature;
+    float top_p;              /* 1 = off */
+    int top_k;                /* 0 = off */
     uint64_t seed;
     int seed_given;           /* 0: the server draws one */
     int ignore_eos;
@@ -85,6 +87,12 @@ typedef struct job {
     int logprobs;             /* completions: top alternatives per token (0..20); -1 = no logprobs */
     int echo;                 /* completions: the prompt is prepended to the text (and scored) */
     char *echo_text;          /* the prompt as echoed: the request's string, or its ids decoded */
+    /* /v1/completions with a list of prompts: one sub-job per prompt (choice `index`), run in
+     * order by the worker as part of this job, which is queued, cancelled and answered as one
+     * request and has no prompt of its own (n_prompt: the longest prompt's, for the checks) */
+    struct job **sub;
+    int n_sub;
+    int index;
     char id[48];
     long created;
     double t_start;

@@ -5,7 +5,8 @@
 lm-eval's per-choice loglikelihoods and greedy flags are checked against transformers on the same
 checkpoint (the embedded target, float32): for each (context, continuation) lm-eval splits the
 tokens as its `_encode_pair` does, and the reference sums log_softmax over the continuation tokens.
-The task's data is a local JSON-lines file (no hub: HF_DATASETS_OFFLINE / HF_HUB_OFFLINE)."""
+The task's data is a local JSON-lines file (no hub: HF_DATASETS_OFFLINE / HF_HUB_OFFLINE). lm-eval
+runs twice: --batch_size 1 (one prompt per request) and 4 (a list of prompts per request)."""
 import glob
 import json
 import os
@@ -80,7 +81,17 @@ def reference_loglikelihoods(pairs):
     return out
 
 
-def lm_eval(srv):
+def http_requests(srv):
+    """Answered POST /v1/completions (status 200) so far, from /metrics."""
+    import urllib.request
+    text = urllib.request.urlopen(f"http://127.0.0.1:{srv.port}/metrics", timeout=60).read().decode()
+    m = re.search(r'^dfl_http_requests_total\{endpoint="/v1/completions",status="200"\} (\d+)', text, re.M)
+    return int(m.group(1)) if m else 0
+
+
+def lm_eval(srv, batch_size):
+    """lm-eval's loglikelihood requests; --batch_size 4 sends a list of 4 token-id prompts per
+    request (one choice per prompt, matched back by `index`)."""
     data = os.path.join(tmp, "mc.jsonl")
     with open(data, "w") as f:
         for q, choices, a in QUESTIONS:
@@ -90,14 +101,19 @@ def lm_eval(srv):
                 "test_split: test\noutput_type: multiple_choice\ndoc_to_text: \"Question: {{question}}\\nAnswer:\"\n"
                 "doc_to_choice: \"{{choices}}\"\ndoc_to_target: \"{{answer}}\"\n"
                 "metric_list:\n  - metric: acc\n    aggregation: mean\n    higher_is_better: true\n")
-    out = os.path.join(tmp, "lm-eval-out")
+    out = os.path.join(tmp, f"lm-eval-out-b{batch_size}")
     args = ("model=target,base_url=http://127.0.0.1:%d/v1/completions,tokenizer_backend=huggingface,tokenizer=%s,"
             "tokenized_requests=True,num_concurrent=1,max_retries=1" % (srv.port, TARGET))
     env = dict(os.environ, HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1")
+    before = http_requests(srv)
     p = subprocess.run([PY, "-m", "lm_eval", "--model", "local-completions", "--tasks", "dfl_mc", "--include_path",
-                        tmp, "--batch_size", "1", "--model_args", args, "--output_path", out, "--log_samples"],
+                        tmp, "--batch_size", str(batch_size), "--model_args", args, "--output_path", out,
+                        "--log_samples"],
                        capture_output=True, text=True, env=env, cwd=tmp, timeout=600)
     t.check(p.returncode == 0, f"lm_eval exited {p.returncode}: {p.stderr[-1500:]}")
+    # 9 loglikelihoods: 9 requests one by one, 3 (4 + 4 + 1 prompts) in batches of 4
+    sent = http_requests(srv) - before
+    t.check(sent == (9 + batch_size - 1) // batch_size, f"lm-eval --batch_size {batch_size} sent {sent} requests")
     samples = glob.glob(os.path.join(out, "*", "samples_dfl_mc_*.jsonl"))
     t.check(len(samples) == 1, f"lm_eval wrote its samples: {samples}")
     if len(samples) != 1:
@@ -113,7 +129,8 @@ def lm_eval(srv):
     ref = reference_loglikelihoods(pairs)
     worst = max(abs(a[0] - b[0]) for a, b in zip(got, ref))
     t.check(len(got) == len(ref) == 9 and worst < 1e-3,
-            f"lm-eval's loglikelihoods through dfl serve vs transformers: worst |diff| {worst:.2e} over {len(got)}")
+            f"lm-eval --batch_size {batch_size}: loglikelihoods through dfl serve vs transformers: worst |diff| "
+            f"{worst:.2e} over {len(got)}")
     t.check(all(a[1] == b[1] for a, b in zip(got, ref)), f"greedy flags: {[(a[1], b[1]) for a, b in zip(got, ref)]}")
     res = json.load(open(glob.glob(os.path.join(out, "*", "results_*.json"))[0]))
     acc = res["results"]["dfl_mc"]["acc,none"]
@@ -156,7 +173,8 @@ def openai_client(srv):
 
 srv = Server()
 try:
-    t.run(lm_eval, srv)
+    t.run(lm_eval, srv, 1)
+    t.run(lm_eval, srv, 4)
     t.run(openai_client, srv)
 finally:
     srv.stop()

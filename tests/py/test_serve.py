@@ -2,7 +2,8 @@
 
 - /v1/completions (text and token-id prompts), /v1/chat/completions and /generate give the same
   tokens and text as `dfl generate --json` for the same prompt and options: greedy and seeded
-  sampling, with and without a drafter, dense and hybrid targets;
+  sampling (top_p / top_k too), with and without a drafter, dense and hybrid targets; a list of
+  prompts gives one choice per prompt, in order, each equal to generate's;
 - streaming (SSE) reassembles to the same text and ids and ends with [DONE];
 - /generate meta_info: spec_verify_ct, spec_accept_length, per-position acceptance and the
   per-round acceptance lengths equal generate's rounds, tau, per_position, acceptance_lengths;
@@ -12,7 +13,8 @@
   every family parses cleanly with prometheus_client (counters typed under their _total names,
   no untyped leftovers), and vLLM's latency histograms count the requests made;
 - bad requests get the documented status and a JSON error naming the field (400, 404, 405,
-  413, 503 when the queue is full);
+  413, 503 when the queue is full), unsupported fields (logit_bias, response_format, tools,
+  unknown ones) included;
 - a client disconnecting mid-stream cancels its generation and leaves the server healthy;
 - SIGTERM while a stream is in flight: the stream completes, the server exits with status 0."""
 import json
@@ -87,9 +89,14 @@ class Server:
             return None
 
 
-def generate(target, drafter, prompt, max_new, temperature=0.0, seed=0, ignore_eos=False, chat=None, ids=False):
+def generate(target, drafter, prompt, max_new, temperature=0.0, seed=0, ignore_eos=False, chat=None, ids=False,
+             top_p=None, top_k=None):
     args = ["generate", "--target", target, "--max-new", max_new, "--json", "--temperature", temperature,
             "--seed", seed]
+    if top_p is not None:
+        args += ["--top-p", top_p]
+    if top_k is not None:
+        args += ["--top-k", top_k]
     args += ["--prompt-ids", ",".join(map(str, prompt))] if ids else ["--prompt", prompt]
     if drafter:
         args += ["--drafter", drafter]
@@ -159,6 +166,33 @@ def outputs_match(target, drafter):
                         f"{what}: stream reassembles to {text!r} / {ids}")
                 t.check(events and events[-1]["choices"][0]["finish_reason"] == want_finish,
                         f"{what}: last chunk finish_reason")
+        # sampling as served (top_p / top_k): the same tokens as dfl generate with those flags, on the
+        # three endpoints; a list of prompts gives one choice per prompt, each equal to generate's
+        for top_p, top_k in [(0.95, 20), (0.8, None), (None, 5)]:
+            flt = {k: v for k, v in (("top_p", top_p), ("top_k", top_k)) if v is not None}
+            ref = generate(target, drafter, PROMPTS[0], 20, 1.0, 11, True, top_p=top_p, top_k=top_k)
+            what = f"{tag} T=1 {flt}"
+            st, r = srv.json("/v1/completions", {"prompt": PROMPTS[0], "max_tokens": 20, "temperature": 1.0,
+                                                 "seed": 11, "ignore_eos": True, **flt})
+            t.check(st == 200 and r["choices"][0]["token_ids"] == ref["tokens"],
+                    f"{what}: completions {r.get('choices', [{}])[0].get('token_ids')} vs generate {ref['tokens']}")
+            st, r = srv.json("/generate", {"text": PROMPTS[0], "sampling_params": {
+                "max_new_tokens": 20, "temperature": 1.0, "seed": 11, "ignore_eos": True, **flt}})
+            t.check(st == 200 and r.get("output_ids") == ref["tokens"], f"{what}: /generate differs")
+            ref_chat = generate(target, drafter, PROMPTS[0], 12, 1.0, 11, True, chat="chatml", top_p=top_p,
+                                top_k=top_k)
+            st, r = srv.json("/v1/chat/completions", {"messages": [{"role": "user", "content": PROMPTS[0]}],
+                                                      "max_tokens": 12, "temperature": 1.0, "seed": 11,
+                                                      "ignore_eos": True, **flt})
+            t.check(st == 200 and r["choices"][0]["token_ids"] == ref_chat["tokens"], f"{what}: chat differs")
+        refs = [generate(target, drafter, p, 10, 0.7, 3, True, top_p=0.9, top_k=20) for p in PROMPTS]
+        st, r = srv.json("/v1/completions", {"prompt": PROMPTS, "max_tokens": 10, "temperature": 0.7, "top_p": 0.9,
+                                             "top_k": 20, "seed": 3, "ignore_eos": True})
+        ch = r.get("choices", [])
+        t.check(st == 200 and [c["index"] for c in ch] == [0, 1] and
+                [c["token_ids"] for c in ch] == [x["tokens"] for x in refs] and
+                [c["text"] for c in ch] == [x["text"] for x in refs] and
+                r["usage"]["completion_tokens"] == 20, f"{tag}: a list of prompts: {st} {r}")
         # token-id prompt, SGLang /generate, stats
         ids = dfl("tokenize", "--tokenizer", target, "--text", PROMPTS[0], "--json").stdout
         ids = json.loads(ids)
@@ -283,8 +317,17 @@ def stops_tokenize_metrics():
             ("/v1/completions", '{"prompt": "x", "stream": "yes"}', None, 400, "stream"),
             ("/v1/completions", '{"prompt": "x", "max_tokens": 300}', None, 400, "max_tokens"),
             ("/v1/completions", json.dumps({"prompt": list(range(300))}), None, 400, "prompt"),
-            ("/v1/completions", '{"prompt": ["a", "b"]}', None, 400, "prompt"),
+            ("/v1/completions", '{"prompt": ["a", ""]}', None, 400, "prompt[1]"),
+            ("/v1/completions", '{"prompt": ["a", "b"], "stream": true}', None, 400, "stream"),
             ("/v1/completions", '{"prompt": "x", "n": 2}', None, 400, "n"),
+            ("/v1/completions", '{"prompt": "x", "top_p": 0}', None, 400, "top_p"),
+            ("/v1/completions", '{"prompt": "x", "top_k": -5}', None, 400, "top_k"),
+            ("/v1/completions", '{"prompt": "x", "logit_bias": {"3": 5}}', None, 400, "logit_bias"),
+            ("/v1/completions", '{"prompt": "x", "frobnicate": true}', None, 400, "frobnicate"),
+            ("/v1/chat/completions", '{"messages": [{"role": "user", "content": "x"}], '
+             '"response_format": {"type": "json_object"}}', None, 400, "response_format"),
+            ("/v1/chat/completions", '{"messages": [{"role": "user", "content": "x"}], '
+             '"tools": [{"type": "function", "function": {"name": "f"}}]}', None, 400, "tools"),
             ("/v1/chat/completions", '{"messages": "hi"}', None, 400, "messages"),
             ("/generate", '{"text": "x", "sampling_params": {"temperature": "hot"}}', None, 400,
              "sampling_params.temperature"),

@@ -1,6 +1,8 @@
 /* dfl serve in-process (qwen3_tiny + dflash_qwen3 on a free port), driven with libcurl:
  * /health; completions (greedy and seeded sampling, OpenAI and SGLang forms, streamed) equal
- * spec_generate's output for the same prompt and options; logprobs (greedy and echoed prompt
+ * spec_generate's output for the same prompt and options, top_p / top_k included; a list of
+ * prompts gives one choice per prompt, each equal to the prompt sent alone; the field rule (what
+ * is not implemented is refused naming the field unless it is a no-op); logprobs (greedy and echoed prompt
  * tokens) equal a plain forward's log_softmax, with the same tokens as without them; stop
  * strings cut the text; a bounded
  * load run (200 requests from 4 client threads) completes without error; malformed JSON and
@@ -91,8 +93,9 @@ static int ids_at(const cJSON *o, const char *const *path, int n_path, int32_t *
 
 static const char *const completion_ids[] = {"choices", "0", "token_ids"};
 
-/* spec_generate on a fresh model + drafter, as dfl generate sets it up. */
-static int reference(int max_new, float temp, uint64_t seed, int ignore_eos, int32_t *out, dfl_gen_stats *st) {
+/* spec_generate on a fresh model + drafter, as dfl generate sets it up; top_p / top_k (0 = off). */
+static int reference_f(int max_new, float temp, float top_p, int top_k, uint64_t seed, int ignore_eos, int32_t *out,
+                       dfl_gen_stats *st) {
     dfl_model m;
     dfl_drafter d;
     if (model_open(&m, test_fixture("qwen3_tiny"), 0) != DFL_OK) return -1;
@@ -105,7 +108,7 @@ static int reference(int max_new, float temp, uint64_t seed, int ignore_eos, int
         if (dstate_init(&ds, &d, &m, ctx, B) == DFL_OK) {
             dfl_draft_if dif = spec_dflash_drafter(&ds);
             dfl_gen_opts o = {.max_new = max_new, .block = B, .temperature = temp, .seed = seed,
-                              .ignore_eos = ignore_eos};
+                              .ignore_eos = ignore_eos, .top_p = top_p, .top_k = top_k};
             if (spec_generate(&s, &dif, prompt, NP, &o, out, st, NULL, NULL) == DFL_OK) rc = st->generated;
             dstate_free(&ds);
         }
@@ -114,6 +117,10 @@ static int reference(int max_new, float temp, uint64_t seed, int ignore_eos, int
     drafter_close(&d);
     model_close(&m);
     return rc;
+}
+
+static int reference(int max_new, float temp, uint64_t seed, int ignore_eos, int32_t *out, dfl_gen_stats *st) {
+    return reference_f(max_new, temp, 0, 0, seed, ignore_eos, out, st);
 }
 
 /* The prompt as a JSON array, written once: client threads read it concurrently (rewriting a
@@ -530,6 +537,147 @@ static void test_errors(int port, size_t max_body) {
     free(big);
 }
 
+/* ---- sampling as served, lists of prompts, the field rule ---- */
+
+static cJSON *choice_at(cJSON *o, int i) { return cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(o, "choices"), i); }
+
+/* POST body to path: status 200 and the parsed response (NULL otherwise, with a failed CHECK). */
+static cJSON *post_ok(int port, const char *path, const char *body) {
+    reply r = http(port, NULL, path, body, 0);
+    cJSON *o = json_of(&r);
+    CHECK(r.status == 200 && o, "%s %.120s: %ld %s", path, body, r.status, r.body ? r.body : "");
+    free(r.body);
+    if (r.status != 200) cJSON_Delete(o), o = NULL;
+    return o;
+}
+
+static void test_sampling_fields(int port) {
+    char body[1024];
+    int32_t ref[64], got[64];
+    dfl_gen_stats st;
+    /* Qwen's recommended sampling: the same tokens as spec_generate with those filters and seed, on
+     * both the OpenAI and the SGLang form */
+    int nr = reference_f(24, 1.0f, 0.95f, 20, 77, 1, ref, &st);
+    snprintf(body, sizeof body, "{\"prompt\": %s, \"max_tokens\": 24, \"temperature\": 1, \"top_p\": 0.95, "
+             "\"top_k\": 20, \"seed\": 77, \"ignore_eos\": true}", prompt_json());
+    cJSON *o = post_ok(port, "/v1/completions", body);
+    check_equal("completion with top_p / top_k", got, ids_at(o, completion_ids, 3, got, 64), ref, nr);
+    cJSON_Delete(o);
+    snprintf(body, sizeof body, "{\"input_ids\": %s, \"sampling_params\": {\"max_new_tokens\": 24, \"temperature\": 1, "
+             "\"top_p\": 0.95, \"top_k\": 20, \"seed\": 77, \"ignore_eos\": true}}", prompt_json());
+    o = post_ok(port, "/generate", body);
+    static const char *const out_ids[] = {"output_ids"};
+    check_equal("/generate with top_p / top_k", got, ids_at(o, out_ids, 1, got, 64), ref, nr);
+    cJSON_Delete(o);
+    int32_t full[64];
+    const int nf = reference_f(24, 1.0f, 0, 0, 77, 1, full, &st);
+    CHECK(nf != nr || memcmp(full, ref, (size_t)nr * sizeof *ref) != 0,
+          "top_p 0.95 / top_k 20 gave the tokens of the full distribution: the filters do nothing here");
+    /* top_k -1 (vLLM's off) and top_p 1 are the full distribution */
+    snprintf(body, sizeof body, "{\"prompt\": %s, \"max_tokens\": 24, \"temperature\": 1, \"top_p\": 1, "
+             "\"top_k\": -1, \"seed\": 77, \"ignore_eos\": true}", prompt_json());
+    o = post_ok(port, "/v1/completions", body);
+    check_equal("top_p 1, top_k -1", got, ids_at(o, completion_ids, 3, got, 64), full, nf);
+    cJSON_Delete(o);
+
+    /* a list of prompts: one choice per prompt, in order, each equal to the prompt sent alone (greedy;
+     * seeded sampling, each prompt with the seed; lm-eval's echo + logprobs shape) */
+    static const char *const opts[] = {
+        "\"max_tokens\": 6, \"temperature\": 0, \"ignore_eos\": true",
+        "\"max_tokens\": 6, \"temperature\": 0.9, \"top_k\": 20, \"seed\": 5, \"ignore_eos\": true",
+        "\"max_tokens\": 1, \"temperature\": 0, \"echo\": true, \"logprobs\": 1, \"seed\": 1234",
+    };
+    const char *prompts[3] = {prompt_json(), "\"Janet has 3 apples\"", "[[5, 6, 7, 8]]"};
+    char one_p[64];
+    for (size_t k = 0; k < sizeof opts / sizeof opts[0]; k++) {
+        snprintf(body, sizeof body, "{\"prompt\": [%s, %s, [5, 6, 7, 8]], %s}", prompts[0], prompts[1], opts[k]);
+        cJSON *b = post_ok(port, "/v1/completions", body);
+        CHECK(cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(b, "choices")) == 3, "list of 3 prompts: %d choices",
+              cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(b, "choices")));
+        int sum_p = 0, sum_c = 0;
+        for (int i = 0; i < 3 && b; i++) {
+            snprintf(one_p, sizeof one_p, "%s", i == 2 ? "[5, 6, 7, 8]" : prompts[i]);
+            snprintf(body, sizeof body, "{\"prompt\": %s, %s}", one_p, opts[k]);
+            cJSON *a = post_ok(port, "/v1/completions", body);
+            cJSON *ca = choice0(a), *cb = choice_at(b, i);
+            cJSON_DeleteItemFromObjectCaseSensitive(ca, "index");
+            cJSON *idx = cJSON_DetachItemFromObjectCaseSensitive(cb, "index");
+            CHECK(cJSON_IsNumber(idx) && idx->valuedouble == i, "choice %d has index %g", i, idx ? idx->valuedouble : -1);
+            cJSON_Delete(idx);
+            CHECK(ca && cb && cJSON_Compare(ca, cb, 1), "options %zu, prompt %d: the list's choice differs from the "
+                  "prompt sent alone", k, i);
+            cJSON *u = cJSON_GetObjectItemCaseSensitive(a, "usage");
+            sum_p += (int)cJSON_GetObjectItemCaseSensitive(u, "prompt_tokens")->valuedouble;
+            sum_c += (int)cJSON_GetObjectItemCaseSensitive(u, "completion_tokens")->valuedouble;
+            cJSON_Delete(a);
+        }
+        cJSON *u = cJSON_GetObjectItemCaseSensitive(b, "usage");
+        CHECK(b && cJSON_GetObjectItemCaseSensitive(u, "prompt_tokens")->valuedouble == sum_p &&
+                  cJSON_GetObjectItemCaseSensitive(u, "completion_tokens")->valuedouble == sum_c,
+              "options %zu: the list's usage is not the sum of its prompts'", k);
+        cJSON_Delete(b);
+    }
+    expect_error(port, NULL, "/v1/completions", "{\"prompt\": [\"a\", \"b\"], \"stream\": true}", 400, "stream");
+    expect_error(port, NULL, "/v1/completions", "{\"prompt\": [\"a\", \"\"]}", 400, "prompt[1]");
+    expect_error(port, NULL, "/v1/completions", "{\"prompt\": [\"a\", 5]}", 400, "prompt[1]");
+    expect_error(port, NULL, "/v1/completions", "{\"prompt\": [[1, 2], [1, 99999]]}", 400, "prompt[1]");
+
+    /* sampling values: top_p in (0, 1], top_k an integer >= -1 (also at temperature 0) */
+    static const struct { const char *extra, *param; } bad[] = {
+        {"\"top_p\": 0", "top_p"}, {"\"top_p\": 1.5", "top_p"}, {"\"top_p\": \"x\"", "top_p"},
+        {"\"top_k\": -2", "top_k"}, {"\"top_k\": 2.5", "top_k"}, {"\"top_p\": 0, \"temperature\": 0", "top_p"},
+        /* the field rule: what dfl does not implement, unless it is a no-op */
+        {"\"logit_bias\": {\"5\": 10}", "logit_bias"}, {"\"n\": 2", "n"}, {"\"best_of\": 3", "best_of"},
+        {"\"min_p\": 0.1, \"temperature\": 1", "min_p"}, {"\"presence_penalty\": 0.5", "presence_penalty"},
+        {"\"repetition_penalty\": 1.1", "repetition_penalty"}, {"\"suffix\": \"x\"", "suffix"},
+        {"\"stop_token_ids\": [3]", "stop_token_ids"}, {"\"skip_special_tokens\": false", "skip_special_tokens"},
+        {"\"frobnicate\": 1", "frobnicate"}, {"\"stream_options\": {\"x\": true}", "stream_options.x"},
+        {"\"response_format\": {\"type\": \"text\"}", "response_format"}, /* chat's, not completions' */
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        snprintf(body, sizeof body, "{\"prompt\": \"x\", \"max_tokens\": 1, %s}", bad[i].extra);
+        expect_error(port, NULL, "/v1/completions", body, 400, bad[i].param);
+    }
+    static const struct { const char *extra, *param; } bad_chat[] = {
+        {"\"response_format\": {\"type\": \"json_object\"}", "response_format"},
+        {"\"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"f\"}}]", "tools"},
+        {"\"tool_choice\": \"auto\"", "tool_choice"}, {"\"logit_bias\": {\"1\": -100}", "logit_bias"},
+        {"\"echo\": true", "echo"}, {"\"chat_template_kwargs\": {\"tools\": []}", "chat_template_kwargs.tools"},
+        {"\"best_of\": 1", "best_of"}, /* completions' */
+    };
+    for (size_t i = 0; i < sizeof bad_chat / sizeof bad_chat[0]; i++) {
+        snprintf(body, sizeof body, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"max_tokens\": 1, %s}",
+                 bad_chat[i].extra);
+        expect_error(port, NULL, "/v1/chat/completions", body, 400, bad_chat[i].param);
+    }
+    expect_error(port, NULL, "/v1/chat/completions",
+                 "{\"messages\": [{\"role\": \"user\", \"content\": \"x\", \"name\": \"bob\"}]}", 400,
+                 "messages[0].name");
+    expect_error(port, NULL, "/generate", "{\"text\": \"x\", \"sampling_params\": {\"regex\": \"a+\"}}", 400,
+                 "sampling_params.regex");
+    expect_error(port, NULL, "/generate", "{\"text\": \"x\", \"sampling_params\": {\"top_p\": 2}}", 400,
+                 "sampling_params.top_p");
+    expect_error(port, NULL, "/generate", "{\"text\": \"x\", \"return_logprob\": true}", 400, "return_logprob");
+    expect_error(port, NULL, "/generate", "{\"text\": \"x\", \"top_p\": 0.5}", 400, "top_p"); /* sampling_params' */
+    /* no-ops are accepted, and change nothing */
+    nr = reference(6, 0, 0, 1, ref, &st);
+    snprintf(body, sizeof body, "{\"prompt\": %s, \"max_tokens\": 6, \"temperature\": 0, \"ignore_eos\": true, "
+             "\"n\": 1, \"best_of\": 1, \"logit_bias\": {}, \"min_p\": 0.2, \"top_p\": 0.5, \"top_k\": 3, "
+             "\"presence_penalty\": 0, \"frequency_penalty\": 0, \"repetition_penalty\": 1, \"suffix\": \"\", "
+             "\"stop_token_ids\": [], \"skip_special_tokens\": true, \"include_stop_str_in_output\": false, "
+             "\"min_tokens\": 0, \"user\": \"u\", \"model\": \"any\", \"logprobs\": null, "
+             "\"return_token_ids\": true}", prompt_json());
+    o = post_ok(port, "/v1/completions", body);
+    check_equal("no-op fields, greedy", got, ids_at(o, completion_ids, 3, got, 64), ref, nr);
+    cJSON_Delete(o);
+    o = post_ok(port, "/v1/chat/completions",
+                "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"max_tokens\": 2, "
+                "\"response_format\": {\"type\": \"text\"}, \"tools\": [], \"tool_choice\": \"none\", "
+                "\"parallel_tool_calls\": true, \"logit_bias\": {}, \"echo\": false, \"n\": 1, "
+                "\"chat_template_kwargs\": {\"enable_thinking\": false}}");
+    cJSON_Delete(o);
+}
+
 /* ---- queue overflow ---- */
 
 typedef struct long_arg {
@@ -794,6 +942,9 @@ int main(void) {
     test_logprobs(port);
     printf("logprobs: %.2f s\n", dfl_now() - t0);
     test_errors(port, o.max_body);
+    t0 = dfl_now();
+    test_sampling_fields(port);
+    printf("sampling and fields: %.2f s\n", dfl_now() - t0);
     test_load(port);
     t0 = dfl_now();
     test_disconnect(port);
