@@ -327,6 +327,8 @@ typedef struct eval_opts {
     int max_new_set;             /* max_new was given (with features_dir it must equal the recorded one) */
     int budgets[EVAL_MAX_MODES], n_modes; /* 0 = chain, N = DDTree-N */
     double temperature;
+    int top_k;                   /* sampling filters at temperature > 0 (online): 0 = off */
+    double top_p;                /* 0 or 1 = off */
     long seed;
     int accept_rule;             /* dfl_accept_rule: at temperature > 0 (online) */
     const char *out;

@@ -216,6 +216,8 @@ static int eval_opts_from_json(eval_opts *o, int *save_layers, const cJSON *j) {
                 rc = dfl_seterr("accept_rule: expected pq or match, found \"%s\"", s);
         } else if (!strcmp(k, "temperature")) rc = opt_double(v, 0, &o->temperature);
         else if (!strcmp(k, "seed")) rc = opt_long(v, 0, LONG_MAX, &o->seed);
+        else if (!strcmp(k, "top_k")) rc = opt_int(v, 0, 1 << 30, &o->top_k);
+        else if (!strcmp(k, "top_p")) rc = opt_double(v, 0, &o->top_p);
         else if (!strcmp(k, "repeat")) rc = opt_int(v, 1, EVAL_MAX_REPEAT, &o->repeat);
         else if (!strcmp(k, "cost_reps")) rc = opt_int(v, 0, 100, &o->cost_reps);
         else if (!strcmp(k, "first_turn")) rc = opt_bool(v, &o->first_turn);

@@ -110,6 +110,10 @@ static const char *usage_text =
     "  --online              run every drafter x mode on the target (after an autoregressive run that\n"
     "                        gives the truth; every output checked against it at temperature 0)\n"
     "  --temperature X       sampling temperature (default 0; > 0 needs --online, skips the check)\n"
+    "  --top-k K, --top-p P  at --temperature > 0: sample from the K most probable tokens, then from\n"
+    "                        the smallest most-probable-first set holding P of their mass (Qwen's\n"
+    "                        recommended serving settings, e.g. T 1, top-p 0.95, top-k 20); both accept\n"
+    "                        rules stay lossless under that filtered distribution (0 / 1 = off)\n"
     "  --seed S              sampling seed (default 0)\n"
     "  --repeat N            run the autoregressive and every speculative run of each prompt N times\n"
     "                        (default 1): each measured speedup with its spread over runs (wall-clock\n"
@@ -231,6 +235,12 @@ static int parse_args(eval_opts *o, int *save_layers, const char **progress_mode
         } else if (strcmp(a, "--temperature") == 0) {
             if (cli_parse_double("eval", a, cli_value(argc, argv, &i), &o->temperature)) return 2;
             if (!(o->temperature >= 0)) return cli_usage_error("eval", "--temperature must be >= 0");
+        } else if (strcmp(a, "--top-k") == 0) {
+            if (cli_parse_long("eval", a, cli_value(argc, argv, &i), 0, 1 << 30, &v)) return 2;
+            o->top_k = (int)v;
+        } else if (strcmp(a, "--top-p") == 0) {
+            if (cli_parse_double("eval", a, cli_value(argc, argv, &i), &o->top_p)) return 2;
+            if (!(o->top_p > 0 && o->top_p <= 1)) return cli_usage_error("eval", "--top-p must be in (0, 1]");
         } else if (strcmp(a, "--seed") == 0) {
             if (cli_parse_long("eval", a, cli_value(argc, argv, &i), 0, 0x7fffffffffffffffL, &o->seed)) return 2;
         } else if (strcmp(a, "--repeat") == 0) {

@@ -70,6 +70,8 @@ void report_settings_md(FILE *f, const eval_summary *s) {
     fprintf(f, "| protocol | %s |\n| comparable to the z-lab model cards | ", jstr(run, "protocol") ? jstr(run, "protocol") : "–");
     zlab_comparable(f, run);
     fprintf(f, "| max-new | %.0f |\n| temperature | %g |\n", jnum(run, "max_new", s->max_new), jnum(run, "temperature", 0));
+    if (jnum(run, "top_k", 0) > 0) fprintf(f, "| top-k | %.0f |\n", jnum(run, "top_k", 0));
+    if (jnum(run, "top_p", 0) > 0) fprintf(f, "| top-p | %g |\n", jnum(run, "top_p", 0));
     row_str(f, "accept rule", run, "accept_rule");
     fprintf(f, "| threads | %.0f |\n", jnum(run, "threads", 0));
     row_str(f, "ISA (dfl --version)", run, "isa");

@@ -452,7 +452,7 @@ static int unit_online(run *r, const char *pid, int turn, const int32_t *pids, i
                        int32_t *out, double *last_tau) {
     const eval_opts *o = r->o;
     dfl_gen_opts go = {.max_new = r->max_new, .temperature = (float)o->temperature, .seed = (uint64_t)o->seed,
-                       .accept_rule = (dfl_accept_rule)o->accept_rule};
+                       .accept_rule = (dfl_accept_rule)o->accept_rule, .top_k = o->top_k, .top_p = (float)o->top_p};
     dfl_gen_stats gs;
     /* --repeat: every run of the prompt again, in the same order (the autoregressive one, then each
      * drafter x mode), so that each repetition's speedup compares runs made close in time */
@@ -935,6 +935,10 @@ int eval_opts_check(const eval_opts *o) {
     if (o->train_metrics && (o->online || o->dist))
         return dfl_seterr("--train-metrics scores recorded truths: it needs replay (not --online) in one process "
                           "(not MPI; --shard i/n per process works)");
+    if ((o->top_k > 0 || (o->top_p > 0 && o->top_p < 1)) && !(o->temperature > 0))
+        return dfl_seterr("--top-k / --top-p filter sampling: they need --temperature > 0 (and --online)");
+    if (o->top_k < 0 || o->top_p < 0 || o->top_p > 1)
+        return dfl_seterr("--top-k must be >= 0 and --top-p in [0, 1]");
     if (o->train_chat >= 0 && (!o->train_metrics || o->train_chat == o->chat || o->features_dir))
         return dfl_seterr("--train-chat scores the responses after prompts in another template: it needs "
                           "--train-metrics, a template other than --chat's, and a target (not --features)");
@@ -948,7 +952,7 @@ int eval_opts_check(const eval_opts *o) {
         if (o->budgets[k] < 0 || o->budgets[k] > lim)
             return dfl_seterr("--tree-budget %d: must be in [0, %d]%s", o->budgets[k], lim,
                               o->online ? " online (the target verifies the tree; replay goes further)" : "");
-        if (o->budgets[k] && o->temperature > 0)
+        if (o->budgets[k] && (o->temperature > 0 || o->top_k > 0 || (o->top_p > 0 && o->top_p < 1)))
             return dfl_seterr("DDTree (--tree-budget > 0) is greedy: it cannot be combined with --temperature");
     }
     if (o->online) {
@@ -1293,6 +1297,8 @@ static cJSON *run_object(const run *r, const int *list, int n) {
     cJSON_AddStringToObject(j, "chat", chat_name(o->chat));
     cJSON_AddBoolToObject(j, "first_turn", o->first_turn);
     cJSON_AddNumberToObject(j, "temperature", o->temperature);
+    if (o->top_k > 0) cJSON_AddNumberToObject(j, "top_k", o->top_k); /* absent: off (runs before them compare) */
+    if (o->top_p > 0 && o->top_p < 1) cJSON_AddNumberToObject(j, "top_p", o->top_p);
     cJSON_AddNumberToObject(j, "seed", (double)o->seed);
     cJSON_AddStringToObject(j, "accept_rule",
                             o->temperature > 0 ? spec_accept_rule_name((dfl_accept_rule)o->accept_rule) : "greedy");
