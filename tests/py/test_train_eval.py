@@ -150,6 +150,12 @@ def refused():
         p = dfl("eval", "--target", TARGET, "--drafter", DRAFTER, "--prompts", PROMPTS, "--format", "gsm8k",
                 "--train-metrics", *extra, "--out", os.path.join(TMP, "bad"), check=False)
         T.check(p.returncode != 0 and p.stderr.strip(), f"--train-metrics with {what} is refused: {p.stderr[-300:]}")
+    for flag, value in (("--train-batch", "0"), ("--train-anchors", "0"), ("--train-top-k", "0"),
+                        ("--train-gamma", "0"), ("--train-chat", "llama"), ("--train-attn", "sideways"),
+                        ("--block-attn", "sideways")):
+        p = dfl("eval", "--target", TARGET, "--drafter", DRAFTER, "--prompts", PROMPTS, "--format", "gsm8k",
+                "--train-metrics", flag, value, "--out", os.path.join(TMP, "bad"), check=False)
+        T.check(p.returncode == 2 and flag in p.stderr, f"{flag} {value}: a usage error naming it: {p.stderr[-300:]}")
 
 
 for fn in (batching, block_attention, template, features_check, refused):
