@@ -14,6 +14,7 @@
 #include "dfl/backend.h"
 #include "dfl/common.h"
 #include "dfl/eval.h"
+#include "dfl/jsonl.h"
 
 static const char *usage_text =
     "usage: dfl eval-merge --out DIR DIR1 [DIR2 ...]\n"
@@ -127,19 +128,15 @@ static int cmp_ref(const void *x, const void *y) {
 /* The kept lines of input in's results.jsonl, as they are there (round_lengths and all). */
 static int copy_lines(FILE *dst, const input *in, const char *keep) {
     char *p = dfl_path_join(in->dir, "results.jsonl");
-    FILE *f = fopen(p, "r");
-    int rc = f ? DFL_OK : dfl_seterr("%s: cannot open: %s", p, strerror(errno));
-    char *line = NULL;
-    size_t cap = 0;
-    ssize_t len;
-    for (int lineno = 1, i = 0; f && i < in->res.n && (len = getline(&line, &cap, f)) >= 0; lineno++) {
-        if (lineno != in->res.line[i]) continue;
-        if (keep[i]) fputs(line, dst);
+    dfl_jsonl r;
+    int rc = dfl_jsonl_open(&r, p, 0), more = 0;
+    for (int i = 0; rc == DFL_OK && i < in->res.n && (more = dfl_jsonl_next(&r)) == 1;) {
+        if (r.lineno != in->res.line[i]) continue;
+        if (keep[i]) fwrite(r.line, 1, r.len, dst), fputc('\n', dst);
         i++;
     }
-    if (f && ferror(f)) rc = dfl_seterr("%s: read error", p);
-    if (f) fclose(f);
-    free(line);
+    if (more < 0) rc = DFL_ERR;
+    dfl_jsonl_close(&r);
     free(p);
     return rc;
 }

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "dfl/common.h"
+#include "dfl/jsonl.h"
 
 #include "dfl/kernels.h"
 #include "eval/features.h"
@@ -122,13 +123,12 @@ void eval_feat_check_write(FILE *f, const char *pid, int turn, const eval_feat_c
 
 /* Per layer the response that differs most (a mistake named there), over every line of path. */
 static int check_read(const char *path, eval_feat_check *worst, int *n_worst, int *responses) {
-    FILE *f = fopen(path, "r");
     *n_worst = 0, *responses = 0;
-    if (!f) return DFL_OK;
-    char *line = NULL;
-    size_t cap = 0;
-    while (getline(&line, &cap, f) >= 0) {
-        cJSON *o = cJSON_Parse(line);
+    dfl_jsonl in;
+    if (dfl_jsonl_open(&in, path, DFL_JSONL_MISSING_OK)) return DFL_ERR;
+    int more;
+    while ((more = dfl_jsonl_next(&in)) == 1) {
+        cJSON *o = cJSON_Parse(in.line);
         const cJSON *ls = cJSON_GetObjectItemCaseSensitive(o, "layers");
         if (cJSON_IsArray(ls)) ++*responses;
         for (const cJSON *x = cJSON_IsArray(ls) ? ls->child : NULL; x; x = x->next) {
@@ -148,9 +148,8 @@ static int check_read(const char *path, eval_feat_check *worst, int *n_worst, in
         }
         cJSON_Delete(o);
     }
-    free(line);
-    fclose(f);
-    return DFL_OK;
+    dfl_jsonl_close(&in);
+    return more < 0 ? DFL_ERR : DFL_OK;
 }
 
 int eval_feat_check_report(const char *path, FILE *md, FILE *json) {

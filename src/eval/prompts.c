@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "dfl/common.h"
+#include "dfl/jsonl.h"
 #include "dfl/eval.h"
 
 int eval_format_parse(const char *s, eval_format *fmt, char *field, int field_len) {
@@ -30,19 +31,15 @@ void eval_format_name(eval_format fmt, const char *field, char *out, size_t n) {
 }
 
 eval_format eval_format_sniff(const char *path) {
-    FILE *f = fopen(path, "r");
-    char *line = NULL;
-    size_t cap = 0;
-    ssize_t len = 0;
-    while (f && (len = getline(&line, &cap, f)) >= 0 && strspn(line, " \t\r\n") == (size_t)len) {} /* blank lines */
-    cJSON *o = f && len > 0 ? cJSON_Parse(line) : NULL;
+    dfl_jsonl in;
+    const int first = dfl_jsonl_open(&in, path, DFL_JSONL_LAST_LINE_OK) == DFL_OK && dfl_jsonl_next(&in) == 1;
+    cJSON *o = first ? cJSON_Parse(in.line) : NULL;
     eval_format fmt = EVAL_FMT_GSM8K;
     if (cJSON_IsArray(cJSON_GetObjectItemCaseSensitive(o, "turns"))) fmt = EVAL_FMT_MTBENCH;
     else if (cJSON_IsArray(cJSON_GetObjectItemCaseSensitive(o, "messages"))) fmt = EVAL_FMT_MESSAGES;
     else if (cJSON_IsArray(cJSON_GetObjectItemCaseSensitive(o, "conversations"))) fmt = EVAL_FMT_SHAREGPT;
     cJSON_Delete(o);
-    free(line);
-    if (f) fclose(f);
+    dfl_jsonl_close(&in);
     return fmt;
 }
 
@@ -285,22 +282,17 @@ static int prompt_cmp(const void *a, const void *b) {
 int eval_prompts_load(eval_prompts *ps, const char *path, eval_format fmt, const char *field, int limit,
                       int keep_going) {
     memset(ps, 0, sizeof *ps);
-    FILE *f = fopen(path, "r");
-    if (!f) return dfl_seterr("%s: cannot open prompt file", path);
-    char *line = NULL;
-    size_t cap = 0;
-    ssize_t len;
-    int lineno = 0, cap_p = 0, rc = DFL_OK;
-    while ((len = getline(&line, &cap, f)) >= 0) {
-        lineno++;
-        while (len > 0 && (line[len - 1] == '\n' || line[len - 1] == '\r')) line[--len] = 0;
-        if (len == 0) continue; /* blank lines carry no prompt */
+    dfl_jsonl in; /* blank lines carry no prompt */
+    if (dfl_jsonl_open(&in, path, DFL_JSONL_LAST_LINE_OK)) return dfl_preperr("prompt file");
+    int cap_p = 0, rc = DFL_OK, more;
+    while ((more = dfl_jsonl_next(&in)) == 1) {
+        const int lineno = in.lineno;
         if (limit > 0 && ps->n >= limit) break;
         if (ps->n == cap_p) {
             cap_p = cap_p ? 2 * cap_p : 64;
             ps->p = realloc(ps->p, (size_t)cap_p * sizeof *ps->p);
         }
-        if (parse_line(&ps->p[ps->n], line, (size_t)len, fmt, field, lineno) != DFL_OK) {
+        if (parse_line(&ps->p[ps->n], in.line, in.len, fmt, field, lineno) != DFL_OK) {
             if (!keep_going) {
                 rc = dfl_preperr("%s:%d", path, lineno);
                 break;
@@ -311,8 +303,8 @@ int eval_prompts_load(eval_prompts *ps, const char *path, eval_format fmt, const
         }
         ps->n++;
     }
-    free(line);
-    fclose(f);
+    if (more < 0) rc = DFL_ERR;
+    dfl_jsonl_close(&in);
     if (rc == DFL_OK && ps->n == 0) rc = dfl_seterr("%s: no prompts", path);
     /* ids must be unique: results are keyed by them (sorted, so a large file stays O(n log n)) */
     const eval_prompt **by_id = rc == DFL_OK ? malloc((size_t)ps->n * sizeof *by_id) : NULL;

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "dfl/common.h"
+#include "dfl/jsonl.h"
 #include "dfl/eval.h"
 #include "eval/pyrandom.h"
 
@@ -45,22 +46,11 @@ void eval_zlab_format_json(FILE *f, int d) {
 
 /* The dataset from the fields of the file's first object. */
 static int sniff(const char *path, int *d) {
-    FILE *f = fopen(path, "r");
-    if (!f) return dfl_seterr("%s: cannot open prompt file", path);
-    char *line = NULL;
-    size_t cap = 0;
-    ssize_t len;
-    int lineno = 0;
-    cJSON *o = NULL;
-    while ((len = getline(&line, &cap, f)) >= 0) {
-        lineno++;
-        while (len > 0 && (line[len - 1] == '\n' || line[len - 1] == '\r' || line[len - 1] == ' ')) line[--len] = 0;
-        if (len == 0) continue;
-        o = cJSON_Parse(line);
-        break;
-    }
-    free(line);
-    fclose(f);
+    dfl_jsonl in;
+    if (dfl_jsonl_open(&in, path, DFL_JSONL_LAST_LINE_OK)) return dfl_preperr("prompt file");
+    cJSON *o = dfl_jsonl_next(&in) == 1 ? cJSON_Parse(in.line) : NULL;
+    const int lineno = in.lineno;
+    dfl_jsonl_close(&in);
     if (!cJSON_IsObject(o)) {
         cJSON_Delete(o);
         return dfl_seterr("%s:%d: --protocol zlab needs JSON lines (one object per line)", path, lineno);

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "dfl/common.h"
+#include "dfl/jsonl.h"
 #include "dfl/reference.h"
 
 int ref_first_divergence(const int32_t *a, int na, const int32_t *b, int nb) {
@@ -36,16 +37,12 @@ static int ids_from_json(const cJSON *x, int32_t **ids, int *n) {
 
 int ref_file_load(ref_set *rs, const char *path, const dfl_tokenizer *tok) {
     memset(rs, 0, sizeof *rs);
-    FILE *f = fopen(path, "r");
-    if (!f) return dfl_seterr("%s: cannot open reference file", path);
-    char *line = NULL;
-    size_t cap = 0;
-    ssize_t len;
-    int lineno = 0, rc = DFL_OK;
-    while (rc == DFL_OK && (len = getline(&line, &cap, f)) >= 0) {
-        lineno++;
-        if (len <= 1) continue;
-        cJSON *o = cJSON_ParseWithOpts(line, NULL, 1);
+    dfl_jsonl in;
+    if (dfl_jsonl_open(&in, path, DFL_JSONL_LAST_LINE_OK)) return dfl_preperr("reference file");
+    int rc = DFL_OK, more;
+    while (rc == DFL_OK && (more = dfl_jsonl_next(&in)) == 1) {
+        const int lineno = in.lineno;
+        cJSON *o = dfl_jsonl_object(&in);
         const cJSON *id = o ? cJSON_GetObjectItemCaseSensitive(o, "id") : NULL;
         if (!id && o) id = cJSON_GetObjectItemCaseSensitive(o, "prompt_id");
         const cJSON *turn = o ? cJSON_GetObjectItemCaseSensitive(o, "turn") : NULL;
@@ -77,8 +74,8 @@ int ref_file_load(ref_set *rs, const char *path, const dfl_tokenizer *tok) {
         }
         cJSON_Delete(o);
     }
-    free(line);
-    fclose(f);
+    if (rc == DFL_OK && more < 0) rc = DFL_ERR;
+    dfl_jsonl_close(&in);
     if (rc != DFL_OK) ref_set_free(rs);
     return rc;
 }

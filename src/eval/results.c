@@ -8,6 +8,7 @@
 #include "dfl/backend.h"
 #include "dfl/common.h"
 #include "dfl/eval.h"
+#include "dfl/jsonl.h"
 
 void eval_result_init(eval_result *r) {
     memset(r, 0, sizeof *r);
@@ -275,17 +276,11 @@ done:
 
 int eval_results_read(eval_results *d, FILE *f, const char *path, int want_ids, int act) {
     memset(d, 0, sizeof *d);
-    char *line = NULL;
-    size_t cap = 0;
-    ssize_t len;
-    int lineno = 0, rc = DFL_OK;
-    while ((len = getline(&line, &cap, f)) >= 0) {
-        lineno++;
-        if (line[len - 1] != '\n') break; /* a partial last line, whatever its length: redone */
-        if (len == 1) {                    /* a blank line */
-            d->good_end += len;
-            continue;
-        }
+    dfl_jsonl in;
+    dfl_jsonl_attach(&in, f, path, 0); /* a partial last line, whatever its length: redone */
+    int rc = DFL_OK, more;
+    while ((more = dfl_jsonl_next(&in)) == 1) {
+        const int lineno = in.lineno;
         eval_result *r = realloc(d->r, (size_t)(d->n + 1) * sizeof *d->r);
         if (r) d->r = r;
         int32_t **ids = realloc(d->ids, (size_t)(d->n + 1) * sizeof *d->ids);
@@ -299,12 +294,12 @@ int eval_results_read(eval_results *d, FILE *f, const char *path, int want_ids, 
             break;
         }
         d->ids[d->n] = NULL, d->n_ids[d->n] = 0, d->line[d->n] = lineno;
-        if (memchr(line, 0, (size_t)len)) {
+        if (memchr(in.line, 0, in.len)) {
             rc = dfl_seterr("%s:%d: holds a NUL byte (not a results line)", path, lineno);
             break;
         }
-        if (eval_result_parse(line, &d->r[d->n], want_ids ? &d->ids[d->n] : NULL, want_ids ? &d->n_ids[d->n] : NULL) !=
-            DFL_OK) {
+        if (eval_result_parse(in.line, &d->r[d->n], want_ids ? &d->ids[d->n] : NULL,
+                              want_ids ? &d->n_ids[d->n] : NULL) != DFL_OK) {
             rc = dfl_preperr("%s:%d", path, lineno);
             break;
         }
@@ -315,11 +310,12 @@ int eval_results_read(eval_results *d, FILE *f, const char *path, int want_ids, 
             d->ids[d->n] = NULL;
             break;
         }
-        d->good_end += len;
         d->n++;
     }
-    free(line);
-    if (rc == DFL_OK && ferror(f)) rc = dfl_seterr("%s: read error", path);
+    if (more != 1) rc = more == 0 ? DFL_OK : DFL_ERR;
+    /* every line kept ends at good_end; a bad line stops the reading before it is counted */
+    d->good_end = more == 1 ? in.start : in.good_end;
+    dfl_jsonl_close(&in);
     return rc;
 }
 

@@ -16,6 +16,7 @@
 
 #include "dfl/any_drafter.h"
 #include "dfl/common.h"
+#include "dfl/jsonl.h"
 #include "dfl/ddtree.h"
 #include "dfl/eval.h"
 #include "dfl/kernels.h"
@@ -245,20 +246,20 @@ typedef struct unit_list {
 static int manifest_load(unit_list *l, const char *dir, int must_exist) {
     memset(l, 0, sizeof *l);
     char *path = dfl_path_join(dir, "manifest.jsonl");
-    FILE *f = fopen(path, "r");
-    if (!f) {
+    dfl_jsonl in;
+    if (dfl_jsonl_open(&in, path, DFL_JSONL_MISSING_OK)) { /* a partial last line: its file is redone */
+        free(path);
+        return DFL_ERR;
+    }
+    if (!in.f) {
         int rc = must_exist ? dfl_seterr("%s: cannot open (not a directory of saved features?)", path) : DFL_OK;
         free(path);
         return rc;
     }
-    char *line = NULL;
-    size_t cap = 0;
-    ssize_t len;
-    int lineno = 0, rc = DFL_OK;
-    while (rc == DFL_OK && (len = getline(&line, &cap, f)) >= 0) {
-        lineno++;
-        if (len <= 1 || line[len - 1] != '\n') continue; /* a partial last line: its file is redone */
-        cJSON *o = cJSON_ParseWithOpts(line, NULL, 1); /* strictly one object: "{...}{..." is no line */
+    int rc = DFL_OK, more;
+    while (rc == DFL_OK && (more = dfl_jsonl_next(&in)) == 1) {
+        const int lineno = in.lineno;
+        cJSON *o = dfl_jsonl_object(&in); /* strictly one object: "{...}{..." is no line */
         const cJSON *fi = cJSON_GetObjectItemCaseSensitive(o, "file"), *pid = cJSON_GetObjectItemCaseSensitive(o, "prompt_id");
         const cJSON *ix = cJSON_GetObjectItemCaseSensitive(o, "index"), *tu = cJSON_GetObjectItemCaseSensitive(o, "turn");
         const cJSON *np = cJSON_GetObjectItemCaseSensitive(o, "prompt_tokens"), *nt = cJSON_GetObjectItemCaseSensitive(o, "tokens");
@@ -286,8 +287,8 @@ static int manifest_load(unit_list *l, const char *dir, int must_exist) {
         }
         cJSON_Delete(o);
     }
-    free(line);
-    fclose(f);
+    if (rc == DFL_OK && more < 0) rc = DFL_ERR;
+    dfl_jsonl_close(&in);
     free(path);
     return rc;
 }

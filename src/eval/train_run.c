@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "dfl/common.h"
+#include "dfl/jsonl.h"
 
 static char *row_key(const char *pid, int turn, const char *drafter, const char *labels, const char *features,
                      const char *attn) {
@@ -36,27 +37,22 @@ static int keys_add(tm_run *tr, char *k) {
 
 /* The complete lines of an existing train.jsonl (resume); a partial last line is cut off. */
 static int load_rows(tm_run *tr) {
-    FILE *f = fopen(tr->path, "r");
-    if (!f) return errno == ENOENT ? DFL_OK : dfl_seterr("%s: cannot read: %s", tr->path, strerror(errno));
-    char *line = NULL;
-    size_t cap = 0;
-    ssize_t len;
-    long good = 0;
-    int lineno = 0, rc = DFL_OK;
-    while (rc == DFL_OK && (len = getline(&line, &cap, f)) >= 0) {
-        lineno++;
-        if (line[len - 1] != '\n') break; /* an interrupted write */
+    dfl_jsonl in;
+    if (dfl_jsonl_open(&in, tr->path, DFL_JSONL_MISSING_OK)) return DFL_ERR;
+    int rc = DFL_OK, more;
+    while (rc == DFL_OK && (more = dfl_jsonl_next(&in)) == 1) {
         tm_row r;
-        if (tm_row_parse(line, &r) != DFL_OK) {
-            rc = dfl_preperr("%s:%d", tr->path, lineno);
+        if (tm_row_parse(in.line, &r) != DFL_OK) {
+            rc = dfl_preperr("%s:%d", tr->path, in.lineno);
             break;
         }
         rc = keys_add(tr, row_key(r.prompt_id, r.turn, r.drafter, r.labels, r.features, r.attn));
-        good += len;
     }
-    free(line);
-    fclose(f);
-    if (rc == DFL_OK && truncate(tr->path, good) != 0)
+    if (rc == DFL_OK && more < 0) rc = DFL_ERR;
+    const long good = in.good_end; /* an interrupted write's partial line is cut */
+    const int exists = in.f != NULL;
+    dfl_jsonl_close(&in);
+    if (rc == DFL_OK && exists && truncate(tr->path, good) != 0)
         rc = dfl_seterr("%s: cannot drop the partial last line: %s", tr->path, strerror(errno));
     return rc;
 }
@@ -137,16 +133,14 @@ static tm_agg *agg_find(tm_agg **ag, int *n, int *cap, const tm_row *r) {
 
 int tm_run_aggregate(const char *path, tm_agg **out, int *n_out) {
     *out = NULL, *n_out = 0;
-    FILE *f = fopen(path, "r");
-    if (!f) return errno == ENOENT ? DFL_OK : dfl_seterr("%s: cannot read: %s", path, strerror(errno));
-    char *line = NULL;
-    size_t cap = 0;
-    int n = 0, capa = 0, lineno = 0, rc = DFL_OK;
+    dfl_jsonl in;
+    if (dfl_jsonl_open(&in, path, DFL_JSONL_MISSING_OK)) return DFL_ERR;
+    int n = 0, capa = 0, rc = DFL_OK, more;
     tm_agg *ag = NULL;
-    while (rc == DFL_OK && getline(&line, &cap, f) >= 0) {
-        lineno++;
+    while (rc == DFL_OK && (more = dfl_jsonl_next(&in)) == 1) {
+        const int lineno = in.lineno;
         tm_row r;
-        if (tm_row_parse(line, &r) != DFL_OK) {
+        if (tm_row_parse(in.line, &r) != DFL_OK) {
             rc = dfl_preperr("%s:%d", path, lineno);
             break;
         }
@@ -159,8 +153,8 @@ int tm_run_aggregate(const char *path, tm_agg **out, int *n_out) {
         a->responses++, a->draft_s += r.u.draft_s, a->drafts += r.u.drafts;
         tm_counts_add(&a->rnd, &r.u.rnd), tm_counts_add(&a->all, &r.u.all), tm_counts_add(&a->walk, &r.u.walk);
     }
-    free(line);
-    fclose(f);
+    if (rc == DFL_OK && more < 0) rc = DFL_ERR;
+    dfl_jsonl_close(&in);
     if (rc) free(ag);
     else *out = ag, *n_out = n;
     return rc;
