@@ -99,10 +99,13 @@ int spec_generate(dfl_state *s, dfl_draft_if *drafter, const int32_t *prompt, in
 /* Model eos test (config + generation_config + tokenizer_config ids). */
 int spec_is_eos(const dfl_model *m, int32_t id);
 
-/* Derived metrics (docs/design.md §7): tau = mean accepted+1 per round; tau_token_weighted =
- * tokens committed by rounds / rounds. */
+/* Derived metrics, one definition per name everywhere dfl reports them (docs/design.md §7):
+ * tau = (generated tokens - 1) / rounds, the tokens a verification round commits (the first
+ * token comes from the prefill): generate's "tau", serve's "spec_accept_length", eval's
+ * per-response "tau". tau_accept = 1 + accepted drafts / rounds (vLLM's mean acceptance length;
+ * equal to tau unless eos or a length limit cut the last round short). */
 double spec_tau(const dfl_gen_stats *st);
-double spec_tau_token_weighted(const dfl_gen_stats *st);
+double spec_tau_accept(const dfl_gen_stats *st);
 
 /* The members (no braces) of dfl generate --json's "stats" object to f: mode, token counts, stop,
  * timings and rates, memory, ISA; drafting: acceptance (tau, per position, histogram) and

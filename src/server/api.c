@@ -893,7 +893,7 @@ static cJSON *meta_info(const job *j, int final) {
     else cJSON_AddItemToObject(f, "matched", stop_reason(j));
     cJSON_AddNumberToObject(m, "spec_verify_ct", st->rounds);
     cJSON_AddNumberToObject(m, "spec_accept_length", spec_tau(st));
-    cJSON_AddNumberToObject(m, "spec_accept_length_token_weighted", spec_tau_token_weighted(st));
+    cJSON_AddNumberToObject(m, "spec_tau_accept", spec_tau_accept(st));
     cJSON_AddNumberToObject(m, "spec_block_size", st->max_block > 1 ? st->max_block : 0);
     cJSON_AddNumberToObject(m, "spec_draft_tokens", (double)st->drafted);
     cJSON_AddNumberToObject(m, "spec_accepted_tokens", (double)st->accepted);

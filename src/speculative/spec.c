@@ -31,12 +31,12 @@ int spec_is_eos(const dfl_model *m, int32_t id) {
 }
 
 double spec_tau(const dfl_gen_stats *st) {
-    return st->rounds ? (double)(st->accepted + st->rounds) / st->rounds : 0.0;
-}
-
-double spec_tau_token_weighted(const dfl_gen_stats *st) {
     /* the first token comes from the prefill, every other one from a round */
     return st->rounds ? (double)(st->generated - 1) / st->rounds : 0.0;
+}
+
+double spec_tau_accept(const dfl_gen_stats *st) {
+    return st->rounds ? (double)(st->accepted + st->rounds) / st->rounds : 0.0;
 }
 
 /* probs = softmax(logits / T) */

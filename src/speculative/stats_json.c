@@ -19,9 +19,9 @@ void spec_stats_json(FILE *f, const dfl_gen_stats *st, int drafting, int tree_bu
     if (drafting) {
         fprintf(f, ", \"accept_rule\": \"%s\"", st->accept_rule);
         fprintf(f, ", \"block_size\": %d, \"rounds\": %d, \"drafted\": %ld, \"accepted\": %ld, \"tau\": %.6f, "
-               "\"tau_token_weighted\": %.6f, \"draft_s\": %.6f, \"verify_s\": %.6f, \"rollback_s\": %.6f, "
+               "\"tau_accept\": %.6f, \"draft_s\": %.6f, \"verify_s\": %.6f, \"rollback_s\": %.6f, "
                "\"per_position\": [",
-               st->max_block, st->rounds, st->drafted, st->accepted, spec_tau(st), spec_tau_token_weighted(st),
+               st->max_block, st->rounds, st->drafted, st->accepted, spec_tau(st), spec_tau_accept(st),
                st->t_draft, st->t_verify, st->t_rollback);
         for (int k = 1; k < st->max_block; k++) { /* null: never proposed (a tree shallower than the block) */
             if (st->pos_drafted[k]) fprintf(f, "%s%.6f", k > 1 ? ", " : "", (double)st->pos_accepted[k] / st->pos_drafted[k]);

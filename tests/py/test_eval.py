@@ -13,7 +13,7 @@ import subprocess
 import tempfile
 import xml.etree.ElementTree as ET
 
-from dfltest import DATA, DFL, SOURCE, Tally, dfl, fixture, st_read_raw
+from dfltest import DATA, DFL, SOURCE, Tally, dfl, dfl_json, fixture, st_read_raw
 
 t = Tally("eval")
 tmp = tempfile.mkdtemp(prefix="dfl-eval-")
@@ -521,6 +521,30 @@ def devices():
             f"features of two devices refused: {p.stderr.strip()[-300:]}")
 
 
+def tau_names():
+    """One definition per name: generate's `tau` of a response equals eval's per-response `tau`
+    of the same response, and both tools' `tau_accept` is 1 + accepted / rounds."""
+    gsm40 = os.path.join(SOURCE, "data", "gsm8k_test_40.jsonl")
+    with open(gsm40) as f:
+        text = json.loads(f.readline())["question"]
+    et, ed = os.path.join(SOURCE, "models", "target"), os.path.join(SOURCE, "models", "drafter")
+    out = os.path.join(tmp, "tau-names")
+    dfl("eval", "--online", "--target", et, "--drafter", ed, "--prompts", gsm40, "--limit", 1, "--chat", "chatml",
+        "--max-new", 23, "--out", out)
+    ev = [r for r in lines(out) if r["mode"] == "chain"][0]
+    g = dfl_json("generate", "--target", et, "--drafter", ed, "--prompt", text, "--chat", "chatml", "--max-new", 23,
+                 "--json")["stats"]
+    t.check(g["generated_tokens"] == ev["tokens"] and g["rounds"] == ev["rounds"] and g["accepted"] == ev["accepted"],
+            f"the same response: generate {g['generated_tokens']} tokens / {g['rounds']} rounds, eval {ev}")
+    t.check(g["accepted"] > 0, f"the embedded pair accepts drafts here: {g}")
+    t.check(abs(g["tau"] - ev["tau"]) < 1e-6 and abs(g["tau"] - (ev["tokens"] - 1) / ev["rounds"]) < 1e-6,
+            f"tau: generate {g['tau']}, eval {ev['tau']}")
+    t.check(abs(g["tau_accept"] - (1 + g["accepted"] / g["rounds"])) < 1e-6 and "tau_token_weighted" not in g,
+            f"generate's tau_accept {g.get('tau_accept')}, members {sorted(g)}")
+    print(f"one response: tau {g['tau']:.4f} in generate and eval, tau_accept {g['tau_accept']:.4f}", flush=True)
+
+
+t.run(tau_names)
 t.run(plots)
 t.run(moe)
 t.run(accept_rules)
