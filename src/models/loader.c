@@ -256,3 +256,16 @@ int ld_mlp(ld_ctx *c, const char *pre, int H, int I, dfl_mat *gate, dfl_mat *up,
     ld_why(c, "hidden_size %d, intermediate_size %d", H, I);
     return ld_mat(c, (snprintf(n, sizeof n, "%smlp.down_proj.weight", pre), n), H, I, down);
 }
+
+void ld_layer_free(dfl_layer_w *l, int n_experts) {
+    free(l->input_norm), free(l->post_norm), free(l->q_norm), free(l->k_norm);
+    free(l->conv_w), free(l->neg_exp_A), free(l->dt_bias), free(l->gnorm);
+    dfl_mat *mats[] = {&l->q_proj, &l->k_proj, &l->v_proj,   &l->o_proj, &l->in_qkv, &l->in_z,    &l->in_b,
+                       &l->in_a,   &l->out_proj, &l->gate,   &l->up,     &l->down,   &l->router,  &l->sh_gate,
+                       &l->sh_up,  &l->sh_down,  &l->sh_score};
+    for (size_t k = 0; k < sizeof mats / sizeof mats[0]; k++) ld_mat_free(mats[k]);
+    for (int e = 0; l->exp_gate && l->exp_up && l->exp_down && e < n_experts; e++)
+        ld_mat_free(&l->exp_gate[e]), ld_mat_free(&l->exp_up[e]), ld_mat_free(&l->exp_down[e]);
+    free(l->exp_gate), free(l->exp_up), free(l->exp_down), free(l->exp_owned);
+    memset(l, 0, sizeof *l);
+}

@@ -1,4 +1,5 @@
-/* Internal: tensor binding helpers used by the target and drafter loaders. */
+/* Internal: tensor binding helpers used by the target, drafter and MTP loaders (loader.c; the MoE
+ * block: loader_moe.c). */
 #ifndef DFL_MODELS_LOADER_H
 #define DFL_MODELS_LOADER_H
 
