@@ -1,4 +1,4 @@
-/* Prompt construction shared by generate, eval and serve. */
+/* Prompt construction shared by generate, eval and serve (src/tokenizer/chat.c). */
 #ifndef DFL_PROMPT_H
 #define DFL_PROMPT_H
 

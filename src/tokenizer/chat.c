@@ -1,3 +1,5 @@
+/* Chat templates (Qwen3 ChatML, with or without thinking), prompt ids from text, decoding for
+ * display: how generate, eval and serve turn text into ids and back (include/dfl/prompt.h). */
 #include "dfl/prompt.h"
 
 #include <errno.h>
