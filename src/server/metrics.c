@@ -123,9 +123,6 @@ char *metrics_text(dfl_server *srv) {
     counter_head(f, "dfl_connections_cut",
                  "Connections closed because their request did not arrive whole in time (--timeout, minimum rate).");
     fprintf(f, "dfl_connections_cut_total %ld\n", srv->reaped);
-    counter_head(f, "dfl_connections_refused",
-                 "Connections closed at accept: over --max-connections, the per-client cap or the reserve.");
-    fprintf(f, "dfl_connections_refused_total %ld\n", srv->refused);
     counter_head(f, "dfl_streams_stalled",
                  "Streamed requests cancelled because their client stopped reading (no progress for --timeout).");
     fprintf(f, "dfl_streams_stalled_total %ld\n", srv->stalled);

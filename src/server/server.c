@@ -139,8 +139,6 @@ static enum MHD_Result on_accept(void *cls, const struct sockaddr *sa, socklen_t
         if (srv->conns) srv->conns->prev = r;
         srv->conns = r;
         srv->n_conns++;
-    } else {
-        srv->refused++;
     }
     pthread_mutex_unlock(&srv->mu);
     if (!ok) free(r);

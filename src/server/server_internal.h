@@ -197,7 +197,6 @@ struct dfl_server {
                                * suspended connection's client went away */
     int have_reaper, reaper_quit;
     long reaped, stalled;     /* metrics: connections cut at the request deadline; streams stopped unread */
-    long refused;             /* metrics: connections closed at accept (the caps) */
     int active;               /* HTTP requests between their first byte and their completion */
     pthread_cond_t idle;      /* signalled when active drops to 0 */
     uint64_t seed_ctr;        /* seeds for requests that give none */
