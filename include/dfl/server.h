@@ -4,7 +4,8 @@
  *
  * The engine runs one sequence at a time: requests are queued and served in arrival order by a
  * single worker thread that owns the model state (no batching). HTTP connections are handled
- * by libmicrohttpd, one thread per connection. */
+ * by libmicrohttpd's epoll loops on a small pool of threads; a connection waiting for the engine
+ * is suspended, not a blocked thread. */
 #ifndef DFL_SERVER_H
 #define DFL_SERVER_H
 
@@ -28,7 +29,8 @@ typedef struct dfl_server_opts {
                              * answer; not while its request waits or runs), a request has to arrive
                              * whole (plus 1 s per 64 KiB of body), and a stream's backlog may stay
                              * unread; 0 = never time out */
-    int max_conns;          /* open connections in all (each holds a thread); more are closed at accept;
+    int max_conns;          /* open connections in all (each holds a descriptor: the open-file limit is
+                             * raised to fit, or this lowered with a warning); more are closed at accept;
                              * the last max_conns / 8 only for addresses that hold none */
     int max_conns_per_client; /* open connections from one client address */
     int check_weights;      /* scan the weights for NaN/Inf at load */
@@ -40,8 +42,8 @@ typedef struct dfl_server_opts {
 #define DFL_SERVE_DEFAULT_CONTEXT 4096 /* capped by the model's max_position_embeddings */
 #define DFL_SERVE_DEFAULT_BODY (8u << 20)
 #define DFL_SERVE_DEFAULT_TIMEOUT 60
-#define DFL_SERVE_DEFAULT_CONNS 256
-#define DFL_SERVE_DEFAULT_CONNS_PER_CLIENT 128
+#define DFL_SERVE_DEFAULT_CONNS 4096
+#define DFL_SERVE_DEFAULT_CONNS_PER_CLIENT 64
 
 typedef struct dfl_server dfl_server;
 

@@ -45,10 +45,12 @@ static const char *usage_text =
     "                      whose request has not arrived whole S seconds after it began (plus 1 s\n"
     "                      per 64 KiB of body); cancel a stream whose client reads nothing for S\n"
     "                      seconds (default 60; 0 = never)\n"
-    "  --max-connections N open connections in all, each served by a thread (default 256); more\n"
-    "                      are closed at once; the last N/8 only for addresses that hold none\n"
+    "  --max-connections N open connections in all (default 4096; an idle one costs a descriptor and\n"
+    "                      a little memory, not a thread); more are closed at once; the last N/8\n"
+    "                      only for addresses that hold none. The open-file limit is raised to\n"
+    "                      N + 64, or N lowered to fit the hard limit, with a warning\n"
     "  --max-connections-per-client N\n"
-    "                      open connections from one client address (default 128)\n"
+    "                      open connections from one client address (default 64, at most N)\n"
     "  --tokenizer PATH    tokenizer.json or directory (default: the target directory)\n"
     "  --model-name NAME   the \"model\" reported in responses (default: the target directory's name)\n"
     "  --quiet             do not log each request on stderr\n"
@@ -66,6 +68,7 @@ int cmd_serve(int argc, char **argv) {
     o.log_requests = 1;
     long v;
     int block_attn = DFL_BLOCK_ATTN_AUTO;
+    int per_client_given = 0; /* the default per-client cap follows a smaller --max-connections */
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         dfl_device dev;
@@ -113,11 +116,12 @@ int cmd_serve(int argc, char **argv) {
             if (cli_parse_long("serve", a, cli_value(argc, argv, &i), 0, 86400, &v)) return 2;
             o.timeout_s = (int)v;
         } else if (strcmp(a, "--max-connections") == 0) {
-            if (cli_parse_long("serve", a, cli_value(argc, argv, &i), 1, 16384, &v)) return 2;
+            if (cli_parse_long("serve", a, cli_value(argc, argv, &i), 1, 65536, &v)) return 2;
             o.max_conns = (int)v;
         } else if (strcmp(a, "--max-connections-per-client") == 0) {
-            if (cli_parse_long("serve", a, cli_value(argc, argv, &i), 1, 16384, &v)) return 2;
+            if (cli_parse_long("serve", a, cli_value(argc, argv, &i), 1, 65536, &v)) return 2;
             o.max_conns_per_client = (int)v;
+            per_client_given = 1;
         } else if (strcmp(a, "--quiet") == 0) {
             o.log_requests = 0;
         } else if (strcmp(a, "--check-weights") == 0) {
@@ -133,6 +137,7 @@ int cmd_serve(int argc, char **argv) {
     if (block_attn != DFL_BLOCK_ATTN_AUTO && !o.drafter)
         return cli_usage_error("serve", "--block-attn needs --drafter");
     o.block_attn = drafter_causal_name(block_attn);
+    if (!per_client_given && o.max_conns_per_client > o.max_conns) o.max_conns_per_client = o.max_conns;
     if (o.max_conns_per_client > o.max_conns)
         return cli_usage_error("serve", "--max-connections-per-client %d exceeds --max-connections %d",
                                o.max_conns_per_client, o.max_conns);

@@ -121,9 +121,9 @@ static int is_id_list(const cJSON *v) {
     return 1;
 }
 
-static int encode(struct dfl_server *srv, const char *text, int32_t **ids, int *n, api_err *e) {
+static int encode(const api_ctx *cx, const char *text, int32_t **ids, int *n, api_err *e) {
     size_t k = 0;
-    if (tok_encode(srv->tok, text, strlen(text), ids, &k) != DFL_OK) {
+    if (tok_encode(cx->tok, text, strlen(text), ids, &k) != DFL_OK) {
         api_seterr(e, 500, NULL, "tokenizer: %s", dfl_errmsg());
         return -1;
     }
@@ -420,15 +420,15 @@ static int check_members(const cJSON *obj, const char *param, const char *const 
 }
 
 /* One completions prompt (a string or token ids) into j; param names it ("prompt", "prompt[2]"). */
-static int parse_prompt(struct dfl_server *srv, const cJSON *p, const char *param, job *j, api_err *e) {
+static int parse_prompt(const api_ctx *cx, const cJSON *p, const char *param, job *j, api_err *e) {
     if (cJSON_IsString(p)) {
-        if (encode(srv, p->valuestring, &j->prompt, &j->n_prompt, e)) return -1;
+        if (encode(cx, p->valuestring, &j->prompt, &j->n_prompt, e)) return -1;
         if (!(j->echo_text = strdup(p->valuestring))) {
             api_seterr(e, 500, NULL, "out of memory");
             return -1;
         }
     } else if (is_id_list(p)) {
-        if (get_ids(p, param, srv->m.cfg.vocab, &j->prompt, &j->n_prompt, e)) return -1;
+        if (get_ids(p, param, cx->vocab, &j->prompt, &j->n_prompt, e)) return -1;
     } else if (!p || cJSON_IsNull(p)) {
         api_seterr(e, 400, param, "'%s' is required", param);
         return -1;
@@ -440,14 +440,14 @@ static int parse_prompt(struct dfl_server *srv, const cJSON *p, const char *para
     return 0;
 }
 
-static int prompt_fits(struct dfl_server *srv, const job *j, const char *param, api_err *e) {
+static int prompt_fits(const api_ctx *cx, const job *j, const char *param, api_err *e) {
     if (j->n_prompt < 1) {
         api_seterr(e, 400, param, "the prompt is empty (0 tokens)");
         return -1;
     }
-    if (j->n_prompt >= srv->max_ctx) {
+    if (j->n_prompt >= cx->max_ctx) {
         api_seterr(e, 400, param, "the prompt has %d tokens; the context holds %d positions (prompt + output)",
-                   j->n_prompt, srv->max_ctx);
+                   j->n_prompt, cx->max_ctx);
         return -1;
     }
     return 0;
@@ -455,7 +455,7 @@ static int prompt_fits(struct dfl_server *srv, const job *j, const char *param, 
 
 /* A list of prompts on /v1/completions: one sub-job per prompt, in order (api_parse_generation
  * copies the options into them). */
-static int parse_prompt_list(struct dfl_server *srv, const cJSON *list, job *j, int *longest, api_err *e) {
+static int parse_prompt_list(const api_ctx *cx, const cJSON *list, job *j, int *longest, api_err *e) {
     const int n = cJSON_GetArraySize(list);
     if (!(j->sub = calloc((size_t)n, sizeof *j->sub))) {
         api_seterr(e, 500, NULL, "out of memory");
@@ -469,18 +469,18 @@ static int parse_prompt_list(struct dfl_server *srv, const cJSON *list, job *j, 
             return -1;
         }
         pthread_cond_init(&c->cv, NULL);
-        c->srv = srv, c->refs = 1, c->index = i, c->logprobs = -1;
+        c->refs = 1, c->index = i, c->logprobs = -1;
         j->sub[j->n_sub++] = c;
         char param[32];
         snprintf(param, sizeof param, "prompt[%d]", i);
-        if (parse_prompt(srv, x, param, c, e) || prompt_fits(srv, c, param, e)) return -1;
+        if (parse_prompt(cx, x, param, c, e) || prompt_fits(cx, c, param, e)) return -1;
         if (c->n_prompt > j->sub[*longest]->n_prompt) *longest = i;
     }
     return 0;
 }
 
-int api_parse_generation(struct dfl_server *srv, endpoint ep, cJSON *body, job *j, api_err *e) {
-    const int vocab = srv->m.cfg.vocab;
+int api_parse_generation(const api_ctx *cx, endpoint ep, cJSON *body, job *j, api_err *e) {
+    const int vocab = cx->vocab;
     j->ep = ep;
     j->logprobs = -1;
     int longest = 0; /* a list of prompts: the longest one's index */
@@ -490,15 +490,15 @@ int api_parse_generation(struct dfl_server *srv, endpoint ep, cJSON *body, job *
         /* a list of prompts (strings or id lists): a list of one is that prompt */
         if (cJSON_IsArray(p) && p->child && !cJSON_IsNumber(p->child) && !p->child->next) p = p->child;
         if (cJSON_IsArray(p) && p->child && !cJSON_IsNumber(p->child)) {
-            if (parse_prompt_list(srv, p, j, &longest, e)) return -1;
+            if (parse_prompt_list(cx, p, j, &longest, e)) return -1;
             j->n_prompt = j->sub[longest]->n_prompt;
-        } else if (parse_prompt(srv, p, "prompt", j, e)) {
+        } else if (parse_prompt(cx, p, "prompt", j, e)) {
             return -1;
         }
     } else if (ep == EP_CHAT) {
         char *text = chat_text(body, e);
         if (!text) return -1;
-        int rc = encode(srv, text, &j->prompt, &j->n_prompt, e);
+        int rc = encode(cx, text, &j->prompt, &j->n_prompt, e);
         free(text);
         if (rc) return -1;
     } else {
@@ -515,12 +515,12 @@ int api_parse_generation(struct dfl_server *srv, endpoint ep, cJSON *body, job *
             api_seterr(e, 400, "input_ids", "'input_ids' must be a non-empty array of token ids");
             return -1;
         }
-        if (text ? encode(srv, text->valuestring, &j->prompt, &j->n_prompt, e)
+        if (text ? encode(cx, text->valuestring, &j->prompt, &j->n_prompt, e)
                  : get_ids(ids, "input_ids", vocab, &j->prompt, &j->n_prompt, e))
             return -1;
     }
     const char *pfield = ep == EP_COMPLETIONS ? "prompt" : ep == EP_CHAT ? "messages" : j->prompt && field(body, "text") ? "text" : "input_ids";
-    if (!j->n_sub && prompt_fits(srv, j, pfield, e)) return -1;
+    if (!j->n_sub && prompt_fits(cx, j, pfield, e)) return -1;
     /* options */
     const cJSON *o = body;
     const char *pre = "";
@@ -566,12 +566,12 @@ int api_parse_generation(struct dfl_server *srv, endpoint ep, cJSON *body, job *
         if (r < 0) return -1;
         if (r) p_max = "max_completion_tokens";
     }
-    if (r == 0) max_new = ep == EP_COMPLETIONS ? 16 : ep == EP_GENERATE ? 128 : srv->max_ctx - j->n_prompt;
+    if (r == 0) max_new = ep == EP_COMPLETIONS ? 16 : ep == EP_GENERATE ? 128 : cx->max_ctx - j->n_prompt;
     double temp = 1.0; /* the OpenAI and SGLang default */
     if (get_double(o, "temperature", p_temp, 0, 1e6, &temp, e) < 0) return -1;
-    if (temp > 0 && srv->tree_budget > 0) {
+    if (temp > 0 && cx->tree_budget > 0) {
         api_seterr(e, 400, p_temp, "this server verifies with DDTree (--tree-budget %d), which is greedy: send %s 0",
-                   srv->tree_budget, p_temp);
+                   cx->tree_budget, p_temp);
         return -1;
     }
     /* top_p in (0, 1] (1 = off), top_k >= 1 or -1 / 0 = off (vLLM's and SGLang's off is -1);
@@ -628,11 +628,11 @@ int api_parse_generation(struct dfl_server *srv, endpoint ep, cJSON *body, job *
         if (check_members(so, "stream_options", so_known, e) < 0) return -1;
         if (get_bool(so, "include_usage", "stream_options.include_usage", &j->include_usage, e) < 0) return -1;
     }
-    if (j->n_prompt + max_new > srv->max_ctx) {
+    if (j->n_prompt + max_new > cx->max_ctx) {
         char which[32] = "prompt";
         if (j->n_sub) snprintf(which, sizeof which, "prompt[%d]", longest);
         api_seterr(e, 400, p_max, "%s (%d tokens) + %s %lld exceeds the context of %d positions", which, j->n_prompt,
-                   p_max, max_new, srv->max_ctx);
+                   p_max, max_new, cx->max_ctx);
         return -1;
     }
     j->max_new = (int)max_new;
@@ -668,7 +668,7 @@ static cJSON *int_array(const int32_t *v, int n) {
     return a;
 }
 
-cJSON *api_tokenize(struct dfl_server *srv, cJSON *body, api_err *e) {
+cJSON *api_tokenize(const api_ctx *cx, cJSON *body, api_err *e) {
     cJSON *text = field(body, "text");
     const char *param = "text";
     if (!text) text = field(body, "prompt"), param = "prompt";
@@ -684,18 +684,18 @@ cJSON *api_tokenize(struct dfl_server *srv, cJSON *body, api_err *e) {
     }
     int32_t *ids = NULL;
     int n = 0;
-    int rc = encode(srv, owned ? owned : text->valuestring, &ids, &n, e);
+    int rc = encode(cx, owned ? owned : text->valuestring, &ids, &n, e);
     free(owned);
     if (rc) return NULL;
     cJSON *r = cJSON_CreateObject();
     cJSON_AddItemToObject(r, "tokens", int_array(ids, n));
     cJSON_AddNumberToObject(r, "count", n);
-    cJSON_AddNumberToObject(r, "max_model_len", srv->max_ctx);
+    cJSON_AddNumberToObject(r, "max_model_len", cx->max_ctx);
     free(ids);
     return r;
 }
 
-cJSON *api_detokenize(struct dfl_server *srv, cJSON *body, api_err *e) {
+cJSON *api_detokenize(const api_ctx *cx, cJSON *body, api_err *e) {
     cJSON *t = field(body, "tokens");
     if (!t) {
         api_seterr(e, 400, "tokens", "'tokens' is required");
@@ -707,12 +707,12 @@ cJSON *api_detokenize(struct dfl_server *srv, cJSON *body, api_err *e) {
     }
     int32_t *ids = NULL;
     int n = 0;
-    if (get_ids(t, "tokens", srv->m.cfg.vocab, &ids, &n, e)) return NULL;
+    if (get_ids(t, "tokens", cx->vocab, &ids, &n, e)) return NULL;
     /* as HF tokenizers' decode: ids the tokenizer does not know are dropped, specials kept */
     int k = 0;
     for (int i = 0; i < n; i++)
-        if (tok_has_id(srv->tok, ids[i])) ids[k++] = ids[i];
-    char *s = tok_decode(srv->tok, ids, (size_t)k, 0);
+        if (tok_has_id(cx->tok, ids[i])) ids[k++] = ids[i];
+    char *s = tok_decode(cx->tok, ids, (size_t)k, 0);
     free(ids);
     if (!s) {
         api_seterr(e, 500, NULL, "tokenizer: %s", dfl_errmsg());
@@ -751,9 +751,9 @@ float api_logprobs_row(const float *row, int V, int32_t token, int k, int32_t *t
 
 /* A token's text as the logprobs list it: the token decoded alone ("" for an id the tokenizer
  * does not know, as its decode drops those). */
-static char *token_str(struct dfl_server *srv, int32_t id) {
-    if (!tok_has_id(srv->tok, id)) return strdup("");
-    return tok_decode(srv->tok, &id, 1, 0);
+static char *token_str(const api_ctx *cx, int32_t id) {
+    if (!tok_has_id(cx->tok, id)) return strdup("");
+    return tok_decode(cx->tok, &id, 1, 0);
 }
 
 /* Chat: {"content": [{"token", "logprob", "bytes", "top_logprobs": [{"token", "logprob", "bytes"}]}]}
@@ -764,12 +764,12 @@ static cJSON *bytes_of(const char *s) {
     return a;
 }
 
-static cJSON *chat_logprobs(struct dfl_server *srv, const job *j) {
+static cJSON *chat_logprobs(const api_ctx *cx, const job *j) {
     cJSON *lo = cJSON_CreateObject(), *content = cJSON_AddArrayToObject(lo, "content");
     const size_t k = (size_t)j->logprobs;
     for (int i = 0; i < j->out.n; i++) {
         const size_t p = (size_t)j->n_prompt + (size_t)i;
-        char *ts = token_str(srv, j->out.ids[i]);
+        char *ts = token_str(cx, j->out.ids[i]);
         if (!ts) {
             cJSON_Delete(lo);
             return NULL;
@@ -781,7 +781,7 @@ static cJSON *chat_logprobs(struct dfl_server *srv, const job *j) {
         free(ts);
         cJSON *tops = cJSON_AddArrayToObject(x, "top_logprobs");
         for (size_t a = 0; a < k; a++) {
-            char *as = token_str(srv, j->top_id[p * k + a]);
+            char *as = token_str(cx, j->top_id[p * k + a]);
             if (!as) continue;
             cJSON *t = cJSON_CreateObject();
             cJSON_AddStringToObject(t, "token", as);
@@ -805,7 +805,7 @@ static size_t utf8_chars(const char *s) {
  * prompt tokens (the first has none: null) and the output tokens. text_offset counts characters
  * as vLLM does (each token's offset is the previous one's plus the length of its token string)
  * from 0, the start of the returned text. */
-static cJSON *completion_logprobs(struct dfl_server *srv, const job *j) {
+static cJSON *completion_logprobs(const api_ctx *cx, const job *j) {
     cJSON *lo = cJSON_CreateObject();
     cJSON *toks = cJSON_AddArrayToObject(lo, "tokens"), *lps = cJSON_AddArrayToObject(lo, "token_logprobs");
     cJSON *tops = cJSON_AddArrayToObject(lo, "top_logprobs"), *offs = cJSON_AddArrayToObject(lo, "text_offset");
@@ -814,7 +814,7 @@ static cJSON *completion_logprobs(struct dfl_server *srv, const job *j) {
     for (int q = 0; q < np + j->out.n; q++) {
         const int32_t id = q < np ? j->prompt[q] : j->out.ids[q - np];
         const size_t p = q < np ? (size_t)q : (size_t)j->n_prompt + (size_t)(q - np);
-        char *ts = token_str(srv, id);
+        char *ts = token_str(cx, id);
         if (!ts) {
             cJSON_Delete(lo);
             return NULL;
@@ -836,7 +836,7 @@ static cJSON *completion_logprobs(struct dfl_server *srv, const job *j) {
         for (int i = 0; i < k; i++) {
             const int32_t a = j->top_id[p * (size_t)k + (size_t)i];
             have_self |= a == id;
-            char *as = token_str(srv, a);
+            char *as = token_str(cx, a);
             if (as && !cJSON_GetObjectItemCaseSensitive(t, as))
                 cJSON_AddNumberToObject(t, as, j->top_lp[p * (size_t)k + (size_t)i]);
             free(as);
@@ -867,12 +867,12 @@ static cJSON *usage(const job *j) {
     return u;
 }
 
-static cJSON *openai_head(struct dfl_server *srv, const job *j, const char *object) {
+static cJSON *openai_head(const api_ctx *cx, const job *j, const char *object) {
     cJSON *r = cJSON_CreateObject();
     cJSON_AddStringToObject(r, "id", j->id);
     cJSON_AddStringToObject(r, "object", object);
     cJSON_AddNumberToObject(r, "created", (double)j->created);
-    cJSON_AddStringToObject(r, "model", srv->model_name);
+    cJSON_AddStringToObject(r, "model", cx->model_name);
     return r;
 }
 
@@ -915,25 +915,25 @@ static cJSON *meta_info(const job *j, int final) {
 }
 
 /* The prompt's text for echo (malloc'd): the request's string, or its ids decoded. */
-static char *echo_prefix(struct dfl_server *srv, const job *j) {
+static char *echo_prefix(const api_ctx *cx, const job *j) {
     if (j->echo_text) return strdup(j->echo_text);
     int32_t *ids = malloc((size_t)j->n_prompt * sizeof *ids);
     if (!ids) return NULL;
     int k = 0;
     for (int i = 0; i < j->n_prompt; i++)
-        if (tok_has_id(srv->tok, j->prompt[i])) ids[k++] = j->prompt[i];
-    char *s = tok_decode(srv->tok, ids, (size_t)k, 0);
+        if (tok_has_id(cx->tok, j->prompt[i])) ids[k++] = j->prompt[i];
+    char *s = tok_decode(cx->tok, ids, (size_t)k, 0);
     free(ids);
     return s;
 }
 
 /* One OpenAI choice (index j->index): text (the echoed prompt first), logprobs, ids, finish. NULL
  * when out of memory. */
-static cJSON *openai_choice(struct dfl_server *srv, const job *j) {
+static cJSON *openai_choice(const api_ctx *cx, const job *j) {
     char *text = textout_final(&j->out);
     if (!text) return NULL;
     if (j->ep == EP_COMPLETIONS && j->echo) {
-        char *pre = echo_prefix(srv, j);
+        char *pre = echo_prefix(cx, j);
         const size_t a = pre ? strlen(pre) : 0, b = strlen(text);
         char *both = pre ? malloc(a + b + 1) : NULL;
         if (!both) {
@@ -952,12 +952,12 @@ static cJSON *openai_choice(struct dfl_server *srv, const job *j) {
         cJSON *msg = cJSON_AddObjectToObject(c, "message");
         cJSON_AddStringToObject(msg, "role", "assistant");
         cJSON_AddStringToObject(msg, "content", text);
-        cJSON *lo = j->logprobs >= 0 ? chat_logprobs(srv, j) : NULL;
+        cJSON *lo = j->logprobs >= 0 ? chat_logprobs(cx, j) : NULL;
         if (lo) cJSON_AddItemToObject(c, "logprobs", lo);
         else cJSON_AddNullToObject(c, "logprobs");
     } else {
         cJSON_AddStringToObject(c, "text", text);
-        cJSON *lo = j->logprobs >= 0 ? completion_logprobs(srv, j) : NULL;
+        cJSON *lo = j->logprobs >= 0 ? completion_logprobs(cx, j) : NULL;
         if (lo) cJSON_AddItemToObject(c, "logprobs", lo);
         else cJSON_AddNullToObject(c, "logprobs");
     }
@@ -968,7 +968,7 @@ static cJSON *openai_choice(struct dfl_server *srv, const job *j) {
     return c;
 }
 
-cJSON *api_response(struct dfl_server *srv, const job *j) {
+cJSON *api_response(const api_ctx *cx, const job *j) {
     if (j->ep == EP_GENERATE) {
         char *text = textout_final(&j->out);
         if (!text) return NULL;
@@ -979,14 +979,14 @@ cJSON *api_response(struct dfl_server *srv, const job *j) {
         free(text);
         return r;
     }
-    cJSON *r = openai_head(srv, j, j->ep == EP_CHAT ? "chat.completion" : "text_completion");
+    cJSON *r = openai_head(cx, j, j->ep == EP_CHAT ? "chat.completion" : "text_completion");
     cJSON *choices = cJSON_AddArrayToObject(r, "choices");
     /* a list of prompts: one choice per prompt, in order; usage sums them */
     const int n = j->n_sub ? j->n_sub : 1;
     int prompt_tokens = 0, completion_tokens = 0;
     for (int i = 0; i < n; i++) {
         const job *c = j->n_sub ? j->sub[i] : j;
-        cJSON *ch = openai_choice(srv, c);
+        cJSON *ch = openai_choice(cx, c);
         if (!ch) {
             cJSON_Delete(r);
             return NULL;
@@ -1014,10 +1014,10 @@ static char *sse_add(char *acc, cJSON *o) {
 }
 
 /* One OpenAI chunk: text delta, token ids, finish_reason (NULL while streaming). */
-static cJSON *openai_chunk(struct dfl_server *srv, const job *j, const char *delta, int ids_from, int ids_to,
+static cJSON *openai_chunk(const api_ctx *cx, const job *j, const char *delta, int ids_from, int ids_to,
                            const char *finish, int role) {
     const int chat = j->ep == EP_CHAT;
-    cJSON *r = openai_head(srv, j, chat ? "chat.completion.chunk" : "text_completion");
+    cJSON *r = openai_head(cx, j, chat ? "chat.completion.chunk" : "text_completion");
     cJSON *c = cJSON_CreateObject();
     cJSON_AddNumberToObject(c, "index", 0);
     if (chat) {
@@ -1048,12 +1048,12 @@ static cJSON *generate_chunk(const job *j, const char *text, int final) {
     return r;
 }
 
-char *api_stream_start(struct dfl_server *srv, const job *j) {
+char *api_stream_start(const api_ctx *cx, const job *j) {
     if (j->ep != EP_CHAT) return NULL;
-    return sse_add(NULL, openai_chunk(srv, j, "", 0, 0, NULL, 1));
+    return sse_add(NULL, openai_chunk(cx, j, "", 0, 0, NULL, 1));
 }
 
-char *api_stream_chunk(struct dfl_server *srv, const job *j, int ids_from, size_t text_from, size_t text_to) {
+char *api_stream_chunk(const api_ctx *cx, const job *j, int ids_from, size_t text_from, size_t text_to) {
     if (ids_from == j->out.n && text_to <= text_from) return NULL;
     if (j->ep == EP_GENERATE) {
         char *text = strndup(j->out.text ? j->out.text : "", text_to);
@@ -1062,12 +1062,12 @@ char *api_stream_chunk(struct dfl_server *srv, const job *j, int ids_from, size_
         return r;
     }
     char *delta = strndup(j->out.text ? j->out.text + text_from : "", text_to - text_from);
-    char *r = delta ? sse_add(NULL, openai_chunk(srv, j, delta, ids_from, j->out.n, NULL, 0)) : NULL;
+    char *r = delta ? sse_add(NULL, openai_chunk(cx, j, delta, ids_from, j->out.n, NULL, 0)) : NULL;
     free(delta);
     return r;
 }
 
-char *api_stream_end(struct dfl_server *srv, const job *j, int ids_from, size_t text_from) {
+char *api_stream_end(const api_ctx *cx, const job *j, int ids_from, size_t text_from) {
     char *text = textout_final(&j->out);
     if (!text) return NULL;
     char *r;
@@ -1075,10 +1075,10 @@ char *api_stream_end(struct dfl_server *srv, const job *j, int ids_from, size_t 
         r = sse_add(NULL, generate_chunk(j, text, 1));
     } else {
         const size_t len = strlen(text);
-        r = sse_add(NULL, openai_chunk(srv, j, text + (text_from < len ? text_from : len), ids_from, j->out.n,
+        r = sse_add(NULL, openai_chunk(cx, j, text + (text_from < len ? text_from : len), ids_from, j->out.n,
                                        j->finish, 0));
         if (j->include_usage) {
-            cJSON *u = openai_head(srv, j, j->ep == EP_CHAT ? "chat.completion.chunk" : "text_completion");
+            cJSON *u = openai_head(cx, j, j->ep == EP_CHAT ? "chat.completion.chunk" : "text_completion");
             cJSON_AddArrayToObject(u, "choices");
             cJSON_AddItemToObject(u, "usage", usage(j));
             r = sse_add(r, u);

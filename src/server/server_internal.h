@@ -1,6 +1,6 @@
-/* Internals of dfl serve shared by server.c (HTTP, queue, worker, metrics), api.c (request
- * parsing, response and stream formatting) and textout.c (incremental detokenization with stop
- * strings). */
+/* Internals of dfl serve shared by server.c (HTTP and lifecycle), jobs.c (the queue and the
+ * worker), metrics.c (Prometheus text), api.c (request parsing, response and stream formatting)
+ * and textout.c (incremental detokenization with stop strings). */
 #ifndef DFL_SERVER_INTERNAL_H
 #define DFL_SERVER_INTERNAL_H
 
@@ -28,6 +28,17 @@ typedef enum endpoint {
 /* HTTP statuses the server answers with (metrics rows); 499 = the client went away first. */
 #define N_STATUS 9
 extern const int server_statuses[N_STATUS];
+/* The endpoints' paths, by endpoint ("other" for EP_OTHER). */
+extern const char *const server_ep_paths[EP_COUNT];
+
+/* What api.c needs of the server: the tokenizer and the limits requests are checked against. */
+typedef struct api_ctx {
+    const dfl_tokenizer *tok;
+    int vocab;
+    int max_ctx;
+    int tree_budget;          /* 0 = chain verification; > 0: greedy requests only */
+    const char *model_name;
+} api_ctx;
 
 /* An error answer: status, OpenAI-style type, message, and the offending field if any. */
 typedef struct api_err {
@@ -65,8 +76,8 @@ char *textout_final(const textout *t);
 
 typedef enum job_state { JOB_QUEUED, JOB_RUNNING, JOB_DONE } job_state;
 
-/* One generation request. Shared by its connection thread and the worker; every field after
- * "progress" is guarded by the server mutex, the outputs belong to the worker until JOB_DONE. */
+/* One generation request. Shared by its connection (an HTTP thread) and the worker; every field
+ * after "progress" is guarded by the server mutex, the outputs belong to the worker until JOB_DONE. */
 typedef struct job {
     struct job *next;
     struct dfl_server *srv;
@@ -102,6 +113,7 @@ typedef struct job {
     int cancelled;            /* the client went away (or the server stops): stop generating */
     pthread_cond_t cv;        /* signalled on state changes and new stream data */
     struct MHD_Connection *conn;
+    int suspended;            /* conn is suspended until this job has news for it (server_wake) */
     int fd;                   /* the connection's socket (streams: how much the client has not read) */
     /* stream buffer: SSE bytes not yet handed to the connection */
     char *sb;
@@ -139,7 +151,8 @@ typedef struct server_hist {
 } server_hist;
 
 /* One open HTTP connection (MHD's socket context), in the server's list under srv->mu: its client
- * address (the per-address caps) and the deadline of the request it is receiving. */
+ * address (the per-address caps) and the deadline of the request it is receiving. Recorded when
+ * the accept policy admits it (fd -1), claimed by MHD's STARTED notification (fd set). */
 typedef struct conn_rec {
     struct conn_rec *next, *prev;
     int fd;
@@ -164,6 +177,7 @@ struct dfl_server {
     dfl_tokenizer *tok;
     char *model_name;
     int block, max_ctx, max_queue, log;
+    api_ctx api;              /* what api.c reads */
     unsigned timeout_s;       /* the connections' inactivity timeout (0 = none) */
     int held;                 /* server_hold: the worker starts no job */
     int tree_budget; /* 0 = chain verification, N = DDTree-N */
@@ -175,10 +189,12 @@ struct dfl_server {
     pthread_mutex_t mu;
     pthread_cond_t cv;        /* the worker waits here for work */
     job *head, *tail;
+    job *cur;                 /* the request being generated, NULL when idle */
     int n_waiting, running, stopping;
     conn_rec *conns;          /* open connections (NOTIFY_CONNECTION STARTED .. CLOSED) */
     int n_conns, max_conns, per_client, reserve;
-    pthread_t reaper;         /* closes connections past their request deadline */
+    pthread_t reaper;         /* closes connections past their request deadline, cancels jobs whose
+                               * suspended connection's client went away */
     int have_reaper, reaper_quit;
     long reaped, stalled;     /* metrics: connections cut at the request deadline; streams stopped unread */
     int active;               /* HTTP requests between their first byte and their completion */
@@ -195,33 +211,55 @@ struct dfl_server {
 };
 
 /* api.c — parse a generation request body into j (prompt, options); fills e on error.
- * Runs on a connection thread; the tokenizer is thread-safe. */
-int api_parse_generation(struct dfl_server *srv, endpoint ep, cJSON *body, job *j, api_err *e);
+ * Runs on an HTTP thread; the tokenizer is thread-safe. */
+int api_parse_generation(const api_ctx *cx, endpoint ep, cJSON *body, job *j, api_err *e);
 /* /tokenize and /detokenize: the response object, or NULL with e filled. */
-cJSON *api_tokenize(struct dfl_server *srv, cJSON *body, api_err *e);
-cJSON *api_detokenize(struct dfl_server *srv, cJSON *body, api_err *e);
+cJSON *api_tokenize(const api_ctx *cx, cJSON *body, api_err *e);
+cJSON *api_detokenize(const api_ctx *cx, cJSON *body, api_err *e);
 /* The final response of a finished, non-streamed job. */
-cJSON *api_response(struct dfl_server *srv, const job *j);
+cJSON *api_response(const api_ctx *cx, const job *j);
 /* SSE bytes for a streamed job: the first event (chat: the assistant role), a chunk with the new
  * tokens and text, the closing events (last chunk with finish_reason, usage, [DONE]), or an
  * error event. malloc'd "data: ...\n\n" strings; NULL when there is nothing to send. */
-char *api_stream_start(struct dfl_server *srv, const job *j);
-char *api_stream_chunk(struct dfl_server *srv, const job *j, int ids_from, size_t text_from, size_t text_to);
-char *api_stream_end(struct dfl_server *srv, const job *j, int ids_from, size_t text_from);
+char *api_stream_start(const api_ctx *cx, const job *j);
+char *api_stream_chunk(const api_ctx *cx, const job *j, int ids_from, size_t text_from, size_t text_to);
+char *api_stream_end(const api_ctx *cx, const job *j, int ids_from, size_t text_from);
 char *api_stream_error(const job *j);
 /* {"error": {"message", "type", "param", "code"}} */
 char *api_error_body(const api_err *e);
 void api_seterr(api_err *e, int status, const char *param, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 
+/* jobs.c — the queue and the worker. srv->mu held where noted. */
 void job_free(job *j);
+void job_unref(job *j);                                     /* srv->mu held */
+/* Admit j to the queue (its seed and id drawn), or fill e (503: full, or shutting down). srv->mu held. */
+int job_enqueue(struct dfl_server *srv, job *j, api_err *e);
+/* A job that will never run: answer it with an error, drop the queue's ref. srv->mu held. */
+void job_abandon(struct dfl_server *srv, job *j, int status, const char *msg);
+/* The client went away: a queued job leaves the queue, a running one stops. srv->mu held. */
+void job_cancel(struct dfl_server *srv, job *j);
+void *worker_main(void *arg);
+/* Wait on cv for at most 100 ms. */
+void wait_a_bit(pthread_cond_t *cv, pthread_mutex_t *mu);
+
+/* server.c — j has news (state, stream bytes): resume its suspended connection. srv->mu held. */
+void server_wake(job *j);
+
+/* metrics.c */
+void metrics_init(struct dfl_server *srv);
+void metrics_observe(server_hist *h, double v);              /* srv->mu held */
+/* Count a finished generation (a request, or one prompt of a list). srv->mu held. */
+void metrics_account(struct dfl_server *srv, const job *j);
+/* The /metrics page; malloc'd. */
+char *metrics_text(struct dfl_server *srv);
 
 /* Hold the worker (on = 1: it starts no new job; queued requests wait) or release it: lets a
  * caller bring the queue into a known state (tests of admission and overflow). */
 void server_hold(struct dfl_server *srv, int on);
 /* Requests waiting in the queue and running (0 or 1) now. */
 void server_queue_depth(struct dfl_server *srv, int *waiting, int *running);
-/* Connections the HTTP daemon holds open now (a closed client is counted until its thread sees it). */
+/* Connections the HTTP daemon holds open now (a closed client is counted until MHD sees it). */
 int server_connections(struct dfl_server *srv);
 
 #endif
