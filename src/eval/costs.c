@@ -72,17 +72,18 @@ int eval_costs_measure(eval_costs *c, const dfl_model *m, dfl_draft_if *dr, cons
     double *t = malloc((size_t)COST_MAX_REPS * sizeof(double));
     int32_t *toks = malloc((size_t)batch * sizeof(int32_t));
     dfl_tree tree = {0};
+    /* a real draft on the first prompt gives the trees a realistic shape */
+    dfl_capture cap = {.n_layers = nf, .layers = dr->feature_layers, .out = feat};
+    int32_t anchor = 0;
     int rc = DFL_ERR;
     if (!logits || !feat || !vlog || !t || !toks) {
         dfl_seterr("out of memory measuring verification costs");
         goto done;
     }
-    /* a real draft on the first prompt gives the trees a realistic shape */
-    dfl_capture cap = {.n_layers = nf, .layers = dr->feature_layers, .out = feat};
     s.no_record = 1;
     dr->reset(dr->ctx);
     if (model_forward(&s, prompt, L, logits, 1, &cap) || dr->add_context(dr->ctx, feat, prompt, L)) goto done;
-    const int32_t anchor = kn_argmax(logits, V);
+    anchor = kn_argmax(logits, V);
     if (dr->draft(dr->ctx, anchor, B, logits)) goto done;
     dr->reset(dr->ctx);
     toks[0] = anchor;

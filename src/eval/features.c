@@ -25,28 +25,6 @@ void eval_features_name(int index, int turn, char *buf, size_t n) { snprintf(buf
 
 int eval_features_save(const char *path, const eval_truth *t, const eval_features_meta *meta) {
     const int T = t->n_rows, H = t->H, nl = t->n_layers;
-    int64_t *in = malloc((size_t)T * sizeof *in), *truth = malloc((size_t)(t->n + t->n_ext) * sizeof *truth);
-    float *per = malloc((size_t)T * nl * H * sizeof *per);
-    st_write_entry *e = calloc((size_t)nl + 2, sizeof *e);
-    char(*names)[32] = calloc((size_t)nl, sizeof *names);
-    int rc = DFL_ERR;
-    if (!in || !truth || !per || !e || !names) {
-        dfl_seterr("out of memory saving features");
-        goto done;
-    }
-    for (int p = 0; p < T; p++) in[p] = p < t->n_prompt ? t->prompt[p] : t->ids[p - t->n_prompt];
-    for (int i = 0; i < t->n + t->n_ext; i++) truth[i] = t->ids[i];
-    for (int k = 0; k < nl; k++) /* rows [T][nl][H] -> one [T, H] tensor per layer */
-        for (int p = 0; p < T; p++)
-            memcpy(per + ((size_t)k * T + p) * H, t->feat + ((size_t)p * nl + k) * H, (size_t)H * sizeof(float));
-    int ne = 0;
-    e[ne++] = (st_write_entry){.name = "input_ids", .dtype = ST_I64, .ndim = 1, .shape = {T}, .data = in};
-    e[ne++] = (st_write_entry){.name = "truth_ids", .dtype = ST_I64, .ndim = 1, .shape = {t->n + t->n_ext}, .data = truth};
-    for (int k = 0; k < nl; k++) {
-        snprintf(names[k], sizeof names[k], "layer.%d", t->layers[k]);
-        e[ne++] = (st_write_entry){.name = names[k], .dtype = ST_F32, .ndim = 2, .shape = {T, H},
-                                   .data = per + (size_t)k * T * H};
-    }
     char turn[16], np[16], nt[16], ext[16], mx[16];
     snprintf(turn, sizeof turn, "%d", meta->turn);
     snprintf(np, sizeof np, "%d", t->n_prompt);
@@ -61,6 +39,27 @@ int eval_features_save(const char *path, const eval_truth *t, const eval_feature
         {"target_dtype", meta->id.dtype}, {"act", meta->act_bf16 ? "bf16" : "f32"},
         {"device", dfl_device_name((dfl_device)meta->device)}, /* the last: left out on the CPU */
     };
+    int64_t *in = malloc((size_t)T * sizeof *in), *truth = malloc((size_t)(t->n + t->n_ext) * sizeof *truth);
+    float *per = malloc((size_t)T * nl * H * sizeof *per);
+    st_write_entry *e = calloc((size_t)nl + 2, sizeof *e);
+    char(*names)[32] = calloc((size_t)nl, sizeof *names);
+    int rc = DFL_ERR, ne = 0;
+    if (!in || !truth || !per || !e || !names) {
+        dfl_seterr("out of memory saving features");
+        goto done;
+    }
+    for (int p = 0; p < T; p++) in[p] = p < t->n_prompt ? t->prompt[p] : t->ids[p - t->n_prompt];
+    for (int i = 0; i < t->n + t->n_ext; i++) truth[i] = t->ids[i];
+    for (int k = 0; k < nl; k++) /* rows [T][nl][H] -> one [T, H] tensor per layer */
+        for (int p = 0; p < T; p++)
+            memcpy(per + ((size_t)k * T + p) * H, t->feat + ((size_t)p * nl + k) * H, (size_t)H * sizeof(float));
+    e[ne++] = (st_write_entry){.name = "input_ids", .dtype = ST_I64, .ndim = 1, .shape = {T}, .data = in};
+    e[ne++] = (st_write_entry){.name = "truth_ids", .dtype = ST_I64, .ndim = 1, .shape = {t->n + t->n_ext}, .data = truth};
+    for (int k = 0; k < nl; k++) {
+        snprintf(names[k], sizeof names[k], "layer.%d", t->layers[k]);
+        e[ne++] = (st_write_entry){.name = names[k], .dtype = ST_F32, .ndim = 2, .shape = {T, H},
+                                   .data = per + (size_t)k * T * H};
+    }
     /* written whole, then renamed: an interrupted run never leaves a torn file under the name */
     char tmp[4200];
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
@@ -167,11 +166,38 @@ static int read_layers(const st_model *st, const char *path, eval_truth *t, int 
     return DFL_OK;
 }
 
+/* The ids and feature rows of a features file whose metadata said np prompt tokens, n output
+ * tokens and ext extended ones, into t. */
+static int read_sequence(const st_model *st, const char *path, eval_truth *t, int np, int n, int ext, int eos_stop,
+                         int vocab) {
+    int rc = DFL_ERR;
+    const int rows = np + n - 1;
+    int32_t *in = malloc((size_t)rows * sizeof *in), *ids = malloc((size_t)(n + ext) * sizeof *ids);
+    const st_tensor *xi = st_find(st, "input_ids"), *xt = st_find(st, "truth_ids");
+    if (!in || !ids) dfl_seterr("out of memory");
+    else if (!xi || !xt) dfl_seterr("%s: no tensor %s", path, !xi ? "input_ids" : "truth_ids");
+    else if (read_ids(xi, path, "input_ids", in, rows, vocab) == DFL_OK &&
+             read_ids(xt, path, "truth_ids", ids, n + ext, vocab) == DFL_OK) {
+        /* input_ids = the prompt, then every output token but the last */
+        int bad = -1;
+        for (int p = np; p < rows && bad < 0; p++)
+            if (in[p] != ids[p - np]) bad = p;
+        if (bad >= 0) dfl_seterr("%s: input_ids[%d] = %d but truth_ids[%d] = %d", path, bad, in[bad], bad - np, ids[bad - np]);
+        else if (read_layers(st, path, t, rows, -1, NULL) == DFL_OK &&
+                 eval_truth_set(t, in, np, ids, n, ext, eos_stop) == DFL_OK)
+            rc = DFL_OK;
+    }
+    free(in), free(ids);
+    return rc;
+}
+
 int eval_features_load(const char *path, eval_truth *t, eval_features_meta *meta, int vocab) {
     st_model st = {0};
     if (st_open_file(&st, path) != DFL_OK) return DFL_ERR;
     int rc = DFL_ERR, np = 0, n = 0, ext = 0;
     char fmt[64], stop[16];
+    char act[16] = "f32"; /* absent (files written before the mode existed): float32 */
+    char dev[16] = "cpu"; /* absent: the CPU */
     memset(meta, 0, sizeof *meta);
     if (st_meta_get(&st, 0, "format", fmt, sizeof fmt)) goto done;
     if (strcmp(fmt, FEATURES_FORMAT) != 0) {
@@ -189,14 +215,12 @@ int eval_features_load(const char *path, eval_truth *t, eval_features_meta *meta
         st_meta_get(&st, 0, "target_layout", meta->id.layout, sizeof meta->id.layout) ||
         st_meta_get(&st, 0, "target_dtype", meta->id.dtype, sizeof meta->id.dtype))
         goto done;
-    char act[16] = "f32"; /* absent (files written before the mode existed): float32 */
     if (st_meta_get(&st, 0, "act", act, sizeof act) != DFL_OK) snprintf(act, sizeof act, "f32");
     if (strcmp(act, "f32") != 0 && strcmp(act, "bf16") != 0) {
         dfl_seterr("%s: __metadata__ act: expected f32 or bf16, found '%s'", path, act);
         goto done;
     }
     meta->act_bf16 = strcmp(act, "bf16") == 0;
-    char dev[16] = "cpu"; /* absent: the CPU */
     if (st_meta_get(&st, 0, "device", dev, sizeof dev) != DFL_OK) snprintf(dev, sizeof dev, "cpu");
     if ((meta->device = eval_device_lookup(dev)) < 0) {
         dfl_seterr("%s: __metadata__ device: expected cpu or cuda, found '%s'", path, dev);
@@ -221,23 +245,7 @@ int eval_features_load(const char *path, eval_truth *t, eval_features_meta *meta
                    DFL_MAX_BLOCK, ext);
         goto done;
     }
-    const int rows = np + n - 1;
-    int32_t *in = malloc((size_t)rows * sizeof *in), *ids = malloc((size_t)(n + ext) * sizeof *ids);
-    const st_tensor *xi = st_find(&st, "input_ids"), *xt = st_find(&st, "truth_ids");
-    if (!in || !ids) dfl_seterr("out of memory");
-    else if (!xi || !xt) dfl_seterr("%s: no tensor %s", path, !xi ? "input_ids" : "truth_ids");
-    else if (read_ids(xi, path, "input_ids", in, rows, vocab) == DFL_OK &&
-             read_ids(xt, path, "truth_ids", ids, n + ext, vocab) == DFL_OK) {
-        /* input_ids = the prompt, then every output token but the last */
-        int bad = -1;
-        for (int p = np; p < rows && bad < 0; p++)
-            if (in[p] != ids[p - np]) bad = p;
-        if (bad >= 0) dfl_seterr("%s: input_ids[%d] = %d but truth_ids[%d] = %d", path, bad, in[bad], bad - np, ids[bad - np]);
-        else if (read_layers(&st, path, t, rows, -1, NULL) == DFL_OK &&
-                 eval_truth_set(t, in, np, ids, n, ext, strcmp(stop, "eos") == 0) == DFL_OK)
-            rc = DFL_OK;
-    }
-    free(in), free(ids);
+    rc = read_sequence(&st, path, t, np, n, ext, strcmp(stop, "eos") == 0, vocab);
 done:
     st_close(&st);
     return rc;

@@ -422,22 +422,17 @@ static const cJSON *repeated_key(const cJSON *o) {
     return NULL;
 }
 
-int config_parse(dfl_config *c, const char *json, const char *where) {
-    memset(c, 0, sizeof *c);
-    /* trailing text after the object is an error, as in Python's json.load */
-    cJSON *root = cJSON_ParseWithOpts(json, NULL, 1);
-    if (!root) return dfl_seterr("%s: not valid JSON (near byte %ld)", where,
-                                 cJSON_GetErrorPtr() ? (long)(cJSON_GetErrorPtr() - json) : -1L);
-    int rc = DFL_ERR;
+/* config_parse's reading of the parsed document root into c. */
+static int parse_root(dfl_config *c, const cJSON *root, const char *where) {
     if (!cJSON_IsObject(root)) {
         dfl_seterr("%s: not a JSON object", where);
-        goto done;
+        return DFL_ERR;
     }
     const cJSON *dup = repeated_key(root);
     if (dup) {
         dfl_seterr("%s: key '%s' appears twice in one object (transformers would take the last one, dfl the first)",
                    where, dup->string);
-        goto done;
+        return DFL_ERR;
     }
     const cJSON *mt = cJSON_GetObjectItemCaseSensitive(root, "model_type");
     const cJSON *archs = cJSON_GetObjectItemCaseSensitive(root, "architectures");
@@ -453,12 +448,11 @@ int config_parse(dfl_config *c, const char *json, const char *where) {
         }
     }
     if (is_drafter) {
-        rc = parse_drafter(c, root, where);
-        goto done;
+        return parse_drafter(c, root, where);
     }
     if (!cJSON_IsString(mt)) {
         dfl_seterr("%s: missing 'model_type'; supported: " SUPPORTED, where);
-        goto done;
+        return DFL_ERR;
     }
     const cJSON *tc = root;
     const char *mt_s = c->model_type;
@@ -478,24 +472,25 @@ int config_parse(dfl_config *c, const char *json, const char *where) {
             tc = cJSON_GetObjectItemCaseSensitive(root, "text_config");
             if (!cJSON_IsObject(tc)) {
                 dfl_seterr("%s: model_type %s (vision-language) needs an object 'text_config'", where, mt_s);
-                goto done;
+                return DFL_ERR;
             }
             c->text_config = 1;
         }
     } else {
         dfl_seterr("%s: unsupported model_type '%s'; supported: " SUPPORTED, where, c->model_type);
-        goto done;
+        return DFL_ERR;
     }
-    if (parse_common(c, tc, where, !moe) || get_int(tc, "vocab_size", where, 1, 1, MAX_VOCAB, &c->vocab)) goto done;
-    if (moe && parse_moe(c, tc, where, c->arch == DFL_ARCH_QWEN3_5)) goto done;
+    if (parse_common(c, tc, where, !moe) || get_int(tc, "vocab_size", where, 1, 1, MAX_VOCAB, &c->vocab))
+        return DFL_ERR;
+    if (moe && parse_moe(c, tc, where, c->arch == DFL_ARCH_QWEN3_5)) return DFL_ERR;
     /* Tied embeddings: top level and text_config may both say; they must agree. */
     int tie_top = 0, tie_text = 0, has_top = 0, has_text = 0;
-    if (get_bool(root, "tie_word_embeddings", where, &tie_top, &has_top)) goto done;
-    if (tc != root && get_bool(tc, "tie_word_embeddings", where, &tie_text, &has_text)) goto done;
+    if (get_bool(root, "tie_word_embeddings", where, &tie_top, &has_top)) return DFL_ERR;
+    if (tc != root && get_bool(tc, "tie_word_embeddings", where, &tie_text, &has_text)) return DFL_ERR;
     if (has_top && has_text && tie_top != tie_text) {
         dfl_seterr("%s: tie_word_embeddings is %s at top level but %s in text_config", where,
                    tie_top ? "true" : "false", tie_text ? "true" : "false");
-        goto done;
+        return DFL_ERR;
     }
     c->tie_embeddings = has_text ? tie_text : tie_top;
     if (c->arch == DFL_ARCH_QWEN3_5) {
@@ -508,31 +503,39 @@ int config_parse(dfl_config *c, const char *json, const char *where) {
             get_int(tc, "linear_key_head_dim", where, 0, 1, 512, &c->lin_k_dim) ||
             get_int(tc, "linear_value_head_dim", where, 0, 1, 512, &c->lin_v_dim) ||
             get_int(tc, "linear_conv_kernel_dim", where, 0, 1, 16, &c->conv_kernel))
-            goto done;
+            return DFL_ERR;
         c->mtp_layers = 1;
-        if (get_int(tc, "mtp_num_hidden_layers", where, 0, 0, DFL_MAX_LAYERS, &c->mtp_layers)) goto done;
+        if (get_int(tc, "mtp_num_hidden_layers", where, 0, 0, DFL_MAX_LAYERS, &c->mtp_layers)) return DFL_ERR;
         if (c->lin_v_heads % c->lin_k_heads) {
             dfl_seterr("%s: linear_num_value_heads (%d) is not a multiple of linear_num_key_heads (%d)", where,
                        c->lin_v_heads, c->lin_k_heads);
-            goto done;
+            return DFL_ERR;
         }
-        if (parse_layer_types(c, tc, where, interval)) goto done;
+        if (parse_layer_types(c, tc, where, interval)) return DFL_ERR;
         for (int i = 0; i < c->n_layers; i++)
             if (c->layer_types[i] == DFL_LAYER_SLIDING) {
                 dfl_seterr("%s: layer_types[%d] = sliding_attention is not a Qwen3.5 layer type", where, i);
-                goto done;
+                return DFL_ERR;
             }
     } else {
         for (int i = 0; i < c->n_layers; i++) c->layer_types[i] = DFL_LAYER_FULL;
         const cJSON *sw = cJSON_GetObjectItemCaseSensitive(root, "use_sliding_window");
         if (cJSON_IsTrue(sw)) {
             dfl_seterr("%s: use_sliding_window = true is not supported for qwen3 targets", where);
-            goto done;
+            return DFL_ERR;
         }
     }
-    if (parse_eos(c, tc, where) || (tc != root && parse_eos(c, root, where))) goto done;
-    rc = DFL_OK;
-done:
+    if (parse_eos(c, tc, where) || (tc != root && parse_eos(c, root, where))) return DFL_ERR;
+    return DFL_OK;
+}
+
+int config_parse(dfl_config *c, const char *json, const char *where) {
+    memset(c, 0, sizeof *c);
+    /* trailing text after the object is an error, as in Python's json.load */
+    cJSON *root = cJSON_ParseWithOpts(json, NULL, 1);
+    if (!root) return dfl_seterr("%s: not valid JSON (near byte %ld)", where,
+                                 cJSON_GetErrorPtr() ? (long)(cJSON_GetErrorPtr() - json) : -1L);
+    const int rc = parse_root(c, root, where);
     cJSON_Delete(root);
     return rc;
 }

@@ -69,6 +69,7 @@ int quant_parse(dfl_quant *q, const char *json, const char *where) {
     if (!root) return dfl_seterr("%s: not valid JSON", where);
     int rc = DFL_ERR;
     const cJSON *qc = cJSON_IsObject(root) ? cJSON_GetObjectItemCaseSensitive(root, "quantization_config") : NULL;
+    const cJSON *m = NULL;
     char b[96];
     if (!qc || cJSON_IsNull(qc)) {
         rc = DFL_OK;
@@ -79,7 +80,7 @@ int quant_parse(dfl_quant *q, const char *json, const char *where) {
         goto done;
     }
     q->present = 1;
-    const cJSON *m = cJSON_GetObjectItemCaseSensitive(qc, "quant_method");
+    m = cJSON_GetObjectItemCaseSensitive(qc, "quant_method");
     if (!cJSON_IsString(m) || strcmp(m->valuestring, "fp8") != 0) {
         dfl_seterr("%s: quantization_config.quant_method: expected \"fp8\" (fine-grained float8_e4m3 weights with "
                    "per-block weight_scale_inv), found %s; dfl does not read this quantization: use the BF16 or "

@@ -196,6 +196,12 @@ int st_open_file(st_model *m, const char *path) {
     st_tensor *ts = NULL;
     int nt = 0;
     const st_tensor **byoff = NULL;
+    const char *hdr = (const char *)map + 8, *hdr_end = NULL;
+    const uint8_t *buf = NULL;
+    size_t buf_size = 0, expect = 0;
+    int count = 0;
+    st_file *nf = NULL;
+    st_tensor *nts = NULL;
     if (n > ST_MAX_HEADER) {
         dfl_seterr("%s: header length %llu exceeds the limit of %llu bytes", path, (unsigned long long)n,
                    ST_MAX_HEADER);
@@ -212,7 +218,6 @@ int st_open_file(st_model *m, const char *path) {
         goto fail;
     }
     /* as the reference reader: only JSON whitespace may follow the object (padding is spaces) */
-    const char *hdr = (const char *)map + 8, *hdr_end = NULL;
     root = cJSON_ParseWithLengthOpts(hdr, (size_t)n, &hdr_end, 0);
     while (root && hdr_end < hdr + n && *hdr_end && strchr(" \t\r\n", *hdr_end)) hdr_end++;
     if (!root || hdr_end != hdr + n) {
@@ -223,9 +228,9 @@ int st_open_file(st_model *m, const char *path) {
         dfl_seterr("%s: header is not a JSON object", path);
         goto fail;
     }
-    const uint8_t *buf = map + 8 + n;
-    size_t buf_size = size - 8 - (size_t)n;
-    int count = cJSON_GetArraySize(root);
+    buf = map + 8 + n;
+    buf_size = size - 8 - (size_t)n;
+    count = cJSON_GetArraySize(root);
     ts = calloc((size_t)count + 1, sizeof *ts);
     if (!ts) {
         dfl_seterr("%s: out of memory", path);
@@ -270,7 +275,6 @@ int st_open_file(st_model *m, const char *path) {
     }
     for (int i = 0; i < nt; i++) byoff[i] = &ts[i];
     qsort(byoff, (size_t)nt, sizeof *byoff, cmp_tensor_ptr_offset);
-    size_t expect = 0;
     for (int i = 0; i < nt; i++) {
         size_t b = (size_t)(byoff[i]->data - buf);
         if (b != expect) {
@@ -289,8 +293,8 @@ int st_open_file(st_model *m, const char *path) {
     cJSON_Delete(root);
 
     /* Append to the model. */
-    st_file *nf = realloc(m->files, (size_t)(m->n_files + 1) * sizeof *nf);
-    st_tensor *nts = realloc(m->tensors, (size_t)(m->n_tensors + nt + 1) * sizeof *nts);
+    nf = realloc(m->files, (size_t)(m->n_files + 1) * sizeof *nf);
+    nts = realloc(m->tensors, (size_t)(m->n_tensors + nt + 1) * sizeof *nts);
     if (!nf || !nts) {
         if (nf) m->files = nf;
         if (nts) m->tensors = nts;

@@ -56,12 +56,13 @@ int drafter_open(dfl_drafter *d, const char *dir, int n_target_layers) {
 int drafter_open_checked(dfl_drafter *d, const char *dir, int n_target_layers, int check_weights) {
     memset(d, 0, sizeof *d);
     d->dir = strdup(dir);
+    dfl_config *g = &d->cfg;
+    ld_ctx c = {0};
     if (!dfl_is_dir(dir)) {
         dfl_seterr("%s: not a directory", dir);
         goto fail;
     }
     if (config_load(&d->cfg, dir) != DFL_OK) goto fail;
-    dfl_config *g = &d->cfg;
     if (g->arch != DFL_ARCH_DFLASH) {
         dfl_seterr("%s: not a DFlash drafter (architectures lists neither DFlashDraftModel nor DFlash2DraftModel; "
                    "model_type '%s')", dir,
@@ -99,8 +100,8 @@ int drafter_open_checked(dfl_drafter *d, const char *dir, int n_target_layers, i
         dfl_seterr("%s: out of memory", dir);
         goto fail;
     }
-    ld_ctx c = {.st = &d->st, .where = dir, .used = d->used, .check_weights = check_weights, .layer = -1,
-                .n_layers = g->n_layers};
+    c = (ld_ctx){.st = &d->st, .where = dir, .used = d->used, .check_weights = check_weights, .layer = -1,
+                 .n_layers = g->n_layers};
     char n[128];
     snprintf(n, sizeof n, "%sfc.weight", d->prefix);
     ld_why(&c, "hidden_size %d, %d target_layer_ids x hidden_size %d", g->hidden, g->n_target_ids, g->hidden);

@@ -99,6 +99,12 @@ static int cpu_state_init(dfl_state *s, const dfl_model *m, int max_ctx, int max
     s->record = record;
     s->bytes = need;
     int L = g->n_layers;
+    const size_t kv = (size_t)g->n_kv_heads * g->head_dim;
+    const size_t conv = (size_t)(g->conv_kernel - 1) * m->conv_dim;
+    const size_t S = (size_t)g->lin_v_heads * g->lin_k_dim * g->lin_v_dim;
+    const size_t B = (size_t)max_batch;
+    const size_t qw = (size_t)max3(g->n_heads * g->head_dim * 2, m->conv_dim, 1);
+    const size_t aw = (size_t)max3(g->n_heads * g->head_dim, g->lin_v_heads * g->lin_v_dim, 1);
     s->k_cache = calloc((size_t)L, sizeof(float *));
     s->v_cache = calloc((size_t)L, sizeof(float *));
     s->conv_state = calloc((size_t)L, sizeof(float *));
@@ -110,9 +116,6 @@ static int cpu_state_init(dfl_state *s, const dfl_model *m, int max_ctx, int max
     if (!s->k_cache || !s->v_cache || !s->conv_state || !s->rec_state || !s->rec_conv0 || !s->rec_S0 ||
         !s->rec_qkv || !s->rec_ab)
         goto oom;
-    const size_t kv = (size_t)g->n_kv_heads * g->head_dim;
-    const size_t conv = (size_t)(g->conv_kernel - 1) * m->conv_dim;
-    const size_t S = (size_t)g->lin_v_heads * g->lin_k_dim * g->lin_v_dim;
     for (int i = 0; i < L; i++) {
         if (g->layer_types[i] == DFL_LAYER_FULL) {
             ALLOC_LAZY(s->k_cache[i], (size_t)max_ctx * kv);
@@ -128,9 +131,6 @@ static int cpu_state_init(dfl_state *s, const dfl_model *m, int max_ctx, int max
             }
         }
     }
-    const size_t B = (size_t)max_batch;
-    const size_t qw = (size_t)max3(g->n_heads * g->head_dim * 2, m->conv_dim, 1);
-    const size_t aw = (size_t)max3(g->n_heads * g->head_dim, g->lin_v_heads * g->lin_v_dim, 1);
     ALLOC(s->x, B * g->hidden);
     ALLOC(s->xn, B * g->hidden);
     ALLOC(s->q, B * qw);
@@ -157,10 +157,15 @@ oom:
 
 static void cpu_state_free(dfl_state *s) {
     if (s->m) {
-        for (int i = 0; i < s->m->cfg.n_layers; i++) {
-            if (s->k_cache) free(s->k_cache[i]), free(s->v_cache[i]);
-            if (s->conv_state) free(s->conv_state[i]), free(s->rec_state[i]);
-            if (s->rec_conv0) free(s->rec_conv0[i]), free(s->rec_S0[i]), free(s->rec_qkv[i]), free(s->rec_ab[i]);
+        for (int i = 0; i < s->m->cfg.n_layers; i++) { /* each array on its own: init may fail between them */
+            if (s->k_cache) free(s->k_cache[i]);
+            if (s->v_cache) free(s->v_cache[i]);
+            if (s->conv_state) free(s->conv_state[i]);
+            if (s->rec_state) free(s->rec_state[i]);
+            if (s->rec_conv0) free(s->rec_conv0[i]);
+            if (s->rec_S0) free(s->rec_S0[i]);
+            if (s->rec_qkv) free(s->rec_qkv[i]);
+            if (s->rec_ab) free(s->rec_ab[i]);
         }
     }
     free(s->k_cache), free(s->v_cache), free(s->conv_state), free(s->rec_state);
@@ -685,9 +690,11 @@ oom:
 }
 
 static void cpu_disable_tree(dfl_state *s) {
-    for (int i = 0; i < s->m->cfg.n_layers; i++) {
-        if (s->tree_conv) free(s->tree_conv[i]), free(s->tree_S[i]);
-        if (s->tree_qkv) free(s->tree_qkv[i]), free(s->tree_ab[i]);
+    for (int i = 0; i < s->m->cfg.n_layers; i++) { /* each array on its own: enable may fail between them */
+        if (s->tree_conv) free(s->tree_conv[i]);
+        if (s->tree_S) free(s->tree_S[i]);
+        if (s->tree_qkv) free(s->tree_qkv[i]);
+        if (s->tree_ab) free(s->tree_ab[i]);
     }
     free(s->tree_conv), free(s->tree_S), free(s->tree_qkv), free(s->tree_ab);
     free(s->tree_anc), free(s->tree_depth), free(s->tree_par), free(s->tree_kept), free(s->tree_scratch);

@@ -130,6 +130,8 @@ int model_open(dfl_model *m, const char *dir, int check_weights) {
     m->device = DFL_DEVICE_CPU;
     m->be = dfl_backend_of(DFL_DEVICE_CPU);
     m->dir = strdup(dir);
+    const dfl_config *g = &m->cfg;
+    ld_ctx c = {0};
     if (!dfl_is_dir(dir)) {
         dfl_seterr("%s: not a directory", dir);
         goto fail;
@@ -142,7 +144,6 @@ int model_open(dfl_model *m, const char *dir, int check_weights) {
     if (quant_load(&m->quant, dir) != DFL_OK) goto fail;
     if (st_open_dir(&m->st, dir) != DFL_OK) goto fail;
     if (find_prefix(m) != DFL_OK) goto fail;
-    const dfl_config *g = &m->cfg;
     m->conv_dim = 2 * g->lin_k_heads * g->lin_k_dim + g->lin_v_heads * g->lin_v_dim;
     m->used = calloc((size_t)m->st.n_tensors + 1, 1);
     m->layers = calloc((size_t)g->n_layers, sizeof *m->layers);
@@ -150,8 +151,8 @@ int model_open(dfl_model *m, const char *dir, int check_weights) {
         dfl_seterr("%s: out of memory", dir);
         goto fail;
     }
-    ld_ctx c = {.st = &m->st, .where = dir, .used = m->used, .check_weights = check_weights, .quant = &m->quant,
-                .layer = -1, .n_layers = g->n_layers};
+    c = (ld_ctx){.st = &m->st, .where = dir, .used = m->used, .check_weights = check_weights, .quant = &m->quant,
+                 .layer = -1, .n_layers = g->n_layers};
     char n[256];
     snprintf(n, sizeof n, "%sembed_tokens.weight", m->prefix);
     ld_why(&c, "vocab_size %d, hidden_size %d", g->vocab, g->hidden);

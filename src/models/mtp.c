@@ -51,6 +51,9 @@ int mtp_open(dfl_mtp *h, const char *dir, const dfl_model *t, int check_weights)
     memset(h, 0, sizeof *h);
     h->dir = strdup(dir);
     dfl_config g;
+    ld_ctx c = {0};
+    dfl_layer_w *l = &h->layer;
+    int H = 0;
     if (!h->dir) return dfl_seterr("out of memory");
     if (!dfl_is_dir(dir)) {
         dfl_seterr("%s: not a directory (--drafter DIR:mtp names a checkpoint holding mtp.* tensors)", dir);
@@ -73,12 +76,11 @@ int mtp_open(dfl_mtp *h, const char *dir, const dfl_model *t, int check_weights)
         dfl_seterr("%s: out of memory", dir);
         goto fail;
     }
-    const int H = g.hidden;
+    H = g.hidden;
     h->cfg = g;
     if (quant_load(&h->quant, dir) != DFL_OK) goto fail;
-    ld_ctx c = {.st = &h->st, .where = dir, .used = h->used, .check_weights = check_weights, .quant = &h->quant,
-                .layer = -1};
-    dfl_layer_w *l = &h->layer;
+    c = (ld_ctx){.st = &h->st, .where = dir, .used = h->used, .check_weights = check_weights, .quant = &h->quant,
+                 .layer = -1};
     l->type = DFL_LAYER_FULL;
     ld_why(&c, "hidden_size %d", H);
     if (!(h->norm_emb = ld_vec1(&c, MTP_PREFIX "pre_fc_norm_embedding.weight", H, 1.0f))) goto fail;

@@ -23,6 +23,7 @@ int mstate_init(dfl_mstate *s, const dfl_mtp *h, const dfl_model *t, int max_ctx
     s->h = h, s->t = t, s->max_ctx = max_ctx, s->max_block = max_block;
     s->feature_layer = g->n_layers - 1;
     const size_t kv = (size_t)g->n_kv_heads * g->head_dim, B = (size_t)max_block, H = (size_t)g->hidden;
+    const size_t inner = h->layer.moe ? moe_inner_per_token(&h->cfg) : (size_t)h->cfg.intermediate;
     /* the caches take physical pages only as positions are written */
     s->k_cache = calloc((size_t)max_ctx * kv + 1, sizeof(float));
     s->v_cache = calloc((size_t)max_ctx * kv + 1, sizeof(float));
@@ -37,7 +38,6 @@ int mstate_init(dfl_mstate *s, const dfl_mtp *h, const dfl_model *t, int max_ctx
     ALLOC(s->k, B * kv);
     ALLOC(s->v, B * kv);
     ALLOC(s->att, B * g->n_heads * g->head_dim);
-    const size_t inner = h->layer.moe ? moe_inner_per_token(&h->cfg) : (size_t)h->cfg.intermediate;
     ALLOC(s->mlp1, B * inner);
     ALLOC(s->mlp2, B * inner);
     if (h->layer.moe && moe_buf_init(&s->moe, &h->cfg, 1, &s->bytes) != DFL_OK) goto oom;

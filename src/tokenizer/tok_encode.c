@@ -99,10 +99,9 @@ static int cache_get(struct tok_cache *c, uint32_t h, const char *key, size_t le
     return rc;
 }
 
-/* Best effort: a failed allocation only means the word is not cached. */
-static void cache_put(struct tok_cache *c, uint32_t h, const char *key, size_t len, const int32_t *ids, size_t n) {
+/* cache_put's insertion, under c->mu. */
+static void cache_insert(struct tok_cache *c, uint32_t h, const char *key, size_t len, const int32_t *ids, size_t n) {
     uint32_t need = words_for(len, (uint32_t)n);
-    pthread_mutex_lock(&c->mu);
     if (c->n >= CACHE_MAX_ENTRIES) {
         memset(c->slots, 0, CACHE_SLOTS * sizeof *c->slots);
         c->n = 0;
@@ -112,14 +111,14 @@ static void cache_put(struct tok_cache *c, uint32_t h, const char *key, size_t l
         size_t cap = c->cap ? 2 * c->cap : 1u << 16;
         while (cap < c->used + need) cap *= 2;
         uint32_t *a = realloc(c->arena, cap * sizeof *a);
-        if (!a) goto out;
+        if (!a) return;
         c->arena = a;
         c->cap = cap;
     }
     uint32_t i = h & (CACHE_SLOTS - 1);
     for (; c->slots[i].off; i = (i + 1) & (CACHE_SLOTS - 1)) {
         const uint32_t *w = c->arena + c->slots[i].off - 1;
-        if (c->slots[i].hash == h && w[0] == len && memcmp(w + 2 + w[1], key, len) == 0) goto out; /* a racing thread */
+        if (c->slots[i].hash == h && w[0] == len && memcmp(w + 2 + w[1], key, len) == 0) return; /* a racing thread */
     }
     uint32_t *w = c->arena + c->used;
     w[0] = (uint32_t)len;
@@ -130,7 +129,12 @@ static void cache_put(struct tok_cache *c, uint32_t h, const char *key, size_t l
     c->slots[i].off = (uint32_t)c->used + 1;
     c->used += need;
     c->n++;
-out:
+}
+
+/* Best effort: a failed allocation only means the word is not cached. */
+static void cache_put(struct tok_cache *c, uint32_t h, const char *key, size_t len, const int32_t *ids, size_t n) {
+    pthread_mutex_lock(&c->mu);
+    cache_insert(c, h, key, len, ids, n);
     pthread_mutex_unlock(&c->mu);
 }
 
@@ -190,6 +194,10 @@ static int bpe_word(struct enc *e, const char *w, size_t len) {
     }
     if (reserve_word(e, len)) return DFL_ERR;
     size_t start = e->n;
+    struct sym *s = e->syms;
+    int32_t n = 0;
+    int last_unk = 0;
+    size_t nh = 0;
     if (tok->ignore_merges) {
         size_t m = 0;
         for (size_t i = 0; i < len; i++) m += (size_t)tok_utf8_put(e->mapped + m, tok->byte_cp[u[i]]);
@@ -201,9 +209,6 @@ static int bpe_word(struct enc *e, const char *w, size_t len) {
     }
     /* One symbol per byte; bytes missing from the vocab become unk (fused if fuse_unk) or are
      * dropped when there is no unk token, like HF's BPE. */
-    struct sym *s = e->syms;
-    int32_t n = 0;
-    int last_unk = 0;
     for (size_t i = 0; i < len; i++) {
         int32_t id = tok->byte_id[u[i]];
         int unk = id < 0;
@@ -217,7 +222,6 @@ static int bpe_word(struct enc *e, const char *w, size_t len) {
     }
     if (n == 0) goto done;
     s[n - 1].next = -1;
-    size_t nh = 0;
     for (int32_t i = 0; i + 1 < n; i++) push_pair(tok, s, i, e->heap, &nh);
     while (nh > 0) {
         uint64_t top = heap_pop(e->heap, &nh);

@@ -60,10 +60,12 @@ char *dfl_read_file(const char *path, size_t *len_out) {
         dfl_seterr("%s: cannot open: %s", path, strerror(errno));
         return NULL;
     }
+    long n = 0;
+    char *buf = NULL;
     if (fseek(f, 0, SEEK_END) != 0) goto fail;
-    long n = ftell(f);
+    n = ftell(f);
     if (n < 0 || fseek(f, 0, SEEK_SET) != 0) goto fail;
-    char *buf = malloc((size_t)n + 1);
+    buf = malloc((size_t)n + 1);
     if (!buf) {
         fclose(f);
         dfl_seterr("%s: out of memory reading %ld bytes", path, n);
