@@ -1,4 +1,4 @@
-/* Generation loop: autoregressive and speculative (chain) with exact rollback. */
+/* Generation loop: autoregressive and speculative (chain or DDTree verification) with exact rollback. */
 #include "dfl/spec.h"
 
 #include <stdlib.h>
