@@ -5,7 +5,8 @@
  * record: a lossless speculative (or autoregressive) run captures the truth (the output, plus
  *         its greedy continuation past an eos) and the feature rows of every position;
  * replay: rounds run the drafter only; chain accepts the longest draft prefix equal to the
- *         truth, DDTree the deepest tree path equal to it; the bonus is the next truth token.
+ *         truth, DDTree the deepest tree path equal to it; the bonus is the next truth token
+ *         (round_walk / round_score, dfl/round.h: the online loop's scoring, the truth as the target).
  * Per-round accepted lengths equal the online runs' (tested token for token). */
 #ifndef DFL_REPLAY_H
 #define DFL_REPLAY_H

@@ -8,6 +8,7 @@
 
 #include "dfl/common.h"
 #include "dfl/ddtree.h"
+#include "dfl/round.h"
 
 /* ---- truth ------------------------------------------------------------------------------ */
 
@@ -268,16 +269,16 @@ typedef struct mode_run {
     dfl_gen_stats *st;
 } mode_run;
 
+/* Keep the accepted drafts of the round round_score has just counted. */
 static int push_round(mode_run *m, int a) {
-    if (m->st->rounds == m->acc_cap) {
+    const int i = m->st->rounds - 1;
+    if (i == m->acc_cap) {
         const int cap = m->acc_cap ? 2 * m->acc_cap : 64;
         int *p = realloc(m->acc, (size_t)cap * sizeof *p);
         if (!p) return dfl_seterr("out of memory for round lengths");
         m->acc = p, m->acc_cap = cap;
     }
-    m->acc[m->st->rounds++] = a;
-    m->st->accept_hist[a]++;
-    m->st->accepted += a;
+    m->acc[i] = a;
     return DFL_OK;
 }
 
@@ -285,6 +286,46 @@ static int push_round(mode_run *m, int a) {
 static void advance(mode_run *m, const eval_truth *t, int a) {
     m->n_out += a + 1;
     if (m->n_out >= t->n) m->n_out = t->n, m->done = 1;
+}
+
+/* Replay's target: at each depth of the walk, the truth's token there (ud: the output from the
+ * anchor's successor on). */
+static int32_t truth_choice(void *ud, int node, int depth, int *final) {
+    (void)node, (void)final;
+    return ((const int32_t *)ud)[depth];
+}
+
+/* One round of mode m at output length n_out: its proposal (the anchor alone for a plain decode
+ * step as the online loop's last one, the chain of the draft's argmaxes, or the tree of its
+ * budget from the draft's top candidates, K_top kept), walked along the truth and counted. */
+static int replay_round(mode_run *m, const eval_truth *t, int n_out, int bs, const eval_draft *dr, int K_top, int V,
+                        dfl_tree *tree, const eval_costs *costs) {
+    const int32_t anchor = t->ids[n_out - 1];
+    int32_t chain[DFL_MAX_BLOCK];
+    dfl_proposal p = {.token = &anchor, .n = 1};
+    if (bs == 1) {
+        m->verify_s += eval_cost_chain(costs, 1);
+    } else if (m->budget == 0) {
+        chain[0] = anchor;
+        memcpy(chain + 1, dr->argmax, (size_t)(bs - 1) * sizeof *chain);
+        p = (dfl_proposal){.token = chain, .n = bs, .depth = bs - 1};
+        m->verify_s += eval_cost_chain(costs, bs);
+    } else {
+        const double t0 = dfl_now();
+        const int K = m->budget < V ? m->budget : V;
+        if (ddtree_build_top(tree, anchor, dr->top, dr->toplp, bs - 1, K_top, K, m->budget)) return DFL_ERR;
+        m->build_s += dfl_now() - t0;
+        p = (dfl_proposal){.token = tree->token, .parent = tree->parent, .n = tree->n, .depth = tree->max_depth};
+        m->verify_s += eval_cost_tree(costs, m->budget);
+    }
+    if (bs > 1) m->draft_rounds++;
+    int path[DFL_MAX_BLOCK];
+    int32_t bonus;
+    const int a = round_walk(&p, truth_choice, (void *)(t->ids + n_out), path, &bonus); /* read only */
+    round_score(m->st, &p, a);
+    if (push_round(m, a)) return DFL_ERR;
+    advance(m, t, a);
+    return DFL_OK;
 }
 
 int eval_replay_grow(dfl_draft_if *dr, const eval_truth *t, const int *col, float *rows, int32_t *toks, int chunk,
@@ -369,46 +410,10 @@ int eval_replay(const eval_truth *t, dfl_draft_if *dft, int V, const int *layer_
             if (eval_draft_cache_put(cache, start, bs, logits)) goto done;
             dr = eval_draft_cache_get(cache, start, bs);
         }
-        for (int i = 0; i < n_modes; i++) {
-            mode_run *m = &mr[i];
-            if (m->done || m->n_out != n_out) continue;
-            dfl_gen_stats *st = m->st;
-            if (bs == 1) { /* a plain decode step, as the online loop's last step */
-                if (push_round(m, 0)) goto done;
-                m->verify_s += eval_cost_chain(costs, 1);
-                advance(m, t, 0);
-                continue;
-            }
-            m->draft_rounds++;
-            int a = 0;
-            if (m->budget == 0) {
-                while (a < bs - 1 && dr->argmax[a] == t->ids[n_out + a]) a++;
-                st->drafted += bs - 1;
-                for (int k = 1; k < bs; k++) st->pos_drafted[k]++;
-                m->verify_s += eval_cost_chain(costs, bs);
-            } else {
-                const double t0 = dfl_now();
-                const int K = m->budget < V ? m->budget : V;
-                if (ddtree_build_top(&tree, anchor, dr->top, dr->toplp, bs - 1, cache->K, K, m->budget)) goto done;
-                /* walk the tree along the truth: the child whose token is the next truth token */
-                for (int cur = 0;;) {
-                    int nx = -1;
-                    for (int j = cur + 1; j < tree.n && nx < 0; j++)
-                        if (tree.parent[j] == cur && tree.token[j] == t->ids[n_out + a]) nx = j;
-                    if (nx < 0) break;
-                    cur = nx, a++;
-                }
-                m->build_s += dfl_now() - t0;
-                st->drafted += tree.n - 1;
-                st->tree_nodes += tree.n - 1;
-                st->tree_depth_sum += tree.max_depth;
-                for (int k = 1; k <= tree.max_depth; k++) st->pos_drafted[k]++;
-                m->verify_s += eval_cost_tree(costs, m->budget);
-            }
-            for (int k = 1; k <= a; k++) st->pos_accepted[k]++;
-            if (push_round(m, a)) goto done;
-            advance(m, t, a);
-        }
+        for (int i = 0; i < n_modes; i++)
+            if (!mr[i].done && mr[i].n_out == n_out &&
+                replay_round(&mr[i], t, n_out, bs, dr, cache->K, V, &tree, costs))
+                goto done;
     }
     /* the drafter work a mode would do alone, at the rates measured in this run: the context
      * updates of the output's positions, its own drafts and tree builds */

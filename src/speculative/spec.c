@@ -1,4 +1,4 @@
-/* Generation loop: autoregressive and speculative (chain) with exact rollback. */
+/* Generation loop: autoregressive and speculative (chain or DDTree verification) with exact rollback. */
 #include "dfl/spec.h"
 
 #include <stdlib.h>
@@ -6,6 +6,7 @@
 
 #include "dfl/common.h"
 #include "dfl/ddtree.h"
+#include "dfl/round.h"
 
 void rng_seed(dfl_rng *r, uint64_t seed) {
     for (int i = 0; i < 4; i++) { /* splitmix64 */
@@ -167,10 +168,25 @@ dfl_draft_if spec_dflash_drafter(dfl_dstate *ds) {
                           .draft_many = ds->d->cfg.dflash2 ? NULL : dflash_draft_many, .reset = dflash_reset, .feature_layers = ds->d->cfg.target_layer_ids, .n_feature_layers = ds->d->cfg.n_target_ids};
 }
 
+/* One generation: its settings, buffers and output so far. */
 typedef struct gen {
+    dfl_state *s;
+    dfl_draft_if *dr;  /* NULL: autoregressive */
     const dfl_model *m;
     const dfl_gen_opts *o;
     dfl_gen_stats *st;
+    int V, H, B, N;    /* vocabulary, hidden size, block size, tree budget (0: chain) */
+    int ids_only;      /* greedy without on_logits: each row's argmax is all the loop reads */
+    int pq;            /* sampled drafts accepted with min(1, p/q) (DFL_ACCEPT_PQ at temperature > 0) */
+    float *logits;     /* a verification's rows */
+    float *probs;      /* [V] the target's sampling distribution */
+    dfl_ranked *rank;  /* [V] the sampling filter's scratch (temperature > 0) */
+    float *dlogits;    /* [B - 1, V] the drafter's output (with pq: its filtered probabilities) */
+    float *feat;       /* the captured features of the rows of a forward */
+    float *plog;       /* the prompt's rows for opts.prompt_logits, else NULL */
+    dfl_tree tree;
+    dfl_rng rng;
+    dfl_capture cap;
     int32_t *out;
     int n_out, stopped;
     int n_past_eos;   /* tokens of the stopping round committed past an eos, kept at out[n_out..] */
@@ -200,77 +216,261 @@ static void commit(gen *g, const int32_t *toks, int n, const float *const *rows)
 
 /* opts.extend: the greedy continuation past an eos. The state holds every position of the raw
  * output (the output and the tokens of its last round past the eos) but the last token. */
-static int extend_past_eos(dfl_state *s, gen *g, float *logits) {
+static int extend_past_eos(gen *g) {
     const int want = g->o->extend < g->o->max_new - g->n_out ? g->o->extend : g->o->max_new - g->n_out;
     int have = g->n_past_eos;
     while (have < want) {
         const int32_t last = g->out[g->n_out + have - 1];
         int32_t id;
-        if (verify_forward(s, &last, NULL, 1, 1, logits, &id, 1, NULL)) return DFL_ERR;
+        if (verify_forward(g->s, &last, NULL, 1, 1, g->logits, &id, 1, NULL)) return DFL_ERR;
         g->out[g->n_out + have++] = id;
     }
     g->st->extended = want > 0 ? want : 0;
     return DFL_OK;
 }
 
-/* One DDTree round: build the tree of the N most probable prefixes from the drafter's bs-1
- * distributions, verify it in one forward, walk it along the target's argmax, commit the
- * accepted path and the bonus token. */
-static int tree_round(dfl_state *s, dfl_draft_if *dr, dfl_tree *tree, int N, int32_t anchor, int start, int bs,
-                      float *dlogits, float *logits, float *feat, const dfl_capture *cap, dfl_gen_stats *st,
-                      const dfl_gen_opts *o, gen *g) {
-    const int V = s->m->cfg.vocab, H = s->m->cfg.hidden, nf = dr->n_feature_layers;
-    double td = dfl_now();
-    for (int k = 0; k < bs - 1; k++) kn_softmax(dlogits + (size_t)k * V, V);
-    if (ddtree_build(tree, anchor, dlogits, bs - 1, V, N)) return DFL_ERR;
-    st->t_draft += dfl_now() - td;
-    double tv = dfl_now();
-    int32_t ids[DFL_MAX_BLOCK + 1];
-    const int ids_only = !o->on_logits; /* trees are greedy */
-    if (verify_forward(s, tree->token, tree->parent, tree->n, 0, logits, ids, ids_only, cap)) return DFL_ERR;
-    int path[DFL_MAX_BLOCK], len = 1, cur = 0;
-    path[0] = 0;
+/* What a round's walk asks the target at each node: the node's verified row (its argmax from
+ * ids when given, else from the logits, or its sample). */
+typedef struct verdict {
+    gen *g;
+    const dfl_proposal *p;
+    const int32_t *ids; /* each row's argmax (ids_only), else NULL */
+} verdict;
+
+static int32_t target_choice(void *ud, int node, int depth, int *final) {
+    (void)depth; /* the verified rows are the proposal's nodes */
+    const verdict *v = ud;
+    gen *g = v->g;
+    const int V = g->V;
+    const float *row = g->logits + (size_t)node * V;
+    if (v->ids) return v->ids[node];
+    if (g->o->temperature <= 0) return kn_argmax(row, V);
+    float *p = g->probs;
+    sampling_probs(p, row, V, g->o, g->rank);
+    if (g->pq && node + 1 < v->p->n) { /* a chain's draft after node, accepted with min(1, p/q) */
+        const float *q = g->dlogits + (size_t)node * V;
+        const int32_t d = v->p->token[node + 1];
+        if (rng_uniform(&g->rng) * q[d] < p[d]) return d;
+        double left = 0;
+        for (int i = 0; i < V; i++) left += p[i] > q[i] ? p[i] - q[i] : 0.0f;
+        /* a rejection needs p(d) < q(d), so p - q has positive mass elsewhere; where
+         * rounding leaves none (p and q equal to float precision), sample p itself
+         * rather than an all-zero vector (token 0) */
+        if (left > 0)
+            for (int i = 0; i < V; i++) p[i] = p[i] > q[i] ? p[i] - q[i] : 0.0f;
+        *final = 1; /* the sample from norm(max(0, p - q)) ends the round, even if it is d */
+    }
+    return sample(p, V, &g->rng);
+}
+
+/* The accepted path's features, in path order, extend the drafter's context. */
+static int extend_context(gen *g, const dfl_proposal *p, const int *path, int len) {
+    const double td = dfl_now();
+    const size_t w = (size_t)g->dr->n_feature_layers * g->H;
+    int32_t tok[DFL_MAX_BLOCK];
+    for (int k = 0; k < len; k++) {
+        if (path[k] != k) memcpy(g->feat + k * w, g->feat + path[k] * w, w * sizeof(float));
+        tok[k] = p->token[path[k]];
+    }
+    if (g->dr->add_context(g->dr->ctx, g->feat, tok, len)) return DFL_ERR;
+    g->st->t_draft += dfl_now() - td;
+    return DFL_OK;
+}
+
+/* After a round's forward (begun at tv): walk p along the target's choices, keep the accepted
+ * path in the state (exact rollback of the rest) and in the drafter's context, count the round,
+ * commit the accepted drafts and the bonus token (stopping at an eos or max_new). */
+static int accept(gen *g, const dfl_proposal *p, const int32_t *ids, int start, double tv) {
+    dfl_gen_stats *st = g->st;
+    const int V = g->V;
+    verdict v = {.g = g, .p = p, .ids = g->ids_only ? ids : NULL};
+    int path[DFL_MAX_BLOCK];
     int32_t bonus;
-    for (;;) {
-        bonus = ids_only ? ids[cur] : kn_argmax(logits + (size_t)cur * V, V);
-        int next = -1;
-        for (int i = cur + 1; i < tree->n && next < 0; i++)
-            if (tree->parent[i] == cur && tree->token[i] == bonus) next = i;
-        if (next < 0) break;
-        path[len++] = cur = next;
-    }
+    const int a = round_walk(p, target_choice, &v, path, &bonus);
     st->t_verify += dfl_now() - tv;
-    double tr = dfl_now();
-    if (state_tree_commit(s, path, len)) return DFL_ERR;
-    st->t_rollback += dfl_now() - tr;
-    /* the accepted path's features, in path order, extend the drafter's context */
-    td = dfl_now();
-    for (int k = 0; k < len; k++)
-        if (path[k] != k)
-            memcpy(feat + (size_t)k * nf * H, feat + (size_t)path[k] * nf * H, (size_t)nf * H * sizeof(float));
-    int32_t path_tok[DFL_MAX_BLOCK];
-    for (int k = 0; k < len; k++) path_tok[k] = tree->token[path[k]];
-    if (dr->add_context(dr->ctx, feat, path_tok, len)) return DFL_ERR;
-    st->t_draft += dfl_now() - td;
-    const int a = len - 1;
-    st->rounds++;
-    st->drafted += tree->n - 1;
-    st->tree_nodes += tree->n - 1;
-    st->tree_depth_sum += tree->max_depth;
-    st->accepted += a;
-    st->accept_hist[a]++;
-    for (int k = 1; k <= tree->max_depth; k++) {
-        st->pos_drafted[k]++;
-        if (k <= a) st->pos_accepted[k]++;
+    if (p->n > 1) { /* a plain decode step ran without a rollback record: nothing to undo */
+        const double tr = dfl_now();
+        if (p->parent ? state_tree_commit(g->s, path, a + 1) : state_rollback(g->s, start + a + 1)) return DFL_ERR;
+        st->t_rollback += dfl_now() - tr;
     }
-    if (o->on_round) o->on_round(o->on_round_ud, start, tree->token, tree->n, NULL, V, a);
+    if (g->dr && extend_context(g, p, path, a + 1)) return DFL_ERR;
+    round_score(st, p, a);
+    const float *draft = p->n > 1 && !p->parent ? g->dlogits : NULL; /* a chain's drafter output */
+    if (g->o->on_round) g->o->on_round(g->o->on_round_ud, start, p->token, p->n, draft, V, a);
     int32_t acc[DFL_MAX_BLOCK];
-    for (int k = 1; k < len; k++) acc[k - 1] = tree->token[path[k]];
-    acc[a] = bonus;
     const float *rows[DFL_MAX_BLOCK];
-    for (int k = 0; k <= a; k++) rows[k] = logits + (size_t)path[k] * V;
+    for (int k = 0; k < a; k++) acc[k] = p->token[path[k + 1]];
+    acc[a] = bonus;
+    for (int k = 0; k <= a; k++) rows[k] = g->logits + (size_t)path[k] * V;
     commit(g, acc, a + 1, rows);
     return DFL_OK;
+}
+
+/* A plain decode step: the last step of a speculative run, one the drafter skips, every step of
+ * an autoregressive run. */
+static int decode_step(gen *g, int32_t anchor, int start) {
+    const double tv = dfl_now();
+    int32_t id;
+    if (verify_forward(g->s, &anchor, NULL, 1, 1, g->logits, &id, g->ids_only, g->dr ? &g->cap : NULL))
+        return DFL_ERR;
+    const dfl_proposal p = {.token = &anchor, .n = 1};
+    return accept(g, &p, &id, start, tv);
+}
+
+/* A chain round: the block of the anchor and bs-1 drafts (argmax, or with pq sampled from the
+ * filtered q), verified in one forward on top of the cache. */
+static int chain_round(gen *g, int32_t anchor, int start, int bs) {
+    const int V = g->V;
+    const double td = dfl_now();
+    int32_t block[DFL_MAX_BLOCK];
+    block[0] = anchor;
+    for (int k = 1; k < bs; k++) {
+        float *q = g->dlogits + (size_t)(k - 1) * V;
+        if (g->pq) {
+            sampling_probs(q, q, V, g->o, g->rank); /* keep q_k (filtered as p is) for the acceptance test */
+            block[k] = sample(q, V, &g->rng);
+        } else {
+            block[k] = kn_argmax(q, V);
+        }
+    }
+    g->st->t_draft += dfl_now() - td;
+    const double tv = dfl_now();
+    int32_t ids[DFL_MAX_BLOCK];
+    g->s->no_record = 0; /* the rejected drafts' positions are rolled back */
+    const int fw = verify_forward(g->s, block, NULL, bs, 0, g->logits, ids, g->ids_only, &g->cap);
+    g->s->no_record = 1;
+    if (fw) return DFL_ERR;
+    const dfl_proposal p = {.token = block, .n = bs, .depth = bs - 1};
+    return accept(g, &p, ids, start, tv);
+}
+
+/* A DDTree round: the tree of the N most probable prefixes from the drafter's bs-1
+ * distributions, verified in one forward. */
+static int tree_round(gen *g, int32_t anchor, int start, int bs) {
+    const int V = g->V;
+    const double td = dfl_now();
+    for (int k = 0; k < bs - 1; k++) kn_softmax(g->dlogits + (size_t)k * V, V);
+    if (ddtree_build(&g->tree, anchor, g->dlogits, bs - 1, V, g->N)) return DFL_ERR;
+    g->st->t_draft += dfl_now() - td;
+    const double tv = dfl_now();
+    const dfl_tree *t = &g->tree;
+    int32_t ids[DFL_MAX_BLOCK + 1];
+    if (verify_forward(g->s, t->token, t->parent, t->n, 0, g->logits, ids, g->ids_only, &g->cap)) return DFL_ERR;
+    const dfl_proposal p = {.token = t->token, .parent = t->parent, .n = t->n, .depth = t->max_depth};
+    return accept(g, &p, ids, start, tv);
+}
+
+/* A speculative round: the draft of bs-1 tokens after the anchor, then its verification. */
+static int spec_round(gen *g, int32_t anchor, int start, int bs) {
+    dfl_draft_if *dr = g->dr;
+    const double td = dfl_now();
+    if (dr->context_len(dr->ctx) != start) { /* the drafter's context must end right before the anchor */
+        g->st->ctx_check_failures++;
+        return dfl_seterr("drafter context holds %d positions but %d are committed (the anchor must not be in it)",
+                          dr->context_len(dr->ctx), start);
+    }
+    if (dr->draft(dr->ctx, anchor, bs, g->dlogits)) return DFL_ERR;
+    g->st->t_draft += dfl_now() - td;
+    return g->N > 0 ? tree_round(g, anchor, start, bs) : chain_round(g, anchor, start, bs);
+}
+
+/* The prefill, capturing the prompt's features for the drafter, then the first token from its
+ * last row. Only block verifications are ever rolled back, so the prefill and plain decode steps
+ * skip the rollback record. */
+static int prefill(gen *g, const int32_t *prompt, int n_prompt, int32_t *first) {
+    dfl_state *s = g->s;
+    const dfl_gen_opts *o = g->o;
+    const int V = g->V, chunk = s->max_batch;
+    const dfl_capture *cap = g->dr ? &g->cap : NULL;
+    s->no_record = 1;
+    const double t0 = dfl_now();
+    for (int c0 = 0; c0 < n_prompt; c0 += chunk) {
+        const int n = n_prompt - c0 < chunk ? n_prompt - c0 : chunk;
+        const int last = c0 + n == n_prompt;
+        if (g->plog) { /* every prompt row's logits, for opts.prompt_logits */
+            if (model_forward(s, prompt + c0, n, g->plog, 0, cap)) return DFL_ERR;
+            for (int r = 0; r < n && c0 + r + 1 < n_prompt; r++)
+                o->on_logits(o->on_logits_ud, 1, c0 + r + 1, prompt[c0 + r + 1], g->plog + (size_t)r * V, V);
+            if (last) memcpy(g->logits, g->plog + (size_t)(n - 1) * V, (size_t)V * sizeof(float));
+        } else if (model_forward(s, prompt + c0, n, last ? g->logits : NULL, 1, cap)) {
+            return DFL_ERR;
+        }
+        if (g->dr && g->dr->add_context(g->dr->ctx, g->feat, prompt + c0, n)) return DFL_ERR;
+    }
+    g->st->t_prefill = dfl_now() - t0;
+    if (o->max_new == 0) return DFL_OK; /* the prefill only */
+    *first = pick(g->logits, V, o, g->probs, g->rank, &g->rng);
+    g->st->t_prefill = dfl_now() - t0;
+    return DFL_OK;
+}
+
+/* Rounds from the first token until a stop, then opts.extend's continuation past an eos. */
+static int decode(gen *g, int32_t first) {
+    const dfl_gen_opts *o = g->o;
+    const double t0 = dfl_now();
+    const float *row0 = g->logits;
+    commit(g, &first, 1, &row0);
+    while (!g->stopped) {
+        const int32_t anchor = g->out[g->n_out - 1];
+        const int start = g->s->n_past;
+        int bs = o->max_new - g->n_out < g->B ? o->max_new - g->n_out : g->B; /* tokens this round can add */
+        if (bs < 1) bs = 1;
+        if (bs > 1 && g->dr->skip && g->dr->skip(g->dr->ctx)) bs = 1;
+        if (bs == 1 ? decode_step(g, anchor, start) : spec_round(g, anchor, start, bs)) return DFL_ERR;
+    }
+    g->st->t_decode = dfl_now() - t0;
+    g->st->generated = g->n_out;
+    if (o->extend > 0 && o->temperature <= 0 && strcmp(g->st->stop, "eos") == 0) return extend_past_eos(g);
+    return DFL_OK;
+}
+
+/* The settings against the run state and the drafter. */
+static int check_opts(const dfl_state *s, dfl_draft_if *dr, int n_prompt, const dfl_gen_opts *o) {
+    const int B = dr ? o->block : 1, N = dr ? o->tree_budget : 0;
+    if (o->max_new < 0) return dfl_seterr("max_new must be >= 0");
+    /* a round verifies at most the tokens max_new leaves: a short run needs no batch of a full block */
+    if (dr && (B < 2 || B > DFL_MAX_BLOCK || (B < o->max_new ? B : o->max_new) > s->max_batch))
+        return dfl_seterr("block size %d: must be in [2, %d] and fit the run state (%d)", B, DFL_MAX_BLOCK,
+                          s->max_batch);
+    if (dr && !s->record) return dfl_seterr("speculative decoding needs a run state with rollback records");
+    if (N < 0 || N > DDTREE_MAX_BUDGET) return dfl_seterr("tree budget %d: must be in [0, %d]", N, DDTREE_MAX_BUDGET);
+    if (N > 0 && o->temperature > 0)
+        return dfl_seterr("tree verification (DDTree) is greedy: use temperature 0 or chain verification");
+    if (!(o->top_p >= 0 && o->top_p <= 1)) return dfl_seterr("top_p must be in (0, 1] (0 = off), found %g", o->top_p);
+    if (o->top_k < 0) return dfl_seterr("top_k must be >= 0 (0 = off), found %d", o->top_k);
+    if (N > 0 && s->tree_cap < N + 1)
+        return dfl_seterr("tree budget %d needs a run state with tree verification for %d nodes (has %d)", N, N + 1,
+                          s->tree_cap);
+    if (n_prompt < 1) return dfl_seterr("empty prompt");
+    if (n_prompt + o->max_new + N > s->max_ctx) /* a tree's nodes use slots past start */
+        return dfl_seterr("prompt (%d tokens) + max_new %d%s exceed the context of %d", n_prompt, o->max_new,
+                          N ? " + tree budget" : "", s->max_ctx);
+    if (dr && dr->context_len(dr->ctx) != 0) return dfl_seterr("drafter context is not empty");
+    return DFL_OK;
+}
+
+/* The buffers and the tree of a run; gen_free frees whatever it got. */
+static int gen_alloc(gen *g, int n_prompt) {
+    const int V = g->V, B = g->B, N = g->N, chunk = g->s->max_batch;
+    const int rows = chunk > B ? (chunk > N + 1 ? chunk : N + 1) : (B > N + 1 ? B : N + 1);
+    const int want_plog = g->o->on_logits && g->o->prompt_logits;
+    g->logits = malloc((size_t)(B > N + 1 ? B : N + 1) * V * sizeof(float));
+    g->probs = malloc((size_t)V * sizeof(float));
+    if (g->o->temperature > 0) g->rank = malloc((size_t)V * sizeof *g->rank);
+    if (g->dr) {
+        g->dlogits = malloc((size_t)B * V * sizeof(float));
+        g->feat = malloc((size_t)rows * g->cap.n_layers * g->H * sizeof(float));
+    }
+    if (want_plog) g->plog = malloc((size_t)(n_prompt < chunk ? n_prompt : chunk) * V * sizeof(float));
+    if (!g->logits || !g->probs || (g->o->temperature > 0 && !g->rank) || (g->dr && (!g->dlogits || !g->feat)) ||
+        (want_plog && !g->plog))
+        return dfl_seterr("out of memory for generation buffers");
+    return N > 0 ? ddtree_alloc(&g->tree, N) : DFL_OK;
+}
+
+static void gen_free(gen *g) {
+    ddtree_free(&g->tree);
+    free(g->logits), free(g->probs), free(g->rank), free(g->dlogits), free(g->feat), free(g->plog);
 }
 
 const char *spec_accept_rule_name(dfl_accept_rule r) { return r == DFL_ACCEPT_MATCH ? "match" : "pq"; }
@@ -283,210 +483,25 @@ int spec_accept_rule_parse(const char *s) {
 
 int spec_generate(dfl_state *s, dfl_draft_if *dr, const int32_t *prompt, int n_prompt, const dfl_gen_opts *o,
                   int32_t *out, dfl_gen_stats *st, dfl_token_cb cb, void *ud) {
-    const dfl_model *m = s->m;
-    const int V = m->cfg.vocab, H = m->cfg.hidden;
-    const int B = dr ? o->block : 1, no_record0 = s->no_record;
-    const int ids_only = o->temperature <= 0 && !o->on_logits; /* greedy: each row's argmax is all we read */
     memset(st, 0, sizeof *st);
     st->prompt_tokens = n_prompt;
-    st->max_block = B;
+    st->max_block = dr ? o->block : 1;
     st->stop = "max_new";
     st->accept_rule = o->temperature > 0 ? spec_accept_rule_name(o->accept_rule) : "greedy";
-    if (o->max_new < 0) return dfl_seterr("max_new must be >= 0");
-    /* a round verifies at most the tokens max_new leaves: a short run needs no batch of a full block */
-    if (dr && (B < 2 || B > DFL_MAX_BLOCK || (B < o->max_new ? B : o->max_new) > s->max_batch))
-        return dfl_seterr("block size %d: must be in [2, %d] and fit the run state (%d)", B, DFL_MAX_BLOCK,
-                          s->max_batch);
-    if (dr && !s->record) return dfl_seterr("speculative decoding needs a run state with rollback records");
-    const int N = dr ? o->tree_budget : 0;
-    if (N < 0 || N > DDTREE_MAX_BUDGET) return dfl_seterr("tree budget %d: must be in [0, %d]", N, DDTREE_MAX_BUDGET);
-    if (N > 0 && o->temperature > 0)
-        return dfl_seterr("tree verification (DDTree) is greedy: use temperature 0 or chain verification");
-    if (!(o->top_p >= 0 && o->top_p <= 1)) return dfl_seterr("top_p must be in (0, 1] (0 = off), found %g", o->top_p);
-    if (o->top_k < 0) return dfl_seterr("top_k must be >= 0 (0 = off), found %d", o->top_k);
-    if (N > 0 && s->tree_cap < N + 1)
-        return dfl_seterr("tree budget %d needs a run state with tree verification for %d nodes (has %d)", N, N + 1,
-                          s->tree_cap);
-    if (n_prompt < 1) return dfl_seterr("empty prompt");
-    const int tree_slots = dr && o->tree_budget > 0 ? o->tree_budget : 0; /* a tree's nodes use slots past start */
-    if (n_prompt + o->max_new + tree_slots > s->max_ctx)
-        return dfl_seterr("prompt (%d tokens) + max_new %d%s exceed the context of %d", n_prompt, o->max_new,
-                          tree_slots ? " + tree budget" : "", s->max_ctx);
-    if (dr && dr->context_len(dr->ctx) != 0) return dfl_seterr("drafter context is not empty");
-    const int chunk = s->max_batch, nf = dr ? dr->n_feature_layers : 0;
-    const int rows = chunk > B ? (chunk > N + 1 ? chunk : N + 1) : (B > N + 1 ? B : N + 1);
-    float *logits = malloc((size_t)(B > N + 1 ? B : N + 1) * V * sizeof(float));
-    float *probs = malloc((size_t)V * sizeof(float));
-    dfl_ranked *rank = o->temperature > 0 ? malloc((size_t)V * sizeof *rank) : NULL; /* the sampling filter's */
-    float *dlogits = dr ? malloc((size_t)B * V * sizeof(float)) : NULL;
-    float *feat = dr ? malloc((size_t)rows * nf * H * sizeof(float)) : NULL;
-    /* every prompt row's logits, for opts.prompt_logits */
-    const int want_plog = o->on_logits && o->prompt_logits;
-    float *plog = want_plog ? malloc((size_t)(n_prompt < chunk ? n_prompt : chunk) * V * sizeof(float)) : NULL;
-    int rc = DFL_ERR;
-    dfl_tree tree = {0}; /* before the first goto: the cleanup frees it */
-    if (!logits || !probs || (o->temperature > 0 && !rank) || (dr && (!dlogits || !feat)) || (want_plog && !plog)) {
-        dfl_seterr("out of memory for generation buffers");
-        goto done;
-    }
-    if (N > 0 && ddtree_alloc(&tree, N) != DFL_OK) goto done;
-    dfl_rng rng;
-    rng_seed(&rng, o->seed);
-    gen g = {.m = m, .o = o, .st = st, .out = out, .cb = cb, .ud = ud};
-    dfl_capture cap = {.n_layers = nf, .layers = dr ? dr->feature_layers : NULL, .out = feat};
-
-    /* 1. prefill, capturing the prompt's features for the drafter; only block verifications are
-     * ever rolled back, so the prefill and plain decode steps skip the rollback record */
-    s->no_record = 1;
-    double t0 = dfl_now();
-    for (int c0 = 0; c0 < n_prompt; c0 += chunk) {
-        const int n = n_prompt - c0 < chunk ? n_prompt - c0 : chunk;
-        const int last = c0 + n == n_prompt;
-        if (want_plog) {
-            if (model_forward(s, prompt + c0, n, plog, 0, dr ? &cap : NULL)) goto done;
-            for (int r = 0; r < n && c0 + r + 1 < n_prompt; r++)
-                o->on_logits(o->on_logits_ud, 1, c0 + r + 1, prompt[c0 + r + 1], plog + (size_t)r * V, V);
-            if (last) memcpy(logits, plog + (size_t)(n - 1) * V, (size_t)V * sizeof(float));
-        } else if (model_forward(s, prompt + c0, n, last ? logits : NULL, 1, dr ? &cap : NULL)) {
-            goto done;
-        }
-        if (dr && dr->add_context(dr->ctx, feat, prompt + c0, n)) goto done;
-    }
-    st->t_prefill = dfl_now() - t0;
-    if (o->max_new == 0) { /* the prefill only */
-        rc = DFL_OK;
-        goto done;
-    }
-    int32_t first = pick(logits, V, o, probs, rank, &rng);
-    st->t_prefill = dfl_now() - t0;
-    t0 = dfl_now();
-    const float *row0 = logits;
-    commit(&g, &first, 1, &row0);
-
-    int32_t block[DFL_MAX_BLOCK], acc[DFL_MAX_BLOCK];
-    while (!g.stopped) {
-        const int32_t anchor = out[g.n_out - 1];
-        const int start = s->n_past;
-        int bs = o->max_new - g.n_out < B ? o->max_new - g.n_out : B; /* tokens this round can add */
-        if (bs < 1) bs = 1;
-        double tv = dfl_now();
-        if (bs > 1 && dr->skip && dr->skip(dr->ctx)) bs = 1;
-        if (bs == 1) { /* a plain decode step (also the last step of a speculative run, or one the drafter skips) */
-            int32_t next;
-            if (verify_forward(s, &anchor, NULL, 1, 1, logits, &next, ids_only, dr ? &cap : NULL)) goto done;
-            st->t_verify += dfl_now() - tv;
-            if (!ids_only) next = pick(logits, V, o, probs, rank, &rng);
-            if (dr) {
-                double tr = dfl_now();
-                if (dr->add_context(dr->ctx, feat, &anchor, 1)) goto done;
-                st->t_draft += dfl_now() - tr;
-            }
-            st->rounds++;
-            st->accept_hist[0]++;
-            if (o->on_round) o->on_round(o->on_round_ud, start, &anchor, 1, NULL, V, 0);
-            commit(&g, &next, 1, &row0);
-            continue;
-        }
-        /* 2. draft; the drafter's context must end right before the anchor */
-        double td = dfl_now();
-        if (dr->context_len(dr->ctx) != start) {
-            st->ctx_check_failures++;
-            dfl_seterr("drafter context holds %d positions but %d are committed (the anchor must not be in it)",
-                       dr->context_len(dr->ctx), start);
-            goto done;
-        }
-        if (dr->draft(dr->ctx, anchor, bs, dlogits)) goto done;
-        if (N > 0) {
-            st->t_draft += dfl_now() - td;
-            if (tree_round(s, dr, &tree, N, anchor, start, bs, dlogits, logits, feat, &cap, st, o, &g)) goto done;
-            continue;
-        }
-        block[0] = anchor;
-        for (int k = 1; k < bs; k++) {
-            float *q = dlogits + (size_t)(k - 1) * V;
-            if (o->temperature > 0 && o->accept_rule == DFL_ACCEPT_PQ) {
-                sampling_probs(q, q, V, o, rank); /* keep q_k (filtered as p is) for the acceptance test */
-                block[k] = sample(q, V, &rng);
-            } else {
-                block[k] = kn_argmax(q, V);
-            }
-        }
-        st->t_draft += dfl_now() - td;
-        /* 3. verify the block in one forward on top of the cache */
-        tv = dfl_now();
-        s->no_record = 0;
-        int32_t ids[DFL_MAX_BLOCK];
-        const int fw = verify_forward(s, block, NULL, bs, 0, logits, ids, ids_only, &cap);
-        s->no_record = 1;
-        if (fw) goto done;
-        int a = 0;
-        int32_t bonus;
-        if (ids_only) {
-            while (a < bs - 1 && block[a + 1] == ids[a]) a++;
-            bonus = ids[a];
-        } else if (o->temperature <= 0) {
-            while (a < bs - 1 && block[a + 1] == kn_argmax(logits + (size_t)a * V, V)) a++;
-            bonus = kn_argmax(logits + (size_t)a * V, V);
-        } else if (o->accept_rule == DFL_ACCEPT_MATCH) {
-            for (;; a++) { /* the target samples each position; greedy drafts are kept while they agree */
-                sampling_probs(probs, logits + (size_t)a * V, V, o, rank);
-                bonus = sample(probs, V, &rng);
-                if (a == bs - 1 || bonus != block[a + 1]) break;
-            }
-        } else {
-            bonus = -1;
-            for (; a < bs - 1; a++) {
-                sampling_probs(probs, logits + (size_t)a * V, V, o, rank);
-                const float *q = dlogits + (size_t)a * V;
-                const int32_t d = block[a + 1];
-                if (rng_uniform(&rng) * q[d] < probs[d]) continue; /* accept with min(1, p/q) */
-                double left = 0;
-                for (int i = 0; i < V; i++) left += probs[i] > q[i] ? probs[i] - q[i] : 0.0f;
-                /* a rejection needs p(d) < q(d), so p - q has positive mass elsewhere; where
-                 * rounding leaves none (p and q equal to float precision), sample p itself
-                 * rather than an all-zero vector (token 0) */
-                if (left > 0)
-                    for (int i = 0; i < V; i++) probs[i] = probs[i] > q[i] ? probs[i] - q[i] : 0.0f;
-                bonus = sample(probs, V, &rng); /* from norm(max(0, p - q)) */
-                break;
-            }
-            if (bonus < 0) { /* every draft accepted: the bonus comes from p at the last row */
-                sampling_probs(probs, logits + (size_t)a * V, V, o, rank);
-                bonus = sample(probs, V, &rng);
-            }
-        }
-        st->t_verify += dfl_now() - tv;
-        /* 4. exact rollback to the committed positions: anchor + a accepted drafts */
-        double tr = dfl_now();
-        if (state_rollback(s, start + a + 1)) goto done;
-        st->t_rollback += dfl_now() - tr;
-        /* 5. the new committed positions' features extend the drafter's context */
-        td = dfl_now();
-        if (dr->add_context(dr->ctx, feat, block, a + 1)) goto done;
-        st->t_draft += dfl_now() - td;
-        st->rounds++;
-        st->drafted += bs - 1;
-        st->accepted += a;
-        st->accept_hist[a]++;
-        for (int k = 1; k < bs; k++) {
-            st->pos_drafted[k]++;
-            if (k <= a) st->pos_accepted[k]++;
-        }
-        if (o->on_round) o->on_round(o->on_round_ud, start, block, bs, dlogits, V, a);
-        for (int k = 0; k < a; k++) acc[k] = block[k + 1];
-        acc[a] = bonus;
-        const float *rows[DFL_MAX_BLOCK];
-        for (int k = 0; k <= a; k++) rows[k] = logits + (size_t)k * V;
-        commit(&g, acc, a + 1, rows);
-    }
-    st->t_decode = dfl_now() - t0;
-    st->generated = g.n_out;
-    if (o->extend > 0 && o->temperature <= 0 && strcmp(st->stop, "eos") == 0 && extend_past_eos(s, &g, logits))
-        goto done;
-    rc = DFL_OK;
-done:
+    if (check_opts(s, dr, n_prompt, o)) return DFL_ERR;
+    gen g = {.s = s, .dr = dr, .m = s->m, .o = o, .st = st, .V = s->m->cfg.vocab, .H = s->m->cfg.hidden,
+             .B = st->max_block, .N = dr ? o->tree_budget : 0, .out = out, .cb = cb, .ud = ud,
+             .ids_only = o->temperature <= 0 && !o->on_logits,
+             .pq = o->temperature > 0 && o->accept_rule == DFL_ACCEPT_PQ,
+             .cap = {.n_layers = dr ? dr->n_feature_layers : 0, .layers = dr ? dr->feature_layers : NULL}};
+    rng_seed(&g.rng, o->seed);
+    const int no_record0 = s->no_record;
+    int rc = gen_alloc(&g, n_prompt);
+    g.cap.out = g.feat; /* the forwards capture the drafter's feature layers there */
+    int32_t first = 0;
+    if (rc == DFL_OK) rc = prefill(&g, prompt, n_prompt, &first);
+    if (rc == DFL_OK && o->max_new > 0) rc = decode(&g, first);
     s->no_record = no_record0;
-    ddtree_free(&tree);
-    free(logits), free(probs), free(rank), free(dlogits), free(feat), free(plog);
+    gen_free(&g);
     return rc;
 }
