@@ -8,6 +8,8 @@
 #include "dfl/kernels.h"
 #include "eval/run.h"
 
+/* results.jsonl's complete lines, each on this run's device (good_end: where an interrupted
+ * write left a partial line). */
 int er_done_load(eval_results *d, const char *path, int device) {
     memset(d, 0, sizeof *d);
     FILE *f = fopen(path, "r");
@@ -144,6 +146,7 @@ static int plan_online(const run *r, const char *pid, int turn, turn_plan *tp) {
     return DFL_OK;
 }
 
+/* w's rows as not yet planned. */
 static void work_clear(work *w) {
     for (int t = 0; t < 2; t++) free(w->turn[t].ar_rep), free(w->turn[t].spec);
     memset(w->turn, 0, sizeof w->turn);

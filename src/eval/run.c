@@ -12,6 +12,7 @@
 #include "dfl/prompt.h"
 #include "eval/run.h"
 
+/* A mode's name in results: "chain" or "ddtree-N". */
 void er_mode_name(int budget, char *buf, size_t n) {
     if (budget) snprintf(buf, n, "ddtree-%d", budget);
     else snprintf(buf, n, "chain");
@@ -241,6 +242,7 @@ static int open_results(run *r) {
     return DFL_OK;
 }
 
+/* Every input checked and every output opened before any work. */
 static int run_open(run *r) {
     const eval_opts *o = r->o;
     char rec_target[4096] = "";
@@ -324,6 +326,7 @@ static int list_units(run *r) {
     return DFL_OK;
 }
 
+/* The units, what each lacks, run.json; a spread run's writer hands the units out. */
 static int run_plan(run *r) {
     const eval_opts *o = r->o;
     int rc = list_units(r);
@@ -423,6 +426,7 @@ static int next_unit(run *r, int j, int *k) {
     return rc;
 }
 
+/* Run the plan: each unit computes the rows it lacks, nothing else. */
 static int run_units(run *r, unit_bufs *b) {
     const eval_opts *o = r->o;
     eval_progress pg = {.total = r->n_plan};
@@ -465,6 +469,7 @@ static int run_close(run *r) {
     return rc;
 }
 
+/* Open, plan, prepare, run the plan, close. */
 int eval_run(const eval_opts *o, eval_outcome *res) {
     run rr, *r = &rr;
     memset(r, 0, sizeof *r);

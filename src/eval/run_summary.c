@@ -31,7 +31,6 @@ static void write_prompt_set(FILE *x, const run *r) {
     cJSON_Delete(ps);
 }
 
-/* missing: a spread run's units that no process finished (the dist's message), or NULL */
 /* The training-metrics report's inputs: train.jsonl summed, the run's settings, the cost. */
 static int train_report_in(const run *r, const eval_summary *sm, tm_agg **ag, int *n, tm_report_in *ti) {
     const eval_opts *o = r->o;
@@ -95,19 +94,11 @@ static void log_rows(const run *r, const eval_summary *sm) {
     }
 }
 
-int er_write_summary(run *r, const char *missing) {
+/* summary.json's "run": what ran, where, on what, with which settings. */
+static void summary_run(const run *r, FILE *x) {
     const eval_opts *o = r->o;
-    eval_results_free(&r->done);
-    if (er_done_load(&r->done, r->res_path, r->device) != DFL_OK) return DFL_ERR;
-    eval_summary sm;
-    eval_summarize(&sm, r->done.r, r->done.n);
-    char why[1024];
-    summary_checks(r, &sm, why, sizeof why);
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
-    char *extra = NULL;
-    size_t extra_len = 0;
-    FILE *x = open_memstream(&extra, &extra_len);
     char mode[32];
     er_rec_row(r, mode, sizeof mode);
     fprintf(x, "\"run\": {\"method\": \"%s\", \"target\": ", r->from_features ? "replay-from-features"
@@ -153,6 +144,12 @@ int er_write_summary(run *r, const char *missing) {
     fprintf(x, ", \"truth_recorder\": "); /* what produced the truths (target.json "recorder"; absent: dfl) */
     dfl_json_write_string(x, r->recorder);
     fprintf(x, "}");
+}
+
+/* summary.json's sections besides the tables: what is missing, the protocol, the costs, the
+ * reference agreement. */
+static void summary_extras(const run *r, FILE *x, const char *missing) {
+    const eval_opts *o = r->o;
     if (missing) { /* the run is incomplete: what is missing, for scripts (mpirun may exit 0) */
         fprintf(x, ",\n  \"incomplete\": ");
         dfl_json_write_string(x, missing);
@@ -177,23 +174,26 @@ int er_write_summary(run *r, const char *missing) {
         fprintf(x, ", \"compared\": %d, \"identical\": %d, \"diverged\": %d, \"details\": \"reference.jsonl\"}",
                 r->ref_compared, r->ref_agree, r->ref_compared - r->ref_agree);
     }
-    tm_agg *tag = NULL;
-    int n_tag = 0, rc = DFL_OK;
-    char *md = NULL; /* sections after the tables */
-    size_t md_len = 0;
-    FILE *mdx = open_memstream(&md, &md_len);
-    if (!mdx) rc = dfl_seterr("out of memory");
-    for (int d = 0; mdx && d < r->n_open; d++) /* which block attention ran: it changes tau silently */
+}
+
+/* The notes after summary.md's tables (block attention, whose truths), the training metrics'
+ * report and the pipeline features' check (in summary.json too: x). */
+static int summary_notes(const run *r, const eval_summary *sm, FILE *x, FILE *mdx) {
+    const eval_opts *o = r->o;
+    int rc = DFL_OK;
+    for (int d = 0; d < r->n_open; d++) /* which block attention ran: it changes tau silently */
         if (anydrafter_attn_semantics(&r->ad[d]))
             fprintf(mdx, "%s%s: %s", d ? "; " : "\nBlock attention (--block-attn): ", r->label[d],
                     anydrafter_attn_semantics(&r->ad[d]));
-    if (mdx && r->n_open) fputs(".\n", mdx);
-    if (mdx && r->from_features) /* whose truths were replayed: dfl's recording or another recorder's */
+    if (r->n_open) fputs(".\n", mdx);
+    if (r->from_features) /* whose truths were replayed: dfl's recording or another recorder's */
         fprintf(mdx, "\nTruths recorded by %s (%s/target.json)%s.\n", r->recorder, o->features_dir,
                 r->costs.ok ? "" : "; no target costs were measured when recording, so no modeled speedup");
-    if (rc == DFL_OK && o->train_metrics) {
+    if (o->train_metrics) {
+        tm_agg *tag = NULL;
+        int n_tag = 0;
         tm_report_in ti;
-        rc = train_report_in(r, &sm, &tag, &n_tag, &ti);
+        rc = train_report_in(r, sm, &tag, &n_tag, &ti);
         if (rc == DFL_OK && n_tag) {
             fprintf(x, ",\n  ");
             tm_report_json(&ti, x);
@@ -202,16 +202,40 @@ int er_write_summary(run *r, const char *missing) {
             rc = tm_report_svg(&ti, svg);
             free(svg);
         }
+        free(tag);
     }
     if (rc == DFL_OK && o->features_from) {
         char *fp = dfl_path_join(o->out, "features_check.jsonl");
         rc = eval_feat_check_report(fp, mdx, x);
         free(fp);
     }
+    return rc;
+}
+
+/* summary.json, summary.md and the plots of results.jsonl as it now is; missing: what a spread
+ * run's processes did not finish (the dist's message), or NULL. */
+int er_write_summary(run *r, const char *missing) {
+    const eval_opts *o = r->o;
+    eval_results_free(&r->done);
+    if (er_done_load(&r->done, r->res_path, r->device) != DFL_OK) return DFL_ERR;
+    eval_summary sm;
+    eval_summarize(&sm, r->done.r, r->done.n);
+    char why[1024];
+    summary_checks(r, &sm, why, sizeof why);
+    char *extra = NULL;
+    size_t extra_len = 0;
+    FILE *x = open_memstream(&extra, &extra_len);
+    if (!x) return eval_summary_free(&sm), dfl_seterr("out of memory");
+    summary_run(r, x);
+    summary_extras(r, x, missing);
+    char *md = NULL; /* sections after the tables */
+    size_t md_len = 0;
+    FILE *mdx = open_memstream(&md, &md_len);
+    int rc = mdx ? summary_notes(r, &sm, x, mdx) : dfl_seterr("out of memory");
     if (mdx) fclose(mdx);
     fclose(x);
     if (rc == DFL_OK) rc = eval_write_reports(&sm, o->out, extra, md);
-    free(md), free(tag);
+    free(md);
     if (rc == DFL_OK) log_rows(r, &sm);
     if (o->reference || o->reference_url)
         er_log(r, "[dfl eval] reference: %d of %d outputs identical\n", r->ref_agree, r->ref_compared);

@@ -62,6 +62,7 @@ static int run_spec(run *r, const char *pid, int turn, int rep, int d, int mi, c
     return DFL_OK;
 }
 
+/* An online turn: the runs its plan lacks; truth: the autoregressive output (run, or read back). */
 int er_unit_online(run *r, const char *pid, int turn, const turn_plan *tp, const int32_t *pids, int np,
                    int32_t *truth, int *n_truth, int32_t *out, double *last_tau) {
     const eval_opts *o = r->o;

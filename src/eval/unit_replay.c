@@ -170,6 +170,8 @@ static int record(run *r, const char *pid, int turn, const turn_plan *tp, const 
     return tp->rec ? er_write_result(r, &e, t->ids, t->n) : DFL_OK;
 }
 
+/* A replay turn of prompt p: the truth recorded (or the --save-features one resumed), then what
+ * its plan lacks; complete, only its truth read back (an MT-Bench second turn is built on it). */
 int er_unit_replay(run *r, const eval_prompt *p, int index, int turn, const turn_plan *tp, const int32_t *pids,
                    int np, unit_bufs *b, int *n_truth, double *last_tau) {
     const eval_opts *o = r->o;
