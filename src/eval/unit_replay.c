@@ -1,0 +1,214 @@
+/* A replay unit: the truth recorded (or read back), then every drafter x mode replayed on it, the
+ * pipeline's features and the training metrics: the rows its plan lacks. */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dfl/common.h"
+#include "dfl/kernels.h"
+#include "eval/features.h"
+#include "eval/run.h"
+
+/* Modeled decode time of an online run's rounds: its measured drafting plus the verification
+ * cost of each round's size (round_acc tells nothing about sizes, so the mode's block or tree). */
+static void model_online(const run *r, eval_result *e, const dfl_gen_stats *gs, int block, int budget) {
+    if (!r->costs.ok) return;
+    const double c1 = eval_cost_chain(&r->costs, 1);
+    e->modeled_ar_s = c1 * (gs->generated - 1);
+    const double cv = budget ? eval_cost_tree(&r->costs, budget) : eval_cost_chain(&r->costs, block);
+    if (cv < 0) return;
+    const long drafted_rounds = gs->pos_drafted[1]; /* the others are plain decode steps */
+    e->modeled_s = gs->t_draft + drafted_rounds * cv + (gs->rounds - drafted_rounds) * c1;
+}
+
+/* Replay every drafter x mode the plan lacks (todo: a bit per mode, per drafter) on t; features:
+ * "dfl" or "pipeline". keep_cache0: drafter 0's cache holds the recording run's drafts on these
+ * features. */
+static int replay_all(run *r, const char *pid, int turn, const eval_truth *t, const char *features,
+                      const uint16_t *todo, int keep_cache0, double *last_tau) {
+    const eval_opts *o = r->o;
+    eval_replay_out outs[EVAL_MAX_MODES];
+    for (int d = 0; d < o->n_drafters; d++) {
+        char mode[32];
+        if (!todo[d]) continue;
+        if (!(d == 0 && keep_cache0)) eval_draft_cache_clear(&r->cache[d]);
+        r->dif[d].reset(r->dif[d].ctx);
+        if (eval_replay(t, &r->dif[d], r->m.cfg.vocab, r->col[d], r->block[d], r->max_new, o->budgets, o->n_modes,
+                        &r->cache[d], &r->costs, outs) != DFL_OK)
+            return dfl_preperr("prompt %s turn %d, drafter %s, replay", pid, turn + 1, r->label[d]);
+        int rc = DFL_OK;
+        for (int mi = 0; mi < o->n_modes; mi++) {
+            er_mode_name(o->budgets[mi], mode, sizeof mode);
+            if (rc == DFL_OK && todo[d] >> mi & 1) {
+                eval_result e;
+                er_result_head(&e, pid, turn, r->label[d], mode, "replay", features);
+                eval_result_from_stats(&e, &outs[mi].st);
+                e.time_s = e.verify_s = e.rollback_s = e.prefill_s = 0; /* nothing of it ran on the target */
+                e.draft_s = outs[mi].draft_s;
+                e.modeled_s = outs[mi].modeled_s;
+                e.modeled_ar_s = outs[mi].modeled_s >= 0 ? eval_cost_chain(&r->costs, 1) * (t->n - 1) : -1;
+                e.round_acc = outs[mi].round_acc, e.n_round_acc = outs[mi].st.rounds;
+                rc = er_write_result(r, &e, NULL, 0);
+                *last_tau = e.rounds ? (double)(e.tokens - 1) / e.rounds : 0;
+            }
+            eval_replay_out_free(&outs[mi]);
+        }
+        if (rc) return rc;
+    }
+    return DFL_OK;
+}
+
+/* A pipeline's features for this unit (--features-from), replayed against the same truth (and
+ * scored by the training metrics, with the target's distribution tt, when asked). */
+static int replay_pipeline(run *r, const char *pid, int turn, int index, const turn_plan *tp, const eval_truth *t,
+                           const tm_target *tt, double *last_tau) {
+    const eval_opts *o = r->o;
+    char name[64];
+    eval_features_name(index, turn, name, sizeof name);
+    char *path = dfl_is_dir(o->features_from) ? dfl_path_join(o->features_from, name) : strdup(o->features_from);
+    eval_truth pt;
+    unsigned char absent[EVAL_MAX_FEAT_LAYERS] = {0};
+    int rc = eval_truth_init(&pt, t->H, r->layers, r->n_layers);
+    /* the target's last layer, held for its distribution, is the pipeline's to give only if a drafter reads it */
+    if (rc == DFL_OK) rc = eval_features_load_pipeline(path, t, &pt, r->last_optional, absent);
+    if (rc == DFL_OK && r->fcf) {
+        eval_feat_check c[EVAL_MAX_FEAT_LAYERS];
+        eval_features_check(t, &pt, absent, &r->m, c);
+        eval_feat_check_write(r->fcf, pid, turn, c, pt.n_layers);
+        if (fflush(r->fcf) != 0) rc = dfl_seterr("%s/features_check.jsonl: write error: %s", o->out, strerror(errno));
+    }
+    if (rc == DFL_OK && (rc = replay_all(r, pid, turn, &pt, "pipeline", tp->replay[1], 0, last_tau)) != DFL_OK)
+        dfl_preperr("on the pipeline's features %s", path);
+    if (rc == DFL_OK && o->train_metrics &&
+        (rc = er_train_truth(r, pid, turn, &pt, "target", "pipeline", tt, tp->train[TR_PIPELINE])) != DFL_OK)
+        dfl_preperr("on the pipeline's features %s", path);
+    eval_truth_free(&pt);
+    free(path);
+    return rc;
+}
+
+/* After a truth's own replay: the pipeline's features and the training metrics (p: the prompt,
+ * NULL for a saved truth). */
+static int replay_more(run *r, const eval_prompt *p, const char *pid, int turn, int index, const turn_plan *tp,
+                       const eval_truth *t, double *last_tau) {
+    const eval_opts *o = r->o;
+    tm_target tt = {0};
+    int rc = DFL_OK;
+    if (o->train_metrics && r->last_col >= 0) rc = tm_target_from_truth(&tt, t, r->last_col, &r->m, o->train_topk);
+    const tm_target *ttp = tt.n ? &tt : NULL;
+    if (rc == DFL_OK && o->features_from) rc = replay_pipeline(r, pid, turn, index, tp, t, ttp, last_tau);
+    if (rc == DFL_OK && o->train_metrics) rc = er_train_unit(r, p, pid, turn, tp, t, ttp);
+    tm_target_free(&tt);
+    return rc;
+}
+
+/* --check-ar: the autoregressive run, the truth checked token for token (continuation too) and
+ * the verdict put on the recording's row e; the run's own row written when the plan lacks it. */
+static int check_ar(run *r, const char *pid, int turn, const turn_plan *tp, const int32_t *pids, int np,
+                    const eval_truth *t, eval_result *e) {
+    int32_t *ar = malloc((size_t)r->max_new * sizeof *ar);
+    dfl_gen_opts go = {.max_new = r->max_new, .extend = r->max_block - 1};
+    dfl_gen_stats as;
+    state_reset(&r->st);
+    if (!ar || spec_generate(&r->st, NULL, pids, np, &go, ar, &as, NULL, NULL) != DFL_OK) {
+        free(ar);
+        return dfl_preperr("prompt %s turn %d, autoregressive run", pid, turn + 1);
+    }
+    const int na = as.generated + as.extended, nt = t->n + t->n_ext;
+    e->first_mismatch = ref_first_divergence(t->ids, nt < na ? nt : na, ar, nt < na ? nt : na);
+    if (e->first_mismatch < 0 && as.generated != t->n) e->first_mismatch = as.generated < t->n ? as.generated : t->n;
+    e->match = e->first_mismatch < 0;
+    if (!e->match) {
+        r->res.mismatches++;
+        er_log(r, "\ndfl eval: MISMATCH prompt %s turn %d: the recording run (drafter %s, %s) differs from the "
+                  "autoregressive one at token %d\n", pid, turn + 1, r->label[0], e->mode, e->first_mismatch);
+    }
+    int rc = DFL_OK;
+    if (tp->ar) {
+        eval_result a;
+        er_result_head(&a, pid, turn, "", "ar", "online", "dfl");
+        eval_result_from_stats(&a, &as);
+        rc = er_write_result(r, &a, ar, as.generated);
+    }
+    free(ar);
+    return rc;
+}
+
+/* Record a truth: drafter 0 in the recording mode, capturing every layer the drafters read
+ * (and --save-layers); its online row is written when the plan lacks it. */
+static int record(run *r, const char *pid, int turn, const turn_plan *tp, const int32_t *pids, int np, eval_truth *t,
+                  int32_t *out, double *last_tau) {
+    eval_recorder rec;
+    char mode[32];
+    const char *method = er_rec_row(r, mode, sizeof mode);
+    eval_truth_free(t);
+    eval_draft_cache_clear(&r->cache[0]);
+    state_reset(&r->st);
+    r->dif[0].reset(r->dif[0].ctx);
+    if (eval_recorder_init(&rec, r->dif[0], t, &r->cache[0], r->m.cfg.vocab)) return DFL_ERR;
+    if (r->rec_auto) eval_recorder_adapt(&rec, &r->costs, r->block[0]);
+    dfl_draft_if dif = eval_recorder_if(&rec);
+    dfl_gen_opts so = {.max_new = r->max_new, .block = r->block[0], .tree_budget = r->rec_budget,
+                       .extend = r->max_block - 1, .on_round = er_on_round, .on_round_ud = r};
+    dfl_gen_stats gs;
+    r->n_acc = 0;
+    rec.n_prompt = np;
+    int rc = spec_generate(&r->st, &dif, pids, np, &so, out, &gs, NULL, NULL);
+    /* the online figures without the recording's own copies and summaries */
+    gs.t_draft -= rec.overhead_s, gs.t_decode -= rec.overhead_s, gs.t_prefill -= rec.overhead_prefill_s;
+    eval_recorder_free(&rec);
+    if (rc) return dfl_preperr("prompt %s turn %d, recording with drafter %s, %s", pid, turn + 1, r->label[0], mode);
+    if (eval_truth_set(t, pids, np, out, gs.generated, gs.extended, strcmp(gs.stop, "eos") == 0))
+        return dfl_preperr("prompt %s turn %d", pid, turn + 1);
+    eval_result e;
+    er_result_head(&e, pid, turn, r->label[0], mode, method, "dfl");
+    eval_result_from_stats(&e, &gs);
+    e.round_acc = r->acc, e.n_round_acc = r->n_acc;
+    if (!r->rec_auto) model_online(r, &e, &gs, r->block[0], r->rec_budget);
+    *last_tau = gs.rounds ? (double)(gs.generated - 1) / gs.rounds : 0;
+    if (r->o->check_ar && check_ar(r, pid, turn, tp, pids, np, t, &e)) return DFL_ERR;
+    return tp->rec ? er_write_result(r, &e, t->ids, t->n) : DFL_OK;
+}
+
+/* A replay turn of prompt p: the truth recorded (or the --save-features one resumed), then what
+ * its plan lacks; complete, only its truth read back (an MT-Bench second turn is built on it). */
+int er_unit_replay(run *r, const eval_prompt *p, int index, int turn, const turn_plan *tp, const int32_t *pids,
+                   int np, unit_bufs *b, int *n_truth, double *last_tau) {
+    const eval_opts *o = r->o;
+    if (tp->complete) return er_truth_ids(r, tp, p->id, turn, b->truth, n_truth);
+    eval_truth *t = &b->t;
+    int recorded = 0;
+    if (tp->saved >= 0) {
+        const mf_entry *saved = &r->saved.u[tp->saved];
+        if (er_truth_load(r, o->save_features, saved, t)) return DFL_ERR;
+        if (t->n_prompt != np || memcmp(t->prompt, pids, (size_t)np * sizeof *pids) != 0)
+            return dfl_seterr("%s/%s: recorded from other prompt ids than prompt %s turn %d has now (another prompt "
+                              "file, --chat or tokenizer?)", o->save_features, saved->file, p->id, turn + 1);
+        /* resumed: the saved truth; its online rows are there unless a crash fell in between */
+        if (tp->rec || tp->ar) {
+            if (record(r, p->id, turn, tp, pids, np, t, b->out, last_tau)) return DFL_ERR;
+            recorded = 1;
+        }
+    } else {
+        if (record(r, p->id, turn, tp, pids, np, t, b->out, last_tau)) return DFL_ERR;
+        recorded = 1;
+        if (o->save_features && er_truth_save(r, p->id, turn, index, t)) return DFL_ERR;
+    }
+    if (recorded && er_check_reference(r, p->id, turn, pids, np, t->ids, t->n)) return DFL_ERR;
+    *n_truth = t->n;
+    memcpy(b->truth, t->ids, (size_t)t->n * sizeof *b->truth);
+    if (replay_all(r, p->id, turn, t, "dfl", tp->replay[0], recorded, last_tau)) return DFL_ERR;
+    return replay_more(r, p, p->id, turn, index, tp, t, last_tau);
+}
+
+/* A saved truth (--features): replayed unless every row is there. */
+int er_unit_saved(run *r, const work *w, unit_bufs *b, double *last_tau) {
+    const turn_plan *tp = &w->turn[0];
+    const mf_entry *u = &r->saved.u[w->item];
+    if (tp->complete) return DFL_OK;
+    int rc = er_truth_load(r, r->o->features_dir, u, &b->t);
+    if (rc == DFL_OK) rc = er_check_reference(r, u->prompt_id, u->turn, b->t.prompt, b->t.n_prompt, b->t.ids, b->t.n);
+    if (rc == DFL_OK) rc = replay_all(r, u->prompt_id, u->turn, &b->t, "dfl", tp->replay[0], 0, last_tau);
+    if (rc == DFL_OK) rc = replay_more(r, NULL, u->prompt_id, u->turn, u->index, tp, &b->t, last_tau);
+    return rc;
+}
