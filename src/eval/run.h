@@ -68,7 +68,7 @@ typedef struct run {
     dfl_model m;
     int have_model;
     dfl_any_drafter ad[EVAL_MAX_DRAFTERS]; /* DFlash, DFlash2 or an MTP head, and its run state */
-    dfl_draft_if dif[EVAL_MAX_DRAFTERS]; /* each drafter as the loops drive it (alloc_states) */
+    dfl_draft_if dif[EVAL_MAX_DRAFTERS]; /* each drafter as the loops drive it (er_alloc_states) */
     char *label[EVAL_MAX_DRAFTERS];      /* its name in results and summaries: the --drafter argument, or
                                           * "mtp (DIR)" for the MTP head of checkpoint DIR */
     eval_draft_cache cache[EVAL_MAX_DRAFTERS];
