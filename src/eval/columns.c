@@ -22,7 +22,13 @@
 #define BOOL_COL(k, f) .key = k, .type = COL_BOOL, AT(int, f)
 #define NAME_COL(k, f, fn, n) .key = k, .type = COL_NAME, AT(int, f), .name = fn, .n_names = n
 
-#define INTO(how, T, f) .agg = how, .agg_off = offsetof(eval_agg, f) + TYPE_IS(T, eval_agg, f)
+/* A sum goes into the eval_agg field of the same name and type; a maximum or a count into an int. */
+#define TYPE_CODE(x) _Generic((x), int: 1, long: 2, double: 3, default: 0)
+#define SUM(f)                                                                                                     \
+    .agg = AGG_SUM,                                                                                                \
+    .agg_off = offsetof(eval_agg, f) +                                                                             \
+               0 * sizeof(char[TYPE_CODE(((eval_agg *)0)->f) == TYPE_CODE(((eval_result *)0)->f) ? 1 : -1])
+#define INTO(how, f) .agg = how, .agg_off = offsetof(eval_agg, f) + TYPE_IS(int, eval_agg, f)
 #define SHOW(how, k) .stat = how, .stat_key = k
 
 static const char *act_name(int bf16) { return bf16 ? "bf16" : "f32"; }
@@ -39,26 +45,27 @@ const eval_column eval_columns[] = {
     {NAME_COL("device", device, device_name, DFL_DEVICE_COUNT), .flags = COL_IF_SET},
     {STR_COL("drafter", drafter)},
     {STR_COL("mode", mode)},
-    {INT_COL("tokens", tokens, 0, INT_MAX), INTO(AGG_SUM, int, tokens), SHOW(STAT_TOTAL, "tokens")},
-    {INT_COL("rounds", rounds, 0, INT_MAX), INTO(AGG_SUM, int, rounds), SHOW(STAT_TOTAL, "rounds")},
-    {LONG_COL("drafted", drafted, 0, RES_MAX_INT), INTO(AGG_SUM, long, drafted), SHOW(STAT_TOTAL, "drafted")},
-    {LONG_COL("accepted", accepted, 0, RES_MAX_INT), INTO(AGG_SUM, long, accepted), SHOW(STAT_TOTAL, "accepted")},
-    {INT_COL("block_size", max_block, 0, DFL_MAX_BLOCK), INTO(AGG_MAX, int, max_block)},
+    {INT_COL("tokens", tokens, 0, INT_MAX), SUM(tokens), SHOW(STAT_TOTAL, "tokens")},
+    {INT_COL("rounds", rounds, 0, INT_MAX), SUM(rounds), SHOW(STAT_TOTAL, "rounds")},
+    {LONG_COL("drafted", drafted, 0, RES_MAX_INT), SUM(drafted), SHOW(STAT_TOTAL, "drafted")},
+    {LONG_COL("accepted", accepted, 0, RES_MAX_INT), SUM(accepted), SHOW(STAT_TOTAL, "accepted")},
+    {INT_COL("block_size", max_block, 0, DFL_MAX_BLOCK), INTO(AGG_MAX, max_block)},
     {.key = "tau", .type = COL_DERIVED, .derive = tau_of},
-    {SECONDS_COL("time_s", time_s), INTO(AGG_SUM, double, time_s)},
-    {SECONDS_COL("prefill_s", prefill_s), INTO(AGG_SUM, double, prefill_s)},
-    {SECONDS_COL("draft_s", draft_s), INTO(AGG_SUM, double, draft_s), SHOW(STAT_SHARE, "draft_share")},
-    {SECONDS_COL("verify_s", verify_s), INTO(AGG_SUM, double, verify_s), SHOW(STAT_SHARE, "verify_share")},
-    {SECONDS_COL("rollback_s", rollback_s), INTO(AGG_SUM, double, rollback_s), SHOW(STAT_SHARE, "rollback_share")},
-    {LONG_COL("tree_depth_sum", tree_depth_sum, 0, RES_MAX_INT), INTO(AGG_SUM, long, tree_depth_sum),
+    {SECONDS_COL("time_s", time_s), SUM(time_s)},
+    {SECONDS_COL("prefill_s", prefill_s), SUM(prefill_s)},
+    {SECONDS_COL("draft_s", draft_s), SUM(draft_s), SHOW(STAT_SHARE, "draft_share")},
+    {SECONDS_COL("verify_s", verify_s), SUM(verify_s), SHOW(STAT_SHARE, "verify_share")},
+    {SECONDS_COL("rollback_s", rollback_s), SUM(rollback_s), SHOW(STAT_SHARE, "rollback_share")},
+    {LONG_COL("tree_depth_sum", tree_depth_sum, 0, RES_MAX_INT), SUM(tree_depth_sum),
      SHOW(STAT_PER_ROUND, "mean_tree_depth")},
-    {BOOL_COL("match", match), INTO(AGG_COUNT_FALSE, int, mismatches), SHOW(STAT_COUNT, "mismatches"),
+    {BOOL_COL("match", match), INTO(AGG_COUNT_FALSE, mismatches), SHOW(STAT_COUNT, "mismatches"),
      .md_title = "mismatches vs autoregressive"},
     {INT_COL("first_mismatch", first_mismatch, -1, INT_MAX)},
     {STR_COL("method", method), .flags = COL_OPTIONAL},
     {STR_COL("features", features), .flags = COL_OPTIONAL},
-    {LONG_COL("tree_nodes", tree_nodes, 0, RES_MAX_INT), .flags = COL_NULLABLE, INTO(AGG_SUM, long, tree_nodes),
+    {LONG_COL("tree_nodes", tree_nodes, 0, RES_MAX_INT), .flags = COL_NULLABLE, SUM(tree_nodes),
      SHOW(STAT_PER_ROUND, "mean_tree_nodes")},
+    /* the modeled times: eval_summarize sums them itself (a response counts when it has both) */
     {SECONDS_COL("modeled_s", modeled_s), .flags = COL_NULLABLE | COL_IF_SET},
     {SECONDS_COL("modeled_ar_s", modeled_ar_s), .flags = COL_NULLABLE | COL_IF_SET},
 };
@@ -186,9 +193,9 @@ void eval_columns_add(eval_agg *a, const eval_result *r) {
         switch (c->agg) {
         case AGG_NONE: break;
         case AGG_SUM:
-            if (c->type == COL_INT) *FIELD(int, a, c->agg_off) += *(const int *)v;
-            else if (c->type == COL_LONG) *FIELD(long, a, c->agg_off) += *(const long *)v;
-            else *FIELD(double, a, c->agg_off) += *(const double *)v;
+            if (c->type == COL_LONG) *FIELD(long, a, c->agg_off) += *(const long *)v;
+            else if (c->type == COL_SECONDS) *FIELD(double, a, c->agg_off) += *(const double *)v;
+            else *FIELD(int, a, c->agg_off) += *(const int *)v;
             break;
         case AGG_MAX:
             if (*(const int *)v > *FIELD(int, a, c->agg_off)) *FIELD(int, a, c->agg_off) = *(const int *)v;
@@ -203,16 +210,16 @@ static col_type agg_type(const eval_column *c) { return c->agg == AGG_SUM ? c->t
 
 double eval_column_agg(const eval_column *c, const eval_agg *a) {
     switch (agg_type(c)) {
-    case COL_INT: return *CFIELD(int, a, c->agg_off);
     case COL_LONG: return (double)*CFIELD(long, a, c->agg_off);
-    default: return *CFIELD(double, a, c->agg_off);
+    case COL_SECONDS: return *CFIELD(double, a, c->agg_off);
+    default: return *CFIELD(int, a, c->agg_off);
     }
 }
 
 void eval_column_agg_write(FILE *f, const eval_column *c, const eval_agg *a) {
     switch (agg_type(c)) {
-    case COL_INT: fprintf(f, "%d", *CFIELD(int, a, c->agg_off)); break;
     case COL_LONG: fprintf(f, "%ld", *CFIELD(long, a, c->agg_off)); break;
-    default: fprintf(f, "%.6f", *CFIELD(double, a, c->agg_off));
+    case COL_SECONDS: fprintf(f, "%.6f", *CFIELD(double, a, c->agg_off)); break;
+    default: fprintf(f, "%d", *CFIELD(int, a, c->agg_off));
     }
 }
