@@ -1,4 +1,5 @@
-/* Per-response results (results.jsonl lines) and their aggregation. */
+/* Per-response results (results.jsonl lines) and their aggregation: the scalar columns through the
+ * columns table (columns.c), the arrays here. */
 #include <cjson/cJSON.h>
 #include <limits.h>
 #include <math.h>
@@ -318,6 +319,7 @@ int eval_summarize(eval_summary *s, const eval_result *res, int n) {
         snprintf(e->prompt_id, sizeof e->prompt_id, "%s", r->prompt_id);
         a->tau_sum += tau;
         eval_columns_add(a, r);
+        /* the arrays are not columns (columns.h) */
         for (int b = 0; b <= DFL_MAX_BLOCK; b++) a->accept_hist[b] += r->accept_hist[b];
         for (int b = 0; b < DFL_MAX_BLOCK; b++) a->pos_drafted[b] += r->pos_drafted[b], a->pos_accepted[b] += r->pos_accepted[b];
     }
