@@ -95,6 +95,39 @@ static int get_longs(const cJSON *o, const char *k, long *v, int from, int max) 
     return DFL_OK;
 }
 
+/* output_ids into *ids (malloc'd) and *n_ids; nothing when absent or null. */
+static int parse_ids(const cJSON *o, int32_t **ids, int *n_ids) {
+    const cJSON *x = cJSON_GetObjectItemCaseSensitive(o, "output_ids");
+    if (!x || cJSON_IsNull(x)) return DFL_OK;
+    if (!cJSON_IsArray(x)) return dfl_seterr("field 'output_ids' must be an array of token ids");
+    const int n = cJSON_GetArraySize(x);
+    int32_t *out = malloc(((size_t)n + 1) * sizeof(int32_t));
+    if (!out) return dfl_seterr("out of memory");
+    int i = 0;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, x) {
+        double v;
+        if (col_int_of(e, 0, INT_MAX, &v)) {
+            free(out);
+            return dfl_seterr("output_ids[%d] is not a token id (an integer in [0, %d])", i, INT_MAX);
+        }
+        out[i++] = (int32_t)v;
+    }
+    *ids = out;
+    *n_ids = n;
+    return DFL_OK;
+}
+
+/* The arrays as written: block_size acceptance lengths 0..B-1 and draft positions 1..B-1 (B at
+ * least 1); output_ids when ids. */
+static int parse_arrays(const cJSON *o, eval_result *r, int32_t **ids, int *n_ids) {
+    const int B = r->max_block > 0 ? r->max_block : 1;
+    if (get_longs(o, "accept_hist", r->accept_hist, 0, B) || get_longs(o, "pos_drafted", r->pos_drafted, 1, B) ||
+        get_longs(o, "pos_accepted", r->pos_accepted, 1, B))
+        return DFL_ERR;
+    return ids ? parse_ids(o, ids, n_ids) : DFL_OK;
+}
+
 int eval_result_parse(const char *line, eval_result *r, int32_t **ids, int *n_ids) {
     eval_result_init(r);
     if (ids) {
@@ -106,43 +139,7 @@ int eval_result_parse(const char *line, eval_result *r, int32_t **ids, int *n_id
         cJSON_Delete(o);
         return dfl_seterr("not a JSON object");
     }
-    int rc = DFL_ERR;
-    if (eval_columns_parse(o, r)) goto done;
-    /* as written: block_size acceptance lengths 0..B-1 and draft positions 1..B-1 (B at least 1) */
-    const int B = r->max_block > 0 ? r->max_block : 1;
-    if (get_longs(o, "accept_hist", r->accept_hist, 0, B) || get_longs(o, "pos_drafted", r->pos_drafted, 1, B) ||
-        get_longs(o, "pos_accepted", r->pos_accepted, 1, B))
-        goto done;
-    if (ids) {
-        const cJSON *x = cJSON_GetObjectItemCaseSensitive(o, "output_ids");
-        if (x && !cJSON_IsNull(x)) {
-            if (!cJSON_IsArray(x)) {
-                dfl_seterr("field 'output_ids' must be an array of token ids");
-                goto done;
-            }
-            const int n = cJSON_GetArraySize(x);
-            int32_t *out = malloc(((size_t)n + 1) * sizeof(int32_t));
-            if (!out) {
-                dfl_seterr("out of memory");
-                goto done;
-            }
-            int i = 0;
-            const cJSON *e;
-            cJSON_ArrayForEach(e, x) {
-                double v;
-                if (col_int_of(e, 0, INT_MAX, &v)) {
-                    free(out);
-                    dfl_seterr("output_ids[%d] is not a token id (an integer in [0, %d])", i, INT_MAX);
-                    goto done;
-                }
-                out[i++] = (int32_t)v;
-            }
-            *ids = out;
-            *n_ids = n;
-        }
-    }
-    rc = DFL_OK;
-done:
+    const int rc = eval_columns_parse(o, r) == DFL_OK && parse_arrays(o, r, ids, n_ids) == DFL_OK ? DFL_OK : DFL_ERR;
     cJSON_Delete(o);
     return rc;
 }
