@@ -71,7 +71,9 @@ int eval_zlab_load(eval_prompts *ps, const struct eval_opts *o, int *dataset);
 
 /* ---- results and aggregates ------------------------------------------------------------- */
 
-/* One response: the autoregressive run (mode "ar") or a drafter in a verification mode. */
+/* One response: the autoregressive run (mode "ar") or a drafter in a verification mode. Its scalar
+ * fields are results.jsonl's columns: each has a row in src/eval/columns.c that says how it is
+ * written, read back, aggregated into eval_agg and reported. */
 typedef struct eval_result {
     char prompt_id[128];
     char drafter[512];   /* "" for the autoregressive run */

@@ -1,5 +1,7 @@
-/* Per-response results (results.jsonl lines) and their aggregation. */
+/* Per-response results (results.jsonl lines) and their aggregation: the scalar columns through the
+ * columns table (columns.c), the arrays here. */
 #include <cjson/cJSON.h>
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -9,6 +11,7 @@
 #include "dfl/common.h"
 #include "dfl/eval.h"
 #include "dfl/jsonl.h"
+#include "columns.h"
 
 void eval_result_init(eval_result *r) {
     memset(r, 0, sizeof *r);
@@ -58,30 +61,8 @@ static void long_array(FILE *f, const char *name, const long *v, int from, int t
 }
 
 void eval_result_write(FILE *f, const eval_result *r, const int32_t *ids, int n_ids) {
-    fputs("{\"prompt_id\": ", f);
-    dfl_json_write_string(f, r->prompt_id);
-    fprintf(f, ", \"turn\": %d, ", r->turn);
-    if (r->rep > 0) fprintf(f, "\"rep\": %d, ", r->rep);
-    if (r->act_bf16) fputs("\"act\": \"bf16\", ", f); /* absent: float32 activations */
-    if (r->device) fprintf(f, "\"device\": \"%s\", ", dfl_device_name((dfl_device)r->device)); /* absent: cpu */
-    fputs("\"drafter\": ", f);
-    dfl_json_write_string(f, r->drafter);
-    fputs(", \"mode\": ", f);
-    dfl_json_write_string(f, r->mode);
-    fprintf(f, ", \"tokens\": %d, \"rounds\": %d, \"drafted\": %ld, \"accepted\": %ld, "
-               "\"block_size\": %d, \"tau\": %.6f, \"time_s\": %.6f, \"prefill_s\": %.6f, \"draft_s\": %.6f, "
-               "\"verify_s\": %.6f, \"rollback_s\": %.6f, \"tree_depth_sum\": %ld, \"match\": %s, "
-               "\"first_mismatch\": %d",
-            r->tokens, r->rounds, r->drafted, r->accepted, r->max_block,
-            r->rounds ? (double)(r->tokens - 1) / r->rounds : 0.0, r->time_s, r->prefill_s, r->draft_s, r->verify_s,
-            r->rollback_s, r->tree_depth_sum, r->match < 0 ? "null" : r->match ? "true" : "false", r->first_mismatch);
-    fputs(", \"method\": ", f);
-    dfl_json_write_string(f, r->method);
-    fputs(", \"features\": ", f);
-    dfl_json_write_string(f, r->features);
-    fprintf(f, ", \"tree_nodes\": %ld", r->tree_nodes);
-    if (r->modeled_s >= 0) fprintf(f, ", \"modeled_s\": %.6f", r->modeled_s);
-    if (r->modeled_ar_s >= 0) fprintf(f, ", \"modeled_ar_s\": %.6f", r->modeled_ar_s);
+    fputc('{', f);
+    eval_columns_write(f, r);
     const int B = r->max_block > 0 ? r->max_block : 1;
     long_array(f, "accept_hist", r->accept_hist, 0, B);
     long_array(f, "pos_drafted", r->pos_drafted, 1, B);
@@ -99,33 +80,6 @@ void eval_result_write(FILE *f, const eval_result *r, const int32_t *ids, int n_
     fputc('}', f);
 }
 
-/* The largest magnitude of an integer field: exact in a double, inside a long. */
-#define RES_MAX_INT 9.0e15
-
-/* A number field, finite (the writer could not write inf or nan back as JSON). */
-static int get_num(const cJSON *o, const char *k, double *v) {
-    const cJSON *x = cJSON_GetObjectItemCaseSensitive(o, k);
-    if (!cJSON_IsNumber(x) || !isfinite(x->valuedouble)) return dfl_seterr("field '%s' missing or not a finite number", k);
-    *v = x->valuedouble;
-    return DFL_OK;
-}
-
-/* x as an integer in [lo, hi], checked on the double before any cast (an out-of-range cast is
- * undefined behaviour). */
-static int int_of(const cJSON *x, double lo, double hi, double *v) {
-    if (!cJSON_IsNumber(x) || !(x->valuedouble >= lo && x->valuedouble <= hi) ||
-        x->valuedouble != floor(x->valuedouble))
-        return -1;
-    *v = x->valuedouble;
-    return 0;
-}
-
-static int get_int(const cJSON *o, const char *k, double lo, double hi, double *v) {
-    if (int_of(cJSON_GetObjectItemCaseSensitive(o, k), lo, hi, v))
-        return dfl_seterr("field '%s' missing or not an integer in [%.0f, %.0f]", k, lo, hi);
-    return DFL_OK;
-}
-
 static int get_longs(const cJSON *o, const char *k, long *v, int from, int max) {
     const cJSON *x = cJSON_GetObjectItemCaseSensitive(o, k);
     if (!cJSON_IsArray(x) || cJSON_GetArraySize(x) > max - from)
@@ -134,29 +88,44 @@ static int get_longs(const cJSON *o, const char *k, long *v, int from, int max) 
     const cJSON *e;
     cJSON_ArrayForEach(e, x) {
         double d;
-        if (int_of(e, 0, RES_MAX_INT, &d))
+        if (col_int_of(e, 0, RES_MAX_INT, &d))
             return dfl_seterr("field '%s': entry %d is not an integer in [0, %.0f]", k, i - from, RES_MAX_INT);
         v[i++] = (long)d;
     }
     return DFL_OK;
 }
 
-/* An optional string field into buf (kept as is when absent); must be a string when present. */
-static int opt_str(const cJSON *o, const char *k, char *buf, size_t n) {
-    const cJSON *x = cJSON_GetObjectItemCaseSensitive(o, k);
-    if (!x) return DFL_OK;
-    if (!cJSON_IsString(x)) return dfl_seterr("field '%s' must be a string", k);
-    snprintf(buf, n, "%s", x->valuestring);
+/* output_ids into *ids (malloc'd) and *n_ids; nothing when absent or null. */
+static int parse_ids(const cJSON *o, int32_t **ids, int *n_ids) {
+    const cJSON *x = cJSON_GetObjectItemCaseSensitive(o, "output_ids");
+    if (!x || cJSON_IsNull(x)) return DFL_OK;
+    if (!cJSON_IsArray(x)) return dfl_seterr("field 'output_ids' must be an array of token ids");
+    const int n = cJSON_GetArraySize(x);
+    int32_t *out = malloc(((size_t)n + 1) * sizeof(int32_t));
+    if (!out) return dfl_seterr("out of memory");
+    int i = 0;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, x) {
+        double v;
+        if (col_int_of(e, 0, INT_MAX, &v)) {
+            free(out);
+            return dfl_seterr("output_ids[%d] is not a token id (an integer in [0, %d])", i, INT_MAX);
+        }
+        out[i++] = (int32_t)v;
+    }
+    *ids = out;
+    *n_ids = n;
     return DFL_OK;
 }
 
-/* An optional number field (kept as is when absent or null); finite when present. */
-static int opt_num(const cJSON *o, const char *k, double *v) {
-    const cJSON *x = cJSON_GetObjectItemCaseSensitive(o, k);
-    if (!x || cJSON_IsNull(x)) return DFL_OK;
-    if (!cJSON_IsNumber(x) || !isfinite(x->valuedouble)) return dfl_seterr("field '%s' must be a finite number", k);
-    *v = x->valuedouble;
-    return DFL_OK;
+/* The arrays as written: block_size acceptance lengths 0..B-1 and draft positions 1..B-1 (B at
+ * least 1); output_ids when ids. */
+static int parse_arrays(const cJSON *o, eval_result *r, int32_t **ids, int *n_ids) {
+    const int B = r->max_block > 0 ? r->max_block : 1;
+    if (get_longs(o, "accept_hist", r->accept_hist, 0, B) || get_longs(o, "pos_drafted", r->pos_drafted, 1, B) ||
+        get_longs(o, "pos_accepted", r->pos_accepted, 1, B))
+        return DFL_ERR;
+    return ids ? parse_ids(o, ids, n_ids) : DFL_OK;
 }
 
 int eval_result_parse(const char *line, eval_result *r, int32_t **ids, int *n_ids) {
@@ -170,106 +139,7 @@ int eval_result_parse(const char *line, eval_result *r, int32_t **ids, int *n_id
         cJSON_Delete(o);
         return dfl_seterr("not a JSON object");
     }
-    int rc = DFL_ERR;
-    const cJSON *pid = cJSON_GetObjectItemCaseSensitive(o, "prompt_id");
-    const cJSON *dr = cJSON_GetObjectItemCaseSensitive(o, "drafter");
-    const cJSON *mode = cJSON_GetObjectItemCaseSensitive(o, "mode");
-    const cJSON *match = cJSON_GetObjectItemCaseSensitive(o, "match");
-    if (!cJSON_IsString(pid) || !cJSON_IsString(dr) || !cJSON_IsString(mode)) {
-        dfl_seterr("fields prompt_id, drafter and mode must be strings");
-        goto done;
-    }
-    snprintf(r->prompt_id, sizeof r->prompt_id, "%s", pid->valuestring);
-    snprintf(r->drafter, sizeof r->drafter, "%s", dr->valuestring);
-    snprintf(r->mode, sizeof r->mode, "%s", mode->valuestring);
-    double v = 0;
-    const double IMAX = 2147483647.0;
-    if (get_int(o, "turn", 0, 1, &v)) goto done;
-    r->turn = (int)v;
-    const cJSON *act = cJSON_GetObjectItemCaseSensitive(o, "act"); /* absent: float32 activations */
-    if (act && (!cJSON_IsString(act) ||
-                (strcmp(act->valuestring, "bf16") != 0 && strcmp(act->valuestring, "f32") != 0))) {
-        dfl_seterr("field act: expected \"f32\" or \"bf16\"");
-        goto done;
-    }
-    r->act_bf16 = act && strcmp(act->valuestring, "bf16") == 0;
-    const cJSON *dev = cJSON_GetObjectItemCaseSensitive(o, "device"); /* absent: the CPU */
-    if (dev) { /* any device's name, built here or not (a merge or summary of another machine's run) */
-        r->device = -1;
-        for (int d = 0; cJSON_IsString(dev) && d < DFL_DEVICE_COUNT; d++)
-            if (strcmp(dev->valuestring, dfl_device_name((dfl_device)d)) == 0) r->device = d;
-        if (r->device < 0) {
-            dfl_seterr("field device: expected \"cpu\" or \"cuda\"");
-            goto done;
-        }
-    }
-    if (cJSON_GetObjectItemCaseSensitive(o, "rep")) { /* absent: the first (or only) run */
-        if (get_int(o, "rep", 0, EVAL_MAX_REPEAT - 1, &v)) goto done;
-        r->rep = (int)v;
-    }
-    if (get_int(o, "tokens", 0, IMAX, &v)) goto done;
-    r->tokens = (int)v;
-    if (get_int(o, "rounds", 0, IMAX, &v)) goto done;
-    r->rounds = (int)v;
-    if (get_int(o, "drafted", 0, RES_MAX_INT, &v)) goto done;
-    r->drafted = (long)v;
-    if (get_int(o, "accepted", 0, RES_MAX_INT, &v)) goto done;
-    r->accepted = (long)v;
-    if (get_int(o, "block_size", 0, DFL_MAX_BLOCK, &v)) goto done;
-    r->max_block = (int)v;
-    if (get_num(o, "time_s", &r->time_s) || get_num(o, "prefill_s", &r->prefill_s) ||
-        get_num(o, "draft_s", &r->draft_s) || get_num(o, "verify_s", &r->verify_s) ||
-        get_num(o, "rollback_s", &r->rollback_s) || get_int(o, "first_mismatch", -1, IMAX, &v))
-        goto done;
-    r->first_mismatch = (int)v;
-    if (get_int(o, "tree_depth_sum", 0, RES_MAX_INT, &v)) goto done;
-    r->tree_depth_sum = (long)v;
-    r->match = cJSON_IsBool(match) ? cJSON_IsTrue(match) : -1;
-    if (opt_str(o, "method", r->method, sizeof r->method) || opt_str(o, "features", r->features, sizeof r->features))
-        goto done;
-    const cJSON *tn = cJSON_GetObjectItemCaseSensitive(o, "tree_nodes");
-    if (tn && !cJSON_IsNull(tn)) {
-        if (int_of(tn, 0, RES_MAX_INT, &v)) {
-            dfl_seterr("field 'tree_nodes' must be an integer in [0, %.0f]", RES_MAX_INT);
-            goto done;
-        }
-        r->tree_nodes = (long)v;
-    }
-    if (opt_num(o, "modeled_s", &r->modeled_s) || opt_num(o, "modeled_ar_s", &r->modeled_ar_s)) goto done;
-    /* as written: block_size acceptance lengths 0..B-1 and draft positions 1..B-1 (B at least 1) */
-    const int B = r->max_block > 0 ? r->max_block : 1;
-    if (get_longs(o, "accept_hist", r->accept_hist, 0, B) || get_longs(o, "pos_drafted", r->pos_drafted, 1, B) ||
-        get_longs(o, "pos_accepted", r->pos_accepted, 1, B))
-        goto done;
-    if (ids) {
-        const cJSON *x = cJSON_GetObjectItemCaseSensitive(o, "output_ids");
-        if (x && !cJSON_IsNull(x)) {
-            if (!cJSON_IsArray(x)) {
-                dfl_seterr("field 'output_ids' must be an array of token ids");
-                goto done;
-            }
-            const int n = cJSON_GetArraySize(x);
-            int32_t *out = malloc(((size_t)n + 1) * sizeof(int32_t));
-            if (!out) {
-                dfl_seterr("out of memory");
-                goto done;
-            }
-            int i = 0;
-            const cJSON *e;
-            cJSON_ArrayForEach(e, x) {
-                if (int_of(e, 0, IMAX, &v)) {
-                    free(out);
-                    dfl_seterr("output_ids[%d] is not a token id (an integer in [0, %.0f])", i, IMAX);
-                    goto done;
-                }
-                out[i++] = (int32_t)v;
-            }
-            *ids = out;
-            *n_ids = n;
-        }
-    }
-    rc = DFL_OK;
-done:
+    const int rc = eval_columns_parse(o, r) == DFL_OK && parse_arrays(o, r, ids, n_ids) == DFL_OK ? DFL_OK : DFL_ERR;
     cJSON_Delete(o);
     return rc;
 }
@@ -439,25 +309,14 @@ int eval_summarize(eval_summary *s, const eval_result *res, int n) {
                 a->speedups_modeled[a->n_speedups_modeled++] = r->modeled_ar_s / r->modeled_s;
             }
         }
-        a->tree_nodes += r->tree_nodes;
         a->resp = realloc(a->resp, (size_t)(a->responses + 1) * sizeof *a->resp);
         const double tau = r->rounds ? (double)(r->tokens - 1) / r->rounds : 1.0;
         eval_resp *e = &a->resp[a->responses++];
         *e = (eval_resp){.line = i, .turn = r->turn, .tokens = r->tokens, .tau = tau};
         snprintf(e->prompt_id, sizeof e->prompt_id, "%s", r->prompt_id);
         a->tau_sum += tau;
-        a->tokens += r->tokens;
-        a->rounds += r->rounds;
-        a->drafted += r->drafted;
-        a->accepted += r->accepted;
-        a->time_s += r->time_s;
-        a->prefill_s += r->prefill_s;
-        a->draft_s += r->draft_s;
-        a->verify_s += r->verify_s;
-        a->rollback_s += r->rollback_s;
-        a->tree_depth_sum += r->tree_depth_sum;
-        a->mismatches += r->match == 0;
-        if (r->max_block > a->max_block) a->max_block = r->max_block;
+        eval_columns_add(a, r);
+        /* the arrays are not columns (columns.h) */
         for (int b = 0; b <= DFL_MAX_BLOCK; b++) a->accept_hist[b] += r->accept_hist[b];
         for (int b = 0; b < DFL_MAX_BLOCK; b++) a->pos_drafted[b] += r->pos_drafted[b], a->pos_accepted[b] += r->pos_accepted[b];
     }
