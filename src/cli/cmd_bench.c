@@ -488,8 +488,8 @@ static int bench_tree(dfl_state *s, int32_t *toks, int B, int reps, bench_res *r
     float *logits = malloc((size_t)(tree_budgets[N_TREE - 1] + 1) * V * sizeof(float));
     dfl_tree t;
     int rc = DFL_ERR;
-    if (!probs || !logits || ddtree_alloc(&t, tree_budgets[N_TREE - 1]) != DFL_OK) goto done;
     uint64_t x = 0x9e3779b97f4a7c15ull;
+    if (!probs || !logits || ddtree_alloc(&t, tree_budgets[N_TREE - 1]) != DFL_OK) goto done;
     for (size_t i = 0; i < (size_t)D * V; i++) {
         x ^= x << 13, x ^= x >> 7, x ^= x << 17;
         probs[i] = 8.0f * (float)(x >> 40) / (float)(1 << 24);
@@ -567,6 +567,7 @@ static int run_bench(const bench_opts *o, const dfl_model *m, dfl_any_drafter *a
     float *logits = malloc((size_t)(nv > B ? nv : B) * V * sizeof(float));
     float *feat = ad ? malloc((size_t)ctx * nf * H * sizeof(float)) : NULL;
     int32_t *out = malloc((size_t)o->gen * sizeof(int32_t));
+    const dfl_capture cap = {.n_layers = nf, .layers = dif.feature_layers, .out = feat};
     if (!toks || !ctx_toks || !logits || !out || (ad && !feat)) {
         dfl_seterr("out of memory for benchmark buffers");
         goto done;
@@ -574,7 +575,6 @@ static int run_bench(const bench_opts *o, const dfl_model *m, dfl_any_drafter *a
     /* the context (capturing the drafter's features) */
     fill_tokens(ctx_toks, ctx, V, 1);
     memcpy(toks, ctx_toks, (size_t)ctx * sizeof(int32_t));
-    const dfl_capture cap = {.n_layers = nf, .layers = dif.feature_layers, .out = feat};
     if (model_forward(&s, toks, ctx, logits, 1, ad ? &cap : NULL) != DFL_OK) goto done;
     if (o->parts & P_DECODE) {
         /* tokens/s from the median token time: a token slowed by another process on a shared

@@ -287,38 +287,11 @@ static int check_inputs(input *in, int n, const char *out, char **keep, cJSON *p
     return rc;
 }
 
-int cmd_eval_merge(int argc, char **argv) {
-    const char *out = NULL;
-    input in[MAX_IN];
-    memset(in, 0, sizeof in);
-    int n_in = 0;
-    for (int i = 1; i < argc; i++) {
-        if (cli_is_help(argv[i])) {
-            fputs(usage_text, stdout);
-            return 0;
-        } else if (strcmp(argv[i], "--out") == 0) {
-            out = cli_value(argc, argv, &i);
-        } else if (argv[i][0] == '-') {
-            return cli_usage_error("eval-merge", "unknown option '%s'", argv[i]);
-        } else if (n_in == MAX_IN) {
-            return cli_usage_error("eval-merge", "at most %d input directories", MAX_IN);
-        } else {
-            in[n_in++].dir = argv[i];
-        }
-    }
-    if (!out || !n_in) return cli_usage_error("eval-merge", "needs --out DIR and at least one input directory");
-    char *keep[MAX_IN] = {0};
-    cJSON *prompts = cJSON_CreateObject();
-    int dropped = 0, rc = 0;
-    if (check_inputs(in, n_in, out, keep, prompts, &dropped) != DFL_OK) {
-        /* an input given twice, or as --out, is a usage error; the rest are the inputs' */
-        const char *m = dfl_errmsg();
-        rc = strstr(m, "give each input once") || strstr(m, "never writes into an input")
-                 ? cli_usage_error("eval-merge", "%s", m)
-                 : cli_fail("eval-merge", "%s", m);
-        goto done;
-    }
-    /* every check passed: the outputs */
+/* Every check passed: write results.jsonl, reference.jsonl, run.json and the reports to out.
+ * Returns the exit code. */
+static int write_merged(const input *in, int n_in, const char *out, char **keep, const cJSON *prompts,
+                        int dropped) {
+    int rc = 0;
     char *res_text = NULL, *ref_text = NULL;
     size_t res_len = 0, ref_len = 0;
     FILE *fr = open_memstream(&res_text, &res_len), *ff = open_memstream(&ref_text, &ref_len);
@@ -412,7 +385,41 @@ int cmd_eval_merge(int argc, char **argv) {
     cJSON_Delete(run);
     free(run_text), free(runp), free(res), free(ref), free(res_text), free(ref_text), free(all);
     free(all_ids), free(all_n);
-done:
+    return rc;
+}
+
+int cmd_eval_merge(int argc, char **argv) {
+    const char *out = NULL;
+    input in[MAX_IN];
+    memset(in, 0, sizeof in);
+    int n_in = 0;
+    for (int i = 1; i < argc; i++) {
+        if (cli_is_help(argv[i])) {
+            fputs(usage_text, stdout);
+            return 0;
+        } else if (strcmp(argv[i], "--out") == 0) {
+            out = cli_value(argc, argv, &i);
+        } else if (argv[i][0] == '-') {
+            return cli_usage_error("eval-merge", "unknown option '%s'", argv[i]);
+        } else if (n_in == MAX_IN) {
+            return cli_usage_error("eval-merge", "at most %d input directories", MAX_IN);
+        } else {
+            in[n_in++].dir = argv[i];
+        }
+    }
+    if (!out || !n_in) return cli_usage_error("eval-merge", "needs --out DIR and at least one input directory");
+    char *keep[MAX_IN] = {0};
+    cJSON *prompts = cJSON_CreateObject();
+    int dropped = 0, rc = 0;
+    if (check_inputs(in, n_in, out, keep, prompts, &dropped) != DFL_OK) {
+        /* an input given twice, or as --out, is a usage error; the rest are the inputs' */
+        const char *m = dfl_errmsg();
+        rc = strstr(m, "give each input once") || strstr(m, "never writes into an input")
+                 ? cli_usage_error("eval-merge", "%s", m)
+                 : cli_fail("eval-merge", "%s", m);
+    } else {
+        rc = write_merged(in, n_in, out, keep, prompts, dropped);
+    }
     for (int k = 0; k < n_in; k++) {
         eval_results_free(&in[k].res);
         cJSON_Delete(in[k].root);

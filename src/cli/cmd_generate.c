@@ -164,6 +164,130 @@ static int on_tokens(void *ud, const int32_t *toks, int n) {
     return 0;
 }
 
+/* The options of one run, as parsed (block: the drafter's, once one is open). */
+typedef struct gen_args {
+    const char *target, *dump_path;
+    long max_new, max_ctx, block, seed, budget, top_k;
+    double temperature, top_p;
+    int accept_rule, json, ignore_eos;
+} gen_args;
+
+/* Generate from the tokenized prompt with state s (and the drafter's run state dif, when ad is
+ * open), print the result, write --dump-drafts. Returns the exit code. */
+static int generate_decode(dfl_model *m, dfl_any_drafter *ad, dfl_draft_if *dif, dfl_state *s, double t_load,
+                           long max_ctx, const gen_args *a, dfl_tokenizer *tok, const int32_t *prompt,
+                           size_t n_prompt) {
+    const int have_ds = dif != NULL;
+    int rc = 0;
+    dfl_gen_opts o = {.max_new = (int)a->max_new, .block = (int)a->block, .temperature = (float)a->temperature,
+                      .seed = (uint64_t)a->seed, .ignore_eos = a->ignore_eos, .tree_budget = (int)a->budget,
+                      .accept_rule = (dfl_accept_rule)a->accept_rule, .top_p = (float)a->top_p,
+                      .top_k = (int)a->top_k};
+    rounds_log rl = {.keep_drafts = a->dump_path != NULL, .tree_budget = (int)a->budget};
+    if (have_ds) o.on_round = on_round, o.on_round_ud = &rl;
+    int32_t *out = malloc((size_t)a->max_new * sizeof(int32_t));
+    stream sm = {.tok = tok, .ids = malloc((size_t)a->max_new * sizeof(int32_t))};
+    dfl_gen_stats st;
+    if (spec_generate(s, dif, prompt, (int)n_prompt, &o, out, &st, a->json ? NULL : on_tokens, &sm) != DFL_OK) {
+        rc = cli_fail("generate", "%s", dfl_errmsg());
+    } else if (a->json) {
+        int unknown = 0;
+        char *text = tok ? prompt_decode(tok, out, (size_t)st.generated, &unknown) : NULL;
+        printf("{\"tokens\": [");
+        for (int i = 0; i < st.generated; i++) printf("%s%d", i ? ", " : "", out[i]);
+        printf("], \"text\": ");
+        if (tok) cli_json_string(stdout, text ? text : "");
+        else printf("null");
+        printf(", \"unknown_ids\": %d, ", unknown);
+        printf("\"stats\": {");
+        spec_stats_json(stdout, &st, have_ds, (int)a->budget, rl.committed, rl.n, t_load, m->weight_bytes,
+                        s->bytes + (ad ? anydrafter_state_bytes(ad) : 0), max_ctx);
+        if (ad) anydrafter_attn_json(stdout, ad);
+        printf("}");
+        printf("}\n");
+        free(text);
+    } else {
+        stream_flush(&sm, 1);
+        printf("\n");
+        fprintf(stderr, "[dfl] %d prompt tokens, %d generated (stop: %s); prefill %.1f tok/s, decode %.1f tok/s",
+                st.prompt_tokens, st.generated, st.stop, st.prompt_tokens / (st.t_prefill > 0 ? st.t_prefill : 1e-9),
+                (st.generated - 1) / (st.t_decode > 0 ? st.t_decode : 1e-9));
+        if (have_ds) {
+            fprintf(stderr, "; %d rounds, tau %.2f (block %ld", st.rounds, spec_tau(&st), a->block);
+            if (a->budget) fprintf(stderr, ", DDTree budget %ld", a->budget);
+            const char *attn = anydrafter_attn_semantics(ad);
+            if (attn) fprintf(stderr, "; block attention: %s", attn);
+            fprintf(stderr, ")");
+        }
+        fprintf(stderr, "; weights %.1f MB mmapped, state %.1f MB\n", m->weight_bytes / 1e6, s->bytes / 1e6);
+    }
+    if (a->dump_path && rc == 0 && dump_write(&rl, a->dump_path) != DFL_OK)
+        rc = cli_fail("generate", "%s", dfl_errmsg());
+    rounds_free(&rl);
+    free(out);
+    free(sm.ids);
+    return rc;
+}
+
+/* Check the context, allocate the target's (and the drafter's) run state and generate.
+ * Returns the exit code. */
+static int generate_tokens(dfl_model *m, dfl_any_drafter *ad, double t_load, const gen_args *a, dfl_tokenizer *tok,
+                           const int32_t *prompt, size_t n_prompt) {
+    long max_ctx = a->max_ctx;
+    const long max_new = a->max_new, budget = a->budget;
+    /* a DDTree round holds its budget of nodes in cache slots past the committed positions */
+    if (!max_ctx) max_ctx = (long)n_prompt + max_new + budget;
+    if ((long)n_prompt + max_new + budget > max_ctx)
+        return cli_fail("generate", "prompt (%zu tokens) + --max-new %ld%s exceeds --max-context %ld", n_prompt,
+                        max_new, budget ? " + --tree-budget" : "", max_ctx);
+    if (m->cfg.max_position && (long)n_prompt + max_new > m->cfg.max_position)
+        return cli_fail("generate", "%ld positions exceed the model's max_position_embeddings %d",
+                        (long)n_prompt + max_new, m->cfg.max_position);
+    const int chunk = n_prompt < 512 ? (int)n_prompt : 512;
+    int max_batch = chunk > a->block ? chunk : (int)a->block;
+    if (budget + 1 > max_batch) max_batch = (int)budget + 1;
+    /* no forward is longer than the context: a round verifies at most the tokens max_new leaves */
+    if (max_batch > max_ctx) max_batch = (int)max_ctx;
+    dfl_state s;
+    if (state_init(&s, m, (int)max_ctx, max_batch, ad != NULL) != DFL_OK)
+        return cli_fail("generate", "%s", dfl_errmsg());
+    int rc;
+    dfl_draft_if dif;
+    if (budget && state_enable_tree(&s, (int)budget + 1) != DFL_OK)
+        rc = cli_fail("generate", "%s", dfl_errmsg());
+    else if (ad && anydrafter_state_init(ad, m, (int)max_ctx, &dif) != DFL_OK)
+        rc = cli_fail("generate", "%s", dfl_errmsg());
+    else
+        rc = generate_decode(m, ad, ad ? &dif : NULL, &s, t_load, max_ctx, a, tok, prompt, n_prompt);
+    state_free(&s);
+    return rc;
+}
+
+/* Tokenize the prompt (a tokenizer when there is one) and generate. Returns the exit code. */
+static int generate_prompt(dfl_model *m, dfl_any_drafter *ad, double t_load, const gen_args *a, cli_prompt *pr) {
+    /* ids need no tokenizer; one is opened when there is one, for the text of the output */
+    char *tok_file = dfl_path_join(a->target, "tokenizer.json");
+    const int have_tok = pr->tokenizer || dfl_is_file(tok_file);
+    free(tok_file);
+    if (!have_tok && !pr->ids && (pr->text || pr->file))
+        return cli_fail("generate", "a text prompt needs a tokenizer: no tokenizer.json in %s (give --tokenizer PATH, "
+                        "or the prompt as --prompt-ids)", a->target);
+    dfl_tokenizer *tok = NULL;
+    int32_t *prompt = NULL;
+    size_t n_prompt = 0;
+    const int want_tok = !pr->ids || have_tok;
+    int rc = cli_prompt_tokens("generate", pr, a->target, want_tok, &tok, &prompt, &n_prompt);
+    if (rc == 0) {
+        if (!tok && !a->json)
+            fprintf(stderr, "[dfl] no tokenizer.json in %s: printing token ids (--tokenizer PATH gives text)\n",
+                    a->target);
+        rc = generate_tokens(m, ad, t_load, a, tok, prompt, n_prompt);
+    }
+    free(prompt);
+    if (tok) tok_close(tok);
+    return rc;
+}
+
 int cmd_generate(int argc, char **argv) {
     const char *target = NULL, *drafter_dir = NULL, *dump_path = NULL;
     cli_prompt pr = {0};
@@ -249,127 +373,29 @@ int cmd_generate(int argc, char **argv) {
         return 1;
     }
     dfl_any_drafter ad;
-    int have_ad = 0, rc = 0;
+    int rc = 0;
     if (drafter_dir) {
         char warning[1024];
         if (anydrafter_open(&ad, drafter_dir, &m, target, (int)block, check, warning, sizeof warning) != DFL_OK) {
             model_close(&m);
             return cli_fail("generate", "%s", dfl_errmsg());
         }
-        have_ad = 1;
         if (anydrafter_set_causal(&ad, block_attn) != DFL_OK) {
             rc = cli_fail("generate", "%s", dfl_errmsg());
-            goto out0;
+        } else {
+            if (warning[0]) fprintf(stderr, "dfl: warning: %s\n", warning);
+            block = ad.block;
         }
-        if (warning[0]) fprintf(stderr, "dfl: warning: %s\n", warning);
-        block = ad.block;
     }
-    double t_load = dfl_now() - t0;
-    dfl_tokenizer *tok = NULL;
-    int32_t *prompt = NULL;
-    size_t n_prompt = 0;
-    /* ids need no tokenizer; one is opened when there is one, for the text of the output */
-    char *tok_file = dfl_path_join(target, "tokenizer.json");
-    const int have_tok = pr.tokenizer || dfl_is_file(tok_file);
-    free(tok_file);
-    if (!have_tok && !pr.ids && (pr.text || pr.file)) {
-        rc = cli_fail("generate", "a text prompt needs a tokenizer: no tokenizer.json in %s (give --tokenizer PATH, "
-                      "or the prompt as --prompt-ids)", target);
-        goto out0;
+    if (rc == 0) {
+        const double t_load = dfl_now() - t0;
+        const gen_args a = {.target = target, .dump_path = dump_path, .max_new = max_new, .max_ctx = max_ctx,
+                            .block = block, .seed = seed, .budget = budget, .top_k = top_k,
+                            .temperature = temperature, .top_p = top_p, .accept_rule = accept_rule, .json = json,
+                            .ignore_eos = ignore_eos};
+        rc = generate_prompt(&m, drafter_dir ? &ad : NULL, t_load, &a, &pr);
     }
-    const int want_tok = !pr.ids || have_tok;
-    rc = cli_prompt_tokens("generate", &pr, target, want_tok, &tok, &prompt, &n_prompt);
-    if (rc) goto out1;
-    if (!tok && !json)
-        fprintf(stderr, "[dfl] no tokenizer.json in %s: printing token ids (--tokenizer PATH gives text)\n", target);
-    /* a DDTree round holds its budget of nodes in cache slots past the committed positions */
-    if (!max_ctx) max_ctx = (long)n_prompt + max_new + budget;
-    if ((long)n_prompt + max_new + budget > max_ctx) {
-        rc = cli_fail("generate", "prompt (%zu tokens) + --max-new %ld%s exceeds --max-context %ld", n_prompt, max_new,
-                      budget ? " + --tree-budget" : "", max_ctx);
-        goto out1;
-    }
-    if (m.cfg.max_position && (long)n_prompt + max_new > m.cfg.max_position) {
-        rc = cli_fail("generate", "%ld positions exceed the model's max_position_embeddings %d",
-                      (long)n_prompt + max_new, m.cfg.max_position);
-        goto out1;
-    }
-    const int chunk = n_prompt < 512 ? (int)n_prompt : 512;
-    int max_batch = chunk > block ? chunk : (int)block;
-    if (budget + 1 > max_batch) max_batch = (int)budget + 1;
-    /* no forward is longer than the context: a round verifies at most the tokens max_new leaves */
-    if (max_batch > max_ctx) max_batch = (int)max_ctx;
-    dfl_state s;
-    if (state_init(&s, &m, (int)max_ctx, max_batch, have_ad) != DFL_OK) {
-        rc = cli_fail("generate", "%s", dfl_errmsg());
-        goto out1;
-    }
-    if (budget && state_enable_tree(&s, (int)budget + 1) != DFL_OK) {
-        rc = cli_fail("generate", "%s", dfl_errmsg());
-        goto out2;
-    }
-    int have_ds = 0;
-    dfl_draft_if dif;
-    if (have_ad) {
-        if (anydrafter_state_init(&ad, &m, (int)max_ctx, &dif) != DFL_OK) {
-            rc = cli_fail("generate", "%s", dfl_errmsg());
-            goto out2;
-        }
-        have_ds = 1;
-    }
-    dfl_gen_opts o = {.max_new = (int)max_new, .block = (int)block, .temperature = (float)temperature,
-                      .seed = (uint64_t)seed, .ignore_eos = ignore_eos, .tree_budget = (int)budget,
-                      .accept_rule = (dfl_accept_rule)accept_rule, .top_p = (float)top_p, .top_k = (int)top_k};
-    rounds_log rl = {.keep_drafts = dump_path != NULL, .tree_budget = (int)budget};
-    if (have_ds) o.on_round = on_round, o.on_round_ud = &rl;
-    int32_t *out = malloc((size_t)max_new * sizeof(int32_t));
-    stream sm = {.tok = tok, .ids = malloc((size_t)max_new * sizeof(int32_t))};
-    dfl_gen_stats st;
-    if (spec_generate(&s, have_ds ? &dif : NULL, prompt, (int)n_prompt, &o, out, &st, json ? NULL : on_tokens,
-                      &sm) != DFL_OK) {
-        rc = cli_fail("generate", "%s", dfl_errmsg());
-    } else if (json) {
-        int unknown = 0;
-        char *text = tok ? prompt_decode(tok, out, (size_t)st.generated, &unknown) : NULL;
-        printf("{\"tokens\": [");
-        for (int i = 0; i < st.generated; i++) printf("%s%d", i ? ", " : "", out[i]);
-        printf("], \"text\": ");
-        if (tok) cli_json_string(stdout, text ? text : "");
-        else printf("null");
-        printf(", \"unknown_ids\": %d, ", unknown);
-        printf("\"stats\": {");
-        spec_stats_json(stdout, &st, have_ds, (int)budget, rl.committed, rl.n, t_load, m.weight_bytes,
-                        s.bytes + (have_ad ? anydrafter_state_bytes(&ad) : 0), max_ctx);
-        if (have_ad) anydrafter_attn_json(stdout, &ad);
-        printf("}");
-        printf("}\n");
-        free(text);
-    } else {
-        stream_flush(&sm, 1);
-        printf("\n");
-        fprintf(stderr, "[dfl] %d prompt tokens, %d generated (stop: %s); prefill %.1f tok/s, decode %.1f tok/s",
-                st.prompt_tokens, st.generated, st.stop, st.prompt_tokens / (st.t_prefill > 0 ? st.t_prefill : 1e-9),
-                (st.generated - 1) / (st.t_decode > 0 ? st.t_decode : 1e-9));
-        if (have_ds) {
-            fprintf(stderr, "; %d rounds, tau %.2f (block %ld", st.rounds, spec_tau(&st), block);
-            if (budget) fprintf(stderr, ", DDTree budget %ld", budget);
-            const char *attn = anydrafter_attn_semantics(&ad);
-            if (attn) fprintf(stderr, "; block attention: %s", attn);
-            fprintf(stderr, ")");
-        }
-        fprintf(stderr, "; weights %.1f MB mmapped, state %.1f MB\n", m.weight_bytes / 1e6, s.bytes / 1e6);
-    }
-    if (dump_path && rc == 0 && dump_write(&rl, dump_path) != DFL_OK) rc = cli_fail("generate", "%s", dfl_errmsg());
-    rounds_free(&rl);
-    free(out);
-    free(sm.ids);
-out2:
-    state_free(&s);
-out1:
-    free(prompt);
-    if (tok) tok_close(tok);
-out0:
-    if (have_ad) anydrafter_close(&ad);
+    if (drafter_dir) anydrafter_close(&ad);
     model_close(&m);
     return rc;
 }

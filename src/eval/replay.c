@@ -349,6 +349,28 @@ int eval_replay_grow(dfl_draft_if *dr, const eval_truth *t, const int *col, floa
     return DFL_OK;
 }
 
+/* The totals of each mode once its rounds are replayed: the drafter work a mode would do alone,
+ * at the rates measured in this run (the context updates of the output's positions, its own
+ * drafts and tree builds), and the modeled time where the costs allow. */
+static void replay_totals(const eval_truth *t, mode_run *mr, int n_modes, const eval_draft_cache *cache,
+                          const eval_costs *costs, eval_replay_out *out) {
+    const double per_draft = cache->drafts ? cache->draft_s / cache->drafts : 0;
+    const double per_row = cache->ctx_rows ? cache->ctx_s / cache->ctx_rows : 0;
+    const int have_costs = costs && costs->ok;
+    for (int i = 0; i < n_modes; i++) {
+        mode_run *m = &mr[i];
+        out[i].st.generated = t->n;
+        out[i].round_acc = m->acc;
+        m->acc = NULL;
+        out[i].draft_s = per_row * (t->n - 1) + per_draft * m->draft_rounds + m->build_s;
+        out[i].st.t_draft = out[i].draft_s;
+        int measurable = have_costs;
+        if (m->budget > 0 && eval_cost_tree(costs, m->budget) < 0) measurable = 0;
+        out[i].modeled_s = measurable ? out[i].draft_s + m->verify_s : -1;
+        out[i].st.t_verify = measurable ? m->verify_s : 0;
+    }
+}
+
 int eval_replay(const eval_truth *t, dfl_draft_if *dft, int V, const int *layer_col, int B, int max_new,
                 const int *budgets, int n_modes, eval_draft_cache *cache, const eval_costs *costs,
                 eval_replay_out *out) {
@@ -415,23 +437,7 @@ int eval_replay(const eval_truth *t, dfl_draft_if *dft, int V, const int *layer_
                 replay_round(&mr[i], t, n_out, bs, dr, cache->K, V, &tree, costs))
                 goto done;
     }
-    /* the drafter work a mode would do alone, at the rates measured in this run: the context
-     * updates of the output's positions, its own drafts and tree builds */
-    const double per_draft = cache->drafts ? cache->draft_s / cache->drafts : 0;
-    const double per_row = cache->ctx_rows ? cache->ctx_s / cache->ctx_rows : 0;
-    const int have_costs = costs && costs->ok;
-    for (int i = 0; i < n_modes; i++) {
-        mode_run *m = &mr[i];
-        out[i].st.generated = t->n;
-        out[i].round_acc = m->acc;
-        m->acc = NULL;
-        out[i].draft_s = per_row * (t->n - 1) + per_draft * m->draft_rounds + m->build_s;
-        out[i].st.t_draft = out[i].draft_s;
-        int measurable = have_costs;
-        if (m->budget > 0 && eval_cost_tree(costs, m->budget) < 0) measurable = 0;
-        out[i].modeled_s = measurable ? out[i].draft_s + m->verify_s : -1;
-        out[i].st.t_verify = measurable ? m->verify_s : 0;
-    }
+    replay_totals(t, mr, n_modes, cache, costs, out);
     rc = DFL_OK;
 done:
     if (mr)
