@@ -36,6 +36,17 @@ def mpirun(n, *args, extra=(), env=None, timeout=120):
     return subprocess.run(cmd, capture_output=True, text=True, env=env or ENV, timeout=timeout)
 
 
+def mpirun_slow_others(n, victim, *args, extra=(), env=None, timeout=120):
+    """n ranks of which every one but `victim` first measures its costs at length (--cost-reps 100):
+    the victim, whose death the test hook arranges, then surely gets a unit to die in, however the
+    machine's load schedules the processes."""
+    cmd = [MPIRUN, "--oversubscribe", *extra]
+    for r in range(n):
+        cmd += [":"] if r else []
+        cmd += ["-n", "1", DFL, "eval", *map(str, args)] + ([] if r == victim else ["--cost-reps", "100"])
+    return subprocess.run(cmd, capture_output=True, text=True, env=env or ENV, timeout=timeout)
+
+
 def lines(d):
     with open(os.path.join(d, "results.jsonl")) as f:
         return [json.loads(x) for x in f if x.strip()]
@@ -107,11 +118,12 @@ def features():
 
 
 def killed_recovery():
-    """--enable-recovery: rank 1 dies after 5 lines (its second prompt, half written); rank 0 and 2
-    run the rest; rank 0 writes the reports, names the missing prompt; --resume completes it."""
+    """--enable-recovery: rank 1 dies after its first line (its first prompt, a quarter written);
+    rank 0 and 2 run the rest; rank 0 writes the reports, names the missing prompt; --resume
+    completes it."""
     out = os.path.join(tmp, "killed")
-    p = mpirun(3, *REPLAY, "--out", out, extra=["--enable-recovery", "-x", "DFL_TEST_MPI_EXIT"],
-               env={**ENV, "DFL_TEST_MPI_EXIT": "1:5"})
+    p = mpirun_slow_others(3, 1, *REPLAY, "--out", out, extra=["--enable-recovery", "-x", "DFL_TEST_MPI_EXIT"],
+                           env={**ENV, "DFL_TEST_MPI_EXIT": "1:1"})
     err = p.stderr
     t.check("rank 1 (host" in err and "died running prompt" in err, f"the death is named: {err[-600:]}")
     t.check("prompt(s) missing" in err and "--resume" in err, "rank 0 names the missing prompts")
@@ -138,7 +150,8 @@ def killed_default():
     """Without --enable-recovery mpirun ends the job when a rank dies: exit status non-zero, every
     line rank 0 received is in results.jsonl, --resume completes the run."""
     out = os.path.join(tmp, "killed2")
-    p = mpirun(2, *REPLAY, "--out", out, extra=["-x", "DFL_TEST_MPI_EXIT"], env={**ENV, "DFL_TEST_MPI_EXIT": "1:4"})
+    p = mpirun_slow_others(2, 1, *REPLAY, "--out", out, extra=["-x", "DFL_TEST_MPI_EXIT"],
+                           env={**ENV, "DFL_TEST_MPI_EXIT": "1:4"})
     t.check(p.returncode != 0, f"mpirun exit status {p.returncode}")
     with open(os.path.join(out, "results.jsonl")) as f:
         n = sum(1 for x in f if x.endswith("\n"))
