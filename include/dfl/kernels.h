@@ -106,6 +106,35 @@ void kn_axpy(float *y, float a, const float *x, int n);
 void kn_dot_rows(float *out, size_t ldo, const float *a, size_t lda, int G, const float *b, size_t ldb, int m, int n);
 void kn_axpy_rows(float *y, size_t ldy, const float *w, size_t ldw, int G, const float *x, size_t ldx, int m, int n);
 
+/* Attention of n query rows over a key/value cache (the target's layers, the drafter's block,
+ * the MTP head). Rows come in blocks of `block`: row r sits at position qpos = starts[r/block]
+ * + r%block and sees the context keys 0..starts[b]-1 then its block's keys (in the cache at
+ * positions starts[b].. when kb/vb are NULL, else block b's at kb/vb + b*block*ldkv), only up to
+ * itself when causal. Masked (-inf) besides: keys with qpos - j >= window (window > 0), and with
+ * a tree, block key i unless tree[r*ldtree + i] (the row's ancestors and itself). Per (row, head
+ * h): scores q.k * 1/sqrt(hd), softmax, sum of the weighted values (kn_dot_rows, kn_softmax,
+ * kn_axpy_rows in key order), then out *= sigmoid(gate) when gated. GQA: query head h reads
+ * key/value head h / (n_heads / n_kv_heads). Threaded over (row, head group); each output is
+ * computed by the same operations whatever the threads or the batch. */
+typedef struct kn_attn_io {
+    int n, n_heads, n_kv_heads, head_dim;
+    const float *q;      /* query of (r, h) at q + r*ldq + h*ldqh [head_dim] */
+    size_t ldq, ldqh;
+    const float *gate;   /* NULL, or the output gate of (r, h) at gate + r*ldq + h*ldqh [head_dim] */
+    float *out;          /* [n][n_heads * head_dim] */
+    const float *k, *v;  /* cache: key/value head g of position j at k + j*ldkv + g*head_dim */
+    const float *kb, *vb; /* NULL, or the blocks' own keys/values [n][ldkv] */
+    size_t ldkv;
+    int block;           /* rows per block (n for a plain causal batch) */
+    const int *starts;   /* [n / block] first position of each block */
+    int causal, window;
+    const unsigned char *tree; /* NULL, or [n][ldtree] visibility of the block's keys */
+    size_t ldtree;
+    float *scores;       /* scratch [omp threads][n_heads / n_kv_heads][ldsc] */
+    size_t ldsc;         /* >= starts[b] + block for every block */
+} kn_attn_io;
+void kn_attention(const kn_attn_io *a);
+
 /* y = x * rsqrt(mean(x^2) + eps) * w  (w already holds the effective multiplier). */
 void kn_rmsnorm(float *y, const float *x, const float *w, int n, float eps);
 /* In-place SiLU-gated product: a[i] = silu(a[i]) * b[i]. */

@@ -127,17 +127,16 @@ static int draft_rows(dfl_dstate *s, const dscratch *w, const int32_t *anchors, 
     const dfl_config *g = &d->cfg;
     const dfl_model *t = s->t;
     const int H = g->hidden, hd = g->head_dim, Hq = g->n_heads, Hkv = g->n_kv_heads, kv = Hkv * hd;
-    const int group = Hq / Hkv, dflash2 = g->dflash2, R = nb * B;
+    const int dflash2 = g->dflash2, R = nb * B;
     /* block = [anchor, MASK x (B-1)], embedded with the target's embedding */
     for (int i = 0; i < R; i++) {
         model_embed(t, i % B == 0 ? anchors[i / B] : g->mask_token_id, w->x + (size_t)i * H);
         if (g->input_embedding_scale != 1.0f)
             for (int j = 0; j < H; j++) w->x[(size_t)i * H + j] *= g->input_embedding_scale;
     }
-    const float scale = 1.0f / sqrtf((float)hd);
     for (int li = 0; li < g->n_layers; li++) {
         const dfl_dlayer_w *l = &d->layers[li];
-        const int sliding = l->type == DFL_LAYER_SLIDING, window = g->sliding_window;
+        const int sliding = l->type == DFL_LAYER_SLIDING;
         /* cfg.causal (is_causal, dflash_config.causal or drafter_set_causal) overrides the
          * default, -1: sliding layers causal, full ones not (docs/design.md §4) */
         const int causal = g->causal >= 0 ? g->causal : sliding;
@@ -154,35 +153,14 @@ static int draft_rows(dfl_dstate *s, const dscratch *w, const int32_t *anchors, 
             norm_rope(s, w->q + (size_t)i * Hq * hd, Hq, l->q_norm, starts[i / B] + i % B);
             norm_rope(s, w->kb + (size_t)i * kv, Hkv, l->k_norm, starts[i / B] + i % B);
         }
-        const float *kc = s->k_ctx[li], *vc = s->v_ctx[li];
-        /* query heads sharing a key/value head together unless that leaves threads idle (decided
-         * per block, so that a batch computes each block as drafter_draft does) */
-        const int G = B * Hkv >= omp_get_max_threads() ? group : 1;
-        const size_t ldsc = (size_t)s->max_ctx + s->max_block;
-#pragma omp parallel for collapse(2) schedule(static) if ((size_t)R * Hq * (starts[0] + B) * hd >= KN_PAR_MIN_WORK)
-        for (int i = 0; i < R; i++) {
-            for (int h0 = 0; h0 < Hq; h0 += G) {
-                float *sc = s->scores + (size_t)omp_get_thread_num() * group * ldsc; /* [G][ldsc] */
-                const float *q = w->q + ((size_t)i * Hq + h0) * hd;
-                const int b = i / B, start = starts[b], kvh = h0 / group, qpos = start + i % B;
-                const float *kb = w->kb + (size_t)b * B * kv, *vb = w->vb + (size_t)b * B * kv;
-                /* visible keys: context 0..start-1 then block 0..B-1 (absolute positions);
-                 * full layers see everything but the future in causal ones, sliding layers a window */
-                const int n_keys = start + B;
-                kn_dot_rows(sc, ldsc, q, (size_t)hd, G, kc + (size_t)kvh * hd, (size_t)kv, start, hd);
-                kn_dot_rows(sc + start, ldsc, q, (size_t)hd, G, kb + (size_t)kvh * hd, (size_t)kv, B, hd);
-                for (int gi = 0; gi < G; gi++) {
-                    float *sg = sc + gi * ldsc;
-                    for (int j = 0; j < n_keys; j++)
-                        sg[j] = (causal && j > qpos) || (sliding && qpos - j >= window) ? -INFINITY : sg[j] * scale;
-                    kn_softmax(sg, n_keys);
-                }
-                float *o = w->att + ((size_t)i * Hq + h0) * hd;
-                memset(o, 0, (size_t)G * hd * sizeof(float));
-                kn_axpy_rows(o, (size_t)hd, sc, ldsc, G, vc + (size_t)kvh * hd, (size_t)kv, start, hd);
-                kn_axpy_rows(o, (size_t)hd, sc + start, ldsc, G, vb + (size_t)kvh * hd, (size_t)kv, B, hd);
-            }
-        }
+        /* each block sees the context before its start and itself (a window in sliding layers,
+         * up to the row in causal ones) */
+        const kn_attn_io a = {.n = R, .n_heads = Hq, .n_kv_heads = Hkv, .head_dim = hd, .q = w->q,
+                              .ldq = (size_t)Hq * hd, .ldqh = (size_t)hd, .out = w->att, .k = s->k_ctx[li],
+                              .v = s->v_ctx[li], .kb = w->kb, .vb = w->vb, .ldkv = (size_t)kv, .block = B,
+                              .starts = starts, .causal = causal, .window = sliding ? g->sliding_window : 0,
+                              .scores = s->scores, .ldsc = (size_t)s->max_ctx + s->max_block};
+        kn_attention(&a);
         kn_matmul(w->xn, w->att, &l->o_proj, R);
         const float *aout = w->xn;
         if (dflash2) { /* the output side, with the deltas taken from the attention's normed input */

@@ -248,36 +248,14 @@ static void attention_layer(dfl_state *s, int li, int n) {
         memcpy(kc + (size_t)(p0 + t) * kvw, s->k + (size_t)t * kvw, (size_t)kvw * sizeof(float));
         memcpy(vc + (size_t)(p0 + t) * kvw, s->v + (size_t)t * kvw, (size_t)kvw * sizeof(float));
     }
-    const float scale = 1.0f / sqrtf((float)hd);
-    const int group = Hq / Hkv;
-    /* the query heads sharing a key/value head go together (each cache row read once for
-     * them) unless that leaves threads idle; results are the same either way */
-    const int G = n * Hkv >= omp_get_max_threads() ? group : 1, ldsc = s->max_ctx;
-#pragma omp parallel for collapse(2) schedule(static) if ((size_t)n * Hq * (p0 + n) * hd >= KN_PAR_MIN_WORK)
-    for (int t = 0; t < n; t++) {
-        for (int h0 = 0; h0 < Hq; h0 += G) {
-            float *sc = s->scores + (size_t)omp_get_thread_num() * group * ldsc; /* [G][max_ctx] */
-            const float *q = s->q + (size_t)t * qstride + (size_t)h0 * hd * (gated ? 2 : 1);
-            const size_t ldq = (size_t)hd * (gated ? 2 : 1);
-            const int kvh = h0 / group, len = p0 + t + 1; /* causal: keys 0..p0+t */
-            /* tree: only the committed context, the node's ancestors and itself are visible */
-            const unsigned char *anc = s->tree_anc && s->tree_parent ? s->tree_anc + (size_t)t * s->max_batch : NULL;
-            kn_dot_rows(sc, (size_t)ldsc, q, ldq, G, kc + (size_t)kvh * hd, (size_t)kvw, len, hd);
-            for (int g = 0; g < G; g++) {
-                float *sg = sc + (size_t)g * ldsc;
-                for (int j = 0; j < len; j++) sg[j] = anc && j >= p0 && !anc[j - p0] ? -INFINITY : sg[j] * scale;
-                kn_softmax(sg, len);
-            }
-            float *o = s->att + (size_t)t * Hq * hd + (size_t)h0 * hd;
-            memset(o, 0, (size_t)G * hd * sizeof(float));
-            kn_axpy_rows(o, (size_t)hd, sc, (size_t)ldsc, G, vc + (size_t)kvh * hd, (size_t)kvw, len, hd);
-            if (gated) /* output gate: the second half of each head's q_proj rows */
-                for (int g = 0; g < G; g++) {
-                    const float *gate = q + g * ldq + hd;
-                    for (int i = 0; i < hd; i++) o[(size_t)g * hd + i] *= kn_sigmoid(gate[i]);
-                }
-        }
-    }
+    /* one causal block of n rows after the context; a tree sees only the node's ancestors */
+    const kn_attn_io a = {.n = n, .n_heads = Hq, .n_kv_heads = Hkv, .head_dim = hd, .q = s->q,
+                          .ldq = (size_t)qstride, .ldqh = (size_t)hd * (gated ? 2 : 1),
+                          .gate = gated ? s->q + hd : NULL, .out = s->att, .k = kc, .v = vc, .ldkv = (size_t)kvw,
+                          .block = n, .starts = &p0, .causal = 1,
+                          .tree = s->tree_parent ? s->tree_anc : NULL, .ldtree = (size_t)s->max_batch,
+                          .scores = s->scores, .ldsc = (size_t)s->max_ctx};
+    kn_attention(&a);
     kn_matmul(s->xn, s->att, &l->o_proj, n);
     add_par(s->x, s->xn, (size_t)n * H);
 }

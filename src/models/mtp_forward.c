@@ -1,6 +1,7 @@
 /* MTP head forward (include/dfl/mtp.h): context K/V from committed (hidden, next token) pairs,
  * autoregressive draft steps over them. */
 #include <math.h>
+#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -41,7 +42,7 @@ int mstate_init(dfl_mstate *s, const dfl_mtp *h, const dfl_model *t, int max_ctx
     ALLOC(s->mlp1, B * inner);
     ALLOC(s->mlp2, B * inner);
     if (h->layer.moe && moe_buf_init(&s->moe, &h->cfg, 1, &s->bytes) != DFL_OK) goto oom;
-    ALLOC(s->scores, max_ctx + B);
+    ALLOC(s->scores, (size_t)omp_get_max_threads() * (g->n_heads / g->n_kv_heads) * (max_ctx + B)); /* kn_attention */
     ALLOC(s->inv_freq, g->rot_dim / 2);
     for (int i = 0; i < g->rot_dim / 2; i++) /* as the target's attention computes it */
         s->inv_freq[i] = 1.0f / powf((float)g->rope_theta, (float)(2 * i) / (float)g->rot_dim);
@@ -106,21 +107,14 @@ static void step_out(dfl_mstate *s, int pos, float *out) {
     const dfl_mtp *h = s->h;
     const dfl_config *g = &s->t->cfg;
     const dfl_layer_w *l = &h->layer;
-    const int H = g->hidden, hd = g->head_dim, Hq = g->n_heads, kvw = g->n_kv_heads * hd, group = Hq / g->n_kv_heads;
-    const int len = pos + 1;
+    const int H = g->hidden, hd = g->head_dim, Hq = g->n_heads, kvw = g->n_kv_heads * hd;
     norm_rope(s, s->q, Hq, (size_t)2 * hd, l->q_norm, pos);
-    const float scale = 1.0f / sqrtf((float)hd);
-    for (int hh = 0; hh < Hq; hh++) {
-        const float *q = s->q + (size_t)hh * 2 * hd, *gate = q + hd;
-        const int kvh = hh / group;
-        kn_dot_rows(s->scores, 0, q, 0, 1, s->k_cache + (size_t)kvh * hd, (size_t)kvw, len, hd);
-        for (int j = 0; j < len; j++) s->scores[j] *= scale;
-        kn_softmax(s->scores, len);
-        float *o = s->att + (size_t)hh * hd;
-        memset(o, 0, (size_t)hd * sizeof(float));
-        kn_axpy_rows(o, 0, s->scores, 0, 1, s->v_cache + (size_t)kvh * hd, (size_t)kvw, len, hd);
-        for (int i = 0; i < hd; i++) o[i] *= kn_sigmoid(gate[i]);
-    }
+    /* one causal row at pos; each head's q_proj rows are [query | output gate] */
+    const kn_attn_io a = {.n = 1, .n_heads = Hq, .n_kv_heads = g->n_kv_heads, .head_dim = hd, .q = s->q,
+                          .ldqh = (size_t)2 * hd, .gate = s->q + hd, .out = s->att, .k = s->k_cache,
+                          .v = s->v_cache, .ldkv = (size_t)kvw, .block = 1, .starts = &pos, .causal = 1,
+                          .scores = s->scores, .ldsc = (size_t)s->max_ctx + s->max_block};
+    kn_attention(&a);
     kn_matmul(s->xn, s->att, &l->o_proj, 1);
     for (int i = 0; i < H; i++) s->x[i] += s->xn[i];
     kn_rmsnorm(s->xn, s->x, l->post_norm, H, g->rms_eps);
