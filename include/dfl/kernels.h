@@ -137,6 +137,30 @@ void kn_attention(const kn_attn_io *a);
 
 /* y = x * rsqrt(mean(x^2) + eps) * w  (w already holds the effective multiplier). */
 void kn_rmsnorm(float *y, const float *x, const float *w, int n, float eps);
+/* kn_rmsnorm of each of rows rows of x [rows][dim] into y, threaded over rows. */
+void kn_rmsnorm_rows(float *y, const float *x, const float *w, int rows, int dim, float eps);
+/* kn_swiglu over n elements, threaded over chunks (equal to one kn_swiglu call bit for bit). */
+void kn_swiglu_par(float *a, const float *b, size_t n);
+/* The residual add x[i] += y[i] over n elements, threaded. */
+void kn_add(float *x, const float *y, size_t n);
+/* x[i] += a * y[i] (a product then a sum, unlike kn_axpy's fused multiply-add on SIMD paths). */
+void kn_add_scaled(float *x, float a, const float *y, int n);
+/* The weighted gather of a mixture of experts: out [n][H], row t = sum over j < k, in order, of
+ * w[t*k+j] * y[rows[t*k+j]] (y [*][H]); threaded over t. */
+void kn_gather_sum(float *out, const float *y, const int *rows, const float *w, int n, int k, int H);
+/* x[i] *= a. */
+void kn_scale(float *x, float a, size_t n);
+/* Logit soft-capping: x[i] = tanh(x[i] / cap) * cap. */
+void kn_softcap(float *x, float cap, size_t n);
+/* Rotary tables at position pos: cos[i] = cos(pos * inv_freq[i]), sin likewise, i < half. */
+void kn_rope_table(float *cos, float *sin, const float *inv_freq, int half, float pos);
+/* Per-head RMSNorm (weights w [hd]) then kn_rope, in place, over nh heads of x spaced ldh apart
+ * (the q/k norm and rotation of an attention layer). */
+void kn_head_norm_rope(float *x, int nh, size_t ldh, const float *w, int hd, float eps, const float *cos,
+                       const float *sin, int rot);
+/* L2 normalisation of nh heads of d values in each of n rows of x (row stride ld), times scale:
+ * v = v * (1 / sqrt(sum v^2 + 1e-6)) * scale; threaded over (row, head). */
+void kn_l2norm_heads(float *x, size_t ld, int n, int nh, int d, float scale);
 /* In-place SiLU-gated product: a[i] = silu(a[i]) * b[i]. */
 void kn_swiglu(float *a, const float *b, int n);
 /* In-place SiLU: x[i] = x[i] / (1 + exp(-x[i])). */
@@ -181,6 +205,12 @@ typedef struct kn_gdn_io {
     const float *S0; /* state [dk][dv] to start from, left unchanged (NULL: S itself); a tree
                       * node continues its parent's state without copying it first */
 } kn_gdn_io;
+
+/* Gates of value head h for tokens t0..t0+nt-1 (nt <= KN_GDN_CHUNK) from ab [tokens][2*Hv] (raw
+ * a | b projections) into gb [2*KN_GDN_CHUNK]: log-decays neg_exp_A[h] * softplus(a + dt_bias[h])
+ * then betas sigmoid(b) from gb + KN_GDN_CHUNK. */
+void kn_gdn_gates(float *gb, const float *ab, int Hv, int h, int t0, int nt, const float *neg_exp_A,
+                  const float *dt_bias);
 
 /* Token-by-token recurrence on the state S [dk][dv]:
  *   S *= exp(g_t); d = (v_t - S^T k_t) beta_t; S += k_t d^T; o_t = S^T q_t. */

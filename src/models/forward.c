@@ -195,31 +195,6 @@ void model_embed(const dfl_model *m, int32_t token, float *out) { kn_mat_row(&m-
 
 void model_lm_head(const dfl_model *m, const float *x, float *logits, int n) { kn_matmul(logits, x, &m->lm_head, n); }
 
-/* ---- row-parallel helpers (serial below KN_PAR_MIN_WORK; results independent of the split) -- */
-
-static void rmsnorm_rows(float *y, const float *x, const float *w, int rows, int dim, float eps) {
-#pragma omp parallel for schedule(static) if ((size_t)rows * dim * 4 >= KN_PAR_MIN_WORK)
-    for (int r = 0; r < rows; r++) kn_rmsnorm(y + (size_t)r * dim, x + (size_t)r * dim, w, dim, eps);
-}
-
-#define EW_CHUNK 4096 /* elements per work item of the elementwise loops (a multiple of any vector width) */
-
-/* a = silu(a) * b over n elements */
-static void swiglu_par(float *a, const float *b, size_t n) {
-    const long chunks = (long)((n + EW_CHUNK - 1) / EW_CHUNK);
-#pragma omp parallel for schedule(static) if (n * 8 >= KN_PAR_MIN_WORK)
-    for (long c = 0; c < chunks; c++) {
-        const size_t i0 = (size_t)c * EW_CHUNK;
-        kn_swiglu(a + i0, b + i0, (int)(n - i0 < EW_CHUNK ? n - i0 : EW_CHUNK));
-    }
-}
-
-/* x += y over n elements (the residual stream) */
-static void add_par(float *x, const float *y, size_t n) {
-#pragma omp parallel for schedule(static) if (n * 4 >= KN_PAR_MIN_WORK)
-    for (size_t i = 0; i < n; i++) x[i] += y[i];
-}
-
 /* ---- full attention layer ---------------------------------------------------------- */
 
 static void attention_layer(dfl_state *s, int li, int n) {
@@ -229,25 +204,18 @@ static void attention_layer(dfl_state *s, int li, int n) {
     const int H = g->hidden, hd = g->head_dim, Hq = g->n_heads, Hkv = g->n_kv_heads, rot = g->rot_dim;
     const int gated = g->attn_gate;
     const int qstride = Hq * hd * (gated ? 2 : 1), kvw = Hkv * hd, p0 = s->n_past;
-    rmsnorm_rows(s->xn, s->x, l->input_norm, n, H, g->rms_eps);
+    kn_rmsnorm_rows(s->xn, s->x, l->input_norm, n, H, g->rms_eps);
     kn_matmul_multi(3, (float *[]){s->q, s->k, s->v}, s->xn, (const dfl_mat *[]){&l->q_proj, &l->k_proj, &l->v_proj}, n);
     float *kc = s->k_cache[li], *vc = s->v_cache[li];
-    /* per-head norms and rotation; new keys/values go straight into the cache */
+    /* per-head norms and rotation; the new keys/values then go into the cache */
     for (int t = 0; t < n; t++) {
         const float *cs = s->rope_cos + (size_t)t * rot / 2, *sn = s->rope_sin + (size_t)t * rot / 2;
-        for (int h = 0; h < Hq; h++) {
-            float *q = s->q + (size_t)t * qstride + (size_t)h * hd * (gated ? 2 : 1);
-            kn_rmsnorm(q, q, l->q_norm, hd, g->rms_eps);
-            kn_rope(q, cs, sn, rot);
-        }
-        for (int h = 0; h < Hkv; h++) {
-            float *k = s->k + (size_t)t * kvw + (size_t)h * hd;
-            kn_rmsnorm(k, k, l->k_norm, hd, g->rms_eps);
-            kn_rope(k, cs, sn, rot);
-        }
-        memcpy(kc + (size_t)(p0 + t) * kvw, s->k + (size_t)t * kvw, (size_t)kvw * sizeof(float));
-        memcpy(vc + (size_t)(p0 + t) * kvw, s->v + (size_t)t * kvw, (size_t)kvw * sizeof(float));
+        kn_head_norm_rope(s->q + (size_t)t * qstride, Hq, (size_t)hd * (gated ? 2 : 1), l->q_norm, hd, g->rms_eps, cs,
+                          sn, rot);
+        kn_head_norm_rope(s->k + (size_t)t * kvw, Hkv, (size_t)hd, l->k_norm, hd, g->rms_eps, cs, sn, rot);
     }
+    memcpy(kc + (size_t)p0 * kvw, s->k, (size_t)n * kvw * sizeof(float)); /* [n][kvw] rows at p0.. */
+    memcpy(vc + (size_t)p0 * kvw, s->v, (size_t)n * kvw * sizeof(float));
     /* one causal block of n rows after the context; a tree sees only the node's ancestors */
     const kn_attn_io a = {.n = n, .n_heads = Hq, .n_kv_heads = Hkv, .head_dim = hd, .q = s->q,
                           .ldq = (size_t)qstride, .ldqh = (size_t)hd * (gated ? 2 : 1),
@@ -257,7 +225,7 @@ static void attention_layer(dfl_state *s, int li, int n) {
                           .scores = s->scores, .ldsc = (size_t)s->max_ctx};
     kn_attention(&a);
     kn_matmul(s->xn, s->att, &l->o_proj, n);
-    add_par(s->x, s->xn, (size_t)n * H);
+    kn_add(s->x, s->xn, (size_t)n * H);
 }
 
 /* ---- Gated DeltaNet layer ---------------------------------------------------------- */
@@ -275,16 +243,6 @@ typedef struct lin_tree {
     int threads;
     float *leaf_qkv, *leaf_ab; /* [n, conv_dim] and [n, 2*Hv]: the inputs of each leaf */
 } lin_tree;
-
-/* gb [2*KN_GDN_CHUNK]: log-decays | betas of value head h for tokens t0 .. t0+nt-1 of ab
- * [n, 2*Hv] (raw a | b projections). */
-static void gdn_gates(const dfl_layer_w *l, const float *ab, int Hv, int h, int t0, int nt, float *gb) {
-    for (int t = 0; t < nt; t++) {
-        const float a = ab[(size_t)(t0 + t) * 2 * Hv + h], b = ab[(size_t)(t0 + t) * 2 * Hv + Hv + h];
-        gb[t] = l->neg_exp_A[h] * kn_softplus(a + l->dt_bias[h]);
-        gb[KN_GDN_CHUNK + t] = kn_sigmoid(b);
-    }
-}
 
 /* Advance one linear layer's conv window and recurrent state over n tokens. S0: a chain's
  * state to continue from, left unchanged, with the result in S (NULL: S itself).
@@ -324,15 +282,8 @@ static void gated_delta(const dfl_model *m, const dfl_layer_w *l, float *conv_st
         }
     }
     /* L2-normalise q and k per (token, key head); q also scaled by 1/sqrt(dk) */
-    const float qscale = 1.0f / sqrtf((float)dk);
-#pragma omp parallel for schedule(static) if ((size_t)n * Hk * dk * 4 >= KN_PAR_MIN_WORK)
-    for (int th = 0; th < n * Hk; th++) {
-        float *q = qkv + (size_t)(th / Hk) * C + (size_t)(th % Hk) * dk, *k = q + (size_t)Hk * dk;
-        float sq = 0, sk = 0;
-        for (int i = 0; i < dk; i++) sq += q[i] * q[i], sk += k[i] * k[i];
-        const float rq = 1.0f / sqrtf(sq + 1e-6f), rk = 1.0f / sqrtf(sk + 1e-6f);
-        for (int i = 0; i < dk; i++) q[i] = q[i] * rq * qscale, k[i] = k[i] * rk;
-    }
+    kn_l2norm_heads(qkv, (size_t)C, n, Hk, dk, 1.0f / sqrtf((float)dk));
+    kn_l2norm_heads(qkv + (size_t)Hk * dk, (size_t)C, n, Hk, dk, 1.0f);
     if (tree) /* a leaf's state is recomputed at commit (state_tree_commit) from these */
         for (int t = 0; t < n; t++)
             if (!tree->kept[t]) {
@@ -357,7 +308,7 @@ static void gated_delta(const dfl_model *m, const dfl_layer_w *l, float *conv_st
                 Sh = tree->kept[t0] || th >= tree->threads ? tree->node_S + (size_t)t0 * HS + (size_t)h * dk * dv
                                                             : tree->scratch + (size_t)th * dk * dv;
             }
-            gdn_gates(l, ab, Hv, h, t0, nt, gb);
+            kn_gdn_gates(gb, ab, Hv, h, t0, nt, l->neg_exp_A, l->dt_bias);
             const float *row = qkv + (size_t)t0 * C;
             const kn_gdn_io io = {.dk = dk, .dv = dv, .n = nt, .q = row + (size_t)kh * dk,
                                   .k = row + (size_t)Hk * dk + (size_t)kh * dk,
@@ -376,7 +327,7 @@ static void linear_layer(dfl_state *s, int li, int n) {
     const dfl_config *g = &m->cfg;
     const dfl_layer_w *l = &m->layers[li];
     const int H = g->hidden, Hv = g->lin_v_heads, dv = g->lin_v_dim, C = m->conv_dim;
-    rmsnorm_rows(s->xn, s->x, l->input_norm, n, H, g->rms_eps);
+    kn_rmsnorm_rows(s->xn, s->x, l->input_norm, n, H, g->rms_eps);
     kn_matmul_multi(4, (float *[]){s->q, s->z, s->att, s->att + (size_t)n * Hv}, s->xn,
                     (const dfl_mat *[]){&l->in_qkv, &l->in_z, &l->in_a, &l->in_b}, n);
     /* a and b side by side: ab[t] = [a_0..a_Hv-1 | b_0..b_Hv-1] */
@@ -407,10 +358,10 @@ static void linear_layer(dfl_state *s, int li, int n) {
     gated_delta(m, l, s->conv_state[li], s->rec_state[li], S0, s->q, s->ab, n, s->att,
                 s->tree_parent ? &tree : NULL);
     /* gated RMSNorm per (token, value head): w * norm(o) * silu(z), into z */
-    rmsnorm_rows(s->att, s->att, l->gnorm, n * Hv, dv, g->rms_eps);
-    swiglu_par(s->z, s->att, (size_t)n * Hv * dv);
+    kn_rmsnorm_rows(s->att, s->att, l->gnorm, n * Hv, dv, g->rms_eps);
+    kn_swiglu_par(s->z, s->att, (size_t)n * Hv * dv);
     kn_matmul(s->xn, s->z, &l->out_proj, n);
-    add_par(s->x, s->xn, (size_t)n * H);
+    kn_add(s->x, s->xn, (size_t)n * H);
 }
 
 /* Router of one token, as transformers' TopKRouter: p = softmax(logits) in float32, the k
@@ -495,33 +446,19 @@ int moe_forward(const dfl_config *g, const dfl_layer_w *l, dfl_moe_buf *b, const
         touched++;
         kn_matmul_multi(2, (float *[]){mlp1, mlp2}, b->x + (size_t)start[e] * H,
                         (const dfl_mat *[]){&l->exp_gate[e], &l->exp_up[e]}, cnt);
-        swiglu_par(mlp1, mlp2, (size_t)cnt * Ie);
+        kn_swiglu_par(mlp1, mlp2, (size_t)cnt * Ie);
         kn_matmul(b->y + (size_t)start[e] * H, mlp1, &l->exp_down[e], cnt);
     }
     /* combine into b->x (free now): out_t = sum over its experts, ascending id, of w * y */
-#pragma omp parallel for schedule(static) if ((size_t)n * k * H >= KN_PAR_MIN_WORK)
-    for (int t = 0; t < n; t++) {
-        float *o = b->x + (size_t)t * H;
-        memset(o, 0, (size_t)H * sizeof(float));
-        for (int j = 0; j < k; j++) {
-            const float w = b->w[(size_t)t * k + j];
-            const float *y = b->y + (size_t)b->rows[(size_t)t * k + j] * H;
-            for (int i = 0; i < H; i++) o[i] += y[i] * w;
-        }
-    }
+    kn_gather_sum(b->x, b->y, b->rows, b->w, n, k, H);
     if (g->shared_intermediate > 0) { /* + sigmoid(sh_score . x) * shared_expert(x), into b->y */
         kn_matmul_multi(2, (float *[]){mlp1, mlp2}, xn, (const dfl_mat *[]){&l->sh_gate, &l->sh_up}, n);
-        swiglu_par(mlp1, mlp2, (size_t)n * g->shared_intermediate);
+        kn_swiglu_par(mlp1, mlp2, (size_t)n * g->shared_intermediate);
         kn_matmul(b->y, mlp1, &l->sh_down, n);
         kn_matmul(b->sh, xn, &l->sh_score, n);
-        for (int t = 0; t < n; t++) {
-            const float gate = kn_sigmoid(b->sh[t]);
-            float *o = b->x + (size_t)t * H;
-            const float *y = b->y + (size_t)t * H;
-            for (int i = 0; i < H; i++) o[i] += gate * y[i];
-        }
+        for (int t = 0; t < n; t++) kn_add_scaled(b->x + (size_t)t * H, kn_sigmoid(b->sh[t]), b->y + (size_t)t * H, H);
     }
-    add_par(x, b->x, (size_t)n * H);
+    kn_add(x, b->x, (size_t)n * H);
     return touched;
 }
 
@@ -529,15 +466,15 @@ static void mlp(dfl_state *s, int li, int n) {
     const dfl_config *g = &s->m->cfg;
     const dfl_layer_w *l = &s->m->layers[li];
     const int H = g->hidden, I = g->intermediate;
-    rmsnorm_rows(s->xn, s->x, l->post_norm, n, H, g->rms_eps);
+    kn_rmsnorm_rows(s->xn, s->x, l->post_norm, n, H, g->rms_eps);
     if (l->moe) {
         s->moe_touched += moe_forward(g, l, &s->moe, s->xn, s->x, s->mlp1, s->mlp2, n);
         return;
     }
     kn_matmul_multi(2, (float *[]){s->mlp1, s->mlp2}, s->xn, (const dfl_mat *[]){&l->gate, &l->up}, n);
-    swiglu_par(s->mlp1, s->mlp2, (size_t)n * I);
+    kn_swiglu_par(s->mlp1, s->mlp2, (size_t)n * I);
     kn_matmul(s->xn, s->mlp1, &l->down, n);
-    add_par(s->x, s->xn, (size_t)n * H);
+    kn_add(s->x, s->xn, (size_t)n * H);
 }
 
 static int forward_impl(dfl_state *s, const int32_t *tokens, int n, const int *depth, float *logits,
@@ -548,11 +485,8 @@ static int forward_impl(dfl_state *s, const int32_t *tokens, int n, const int *d
     for (int t = 0; t < n; t++) {
         model_embed(m, tokens[t], s->x + (size_t)t * H);
         const float p = (float)(s->n_past + (depth ? depth[t] : t)); /* tree nodes sit at start + depth */
-        for (int i = 0; i < g->rot_dim / 2; i++) {
-            const float f = p * s->inv_freq[i];
-            s->rope_cos[(size_t)t * g->rot_dim / 2 + i] = cosf(f);
-            s->rope_sin[(size_t)t * g->rot_dim / 2 + i] = sinf(f);
-        }
+        kn_rope_table(s->rope_cos + (size_t)t * g->rot_dim / 2, s->rope_sin + (size_t)t * g->rot_dim / 2, s->inv_freq,
+                      g->rot_dim / 2, p);
     }
     s->moe_touched = 0;
     s->rec_n_past = s->n_past;
@@ -571,8 +505,7 @@ static int forward_impl(dfl_state *s, const int32_t *tokens, int n, const int *d
     s->n_past += n;
     if (logits) {
         const int first = logits_last_only ? n - 1 : 0, rows = n - first;
-        for (int t = first; t < n; t++)
-            kn_rmsnorm(s->xn + (size_t)(t - first) * H, s->x + (size_t)t * H, m->final_norm, H, g->rms_eps);
+        kn_rmsnorm_rows(s->xn, s->x + (size_t)first * H, m->final_norm, rows, H, g->rms_eps);
         model_lm_head(m, s->xn, logits, rows);
         /* NaN/Inf weights are not scanned at load (too costly on a large model) but they reach
          * the logits: stop there rather than decode garbage */
@@ -725,7 +658,7 @@ static void tree_leaf_state(dfl_state *s, int li, int node) {
 #pragma omp parallel for schedule(static) if ((size_t)Hv * dk * dv * 4 >= KN_PAR_MIN_WORK)
     for (int h = 0; h < Hv; h++) {
         float gb[2 * KN_GDN_CHUNK];
-        gdn_gates(l, s->tree_ab[li], Hv, h, node, 1, gb);
+        kn_gdn_gates(gb, s->tree_ab[li], Hv, h, node, 1, l->neg_exp_A, l->dt_bias);
         const int kh = h / ratio;
         const kn_gdn_io io = {.dk = dk, .dv = dv, .n = 1, .q = row + (size_t)kh * dk,
                               .k = row + (size_t)Hk * dk + (size_t)kh * dk,

@@ -65,15 +65,9 @@ void mstate_reset(dfl_mstate *s) { s->n_ctx = 0; }
 /* Per-head norm, then partial RoPE at pos, over nh heads of hd spaced `stride` apart. */
 static void norm_rope(const dfl_mstate *s, float *x, int nh, size_t stride, const float *w, int pos) {
     const dfl_config *g = &s->t->cfg;
-    float cs[256], sn[256];
-    for (int i = 0; i < g->rot_dim / 2; i++) {
-        const float f = (float)pos * s->inv_freq[i];
-        cs[i] = cosf(f), sn[i] = sinf(f);
-    }
-    for (int h = 0; h < nh; h++) {
-        kn_rmsnorm(x + h * stride, x + h * stride, w, g->head_dim, g->rms_eps);
-        kn_rope(x + h * stride, cs, sn, g->rot_dim);
-    }
+    float cs[256], sn[256]; /* [rot/2] */
+    kn_rope_table(cs, sn, s->inv_freq, g->rot_dim / 2, (float)pos);
+    kn_head_norm_rope(x, nh, stride, w, g->head_dim, g->rms_eps, cs, sn, g->rot_dim);
 }
 
 /* Rows 0..n-1 of s->x = fc([norm_emb(embed(tok)) ; norm_hidden(hid)]), hid final-normed; then
@@ -90,7 +84,7 @@ static void rows_in(dfl_mstate *s, const float *hid, const int32_t *tok, int n, 
     }
     kn_matmul(s->x, s->cat, &h->fc, n);
     const dfl_layer_w *l = &h->layer;
-    for (int t = 0; t < n; t++) kn_rmsnorm(s->xn + (size_t)t * H, s->x + (size_t)t * H, l->input_norm, H, g->rms_eps);
+    kn_rmsnorm_rows(s->xn, s->x, l->input_norm, n, H, g->rms_eps);
     kn_matmul_multi(3, (float *[]){s->q, s->k, s->v}, s->xn, (const dfl_mat *[]){&l->q_proj, &l->k_proj, &l->v_proj},
                     n);
     for (int t = 0; t < n; t++) {
@@ -116,15 +110,15 @@ static void step_out(dfl_mstate *s, int pos, float *out) {
                           .scores = s->scores, .ldsc = (size_t)s->max_ctx + s->max_block};
     kn_attention(&a);
     kn_matmul(s->xn, s->att, &l->o_proj, 1);
-    for (int i = 0; i < H; i++) s->x[i] += s->xn[i];
+    kn_add(s->x, s->xn, (size_t)H);
     kn_rmsnorm(s->xn, s->x, l->post_norm, H, g->rms_eps);
     if (l->moe) {
         moe_forward(&h->cfg, l, &s->moe, s->xn, s->x, s->mlp1, s->mlp2, 1);
     } else {
         kn_matmul_multi(2, (float *[]){s->mlp1, s->mlp2}, s->xn, (const dfl_mat *[]){&l->gate, &l->up}, 1);
-        kn_swiglu(s->mlp1, s->mlp2, h->cfg.intermediate);
+        kn_swiglu_par(s->mlp1, s->mlp2, (size_t)h->cfg.intermediate);
         kn_matmul(s->xn, s->mlp1, &l->down, 1);
-        for (int i = 0; i < H; i++) s->x[i] += s->xn[i];
+        kn_add(s->x, s->xn, (size_t)H);
     }
     kn_rmsnorm(out, s->x, h->norm, H, g->rms_eps);
 }

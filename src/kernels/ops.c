@@ -1,0 +1,85 @@
+/* The forwards' row-wise and elementwise ops (dfl/kernels.h): norms, rotary tables, residual
+ * adds, gates. Each output element is computed by one fixed sequence of operations, so the
+ * threading (OpenMP over rows or chunks, serial below KN_PAR_MIN_WORK) changes no bit. */
+#include <math.h>
+#include <omp.h>
+#include <string.h>
+
+#include "kn_internal.h"
+
+void kn_rmsnorm_rows(float *y, const float *x, const float *w, int rows, int dim, float eps) {
+#pragma omp parallel for schedule(static) if ((size_t)rows * dim * 4 >= KN_PAR_MIN_WORK)
+    for (int r = 0; r < rows; r++) kn_rmsnorm(y + (size_t)r * dim, x + (size_t)r * dim, w, dim, eps);
+}
+
+#define EW_CHUNK 4096 /* elements per work item (a multiple of any vector width: same tails as one call) */
+
+void kn_swiglu_par(float *a, const float *b, size_t n) {
+    const long chunks = (long)((n + EW_CHUNK - 1) / EW_CHUNK);
+#pragma omp parallel for schedule(static) if (n * 8 >= KN_PAR_MIN_WORK)
+    for (long c = 0; c < chunks; c++) {
+        const size_t i0 = (size_t)c * EW_CHUNK;
+        kn_swiglu(a + i0, b + i0, (int)(n - i0 < EW_CHUNK ? n - i0 : EW_CHUNK));
+    }
+}
+
+void kn_add(float *x, const float *y, size_t n) {
+#pragma omp parallel for schedule(static) if (n * 4 >= KN_PAR_MIN_WORK)
+    for (size_t i = 0; i < n; i++) x[i] += y[i];
+}
+
+void kn_add_scaled(float *x, float a, const float *y, int n) {
+    for (int i = 0; i < n; i++) x[i] += a * y[i];
+}
+
+void kn_scale(float *x, float a, size_t n) {
+    for (size_t i = 0; i < n; i++) x[i] *= a;
+}
+
+void kn_softcap(float *x, float cap, size_t n) {
+    for (size_t i = 0; i < n; i++) x[i] = tanhf(x[i] / cap) * cap;
+}
+
+void kn_rope_table(float *cos, float *sin, const float *inv_freq, int half, float pos) {
+    for (int i = 0; i < half; i++) {
+        const float f = pos * inv_freq[i];
+        cos[i] = cosf(f), sin[i] = sinf(f);
+    }
+}
+
+void kn_head_norm_rope(float *x, int nh, size_t ldh, const float *w, int hd, float eps, const float *cos,
+                       const float *sin, int rot) {
+    for (int h = 0; h < nh; h++) {
+        kn_rmsnorm(x + (size_t)h * ldh, x + (size_t)h * ldh, w, hd, eps);
+        kn_rope(x + (size_t)h * ldh, cos, sin, rot);
+    }
+}
+
+void kn_l2norm_heads(float *x, size_t ld, int n, int nh, int d, float scale) {
+#pragma omp parallel for schedule(static) if ((size_t)n * nh * d * 2 >= KN_PAR_MIN_WORK)
+    for (int th = 0; th < n * nh; th++) {
+        float *v = x + (size_t)(th / nh) * ld + (size_t)(th % nh) * d; /* [d] */
+        float ss = 0;
+        for (int i = 0; i < d; i++) ss += v[i] * v[i];
+        const float r = 1.0f / sqrtf(ss + 1e-6f);
+        for (int i = 0; i < d; i++) v[i] = v[i] * r * scale;
+    }
+}
+
+void kn_gather_sum(float *out, const float *y, const int *rows, const float *w, int n, int k, int H) {
+#pragma omp parallel for schedule(static) if ((size_t)n * k * H >= KN_PAR_MIN_WORK)
+    for (int t = 0; t < n; t++) {
+        float *o = out + (size_t)t * H; /* [H] */
+        memset(o, 0, (size_t)H * sizeof(float));
+        for (int j = 0; j < k; j++) kn_add_scaled(o, w[(size_t)t * k + j], y + (size_t)rows[(size_t)t * k + j] * H, H);
+    }
+}
+
+void kn_gdn_gates(float *gb, const float *ab, int Hv, int h, int t0, int nt, const float *neg_exp_A,
+                  const float *dt_bias) {
+    for (int t = 0; t < nt; t++) {
+        const float a = ab[(size_t)(t0 + t) * 2 * Hv + h], b = ab[(size_t)(t0 + t) * 2 * Hv + Hv + h];
+        gb[t] = neg_exp_A[h] * kn_softplus(a + dt_bias[h]);
+        gb[KN_GDN_CHUNK + t] = kn_sigmoid(b);
+    }
+}
