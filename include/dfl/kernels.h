@@ -170,6 +170,13 @@ void kn_silu_inplace(float *x, int n);
  * K-1 inputs before token t (oldest first). win [K-1][16] enters with the inputs before token 0
  * and leaves with the last K-1 inputs; wt [K][16]; 1 <= K <= 16. */
 void kn_conv_silu(float *x, size_t ld, int n, int nc, int K, const float *wt, float *win);
+/* A linear layer's depthwise causal convolution and SiLU over n tokens of x [n][C] in place
+ * (kn_conv_silu, 16 channels at a time, threaded over them): weights w [C][K], w[c][K-1] on the
+ * current token. Chain (parent NULL): the window state [K-1][C] enters with the inputs before
+ * token 0 and leaves with the last K-1. Tree: token t continues the window of parent[t]
+ * (node_state + parent[t]*(K-1)*C, state for the root) and leaves its own in node_state [n][K-1][C]. */
+void kn_causal_conv_silu(float *x, int n, int C, int K, const float *w, float *state, const int *parent,
+                         float *node_state);
 /* NeoX half-split rotary embedding over the first rot dims of x[hd] (cos/sin [rot/2]). */
 void kn_rope(float *x, const float *cos, const float *sin, int rot);
 /* In-place softmax over n values. */
@@ -220,6 +227,35 @@ void kn_gdn_recurrent(float *S, const kn_gdn_io *io);
  * substitution, intra-chunk attention, one state update). Equal to kn_gdn_recurrent up to
  * rounding. Without memory for its scratch (~0.1 MB) it runs kn_gdn_recurrent. */
 void kn_gdn_chunked(float *S, const kn_gdn_io *io);
+
+/* Tree layout of a linear layer's pass: token i continues the state of parent[i] (the layer's
+ * state S for the root) and leaves its state in node_S + i*Hv*dk*dv when kept[i] (it has
+ * children), else in scratch [threads][dk][dv] (the calling thread's slot). */
+typedef struct kn_gdn_tree {
+    const int *parent;
+    float *node_S;
+    const unsigned char *kept;
+    float *scratch;
+    int threads;
+} kn_gdn_tree;
+
+/* One Gated DeltaNet layer's heads over n tokens: value head h (key head h / (Hv/Hk)) runs
+ * kn_gdn_chunked (chunked) or kn_gdn_recurrent on S + h*dk*dv, a chain up to KN_GDN_CHUNK tokens
+ * per call (S0: the chain's state to start from, left unchanged; NULL: S itself), a tree node by
+ * node. Threaded over heads. */
+typedef struct kn_gdn_heads_io {
+    int n, Hk, Hv, dk, dv;
+    const float *qkv;  /* token t: q [Hk][dk] | k [Hk][dk] | v [Hv][dv] at qkv + t*ld (q, k normalised) */
+    size_t ld;
+    const float *ab;   /* [n][2*Hv] raw a | b projections (kn_gdn_gates) */
+    const float *neg_exp_A, *dt_bias; /* [Hv] */
+    float *S;          /* [Hv][dk][dv] */
+    const float *S0;   /* chain only: [Hv][dk][dv] or NULL */
+    float *out;        /* [n][Hv*dv] or NULL (state only) */
+    int chunked;
+    const kn_gdn_tree *tree; /* NULL: a chain */
+} kn_gdn_heads_io;
+void kn_gdn_heads(const kn_gdn_heads_io *a);
 
 static inline float kn_silu(float x) { return x / (1.0f + expf(-x)); }
 static inline float kn_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }

@@ -83,3 +83,30 @@ void kn_gdn_gates(float *gb, const float *ab, int Hv, int h, int t0, int nt, con
         gb[KN_GDN_CHUNK + t] = kn_sigmoid(b);
     }
 }
+
+void kn_causal_conv_silu(float *x, int n, int C, int K, const float *w, float *state, const int *parent,
+                         float *node_state) {
+    const size_t win_sz = (size_t)(K - 1) * C;
+    /* 16 channels at a time (the kn_conv_silu width), so that each token's row is read and
+     * written once */
+#pragma omp parallel for schedule(static) if ((size_t)n * C * (K + 8) >= KN_PAR_MIN_WORK)
+    for (int c0 = 0; c0 < C; c0 += 16) {
+        const int nc = C - c0 < 16 ? C - c0 : 16;
+        const size_t row_bytes = (size_t)nc * sizeof(float);
+        float win[15][16] = {{0}}, wt[16][16] = {{0}}; /* [tap][channel]: window (oldest first), weights */
+        for (int j = 0; j < K; j++)
+            for (int i = 0; i < nc; i++) wt[j][i] = w[(size_t)(c0 + i) * K + j];
+        if (!parent) {
+            for (int j = 0; j < K - 1; j++) memcpy(win[j], state + (size_t)j * C + c0, row_bytes);
+            kn_conv_silu(x + c0, (size_t)C, n, nc, K, wt[0], win[0]);
+            for (int j = 0; j < K - 1; j++) memcpy(state + (size_t)j * C + c0, win[j], row_bytes);
+            continue;
+        }
+        for (int t = 0; t < n; t++) { /* each node continues its parent's window */
+            const float *src = parent[t] < 0 ? state : node_state + (size_t)parent[t] * win_sz;
+            for (int j = 0; j < K - 1; j++) memcpy(win[j], src + (size_t)j * C + c0, row_bytes);
+            kn_conv_silu(x + (size_t)t * C + c0, (size_t)C, 1, nc, K, wt[0], win[0]);
+            for (int j = 0; j < K - 1; j++) memcpy(node_state + (size_t)t * win_sz + (size_t)j * C + c0, win[j], row_bytes);
+        }
+    }
+}

@@ -235,12 +235,8 @@ static void attention_layer(dfl_state *s, int li, int n) {
  * recurrent state in node_S[i] [Hv, dk, dv]. NULL = chain: each token continues the previous
  * one, in place in conv_state / S. */
 typedef struct lin_tree {
-    const int *parent;
-    float *node_conv;
-    float *node_S;
-    const unsigned char *kept; /* [n] node_S holds the node's state (it has children) */
-    float *scratch;            /* [threads, dk, dv] where the others' states go, per thread */
-    int threads;
+    kn_gdn_tree gdn;           /* parent [n], node_S [n, Hv, dk, dv], kept [n], per-thread scratch */
+    float *node_conv;          /* [n, K-1, conv_dim] */
     float *leaf_qkv, *leaf_ab; /* [n, conv_dim] and [n, 2*Hv]: the inputs of each leaf */
 } lin_tree;
 
@@ -254,72 +250,23 @@ typedef struct lin_tree {
 static void gated_delta(const dfl_model *m, const dfl_layer_w *l, float *conv_state, float *S, const float *S0c,
                         float *qkv, const float *ab, int n, float *out, const lin_tree *tree) {
     const dfl_config *g = &m->cfg;
-    const int C = m->conv_dim, K = g->conv_kernel, Hk = g->lin_k_heads, Hv = g->lin_v_heads;
-    const int dk = g->lin_k_dim, dv = g->lin_v_dim, ratio = Hv / Hk;
-    const size_t win_sz = (size_t)(K - 1) * C, HS = (size_t)Hv * dk * dv;
-    /* depthwise causal conv and SiLU, 16 channels at a time (w[K-1] multiplies the current
-     * token), so that each token's row is read and written once */
-#pragma omp parallel for schedule(static) if ((size_t)n * C * (K + 8) >= KN_PAR_MIN_WORK)
-    for (int c0 = 0; c0 < C; c0 += 16) {
-        const int nc = C - c0 < 16 ? C - c0 : 16;
-        const size_t row_bytes = (size_t)nc * sizeof(float);
-        float win[15][16] = {{0}}, wt[16][16] = {{0}}; /* [tap][channel]: window (oldest first), weights */
-        for (int j = 0; j < K; j++)
-            for (int i = 0; i < nc; i++) wt[j][i] = l->conv_w[(size_t)(c0 + i) * K + j];
-        if (!tree) {
-            for (int j = 0; j < K - 1; j++) memcpy(win[j], conv_state + (size_t)j * C + c0, row_bytes);
-            kn_conv_silu(qkv + c0, (size_t)C, n, nc, K, wt[0], win[0]);
-            for (int j = 0; j < K - 1; j++) memcpy(conv_state + (size_t)j * C + c0, win[j], row_bytes);
-            continue;
-        }
-        for (int t = 0; t < n; t++) { /* each node continues its parent's window */
-            const int p = tree->parent[t];
-            const float *src = p < 0 ? conv_state : tree->node_conv + (size_t)p * win_sz;
-            for (int j = 0; j < K - 1; j++) memcpy(win[j], src + (size_t)j * C + c0, row_bytes);
-            kn_conv_silu(qkv + (size_t)t * C + c0, (size_t)C, 1, nc, K, wt[0], win[0]);
-            for (int j = 0; j < K - 1; j++)
-                memcpy(tree->node_conv + (size_t)t * win_sz + (size_t)j * C + c0, win[j], row_bytes);
-        }
-    }
+    const int C = m->conv_dim, K = g->conv_kernel, Hk = g->lin_k_heads, Hv = g->lin_v_heads, dk = g->lin_k_dim;
+    kn_causal_conv_silu(qkv, n, C, K, l->conv_w, conv_state, tree ? tree->gdn.parent : NULL,
+                        tree ? tree->node_conv : NULL);
     /* L2-normalise q and k per (token, key head); q also scaled by 1/sqrt(dk) */
     kn_l2norm_heads(qkv, (size_t)C, n, Hk, dk, 1.0f / sqrtf((float)dk));
     kn_l2norm_heads(qkv + (size_t)Hk * dk, (size_t)C, n, Hk, dk, 1.0f);
     if (tree) /* a leaf's state is recomputed at commit (state_tree_commit) from these */
         for (int t = 0; t < n; t++)
-            if (!tree->kept[t]) {
+            if (!tree->gdn.kept[t]) {
                 memcpy(tree->leaf_qkv + (size_t)t * C, qkv + (size_t)t * C, (size_t)C * sizeof(float));
                 memcpy(tree->leaf_ab + (size_t)t * 2 * Hv, ab + (size_t)t * 2 * Hv, (size_t)2 * Hv * sizeof(float));
             }
-    const int chunked = !tree && out && n >= KN_GDN_CHUNK;
-    /* a chain goes to the kernel up to a chunk of tokens at a time; a tree node by node, each on
-     * a copy of its parent's state */
-    const int step = tree ? 1 : KN_GDN_CHUNK;
-#pragma omp parallel for schedule(static) if ((size_t)n * Hv * dk * dv * 4 >= KN_PAR_MIN_WORK)
-    for (int h = 0; h < Hv; h++) {
-        float gb[2 * KN_GDN_CHUNK]; /* log-decays | betas of the tokens of one kernel call */
-        const int kh = h / ratio;
-        for (int t0 = 0; t0 < n; t0 += step) {
-            const int nt = n - t0 < step ? n - t0 : step;
-            float *Sh = S + (size_t)h * dk * dv;
-            const float *S0 = S0c && t0 == 0 ? S0c + (size_t)h * dk * dv : NULL;
-            if (tree) { /* the node's state: its parent's continued by its own token */
-                const int p = tree->parent[t0], th = omp_get_thread_num();
-                S0 = p < 0 ? Sh : tree->node_S + (size_t)p * HS + (size_t)h * dk * dv;
-                Sh = tree->kept[t0] || th >= tree->threads ? tree->node_S + (size_t)t0 * HS + (size_t)h * dk * dv
-                                                            : tree->scratch + (size_t)th * dk * dv;
-            }
-            kn_gdn_gates(gb, ab, Hv, h, t0, nt, l->neg_exp_A, l->dt_bias);
-            const float *row = qkv + (size_t)t0 * C;
-            const kn_gdn_io io = {.dk = dk, .dv = dv, .n = nt, .q = row + (size_t)kh * dk,
-                                  .k = row + (size_t)Hk * dk + (size_t)kh * dk,
-                                  .v = row + 2 * (size_t)Hk * dk + (size_t)h * dv, .ld = (size_t)C, .g = gb,
-                                  .beta = gb + KN_GDN_CHUNK,
-                                  .out = out ? out + (size_t)t0 * Hv * dv + (size_t)h * dv : NULL,
-                                  .ldo = (size_t)Hv * dv, .S0 = S0};
-            if (chunked) kn_gdn_chunked(Sh, &io);
-            else kn_gdn_recurrent(Sh, &io);
-        }
-    }
+    const kn_gdn_heads_io io = {.n = n, .Hk = Hk, .Hv = Hv, .dk = dk, .dv = g->lin_v_dim, .qkv = qkv,
+                                .ld = (size_t)C, .ab = ab, .neg_exp_A = l->neg_exp_A, .dt_bias = l->dt_bias, .S = S,
+                                .S0 = S0c, .out = out, .chunked = !tree && out && n >= KN_GDN_CHUNK,
+                                .tree = tree ? &tree->gdn : NULL};
+    kn_gdn_heads(&io);
 }
 
 static void linear_layer(dfl_state *s, int li, int n) {
@@ -347,12 +294,9 @@ static void linear_layer(dfl_state *s, int li, int n) {
         memcpy(s->rec_qkv[li], s->q, (size_t)n * C * sizeof(float));
         memcpy(s->rec_ab[li], s->ab, (size_t)n * 2 * Hv * sizeof(float));
     }
-    lin_tree tree = {.parent = s->tree_parent,
+    lin_tree tree = {.gdn = {.parent = s->tree_parent, .node_S = s->tree_S ? s->tree_S[li] : NULL,
+                             .kept = s->tree_kept, .scratch = s->tree_scratch, .threads = s->tree_threads},
                      .node_conv = s->tree_conv ? s->tree_conv[li] : NULL,
-                     .node_S = s->tree_S ? s->tree_S[li] : NULL,
-                     .kept = s->tree_kept,
-                     .scratch = s->tree_scratch,
-                     .threads = s->tree_threads,
                      .leaf_qkv = s->tree_qkv ? s->tree_qkv[li] : NULL,
                      .leaf_ab = s->tree_ab ? s->tree_ab[li] : NULL};
     gated_delta(m, l, s->conv_state[li], s->rec_state[li], S0, s->q, s->ab, n, s->att,
@@ -652,21 +596,13 @@ static void tree_leaf_state(dfl_state *s, int li, int node) {
     const dfl_config *g = &m->cfg;
     const dfl_layer_w *l = &m->layers[li];
     const int C = m->conv_dim, Hk = g->lin_k_heads, Hv = g->lin_v_heads, dk = g->lin_k_dim, dv = g->lin_v_dim;
-    const int ratio = Hv / Hk, p = s->tree_par[node];
+    const int p = s->tree_par[node];
     const size_t HS = (size_t)Hv * dk * dv;
-    const float *row = s->tree_qkv[li] + (size_t)node * C;
-#pragma omp parallel for schedule(static) if ((size_t)Hv * dk * dv * 4 >= KN_PAR_MIN_WORK)
-    for (int h = 0; h < Hv; h++) {
-        float gb[2 * KN_GDN_CHUNK];
-        kn_gdn_gates(gb, s->tree_ab[li], Hv, h, node, 1, l->neg_exp_A, l->dt_bias);
-        const int kh = h / ratio;
-        const kn_gdn_io io = {.dk = dk, .dv = dv, .n = 1, .q = row + (size_t)kh * dk,
-                              .k = row + (size_t)Hk * dk + (size_t)kh * dk,
-                              .v = row + 2 * (size_t)Hk * dk + (size_t)h * dv, .ld = (size_t)C, .g = gb,
-                              .beta = gb + KN_GDN_CHUNK, .out = NULL, .ldo = (size_t)Hv * dv,
-                              .S0 = p < 0 ? NULL : s->tree_S[li] + (size_t)p * HS + (size_t)h * dk * dv};
-        kn_gdn_recurrent(s->rec_state[li] + (size_t)h * dk * dv, &io);
-    }
+    const kn_gdn_heads_io io = {.n = 1, .Hk = Hk, .Hv = Hv, .dk = dk, .dv = dv, .qkv = s->tree_qkv[li] + (size_t)node * C,
+                                .ld = (size_t)C, .ab = s->tree_ab[li] + (size_t)node * 2 * Hv,
+                                .neg_exp_A = l->neg_exp_A, .dt_bias = l->dt_bias, .S = s->rec_state[li],
+                                .S0 = p < 0 ? NULL : s->tree_S[li] + (size_t)p * HS};
+    kn_gdn_heads(&io);
 }
 
 static int cpu_tree_commit(dfl_state *s, const int *path, int len) {
