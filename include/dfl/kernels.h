@@ -148,6 +148,10 @@ void kn_add_scaled(float *x, float a, const float *y, int n);
 /* The weighted gather of a mixture of experts: out [n][H], row t = sum over j < k, in order, of
  * w[t*k+j] * y[rows[t*k+j]] (y [*][H]); threaded over t. */
 void kn_gather_sum(float *out, const float *y, const int *rows, const float *w, int n, int k, int H);
+/* Mixture-of-experts router of one token (transformers' TopKRouter): p [E] (logits in,
+ * overwritten) = softmax, the k largest (the lower id first on ties) into idx [k] / w [k],
+ * divided by their sum when norm, then listed by ascending expert id. */
+void kn_moe_route(float *p, int E, int k, int norm, int *idx, float *w);
 /* x[i] *= a. */
 void kn_scale(float *x, float a, size_t n);
 /* Logit soft-capping: x[i] = tanh(x[i] / cap) * cap. */

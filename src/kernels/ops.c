@@ -110,3 +110,27 @@ void kn_causal_conv_silu(float *x, int n, int C, int K, const float *w, float *s
         }
     }
 }
+
+/* The k largest by repeated scans (the lower id wins ties), summed in the order taken, as
+ * transformers does in float32; listed by id, the order the experts' outputs are added in. */
+void kn_moe_route(float *p, int E, int k, int norm, int *idx, float *w) {
+    kn_softmax(p, E);
+    float sum = 0;
+    for (int j = 0; j < k; j++) {
+        int best = 0;
+        for (int e = 1; e < E; e++)
+            if (p[e] > p[best]) best = e;
+        idx[j] = best, w[j] = p[best];
+        sum += p[best];
+        p[best] = -1.0f; /* taken: probabilities are >= 0 */
+    }
+    if (norm)
+        for (int j = 0; j < k; j++) w[j] /= sum;
+    for (int j = 1; j < k; j++) /* insertion sort by expert id */
+        for (int i = j; i > 0 && idx[i - 1] > idx[i]; i--) {
+            const int ti = idx[i];
+            const float tw = w[i];
+            idx[i] = idx[i - 1], w[i] = w[i - 1];
+            idx[i - 1] = ti, w[i - 1] = tw;
+        }
+}

@@ -308,32 +308,6 @@ static void linear_layer(dfl_state *s, int li, int n) {
     kn_add(s->x, s->xn, (size_t)n * H);
 }
 
-/* Router of one token, as transformers' TopKRouter: p = softmax(logits) in float32, the k
- * largest (the lower expert id first on ties), divided by their sum (taken in that order) when
- * norm_topk_prob; then listed by ascending expert id, the order transformers adds the experts'
- * outputs in. p [E] is overwritten. */
-static void moe_route(float *p, int E, int k, int norm, int *idx, float *w) {
-    kn_softmax(p, E);
-    float sum = 0;
-    for (int j = 0; j < k; j++) {
-        int best = 0;
-        for (int e = 1; e < E; e++)
-            if (p[e] > p[best]) best = e;
-        idx[j] = best, w[j] = p[best];
-        sum += p[best];
-        p[best] = -1.0f; /* taken: probabilities are >= 0 */
-    }
-    if (norm)
-        for (int j = 0; j < k; j++) w[j] /= sum;
-    for (int j = 1; j < k; j++) /* insertion sort by expert id */
-        for (int i = j; i > 0 && idx[i - 1] > idx[i]; i--) {
-            const int ti = idx[i];
-            const float tw = w[i];
-            idx[i] = idx[i - 1], w[i] = w[i - 1];
-            idx[i - 1] = ti, w[i - 1] = tw;
-        }
-}
-
 size_t moe_inner_per_token(const dfl_config *g) {
     const size_t ke = (size_t)g->n_experts_per_tok * g->moe_intermediate, is = (size_t)g->shared_intermediate;
     return ke > is ? ke : is;
@@ -374,7 +348,7 @@ int moe_forward(const dfl_config *g, const dfl_layer_w *l, dfl_moe_buf *b, const
     kn_matmul(b->logits, xn, &l->router, n);
     memset(start, 0, (size_t)(E + 1) * sizeof(int));
     for (int t = 0; t < n; t++) {
-        moe_route(b->logits + (size_t)t * E, E, k, g->norm_topk_prob, b->idx + (size_t)t * k, b->w + (size_t)t * k);
+        kn_moe_route(b->logits + (size_t)t * E, E, k, g->norm_topk_prob, b->idx + (size_t)t * k, b->w + (size_t)t * k);
         for (int j = 0; j < k; j++) start[b->idx[(size_t)t * k + j] + 1]++;
     }
     for (int e = 0; e < E; e++) start[e + 1] += start[e], cursor[e] = start[e];

@@ -28,7 +28,8 @@
  * a double-precision reference, each row bit for bit as when computed alone. The forwards'
  * elementwise ops equal their plain loops bit for bit (threaded or not), the norms within
  * float32 rounding of double. kn_causal_conv_silu against a double convolution, trees against
- * chains; kn_gdn_heads against per-head kn_gdn_recurrent calls bit for bit. */
+ * chains; kn_gdn_heads against per-head kn_gdn_recurrent calls bit for bit; kn_moe_route
+ * against a double softmax and a plain top-k. */
 #include <math.h>
 #include <omp.h>
 #include <stdlib.h>
@@ -946,6 +947,38 @@ static void check_gdn_heads(kn_isa isa, int n) {
     CHECK(diff == 0, "%s gdn heads n=%d: %d results differ from per-head calls", kn_isa_name(isa), n, diff);
 }
 
+/* kn_moe_route against a double-precision softmax and a plain top-k (ties: lower id); the
+ * experts come out by ascending id, the weights normalised when asked. */
+static void check_moe_route(void) {
+    enum { E = 37 };
+    int bad = 0;
+    for (int trial = 0; trial < 40; trial++) {
+        const int k = 1 + trial % 8, norm = trial % 2;
+        float p[E], lg[E], w[8];
+        int idx[8];
+        for (int e = 0; e < E; e++) lg[e] = p[e] = frand() * 4;
+        if (trial % 3 == 0) lg[30] = p[30] = lg[5] = p[5] = 9; /* a tie: both taken, 5 first */
+        kn_moe_route(p, E, k, norm, idx, w);
+        double ref[E], mx = -INFINITY, sum = 0, top = 0;
+        for (int e = 0; e < E; e++) mx = lg[e] > mx ? lg[e] : mx;
+        for (int e = 0; e < E; e++) sum += ref[e] = exp(lg[e] - mx);
+        int taken[E] = {0}, want[8];
+        for (int j = 0; j < k; j++) {
+            int best = -1;
+            for (int e = 0; e < E; e++)
+                if (!taken[e] && (best < 0 || lg[e] > lg[best])) best = e;
+            taken[best] = 1, want[j] = best, top += ref[best] / sum;
+        }
+        for (int j = 0, e = 0; e < E; e++) /* by ascending id */
+            if (taken[e]) want[j++] = e;
+        for (int j = 0; j < k; j++) {
+            const double r = ref[want[j]] / sum / (norm ? top : 1);
+            bad += idx[j] != want[j] || fabs(w[j] - r) > 1e-6 * r;
+        }
+    }
+    CHECK(bad == 0, "kn_moe_route: %d experts or weights off the reference", bad);
+}
+
 int main(void) {
     check_nonfinite();
     static const int shapes[][2] = {{1, 1},   {3, 7},   {5, 16},   {17, 31},  {4, 32},   {9, 33},  {67, 100},
@@ -1010,6 +1043,7 @@ int main(void) {
     check_ops(KN_ISA_GENERIC);
     check_causal_conv(KN_ISA_GENERIC, 37, 4, 9);
     check_gdn_heads(KN_ISA_GENERIC, 70);
+    check_moe_route();
     /* the generic path's own chunked form */
     check_gdn(KN_ISA_GENERIC, 32, 32, 150);
     check_gdn(KN_ISA_GENERIC, 7, 5, 66);
