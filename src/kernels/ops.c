@@ -56,7 +56,8 @@ void kn_head_norm_rope(float *x, int nh, size_t ldh, const float *w, int hd, flo
 }
 
 void kn_l2norm_heads(float *x, size_t ld, int n, int nh, int d, float scale) {
-#pragma omp parallel for schedule(static) if ((size_t)n * nh * d * 2 >= KN_PAR_MIN_WORK)
+    /* threaded from the size at which the forward's joint q and k loop was */
+#pragma omp parallel for schedule(static) if ((size_t)n * nh * d * 4 >= KN_PAR_MIN_WORK)
     for (int th = 0; th < n * nh; th++) {
         float *v = x + (size_t)(th / nh) * ld + (size_t)(th % nh) * d; /* [d] */
         float ss = 0;
