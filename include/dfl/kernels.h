@@ -106,8 +106,65 @@ void kn_axpy(float *y, float a, const float *x, int n);
 void kn_dot_rows(float *out, size_t ldo, const float *a, size_t lda, int G, const float *b, size_t ldb, int m, int n);
 void kn_axpy_rows(float *y, size_t ldy, const float *w, size_t ldw, int G, const float *x, size_t ldx, int m, int n);
 
+/* Attention of n query rows over a key/value cache (the target's layers, the drafter's block,
+ * the MTP head). Rows come in blocks of `block`: row r sits at position qpos = starts[r/block]
+ * + r%block and sees the context keys 0..starts[b]-1 then its block's keys (in the cache at
+ * positions starts[b].. when kb/vb are NULL, else block b's at kb/vb + b*block*ldkv), only up to
+ * itself when causal. Masked (-inf) besides: keys with qpos - j >= window (window > 0), and with
+ * a tree, block key i unless tree[r*ldtree + i] (the row's ancestors and itself). Per (row, head
+ * h): scores q.k * 1/sqrt(hd), softmax, sum of the weighted values (kn_dot_rows, kn_softmax,
+ * kn_axpy_rows in key order), then out *= sigmoid(gate) when gated. GQA: query head h reads
+ * key/value head h / (n_heads / n_kv_heads). Threaded over (row, head group); each output is
+ * computed by the same operations whatever the threads or the batch. */
+typedef struct kn_attn_io {
+    int n, n_heads, n_kv_heads, head_dim;
+    const float *q;      /* query of (r, h) at q + r*ldq + h*ldqh [head_dim] */
+    size_t ldq, ldqh;
+    const float *gate;   /* NULL, or the output gate of (r, h) at gate + r*ldq + h*ldqh [head_dim] */
+    float *out;          /* [n][n_heads * head_dim] */
+    const float *k, *v;  /* cache: key/value head g of position j at k + j*ldkv + g*head_dim */
+    const float *kb, *vb; /* NULL, or the blocks' own keys/values [n][ldkv] */
+    size_t ldkv;
+    int block;           /* rows per block (n for a plain causal batch) */
+    const int *starts;   /* [n / block] first position of each block */
+    int causal, window;
+    const unsigned char *tree; /* NULL, or [n][ldtree] visibility of the block's keys */
+    size_t ldtree;
+    float *scores;       /* scratch [omp threads][n_heads / n_kv_heads][ldsc] */
+    size_t ldsc;         /* >= starts[b] + block for every block */
+} kn_attn_io;
+void kn_attention(const kn_attn_io *a);
+
 /* y = x * rsqrt(mean(x^2) + eps) * w  (w already holds the effective multiplier). */
 void kn_rmsnorm(float *y, const float *x, const float *w, int n, float eps);
+/* kn_rmsnorm of each of rows rows of x [rows][dim] into y, threaded over rows. */
+void kn_rmsnorm_rows(float *y, const float *x, const float *w, int rows, int dim, float eps);
+/* kn_swiglu over n elements, threaded over chunks (equal to one kn_swiglu call bit for bit). */
+void kn_swiglu_par(float *a, const float *b, size_t n);
+/* The residual add x[i] += y[i] over n elements, threaded. */
+void kn_add(float *x, const float *y, size_t n);
+/* x[i] += a * y[i] (a product then a sum, unlike kn_axpy's fused multiply-add on SIMD paths). */
+void kn_add_scaled(float *x, float a, const float *y, int n);
+/* The weighted gather of a mixture of experts: out [n][H], row t = sum over j < k, in order, of
+ * w[t*k+j] * y[rows[t*k+j]] (y [*][H]); threaded over t. */
+void kn_gather_sum(float *out, const float *y, const int *rows, const float *w, int n, int k, int H);
+/* Mixture-of-experts router of one token (transformers' TopKRouter): p [E] (logits in,
+ * overwritten) = softmax, the k largest (the lower id first on ties) into idx [k] / w [k],
+ * divided by their sum when norm, then listed by ascending expert id. */
+void kn_moe_route(float *p, int E, int k, int norm, int *idx, float *w);
+/* x[i] *= a. */
+void kn_scale(float *x, float a, size_t n);
+/* Logit soft-capping: x[i] = tanh(x[i] / cap) * cap. */
+void kn_softcap(float *x, float cap, size_t n);
+/* Rotary tables at position pos: cos[i] = cos(pos * inv_freq[i]), sin likewise, i < half. */
+void kn_rope_table(float *cos, float *sin, const float *inv_freq, int half, float pos);
+/* Per-head RMSNorm (weights w [hd]) then kn_rope, in place, over nh heads of x spaced ldh apart
+ * (the q/k norm and rotation of an attention layer). */
+void kn_head_norm_rope(float *x, int nh, size_t ldh, const float *w, int hd, float eps, const float *cos,
+                       const float *sin, int rot);
+/* L2 normalisation of nh heads of d values in each of n rows of x (row stride ld), times scale:
+ * v = v * (1 / sqrt(sum v^2 + 1e-6)) * scale; threaded over (row, head). */
+void kn_l2norm_heads(float *x, size_t ld, int n, int nh, int d, float scale);
 /* In-place SiLU-gated product: a[i] = silu(a[i]) * b[i]. */
 void kn_swiglu(float *a, const float *b, int n);
 /* In-place SiLU: x[i] = x[i] / (1 + exp(-x[i])). */
@@ -117,6 +174,13 @@ void kn_silu_inplace(float *x, int n);
  * K-1 inputs before token t (oldest first). win [K-1][16] enters with the inputs before token 0
  * and leaves with the last K-1 inputs; wt [K][16]; 1 <= K <= 16. */
 void kn_conv_silu(float *x, size_t ld, int n, int nc, int K, const float *wt, float *win);
+/* A linear layer's depthwise causal convolution and SiLU over n tokens of x [n][C] in place
+ * (kn_conv_silu, 16 channels at a time, threaded over them): weights w [C][K], w[c][K-1] on the
+ * current token. Chain (parent NULL): the window state [K-1][C] enters with the inputs before
+ * token 0 and leaves with the last K-1. Tree: token t continues the window of parent[t]
+ * (node_state + parent[t]*(K-1)*C, state for the root) and leaves its own in node_state [n][K-1][C]. */
+void kn_causal_conv_silu(float *x, int n, int C, int K, const float *w, float *state, const int *parent,
+                         float *node_state);
 /* NeoX half-split rotary embedding over the first rot dims of x[hd] (cos/sin [rot/2]). */
 void kn_rope(float *x, const float *cos, const float *sin, int rot);
 /* In-place softmax over n values. */
@@ -153,6 +217,12 @@ typedef struct kn_gdn_io {
                       * node continues its parent's state without copying it first */
 } kn_gdn_io;
 
+/* Gates of value head h for tokens t0..t0+nt-1 (nt <= KN_GDN_CHUNK) from ab [tokens][2*Hv] (raw
+ * a | b projections) into gb [2*KN_GDN_CHUNK]: log-decays neg_exp_A[h] * softplus(a + dt_bias[h])
+ * then betas sigmoid(b) from gb + KN_GDN_CHUNK. */
+void kn_gdn_gates(float *gb, const float *ab, int Hv, int h, int t0, int nt, const float *neg_exp_A,
+                  const float *dt_bias);
+
 /* Token-by-token recurrence on the state S [dk][dv]:
  *   S *= exp(g_t); d = (v_t - S^T k_t) beta_t; S += k_t d^T; o_t = S^T q_t. */
 void kn_gdn_recurrent(float *S, const kn_gdn_io *io);
@@ -161,6 +231,35 @@ void kn_gdn_recurrent(float *S, const kn_gdn_io *io);
  * substitution, intra-chunk attention, one state update). Equal to kn_gdn_recurrent up to
  * rounding. Without memory for its scratch (~0.1 MB) it runs kn_gdn_recurrent. */
 void kn_gdn_chunked(float *S, const kn_gdn_io *io);
+
+/* Tree layout of a linear layer's pass: token i continues the state of parent[i] (the layer's
+ * state S for the root) and leaves its state in node_S + i*Hv*dk*dv when kept[i] (it has
+ * children), else in scratch [threads][dk][dv] (the calling thread's slot). */
+typedef struct kn_gdn_tree {
+    const int *parent;
+    float *node_S;
+    const unsigned char *kept;
+    float *scratch;
+    int threads;
+} kn_gdn_tree;
+
+/* One Gated DeltaNet layer's heads over n tokens: value head h (key head h / (Hv/Hk)) runs
+ * kn_gdn_chunked (chunked) or kn_gdn_recurrent on S + h*dk*dv, a chain up to KN_GDN_CHUNK tokens
+ * per call (S0: the chain's state to start from, left unchanged; NULL: S itself), a tree node by
+ * node. Threaded over heads. */
+typedef struct kn_gdn_heads_io {
+    int n, Hk, Hv, dk, dv;
+    const float *qkv;  /* token t: q [Hk][dk] | k [Hk][dk] | v [Hv][dv] at qkv + t*ld (q, k normalised) */
+    size_t ld;
+    const float *ab;   /* [n][2*Hv] raw a | b projections (kn_gdn_gates) */
+    const float *neg_exp_A, *dt_bias; /* [Hv] */
+    float *S;          /* [Hv][dk][dv] */
+    const float *S0;   /* chain only: [Hv][dk][dv] or NULL */
+    float *out;        /* [n][Hv*dv] or NULL (state only) */
+    int chunked;
+    const kn_gdn_tree *tree; /* NULL: a chain */
+} kn_gdn_heads_io;
+void kn_gdn_heads(const kn_gdn_heads_io *a);
 
 static inline float kn_silu(float x) { return x / (1.0f + expf(-x)); }
 static inline float kn_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }

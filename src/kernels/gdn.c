@@ -1,6 +1,7 @@
 /* Gated DeltaNet core (docs/design.md §3) for one value head: the token-by-token recurrence (decode,
  * verification, rollback replay) and the chunked WY/UT form (prefill), each in a generic
  * variant and SIMD variants instantiated from gdn_body.h. */
+#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -138,4 +139,45 @@ void kn_gdn_chunked(float *S, const kn_gdn_io *io) {
         }
     }
     free(work);
+}
+
+/* The state of value head h that token t0's call starts from (*S0) and writes (return). */
+static float *gdn_head_state(const kn_gdn_heads_io *a, int h, int t0, const float **S0) {
+    const size_t hs = (size_t)a->dk * a->dv, HS = (size_t)a->Hv * hs;
+    float *Sh = a->S + (size_t)h * hs;
+    const kn_gdn_tree *tr = a->tree;
+    *S0 = a->S0 && t0 == 0 ? a->S0 + (size_t)h * hs : NULL;
+    if (!tr) return Sh;
+    /* the node's state: its parent's continued by its own token; a leaf's goes to per-thread
+     * scratch (recomputed at commit) */
+    const int p = tr->parent[t0], th = omp_get_thread_num();
+    *S0 = p < 0 ? Sh : tr->node_S + (size_t)p * HS + (size_t)h * hs;
+    return tr->kept[t0] || th >= tr->threads ? tr->node_S + (size_t)t0 * HS + (size_t)h * hs
+                                             : tr->scratch + (size_t)th * hs;
+}
+
+void kn_gdn_heads(const kn_gdn_heads_io *a) {
+    const int n = a->n, Hk = a->Hk, Hv = a->Hv, dk = a->dk, dv = a->dv, ratio = Hv / Hk;
+    const int step = a->tree ? 1 : KN_GDN_CHUNK;
+    const size_t C = a->ld;
+#pragma omp parallel for schedule(static) if ((size_t)n * Hv * dk * dv * 4 >= KN_PAR_MIN_WORK)
+    for (int h = 0; h < Hv; h++) {
+        float gb[2 * KN_GDN_CHUNK]; /* log-decays | betas of the tokens of one kernel call */
+        const int kh = h / ratio;
+        for (int t0 = 0; t0 < n; t0 += step) {
+            const int nt = n - t0 < step ? n - t0 : step;
+            const float *S0;
+            float *Sh = gdn_head_state(a, h, t0, &S0);
+            kn_gdn_gates(gb, a->ab, Hv, h, t0, nt, a->neg_exp_A, a->dt_bias);
+            const float *row = a->qkv + (size_t)t0 * C;
+            const kn_gdn_io io = {.dk = dk, .dv = dv, .n = nt, .q = row + (size_t)kh * dk,
+                                  .k = row + (size_t)Hk * dk + (size_t)kh * dk,
+                                  .v = row + 2 * (size_t)Hk * dk + (size_t)h * dv, .ld = C, .g = gb,
+                                  .beta = gb + KN_GDN_CHUNK,
+                                  .out = a->out ? a->out + (size_t)t0 * Hv * dv + (size_t)h * dv : NULL,
+                                  .ldo = (size_t)Hv * dv, .S0 = S0};
+            if (a->chunked) kn_gdn_chunked(Sh, &io);
+            else kn_gdn_recurrent(Sh, &io);
+        }
+    }
 }

@@ -78,16 +78,9 @@ void dstate_reset(dfl_dstate *s) { s->n_ctx = 0; }
 /* q/k norm then RoPE at absolute position pos, for each of nh heads of x [nh*hd]. */
 static void norm_rope(const dfl_dstate *s, float *x, int nh, const float *w, int pos) {
     const dfl_config *g = &s->d->cfg;
-    const int hd = g->head_dim, half = g->rot_dim / 2;
-    float cs[256], sn[256];
-    for (int i = 0; i < half; i++) {
-        const float f = (float)pos * s->inv_freq[i];
-        cs[i] = cosf(f), sn[i] = sinf(f);
-    }
-    for (int h = 0; h < nh; h++) {
-        kn_rmsnorm(x + (size_t)h * hd, x + (size_t)h * hd, w, hd, g->rms_eps);
-        kn_rope(x + (size_t)h * hd, cs, sn, g->rot_dim);
-    }
+    float cs[256], sn[256]; /* [rot/2] */
+    kn_rope_table(cs, sn, s->inv_freq, g->rot_dim / 2, (float)pos);
+    kn_head_norm_rope(x, nh, (size_t)g->head_dim, w, g->head_dim, g->rms_eps, cs, sn, g->rot_dim);
 }
 
 int drafter_add_context(dfl_dstate *s, const float *feat, int n) {
@@ -99,7 +92,7 @@ int drafter_add_context(dfl_dstate *s, const float *feat, int n) {
     for (int c0 = 0; c0 < n; c0 += s->max_block) {
         const int m = n - c0 < s->max_block ? n - c0 : s->max_block;
         kn_matmul(s->x, feat + (size_t)c0 * nf, &d->fc, m);
-        for (int t = 0; t < m; t++) kn_rmsnorm(s->ctx + (size_t)t * H, s->x + (size_t)t * H, d->hidden_norm, H, g->rms_eps);
+        kn_rmsnorm_rows(s->ctx, s->x, d->hidden_norm, m, H, g->rms_eps);
         for (int li = 0; li < g->n_layers; li++) {
             const dfl_dlayer_w *l = &d->layers[li];
             float *kc = s->k_ctx[li] + (size_t)(s->n_ctx + c0) * kv, *vc = s->v_ctx[li] + (size_t)(s->n_ctx + c0) * kv;
@@ -127,21 +120,17 @@ static int draft_rows(dfl_dstate *s, const dscratch *w, const int32_t *anchors, 
     const dfl_config *g = &d->cfg;
     const dfl_model *t = s->t;
     const int H = g->hidden, hd = g->head_dim, Hq = g->n_heads, Hkv = g->n_kv_heads, kv = Hkv * hd;
-    const int group = Hq / Hkv, dflash2 = g->dflash2, R = nb * B;
+    const int dflash2 = g->dflash2, R = nb * B;
     /* block = [anchor, MASK x (B-1)], embedded with the target's embedding */
-    for (int i = 0; i < R; i++) {
-        model_embed(t, i % B == 0 ? anchors[i / B] : g->mask_token_id, w->x + (size_t)i * H);
-        if (g->input_embedding_scale != 1.0f)
-            for (int j = 0; j < H; j++) w->x[(size_t)i * H + j] *= g->input_embedding_scale;
-    }
-    const float scale = 1.0f / sqrtf((float)hd);
+    for (int i = 0; i < R; i++) model_embed(t, i % B == 0 ? anchors[i / B] : g->mask_token_id, w->x + (size_t)i * H);
+    if (g->input_embedding_scale != 1.0f) kn_scale(w->x, g->input_embedding_scale, (size_t)R * H);
     for (int li = 0; li < g->n_layers; li++) {
         const dfl_dlayer_w *l = &d->layers[li];
-        const int sliding = l->type == DFL_LAYER_SLIDING, window = g->sliding_window;
+        const int sliding = l->type == DFL_LAYER_SLIDING;
         /* cfg.causal (is_causal, dflash_config.causal or drafter_set_causal) overrides the
          * default, -1: sliding layers causal, full ones not (docs/design.md §4) */
         const int causal = g->causal >= 0 ? g->causal : sliding;
-        for (int i = 0; i < R; i++) kn_rmsnorm(w->xn + (size_t)i * H, w->x + (size_t)i * H, l->input_norm, H, g->rms_eps);
+        kn_rmsnorm_rows(w->xn, w->x, l->input_norm, R, H, g->rms_eps);
         const float *ain = w->xn; /* the attention's input: DFlash2 convolves the normed rows first */
         if (dflash2) {
             dflash2_conv_deltas(s, &l->attn_conv_proj, s->xn, B);
@@ -154,43 +143,22 @@ static int draft_rows(dfl_dstate *s, const dscratch *w, const int32_t *anchors, 
             norm_rope(s, w->q + (size_t)i * Hq * hd, Hq, l->q_norm, starts[i / B] + i % B);
             norm_rope(s, w->kb + (size_t)i * kv, Hkv, l->k_norm, starts[i / B] + i % B);
         }
-        const float *kc = s->k_ctx[li], *vc = s->v_ctx[li];
-        /* query heads sharing a key/value head together unless that leaves threads idle (decided
-         * per block, so that a batch computes each block as drafter_draft does) */
-        const int G = B * Hkv >= omp_get_max_threads() ? group : 1;
-        const size_t ldsc = (size_t)s->max_ctx + s->max_block;
-#pragma omp parallel for collapse(2) schedule(static) if ((size_t)R * Hq * (starts[0] + B) * hd >= KN_PAR_MIN_WORK)
-        for (int i = 0; i < R; i++) {
-            for (int h0 = 0; h0 < Hq; h0 += G) {
-                float *sc = s->scores + (size_t)omp_get_thread_num() * group * ldsc; /* [G][ldsc] */
-                const float *q = w->q + ((size_t)i * Hq + h0) * hd;
-                const int b = i / B, start = starts[b], kvh = h0 / group, qpos = start + i % B;
-                const float *kb = w->kb + (size_t)b * B * kv, *vb = w->vb + (size_t)b * B * kv;
-                /* visible keys: context 0..start-1 then block 0..B-1 (absolute positions);
-                 * full layers see everything but the future in causal ones, sliding layers a window */
-                const int n_keys = start + B;
-                kn_dot_rows(sc, ldsc, q, (size_t)hd, G, kc + (size_t)kvh * hd, (size_t)kv, start, hd);
-                kn_dot_rows(sc + start, ldsc, q, (size_t)hd, G, kb + (size_t)kvh * hd, (size_t)kv, B, hd);
-                for (int gi = 0; gi < G; gi++) {
-                    float *sg = sc + gi * ldsc;
-                    for (int j = 0; j < n_keys; j++)
-                        sg[j] = (causal && j > qpos) || (sliding && qpos - j >= window) ? -INFINITY : sg[j] * scale;
-                    kn_softmax(sg, n_keys);
-                }
-                float *o = w->att + ((size_t)i * Hq + h0) * hd;
-                memset(o, 0, (size_t)G * hd * sizeof(float));
-                kn_axpy_rows(o, (size_t)hd, sc, ldsc, G, vc + (size_t)kvh * hd, (size_t)kv, start, hd);
-                kn_axpy_rows(o, (size_t)hd, sc + start, ldsc, G, vb + (size_t)kvh * hd, (size_t)kv, B, hd);
-            }
-        }
+        /* each block sees the context before its start and itself (a window in sliding layers,
+         * up to the row in causal ones) */
+        const kn_attn_io a = {.n = R, .n_heads = Hq, .n_kv_heads = Hkv, .head_dim = hd, .q = w->q,
+                              .ldq = (size_t)Hq * hd, .ldqh = (size_t)hd, .out = w->att, .k = s->k_ctx[li],
+                              .v = s->v_ctx[li], .kb = w->kb, .vb = w->vb, .ldkv = (size_t)kv, .block = B,
+                              .starts = starts, .causal = causal, .window = sliding ? g->sliding_window : 0,
+                              .scores = s->scores, .ldsc = (size_t)s->max_ctx + s->max_block};
+        kn_attention(&a);
         kn_matmul(w->xn, w->att, &l->o_proj, R);
         const float *aout = w->xn;
         if (dflash2) { /* the output side, with the deltas taken from the attention's normed input */
             dflash2_conv(s, l->attn_conv_base, 1, s->xn, s->conv, B);
             aout = s->conv;
         }
-        for (size_t i = 0; i < (size_t)R * H; i++) w->x[i] += aout[i];
-        for (int i = 0; i < R; i++) kn_rmsnorm(w->xn + (size_t)i * H, w->x + (size_t)i * H, l->post_norm, H, g->rms_eps);
+        kn_add(w->x, aout, (size_t)R * H);
+        kn_rmsnorm_rows(w->xn, w->x, l->post_norm, R, H, g->rms_eps);
         const float *mlp_in = w->xn;
         if (dflash2) {
             dflash2_conv_deltas(s, &l->mlp_conv_proj, s->xn, B);
@@ -198,26 +166,22 @@ static int draft_rows(dfl_dstate *s, const dscratch *w, const int32_t *anchors, 
             mlp_in = s->conv;
         }
         kn_matmul_multi(2, (float *[]){w->mlp1, w->mlp2}, mlp_in, (const dfl_mat *[]){&l->gate, &l->up}, R);
-        kn_swiglu(w->mlp1, w->mlp2, R * g->intermediate);
+        kn_swiglu_par(w->mlp1, w->mlp2, (size_t)R * g->intermediate);
         kn_matmul(w->xn, w->mlp1, &l->down, R);
         const float *mout = w->xn;
         if (dflash2) {
             dflash2_conv(s, l->mlp_conv_base, 1, s->xn, s->conv, B);
             mout = s->conv;
         }
-        for (size_t i = 0; i < (size_t)R * H; i++) w->x[i] += mout[i];
+        kn_add(w->x, mout, (size_t)R * H);
     }
     /* rows 1..B-1 of each block predict the tokens at start+1..start+B-1 */
     for (int b = 0; b < nb; b++)
-        for (int i = 1; i < B; i++)
-            kn_rmsnorm(w->xn + ((size_t)b * (B - 1) + i - 1) * H, w->x + ((size_t)b * B + i) * H, d->norm, H,
-                       g->rms_eps);
+        kn_rmsnorm_rows(w->xn + (size_t)b * (B - 1) * H, w->x + ((size_t)b * B + 1) * H, d->norm, B - 1, H, g->rms_eps);
     model_lm_head(t, w->xn, logits, nb * (B - 1));
     const size_t nl = (size_t)nb * (B - 1) * t->cfg.vocab;
-    if (g->output_multiplier != 1.0f)
-        for (size_t i = 0; i < nl; i++) logits[i] *= g->output_multiplier;
-    if (g->final_logit_softcap > 0)
-        for (size_t i = 0; i < nl; i++) logits[i] = tanhf(logits[i] / g->final_logit_softcap) * g->final_logit_softcap;
+    if (g->output_multiplier != 1.0f) kn_scale(logits, g->output_multiplier, nl);
+    if (g->final_logit_softcap > 0) kn_softcap(logits, g->final_logit_softcap, nl);
     /* as for the target: NaN/Inf weights are not scanned at load, they are caught here */
     const int any_bad = kn_count_nonfinite(logits, nl) > 0; /* fast path: none */
     for (size_t i = 0; i < nl && any_bad; i++)

@@ -195,31 +195,6 @@ void model_embed(const dfl_model *m, int32_t token, float *out) { kn_mat_row(&m-
 
 void model_lm_head(const dfl_model *m, const float *x, float *logits, int n) { kn_matmul(logits, x, &m->lm_head, n); }
 
-/* ---- row-parallel helpers (serial below KN_PAR_MIN_WORK; results independent of the split) -- */
-
-static void rmsnorm_rows(float *y, const float *x, const float *w, int rows, int dim, float eps) {
-#pragma omp parallel for schedule(static) if ((size_t)rows * dim * 4 >= KN_PAR_MIN_WORK)
-    for (int r = 0; r < rows; r++) kn_rmsnorm(y + (size_t)r * dim, x + (size_t)r * dim, w, dim, eps);
-}
-
-#define EW_CHUNK 4096 /* elements per work item of the elementwise loops (a multiple of any vector width) */
-
-/* a = silu(a) * b over n elements */
-static void swiglu_par(float *a, const float *b, size_t n) {
-    const long chunks = (long)((n + EW_CHUNK - 1) / EW_CHUNK);
-#pragma omp parallel for schedule(static) if (n * 8 >= KN_PAR_MIN_WORK)
-    for (long c = 0; c < chunks; c++) {
-        const size_t i0 = (size_t)c * EW_CHUNK;
-        kn_swiglu(a + i0, b + i0, (int)(n - i0 < EW_CHUNK ? n - i0 : EW_CHUNK));
-    }
-}
-
-/* x += y over n elements (the residual stream) */
-static void add_par(float *x, const float *y, size_t n) {
-#pragma omp parallel for schedule(static) if (n * 4 >= KN_PAR_MIN_WORK)
-    for (size_t i = 0; i < n; i++) x[i] += y[i];
-}
-
 /* ---- full attention layer ---------------------------------------------------------- */
 
 static void attention_layer(dfl_state *s, int li, int n) {
@@ -229,57 +204,28 @@ static void attention_layer(dfl_state *s, int li, int n) {
     const int H = g->hidden, hd = g->head_dim, Hq = g->n_heads, Hkv = g->n_kv_heads, rot = g->rot_dim;
     const int gated = g->attn_gate;
     const int qstride = Hq * hd * (gated ? 2 : 1), kvw = Hkv * hd, p0 = s->n_past;
-    rmsnorm_rows(s->xn, s->x, l->input_norm, n, H, g->rms_eps);
+    kn_rmsnorm_rows(s->xn, s->x, l->input_norm, n, H, g->rms_eps);
     kn_matmul_multi(3, (float *[]){s->q, s->k, s->v}, s->xn, (const dfl_mat *[]){&l->q_proj, &l->k_proj, &l->v_proj}, n);
     float *kc = s->k_cache[li], *vc = s->v_cache[li];
-    /* per-head norms and rotation; new keys/values go straight into the cache */
+    /* per-head norms and rotation; the new keys/values then go into the cache */
     for (int t = 0; t < n; t++) {
         const float *cs = s->rope_cos + (size_t)t * rot / 2, *sn = s->rope_sin + (size_t)t * rot / 2;
-        for (int h = 0; h < Hq; h++) {
-            float *q = s->q + (size_t)t * qstride + (size_t)h * hd * (gated ? 2 : 1);
-            kn_rmsnorm(q, q, l->q_norm, hd, g->rms_eps);
-            kn_rope(q, cs, sn, rot);
-        }
-        for (int h = 0; h < Hkv; h++) {
-            float *k = s->k + (size_t)t * kvw + (size_t)h * hd;
-            kn_rmsnorm(k, k, l->k_norm, hd, g->rms_eps);
-            kn_rope(k, cs, sn, rot);
-        }
-        memcpy(kc + (size_t)(p0 + t) * kvw, s->k + (size_t)t * kvw, (size_t)kvw * sizeof(float));
-        memcpy(vc + (size_t)(p0 + t) * kvw, s->v + (size_t)t * kvw, (size_t)kvw * sizeof(float));
+        kn_head_norm_rope(s->q + (size_t)t * qstride, Hq, (size_t)hd * (gated ? 2 : 1), l->q_norm, hd, g->rms_eps, cs,
+                          sn, rot);
+        kn_head_norm_rope(s->k + (size_t)t * kvw, Hkv, (size_t)hd, l->k_norm, hd, g->rms_eps, cs, sn, rot);
     }
-    const float scale = 1.0f / sqrtf((float)hd);
-    const int group = Hq / Hkv;
-    /* the query heads sharing a key/value head go together (each cache row read once for
-     * them) unless that leaves threads idle; results are the same either way */
-    const int G = n * Hkv >= omp_get_max_threads() ? group : 1, ldsc = s->max_ctx;
-#pragma omp parallel for collapse(2) schedule(static) if ((size_t)n * Hq * (p0 + n) * hd >= KN_PAR_MIN_WORK)
-    for (int t = 0; t < n; t++) {
-        for (int h0 = 0; h0 < Hq; h0 += G) {
-            float *sc = s->scores + (size_t)omp_get_thread_num() * group * ldsc; /* [G][max_ctx] */
-            const float *q = s->q + (size_t)t * qstride + (size_t)h0 * hd * (gated ? 2 : 1);
-            const size_t ldq = (size_t)hd * (gated ? 2 : 1);
-            const int kvh = h0 / group, len = p0 + t + 1; /* causal: keys 0..p0+t */
-            /* tree: only the committed context, the node's ancestors and itself are visible */
-            const unsigned char *anc = s->tree_anc && s->tree_parent ? s->tree_anc + (size_t)t * s->max_batch : NULL;
-            kn_dot_rows(sc, (size_t)ldsc, q, ldq, G, kc + (size_t)kvh * hd, (size_t)kvw, len, hd);
-            for (int g = 0; g < G; g++) {
-                float *sg = sc + (size_t)g * ldsc;
-                for (int j = 0; j < len; j++) sg[j] = anc && j >= p0 && !anc[j - p0] ? -INFINITY : sg[j] * scale;
-                kn_softmax(sg, len);
-            }
-            float *o = s->att + (size_t)t * Hq * hd + (size_t)h0 * hd;
-            memset(o, 0, (size_t)G * hd * sizeof(float));
-            kn_axpy_rows(o, (size_t)hd, sc, (size_t)ldsc, G, vc + (size_t)kvh * hd, (size_t)kvw, len, hd);
-            if (gated) /* output gate: the second half of each head's q_proj rows */
-                for (int g = 0; g < G; g++) {
-                    const float *gate = q + g * ldq + hd;
-                    for (int i = 0; i < hd; i++) o[(size_t)g * hd + i] *= kn_sigmoid(gate[i]);
-                }
-        }
-    }
+    memcpy(kc + (size_t)p0 * kvw, s->k, (size_t)n * kvw * sizeof(float)); /* [n][kvw] rows at p0.. */
+    memcpy(vc + (size_t)p0 * kvw, s->v, (size_t)n * kvw * sizeof(float));
+    /* one causal block of n rows after the context; a tree sees only the node's ancestors */
+    const kn_attn_io a = {.n = n, .n_heads = Hq, .n_kv_heads = Hkv, .head_dim = hd, .q = s->q,
+                          .ldq = (size_t)qstride, .ldqh = (size_t)hd * (gated ? 2 : 1),
+                          .gate = gated ? s->q + hd : NULL, .out = s->att, .k = kc, .v = vc, .ldkv = (size_t)kvw,
+                          .block = n, .starts = &p0, .causal = 1,
+                          .tree = s->tree_parent ? s->tree_anc : NULL, .ldtree = (size_t)s->max_batch,
+                          .scores = s->scores, .ldsc = (size_t)s->max_ctx};
+    kn_attention(&a);
     kn_matmul(s->xn, s->att, &l->o_proj, n);
-    add_par(s->x, s->xn, (size_t)n * H);
+    kn_add(s->x, s->xn, (size_t)n * H);
 }
 
 /* ---- Gated DeltaNet layer ---------------------------------------------------------- */
@@ -289,24 +235,10 @@ static void attention_layer(dfl_state *s, int li, int n) {
  * recurrent state in node_S[i] [Hv, dk, dv]. NULL = chain: each token continues the previous
  * one, in place in conv_state / S. */
 typedef struct lin_tree {
-    const int *parent;
-    float *node_conv;
-    float *node_S;
-    const unsigned char *kept; /* [n] node_S holds the node's state (it has children) */
-    float *scratch;            /* [threads, dk, dv] where the others' states go, per thread */
-    int threads;
+    kn_gdn_tree gdn;           /* parent [n], node_S [n, Hv, dk, dv], kept [n], per-thread scratch */
+    float *node_conv;          /* [n, K-1, conv_dim] */
     float *leaf_qkv, *leaf_ab; /* [n, conv_dim] and [n, 2*Hv]: the inputs of each leaf */
 } lin_tree;
-
-/* gb [2*KN_GDN_CHUNK]: log-decays | betas of value head h for tokens t0 .. t0+nt-1 of ab
- * [n, 2*Hv] (raw a | b projections). */
-static void gdn_gates(const dfl_layer_w *l, const float *ab, int Hv, int h, int t0, int nt, float *gb) {
-    for (int t = 0; t < nt; t++) {
-        const float a = ab[(size_t)(t0 + t) * 2 * Hv + h], b = ab[(size_t)(t0 + t) * 2 * Hv + Hv + h];
-        gb[t] = l->neg_exp_A[h] * kn_softplus(a + l->dt_bias[h]);
-        gb[KN_GDN_CHUNK + t] = kn_sigmoid(b);
-    }
-}
 
 /* Advance one linear layer's conv window and recurrent state over n tokens. S0: a chain's
  * state to continue from, left unchanged, with the result in S (NULL: S itself).
@@ -318,79 +250,23 @@ static void gdn_gates(const dfl_layer_w *l, const float *ab, int Hv, int h, int 
 static void gated_delta(const dfl_model *m, const dfl_layer_w *l, float *conv_state, float *S, const float *S0c,
                         float *qkv, const float *ab, int n, float *out, const lin_tree *tree) {
     const dfl_config *g = &m->cfg;
-    const int C = m->conv_dim, K = g->conv_kernel, Hk = g->lin_k_heads, Hv = g->lin_v_heads;
-    const int dk = g->lin_k_dim, dv = g->lin_v_dim, ratio = Hv / Hk;
-    const size_t win_sz = (size_t)(K - 1) * C, HS = (size_t)Hv * dk * dv;
-    /* depthwise causal conv and SiLU, 16 channels at a time (w[K-1] multiplies the current
-     * token), so that each token's row is read and written once */
-#pragma omp parallel for schedule(static) if ((size_t)n * C * (K + 8) >= KN_PAR_MIN_WORK)
-    for (int c0 = 0; c0 < C; c0 += 16) {
-        const int nc = C - c0 < 16 ? C - c0 : 16;
-        const size_t row_bytes = (size_t)nc * sizeof(float);
-        float win[15][16] = {{0}}, wt[16][16] = {{0}}; /* [tap][channel]: window (oldest first), weights */
-        for (int j = 0; j < K; j++)
-            for (int i = 0; i < nc; i++) wt[j][i] = l->conv_w[(size_t)(c0 + i) * K + j];
-        if (!tree) {
-            for (int j = 0; j < K - 1; j++) memcpy(win[j], conv_state + (size_t)j * C + c0, row_bytes);
-            kn_conv_silu(qkv + c0, (size_t)C, n, nc, K, wt[0], win[0]);
-            for (int j = 0; j < K - 1; j++) memcpy(conv_state + (size_t)j * C + c0, win[j], row_bytes);
-            continue;
-        }
-        for (int t = 0; t < n; t++) { /* each node continues its parent's window */
-            const int p = tree->parent[t];
-            const float *src = p < 0 ? conv_state : tree->node_conv + (size_t)p * win_sz;
-            for (int j = 0; j < K - 1; j++) memcpy(win[j], src + (size_t)j * C + c0, row_bytes);
-            kn_conv_silu(qkv + (size_t)t * C + c0, (size_t)C, 1, nc, K, wt[0], win[0]);
-            for (int j = 0; j < K - 1; j++)
-                memcpy(tree->node_conv + (size_t)t * win_sz + (size_t)j * C + c0, win[j], row_bytes);
-        }
-    }
+    const int C = m->conv_dim, K = g->conv_kernel, Hk = g->lin_k_heads, Hv = g->lin_v_heads, dk = g->lin_k_dim;
+    kn_causal_conv_silu(qkv, n, C, K, l->conv_w, conv_state, tree ? tree->gdn.parent : NULL,
+                        tree ? tree->node_conv : NULL);
     /* L2-normalise q and k per (token, key head); q also scaled by 1/sqrt(dk) */
-    const float qscale = 1.0f / sqrtf((float)dk);
-#pragma omp parallel for schedule(static) if ((size_t)n * Hk * dk * 4 >= KN_PAR_MIN_WORK)
-    for (int th = 0; th < n * Hk; th++) {
-        float *q = qkv + (size_t)(th / Hk) * C + (size_t)(th % Hk) * dk, *k = q + (size_t)Hk * dk;
-        float sq = 0, sk = 0;
-        for (int i = 0; i < dk; i++) sq += q[i] * q[i], sk += k[i] * k[i];
-        const float rq = 1.0f / sqrtf(sq + 1e-6f), rk = 1.0f / sqrtf(sk + 1e-6f);
-        for (int i = 0; i < dk; i++) q[i] = q[i] * rq * qscale, k[i] = k[i] * rk;
-    }
+    kn_l2norm_heads(qkv, (size_t)C, n, Hk, dk, 1.0f / sqrtf((float)dk));
+    kn_l2norm_heads(qkv + (size_t)Hk * dk, (size_t)C, n, Hk, dk, 1.0f);
     if (tree) /* a leaf's state is recomputed at commit (state_tree_commit) from these */
         for (int t = 0; t < n; t++)
-            if (!tree->kept[t]) {
+            if (!tree->gdn.kept[t]) {
                 memcpy(tree->leaf_qkv + (size_t)t * C, qkv + (size_t)t * C, (size_t)C * sizeof(float));
                 memcpy(tree->leaf_ab + (size_t)t * 2 * Hv, ab + (size_t)t * 2 * Hv, (size_t)2 * Hv * sizeof(float));
             }
-    const int chunked = !tree && out && n >= KN_GDN_CHUNK;
-    /* a chain goes to the kernel up to a chunk of tokens at a time; a tree node by node, each on
-     * a copy of its parent's state */
-    const int step = tree ? 1 : KN_GDN_CHUNK;
-#pragma omp parallel for schedule(static) if ((size_t)n * Hv * dk * dv * 4 >= KN_PAR_MIN_WORK)
-    for (int h = 0; h < Hv; h++) {
-        float gb[2 * KN_GDN_CHUNK]; /* log-decays | betas of the tokens of one kernel call */
-        const int kh = h / ratio;
-        for (int t0 = 0; t0 < n; t0 += step) {
-            const int nt = n - t0 < step ? n - t0 : step;
-            float *Sh = S + (size_t)h * dk * dv;
-            const float *S0 = S0c && t0 == 0 ? S0c + (size_t)h * dk * dv : NULL;
-            if (tree) { /* the node's state: its parent's continued by its own token */
-                const int p = tree->parent[t0], th = omp_get_thread_num();
-                S0 = p < 0 ? Sh : tree->node_S + (size_t)p * HS + (size_t)h * dk * dv;
-                Sh = tree->kept[t0] || th >= tree->threads ? tree->node_S + (size_t)t0 * HS + (size_t)h * dk * dv
-                                                            : tree->scratch + (size_t)th * dk * dv;
-            }
-            gdn_gates(l, ab, Hv, h, t0, nt, gb);
-            const float *row = qkv + (size_t)t0 * C;
-            const kn_gdn_io io = {.dk = dk, .dv = dv, .n = nt, .q = row + (size_t)kh * dk,
-                                  .k = row + (size_t)Hk * dk + (size_t)kh * dk,
-                                  .v = row + 2 * (size_t)Hk * dk + (size_t)h * dv, .ld = (size_t)C, .g = gb,
-                                  .beta = gb + KN_GDN_CHUNK,
-                                  .out = out ? out + (size_t)t0 * Hv * dv + (size_t)h * dv : NULL,
-                                  .ldo = (size_t)Hv * dv, .S0 = S0};
-            if (chunked) kn_gdn_chunked(Sh, &io);
-            else kn_gdn_recurrent(Sh, &io);
-        }
-    }
+    const kn_gdn_heads_io io = {.n = n, .Hk = Hk, .Hv = Hv, .dk = dk, .dv = g->lin_v_dim, .qkv = qkv,
+                                .ld = (size_t)C, .ab = ab, .neg_exp_A = l->neg_exp_A, .dt_bias = l->dt_bias, .S = S,
+                                .S0 = S0c, .out = out, .chunked = !tree && out && n >= KN_GDN_CHUNK,
+                                .tree = tree ? &tree->gdn : NULL};
+    kn_gdn_heads(&io);
 }
 
 static void linear_layer(dfl_state *s, int li, int n) {
@@ -398,7 +274,7 @@ static void linear_layer(dfl_state *s, int li, int n) {
     const dfl_config *g = &m->cfg;
     const dfl_layer_w *l = &m->layers[li];
     const int H = g->hidden, Hv = g->lin_v_heads, dv = g->lin_v_dim, C = m->conv_dim;
-    rmsnorm_rows(s->xn, s->x, l->input_norm, n, H, g->rms_eps);
+    kn_rmsnorm_rows(s->xn, s->x, l->input_norm, n, H, g->rms_eps);
     kn_matmul_multi(4, (float *[]){s->q, s->z, s->att, s->att + (size_t)n * Hv}, s->xn,
                     (const dfl_mat *[]){&l->in_qkv, &l->in_z, &l->in_a, &l->in_b}, n);
     /* a and b side by side: ab[t] = [a_0..a_Hv-1 | b_0..b_Hv-1] */
@@ -418,47 +294,18 @@ static void linear_layer(dfl_state *s, int li, int n) {
         memcpy(s->rec_qkv[li], s->q, (size_t)n * C * sizeof(float));
         memcpy(s->rec_ab[li], s->ab, (size_t)n * 2 * Hv * sizeof(float));
     }
-    lin_tree tree = {.parent = s->tree_parent,
+    lin_tree tree = {.gdn = {.parent = s->tree_parent, .node_S = s->tree_S ? s->tree_S[li] : NULL,
+                             .kept = s->tree_kept, .scratch = s->tree_scratch, .threads = s->tree_threads},
                      .node_conv = s->tree_conv ? s->tree_conv[li] : NULL,
-                     .node_S = s->tree_S ? s->tree_S[li] : NULL,
-                     .kept = s->tree_kept,
-                     .scratch = s->tree_scratch,
-                     .threads = s->tree_threads,
                      .leaf_qkv = s->tree_qkv ? s->tree_qkv[li] : NULL,
                      .leaf_ab = s->tree_ab ? s->tree_ab[li] : NULL};
     gated_delta(m, l, s->conv_state[li], s->rec_state[li], S0, s->q, s->ab, n, s->att,
                 s->tree_parent ? &tree : NULL);
     /* gated RMSNorm per (token, value head): w * norm(o) * silu(z), into z */
-    rmsnorm_rows(s->att, s->att, l->gnorm, n * Hv, dv, g->rms_eps);
-    swiglu_par(s->z, s->att, (size_t)n * Hv * dv);
+    kn_rmsnorm_rows(s->att, s->att, l->gnorm, n * Hv, dv, g->rms_eps);
+    kn_swiglu_par(s->z, s->att, (size_t)n * Hv * dv);
     kn_matmul(s->xn, s->z, &l->out_proj, n);
-    add_par(s->x, s->xn, (size_t)n * H);
-}
-
-/* Router of one token, as transformers' TopKRouter: p = softmax(logits) in float32, the k
- * largest (the lower expert id first on ties), divided by their sum (taken in that order) when
- * norm_topk_prob; then listed by ascending expert id, the order transformers adds the experts'
- * outputs in. p [E] is overwritten. */
-static void moe_route(float *p, int E, int k, int norm, int *idx, float *w) {
-    kn_softmax(p, E);
-    float sum = 0;
-    for (int j = 0; j < k; j++) {
-        int best = 0;
-        for (int e = 1; e < E; e++)
-            if (p[e] > p[best]) best = e;
-        idx[j] = best, w[j] = p[best];
-        sum += p[best];
-        p[best] = -1.0f; /* taken: probabilities are >= 0 */
-    }
-    if (norm)
-        for (int j = 0; j < k; j++) w[j] /= sum;
-    for (int j = 1; j < k; j++) /* insertion sort by expert id */
-        for (int i = j; i > 0 && idx[i - 1] > idx[i]; i--) {
-            const int ti = idx[i];
-            const float tw = w[i];
-            idx[i] = idx[i - 1], w[i] = w[i - 1];
-            idx[i - 1] = ti, w[i - 1] = tw;
-        }
+    kn_add(s->x, s->xn, (size_t)n * H);
 }
 
 size_t moe_inner_per_token(const dfl_config *g) {
@@ -501,7 +348,7 @@ int moe_forward(const dfl_config *g, const dfl_layer_w *l, dfl_moe_buf *b, const
     kn_matmul(b->logits, xn, &l->router, n);
     memset(start, 0, (size_t)(E + 1) * sizeof(int));
     for (int t = 0; t < n; t++) {
-        moe_route(b->logits + (size_t)t * E, E, k, g->norm_topk_prob, b->idx + (size_t)t * k, b->w + (size_t)t * k);
+        kn_moe_route(b->logits + (size_t)t * E, E, k, g->norm_topk_prob, b->idx + (size_t)t * k, b->w + (size_t)t * k);
         for (int j = 0; j < k; j++) start[b->idx[(size_t)t * k + j] + 1]++;
     }
     for (int e = 0; e < E; e++) start[e + 1] += start[e], cursor[e] = start[e];
@@ -517,33 +364,19 @@ int moe_forward(const dfl_config *g, const dfl_layer_w *l, dfl_moe_buf *b, const
         touched++;
         kn_matmul_multi(2, (float *[]){mlp1, mlp2}, b->x + (size_t)start[e] * H,
                         (const dfl_mat *[]){&l->exp_gate[e], &l->exp_up[e]}, cnt);
-        swiglu_par(mlp1, mlp2, (size_t)cnt * Ie);
+        kn_swiglu_par(mlp1, mlp2, (size_t)cnt * Ie);
         kn_matmul(b->y + (size_t)start[e] * H, mlp1, &l->exp_down[e], cnt);
     }
     /* combine into b->x (free now): out_t = sum over its experts, ascending id, of w * y */
-#pragma omp parallel for schedule(static) if ((size_t)n * k * H >= KN_PAR_MIN_WORK)
-    for (int t = 0; t < n; t++) {
-        float *o = b->x + (size_t)t * H;
-        memset(o, 0, (size_t)H * sizeof(float));
-        for (int j = 0; j < k; j++) {
-            const float w = b->w[(size_t)t * k + j];
-            const float *y = b->y + (size_t)b->rows[(size_t)t * k + j] * H;
-            for (int i = 0; i < H; i++) o[i] += y[i] * w;
-        }
-    }
+    kn_gather_sum(b->x, b->y, b->rows, b->w, n, k, H);
     if (g->shared_intermediate > 0) { /* + sigmoid(sh_score . x) * shared_expert(x), into b->y */
         kn_matmul_multi(2, (float *[]){mlp1, mlp2}, xn, (const dfl_mat *[]){&l->sh_gate, &l->sh_up}, n);
-        swiglu_par(mlp1, mlp2, (size_t)n * g->shared_intermediate);
+        kn_swiglu_par(mlp1, mlp2, (size_t)n * g->shared_intermediate);
         kn_matmul(b->y, mlp1, &l->sh_down, n);
         kn_matmul(b->sh, xn, &l->sh_score, n);
-        for (int t = 0; t < n; t++) {
-            const float gate = kn_sigmoid(b->sh[t]);
-            float *o = b->x + (size_t)t * H;
-            const float *y = b->y + (size_t)t * H;
-            for (int i = 0; i < H; i++) o[i] += gate * y[i];
-        }
+        for (int t = 0; t < n; t++) kn_add_scaled(b->x + (size_t)t * H, kn_sigmoid(b->sh[t]), b->y + (size_t)t * H, H);
     }
-    add_par(x, b->x, (size_t)n * H);
+    kn_add(x, b->x, (size_t)n * H);
     return touched;
 }
 
@@ -551,15 +384,15 @@ static void mlp(dfl_state *s, int li, int n) {
     const dfl_config *g = &s->m->cfg;
     const dfl_layer_w *l = &s->m->layers[li];
     const int H = g->hidden, I = g->intermediate;
-    rmsnorm_rows(s->xn, s->x, l->post_norm, n, H, g->rms_eps);
+    kn_rmsnorm_rows(s->xn, s->x, l->post_norm, n, H, g->rms_eps);
     if (l->moe) {
         s->moe_touched += moe_forward(g, l, &s->moe, s->xn, s->x, s->mlp1, s->mlp2, n);
         return;
     }
     kn_matmul_multi(2, (float *[]){s->mlp1, s->mlp2}, s->xn, (const dfl_mat *[]){&l->gate, &l->up}, n);
-    swiglu_par(s->mlp1, s->mlp2, (size_t)n * I);
+    kn_swiglu_par(s->mlp1, s->mlp2, (size_t)n * I);
     kn_matmul(s->xn, s->mlp1, &l->down, n);
-    add_par(s->x, s->xn, (size_t)n * H);
+    kn_add(s->x, s->xn, (size_t)n * H);
 }
 
 static int forward_impl(dfl_state *s, const int32_t *tokens, int n, const int *depth, float *logits,
@@ -570,11 +403,8 @@ static int forward_impl(dfl_state *s, const int32_t *tokens, int n, const int *d
     for (int t = 0; t < n; t++) {
         model_embed(m, tokens[t], s->x + (size_t)t * H);
         const float p = (float)(s->n_past + (depth ? depth[t] : t)); /* tree nodes sit at start + depth */
-        for (int i = 0; i < g->rot_dim / 2; i++) {
-            const float f = p * s->inv_freq[i];
-            s->rope_cos[(size_t)t * g->rot_dim / 2 + i] = cosf(f);
-            s->rope_sin[(size_t)t * g->rot_dim / 2 + i] = sinf(f);
-        }
+        kn_rope_table(s->rope_cos + (size_t)t * g->rot_dim / 2, s->rope_sin + (size_t)t * g->rot_dim / 2, s->inv_freq,
+                      g->rot_dim / 2, p);
     }
     s->moe_touched = 0;
     s->rec_n_past = s->n_past;
@@ -593,8 +423,7 @@ static int forward_impl(dfl_state *s, const int32_t *tokens, int n, const int *d
     s->n_past += n;
     if (logits) {
         const int first = logits_last_only ? n - 1 : 0, rows = n - first;
-        for (int t = first; t < n; t++)
-            kn_rmsnorm(s->xn + (size_t)(t - first) * H, s->x + (size_t)t * H, m->final_norm, H, g->rms_eps);
+        kn_rmsnorm_rows(s->xn, s->x + (size_t)first * H, m->final_norm, rows, H, g->rms_eps);
         model_lm_head(m, s->xn, logits, rows);
         /* NaN/Inf weights are not scanned at load (too costly on a large model) but they reach
          * the logits: stop there rather than decode garbage */
@@ -741,21 +570,13 @@ static void tree_leaf_state(dfl_state *s, int li, int node) {
     const dfl_config *g = &m->cfg;
     const dfl_layer_w *l = &m->layers[li];
     const int C = m->conv_dim, Hk = g->lin_k_heads, Hv = g->lin_v_heads, dk = g->lin_k_dim, dv = g->lin_v_dim;
-    const int ratio = Hv / Hk, p = s->tree_par[node];
+    const int p = s->tree_par[node];
     const size_t HS = (size_t)Hv * dk * dv;
-    const float *row = s->tree_qkv[li] + (size_t)node * C;
-#pragma omp parallel for schedule(static) if ((size_t)Hv * dk * dv * 4 >= KN_PAR_MIN_WORK)
-    for (int h = 0; h < Hv; h++) {
-        float gb[2 * KN_GDN_CHUNK];
-        gdn_gates(l, s->tree_ab[li], Hv, h, node, 1, gb);
-        const int kh = h / ratio;
-        const kn_gdn_io io = {.dk = dk, .dv = dv, .n = 1, .q = row + (size_t)kh * dk,
-                              .k = row + (size_t)Hk * dk + (size_t)kh * dk,
-                              .v = row + 2 * (size_t)Hk * dk + (size_t)h * dv, .ld = (size_t)C, .g = gb,
-                              .beta = gb + KN_GDN_CHUNK, .out = NULL, .ldo = (size_t)Hv * dv,
-                              .S0 = p < 0 ? NULL : s->tree_S[li] + (size_t)p * HS + (size_t)h * dk * dv};
-        kn_gdn_recurrent(s->rec_state[li] + (size_t)h * dk * dv, &io);
-    }
+    const kn_gdn_heads_io io = {.n = 1, .Hk = Hk, .Hv = Hv, .dk = dk, .dv = dv, .qkv = s->tree_qkv[li] + (size_t)node * C,
+                                .ld = (size_t)C, .ab = s->tree_ab[li] + (size_t)node * 2 * Hv,
+                                .neg_exp_A = l->neg_exp_A, .dt_bias = l->dt_bias, .S = s->rec_state[li],
+                                .S0 = p < 0 ? NULL : s->tree_S[li] + (size_t)p * HS};
+    kn_gdn_heads(&io);
 }
 
 static int cpu_tree_commit(dfl_state *s, const int *path, int len) {

@@ -1,6 +1,7 @@
 /* MTP head forward (include/dfl/mtp.h): context K/V from committed (hidden, next token) pairs,
  * autoregressive draft steps over them. */
 #include <math.h>
+#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -41,7 +42,7 @@ int mstate_init(dfl_mstate *s, const dfl_mtp *h, const dfl_model *t, int max_ctx
     ALLOC(s->mlp1, B * inner);
     ALLOC(s->mlp2, B * inner);
     if (h->layer.moe && moe_buf_init(&s->moe, &h->cfg, 1, &s->bytes) != DFL_OK) goto oom;
-    ALLOC(s->scores, max_ctx + B);
+    ALLOC(s->scores, (size_t)omp_get_max_threads() * (g->n_heads / g->n_kv_heads) * (max_ctx + B)); /* kn_attention */
     ALLOC(s->inv_freq, g->rot_dim / 2);
     for (int i = 0; i < g->rot_dim / 2; i++) /* as the target's attention computes it */
         s->inv_freq[i] = 1.0f / powf((float)g->rope_theta, (float)(2 * i) / (float)g->rot_dim);
@@ -64,15 +65,9 @@ void mstate_reset(dfl_mstate *s) { s->n_ctx = 0; }
 /* Per-head norm, then partial RoPE at pos, over nh heads of hd spaced `stride` apart. */
 static void norm_rope(const dfl_mstate *s, float *x, int nh, size_t stride, const float *w, int pos) {
     const dfl_config *g = &s->t->cfg;
-    float cs[256], sn[256];
-    for (int i = 0; i < g->rot_dim / 2; i++) {
-        const float f = (float)pos * s->inv_freq[i];
-        cs[i] = cosf(f), sn[i] = sinf(f);
-    }
-    for (int h = 0; h < nh; h++) {
-        kn_rmsnorm(x + h * stride, x + h * stride, w, g->head_dim, g->rms_eps);
-        kn_rope(x + h * stride, cs, sn, g->rot_dim);
-    }
+    float cs[256], sn[256]; /* [rot/2] */
+    kn_rope_table(cs, sn, s->inv_freq, g->rot_dim / 2, (float)pos);
+    kn_head_norm_rope(x, nh, stride, w, g->head_dim, g->rms_eps, cs, sn, g->rot_dim);
 }
 
 /* Rows 0..n-1 of s->x = fc([norm_emb(embed(tok)) ; norm_hidden(hid)]), hid final-normed; then
@@ -89,7 +84,7 @@ static void rows_in(dfl_mstate *s, const float *hid, const int32_t *tok, int n, 
     }
     kn_matmul(s->x, s->cat, &h->fc, n);
     const dfl_layer_w *l = &h->layer;
-    for (int t = 0; t < n; t++) kn_rmsnorm(s->xn + (size_t)t * H, s->x + (size_t)t * H, l->input_norm, H, g->rms_eps);
+    kn_rmsnorm_rows(s->xn, s->x, l->input_norm, n, H, g->rms_eps);
     kn_matmul_multi(3, (float *[]){s->q, s->k, s->v}, s->xn, (const dfl_mat *[]){&l->q_proj, &l->k_proj, &l->v_proj},
                     n);
     for (int t = 0; t < n; t++) {
@@ -106,31 +101,24 @@ static void step_out(dfl_mstate *s, int pos, float *out) {
     const dfl_mtp *h = s->h;
     const dfl_config *g = &s->t->cfg;
     const dfl_layer_w *l = &h->layer;
-    const int H = g->hidden, hd = g->head_dim, Hq = g->n_heads, kvw = g->n_kv_heads * hd, group = Hq / g->n_kv_heads;
-    const int len = pos + 1;
+    const int H = g->hidden, hd = g->head_dim, Hq = g->n_heads, kvw = g->n_kv_heads * hd;
     norm_rope(s, s->q, Hq, (size_t)2 * hd, l->q_norm, pos);
-    const float scale = 1.0f / sqrtf((float)hd);
-    for (int hh = 0; hh < Hq; hh++) {
-        const float *q = s->q + (size_t)hh * 2 * hd, *gate = q + hd;
-        const int kvh = hh / group;
-        kn_dot_rows(s->scores, 0, q, 0, 1, s->k_cache + (size_t)kvh * hd, (size_t)kvw, len, hd);
-        for (int j = 0; j < len; j++) s->scores[j] *= scale;
-        kn_softmax(s->scores, len);
-        float *o = s->att + (size_t)hh * hd;
-        memset(o, 0, (size_t)hd * sizeof(float));
-        kn_axpy_rows(o, 0, s->scores, 0, 1, s->v_cache + (size_t)kvh * hd, (size_t)kvw, len, hd);
-        for (int i = 0; i < hd; i++) o[i] *= kn_sigmoid(gate[i]);
-    }
+    /* one causal row at pos; each head's q_proj rows are [query | output gate] */
+    const kn_attn_io a = {.n = 1, .n_heads = Hq, .n_kv_heads = g->n_kv_heads, .head_dim = hd, .q = s->q,
+                          .ldqh = (size_t)2 * hd, .gate = s->q + hd, .out = s->att, .k = s->k_cache,
+                          .v = s->v_cache, .ldkv = (size_t)kvw, .block = 1, .starts = &pos, .causal = 1,
+                          .scores = s->scores, .ldsc = (size_t)s->max_ctx + s->max_block};
+    kn_attention(&a);
     kn_matmul(s->xn, s->att, &l->o_proj, 1);
-    for (int i = 0; i < H; i++) s->x[i] += s->xn[i];
+    kn_add(s->x, s->xn, (size_t)H);
     kn_rmsnorm(s->xn, s->x, l->post_norm, H, g->rms_eps);
     if (l->moe) {
         moe_forward(&h->cfg, l, &s->moe, s->xn, s->x, s->mlp1, s->mlp2, 1);
     } else {
         kn_matmul_multi(2, (float *[]){s->mlp1, s->mlp2}, s->xn, (const dfl_mat *[]){&l->gate, &l->up}, 1);
-        kn_swiglu(s->mlp1, s->mlp2, h->cfg.intermediate);
+        kn_swiglu_par(s->mlp1, s->mlp2, (size_t)h->cfg.intermediate);
         kn_matmul(s->xn, s->mlp1, &l->down, 1);
-        for (int i = 0; i < H; i++) s->x[i] += s->xn[i];
+        kn_add(s->x, s->xn, (size_t)H);
     }
     kn_rmsnorm(out, s->x, h->norm, H, g->rms_eps);
 }

@@ -22,8 +22,16 @@
  * kn_axpy_rows equal them bit for bit. SiLU kernels (vectorized exp): 4e-6 relative.
  * Gated DeltaNet: SIMD recurrence vs generic, chunked form vs recurrence (relative tolerance
  * 1e-4 of the output / state scale; observed <= 2e-6), state-only runs and split runs of the
- * recurrence equal the full run bit for bit. */
+ * recurrence equal the full run bit for bit.
+ * kn_attention (causal block after the context with and without a tree mask; blocks with their
+ * own keys, causal or not, with a sliding window; GQA groups 1..8, gated or not) within 1e-5 of
+ * a double-precision reference, each row bit for bit as when computed alone. The forwards'
+ * elementwise ops equal their plain loops bit for bit (threaded or not), the norms within
+ * float32 rounding of double. kn_causal_conv_silu against a double convolution, trees against
+ * chains; kn_gdn_heads against per-head kn_gdn_recurrent calls bit for bit; kn_moe_route
+ * against a double softmax and a plain top-k. */
 #include <math.h>
+#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -634,6 +642,343 @@ static void check_nonfinite(void) {
     CHECK(kn_count_nonfinite(x, 999) == 3 && kn_count_nonfinite(x + 1, 6) == 0, "counts over a range");
 }
 
+/* ---- kn_attention against a plain double-precision reference ------------------------------ */
+
+/* One attention case: keys and values [ctx + n][ldkv] (the cache, the blocks' own rows after
+ * it), queries with their gates [n][ldq]. */
+typedef struct attn_case {
+    kn_attn_io a;
+    float *buf, *out1;
+    int starts[8];
+    unsigned char *tree;
+} attn_case;
+
+static void attn_ref_row(const kn_attn_io *a, int r, double *o) {
+    const int hd = a->head_dim, group = a->n_heads / a->n_kv_heads, b = r / a->block, start = a->starts[b];
+    const int qpos = start + r % a->block, n_keys = start + (a->causal ? r % a->block + 1 : a->block);
+    double p[512];
+    for (int h = 0; h < a->n_heads; h++) {
+        const float *q = a->q + (size_t)r * a->ldq + (size_t)h * a->ldqh;
+        double mx = -INFINITY, sum = 0;
+        for (int j = 0; j < n_keys; j++) {
+            const int blk = j >= start && a->kb;
+            const float *k = (blk ? a->kb + ((size_t)b * a->block + j - start) * a->ldkv : a->k + (size_t)j * a->ldkv) +
+                             (size_t)(h / group) * hd;
+            const int masked = (a->window && qpos - j >= a->window) ||
+                               (a->tree && j >= start && !a->tree[(size_t)r * a->ldtree + j - start]);
+            double s = 0;
+            for (int i = 0; i < hd; i++) s += (double)q[i] * k[i];
+            p[j] = masked ? -INFINITY : s / sqrt((double)hd);
+            mx = p[j] > mx ? p[j] : mx;
+        }
+        for (int j = 0; j < n_keys; j++) sum += p[j] = exp(p[j] - mx);
+        for (int i = 0; i < hd; i++) o[h * hd + i] = 0;
+        for (int j = 0; j < n_keys; j++) {
+            const int blk = j >= start && a->vb;
+            const float *v = (blk ? a->vb + ((size_t)b * a->block + j - start) * a->ldkv : a->v + (size_t)j * a->ldkv) +
+                             (size_t)(h / group) * hd;
+            for (int i = 0; i < hd; i++) o[h * hd + i] += p[j] / sum * v[i];
+        }
+        if (a->gate)
+            for (int i = 0; i < hd; i++)
+                o[h * hd + i] /= 1 + exp(-(double)a->gate[(size_t)r * a->ldq + (size_t)h * a->ldqh + i]);
+    }
+}
+
+/* mode 0: one causal block after the context in the cache (the target), tree mask when tree;
+ * 1: blocks with their own keys (the drafter), causal or not, sliding window when window. */
+static void attn_make(attn_case *c, int mode, int n, int block, int Hkv, int group, int hd, int gated, int causal,
+                      int window, int tree) {
+    memset(c, 0, sizeof *c);
+    kn_attn_io *a = &c->a;
+    const int Hq = Hkv * group, ctx = 40, ldkv = Hkv * hd + 3, ldq = Hq * hd * (gated ? 2 : 1) + 1;
+    const int nb = n / block, kvrows = ctx + n + 1;
+    const size_t ldsc = (size_t)ctx + n + 1, nsc = (size_t)omp_get_max_threads() * group * ldsc;
+    const size_t total = 2 * (size_t)kvrows * ldkv + (size_t)n * ldq + 2 * (size_t)n * Hq * hd + nsc;
+    c->buf = malloc(total * sizeof(float));
+    for (size_t i = 0; i < total; i++) c->buf[i] = frand();
+    float *p = c->buf;
+    a->k = p, p += (size_t)kvrows * ldkv;
+    a->v = p, p += (size_t)kvrows * ldkv;
+    a->q = p, p += (size_t)n * ldq;
+    a->out = p, p += (size_t)n * Hq * hd;
+    c->out1 = p, p += (size_t)n * Hq * hd;
+    a->scores = p;
+    a->n = n, a->n_heads = Hq, a->n_kv_heads = Hkv, a->head_dim = hd;
+    a->ldq = (size_t)ldq, a->ldqh = (size_t)hd * (gated ? 2 : 1), a->gate = gated ? a->q + hd : NULL;
+    a->ldkv = (size_t)ldkv, a->block = block, a->starts = c->starts, a->causal = causal, a->window = window;
+    a->ldsc = ldsc;
+    for (int b = 0; b < nb; b++) c->starts[b] = mode == 0 ? ctx - 7 : (int)((frand() + 1) * 0.5f * ctx);
+    if (mode == 1) a->kb = a->k + (size_t)ctx * ldkv, a->vb = a->v + (size_t)ctx * ldkv;
+    if (tree) { /* a random tree: row r sees itself and the ancestors of its parent */
+        c->tree = calloc((size_t)n * n, 1);
+        for (int r = 0; r < n; r++) {
+            const int par = r ? (int)((frand() + 1) * 0.5f * r) : -1;
+            if (par >= 0) memcpy(c->tree + (size_t)r * n, c->tree + (size_t)par * n, (size_t)n);
+            c->tree[(size_t)r * n + r] = 1;
+        }
+        a->tree = c->tree, a->ldtree = (size_t)n;
+    }
+}
+
+static void check_attention(kn_isa isa) {
+    static const int shapes[][4] = {{1, 1, 16, 1}, {2, 4, 16, 0}, {3, 2, 5, 1}, {1, 8, 64, 0}, {2, 1, 33, 1}};
+    int bad = 0, dep = 0, cases = 0;
+    double worst = 0;
+    kn_isa_set(isa);
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+        for (int mode = 0; mode < 2; mode++)
+            for (int v = 0; v < 4; v++) {
+                const int Hkv = shapes[s][0], group = shapes[s][1], hd = shapes[s][2], gated = shapes[s][3];
+                const int n = mode == 0 ? 1 + 5 * v : 3 * (v + 1), block = mode == 0 ? n : 3;
+                const int causal = mode == 0 || v % 2, window = mode == 1 && v >= 2 ? 4 + v : 0;
+                attn_case c;
+                attn_make(&c, mode, n, block, Hkv, group, hd, gated, causal, window, mode == 0 && v % 2);
+                kn_attn_io *a = &c.a;
+                kn_attention(a);
+                cases++;
+                double ref[8 * 64];
+                for (int r = 0; r < n; r++) {
+                    attn_ref_row(a, r, ref);
+                    for (int i = 0; i < a->n_heads * hd; i++) {
+                        const double d = fabs(a->out[(size_t)r * a->n_heads * hd + i] - ref[i]);
+                        worst = d > worst ? d : worst;
+                        bad += d > 1e-5;
+                    }
+                }
+                /* a row alone (its own block) gives the same bits as in the batch */
+                for (int r = 0; r < n && !a->tree; r++) {
+                    kn_attn_io one = *a;
+                    const int b = r / block;
+                    int st = c.starts[b] + (mode == 0 ? r : 0);
+                    one.n = 1, one.starts = &st, one.q = a->q + (size_t)r * a->ldq, one.out = c.out1;
+                    one.gate = a->gate ? one.q + hd : NULL;
+                    if (mode == 1) { /* a block of its own: its rows at the block's keys */
+                        one.n = block, one.q = a->q + (size_t)b * block * a->ldq, one.gate = a->gate ? one.q + hd : NULL;
+                        one.kb = a->kb + (size_t)b * block * a->ldkv, one.vb = a->vb + (size_t)b * block * a->ldkv;
+                    } else {
+                        one.block = 1;
+                    }
+                    kn_attention(&one);
+                    const size_t w = (size_t)a->n_heads * hd, off = mode == 0 ? 0 : (size_t)(r % block) * w;
+                    dep += memcmp(c.out1 + off, a->out + (size_t)r * w, w * sizeof(float)) != 0;
+                }
+                free(c.buf), free(c.tree);
+            }
+    CHECK(bad == 0, "%s: %d kn_attention outputs beyond 1e-5 of the reference (worst %.3g)", kn_isa_name(isa), bad,
+          worst);
+    CHECK(dep == 0, "%s: %d kn_attention rows depend on the batch around them", kn_isa_name(isa), dep);
+    CHECK(cases == 40, "attention cases run: %d", cases);
+}
+
+/* ---- the forwards' row-wise and elementwise ops, against plain loops ------------------------ */
+
+static int same(const float *a, const float *b, size_t n) { return memcmp(a, b, n * sizeof(float)) == 0; }
+
+/* Ops defined by one float expression per element must equal the plain loop bit for bit,
+ * threaded or not (n past KN_PAR_MIN_WORK); norms within float32 rounding of double. */
+static void check_ops(kn_isa isa) {
+    enum { N = 70001, D = 77 };
+    static float x[N], y[N], w[N], r0[N], r1[N];
+    int bad = 0, diff = 0;
+    kn_isa_set(isa);
+    for (int i = 0; i < N; i++) x[i] = frand() * 4, y[i] = frand(), w[i] = frand();
+    for (size_t n = 1; n <= N; n = n * 7 + 3) {
+        memcpy(r0, x, n * sizeof(float)), memcpy(r1, x, n * sizeof(float));
+        kn_add(r0, y, n);
+        for (size_t i = 0; i < n; i++) r1[i] += y[i];
+        diff += !same(r0, r1, n);
+        kn_add_scaled(r0, 0.3f, y, (int)n);
+        for (size_t i = 0; i < n; i++) r1[i] += 0.3f * y[i];
+        kn_scale(r0, 1.7f, n);
+        for (size_t i = 0; i < n; i++) r1[i] *= 1.7f;
+        kn_softcap(r0, 2.5f, n);
+        for (size_t i = 0; i < n; i++) r1[i] = tanhf(r1[i] / 2.5f) * 2.5f;
+        diff += !same(r0, r1, n);
+        memcpy(r0, x, n * sizeof(float)), memcpy(r1, x, n * sizeof(float));
+        kn_swiglu_par(r0, y, n);
+        kn_swiglu(r1, y, (int)n);
+        diff += !same(r0, r1, n);
+    }
+    for (int rows = 1; rows * D <= N; rows = rows * 5 + 1) { /* threaded from 426 rows */
+        kn_rmsnorm_rows(r0, x, w, rows, D, 1e-6f);
+        for (int r = 0; r < rows; r++) kn_rmsnorm(r1 + (size_t)r * D, x + (size_t)r * D, w, D, 1e-6f);
+        diff += !same(r0, r1, (size_t)rows * D);
+    }
+    /* rotary tables and per-head norm + rotation (3 heads of 12, 8 rotated dims, stride 13) */
+    float cs[4], sn[4], h[3 * 13], hr[3 * 13];
+    kn_rope_table(cs, sn, w, 4, 37.0f);
+    for (int i = 0; i < 4; i++) diff += cs[i] != cosf(37.0f * w[i]) || sn[i] != sinf(37.0f * w[i]);
+    for (int i = 0; i < 3 * 13; i++) h[i] = hr[i] = x[i];
+    kn_head_norm_rope(h, 3, 13, w, 12, 1e-6f, cs, sn, 8);
+    for (int k = 0; k < 3; k++) {
+        double ss = 0;
+        float *v = hr + 13 * k;
+        for (int i = 0; i < 12; i++) ss += (double)v[i] * v[i];
+        for (int i = 0; i < 12; i++) v[i] = (float)(w[i] * v[i] / sqrt(ss / 12 + 1e-6));
+        for (int i = 0; i < 4; i++) {
+            const float a = v[i], b = v[i + 4];
+            v[i] = a * cs[i] - b * sn[i], v[i + 4] = b * cs[i] + a * sn[i];
+        }
+        for (int i = 0; i < 13; i++) bad += fabsf(h[13 * k + i] - v[i]) > 1e-5f * (1 + fabsf(v[i]));
+    }
+    /* L2 norms of (row, head) slices; the gap between rows and the 13th value stay untouched */
+    for (int n = 1; n <= 600; n = n * 4 + 1) {
+        memcpy(r0, x, (size_t)n * 40 * sizeof(float));
+        kn_l2norm_heads(r0, 40, n, 3, 13, 0.5f);
+        for (int t = 0; t < n; t++)
+            for (int k = 0; k < 4; k++) {
+                const float *a = x + (size_t)t * 40 + 13 * k, *b = r0 + (size_t)t * 40 + 13 * k;
+                double ss = 0;
+                for (int i = 0; i < 13 && k < 3; i++) ss += (double)a[i] * a[i];
+                for (int i = 0; i < (k < 3 ? 13 : 1); i++)
+                    bad += fabs(b[i] - (k < 3 ? a[i] * 0.5 / sqrt(ss + 1e-6) : a[i])) > 1e-6;
+            }
+    }
+    /* weighted gather of k = 3 rows of 50 per token */
+    int rows[3 * 500];
+    for (int i = 0; i < 3 * 500; i++) rows[i] = (int)((frand() + 1) * 0.5f * 1000);
+    for (int n = 1; n <= 500; n = n * 6 + 1) {
+        kn_gather_sum(r0, x, rows, y, n, 3, 50);
+        for (int t = 0; t < n; t++)
+            for (int i = 0; i < 50; i++) {
+                float o = 0;
+                for (int j = 0; j < 3; j++) o += y[t * 3 + j] * x[(size_t)rows[t * 3 + j] * 50 + i];
+                diff += o != r0[t * 50 + i];
+            }
+    }
+    /* Gated DeltaNet gates of head 2 of 5, tokens 3..9 */
+    float gb[2 * KN_GDN_CHUNK];
+    kn_gdn_gates(gb, x, 5, 2, 3, 7, w, y);
+    for (int t = 0; t < 7; t++)
+        diff += gb[t] != w[2] * kn_softplus(x[(3 + t) * 10 + 2] + y[2]) ||
+                gb[KN_GDN_CHUNK + t] != kn_sigmoid(x[(3 + t) * 10 + 5 + 2]);
+    CHECK(diff == 0, "%s: %d op results differ from the plain loops", kn_isa_name(isa), diff);
+    CHECK(bad == 0, "%s: %d norm results beyond tolerance", kn_isa_name(isa), bad);
+}
+
+/* kn_causal_conv_silu: a chain against a double-precision convolution of [state ; x]; a tree
+ * whose nodes form a chain equals the chain bit for bit, and a branch (node 2 on node 0) equals
+ * the chain over its own path. */
+static void check_causal_conv(kn_isa isa, int C, int K, int n) {
+    enum { MAXC = 80, MAXN = 12 };
+    float w[MAXC * 16], st0[15 * MAXC], st[15 * MAXC], x0[MAXN * MAXC], x[MAXN * MAXC], xt[MAXN * MAXC];
+    float nodes[MAXN * 15 * MAXC], xb[2 * MAXC], stb[15 * MAXC];
+    kn_isa_set(isa);
+    for (int i = 0; i < C * K; i++) w[i] = frand();
+    for (int i = 0; i < (K - 1) * C; i++) st0[i] = st[i] = frand();
+    for (int i = 0; i < n * C; i++) x0[i] = x[i] = xt[i] = frand();
+    kn_causal_conv_silu(x, n, C, K, w, st, NULL, NULL);
+    int bad = 0, diff = 0;
+    for (int t = 0; t < n; t++)
+        for (int c = 0; c < C; c++) {
+            double acc = 0; /* tap j reads position t - (K-1) + j of [state ; x] */
+            for (int j = 0; j < K; j++) {
+                const int p = t - (K - 1) + j;
+                acc += (double)w[c * K + j] * (p < 0 ? st0[(p + K - 1) * C + c] : x0[p * C + c]);
+            }
+            bad += fabs(x[t * C + c] - acc / (1 + exp(-acc))) > 1e-5 * (1 + fabs(acc));
+        }
+    for (int j = 0; j < K - 1; j++) /* the window leaves with the last K-1 inputs */
+        for (int c = 0; c < C; c++) {
+            const int p = n - (K - 1) + j;
+            diff += st[j * C + c] != (p < 0 ? st0[(p + K - 1) * C + c] : x0[p * C + c]);
+        }
+    int parent[MAXN];
+    for (int t = 0; t < n; t++) parent[t] = t - 1;
+    memcpy(stb, st0, sizeof stb);
+    kn_causal_conv_silu(xt, n, C, K, w, stb, parent, nodes);
+    diff += !same(xt, x, (size_t)n * C) || !same(nodes + (size_t)(n - 1) * (K - 1) * C, st, (size_t)(K - 1) * C);
+    diff += !same(stb, st0, (size_t)(K - 1) * C); /* a tree leaves the committed window alone */
+    if (n >= 3) {
+        parent[2] = 0;
+        memcpy(xt, x0, (size_t)n * C * sizeof(float));
+        kn_causal_conv_silu(xt, 3, C, K, w, stb, parent, nodes);
+        memcpy(xb, x0, (size_t)C * sizeof(float)), memcpy(xb + C, x0 + 2 * C, (size_t)C * sizeof(float));
+        kn_causal_conv_silu(xb, 2, C, K, w, stb, NULL, NULL);
+        diff += !same(xt + 2 * C, xb + C, (size_t)C);
+    }
+    CHECK(bad == 0, "%s causal conv C=%d K=%d n=%d: %d outputs beyond tolerance", kn_isa_name(isa), C, K, n, bad);
+    CHECK(diff == 0, "%s causal conv C=%d K=%d n=%d: %d chain / tree results differ", kn_isa_name(isa), C, K, n, diff);
+}
+
+/* kn_gdn_heads: a chain equals per-head kn_gdn_recurrent calls on kn_gdn_gates bit for bit
+ * (GQA: value head h reads key head h / 2); a tree whose nodes form a chain gives the same
+ * outputs and keeps the same states; the chunked form stays within 1e-4 of the recurrence. */
+static void check_gdn_heads(kn_isa isa, int n) {
+    enum { HK = 2, HV = 4, DK = 16, DV = 16, C = 2 * HK * DK + HV * DV, MAXN = 70 };
+    static float qkv[MAXN * C], ab[MAXN * 2 * HV], A[HV], dt[HV], S0[HV * DK * DV], S[HV * DK * DV],
+        Sr[HV * DK * DV], out[MAXN * HV * DV], outr[MAXN * HV * DV], node_S[MAXN * HV * DK * DV], scratch[DK * DV];
+    kn_isa_set(isa);
+    for (int i = 0; i < n * C; i++) qkv[i] = frand() * 0.25f;
+    for (int i = 0; i < n * 2 * HV; i++) ab[i] = frand();
+    for (int h = 0; h < HV; h++) A[h] = -0.5f * (1 + frand()), dt[h] = frand();
+    for (int i = 0; i < HV * DK * DV; i++) S0[i] = frand();
+    kn_gdn_heads_io io = {.n = n, .Hk = HK, .Hv = HV, .dk = DK, .dv = DV, .qkv = qkv, .ld = C, .ab = ab,
+                          .neg_exp_A = A, .dt_bias = dt, .S = S, .S0 = S0, .out = out};
+    kn_gdn_heads(&io);
+    memcpy(Sr, S0, sizeof Sr);
+    int diff = 0;
+    for (int h = 0; h < HV; h++)
+        for (int t0 = 0; t0 < n; t0 += KN_GDN_CHUNK) {
+            const int nt = n - t0 < KN_GDN_CHUNK ? n - t0 : KN_GDN_CHUNK;
+            float gb[2 * KN_GDN_CHUNK];
+            kn_gdn_gates(gb, ab, HV, h, t0, nt, A, dt);
+            const float *row = qkv + (size_t)t0 * C;
+            const kn_gdn_io g = {.dk = DK, .dv = DV, .n = nt, .q = row + (h / 2) * DK, .k = row + (HK + h / 2) * DK,
+                                 .v = row + 2 * HK * DK + h * DV, .ld = C, .g = gb, .beta = gb + KN_GDN_CHUNK,
+                                 .out = outr + (size_t)t0 * HV * DV + h * DV, .ldo = HV * DV};
+            kn_gdn_recurrent(Sr + h * DK * DV, &g);
+        }
+    diff += !same(S, Sr, HV * DK * DV) || !same(out, outr, (size_t)n * HV * DV);
+    int parent[MAXN];
+    unsigned char kept[MAXN];
+    for (int t = 0; t < n; t++) parent[t] = t - 1, kept[t] = t + 1 < n;
+    const kn_gdn_tree tree = {.parent = parent, .node_S = node_S, .kept = kept, .scratch = scratch, .threads = 1};
+    memcpy(S, S0, sizeof S);
+    io.S0 = NULL, io.tree = &tree;
+    kn_gdn_heads(&io);
+    diff += !same(out, outr, (size_t)n * HV * DV) || !same(S, S0, HV * DK * DV);
+    memcpy(S, S0, sizeof S);
+    io.S0 = NULL, io.tree = NULL, io.chunked = 1;
+    kn_gdn_heads(&io);
+    CHECK(max_diff(out, outr, (size_t)n * HV * DV) <= 1e-4 * max_abs(outr, (size_t)n * HV * DV),
+          "%s gdn heads n=%d: chunked form off the recurrence", kn_isa_name(isa), n);
+    CHECK(diff == 0, "%s gdn heads n=%d: %d results differ from per-head calls", kn_isa_name(isa), n, diff);
+}
+
+/* kn_moe_route against a double-precision softmax and a plain top-k (ties: lower id); the
+ * experts come out by ascending id, the weights normalised when asked. */
+static void check_moe_route(void) {
+    enum { E = 37 };
+    int bad = 0;
+    for (int trial = 0; trial < 40; trial++) {
+        const int k = 1 + trial % 8, norm = trial % 2;
+        float p[E], lg[E], w[8];
+        int idx[8];
+        for (int e = 0; e < E; e++) lg[e] = p[e] = frand() * 4;
+        if (trial % 3 == 0) lg[30] = p[30] = lg[5] = p[5] = 9; /* a tie: both taken, 5 first */
+        kn_moe_route(p, E, k, norm, idx, w);
+        double ref[E], mx = -INFINITY, sum = 0, top = 0;
+        for (int e = 0; e < E; e++) mx = lg[e] > mx ? lg[e] : mx;
+        for (int e = 0; e < E; e++) sum += ref[e] = exp(lg[e] - mx);
+        int taken[E] = {0}, want[8];
+        for (int j = 0; j < k; j++) {
+            int best = -1;
+            for (int e = 0; e < E; e++)
+                if (!taken[e] && (best < 0 || lg[e] > lg[best])) best = e;
+            taken[best] = 1, want[j] = best, top += ref[best] / sum;
+        }
+        for (int j = 0, e = 0; e < E; e++) /* by ascending id */
+            if (taken[e]) want[j++] = e;
+        for (int j = 0; j < k; j++) {
+            const double r = ref[want[j]] / sum / (norm ? top : 1);
+            bad += idx[j] != want[j] || fabs(w[j] - r) > 1e-6 * r;
+        }
+    }
+    CHECK(bad == 0, "kn_moe_route: %d experts or weights off the reference", bad);
+}
+
 int main(void) {
     check_nonfinite();
     static const int shapes[][2] = {{1, 1},   {3, 7},   {5, 16},   {17, 31},  {4, 32},   {9, 33},  {67, 100},
@@ -679,6 +1024,13 @@ int main(void) {
         }
         check_dot_axpy(isa);
         check_silu(isa);
+        check_attention(isa);
+        check_ops(isa);
+        check_causal_conv(isa, 37, 4, 9);
+        check_causal_conv(isa, 80, 3, 2);
+        check_causal_conv(isa, 16, 1, 5);
+        check_gdn_heads(isa, 5);
+        check_gdn_heads(isa, 70);
         static const int conv_shapes[][3] = {{37, 16, 4}, {5, 9, 4}, {1, 16, 4}, {12, 3, 3}, {2, 16, 1}, {20, 11, 16}};
         for (size_t s = 0; s < sizeof conv_shapes / sizeof conv_shapes[0]; s++)
             check_conv_silu(isa, conv_shapes[s][0], conv_shapes[s][1], conv_shapes[s][2]);
@@ -687,6 +1039,11 @@ int main(void) {
         for (size_t s = 0; s < sizeof gdn_shapes / sizeof gdn_shapes[0]; s++)
             check_gdn(isa, gdn_shapes[s][0], gdn_shapes[s][1], gdn_shapes[s][2]);
     }
+    check_attention(KN_ISA_GENERIC);
+    check_ops(KN_ISA_GENERIC);
+    check_causal_conv(KN_ISA_GENERIC, 37, 4, 9);
+    check_gdn_heads(KN_ISA_GENERIC, 70);
+    check_moe_route();
     /* the generic path's own chunked form */
     check_gdn(KN_ISA_GENERIC, 32, 32, 150);
     check_gdn(KN_ISA_GENERIC, 7, 5, 66);

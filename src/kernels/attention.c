@@ -1,0 +1,80 @@
+/* kn_attention: the one attention op of the target, drafter and MTP forwards (dfl/kernels.h).
+ * Built on the dispatched kn_dot_rows / kn_softmax / kn_axpy_rows, so every path computes each
+ * (row, head) output by the same operations as the per-forward loops it replaces. */
+#include <math.h>
+#include <omp.h>
+#include <string.h>
+
+#include "kn_internal.h"
+
+/* Keys visible to row r: the context (start of its block) then its block, all of it or, when
+ * causal, up to the row itself (a masked key adds nothing to the softmax or the output, so
+ * leaving it out changes no bit). */
+static int attn_keys(const kn_attn_io *a, int r) {
+    return a->starts[r / a->block] + (a->causal ? r % a->block + 1 : a->block);
+}
+
+/* Scores of G query heads of row r (from head h0) over its n_keys keys into sc [G][ldsc]. */
+static void attn_scores(const kn_attn_io *a, int r, int h0, int G, int n_keys, float *sc, size_t ldsc) {
+    const int hd = a->head_dim, group = a->n_heads / a->n_kv_heads, kvh = h0 / group;
+    const int b = r / a->block, start = a->starts[b];
+    const float *q = a->q + (size_t)r * a->ldq + (size_t)h0 * a->ldqh;
+    if (!a->kb) { /* the block follows the context in the cache: one pass */
+        kn_dot_rows(sc, ldsc, q, a->ldqh, G, a->k + (size_t)kvh * hd, a->ldkv, n_keys, hd);
+        return;
+    }
+    const float *kb = a->kb + (size_t)b * a->block * a->ldkv + (size_t)kvh * hd;
+    kn_dot_rows(sc, ldsc, q, a->ldqh, G, a->k + (size_t)kvh * hd, a->ldkv, start, hd);
+    kn_dot_rows(sc + start, ldsc, q, a->ldqh, G, kb, a->ldkv, n_keys - start, hd);
+}
+
+/* Scale, mask (sliding window; tree: block keys that are not the row's ancestors) and softmax
+ * of one score row sg [n_keys] of row r. */
+static void attn_softmax(const kn_attn_io *a, int r, int n_keys, float *sg) {
+    const float scale = 1.0f / sqrtf((float)a->head_dim);
+    const int start = a->starts[r / a->block], qpos = start + r % a->block;
+    const unsigned char *anc = a->tree ? a->tree + (size_t)r * a->ldtree : NULL;
+    for (int j = 0; j < n_keys; j++)
+        sg[j] = (a->window && qpos - j >= a->window) || (anc && j >= start && !anc[j - start]) ? -INFINITY
+                                                                                              : sg[j] * scale;
+    kn_softmax(sg, n_keys);
+}
+
+/* out [G][hd] of row r (from head h0) = the weights sc [G][ldsc] over the values, gated. */
+static void attn_values(const kn_attn_io *a, int r, int h0, int G, int n_keys, const float *sc, size_t ldsc) {
+    const int hd = a->head_dim, group = a->n_heads / a->n_kv_heads, kvh = h0 / group;
+    const int b = r / a->block, start = a->starts[b];
+    float *o = a->out + (size_t)r * a->n_heads * hd + (size_t)h0 * hd; /* [G][hd] */
+    memset(o, 0, (size_t)G * hd * sizeof(float));
+    if (!a->vb) {
+        kn_axpy_rows(o, (size_t)hd, sc, ldsc, G, a->v + (size_t)kvh * hd, a->ldkv, n_keys, hd);
+    } else {
+        const float *vb = a->vb + (size_t)b * a->block * a->ldkv + (size_t)kvh * hd;
+        kn_axpy_rows(o, (size_t)hd, sc, ldsc, G, a->v + (size_t)kvh * hd, a->ldkv, start, hd);
+        kn_axpy_rows(o, (size_t)hd, sc + start, ldsc, G, vb, a->ldkv, n_keys - start, hd);
+    }
+    if (a->gate) /* output gate: o *= sigmoid(gate) per head */
+        for (int g = 0; g < G; g++) {
+            const float *gate = a->gate + (size_t)r * a->ldq + (size_t)(h0 + g) * a->ldqh;
+            for (int i = 0; i < hd; i++) o[(size_t)g * hd + i] *= kn_sigmoid(gate[i]);
+        }
+}
+
+void kn_attention(const kn_attn_io *a) {
+    const int n = a->n, Hq = a->n_heads, group = Hq / a->n_kv_heads;
+    /* the query heads sharing a key/value head go together (each key row read once for them)
+     * unless that leaves threads idle; results are the same either way */
+    const int G = a->block * a->n_kv_heads >= omp_get_max_threads() ? group : 1;
+    const size_t ldsc = a->ldsc;
+#pragma omp parallel for collapse(2) schedule(static) \
+    if ((size_t)n * Hq * (a->starts[0] + a->block) * a->head_dim >= KN_PAR_MIN_WORK)
+    for (int r = 0; r < n; r++) {
+        for (int h0 = 0; h0 < Hq; h0 += G) {
+            float *sc = a->scores + (size_t)omp_get_thread_num() * group * ldsc; /* [G][ldsc] */
+            const int n_keys = attn_keys(a, r);
+            attn_scores(a, r, h0, G, n_keys, sc, ldsc);
+            for (int g = 0; g < G; g++) attn_softmax(a, r, n_keys, sc + (size_t)g * ldsc);
+            attn_values(a, r, h0, G, n_keys, sc, ldsc);
+        }
+    }
+}

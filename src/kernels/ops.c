@@ -1,0 +1,137 @@
+/* The forwards' row-wise and elementwise ops (dfl/kernels.h): norms, rotary tables, residual
+ * adds, gates. Each output element is computed by one fixed sequence of operations, so the
+ * threading (OpenMP over rows or chunks, serial below KN_PAR_MIN_WORK) changes no bit. */
+#include <math.h>
+#include <omp.h>
+#include <string.h>
+
+#include "kn_internal.h"
+
+void kn_rmsnorm_rows(float *y, const float *x, const float *w, int rows, int dim, float eps) {
+#pragma omp parallel for schedule(static) if ((size_t)rows * dim * 4 >= KN_PAR_MIN_WORK)
+    for (int r = 0; r < rows; r++) kn_rmsnorm(y + (size_t)r * dim, x + (size_t)r * dim, w, dim, eps);
+}
+
+#define EW_CHUNK 4096 /* elements per work item (a multiple of any vector width: same tails as one call) */
+
+void kn_swiglu_par(float *a, const float *b, size_t n) {
+    const long chunks = (long)((n + EW_CHUNK - 1) / EW_CHUNK);
+#pragma omp parallel for schedule(static) if (n * 8 >= KN_PAR_MIN_WORK)
+    for (long c = 0; c < chunks; c++) {
+        const size_t i0 = (size_t)c * EW_CHUNK;
+        kn_swiglu(a + i0, b + i0, (int)(n - i0 < EW_CHUNK ? n - i0 : EW_CHUNK));
+    }
+}
+
+void kn_add(float *x, const float *y, size_t n) {
+#pragma omp parallel for schedule(static) if (n * 4 >= KN_PAR_MIN_WORK)
+    for (size_t i = 0; i < n; i++) x[i] += y[i];
+}
+
+void kn_add_scaled(float *x, float a, const float *y, int n) {
+    for (int i = 0; i < n; i++) x[i] += a * y[i];
+}
+
+void kn_scale(float *x, float a, size_t n) {
+    for (size_t i = 0; i < n; i++) x[i] *= a;
+}
+
+void kn_softcap(float *x, float cap, size_t n) {
+    for (size_t i = 0; i < n; i++) x[i] = tanhf(x[i] / cap) * cap;
+}
+
+void kn_rope_table(float *cos, float *sin, const float *inv_freq, int half, float pos) {
+    for (int i = 0; i < half; i++) {
+        const float f = pos * inv_freq[i];
+        cos[i] = cosf(f), sin[i] = sinf(f);
+    }
+}
+
+void kn_head_norm_rope(float *x, int nh, size_t ldh, const float *w, int hd, float eps, const float *cos,
+                       const float *sin, int rot) {
+    for (int h = 0; h < nh; h++) {
+        kn_rmsnorm(x + (size_t)h * ldh, x + (size_t)h * ldh, w, hd, eps);
+        kn_rope(x + (size_t)h * ldh, cos, sin, rot);
+    }
+}
+
+void kn_l2norm_heads(float *x, size_t ld, int n, int nh, int d, float scale) {
+    /* threaded from the size at which the forward's joint q and k loop was */
+#pragma omp parallel for schedule(static) if ((size_t)n * nh * d * 4 >= KN_PAR_MIN_WORK)
+    for (int th = 0; th < n * nh; th++) {
+        float *v = x + (size_t)(th / nh) * ld + (size_t)(th % nh) * d; /* [d] */
+        float ss = 0;
+        for (int i = 0; i < d; i++) ss += v[i] * v[i];
+        const float r = 1.0f / sqrtf(ss + 1e-6f);
+        for (int i = 0; i < d; i++) v[i] = v[i] * r * scale;
+    }
+}
+
+void kn_gather_sum(float *out, const float *y, const int *rows, const float *w, int n, int k, int H) {
+#pragma omp parallel for schedule(static) if ((size_t)n * k * H >= KN_PAR_MIN_WORK)
+    for (int t = 0; t < n; t++) {
+        float *o = out + (size_t)t * H; /* [H] */
+        memset(o, 0, (size_t)H * sizeof(float));
+        for (int j = 0; j < k; j++) kn_add_scaled(o, w[(size_t)t * k + j], y + (size_t)rows[(size_t)t * k + j] * H, H);
+    }
+}
+
+void kn_gdn_gates(float *gb, const float *ab, int Hv, int h, int t0, int nt, const float *neg_exp_A,
+                  const float *dt_bias) {
+    for (int t = 0; t < nt; t++) {
+        const float a = ab[(size_t)(t0 + t) * 2 * Hv + h], b = ab[(size_t)(t0 + t) * 2 * Hv + Hv + h];
+        gb[t] = neg_exp_A[h] * kn_softplus(a + dt_bias[h]);
+        gb[KN_GDN_CHUNK + t] = kn_sigmoid(b);
+    }
+}
+
+void kn_causal_conv_silu(float *x, int n, int C, int K, const float *w, float *state, const int *parent,
+                         float *node_state) {
+    const size_t win_sz = (size_t)(K - 1) * C;
+    /* 16 channels at a time (the kn_conv_silu width), so that each token's row is read and
+     * written once */
+#pragma omp parallel for schedule(static) if ((size_t)n * C * (K + 8) >= KN_PAR_MIN_WORK)
+    for (int c0 = 0; c0 < C; c0 += 16) {
+        const int nc = C - c0 < 16 ? C - c0 : 16;
+        const size_t row_bytes = (size_t)nc * sizeof(float);
+        float win[15][16] = {{0}}, wt[16][16] = {{0}}; /* [tap][channel]: window (oldest first), weights */
+        for (int j = 0; j < K; j++)
+            for (int i = 0; i < nc; i++) wt[j][i] = w[(size_t)(c0 + i) * K + j];
+        if (!parent) {
+            for (int j = 0; j < K - 1; j++) memcpy(win[j], state + (size_t)j * C + c0, row_bytes);
+            kn_conv_silu(x + c0, (size_t)C, n, nc, K, wt[0], win[0]);
+            for (int j = 0; j < K - 1; j++) memcpy(state + (size_t)j * C + c0, win[j], row_bytes);
+            continue;
+        }
+        for (int t = 0; t < n; t++) { /* each node continues its parent's window */
+            const float *src = parent[t] < 0 ? state : node_state + (size_t)parent[t] * win_sz;
+            for (int j = 0; j < K - 1; j++) memcpy(win[j], src + (size_t)j * C + c0, row_bytes);
+            kn_conv_silu(x + (size_t)t * C + c0, (size_t)C, 1, nc, K, wt[0], win[0]);
+            for (int j = 0; j < K - 1; j++) memcpy(node_state + (size_t)t * win_sz + (size_t)j * C + c0, win[j], row_bytes);
+        }
+    }
+}
+
+/* The k largest by repeated scans (the lower id wins ties), summed in the order taken, as
+ * transformers does in float32; listed by id, the order the experts' outputs are added in. */
+void kn_moe_route(float *p, int E, int k, int norm, int *idx, float *w) {
+    kn_softmax(p, E);
+    float sum = 0;
+    for (int j = 0; j < k; j++) {
+        int best = 0;
+        for (int e = 1; e < E; e++)
+            if (p[e] > p[best]) best = e;
+        idx[j] = best, w[j] = p[best];
+        sum += p[best];
+        p[best] = -1.0f; /* taken: probabilities are >= 0 */
+    }
+    if (norm)
+        for (int j = 0; j < k; j++) w[j] /= sum;
+    for (int j = 1; j < k; j++) /* insertion sort by expert id */
+        for (int i = j; i > 0 && idx[i - 1] > idx[i]; i--) {
+            const int ti = idx[i];
+            const float tw = w[i];
+            idx[i] = idx[i - 1], w[i] = w[i - 1];
+            idx[i - 1] = ti, w[i - 1] = tw;
+        }
+}
