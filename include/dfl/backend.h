@@ -4,7 +4,7 @@
  * src/models/forward.c (weights read in place from the mmap), the CUDA backend
  * (src/backend/cuda/, built with -DDFL_CUDA=ON) uploads the weights to one GPU once and keeps
  * caches, recurrent states and scratch there. Callers never see the difference: model_forward,
- * model_forward_tree, state_rollback, state_tree_commit and the state_* calls of dfl/model.h
+ * model_forward_tree, target_state_rollback, target_state_tree_commit and the state_* calls of dfl/model.h
  * dispatch on the device the model was put on (model_use_device). A second backend fills one
  * dfl_backend table and registers it in src/backend/backend.c. */
 #ifndef DFL_BACKEND_H
@@ -19,7 +19,7 @@ typedef enum dfl_device {
 } dfl_device;
 
 struct dfl_model;
-struct dfl_state;
+struct dfl_target_state;
 struct dfl_capture;
 
 /* What one forward gives back. logits: [rows, V] on the host, or NULL; last_only: only the last
@@ -43,14 +43,14 @@ typedef struct dfl_backend {
     /* Put the model's weights where the backend computes (once per model); release them. */
     int (*model_upload)(struct dfl_model *m);
     void (*model_release)(struct dfl_model *m);
-    int (*state_init)(struct dfl_state *s, const struct dfl_model *m, int max_ctx, int max_batch, int record);
-    void (*state_free)(struct dfl_state *s);
-    void (*state_reset)(struct dfl_state *s);
-    int (*forward)(struct dfl_state *s, const int32_t *tokens, const int *parent, int n, const dfl_fwd_out *out);
-    int (*rollback)(struct dfl_state *s, int keep);
-    int (*enable_tree)(struct dfl_state *s, int max_nodes);
-    void (*disable_tree)(struct dfl_state *s);
-    int (*tree_commit)(struct dfl_state *s, const int *path, int len);
+    int (*target_state_init)(struct dfl_target_state *s, const struct dfl_model *m, int max_ctx, int max_batch, int record);
+    void (*target_state_free)(struct dfl_target_state *s);
+    void (*target_state_reset)(struct dfl_target_state *s);
+    int (*forward)(struct dfl_target_state *s, const int32_t *tokens, const int *parent, int n, const dfl_fwd_out *out);
+    int (*rollback)(struct dfl_target_state *s, int keep);
+    int (*enable_tree)(struct dfl_target_state *s, int max_nodes);
+    void (*disable_tree)(struct dfl_target_state *s);
+    int (*tree_commit)(struct dfl_target_state *s, const int *path, int len);
     /* Optional (NULL on the CPU, whose probe is dfl bench's own): the device memory's read
      * bandwidth over a buffer of `bytes`, median and fastest of several passes, GB/s. */
     int (*probe)(uint64_t bytes, double *median_gbps, double *best_gbps);

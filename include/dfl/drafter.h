@@ -33,7 +33,7 @@ typedef struct dfl_dlayer_w {
 
 typedef struct dfl_drafter {
     dfl_config cfg;        /* cfg.target_layer_ids resolved (default formula applied if needed) */
-    st_model st;
+    st_checkpoint st;
     char *dir;
     const char *prefix;    /* "" or "model." */
     dfl_mat fc;            /* [H, n_feat*H] */
@@ -99,7 +99,7 @@ void drafter_attn_json(FILE *f, const dfl_drafter *d);
 
 /* Drafter run state: context K/V per layer cached across rounds (positions 0..n_ctx-1, the
  * committed positions whose target features were added); the block's K/V are never cached. */
-typedef struct dfl_dstate {
+typedef struct dfl_drafter_state {
     const dfl_drafter *d;
     const dfl_model *t;   /* target: embedding and lm_head */
     int max_ctx;          /* context positions */
@@ -126,16 +126,16 @@ typedef struct dfl_dstate {
     float *batch;         /* drafter_draft_many's activations [batch_rows, ...] (grown on demand) */
     int batch_rows;
     uint64_t bytes;
-} dfl_dstate;
+} dfl_drafter_state;
 
-int dstate_init(dfl_dstate *s, const dfl_drafter *d, const dfl_model *target, int max_ctx, int max_block);
-void dstate_free(dfl_dstate *s);
-void dstate_reset(dfl_dstate *s);
+int drafter_state_init(dfl_drafter_state *s, const dfl_drafter *d, const dfl_model *target, int max_ctx, int max_block);
+void drafter_state_free(dfl_drafter_state *s);
+void drafter_state_reset(dfl_drafter_state *s);
 
 /* Append context features for positions n_ctx..n_ctx+n-1: feat [n, n_feat*H] = the target's
  * layer outputs at target_layer_ids, concatenated per position. Computes fc -> hidden_norm and
  * every layer's context K/V. n may exceed max_block (processed in chunks). */
-int drafter_add_context(dfl_dstate *s, const float *feat, int n);
+int drafter_add_context(dfl_drafter_state *s, const float *feat, int n);
 
 /* Draft one block [anchor, MASK x (B-1)] at positions n_ctx..n_ctx+B-1 (the anchor's own
  * position never has a feature: the context ends right before it). logits: [B-1, V], row k-1
@@ -143,11 +143,11 @@ int drafter_add_context(dfl_dstate *s, const float *feat, int n);
  * scores along its walk: -inf except at row k-1's candidates, each scored from the token the
  * walk chose before it (the anchor for row 0), so each row's argmax is the selector's block
  * (s->walk) and a sampler draws among the candidates. */
-int drafter_draft(dfl_dstate *s, int32_t anchor, int B, float *logits);
+int drafter_draft(dfl_drafter_state *s, int32_t anchor, int B, float *logits);
 /* nb independent blocks in one forward (the weights stream once): block b is [anchors[b], MASK x
  * (B-1)] at positions starts[b].., on the context positions < starts[b] (each starts[b] <= n_ctx).
  * logits [nb * (B-1), V], block after block; each block's rows equal drafter_draft's on a context
  * of starts[b] positions. DFlash only (a DFlash2 drafter drafts one block at a time). */
-int drafter_draft_many(dfl_dstate *s, const int32_t *anchors, const int *starts, int nb, int B, float *logits);
+int drafter_draft_many(dfl_drafter_state *s, const int32_t *anchors, const int *starts, int nb, int B, float *logits);
 
 #endif

@@ -65,7 +65,7 @@ typedef struct dfl_layer_w {
 typedef struct dfl_model {
     dfl_config cfg;
     dfl_quant quant;             /* config.json's quantization_config (fine-grained FP8), if any */
-    st_model st;
+    st_checkpoint st;
     char *dir;
     dfl_layout layout;
     const char *prefix;          /* text tensor prefix that matched, e.g. "model.language_model." */
@@ -97,7 +97,7 @@ int model_open(dfl_model *m, const char *dir, int check_weights);
 void model_close(dfl_model *m);
 /* Run the model's forwards on device d from now on (dfl/backend.h): uploads the weights once.
  * DFL_ERR, naming what is missing or unsupported, when the device cannot run this model; the
- * model then stays on its device. Call before any state_init. The host copy stays mapped (the
+ * model then stays on its device. Call before any target_state_init. The host copy stays mapped (the
  * drafters' embedding and lm_head, the anatomy report). */
 int model_use_device(dfl_model *m, dfl_device d);
 /* Component of a tensor name given the matched layout (for the anatomy report). */
@@ -126,7 +126,7 @@ typedef struct dfl_moe_buf {
 } dfl_moe_buf;
 
 /* Run state of one sequence. */
-typedef struct dfl_state {
+typedef struct dfl_target_state {
     const dfl_model *m;
     int max_ctx;          /* positions the caches hold */
     int max_batch;        /* tokens per forward call */
@@ -138,7 +138,7 @@ typedef struct dfl_state {
     /* Rollback record of the last forward (when `record`): each linear layer's state before it,
      * and its per-token recurrence inputs, so that the state after any prefix of the batch is
      * recomputed exactly (same code path) without snapshotting a state per token. */
-    int record;           /* the record buffers exist (state_init's record) */
+    int record;           /* the record buffers exist (target_state_init's record) */
     int no_record;        /* set by the caller: the next forwards are never rolled back
                            * (prefill, plain decode steps), so skip the record copies */
     int rec_n_past;       /* n_past before the recorded forward */
@@ -147,14 +147,14 @@ typedef struct dfl_state {
     float **rec_S0;       /* [L] [Hv, dk, dv] recurrent state before the forward */
     float **rec_qkv;      /* [L] [max_batch, conv_dim] pre-conv projections */
     float **rec_ab;       /* [L] [max_batch, 2*Hv] raw a | b projections */
-    /* tree verification (state_enable_tree): per-node linear-attention states */
+    /* tree verification (target_state_enable_tree): per-node linear-attention states */
     int tree_cap;         /* max nodes per tree forward (0 = tree verification off) */
     const int *tree_parent; /* during a tree forward: [n] parent node, -1 for the root */
     int *tree_depth;      /* [tree_cap] depth of each node of the last tree forward */
     unsigned char *tree_anc; /* [tree_cap, max_batch] 1 where node j is node i or its ancestor */
     float **tree_conv;    /* [L] linear layers: [tree_cap, K-1, conv_dim] window after each node */
     float **tree_S;       /* [L] linear layers: [tree_cap, Hv, dk, dv] state after each node that
-                           * has children (a leaf's state is not kept: state_tree_commit
+                           * has children (a leaf's state is not kept: target_state_tree_commit
                            * recomputes it from its parent's, which saves a write of the whole
                            * state per leaf and layer) */
     float **tree_qkv;     /* [L] linear layers: [tree_cap, conv_dim] each leaf's conv output
@@ -186,32 +186,32 @@ typedef struct dfl_state {
     uint64_t bytes;       /* memory held by this state (device memory on a GPU backend) */
     void *dev;            /* a device backend's state (caches and scratch there); the host
                            * buffers above stay NULL then */
-} dfl_state;
+} dfl_target_state;
 
 /* Bytes a state of this size would hold (for the footprint check and report). */
-uint64_t state_bytes(const dfl_model *m, int max_ctx, int max_batch, int record);
+uint64_t target_state_bytes(const dfl_model *m, int max_ctx, int max_batch, int record);
 /* Allocate; fails before allocating when the footprint exceeds available memory.
- * record: keep what state_rollback() needs (speculative decoding). */
-int state_init(dfl_state *s, const dfl_model *m, int max_ctx, int max_batch, int record);
-void state_free(dfl_state *s);
-void state_reset(dfl_state *s);
+ * record: keep what target_state_rollback() needs (speculative decoding). */
+int target_state_init(dfl_target_state *s, const dfl_model *m, int max_ctx, int max_batch, int record);
+void target_state_free(dfl_target_state *s);
+void target_state_reset(dfl_target_state *s);
 
 /* Forward n tokens at positions n_past.. on top of the cache (prefill, decode and verification
  * are the same call). logits: [n, V] or NULL; logits_last_only: only the last row is computed
  * (written at logits[0]). cap: optional capture. Advances n_past by n. */
-int model_forward(dfl_state *s, const int32_t *tokens, int n, float *logits, int logits_last_only,
+int model_forward(dfl_target_state *s, const int32_t *tokens, int n, float *logits, int logits_last_only,
                   const dfl_capture *cap);
 /* The same forward (parent NULL) or tree forward (parent: as model_forward_tree) asking for what
  * the caller needs back (dfl_fwd_out: logits, argmax ids, capture): on a device backend only that
  * crosses to the host. */
-int model_forward_ex(dfl_state *s, const int32_t *tokens, const int *parent, int n, const dfl_fwd_out *out);
+int model_forward_ex(dfl_target_state *s, const int32_t *tokens, const int *parent, int n, const dfl_fwd_out *out);
 
 /* Roll back to n_past = keep, with keep inside the last forward's range (needs record=1 and a
  * recorded last forward: not a tree forward, not one run with no_record).
  * Attention KV is truncated; each linear layer's conv window and recurrent state are restored
  * to their values right after token keep-1, by replaying the recorded recurrence inputs from
  * the state before the forward. */
-int state_rollback(dfl_state *s, int keep);
+int target_state_rollback(dfl_target_state *s, int keep);
 
 /* What the two rollback strategies of a hybrid model copy per round of B tokens, timed on the live
  * CPU state (dfl bench): replay (what dfl does) records each linear layer's recurrent state and
@@ -222,21 +222,21 @@ typedef struct dfl_rollback_costs {
     double record_ms, snap_save_ms, snap_restore_ms;
     double record_mb, snap_mb;
 } dfl_rollback_costs;
-int state_rollback_costs(dfl_state *s, int B, int reps, dfl_rollback_costs *c);
+int target_state_rollback_costs(dfl_target_state *s, int B, int reps, dfl_rollback_costs *c);
 
 /* Tree verification (DDTree, docs/design.md §6). Enable per-node states for trees of up to max_nodes
  * nodes (root included); memory: per linear layer max_nodes x (conv window + [Hv, dk, dv]). */
-int state_enable_tree(dfl_state *s, int max_nodes);
-void state_disable_tree(dfl_state *s);
+int target_state_enable_tree(dfl_target_state *s, int max_nodes);
+void target_state_disable_tree(dfl_target_state *s);
 /* One forward over a tree of n nodes on top of the committed context: node 0 is the root
  * (parent -1), parent[i] < i. Node i sits at position n_past + depth(i) and attends to the
  * committed context, its ancestors and itself; in linear layers its conv window and recurrent
  * state continue its parent's. logits [n, V] (or NULL); cap rows are per node. */
-int model_forward_tree(dfl_state *s, const int32_t *tokens, const int *parent, int n, float *logits,
+int model_forward_tree(dfl_target_state *s, const int32_t *tokens, const int *parent, int n, float *logits,
                        const dfl_capture *cap);
 /* Commit the root path path[0..len-1] (path[0] = 0, path[k] a depth-k node): its K/V are
  * compacted to consecutive positions, the linear layers take the last node's state. */
-int state_tree_commit(dfl_state *s, const int *path, int len);
+int target_state_tree_commit(dfl_target_state *s, const int *path, int len);
 
 /* Embedding row of a token: out[H]. */
 void model_embed(const dfl_model *m, int32_t token, float *out);

@@ -23,7 +23,7 @@
 typedef struct dfl_mtp {
     char *dir;             /* checkpoint the mtp.* tensors come from */
     dfl_quant quant;       /* its quantization_config (an FP8 release's head may hold F8_E4M3) */
-    st_model st;
+    st_checkpoint st;
     float *norm_emb;       /* [H] pre_fc_norm_embedding, 1 + w */
     float *norm_hidden;    /* [H] pre_fc_norm_hidden, 1 + w */
     dfl_mat fc;            /* [H, 2H] over [embedding ; hidden] */
@@ -42,7 +42,7 @@ typedef struct dfl_mtp {
 int mtp_parse_arg(const char *arg, const char *target_dir, char *dir, size_t len);
 
 /* Tensors named mtp.* in an open checkpoint (0: the checkpoint offers no MTP head). */
-int mtp_count_tensors(const st_model *st);
+int mtp_count_tensors(const st_checkpoint *st);
 
 /* Open the MTP head of checkpoint dir for the target t: dir's config must describe the same text
  * model (hidden size, heads, vocabulary) and name one MTP layer; every mtp.* tensor is bound
@@ -52,7 +52,7 @@ void mtp_close(dfl_mtp *h);
 
 /* Run state: the MTP layer's K/V per position, and the target hidden state of the last committed
  * position, which waits for the token after it (the next round's anchor). */
-typedef struct dfl_mstate {
+typedef struct dfl_mtp_state {
     const dfl_mtp *h;
     const dfl_model *t;   /* embedding, final norm, lm_head, attention shapes */
     int max_ctx, max_block;
@@ -73,24 +73,24 @@ typedef struct dfl_mstate {
     float *scores;        /* [max_ctx] */
     float *inv_freq;      /* [rot/2] */
     uint64_t bytes;
-} dfl_mstate;
+} dfl_mtp_state;
 
 /* max_block: the widest block drafted (B: B-1 MTP steps) and the rows per context chunk. */
-int mstate_init(dfl_mstate *s, const dfl_mtp *h, const dfl_model *t, int max_ctx, int max_block);
-void mstate_free(dfl_mstate *s);
-void mstate_reset(dfl_mstate *s);
+int mtp_state_init(dfl_mtp_state *s, const dfl_mtp *h, const dfl_model *t, int max_ctx, int max_block);
+void mtp_state_free(dfl_mtp_state *s);
+void mtp_state_reset(dfl_mtp_state *s);
 
 /* Append committed positions n_ctx..n_ctx+n-1: feat [n, H] the target's last decoder layer output
  * there (before the final norm), tokens [n] the tokens at those positions. Each token completes
  * the pair (h_{i}, x_{i+1}) of the position before it, whose K/V enter the cache. */
-int mtp_add_context(dfl_mstate *s, const float *feat, const int32_t *tokens, int n);
+int mtp_add_context(dfl_mtp_state *s, const float *feat, const int32_t *tokens, int n);
 
 /* B-1 autoregressive steps from the anchor (the token at position n_ctx): logits [B-1, V], row
  * k-1 predicts the token at position n_ctx+k, each step conditioned on the argmax of the ones
  * before it. Draft steps' K/V sit past the committed pairs and are overwritten later. */
-int mtp_draft(dfl_mstate *s, int32_t anchor, int B, float *logits);
+int mtp_draft(dfl_mtp_state *s, int32_t anchor, int B, float *logits);
 
 /* The MTP head as the speculative loop's drafter; it reads the target's last decoder layer. */
-dfl_draft_if mtp_drafter_if(dfl_mstate *s);
+dfl_draft_if mtp_drafter_if(dfl_mtp_state *s);
 
 #endif

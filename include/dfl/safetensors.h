@@ -24,7 +24,7 @@ typedef struct st_tensor {
     int64_t numel;
     const uint8_t *data; /* into the mmap; may be unaligned for the element size */
     size_t nbytes;
-    int file_index;      /* which shard (index into st_model.files) */
+    int file_index;      /* which shard (index into st_checkpoint.files) */
 } st_tensor;
 
 typedef struct st_file {
@@ -35,25 +35,25 @@ typedef struct st_file {
 } st_file;
 
 /* A set of tensors from one file or from all shards of a checkpoint. */
-typedef struct st_model {
+typedef struct st_checkpoint {
     st_file *files;
     int n_files;
     st_tensor *tensors;  /* sorted by name */
     int n_tensors;
-} st_model;
+} st_checkpoint;
 
 const char *st_dtype_name(st_dtype dt);
 size_t st_dtype_size(st_dtype dt);
 
 /* Open one .safetensors file. Returns DFL_OK or DFL_ERR (message names the file). */
-int st_open_file(st_model *m, const char *path);
+int st_open_file(st_checkpoint *m, const char *path);
 /* Open a checkpoint directory: model.safetensors.index.json (shards) or model.safetensors,
  * or, failing both, the single *.safetensors file in the directory. */
-int st_open_dir(st_model *m, const char *dir);
-void st_close(st_model *m);
+int st_open_dir(st_checkpoint *m, const char *dir);
+void st_close(st_checkpoint *m);
 
 /* Lookup by exact name; NULL if absent. */
-const st_tensor *st_find(const st_model *m, const char *name);
+const st_tensor *st_find(const st_checkpoint *m, const char *name);
 
 /* Convert n elements starting at element `first` of t to float32 (F32/F16/BF16, and F8_E4M3's
  * raw codes without their block scales). */
@@ -71,7 +71,7 @@ int st_write(const char *path, const st_write_entry *entries, int n);
 /* The same with a __metadata__ object of n_meta {key, value} string pairs. */
 int st_write_meta(const char *path, const st_write_entry *entries, int n, const char *const (*meta)[2], int n_meta);
 /* A __metadata__ string of file `file` of m into buf; DFL_ERR naming the file if absent. */
-int st_meta_get(const st_model *m, int file, const char *key, char *buf, size_t n);
+int st_meta_get(const st_checkpoint *m, int file, const char *key, char *buf, size_t n);
 
 /* Half-precision conversions used by the reader and the kernels. */
 static inline float st_bf16_to_f32(uint16_t h) {

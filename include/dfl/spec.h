@@ -11,7 +11,7 @@
 #include "dfl/model.h"
 
 /* Wrap a DFlash drafter state. */
-dfl_draft_if spec_dflash_drafter(dfl_dstate *ds);
+dfl_draft_if spec_dflash_drafter(dfl_drafter_state *ds);
 
 /* Acceptance at temperature > 0 (both lossless: every committed token is distributed as the
  * target's sample): DFL_ACCEPT_PQ, speculative sampling — drafts sampled from the drafter's q,
@@ -91,9 +91,9 @@ typedef int (*dfl_token_cb)(void *ud, const int32_t *tokens, int n);
 /* Generate from prompt. drafter NULL = autoregressive. out: [max_new] generated ids
  * (max_new 0: the prefill only, e.g. for the prompt's logits).
  * s must have max_batch >= max(prompt length, B) and record=1 when drafting (with a tree
- * budget N: max_batch >= N + 1 and state_enable_tree(s, N + 1));
+ * budget N: max_batch >= N + 1 and target_state_enable_tree(s, N + 1));
  * the drafter's context must be empty (it is filled with the prompt's features). */
-int spec_generate(dfl_state *s, dfl_draft_if *drafter, const int32_t *prompt, int n_prompt,
+int spec_generate(dfl_target_state *s, dfl_draft_if *drafter, const int32_t *prompt, int n_prompt,
                   const dfl_gen_opts *o, int32_t *out, dfl_gen_stats *st, dfl_token_cb cb, void *ud);
 
 /* Model eos test (config + generation_config + tokenizer_config ids). */

@@ -399,8 +399,8 @@ int dfl_api_hidden(dfl_api_target *t, const int32_t *ids, int n, const int *laye
                               layers[k]);
     if (c->max_position && n > c->max_position)
         return dfl_seterr("hidden: %d tokens exceed the model's max_position_embeddings %d", n, c->max_position);
-    dfl_state s;
-    if (state_init(&s, &t->m, n, n, 0) != DFL_OK) return DFL_ERR;
+    dfl_target_state s;
+    if (target_state_init(&s, &t->m, n, n, 0) != DFL_OK) return DFL_ERR;
     const size_t H = (size_t)c->hidden;
     float *cap_out = malloc((size_t)n * n_layers * H * sizeof(float));
     dfl_capture cap = {.n_layers = n_layers, .layers = layers, .out = cap_out};
@@ -410,7 +410,7 @@ int dfl_api_hidden(dfl_api_target *t, const int32_t *ids, int n, const int *laye
         for (int p = 0; p < n; p++)
             memcpy(out + ((size_t)k * n + p) * H, cap_out + ((size_t)p * n_layers + k) * H, H * sizeof(float));
     free(cap_out);
-    state_free(&s);
+    target_state_free(&s);
     return rc;
 }
 
@@ -552,7 +552,7 @@ static int generate(FILE *f, gen_args *a) {
     if (rc == DFL_OK && m.cfg.max_position && (long)n_prompt + a->max_new > m.cfg.max_position)
         rc = dfl_seterr("%ld positions exceed the model's max_position_embeddings %d", (long)n_prompt + a->max_new,
                         m.cfg.max_position);
-    dfl_state s;
+    dfl_target_state s;
     int have_s = 0, have_ds = 0;
     dfl_draft_if dif;
     if (rc == DFL_OK) {
@@ -561,9 +561,9 @@ static int generate(FILE *f, gen_args *a) {
         int max_batch = chunk > a->block ? chunk : a->block;
         if (a->budget + 1 > max_batch) max_batch = a->budget + 1;
         if (max_batch > max_ctx) max_batch = (int)max_ctx;
-        have_s = (rc = state_init(&s, &m, (int)max_ctx, max_batch, have_ad)) == DFL_OK;
+        have_s = (rc = target_state_init(&s, &m, (int)max_ctx, max_batch, have_ad)) == DFL_OK;
     }
-    if (rc == DFL_OK && a->budget) rc = state_enable_tree(&s, a->budget + 1);
+    if (rc == DFL_OK && a->budget) rc = target_state_enable_tree(&s, a->budget + 1);
     if (rc == DFL_OK && have_ad) have_ds = (rc = anydrafter_state_init(&ad, &m, (int)max_ctx, &dif)) == DFL_OK;
     int32_t *out = rc == DFL_OK ? malloc((size_t)a->max_new * sizeof *out) : NULL;
     /* every round commits at least one token: at most max_new rounds */
@@ -593,7 +593,7 @@ static int generate(FILE *f, gen_args *a) {
         }
     }
     free(out), free(rl.committed);
-    if (have_s) state_free(&s);
+    if (have_s) target_state_free(&s);
     free(prompt);
     if (tok) tok_close(tok);
     if (have_ad) anydrafter_close(&ad);

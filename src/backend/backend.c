@@ -63,10 +63,10 @@ int model_use_device(dfl_model *m, dfl_device d) {
 
 /* What every backend's forward relies on, checked once here before it runs (nothing is touched
  * when a check fails). */
-static int forward_check(const dfl_state *s, const int32_t *tokens, const int *parent, int n, const dfl_capture *cap) {
+static int forward_check(const dfl_target_state *s, const int32_t *tokens, const int *parent, int n, const dfl_capture *cap) {
     const dfl_config *g = &s->m->cfg;
     if (parent && (n < 1 || n > s->tree_cap))
-        return dfl_seterr("tree of %d nodes: the run state holds trees of 1..%d nodes (state_enable_tree)", n,
+        return dfl_seterr("tree of %d nodes: the run state holds trees of 1..%d nodes (target_state_enable_tree)", n,
                           s->tree_cap);
     if (n < 1 || n > s->max_batch)
         return dfl_seterr("forward of %d tokens: batch must be in [1, %d]", n, s->max_batch);
@@ -85,35 +85,35 @@ static int forward_check(const dfl_state *s, const int32_t *tokens, const int *p
     return DFL_OK;
 }
 
-int state_init(dfl_state *s, const dfl_model *m, int max_ctx, int max_batch, int record) {
-    return m->be->state_init(s, m, max_ctx, max_batch, record);
+int target_state_init(dfl_target_state *s, const dfl_model *m, int max_ctx, int max_batch, int record) {
+    return m->be->target_state_init(s, m, max_ctx, max_batch, record);
 }
 
-void state_free(dfl_state *s) {
-    if (s->m) s->m->be->state_free(s);
+void target_state_free(dfl_target_state *s) {
+    if (s->m) s->m->be->target_state_free(s);
     memset(s, 0, sizeof *s);
 }
 
-void state_reset(dfl_state *s) { s->m->be->state_reset(s); }
+void target_state_reset(dfl_target_state *s) { s->m->be->target_state_reset(s); }
 
-int model_forward_ex(dfl_state *s, const int32_t *tokens, const int *parent, int n, const dfl_fwd_out *out) {
+int model_forward_ex(dfl_target_state *s, const int32_t *tokens, const int *parent, int n, const dfl_fwd_out *out) {
     if (forward_check(s, tokens, parent, n, out->cap) != DFL_OK) return DFL_ERR;
     return s->m->be->forward(s, tokens, parent, n, out);
 }
 
-int model_forward(dfl_state *s, const int32_t *tokens, int n, float *logits, int logits_last_only,
+int model_forward(dfl_target_state *s, const int32_t *tokens, int n, float *logits, int logits_last_only,
                   const dfl_capture *cap) {
     const dfl_fwd_out o = {.logits = logits, .last_only = logits_last_only, .cap = cap};
     return model_forward_ex(s, tokens, NULL, n, &o);
 }
 
-int model_forward_tree(dfl_state *s, const int32_t *tokens, const int *parent, int n, float *logits,
+int model_forward_tree(dfl_target_state *s, const int32_t *tokens, const int *parent, int n, float *logits,
                        const dfl_capture *cap) {
     const dfl_fwd_out o = {.logits = logits, .cap = cap};
     return model_forward_ex(s, tokens, parent, n, &o);
 }
 
-int state_rollback(dfl_state *s, int keep) {
+int target_state_rollback(dfl_target_state *s, int keep) {
     if (keep == s->n_past) return DFL_OK;
     if (!s->record || s->rec_n < 0)
         return dfl_seterr("rollback to %d: the last forward kept no rollback record", keep);
@@ -123,10 +123,10 @@ int state_rollback(dfl_state *s, int keep) {
     return s->m->be->rollback(s, keep);
 }
 
-int state_enable_tree(dfl_state *s, int max_nodes) { return s->m->be->enable_tree(s, max_nodes); }
+int target_state_enable_tree(dfl_target_state *s, int max_nodes) { return s->m->be->enable_tree(s, max_nodes); }
 
-void state_disable_tree(dfl_state *s) {
+void target_state_disable_tree(dfl_target_state *s) {
     if (s->m) s->m->be->disable_tree(s);
 }
 
-int state_tree_commit(dfl_state *s, const int *path, int len) { return s->m->be->tree_commit(s, path, len); }
+int target_state_tree_commit(dfl_target_state *s, const int *path, int len) { return s->m->be->tree_commit(s, path, len); }

@@ -262,14 +262,14 @@ static double peak_macs(const char **what) {
 }
 
 /* Best-of-reps time of one forward over n tokens at the current position, rolled back after. */
-static double time_verify(dfl_state *s, const int32_t *toks, int n, float *logits, int reps) {
+static double time_verify(dfl_target_state *s, const int32_t *toks, int n, float *logits, int reps) {
     const int base = s->n_past;
     double best = 1e30;
     for (int r = 0; r < reps; r++) {
         const double t0 = dfl_now();
         if (model_forward(s, toks, n, logits, 0, NULL) != DFL_OK) return -1;
         const double dt = dfl_now() - t0;
-        if (state_rollback(s, base) != DFL_OK) return -1;
+        if (target_state_rollback(s, base) != DFL_OK) return -1;
         if (dt < best) best = dt;
     }
     return best;
@@ -277,8 +277,8 @@ static double time_verify(dfl_state *s, const int32_t *toks, int n, float *logit
 
 /* Rollback strategies over one verification round of B tokens after the context. */
 /* Rollback by replay after a recorded forward of B tokens, to every accepted length; then what the
- * replay and the snapshot strategies copy per round (state_rollback_costs). */
-static int bench_rollback(dfl_state *s, const int32_t *toks, int B, int reps, bench_res *r) {
+ * replay and the snapshot strategies copy per round (target_state_rollback_costs). */
+static int bench_rollback(dfl_target_state *s, const int32_t *toks, int B, int reps, bench_res *r) {
     const int base = s->n_past;
     double sum = 0, worst = 0;
     int count = 0;
@@ -286,17 +286,17 @@ static int bench_rollback(dfl_state *s, const int32_t *toks, int B, int reps, be
         if (model_forward(s, toks, B, NULL, 0, NULL) != DFL_OK) return DFL_ERR;
         for (int keep = base + B - 1; keep >= base + 1; keep--) { /* accepted drafts B-2 .. 0 */
             const double t0 = dfl_now();
-            if (state_rollback(s, keep) != DFL_OK) return DFL_ERR;
+            if (target_state_rollback(s, keep) != DFL_OK) return DFL_ERR;
             const double dt = dfl_now() - t0;
             sum += dt, count++;
             worst = dt > worst ? dt : worst;
         }
-        if (state_rollback(s, base) != DFL_OK) return DFL_ERR;
+        if (target_state_rollback(s, base) != DFL_OK) return DFL_ERR;
     }
     r->replay_mean_ms = 1e3 * sum / count;
     r->replay_max_ms = 1e3 * worst;
     dfl_rollback_costs c;
-    if (state_rollback_costs(s, B, reps, &c) != DFL_OK) return DFL_ERR;
+    if (target_state_rollback_costs(s, B, reps, &c) != DFL_OK) return DFL_ERR;
     r->replay_mb = c.record_mb, r->replay_record_ms = c.record_ms;
     r->snap_save_ms = c.snap_save_ms, r->snap_restore_ms = c.snap_restore_ms, r->snap_mb = c.snap_mb;
     return DFL_OK;
@@ -482,7 +482,7 @@ static void print_table(const bench_opts *o, const bench_res *r, const dfl_model
  * distributions over B-1 depths with one likely token each (trees both deep and branching), verified in one forward; then only its root is
  * committed (one position more per measurement), and a chain of as many tokens is timed with
  * record + rollback. */
-static int bench_tree(dfl_state *s, int32_t *toks, int B, int reps, bench_res *r) {
+static int bench_tree(dfl_target_state *s, int32_t *toks, int B, int reps, bench_res *r) {
     const int V = s->m->cfg.vocab, D = B - 1;
     float *probs = malloc((size_t)D * V * sizeof(float));
     float *logits = malloc((size_t)(tree_budgets[N_TREE - 1] + 1) * V * sizeof(float));
@@ -505,7 +505,7 @@ static int bench_tree(dfl_state *s, int32_t *toks, int B, int reps, bench_res *r
             const double t0 = dfl_now();
             if (model_forward_tree(s, t.token, t.parent, t.n, logits, NULL) != DFL_OK) goto done;
             const double dt = dfl_now() - t0;
-            if (state_tree_commit(s, root, 1) != DFL_OK) goto done;
+            if (target_state_tree_commit(s, root, 1) != DFL_OK) goto done;
             best = dt < best ? dt : best;
         }
         r->tree_ms[i] = 1e3 * best;
@@ -548,16 +548,16 @@ static int run_bench(const bench_opts *o, const dfl_model *m, dfl_any_drafter *a
         r->peak_macs = peak_macs(&r->peak_what);
         r->token_macs = m->cfg.n_experts > 0 ? 0 : token_macs(m);
     }
-    dfl_state s;
-    if (state_init(&s, m, max_ctx, max_batch, 1) != DFL_OK) return DFL_ERR;
-    if ((o->parts & P_TREE) && state_enable_tree(&s, 65) != DFL_OK) {
-        state_free(&s);
+    dfl_target_state s;
+    if (target_state_init(&s, m, max_ctx, max_batch, 1) != DFL_OK) return DFL_ERR;
+    if ((o->parts & P_TREE) && target_state_enable_tree(&s, 65) != DFL_OK) {
+        target_state_free(&s);
         return DFL_ERR;
     }
     /* the drafter, whatever its kind, through the interface the speculative loop drives */
     dfl_draft_if dif = {0};
     if (ad && anydrafter_state_init(ad, m, max_ctx, &dif) != DFL_OK) {
-        state_free(&s);
+        target_state_free(&s);
         return DFL_ERR;
     }
     int rc = DFL_ERR;
@@ -656,7 +656,7 @@ static int run_bench(const bench_opts *o, const dfl_model *m, dfl_any_drafter *a
         fill_tokens(toks, o->prefill, V, 4);
         double best = 1e30;
         for (int i = 0; i < o->reps; i++) {
-            state_reset(&s);
+            target_state_reset(&s);
             const double t0 = dfl_now();
             if (model_forward(&s, toks, o->prefill, logits, 1, NULL) != DFL_OK) goto done;
             const double dt = dfl_now() - t0;
@@ -671,12 +671,12 @@ static int run_bench(const bench_opts *o, const dfl_model *m, dfl_any_drafter *a
         /* random prompts generate all o->gen tokens; a given prompt stops at EOS, as eval does */
         dfl_gen_opts go = {.max_new = o->gen, .block = B, .ignore_eos = !o->prompt};
         dfl_gen_stats st;
-        state_reset(&s);
+        target_state_reset(&s);
         if (spec_generate(&s, NULL, toks, n_prompt, &go, out, &st, NULL, NULL) != DFL_OK) goto done;
         r->ar_tps = (st.generated - 1) / st.t_decode;
         r->e2e_generated = st.generated;
         if (ad) {
-            state_reset(&s);
+            target_state_reset(&s);
             dif.reset(dif.ctx);
             if (spec_generate(&s, &dif, toks, n_prompt, &go, out, &st, NULL, NULL) != DFL_OK) goto done;
             r->spec_tps = (st.generated - 1) / st.t_decode;
@@ -686,7 +686,7 @@ static int run_bench(const bench_opts *o, const dfl_model *m, dfl_any_drafter *a
     }
     rc = DFL_OK;
 done:
-    state_free(&s);
+    target_state_free(&s);
     free(toks), free(ctx_toks), free(logits), free(feat), free(out);
     return rc;
 }

@@ -174,7 +174,7 @@ typedef struct gen_args {
 
 /* Generate from the tokenized prompt with state s (and the drafter's run state dif, when ad is
  * open), print the result, write --dump-drafts. Returns the exit code. */
-static int generate_decode(dfl_model *m, dfl_any_drafter *ad, dfl_draft_if *dif, dfl_state *s, double t_load,
+static int generate_decode(dfl_model *m, dfl_any_drafter *ad, dfl_draft_if *dif, dfl_target_state *s, double t_load,
                            long max_ctx, const gen_args *a, dfl_tokenizer *tok, const int32_t *prompt,
                            size_t n_prompt) {
     const int have_ds = dif != NULL;
@@ -248,18 +248,18 @@ static int generate_tokens(dfl_model *m, dfl_any_drafter *ad, double t_load, con
     if (budget + 1 > max_batch) max_batch = (int)budget + 1;
     /* no forward is longer than the context: a round verifies at most the tokens max_new leaves */
     if (max_batch > max_ctx) max_batch = (int)max_ctx;
-    dfl_state s;
-    if (state_init(&s, m, (int)max_ctx, max_batch, ad != NULL) != DFL_OK)
+    dfl_target_state s;
+    if (target_state_init(&s, m, (int)max_ctx, max_batch, ad != NULL) != DFL_OK)
         return cli_fail("generate", "%s", dfl_errmsg());
     int rc;
     dfl_draft_if dif;
-    if (budget && state_enable_tree(&s, (int)budget + 1) != DFL_OK)
+    if (budget && target_state_enable_tree(&s, (int)budget + 1) != DFL_OK)
         rc = cli_fail("generate", "%s", dfl_errmsg());
     else if (ad && anydrafter_state_init(ad, m, (int)max_ctx, &dif) != DFL_OK)
         rc = cli_fail("generate", "%s", dfl_errmsg());
     else
         rc = generate_decode(m, ad, ad ? &dif : NULL, &s, t_load, max_ctx, a, tok, prompt, n_prompt);
-    state_free(&s);
+    target_state_free(&s);
     return rc;
 }
 

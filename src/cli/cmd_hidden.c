@@ -79,8 +79,8 @@ static int write_dump(const char *out_path, const int32_t *prompt, size_t T, siz
 static int forward_and_write(dfl_model *m, const int32_t *prompt, size_t T, const int *layers, int n_layers,
                              int want_logits, const char *out_path) {
     const dfl_config *c = &m->cfg;
-    dfl_state s;
-    if (state_init(&s, m, (int)T, (int)T, 0) != DFL_OK) return cli_fail("hidden", "%s", dfl_errmsg());
+    dfl_target_state s;
+    if (target_state_init(&s, m, (int)T, (int)T, 0) != DFL_OK) return cli_fail("hidden", "%s", dfl_errmsg());
     const size_t H = (size_t)c->hidden;
     float *cap_out = malloc(T * n_layers * H * sizeof(float));
     float *logits = want_logits ? malloc(T * (size_t)c->vocab * sizeof(float)) : NULL;
@@ -90,7 +90,7 @@ static int forward_and_write(dfl_model *m, const int32_t *prompt, size_t T, cons
     else rc = write_dump(out_path, prompt, T, H, layers, n_layers, cap_out, logits, c->vocab);
     free(cap_out);
     free(logits);
-    state_free(&s);
+    target_state_free(&s);
     return rc;
 }
 

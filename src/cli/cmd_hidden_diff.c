@@ -70,7 +70,7 @@ int cmd_hidden_diff(int argc, char **argv) {
                                "the `dfl hidden` format (A.safetensors B.safetensors); for directories of saved "
                                "features (dfl eval --save-features) compare a file of each, e.g. %s/<file> "
                                "%s/<file>, with the names manifest.jsonl lists", dir, pa, pb);
-    st_model a = {0}, b = {0};
+    st_checkpoint a = {0}, b = {0};
     if (st_open_file(&a, pa) != DFL_OK) return cli_fail("hidden-diff", "%s", dfl_errmsg());
     if (st_open_file(&b, pb) != DFL_OK) {
         st_close(&a);

@@ -64,8 +64,8 @@ int eval_costs_measure(eval_costs *c, const dfl_model *m, dfl_draft_if *dr, cons
     if (reps > COST_MAX_REPS) reps = COST_MAX_REPS;
     const int max_ctx = L + (COST_MAX_REPS + 1) * (c->n_chain + c->n_tree + 1) + batch + 8;
     const int V = m->cfg.vocab, H = m->cfg.hidden, nf = dr->n_feature_layers;
-    dfl_state s;
-    if (state_init(&s, m, max_ctx, batch, 1) != DFL_OK) return dfl_preperr("measuring verification costs");
+    dfl_target_state s;
+    if (target_state_init(&s, m, max_ctx, batch, 1) != DFL_OK) return dfl_preperr("measuring verification costs");
     const int vrows = maxb > max_nodes ? maxb : max_nodes;
     float *logits = malloc((size_t)B * V * sizeof(float)), *feat = malloc((size_t)L * nf * H * sizeof(float));
     float *vlog = malloc((size_t)vrows * V * sizeof(float)); /* verification logits, as online */
@@ -100,7 +100,7 @@ int eval_costs_measure(eval_costs *c, const dfl_model *m, dfl_draft_if *dr, cons
             const double t0 = dfl_now();
             s.no_record = n == 1; /* a decode step keeps no record; a verification is rolled back */
             if (model_forward(&s, toks, n, vlog, 0, NULL)) goto done;
-            if (n > 1 && state_rollback(&s, start + 1)) goto done;
+            if (n > 1 && target_state_rollback(&s, start + 1)) goto done;
             if (r >= 0) total += t[r] = dfl_now() - t0;
         }
         c->chain_s[i] = minimum(t, r);
@@ -115,7 +115,7 @@ int eval_costs_measure(eval_costs *c, const dfl_model *m, dfl_draft_if *dr, cons
             snprintf(c->note, sizeof c->note, "budgets above %d are not verified on the target: no cost", DDTREE_MAX_BUDGET);
             continue;
         }
-        if (s.tree_cap < N + 1 && state_enable_tree(&s, N + 1) != DFL_OK) {
+        if (s.tree_cap < N + 1 && target_state_enable_tree(&s, N + 1) != DFL_OK) {
             snprintf(c->note, sizeof c->note, "budget %d: %s", N, dfl_errmsg());
             continue;
         }
@@ -125,7 +125,7 @@ int eval_costs_measure(eval_costs *c, const dfl_model *m, dfl_draft_if *dr, cons
         int r = -1;
         for (; r < reps || (total < COST_MIN_S && r < COST_MAX_REPS); r++) {
             const double t0 = dfl_now();
-            if (model_forward_tree(&s, tree.token, tree.parent, tree.n, vlog, NULL) || state_tree_commit(&s, root, 1))
+            if (model_forward_tree(&s, tree.token, tree.parent, tree.n, vlog, NULL) || target_state_tree_commit(&s, root, 1))
                 goto done;
             if (r >= 0) total += t[r] = dfl_now() - t0;
         }
@@ -139,7 +139,7 @@ int eval_costs_measure(eval_costs *c, const dfl_model *m, dfl_draft_if *dr, cons
 done:
     ddtree_free(&tree);
     free(logits), free(feat), free(vlog), free(t), free(toks);
-    state_free(&s);
+    target_state_free(&s);
     return rc;
 }
 

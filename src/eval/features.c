@@ -76,7 +76,7 @@ done:
     return rc;
 }
 
-static int meta_int(const st_model *st, const char *path, const char *key, int lo, int hi, int *v) {
+static int meta_int(const st_checkpoint *st, const char *path, const char *key, int lo, int hi, int *v) {
     char buf[64];
     if (st_meta_get(st, 0, key, buf, sizeof buf)) return DFL_ERR;
     char *end;
@@ -120,7 +120,7 @@ static int read_ids(const st_tensor *x, const char *path, const char *name, int3
 
 /* layer.{k} [>= rows, H] of each of t's layers into t->feat. */
 /* optional: a layer id the file may lack (its columns stay zero, absent[its column] = 1), or -1. */
-static int read_layers(const st_model *st, const char *path, eval_truth *t, int rows, int optional,
+static int read_layers(const st_checkpoint *st, const char *path, eval_truth *t, int rows, int optional,
                        unsigned char *absent) {
     const int H = t->H, nl = t->n_layers;
     float *f = malloc((size_t)rows * nl * H * sizeof *f);
@@ -168,7 +168,7 @@ static int read_layers(const st_model *st, const char *path, eval_truth *t, int 
 
 /* The ids and feature rows of a features file whose metadata said np prompt tokens, n output
  * tokens and ext extended ones, into t. */
-static int read_sequence(const st_model *st, const char *path, eval_truth *t, int np, int n, int ext, int eos_stop,
+static int read_sequence(const st_checkpoint *st, const char *path, eval_truth *t, int np, int n, int ext, int eos_stop,
                          int vocab) {
     int rc = DFL_ERR;
     const int rows = np + n - 1;
@@ -192,7 +192,7 @@ static int read_sequence(const st_model *st, const char *path, eval_truth *t, in
 }
 
 int eval_features_load(const char *path, eval_truth *t, eval_features_meta *meta, int vocab) {
-    st_model st = {0};
+    st_checkpoint st = {0};
     if (st_open_file(&st, path) != DFL_OK) return DFL_ERR;
     int rc = DFL_ERR, np = 0, n = 0, ext = 0;
     char fmt[64], stop[16];
@@ -253,7 +253,7 @@ done:
 
 int eval_features_load_pipeline(const char *path, const eval_truth *ref, eval_truth *t, int optional,
                                 unsigned char *absent) {
-    st_model st = {0};
+    st_checkpoint st = {0};
     if (st_open_file(&st, path) != DFL_OK) return DFL_ERR;
     const int rows = ref->n_rows;
     int rc = DFL_ERR;

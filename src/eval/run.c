@@ -126,7 +126,7 @@ static void run_free(run *r) {
     ref_set_free(&r->refs);
     if (r->tok) tok_close(r->tok);
     for (int d = 0; d < r->n_cache; d++) eval_draft_cache_free(&r->cache[d]);
-    if (r->have_state) state_free(&r->st);
+    if (r->have_state) target_state_free(&r->st);
     for (int d = 0; d < EVAL_MAX_DRAFTERS; d++) free(r->label[d]);
     for (int d = 0; d < r->n_open; d++) anydrafter_close(&r->ad[d]);
     if (r->have_model) model_close(&r->m);
@@ -151,7 +151,7 @@ static int open_features(run *r, char *target, size_t n) {
     if (rc) return rc;
     if (r->feat_incomplete) er_log(r, "dfl eval: warning: %s\n", r->feat_incomplete);
     char *p0 = dfl_path_join(o->features_dir, r->saved.u[0].file);
-    st_model st = {0};
+    st_checkpoint st = {0};
     if ((rc = st_open_file(&st, p0)) == DFL_OK) {
         rc = st_meta_get(&st, 0, "target", target, n);
         char mx[32];

@@ -91,7 +91,7 @@ typedef struct run {
     char recorder[256];        /* what produced the truths: "dfl", or --features' target.json "recorder"
                                 * (the Python package's transformers recorder) */
     cJSON *desc;               /* DIR/run.json as this run wrote it (writer only) */
-    dfl_state st;
+    dfl_target_state st;
     int have_state;
     eval_costs costs;
     eval_target_id id;

@@ -129,12 +129,12 @@ int er_open_drafters(run *r) {
 int er_alloc_states(run *r, int max_ctx, int batch) {
     const eval_opts *o = r->o;
     if (!r->from_features) {
-        if (state_init(&r->st, &r->m, max_ctx, batch, 1) != DFL_OK) return DFL_ERR;
+        if (target_state_init(&r->st, &r->m, max_ctx, batch, 1) != DFL_OK) return DFL_ERR;
         r->have_state = 1;
         int online_trees = 0;
         if (o->online) online_trees = r->max_budget;
         else online_trees = r->rec_budget;
-        if (online_trees && state_enable_tree(&r->st, online_trees + 1) != DFL_OK) return DFL_ERR;
+        if (online_trees && target_state_enable_tree(&r->st, online_trees + 1) != DFL_OK) return DFL_ERR;
     }
     for (; r->n_dstate < o->n_drafters; r->n_dstate++) {
         const int d = r->n_dstate;

@@ -10,7 +10,7 @@ static int run_ar(run *r, const char *pid, int turn, int rep, const int32_t *pid
                   int32_t *truth, int *n_truth, int32_t *out) {
     dfl_gen_stats gs;
     int32_t *ids = rep == 0 ? truth : out;
-    state_reset(&r->st);
+    target_state_reset(&r->st);
     if (spec_generate(&r->st, NULL, pids, np, go, ids, &gs, NULL, NULL) != DFL_OK) return dfl_preperr("prompt %s", pid);
     eval_result e;
     er_result_head(&e, pid, turn, "", "ar", "online", "dfl");
@@ -32,7 +32,7 @@ static int run_spec(run *r, const char *pid, int turn, int rep, int d, int mi, c
     const eval_opts *o = r->o;
     char mode[32];
     er_mode_name(o->budgets[mi], mode, sizeof mode);
-    state_reset(&r->st);
+    target_state_reset(&r->st);
     dfl_draft_if dif = r->dif[d];
     dif.reset(dif.ctx);
     dfl_gen_opts so = *go;

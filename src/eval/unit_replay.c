@@ -109,7 +109,7 @@ static int check_ar(run *r, const char *pid, int turn, const turn_plan *tp, cons
     int32_t *ar = malloc((size_t)r->max_new * sizeof *ar);
     dfl_gen_opts go = {.max_new = r->max_new, .extend = r->max_block - 1};
     dfl_gen_stats as;
-    state_reset(&r->st);
+    target_state_reset(&r->st);
     if (!ar || spec_generate(&r->st, NULL, pids, np, &go, ar, &as, NULL, NULL) != DFL_OK) {
         free(ar);
         return dfl_preperr("prompt %s turn %d, autoregressive run", pid, turn + 1);
@@ -143,7 +143,7 @@ static int record(run *r, const char *pid, int turn, const turn_plan *tp, const 
     const char *method = er_rec_row(r, mode, sizeof mode);
     eval_truth_free(t);
     eval_draft_cache_clear(&r->cache[0]);
-    state_reset(&r->st);
+    target_state_reset(&r->st);
     r->dif[0].reset(r->dif[0].ctx);
     if (eval_recorder_init(&rec, r->dif[0], t, &r->cache[0], r->m.cfg.vocab)) return DFL_ERR;
     if (r->rec_auto) eval_recorder_adapt(&rec, &r->costs, r->block[0]);

@@ -52,13 +52,13 @@ static int teacher_truth(run *r, const int32_t *pids, int np, const int32_t *lab
         memcpy(seq, pids, (size_t)np * sizeof *seq);
         memcpy(seq + np, lab, (size_t)n * sizeof *seq);
         const dfl_capture cap = {.n_layers = r->n_layers, .layers = r->layers, .out = rows};
-        state_reset(&r->st);
+        target_state_reset(&r->st);
         for (int c0 = 0; c0 < np + n - 1 && rc == DFL_OK; c0 += r->batch) {
             const int c = np + n - 1 - c0 < r->batch ? np + n - 1 - c0 : r->batch;
             rc = model_forward(&r->st, seq + c0, c, NULL, 0, &cap);
             if (rc == DFL_OK) rc = eval_truth_add_rows(dt, rows, c);
         }
-        state_reset(&r->st);
+        target_state_reset(&r->st);
     }
     if (rc == DFL_OK) rc = eval_truth_set(dt, pids, np, lab, n, 0, 1);
     free(seq), free(rows);

@@ -173,7 +173,7 @@ static int parse_entry(const char *path, const cJSON *item, const uint8_t *buf, 
     return DFL_OK;
 }
 
-int st_open_file(st_model *m, const char *path) {
+int st_open_file(st_checkpoint *m, const char *path) {
     int fd = open(path, O_RDONLY);
     if (fd < 0) return dfl_seterr("%s: cannot open: %s", path, strerror(errno));
     struct stat st;
@@ -326,7 +326,7 @@ fail:
     return DFL_ERR;
 }
 
-static int open_index(st_model *m, const char *dir, const char *index_path) {
+static int open_index(st_checkpoint *m, const char *dir, const char *index_path) {
     char *text = dfl_read_file(index_path, NULL);
     if (!text) return DFL_ERR;
     cJSON *root = cJSON_ParseWithOpts(text, NULL, 1);
@@ -390,7 +390,7 @@ static int open_index(st_model *m, const char *dir, const char *index_path) {
     return rc;
 }
 
-int st_open_dir(st_model *m, const char *dir) {
+int st_open_dir(st_checkpoint *m, const char *dir) {
     memset(m, 0, sizeof *m);
     int rc;
     char *index = dfl_path_join(dir, "model.safetensors.index.json");
@@ -408,7 +408,7 @@ int st_open_dir(st_model *m, const char *dir) {
     return rc;
 }
 
-void st_close(st_model *m) {
+void st_close(st_checkpoint *m) {
     for (int i = 0; i < m->n_files; i++) {
         munmap(m->files[i].map, m->files[i].map_size);
         free(m->files[i].path);
@@ -419,7 +419,7 @@ void st_close(st_model *m) {
     memset(m, 0, sizeof *m);
 }
 
-const st_tensor *st_find(const st_model *m, const char *name) {
+const st_tensor *st_find(const st_checkpoint *m, const char *name) {
     int lo = 0, hi = m->n_tensors - 1;
     while (lo <= hi) {
         int mid = (lo + hi) / 2, c = strcmp(m->tensors[mid].name, name);
@@ -511,7 +511,7 @@ int st_write_meta(const char *path, const st_write_entry *entries, int n, const 
     return DFL_OK;
 }
 
-int st_meta_get(const st_model *m, int file, const char *key, char *buf, size_t n) {
+int st_meta_get(const st_checkpoint *m, int file, const char *key, char *buf, size_t n) {
     if (file < 0 || file >= m->n_files) return dfl_seterr("safetensors: no file %d", file);
     const st_file *f = &m->files[file];
     cJSON *root = cJSON_ParseWithLength((const char *)f->map + 8, f->data_start - 8);

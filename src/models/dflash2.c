@@ -8,7 +8,7 @@
 
 #include "dfl/common.h"
 
-int dflash2_state_init(dfl_dstate *s) {
+int dflash2_state_init(dfl_drafter_state *s) {
     const dfl_config *g = &s->d->cfg;
     if (!g->dflash2) return DFL_OK;
     const size_t B = (size_t)s->max_block, K = (size_t)g->selector_top_k;
@@ -23,15 +23,15 @@ int dflash2_state_init(dfl_dstate *s) {
     return s->cdelta && s->conv && s->sel_h && s->cand && s->cand_logit && s->walk ? DFL_OK : DFL_ERR;
 }
 
-void dflash2_state_free(dfl_dstate *s) {
+void dflash2_state_free(dfl_drafter_state *s) {
     free(s->cdelta), free(s->conv), free(s->sel_h), free(s->cand), free(s->cand_logit), free(s->walk);
 }
 
-void dflash2_conv_deltas(dfl_dstate *s, const dfl_mat *proj, const float *xn, int B) {
+void dflash2_conv_deltas(dfl_drafter_state *s, const dfl_mat *proj, const float *xn, int B) {
     kn_matmul(s->cdelta, xn, proj, B);
 }
 
-void dflash2_conv(const dfl_dstate *s, const float *base, int side, const float *x, float *y, int B) {
+void dflash2_conv(const dfl_drafter_state *s, const float *base, int side, const float *x, float *y, int B) {
     const dfl_config *g = &s->d->cfg;
     const int H = g->hidden, T = g->conv_taps, gs = g->conv_group, G = H / gs;
     const float *bs = base + (size_t)side * T * H; /* [T, H] */
@@ -62,7 +62,7 @@ static void top_k(const float *row, int V, int K, int32_t *ids, float *vals) {
     }
 }
 
-void dflash2_select(dfl_dstate *s, const float *hidden, int32_t anchor, int D, float *logits) {
+void dflash2_select(dfl_drafter_state *s, const float *hidden, int32_t anchor, int D, float *logits) {
     const dfl_drafter *d = s->d;
     const dfl_config *g = &d->cfg;
     const int V = s->t->cfg.vocab, K = g->selector_top_k, R = g->selector_rank;

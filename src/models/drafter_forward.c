@@ -23,7 +23,7 @@
         s->bytes += (uint64_t)(nfloats) * sizeof(float);                            \
     } while (0)
 
-int dstate_init(dfl_dstate *s, const dfl_drafter *d, const dfl_model *t, int max_ctx, int max_block) {
+int drafter_state_init(dfl_drafter_state *s, const dfl_drafter *d, const dfl_model *t, int max_ctx, int max_block) {
     memset(s, 0, sizeof *s);
     const dfl_config *g = &d->cfg;
     if (max_block < 2 || max_block > g->block_size)
@@ -57,11 +57,11 @@ int dstate_init(dfl_dstate *s, const dfl_drafter *d, const dfl_model *t, int max
     if (dflash2_state_init(s) != DFL_OK) goto oom;
     return DFL_OK;
 oom:
-    dstate_free(s);
+    drafter_state_free(s);
     return dfl_seterr("out of memory allocating the drafter state");
 }
 
-void dstate_free(dfl_dstate *s) {
+void drafter_state_free(dfl_drafter_state *s) {
     if (s->d)
         for (int i = 0; i < s->d->cfg.n_layers; i++) {
             if (s->k_ctx) free(s->k_ctx[i]);
@@ -73,17 +73,17 @@ void dstate_free(dfl_dstate *s) {
     memset(s, 0, sizeof *s);
 }
 
-void dstate_reset(dfl_dstate *s) { s->n_ctx = 0; }
+void drafter_state_reset(dfl_drafter_state *s) { s->n_ctx = 0; }
 
 /* q/k norm then RoPE at absolute position pos, for each of nh heads of x [nh*hd]. */
-static void norm_rope(const dfl_dstate *s, float *x, int nh, const float *w, int pos) {
+static void norm_rope(const dfl_drafter_state *s, float *x, int nh, const float *w, int pos) {
     const dfl_config *g = &s->d->cfg;
     float cs[256], sn[256]; /* [rot/2] */
     kn_rope_table(cs, sn, s->inv_freq, g->rot_dim / 2, (float)pos);
     kn_head_norm_rope(x, nh, (size_t)g->head_dim, w, g->head_dim, g->rms_eps, cs, sn, g->rot_dim);
 }
 
-int drafter_add_context(dfl_dstate *s, const float *feat, int n) {
+int drafter_add_context(dfl_drafter_state *s, const float *feat, int n) {
     const dfl_drafter *d = s->d;
     const dfl_config *g = &d->cfg;
     const int H = g->hidden, kv = g->n_kv_heads * g->head_dim, nf = g->n_target_ids * H;
@@ -114,7 +114,7 @@ typedef struct dscratch {
 /* The DFlash layers over nb independent blocks [anchors[b], MASK x (B-1)] at positions
  * starts[b].. (block b attends to context positions < starts[b] and to itself), then the final
  * norm and lm_head of rows 1..B-1 of each: logits [nb * (B-1), V]. */
-static int draft_rows(dfl_dstate *s, const dscratch *w, const int32_t *anchors, const int *starts, int nb, int B,
+static int draft_rows(dfl_drafter_state *s, const dscratch *w, const int32_t *anchors, const int *starts, int nb, int B,
                       float *logits) {
     const dfl_drafter *d = s->d;
     const dfl_config *g = &d->cfg;
@@ -198,7 +198,7 @@ static int draft_rows(dfl_dstate *s, const dscratch *w, const int32_t *anchors, 
     return DFL_OK;
 }
 
-int drafter_draft(dfl_dstate *s, int32_t anchor, int B, float *logits) {
+int drafter_draft(dfl_drafter_state *s, int32_t anchor, int B, float *logits) {
     if (B < 2 || B > s->max_block) return dfl_seterr("draft block of %d: must be in [2, %d]", B, s->max_block);
     if (anchor < 0 || anchor >= s->t->cfg.vocab) return dfl_seterr("anchor token %d outside the vocabulary", anchor);
     const dscratch w = {s->x, s->xn, s->q, s->kb, s->vb, s->att, s->mlp1, s->mlp2};
@@ -207,7 +207,7 @@ int drafter_draft(dfl_dstate *s, int32_t anchor, int B, float *logits) {
 }
 
 /* The batch scratch for rows rows (grown on demand). */
-static int batch_reserve(dfl_dstate *s, int rows) {
+static int batch_reserve(dfl_drafter_state *s, int rows) {
     if (rows <= s->batch_rows) return DFL_OK;
     const dfl_config *g = &s->d->cfg;
     const size_t H = g->hidden, qd = (size_t)g->n_heads * g->head_dim, kv = (size_t)g->n_kv_heads * g->head_dim;
@@ -220,7 +220,7 @@ static int batch_reserve(dfl_dstate *s, int rows) {
     return DFL_OK;
 }
 
-int drafter_draft_many(dfl_dstate *s, const int32_t *anchors, const int *starts, int nb, int B, float *logits) {
+int drafter_draft_many(dfl_drafter_state *s, const int32_t *anchors, const int *starts, int nb, int B, float *logits) {
     const dfl_config *g = &s->d->cfg;
     if (g->dflash2 && nb > 1) return dfl_seterr("a DFlash2 drafter drafts one block at a time");
     if (B < 2 || B > s->max_block) return dfl_seterr("draft block of %d: must be in [2, %d]", B, s->max_block);

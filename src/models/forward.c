@@ -11,8 +11,8 @@
 #include "dfl/model.h"
 #include "backend/backend_internal.h"
 
-static void cpu_state_free(dfl_state *s);
-static void cpu_disable_tree(dfl_state *s);
+static void cpu_state_free(dfl_target_state *s);
+static void cpu_disable_tree(dfl_target_state *s);
 
 static uint64_t mem_available(void) {
     FILE *f = fopen("/proc/meminfo", "r");
@@ -52,7 +52,7 @@ static size_t scratch_per_token(const dfl_model *m) {
            moe_per_token(g) + (size_t)g->rot_dim;
 }
 
-uint64_t state_bytes(const dfl_model *m, int max_ctx, int max_batch, int record) {
+uint64_t target_state_bytes(const dfl_model *m, int max_ctx, int max_batch, int record) {
     const dfl_config *g = &m->cfg;
     uint64_t f = 0;
     size_t lin = (size_t)(g->conv_kernel - 1) * m->conv_dim + (size_t)g->lin_v_heads * g->lin_k_dim * g->lin_v_dim;
@@ -83,12 +83,12 @@ uint64_t state_bytes(const dfl_model *m, int max_ctx, int max_batch, int record)
         if (!(p)) goto oom;                                                         \
     } while (0)
 
-static int cpu_state_init(dfl_state *s, const dfl_model *m, int max_ctx, int max_batch, int record) {
+static int cpu_state_init(dfl_target_state *s, const dfl_model *m, int max_ctx, int max_batch, int record) {
     memset(s, 0, sizeof *s);
     const dfl_config *g = &m->cfg;
     if (max_ctx < 1 || max_batch < 1 || max_batch > max_ctx)
         return dfl_seterr("state: invalid sizes (max context %d, max batch %d)", max_ctx, max_batch);
-    uint64_t need = state_bytes(m, max_ctx, max_batch, record), avail = mem_available();
+    uint64_t need = target_state_bytes(m, max_ctx, max_batch, record), avail = mem_available();
     if (need > avail)
         return dfl_seterr("context of %d tokens needs %.2f GiB of cache and scratch, but only %.2f GiB of memory is "
                           "available; lower --max-context",
@@ -155,7 +155,7 @@ oom:
     return dfl_seterr("out of memory allocating the run state (%.2f GiB)", need / 1073741824.0);
 }
 
-static void cpu_state_free(dfl_state *s) {
+static void cpu_state_free(dfl_target_state *s) {
     if (s->m) {
         for (int i = 0; i < s->m->cfg.n_layers; i++) { /* each array on its own: init may fail between them */
             if (s->k_cache) free(s->k_cache[i]);
@@ -177,7 +177,7 @@ static void cpu_state_free(dfl_state *s) {
     memset(s, 0, sizeof *s);
 }
 
-static void cpu_state_reset(dfl_state *s) {
+static void cpu_state_reset(dfl_target_state *s) {
     const dfl_config *g = &s->m->cfg;
     const size_t conv = (size_t)(g->conv_kernel - 1) * s->m->conv_dim;
     const size_t S = (size_t)g->lin_v_heads * g->lin_k_dim * g->lin_v_dim;
@@ -197,7 +197,7 @@ void model_lm_head(const dfl_model *m, const float *x, float *logits, int n) { k
 
 /* ---- full attention layer ---------------------------------------------------------- */
 
-static void attention_layer(dfl_state *s, int li, int n) {
+static void attention_layer(dfl_target_state *s, int li, int n) {
     const dfl_model *m = s->m;
     const dfl_config *g = &m->cfg;
     const dfl_layer_w *l = &m->layers[li];
@@ -256,7 +256,7 @@ static void gated_delta(const dfl_model *m, const dfl_layer_w *l, float *conv_st
     /* L2-normalise q and k per (token, key head); q also scaled by 1/sqrt(dk) */
     kn_l2norm_heads(qkv, (size_t)C, n, Hk, dk, 1.0f / sqrtf((float)dk));
     kn_l2norm_heads(qkv + (size_t)Hk * dk, (size_t)C, n, Hk, dk, 1.0f);
-    if (tree) /* a leaf's state is recomputed at commit (state_tree_commit) from these */
+    if (tree) /* a leaf's state is recomputed at commit (target_state_tree_commit) from these */
         for (int t = 0; t < n; t++)
             if (!tree->gdn.kept[t]) {
                 memcpy(tree->leaf_qkv + (size_t)t * C, qkv + (size_t)t * C, (size_t)C * sizeof(float));
@@ -269,7 +269,7 @@ static void gated_delta(const dfl_model *m, const dfl_layer_w *l, float *conv_st
     kn_gdn_heads(&io);
 }
 
-static void linear_layer(dfl_state *s, int li, int n) {
+static void linear_layer(dfl_target_state *s, int li, int n) {
     const dfl_model *m = s->m;
     const dfl_config *g = &m->cfg;
     const dfl_layer_w *l = &m->layers[li];
@@ -380,7 +380,7 @@ int moe_forward(const dfl_config *g, const dfl_layer_w *l, dfl_moe_buf *b, const
     return touched;
 }
 
-static void mlp(dfl_state *s, int li, int n) {
+static void mlp(dfl_target_state *s, int li, int n) {
     const dfl_config *g = &s->m->cfg;
     const dfl_layer_w *l = &s->m->layers[li];
     const int H = g->hidden, I = g->intermediate;
@@ -395,7 +395,7 @@ static void mlp(dfl_state *s, int li, int n) {
     kn_add(s->x, s->xn, (size_t)n * H);
 }
 
-static int forward_impl(dfl_state *s, const int32_t *tokens, int n, const int *depth, float *logits,
+static int forward_impl(dfl_target_state *s, const int32_t *tokens, int n, const int *depth, float *logits,
                         int logits_last_only, const dfl_capture *cap) {
     const dfl_model *m = s->m;
     const dfl_config *g = &m->cfg;
@@ -445,7 +445,7 @@ static int forward_impl(dfl_state *s, const int32_t *tokens, int n, const int *d
     return DFL_OK;
 }
 
-static int cpu_rollback(dfl_state *s, int keep) {
+static int cpu_rollback(dfl_target_state *s, int keep) {
     const dfl_model *m = s->m;
     const dfl_config *g = &m->cfg;
     /* keep is checked by the model API: inside the recorded forward, not n_past */
@@ -469,7 +469,7 @@ static int cpu_rollback(dfl_state *s, int keep) {
 }
 
 
-static int cpu_enable_tree(dfl_state *s, int max_nodes) {
+static int cpu_enable_tree(dfl_target_state *s, int max_nodes) {
     const dfl_model *m = s->m;
     const dfl_config *g = &m->cfg;
     if (max_nodes < 1 || max_nodes > s->max_batch)
@@ -518,7 +518,7 @@ oom:
     return dfl_seterr("out of memory for tree verification states (%.2f GiB)", need / 1073741824.0);
 }
 
-static void cpu_disable_tree(dfl_state *s) {
+static void cpu_disable_tree(dfl_target_state *s) {
     for (int i = 0; i < s->m->cfg.n_layers; i++) { /* each array on its own: enable may fail between them */
         if (s->tree_conv) free(s->tree_conv[i]);
         if (s->tree_S) free(s->tree_S[i]);
@@ -535,7 +535,7 @@ static void cpu_disable_tree(dfl_state *s) {
     s->tree_cap = s->tree_n = s->tree_threads = 0;
 }
 
-static int cpu_forward_tree(dfl_state *s, const int32_t *tokens, const int *parent, int n, float *logits,
+static int cpu_forward_tree(dfl_target_state *s, const int32_t *tokens, const int *parent, int n, float *logits,
                             const dfl_capture *cap) {
     for (int i = 0; i < n; i++) {
         if (parent[i] >= i || (i > 0 && parent[i] < 0) || (i == 0 && parent[0] != -1)) {
@@ -565,7 +565,7 @@ static int cpu_forward_tree(dfl_state *s, const int32_t *tokens, const int *pare
  * its parent's kept state (the committed one for the root) continued by the leaf's token with
  * the inputs the forward recorded, through the same kernel as in the forward, so bit for bit
  * the state the forward computed and did not keep. */
-static void tree_leaf_state(dfl_state *s, int li, int node) {
+static void tree_leaf_state(dfl_target_state *s, int li, int node) {
     const dfl_model *m = s->m;
     const dfl_config *g = &m->cfg;
     const dfl_layer_w *l = &m->layers[li];
@@ -579,7 +579,7 @@ static void tree_leaf_state(dfl_state *s, int li, int node) {
     kn_gdn_heads(&io);
 }
 
-static int cpu_tree_commit(dfl_state *s, const int *path, int len) {
+static int cpu_tree_commit(dfl_target_state *s, const int *path, int len) {
     const dfl_model *m = s->m;
     const dfl_config *g = &m->cfg;
     if (s->tree_n == 0 || len < 1 || len > s->tree_n || path[0] != 0)
@@ -612,7 +612,7 @@ static int cpu_tree_commit(dfl_state *s, const int *path, int len) {
 }
 
 /* The CPU backend's forward: a chain or a tree; argmax rows from the host logits. */
-static int cpu_forward(dfl_state *s, const int32_t *tokens, const int *parent, int n, const dfl_fwd_out *o) {
+static int cpu_forward(dfl_target_state *s, const int32_t *tokens, const int *parent, int n, const dfl_fwd_out *o) {
     const int V = s->m->cfg.vocab, rows = parent || !o->last_only ? n : 1;
     float *logits = o->logits, *tmp = NULL;
     if (!logits && o->argmax) {
@@ -638,9 +638,9 @@ const dfl_backend dfl_backend_cpu = {
     .name = "cpu",
     .model_upload = cpu_model_upload,
     .model_release = cpu_model_release,
-    .state_init = cpu_state_init,
-    .state_free = cpu_state_free,
-    .state_reset = cpu_state_reset,
+    .target_state_init = cpu_state_init,
+    .target_state_free = cpu_state_free,
+    .target_state_reset = cpu_state_reset,
     .forward = cpu_forward,
     .rollback = cpu_rollback,
     .enable_tree = cpu_enable_tree,

@@ -10,7 +10,7 @@
 #include "dfl/model.h"
 #include "dfl/mtp.h"
 
-static void dtype_counts(const st_model *st, const unsigned char *used, int counts[ST_DTYPE_COUNT]) {
+static void dtype_counts(const st_checkpoint *st, const unsigned char *used, int counts[ST_DTYPE_COUNT]) {
     memset(counts, 0, sizeof(int) * ST_DTYPE_COUNT);
     for (int i = 0; i < st->n_tensors; i++)
         if (!used || used[i]) counts[st->tensors[i].dtype]++;
@@ -37,7 +37,7 @@ static void print_dtypes_json(FILE *f, const int counts[ST_DTYPE_COUNT]) {
     fprintf(f, "}");
 }
 
-static uint64_t total_bytes(const st_model *st) {
+static uint64_t total_bytes(const st_checkpoint *st) {
     uint64_t b = 0;
     for (int i = 0; i < st->n_tensors; i++) b += st->tensors[i].nbytes;
     return b;

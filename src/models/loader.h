@@ -9,7 +9,7 @@
 #include "dfl/safetensors.h"
 
 typedef struct ld_ctx {
-    const st_model *st;
+    const st_checkpoint *st;
     const char *where;      /* checkpoint directory, for messages */
     unsigned char *used;    /* [n_tensors] marks, or NULL */
     int check_weights;      /* scan for NaN/Inf (every bound tensor; reported together by ld_finish) */

@@ -24,7 +24,7 @@ int mtp_parse_arg(const char *arg, const char *target_dir, char *dir, size_t len
     return 0;
 }
 
-int mtp_count_tensors(const st_model *st) {
+int mtp_count_tensors(const st_checkpoint *st) {
     int n = 0;
     for (int i = 0; i < st->n_tensors; i++) n += strncmp(st->tensors[i].name, MTP_PREFIX, strlen(MTP_PREFIX)) == 0;
     return n;

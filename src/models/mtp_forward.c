@@ -15,7 +15,7 @@
         s->bytes += (uint64_t)(nfloats) * sizeof(float);     \
     } while (0)
 
-int mstate_init(dfl_mstate *s, const dfl_mtp *h, const dfl_model *t, int max_ctx, int max_block) {
+int mtp_state_init(dfl_mtp_state *s, const dfl_mtp *h, const dfl_model *t, int max_ctx, int max_block) {
     memset(s, 0, sizeof *s);
     const dfl_config *g = &t->cfg;
     if (max_block < 2 || max_block > DFL_MAX_BLOCK)
@@ -48,11 +48,11 @@ int mstate_init(dfl_mstate *s, const dfl_mtp *h, const dfl_model *t, int max_ctx
         s->inv_freq[i] = 1.0f / powf((float)g->rope_theta, (float)(2 * i) / (float)g->rot_dim);
     return DFL_OK;
 oom:
-    mstate_free(s);
+    mtp_state_free(s);
     return dfl_seterr("out of memory allocating the MTP state");
 }
 
-void mstate_free(dfl_mstate *s) {
+void mtp_state_free(dfl_mtp_state *s) {
     free(s->k_cache), free(s->v_cache), free(s->pending), free(s->hid), free(s->cat), free(s->x), free(s->xn);
     free(s->q), free(s->k), free(s->v), free(s->att), free(s->mlp1), free(s->mlp2), free(s->scores);
     free(s->inv_freq);
@@ -60,10 +60,10 @@ void mstate_free(dfl_mstate *s) {
     memset(s, 0, sizeof *s);
 }
 
-void mstate_reset(dfl_mstate *s) { s->n_ctx = 0; }
+void mtp_state_reset(dfl_mtp_state *s) { s->n_ctx = 0; }
 
 /* Per-head norm, then partial RoPE at pos, over nh heads of hd spaced `stride` apart. */
-static void norm_rope(const dfl_mstate *s, float *x, int nh, size_t stride, const float *w, int pos) {
+static void norm_rope(const dfl_mtp_state *s, float *x, int nh, size_t stride, const float *w, int pos) {
     const dfl_config *g = &s->t->cfg;
     float cs[256], sn[256]; /* [rot/2] */
     kn_rope_table(cs, sn, s->inv_freq, g->rot_dim / 2, (float)pos);
@@ -72,7 +72,7 @@ static void norm_rope(const dfl_mstate *s, float *x, int nh, size_t stride, cons
 
 /* Rows 0..n-1 of s->x = fc([norm_emb(embed(tok)) ; norm_hidden(hid)]), hid final-normed; then
  * each row's K/V at positions pos0.. into the cache (and its query into s->q). */
-static void rows_in(dfl_mstate *s, const float *hid, const int32_t *tok, int n, int pos0) {
+static void rows_in(dfl_mtp_state *s, const float *hid, const int32_t *tok, int n, int pos0) {
     const dfl_mtp *h = s->h;
     const dfl_config *g = &s->t->cfg;
     const int H = g->hidden, hd = g->head_dim, kvw = g->n_kv_heads * hd;
@@ -97,7 +97,7 @@ static void rows_in(dfl_mstate *s, const float *hid, const int32_t *tok, int n, 
 
 /* The rest of the layer for row 0 at position pos (K/V of 0..pos in the cache): gated attention,
  * MLP, final mtp norm into out [H]. */
-static void step_out(dfl_mstate *s, int pos, float *out) {
+static void step_out(dfl_mtp_state *s, int pos, float *out) {
     const dfl_mtp *h = s->h;
     const dfl_config *g = &s->t->cfg;
     const dfl_layer_w *l = &h->layer;
@@ -123,7 +123,7 @@ static void step_out(dfl_mstate *s, int pos, float *out) {
     kn_rmsnorm(out, s->x, h->norm, H, g->rms_eps);
 }
 
-int mtp_add_context(dfl_mstate *s, const float *feat, const int32_t *tokens, int n) {
+int mtp_add_context(dfl_mtp_state *s, const float *feat, const int32_t *tokens, int n) {
     const dfl_model *t = s->t;
     const int H = t->cfg.hidden;
     if (n < 0 || s->n_ctx + n > s->max_ctx)
@@ -148,7 +148,7 @@ int mtp_add_context(dfl_mstate *s, const float *feat, const int32_t *tokens, int
     return DFL_OK;
 }
 
-int mtp_draft(dfl_mstate *s, int32_t anchor, int B, float *logits) {
+int mtp_draft(dfl_mtp_state *s, int32_t anchor, int B, float *logits) {
     const dfl_model *t = s->t;
     const int H = t->cfg.hidden, V = t->cfg.vocab;
     if (B < 2 || B > s->max_block) return dfl_seterr("draft block of %d: must be in [2, %d]", B, s->max_block);
@@ -182,10 +182,10 @@ static int if_add(void *ctx, const float *feat, const int32_t *tokens, int n) {
     return mtp_add_context(ctx, feat, tokens, n);
 }
 static int if_draft(void *ctx, int32_t anchor, int B, float *logits) { return mtp_draft(ctx, anchor, B, logits); }
-static int if_len(void *ctx) { return ((dfl_mstate *)ctx)->n_ctx; }
-static void if_reset(void *ctx) { mstate_reset(ctx); }
+static int if_len(void *ctx) { return ((dfl_mtp_state *)ctx)->n_ctx; }
+static void if_reset(void *ctx) { mtp_state_reset(ctx); }
 
-dfl_draft_if mtp_drafter_if(dfl_mstate *s) {
+dfl_draft_if mtp_drafter_if(dfl_mtp_state *s) {
     return (dfl_draft_if){.ctx = s, .add_context = if_add, .draft = if_draft, .context_len = if_len, .reset = if_reset,
                           .feature_layers = &s->feature_layer, .n_feature_layers = 1};
 }

@@ -1,5 +1,5 @@
 /* The copies each rollback strategy of a hybrid (Gated DeltaNet) model makes per round, timed on
- * the live CPU state (dfl bench; include/dfl/model.h state_rollback_costs). */
+ * the live CPU state (dfl bench; include/dfl/model.h target_state_rollback_costs). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -7,7 +7,7 @@
 #include "dfl/common.h"
 #include "dfl/model.h"
 
-int state_rollback_costs(dfl_state *s, int B, int reps, dfl_rollback_costs *c) {
+int target_state_rollback_costs(dfl_target_state *s, int B, int reps, dfl_rollback_costs *c) {
     const dfl_model *m = s->m;
     const dfl_config *g = &m->cfg;
     memset(c, 0, sizeof *c);

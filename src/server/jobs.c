@@ -204,7 +204,7 @@ static int on_tokens(void *ud, const int32_t *toks, int n) {
 }
 
 static void run_job(dfl_server *srv, job *j, job *owner) {
-    state_reset(&srv->s);
+    target_state_reset(&srv->s);
     if (srv->drafting) srv->dif.reset(srv->dif.ctx);
     dfl_gen_opts o = {.max_new = j->max_new, .block = srv->block, .tree_budget = srv->tree_budget,
                       .temperature = j->temperature, .top_p = j->top_p, .top_k = j->top_k,

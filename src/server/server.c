@@ -661,7 +661,7 @@ static void server_free(dfl_server *srv) {
         conn_unlink(srv, r);
         free(r);
     }
-    if (srv->have_s) state_free(&srv->s);
+    if (srv->have_s) target_state_free(&srv->s);
     if (srv->tok) tok_close(srv->tok);
     if (srv->have_ad) anydrafter_close(&srv->ad);
     model_close(&srv->m);
@@ -722,10 +722,10 @@ static int load(dfl_server *srv, const dfl_server_opts *o) {
     int max_batch = chunk > srv->block ? chunk : srv->block;
     if (srv->tree_budget + 1 > max_batch) max_batch = srv->tree_budget + 1;
     /* a DDTree round holds its nodes in cache slots past the committed positions */
-    if (state_init(&srv->s, &srv->m, srv->max_ctx + srv->tree_budget, max_batch, srv->have_ad) != DFL_OK)
+    if (target_state_init(&srv->s, &srv->m, srv->max_ctx + srv->tree_budget, max_batch, srv->have_ad) != DFL_OK)
         return DFL_ERR;
     srv->have_s = 1;
-    if (srv->tree_budget && state_enable_tree(&srv->s, srv->tree_budget + 1) != DFL_OK) return DFL_ERR;
+    if (srv->tree_budget && target_state_enable_tree(&srv->s, srv->tree_budget + 1) != DFL_OK) return DFL_ERR;
     if (srv->have_ad) {
         if (anydrafter_state_init(&srv->ad, &srv->m, srv->max_ctx, &srv->dif) != DFL_OK) return DFL_ERR;
         srv->drafting = 1;

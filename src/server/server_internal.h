@@ -167,7 +167,7 @@ typedef struct conn_rec {
 
 struct dfl_server {
     dfl_model m;
-    dfl_state s;
+    dfl_target_state s;
     int have_s;
     dfl_any_drafter ad;       /* the drafter (DFlash, DFlash2 or an MTP head) and its run state */
     char drafter_warning[512];/* what the user should know about the drafter/target pair, "" if nothing */

@@ -58,10 +58,10 @@ void anydrafter_attn_json(FILE *f, const dfl_any_drafter *a) {
 
 int anydrafter_state_init(dfl_any_drafter *a, const dfl_model *t, int max_ctx, dfl_draft_if *dif) {
     if (a->kind == DFL_DRAFTER_MTP) {
-        if (mstate_init(&a->ms, &a->mtp, t, max_ctx, a->block) != DFL_OK) return DFL_ERR;
+        if (mtp_state_init(&a->ms, &a->mtp, t, max_ctx, a->block) != DFL_OK) return DFL_ERR;
         *dif = mtp_drafter_if(&a->ms);
     } else {
-        if (dstate_init(&a->ds, &a->d, t, max_ctx, a->block) != DFL_OK) return DFL_ERR;
+        if (drafter_state_init(&a->ds, &a->d, t, max_ctx, a->block) != DFL_OK) return DFL_ERR;
         *dif = spec_dflash_drafter(&a->ds);
     }
     a->have_state = 1;
@@ -88,8 +88,8 @@ const char *anydrafter_kind_name(dfl_drafter_kind k) {
 
 void anydrafter_close(dfl_any_drafter *a) {
     if (a->have_state) {
-        if (a->kind == DFL_DRAFTER_MTP) mstate_free(&a->ms);
-        else dstate_free(&a->ds);
+        if (a->kind == DFL_DRAFTER_MTP) mtp_state_free(&a->ms);
+        else drafter_state_free(&a->ds);
     }
     if (a->kind == DFL_DRAFTER_MTP) mtp_close(&a->mtp);
     else drafter_close(&a->d);

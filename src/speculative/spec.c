@@ -145,7 +145,7 @@ static int32_t pick(const float *logits, int V, const dfl_gen_opts *o, float *pr
 /* A verification forward. Greedy without a logits callback (ids_only), the loop reads only each
  * row's argmax: the logits buffer is then scratch, and a device backend sends back the ids
  * alone. The ids are kn_argmax of the same rows either way. */
-static int verify_forward(dfl_state *s, const int32_t *toks, const int *parent, int n, int last_only, float *logits,
+static int verify_forward(dfl_target_state *s, const int32_t *toks, const int *parent, int n, int last_only, float *logits,
                           int32_t *ids, int ids_only, const dfl_capture *cap) {
     const dfl_fwd_out fo = {.logits = logits, .argmax = ids_only ? ids : NULL, .last_only = last_only,
                             .logits_scratch = ids_only, .cap = cap};
@@ -160,17 +160,17 @@ static int dflash_draft(void *ctx, int32_t anchor, int B, float *logits) { retur
 static int dflash_draft_many(void *ctx, const int32_t *anchors, const int *starts, int n, int B, float *logits) {
     return drafter_draft_many(ctx, anchors, starts, n, B, logits);
 }
-static int dflash_len(void *ctx) { return ((dfl_dstate *)ctx)->n_ctx; }
-static void dflash_reset(void *ctx) { dstate_reset(ctx); }
+static int dflash_len(void *ctx) { return ((dfl_drafter_state *)ctx)->n_ctx; }
+static void dflash_reset(void *ctx) { drafter_state_reset(ctx); }
 
-dfl_draft_if spec_dflash_drafter(dfl_dstate *ds) {
+dfl_draft_if spec_dflash_drafter(dfl_drafter_state *ds) {
     return (dfl_draft_if){.ctx = ds, .add_context = dflash_add, .draft = dflash_draft, .context_len = dflash_len,
                           .draft_many = ds->d->cfg.dflash2 ? NULL : dflash_draft_many, .reset = dflash_reset, .feature_layers = ds->d->cfg.target_layer_ids, .n_feature_layers = ds->d->cfg.n_target_ids};
 }
 
 /* One generation: its settings, buffers and output so far. */
 typedef struct gen {
-    dfl_state *s;
+    dfl_target_state *s;
     dfl_draft_if *dr;  /* NULL: autoregressive */
     const dfl_model *m;
     const dfl_gen_opts *o;
@@ -290,7 +290,7 @@ static int accept(gen *g, const dfl_proposal *p, const int32_t *ids, int start, 
     st->t_verify += dfl_now() - tv;
     if (p->n > 1) { /* a plain decode step ran without a rollback record: nothing to undo */
         const double tr = dfl_now();
-        if (p->parent ? state_tree_commit(g->s, path, a + 1) : state_rollback(g->s, start + a + 1)) return DFL_ERR;
+        if (p->parent ? target_state_tree_commit(g->s, path, a + 1) : target_state_rollback(g->s, start + a + 1)) return DFL_ERR;
         st->t_rollback += dfl_now() - tr;
     }
     if (g->dr && extend_context(g, p, path, a + 1)) return DFL_ERR;
@@ -378,7 +378,7 @@ static int spec_round(gen *g, int32_t anchor, int start, int bs) {
  * last row. Only block verifications are ever rolled back, so the prefill and plain decode steps
  * skip the rollback record. */
 static int prefill(gen *g, const int32_t *prompt, int n_prompt, int32_t *first) {
-    dfl_state *s = g->s;
+    dfl_target_state *s = g->s;
     const dfl_gen_opts *o = g->o;
     const int V = g->V, chunk = s->max_batch;
     const dfl_capture *cap = g->dr ? &g->cap : NULL;
@@ -425,7 +425,7 @@ static int decode(gen *g, int32_t first) {
 }
 
 /* The settings against the run state and the drafter. */
-static int check_opts(const dfl_state *s, dfl_draft_if *dr, int n_prompt, const dfl_gen_opts *o) {
+static int check_opts(const dfl_target_state *s, dfl_draft_if *dr, int n_prompt, const dfl_gen_opts *o) {
     const int B = dr ? o->block : 1, N = dr ? o->tree_budget : 0;
     if (o->max_new < 0) return dfl_seterr("max_new must be >= 0");
     /* a round verifies at most the tokens max_new leaves: a short run needs no batch of a full block */
@@ -481,7 +481,7 @@ int spec_accept_rule_parse(const char *s) {
     return -1;
 }
 
-int spec_generate(dfl_state *s, dfl_draft_if *dr, const int32_t *prompt, int n_prompt, const dfl_gen_opts *o,
+int spec_generate(dfl_target_state *s, dfl_draft_if *dr, const int32_t *prompt, int n_prompt, const dfl_gen_opts *o,
                   int32_t *out, dfl_gen_stats *st, dfl_token_cb cb, void *ud) {
     memset(st, 0, sizeof *st);
     st->prompt_tokens = n_prompt;

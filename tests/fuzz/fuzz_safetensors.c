@@ -8,7 +8,7 @@
 #include "dfl/safetensors.h"
 #include "fuzz_util.h"
 
-static void check_model(const st_model *m, const uint8_t *map, size_t size) {
+static void check_model(const st_checkpoint *m, const uint8_t *map, size_t size) {
     FUZZ_CHECK(m->n_files == 1, "%d files", m->n_files);
     const st_file *f = &m->files[0];
     FUZZ_CHECK(f->map_size == size && f->data_start >= 8 && f->data_start <= size, "map %zu data_start %zu",
@@ -48,7 +48,7 @@ static void check_model(const st_model *m, const uint8_t *map, size_t size) {
 
 /* Write the tensors back and reload: same names, dtypes, shapes and bytes. Names with NUL
  * escapes would be cut by the C API, and the writer does not take __metadata__: skip those. */
-static void check_rewrite(const st_model *m) {
+static void check_rewrite(const st_checkpoint *m) {
     if (m->n_tensors > 256) return;
     st_write_entry *e = calloc((size_t)m->n_tensors + 1, sizeof *e);
     FUZZ_CHECK(e, "oom");
@@ -62,7 +62,7 @@ static void check_rewrite(const st_model *m) {
     }
     const char *path = fuzz_file(1, NULL, 0);
     FUZZ_CHECK(st_write(path, e, m->n_tensors) == DFL_OK, "st_write: %s", dfl_errmsg());
-    st_model m2 = {0};
+    st_checkpoint m2 = {0};
     FUZZ_CHECK(st_open_file(&m2, path) == DFL_OK, "rewritten file does not load: %s", dfl_errmsg());
     FUZZ_CHECK(m2.n_tensors == m->n_tensors, "%d tensors after rewrite, %d before", m2.n_tensors, m->n_tensors);
     for (int i = 0; i < m->n_tensors; i++) {
@@ -78,7 +78,7 @@ static void check_rewrite(const st_model *m) {
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     const char *path = fuzz_file(0, data, size);
-    st_model m = {0};
+    st_checkpoint m = {0};
     dfl_clearerr();
     if (st_open_file(&m, path) != DFL_OK) {
         FUZZ_CHECK(dfl_errmsg()[0] != 0, "error without a message");

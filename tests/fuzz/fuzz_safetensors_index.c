@@ -42,7 +42,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
     return 0;
 }
 
-static const char *shard_of(const st_model *m, const st_tensor *t) {
+static const char *shard_of(const st_checkpoint *m, const st_tensor *t) {
     const char *path = m->files[t->file_index].path, *base = strrchr(path, '/');
     return base ? base + 1 : path;
 }
@@ -50,7 +50,7 @@ static const char *shard_of(const st_model *m, const st_tensor *t) {
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     FILE *f = fopen(index_path, "wb");
     FUZZ_CHECK(f && fwrite(data, 1, size, f) == size && fclose(f) == 0, "cannot write the index");
-    st_model m;
+    st_checkpoint m;
     dfl_clearerr();
     if (st_open_dir(&m, dir) != DFL_OK) {
         FUZZ_CHECK(dfl_errmsg()[0] != 0, "error without a message");

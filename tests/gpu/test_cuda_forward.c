@@ -48,9 +48,9 @@ static void against_cpu(const char *name, dfl_model *mc, dfl_model *mg) {
     float *lc = malloc((size_t)T * V * 4), *lg = malloc((size_t)T * V * 4);
     int32_t tok[T];
     tokens(tok, T, V, 1);
-    dfl_state sc, sg;
-    CHECK(state_init(&sc, mc, T + N_GEN + 8, T, 0) == DFL_OK, "%s: cpu state: %s", name, dfl_errmsg());
-    CHECK(state_init(&sg, mg, T + N_GEN + 8, T, 0) == DFL_OK, "%s: gpu state: %s", name, dfl_errmsg());
+    dfl_target_state sc, sg;
+    CHECK(target_state_init(&sc, mc, T + N_GEN + 8, T, 0) == DFL_OK, "%s: cpu state: %s", name, dfl_errmsg());
+    CHECK(target_state_init(&sg, mg, T + N_GEN + 8, T, 0) == DFL_OK, "%s: gpu state: %s", name, dfl_errmsg());
     const dfl_capture capc = {.n_layers = L, .layers = layers, .out = hc}, capg = {.n_layers = L, .layers = layers, .out = hg};
     CHECK(model_forward(&sc, tok, T, lc, 0, &capc) == DFL_OK, "%s: cpu forward", name);
     CHECK(model_forward(&sg, tok, T, lg, 0, &capg) == DFL_OK, "%s: gpu forward: %s", name, dfl_errmsg());
@@ -73,7 +73,7 @@ static void against_cpu(const char *name, dfl_model *mc, dfl_model *mg) {
     int32_t oc[N_GEN], og[N_GEN];
     dfl_gen_opts go = {.max_new = N_GEN, .block = 2, .ignore_eos = 1};
     dfl_gen_stats st;
-    state_reset(&sc), state_reset(&sg);
+    target_state_reset(&sc), target_state_reset(&sg);
     CHECK(spec_generate(&sc, NULL, tok, 8, &go, oc, &st, NULL, NULL) == DFL_OK, "%s: cpu generate", name);
     CHECK(spec_generate(&sg, NULL, tok, 8, &go, og, &st, NULL, NULL) == DFL_OK, "%s: gpu generate: %s", name, dfl_errmsg());
     int first = -1;
@@ -81,7 +81,7 @@ static void against_cpu(const char *name, dfl_model *mc, dfl_model *mg) {
         if (oc[i] != og[i]) first = i;
     CHECK(first < 0, "%s: greedy tokens differ from the cpu's at %d (%d vs %d)", name, first, first >= 0 ? og[first] : 0,
           first >= 0 ? oc[first] : 0);
-    state_free(&sc), state_free(&sg);
+    target_state_free(&sc), target_state_free(&sg);
     free(hc), free(hg), free(lc), free(lg);
 }
 
@@ -91,10 +91,10 @@ static void invariance(const char *name, dfl_model *mg) {
     int32_t tok[T];
     tokens(tok, T, V, 2);
     float *full = malloc((size_t)T * V * 4), *part = malloc((size_t)T * V * 4);
-    dfl_state s;
-    CHECK(state_init(&s, mg, T + 4, T, 1) == DFL_OK, "%s: state: %s", name, dfl_errmsg());
+    dfl_target_state s;
+    CHECK(target_state_init(&s, mg, T + 4, T, 1) == DFL_OK, "%s: state: %s", name, dfl_errmsg());
     CHECK(model_forward(&s, tok, T, full, 0, NULL) == DFL_OK, "%s: prefill: %s", name, dfl_errmsg());
-    state_reset(&s);
+    target_state_reset(&s);
     model_forward(&s, tok, T - K, part, 0, NULL);
     int ok = same(part, full, (size_t)(T - K) * V);
     for (int i = T - K; i < T; i++) {
@@ -102,25 +102,25 @@ static void invariance(const char *name, dfl_model *mg) {
         ok &= same(part + (size_t)i * V, full + (size_t)i * V, (size_t)V);
     }
     CHECK(ok, "%s: gpu prefill(T) != prefill(T-k) + k decodes", name);
-    state_reset(&s);
+    target_state_reset(&s);
     model_forward(&s, tok, T - K, part, 1, NULL);
     model_forward(&s, tok + T - K, K, part, 1, NULL);
     CHECK(same(part, full + (size_t)(T - 1) * V, (size_t)V), "%s: gpu prefill(T) != prefill(T-k) + k-token forward", name);
     for (int keep = T - K; keep <= T; keep++) {
-        state_reset(&s);
+        target_state_reset(&s);
         model_forward(&s, tok, T - K, NULL, 0, NULL);
         int32_t junk[K];
         memcpy(junk, tok + T - K, sizeof junk);
         for (int j = keep - (T - K); j < K; j++) junk[j] = (junk[j] + 101) % (V < 900 ? V : 900);
         model_forward(&s, junk, K, NULL, 0, NULL);
-        CHECK(state_rollback(&s, keep) == DFL_OK, "%s: rollback to %d: %s", name, keep, dfl_errmsg());
+        CHECK(target_state_rollback(&s, keep) == DFL_OK, "%s: rollback to %d: %s", name, keep, dfl_errmsg());
         if (keep < T) {
             model_forward(&s, tok + keep, T - keep, part, 0, NULL);
             CHECK(same(part, full + (size_t)keep * V, (size_t)(T - keep) * V),
                   "%s: gpu rollback to %d then continue != straight run", name, keep);
         }
     }
-    state_free(&s);
+    target_state_free(&s);
     free(full), free(part);
 }
 
@@ -135,26 +135,26 @@ static void tree_vs_chain(const char *name, dfl_model *mg) {
     for (int d = 0; d < 5; d++) tt[path[d]] = ctx[P + d];
     float *chain = malloc((size_t)8 * V * 4), *tree = malloc((size_t)8 * V * 4), *next = malloc((size_t)2 * V * 4);
     float *cnext = malloc((size_t)2 * V * 4);
-    dfl_state s;
-    CHECK(state_init(&s, mg, P + 32, P, 1) == DFL_OK && state_enable_tree(&s, 16) == DFL_OK, "%s: tree state: %s", name,
+    dfl_target_state s;
+    CHECK(target_state_init(&s, mg, P + 32, P, 1) == DFL_OK && target_state_enable_tree(&s, 16) == DFL_OK, "%s: tree state: %s", name,
           dfl_errmsg());
     CHECK(model_forward(&s, ctx, P, NULL, 0, NULL) == DFL_OK, "%s: context: %s", name, dfl_errmsg());
     CHECK(model_forward(&s, ctx + P, 7, chain, 0, NULL) == DFL_OK, "%s: chain", name);
     CHECK(model_forward(&s, ctx + P + 7, 1, cnext, 0, NULL) == DFL_OK, "%s: chain next", name);
-    state_reset(&s);
+    target_state_reset(&s);
     CHECK(model_forward(&s, ctx, P, NULL, 0, NULL) == DFL_OK, "%s: context: %s", name, dfl_errmsg());
     CHECK(model_forward_tree(&s, tt, parent, n, tree, NULL) == DFL_OK, "%s: tree forward: %s", name, dfl_errmsg());
     int ok = 1;
     for (int d = 0; d < 5; d++) ok &= same(tree + (size_t)path[d] * V, chain + (size_t)d * V, (size_t)V);
     CHECK(ok, "%s: gpu tree nodes != the same tokens as a chain", name);
     /* commit the path and continue: the chain's next logits, bit for bit */
-    CHECK(state_tree_commit(&s, path, 5) == DFL_OK, "%s: commit: %s", name, dfl_errmsg());
+    CHECK(target_state_tree_commit(&s, path, 5) == DFL_OK, "%s: commit: %s", name, dfl_errmsg());
     CHECK(s.n_past == P + 5, "%s: n_past %d after commit, want %d", name, s.n_past, P + 5);
     CHECK(model_forward(&s, ctx + P + 5, 2, next, 0, NULL) == DFL_OK, "%s: continuation: %s", name, dfl_errmsg());
     CHECK(same(next, chain + (size_t)5 * V, (size_t)V) && same(next + V, chain + (size_t)6 * V, (size_t)V),
           "%s: after a tree commit the continuation differs from the chain", name);
     (void)cnext;
-    state_free(&s);
+    target_state_free(&s);
     free(chain), free(tree), free(next), free(cnext);
 }
 
@@ -188,8 +188,8 @@ static void lossless(const char *name, dfl_model *mg) {
     const int V = mg->cfg.vocab, B = 6, NP = 12;
     int32_t prompt[NP], greedy[N_GEN], out[N_GEN];
     tokens(prompt, NP, V, 4);
-    dfl_state s;
-    CHECK(state_init(&s, mg, NP + N_GEN + 16, 16, 1) == DFL_OK && state_enable_tree(&s, 9) == DFL_OK, "%s: state: %s",
+    dfl_target_state s;
+    CHECK(target_state_init(&s, mg, NP + N_GEN + 16, 16, 1) == DFL_OK && target_state_enable_tree(&s, 9) == DFL_OK, "%s: state: %s",
           name, dfl_errmsg());
     dfl_gen_opts go = {.max_new = N_GEN, .block = B, .ignore_eos = 1};
     dfl_gen_stats st;
@@ -199,7 +199,7 @@ static void lossless(const char *name, dfl_model *mg) {
     dfl_draft_if dif = {.ctx = &o, .add_context = o_add, .draft = o_draft, .context_len = o_len, .reset = o_reset,
                         .feature_layers = feat_layer, .n_feature_layers = 1};
     for (int budget = 0; budget <= 8; budget += 8) {
-        state_reset(&s), o_reset(&o);
+        target_state_reset(&s), o_reset(&o);
         go.tree_budget = budget;
         CHECK(spec_generate(&s, &dif, prompt, NP, &go, out, &st, NULL, NULL) == DFL_OK, "%s: speculative (budget %d): %s",
               name, budget, dfl_errmsg());
@@ -208,7 +208,7 @@ static void lossless(const char *name, dfl_model *mg) {
         printf("%s: gpu speculative, tree budget %d: %d rounds, tau %.2f, identical to greedy\n", name, budget,
                st.rounds, spec_tau(&st));
     }
-    state_free(&s);
+    target_state_free(&s);
 }
 
 int main(void) {

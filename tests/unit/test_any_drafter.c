@@ -51,8 +51,8 @@ static void kinds(void) {
         const int *ids;
         const int n_ids = anydrafter_feature_layers(&a, &ids);
         dfl_draft_if dif;
-        dfl_state s;
-        CHECK(state_init(&s, &m, ctx, NP > a.block ? NP : a.block, 1) == DFL_OK, "%s", dfl_errmsg());
+        dfl_target_state s;
+        CHECK(target_state_init(&s, &m, ctx, NP > a.block ? NP : a.block, 1) == DFL_OK, "%s", dfl_errmsg());
         CHECK(anydrafter_state_init(&a, &m, ctx, &dif) == DFL_OK && anydrafter_state_bytes(&a) > 0, "%s",
               dfl_errmsg());
         CHECK(n_ids == dif.n_feature_layers && memcmp(ids, dif.feature_layers, (size_t)n_ids * sizeof *ids) == 0,
@@ -63,10 +63,10 @@ static void kinds(void) {
         dfl_gen_stats st;
         dfl_gen_opts ar = {.max_new = N_GEN, .ignore_eos = 1}, sp = {.max_new = N_GEN, .block = a.block, .ignore_eos = 1};
         CHECK(spec_generate(&s, NULL, prompt, NP, &ar, truth, &st, NULL, NULL) == DFL_OK, "%s", dfl_errmsg());
-        state_reset(&s);
+        target_state_reset(&s);
         CHECK(spec_generate(&s, &dif, prompt, NP, &sp, out, &st, NULL, NULL) == DFL_OK, "%s", dfl_errmsg());
         CHECK(memcmp(truth, out, sizeof truth) == 0 && st.rounds > 0, "%s: speculative output != greedy", arg_copy);
-        state_free(&s);
+        target_state_free(&s);
         anydrafter_close(&a);
         model_close(&m);
     }

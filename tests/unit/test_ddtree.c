@@ -150,11 +150,11 @@ static void tree_exact(const char *target, const char *drafter) {
         return;
     }
     const int V = m.cfg.vocab, B = d.cfg.block_size, N = 24;
-    dfl_state s, c;
-    CHECK(state_init(&s, &m, NP + N + 2, N + 1, 1) == DFL_OK && state_enable_tree(&s, N + 1) == DFL_OK, "tree state");
-    CHECK(state_init(&c, &m, NP + N + 2, N + 1, 0) == DFL_OK, "chain state");
-    dfl_dstate ds;
-    CHECK(dstate_init(&ds, &d, &m, NP + N + 2, B) == DFL_OK, "dstate");
+    dfl_target_state s, c;
+    CHECK(target_state_init(&s, &m, NP + N + 2, N + 1, 1) == DFL_OK && target_state_enable_tree(&s, N + 1) == DFL_OK, "tree state");
+    CHECK(target_state_init(&c, &m, NP + N + 2, N + 1, 0) == DFL_OK, "chain state");
+    dfl_drafter_state ds;
+    CHECK(drafter_state_init(&ds, &d, &m, NP + N + 2, B) == DFL_OK, "dstate");
     /* drafter distributions for the block after the prompt */
     float *logits = malloc((size_t)(N + 1) * V * sizeof(float)), *cl = malloc((size_t)V * sizeof(float));
     float *dl = malloc((size_t)B * V * sizeof(float));
@@ -176,7 +176,7 @@ static void tree_exact(const char *target, const char *drafter) {
         int32_t path[64];
         int dep = t.depth[i], x = i;
         for (int j = dep; j >= 0; j--) path[j] = t.token[x], x = t.parent[x];
-        state_reset(&c);
+        target_state_reset(&c);
         model_forward(&c, prompt, NP, NULL, 0, NULL);
         model_forward(&c, path, dep + 1, cl, 1, NULL);
         exact &= memcmp(cl, logits + (size_t)i * V, (size_t)V * sizeof(float)) == 0;
@@ -193,7 +193,7 @@ static void tree_exact(const char *target, const char *drafter) {
         for (int q = 1; q < t.n && t.depth[y] == 2 && !done; q++)
             if (t.depth[q] == 1 && q != t.parent[y] && q < y) {
                 const int bad[3] = {0, q, y};
-                CHECK(state_tree_commit(&s, bad, 3) == DFL_ERR, "%s: a commit through a non-parent must fail", target);
+                CHECK(target_state_tree_commit(&s, bad, 3) == DFL_ERR, "%s: a commit through a non-parent must fail", target);
                 done = 1;
             }
     for (int leaf = 0; leaf < 2; leaf++) {
@@ -208,14 +208,14 @@ static void tree_exact(const char *target, const char *drafter) {
         len = t.depth[end] + 1;
         for (int k = len - 1, x = end; k >= 0; k--) path[k] = x, x = t.parent[x];
         if (leaf) { /* a fresh tree forward: the first commit used up the last one */
-            state_reset(&s);
+            target_state_reset(&s);
             model_forward(&s, prompt, NP, NULL, 0, NULL);
             CHECK(model_forward_tree(&s, t.token, t.parent, t.n, logits, NULL) == DFL_OK, "tree forward: %s",
                   dfl_errmsg());
         }
-        CHECK(state_tree_commit(&s, path, len) == DFL_OK, "commit: %s", dfl_errmsg());
+        CHECK(target_state_tree_commit(&s, path, len) == DFL_OK, "commit: %s", dfl_errmsg());
         for (int k = 0; k < len; k++) toks[k] = t.token[path[k]];
-        state_reset(&c);
+        target_state_reset(&c);
         model_forward(&c, prompt, NP, NULL, 0, NULL);
         model_forward(&c, toks, len, NULL, 0, NULL);
         model_forward(&c, &next, 1, cl, 1, NULL);
@@ -223,14 +223,14 @@ static void tree_exact(const char *target, const char *drafter) {
         CHECK(memcmp(cl, logits, (size_t)V * sizeof(float)) == 0, "%s: state after a tree commit ending at a %s != chain",
               target, leaf ? "leaf" : "node with children");
     }
-    CHECK(state_tree_commit(&s, path, len) == DFL_ERR, "a second commit must fail");
+    CHECK(target_state_tree_commit(&s, path, len) == DFL_ERR, "a second commit must fail");
     int badparent[2] = {-1, 1};
     CHECK(model_forward_tree(&s, toks, badparent, 2, NULL, NULL) == DFL_ERR, "parent after child must fail");
     ddtree_free(&t);
     free(logits), free(cl), free(dl), free(feat);
-    dstate_free(&ds);
-    state_free(&s);
-    state_free(&c);
+    drafter_state_free(&ds);
+    target_state_free(&s);
+    target_state_free(&c);
     drafter_close(&d);
     model_close(&m);
 }
@@ -244,23 +244,23 @@ static void tree_lossless(const char *target, const char *drafter) {
     }
     const int budgets[] = {1, 8, 64};
     const int maxN = 64, ctx = NP + NGEN + maxN + 1;
-    dfl_state s;
-    CHECK(state_init(&s, &m, ctx, maxN + 1, 1) == DFL_OK && state_enable_tree(&s, maxN + 1) == DFL_OK, "state: %s",
+    dfl_target_state s;
+    CHECK(target_state_init(&s, &m, ctx, maxN + 1, 1) == DFL_OK && target_state_enable_tree(&s, maxN + 1) == DFL_OK, "state: %s",
           dfl_errmsg());
     int32_t truth[NGEN], out[NGEN];
     dfl_gen_stats st;
     dfl_gen_opts ar = {.max_new = NGEN, .ignore_eos = 1};
     spec_generate(&s, NULL, prompt, NP, &ar, truth, &st, NULL, NULL);
     for (int bi = 0; bi < 3; bi++) {
-        dfl_dstate ds;
-        dstate_init(&ds, &d, &m, ctx, d.cfg.block_size);
+        dfl_drafter_state ds;
+        drafter_state_init(&ds, &d, &m, ctx, d.cfg.block_size);
         dfl_draft_if dif = spec_dflash_drafter(&ds);
         dfl_gen_opts o = {.max_new = NGEN, .block = d.cfg.block_size, .ignore_eos = 1, .tree_budget = budgets[bi]};
-        state_reset(&s);
+        target_state_reset(&s);
         CHECK(spec_generate(&s, &dif, prompt, NP, &o, out, &st, NULL, NULL) == DFL_OK, "ddtree: %s", dfl_errmsg());
         CHECK(memcmp(out, truth, sizeof truth) == 0, "%s DDTree-%d (random drafter): output differs from greedy", target,
               budgets[bi]);
-        dstate_free(&ds);
+        drafter_state_free(&ds);
     }
     /* oracles: full-depth acceptance; and the truth behind a decoy (accepted path off the first branch) */
     for (int mode = 0; mode < 2; mode++) {
@@ -272,7 +272,7 @@ static void tree_lossless(const char *target, const char *drafter) {
                 dfl_draft_if dif = {.ctx = &orc, .add_context = o_add, .draft = o_draft, .context_len = o_len,
                                     .feature_layers = &layer0, .n_feature_layers = 1};
                 dfl_gen_opts o = {.max_new = NGEN, .block = B, .ignore_eos = 1, .tree_budget = tree ? 32 : 0};
-                state_reset(&s);
+                target_state_reset(&s);
                 CHECK(spec_generate(&s, &dif, prompt, NP, &o, out, &st, NULL, NULL) == DFL_OK, "oracle: %s",
                       dfl_errmsg());
                 CHECK(memcmp(out, truth, sizeof truth) == 0, "%s oracle mode %d B %d tree %d: differs from greedy",
@@ -288,18 +288,18 @@ static void tree_lossless(const char *target, const char *drafter) {
     }
     /* bad input */
     dfl_gen_opts o = {.max_new = 4, .block = 4, .ignore_eos = 1, .tree_budget = DDTREE_MAX_BUDGET + 1};
-    dfl_dstate ds;
-    dstate_init(&ds, &d, &m, ctx, 4);
+    dfl_drafter_state ds;
+    drafter_state_init(&ds, &d, &m, ctx, 4);
     dfl_draft_if dif = spec_dflash_drafter(&ds);
-    state_reset(&s);
+    target_state_reset(&s);
     CHECK(spec_generate(&s, &dif, prompt, NP, &o, out, &st, NULL, NULL) == DFL_ERR && strstr(dfl_errmsg(), "budget"),
           "budget too large: %s", dfl_errmsg());
     o.tree_budget = 4;
     o.temperature = 1.0f;
     CHECK(spec_generate(&s, &dif, prompt, NP, &o, out, &st, NULL, NULL) == DFL_ERR && strstr(dfl_errmsg(), "greedy"),
           "tree with sampling: %s", dfl_errmsg());
-    dstate_free(&ds);
-    state_free(&s);
+    drafter_state_free(&ds);
+    target_state_free(&s);
     drafter_close(&d);
     model_close(&m);
 }

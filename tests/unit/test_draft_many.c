@@ -34,8 +34,8 @@ static void one(const char *target, const char *drafter_dir) {
     float *feat = malloc((size_t)CTX * nf * sizeof *feat);
     unsigned seed = 7;
     for (size_t i = 0; i < (size_t)CTX * nf; i++) feat[i] = frand(&seed);
-    dfl_dstate s;
-    CHECK(dstate_init(&s, &d, &m, CTX + 32, d.cfg.block_size) == DFL_OK, "%s", dfl_errmsg());
+    dfl_drafter_state s;
+    CHECK(drafter_state_init(&s, &d, &m, CTX + 32, d.cfg.block_size) == DFL_OK, "%s", dfl_errmsg());
     const int blocks[2] = {2, d.cfg.block_size};
     for (int bi = 0; bi < 2; bi++) {
         const int B = blocks[bi], nb = 5;
@@ -44,11 +44,11 @@ static void one(const char *target, const char *drafter_dir) {
         float *one_l = malloc((size_t)nb * (B - 1) * V * sizeof(float));
         float *many = malloc((size_t)nb * (B - 1) * V * sizeof(float));
         for (int b = 0; b < nb; b++) {
-            dstate_reset(&s);
+            drafter_state_reset(&s);
             CHECK(drafter_add_context(&s, feat, starts[b]) == DFL_OK, "%s", dfl_errmsg());
             CHECK(drafter_draft(&s, anchors[b], B, one_l + (size_t)b * (B - 1) * V) == DFL_OK, "%s", dfl_errmsg());
         }
-        dstate_reset(&s);
+        drafter_state_reset(&s);
         CHECK(drafter_add_context(&s, feat, CTX) == DFL_OK, "%s", dfl_errmsg());
         CHECK(drafter_draft_many(&s, anchors, starts, nb, B, many) == DFL_OK, "%s", dfl_errmsg());
         CHECK(memcmp(one_l, many, (size_t)nb * (B - 1) * V * sizeof(float)) == 0,
@@ -58,7 +58,7 @@ static void one(const char *target, const char *drafter_dir) {
         free(one_l), free(many);
     }
     free(feat);
-    dstate_free(&s);
+    drafter_state_free(&s);
     drafter_close(&d);
     model_close(&m);
 }

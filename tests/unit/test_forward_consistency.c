@@ -25,12 +25,12 @@ static void run(const char *name) {
     int32_t tok[T];
     for (int i = 0; i < T; i++) tok[i] = (int32_t)((i * 7919 + 13) % 900);
     float *full = malloc((size_t)T * V * sizeof(float)), *part = malloc((size_t)T * V * sizeof(float));
-    dfl_state s;
-    CHECK(state_init(&s, &m, T + 4, T, 1) == DFL_OK, "%s: state: %s", name, dfl_errmsg());
+    dfl_target_state s;
+    CHECK(target_state_init(&s, &m, T + 4, T, 1) == DFL_OK, "%s: state: %s", name, dfl_errmsg());
     CHECK(model_forward(&s, tok, T, full, 0, NULL) == DFL_OK, "%s: prefill", name);
 
     /* prefill(T-K) + K single decodes */
-    state_reset(&s);
+    target_state_reset(&s);
     model_forward(&s, tok, T - K, part, 0, NULL);
     int ok = same(part, full, (size_t)(T - K) * V);
     for (int i = T - K; i < T; i++) {
@@ -40,20 +40,20 @@ static void run(const char *name) {
     CHECK(ok, "%s: prefill(T) != prefill(T-k) + k decodes", name);
 
     /* prefill(T-K) + one K-token forward, logits of the last row only */
-    state_reset(&s);
+    target_state_reset(&s);
     model_forward(&s, tok, T - K, part, 1, NULL);
     model_forward(&s, tok + T - K, K, part, 1, NULL);
     CHECK(same(part, full + (size_t)(T - 1) * V, (size_t)V), "%s: prefill(T) != prefill(T-k) + k-token forward", name);
 
     /* rollback to every position of a K-token forward, then continue to T */
     for (int keep = T - K; keep <= T; keep++) {
-        state_reset(&s);
+        target_state_reset(&s);
         model_forward(&s, tok, T - K, NULL, 0, NULL);
         int32_t junk[K];
         memcpy(junk, tok + T - K, sizeof junk);
         for (int j = keep - (T - K); j < K; j++) junk[j] = (junk[j] + 101) % 900; /* rejected drafts differ */
         model_forward(&s, junk, K, NULL, 0, NULL);
-        CHECK(state_rollback(&s, keep) == DFL_OK, "%s: rollback to %d: %s", name, keep, dfl_errmsg());
+        CHECK(target_state_rollback(&s, keep) == DFL_OK, "%s: rollback to %d: %s", name, keep, dfl_errmsg());
         CHECK(s.n_past == keep, "%s: n_past %d after rollback to %d", name, s.n_past, keep);
         if (keep < T) {
             model_forward(&s, tok + keep, T - keep, part, 0, NULL);
@@ -61,30 +61,30 @@ static void run(const char *name) {
                   "%s: rollback to %d then continuing differs from the straight run", name, keep);
         }
     }
-    CHECK(state_rollback(&s, 3) == DFL_ERR, "%s: rollback before the recorded forward must fail", name);
+    CHECK(target_state_rollback(&s, 3) == DFL_ERR, "%s: rollback before the recorded forward must fail", name);
 
     /* a forward run with no_record keeps no record: same logits, and rollback into it is refused */
-    state_reset(&s);
+    target_state_reset(&s);
     model_forward(&s, tok, T - K, NULL, 0, NULL);
     s.no_record = 1;
     CHECK(model_forward(&s, tok + T - K, K, part, 0, NULL) == DFL_OK, "%s: unrecorded forward", name);
     s.no_record = 0;
     CHECK(same(part, full + (size_t)(T - K) * V, (size_t)K * V), "%s: an unrecorded forward changes the logits", name);
-    CHECK(state_rollback(&s, T - 1) == DFL_ERR && strstr(dfl_errmsg(), "no rollback record"),
+    CHECK(target_state_rollback(&s, T - 1) == DFL_ERR && strstr(dfl_errmsg(), "no rollback record"),
           "%s: rollback into an unrecorded forward: %s", name, dfl_errmsg());
-    CHECK(state_rollback(&s, T) == DFL_OK, "%s: rollback to n_past is a no-op", name);
+    CHECK(target_state_rollback(&s, T) == DFL_OK, "%s: rollback to n_past is a no-op", name);
 
     /* bad input: context overflow, token outside the vocabulary */
-    state_reset(&s);
+    target_state_reset(&s);
     CHECK(model_forward(&s, tok, T, NULL, 0, NULL) == DFL_OK, "refill");
     int32_t big[5] = {1, 2, 3, 4, 5};
     CHECK(model_forward(&s, big, 5, NULL, 0, NULL) == DFL_ERR && strstr(dfl_errmsg(), "context full"),
           "%s: overflow: %s", name, dfl_errmsg());
     int32_t bad = V + 3;
-    state_reset(&s);
+    target_state_reset(&s);
     CHECK(model_forward(&s, &bad, 1, NULL, 0, NULL) == DFL_ERR && strstr(dfl_errmsg(), "outside the vocabulary"),
           "%s: bad token: %s", name, dfl_errmsg());
-    state_free(&s);
+    target_state_free(&s);
     free(full);
     free(part);
     model_close(&m);

@@ -46,20 +46,20 @@ static void lossless(const char *fixture, const int32_t *prompt, int NP) {
         return;
     }
     CHECK(mtp_open(&h, m.dir, &m, 0) == DFL_OK, "open: %s", dfl_errmsg());
-    dfl_state s;
-    CHECK(state_init(&s, &m, ctx, 33, 1) == DFL_OK, "state: %s", dfl_errmsg());
-    CHECK(state_enable_tree(&s, 33) == DFL_OK, "tree: %s", dfl_errmsg());
+    dfl_target_state s;
+    CHECK(target_state_init(&s, &m, ctx, 33, 1) == DFL_OK, "state: %s", dfl_errmsg());
+    CHECK(target_state_enable_tree(&s, 33) == DFL_OK, "tree: %s", dfl_errmsg());
     int32_t truth[N_GEN], out[N_GEN];
     dfl_gen_stats st;
     dfl_gen_opts ar = {.max_new = N_GEN, .ignore_eos = 1};
     CHECK(spec_generate(&s, NULL, prompt, NP, &ar, truth, &st, NULL, NULL) == DFL_OK, "ar: %s", dfl_errmsg());
     const struct { int block, budget; } runs[] = {{2, 0}, {4, 0}, {8, 0}, {4, 4}, {4, 16}, {8, 32}};
     for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
-        dfl_mstate ms;
-        CHECK(mstate_init(&ms, &h, &m, ctx, runs[i].block) == DFL_OK, "mstate: %s", dfl_errmsg());
+        dfl_mtp_state ms;
+        CHECK(mtp_state_init(&ms, &h, &m, ctx, runs[i].block) == DFL_OK, "mstate: %s", dfl_errmsg());
         dfl_draft_if dif = mtp_drafter_if(&ms);
         dfl_gen_opts o = {.max_new = N_GEN, .block = runs[i].block, .tree_budget = runs[i].budget, .ignore_eos = 1};
-        state_reset(&s);
+        target_state_reset(&s);
         CHECK(spec_generate(&s, &dif, prompt, NP, &o, out, &st, NULL, NULL) == DFL_OK, "spec: %s", dfl_errmsg());
         CHECK(st.generated == N_GEN && memcmp(out, truth, sizeof truth) == 0,
               "%s B=%d budget %d: MTP speculative output differs from greedy", fixture, runs[i].block,
@@ -67,7 +67,7 @@ static void lossless(const char *fixture, const int32_t *prompt, int NP) {
         CHECK(st.accepted > 0, "%s B=%d budget %d: no draft accepted", fixture, runs[i].block, runs[i].budget);
         CHECK(ms.n_ctx == s.n_past, "%s B=%d budget %d: MTP context %d != committed %d", fixture, runs[i].block,
               runs[i].budget, ms.n_ctx, s.n_past);
-        mstate_free(&ms);
+        mtp_state_free(&ms);
     }
     /* the same context added in one call or position by position drafts the same logits */
     const int H = m.cfg.hidden, V = m.cfg.vocab, L = m.cfg.n_layers, B = 4;
@@ -75,18 +75,18 @@ static void lossless(const char *fixture, const int32_t *prompt, int NP) {
     CHECK(H <= 128 && V <= 1024 && NP <= 9, "fixture sizes");
     const int layer = L - 1;
     dfl_capture cap = {.n_layers = 1, .layers = &layer, .out = feat};
-    state_reset(&s);
+    target_state_reset(&s);
     CHECK(model_forward(&s, prompt, NP, NULL, 1, &cap) == DFL_OK, "prefill: %s", dfl_errmsg());
-    dfl_mstate a, b;
-    CHECK(mstate_init(&a, &h, &m, ctx, B) == DFL_OK && mstate_init(&b, &h, &m, ctx, B) == DFL_OK, "%s", dfl_errmsg());
+    dfl_mtp_state a, b;
+    CHECK(mtp_state_init(&a, &h, &m, ctx, B) == DFL_OK && mtp_state_init(&b, &h, &m, ctx, B) == DFL_OK, "%s", dfl_errmsg());
     CHECK(mtp_add_context(&a, feat, prompt, NP) == DFL_OK, "%s", dfl_errmsg()); /* chunks of B rows inside */
     for (int p = 0; p < NP; p++) CHECK(mtp_add_context(&b, feat + (size_t)p * H, prompt + p, 1) == DFL_OK, "%s", dfl_errmsg());
     CHECK(mtp_draft(&a, truth[0], B, la) == DFL_OK && mtp_draft(&b, truth[0], B, lb) == DFL_OK, "%s", dfl_errmsg());
     CHECK(memcmp(la, lb, (size_t)(B - 1) * V * sizeof(float)) == 0, "chunked and per-position contexts differ");
     CHECK(mtp_draft(&a, V, B, la) == DFL_ERR, "an anchor outside the vocabulary is refused");
-    mstate_free(&a);
-    mstate_free(&b);
-    state_free(&s);
+    mtp_state_free(&a);
+    mtp_state_free(&b);
+    target_state_free(&s);
     mtp_close(&h);
     model_close(&m);
 }

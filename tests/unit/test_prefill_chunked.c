@@ -31,11 +31,11 @@ static void run(const char *name) {
     int32_t tok[T + EXTRA];
     for (int i = 0; i < T + EXTRA; i++) tok[i] = (int32_t)((i * 7919 + 13) % 900);
     float *a = malloc((size_t)(T + EXTRA) * V * sizeof(float)), *b = malloc((size_t)(T + EXTRA) * V * sizeof(float));
-    dfl_state s;
-    CHECK(state_init(&s, &m, T + EXTRA, T, 0) == DFL_OK, "%s: state: %s", name, dfl_errmsg());
+    dfl_target_state s;
+    CHECK(target_state_init(&s, &m, T + EXTRA, T, 0) == DFL_OK, "%s: state: %s", name, dfl_errmsg());
     CHECK(model_forward(&s, tok, T, a, 0, NULL) == DFL_OK, "%s: chunked prefill", name);
     for (int i = T; i < T + EXTRA; i++) model_forward(&s, tok + i, 1, a + (size_t)i * V, 0, NULL);
-    state_reset(&s);
+    target_state_reset(&s);
     for (int i = 0; i < T; i += STEP) model_forward(&s, tok + i, STEP, b + (size_t)i * V, 0, NULL);
     for (int i = T; i < T + EXTRA; i++) model_forward(&s, tok + i, 1, b + (size_t)i * V, 0, NULL);
     const double scale = max_abs(b, (size_t)(T + EXTRA) * V);
@@ -50,7 +50,7 @@ static void run(const char *name) {
           worst, scale);
     CHECK(argmax_diff == 0, "%s: %d positions with a different greedy token", name, argmax_diff);
     printf("test_prefill_chunked: %s max logit difference %.3g of %.3g\n", name, worst, scale);
-    state_free(&s);
+    target_state_free(&s);
     free(a);
     free(b);
     model_close(&m);

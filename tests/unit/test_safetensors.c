@@ -24,7 +24,7 @@ static const char *write_raw(const char *name, const char *header, uint64_t hlen
 
 static void expect_error(const char *name, const char *header, uint64_t hlen, size_t nd, const char *needle) {
     static unsigned char zeros[256];
-    st_model m = {0};
+    st_checkpoint m = {0};
     const char *p = write_raw(name, header, hlen, zeros, nd);
     int rc = st_open_file(&m, p);
     CHECK(rc == DFL_ERR, "%s: expected an error", name);
@@ -45,7 +45,7 @@ int main(void) {
         {.name = "c", .dtype = ST_F16, .ndim = 1, .shape = {2}, .data = f16},
     };
     CHECK(st_write(path, e, 3) == DFL_OK, "write: %s", dfl_errmsg());
-    st_model m = {0};
+    st_checkpoint m = {0};
     CHECK(st_open_file(&m, path) == DFL_OK, "open: %s", dfl_errmsg());
     CHECK(m.n_tensors == 3, "tensors %d", m.n_tensors);
     float out[6];
@@ -69,7 +69,7 @@ int main(void) {
         const char *hdr = "{\"u\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]},"
                           "\"x\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[1,9]}}";
         const char *p = write_raw("unaligned.safetensors", hdr, 0, data, sizeof data);
-        st_model u = {0};
+        st_checkpoint u = {0};
         CHECK(st_open_file(&u, p) == DFL_OK, "unaligned open: %s", dfl_errmsg());
         const st_tensor *x = st_find(&u, "x");
         CHECK(x && st_read_f32(x, 0, 2, out) == DFL_OK && out[0] == 1.25f && out[1] == -3.0f, "unaligned values");
@@ -88,7 +88,7 @@ int main(void) {
                           "\"e3\":{\"dtype\":\"BF16\",\"shape\":[0],\"data_offsets\":[4,4]},"
                           "\"e4\":{\"dtype\":\"U8\",\"shape\":[0],\"data_offsets\":[8,8]},"
                           "\"e5\":{\"dtype\":\"U8\",\"shape\":[0],\"data_offsets\":[0,0]}}";
-        st_model u = {0};
+        st_checkpoint u = {0};
         CHECK(st_open_file(&u, write_raw("empty.safetensors", hdr, 0, f32, 8)) == DFL_OK && u.n_tensors == 7,
               "empty tensors between others: %s", dfl_errmsg());
         st_close(&u);
@@ -97,7 +97,7 @@ int main(void) {
     {
         const char *hdr = "{\"__metadata__\":{\"format\":\"pt\"},\"x\":{\"dtype\":\"F32\",\"shape\":[1],"
                           "\"data_offsets\":[0,4]}}    ";
-        st_model u = {0};
+        st_checkpoint u = {0};
         CHECK(st_open_file(&u, write_raw("meta.safetensors", hdr, 0, f32, 4)) == DFL_OK, "metadata: %s", dfl_errmsg());
         st_close(&u);
     }
@@ -110,7 +110,7 @@ int main(void) {
         FILE *f = fopen(p, "wb");
         fwrite("abc", 1, 3, f);
         fclose(f);
-        st_model u = {0};
+        st_checkpoint u = {0};
         CHECK(st_open_file(&u, p) == DFL_ERR && strstr(dfl_errmsg(), "too short"), "3-byte file: %s", dfl_errmsg());
     }
     expect_error("hdrbig.safetensors", "{}", 1000, 0, "beyond the end of the file");
@@ -195,7 +195,7 @@ int main(void) {
         FILE *f = fopen(p, "w");
         fputs("{\"metadata\":{\"total_size\":999},\"weight_map\":{\"w.a\":\"s1.safetensors\",\"w.b\":\"s2.safetensors\"}}", f);
         fclose(f);
-        st_model s = {0};
+        st_checkpoint s = {0};
         CHECK(st_open_dir(&s, dir) == DFL_OK, "sharded: %s", dfl_errmsg());
         CHECK(s.n_files == 2 && s.n_tensors == 2 && st_find(&s, "w.b") && st_find(&s, "w.b")->file_index == 1,
               "sharded contents");

@@ -101,18 +101,18 @@ static int reference_f(int max_new, float temp, float top_p, int top_k, uint64_t
     if (model_open(&m, test_fixture("qwen3_tiny"), 0) != DFL_OK) return -1;
     if (drafter_open(&d, test_fixture("dflash_qwen3"), m.cfg.n_layers) != DFL_OK) return -1;
     const int B = d.cfg.block_size, ctx = NP + max_new;
-    dfl_state s;
-    dfl_dstate ds;
+    dfl_target_state s;
+    dfl_drafter_state ds;
     int rc = -1;
-    if (state_init(&s, &m, ctx, NP > B ? NP : B, 1) == DFL_OK) {
-        if (dstate_init(&ds, &d, &m, ctx, B) == DFL_OK) {
+    if (target_state_init(&s, &m, ctx, NP > B ? NP : B, 1) == DFL_OK) {
+        if (drafter_state_init(&ds, &d, &m, ctx, B) == DFL_OK) {
             dfl_draft_if dif = spec_dflash_drafter(&ds);
             dfl_gen_opts o = {.max_new = max_new, .block = B, .temperature = temp, .seed = seed,
                               .ignore_eos = ignore_eos, .top_p = top_p, .top_k = top_k};
             if (spec_generate(&s, &dif, prompt, NP, &o, out, st, NULL, NULL) == DFL_OK) rc = st->generated;
-            dstate_free(&ds);
+            drafter_state_free(&ds);
         }
-        state_free(&s);
+        target_state_free(&s);
     }
     drafter_close(&d);
     model_close(&m);
@@ -356,13 +356,13 @@ static double *ref_logprobs(const int32_t *seq, int n, int *V) {
     dfl_model m;
     if (model_open(&m, test_fixture("qwen3_tiny"), 0) != DFL_OK) return NULL;
     *V = m.cfg.vocab;
-    dfl_state s;
+    dfl_target_state s;
     float *lg = malloc((size_t)n * *V * sizeof *lg);
     double *out = malloc((size_t)n * *V * sizeof *out);
     int ok = 0;
-    if (lg && out && state_init(&s, &m, n, n, 0) == DFL_OK) {
+    if (lg && out && target_state_init(&s, &m, n, n, 0) == DFL_OK) {
         ok = model_forward(&s, seq, n, lg, 0, NULL) == DFL_OK;
-        state_free(&s);
+        target_state_free(&s);
     }
     for (int t = 0; t < n && ok; t++) {
         const float *row = lg + (size_t)t * *V;

@@ -69,8 +69,8 @@ static void lossless(const char *target, const char *drafter) {
         CHECK(0, "%s", dfl_errmsg());
         return;
     }
-    dfl_state s;
-    CHECK(state_init(&s, &m, NP + N_GEN + 1, 16, 1) == DFL_OK, "state: %s", dfl_errmsg());
+    dfl_target_state s;
+    CHECK(target_state_init(&s, &m, NP + N_GEN + 1, 16, 1) == DFL_OK, "state: %s", dfl_errmsg());
     int32_t truth[N_GEN], out[N_GEN];
     dfl_gen_stats st;
     dfl_gen_opts ar = {.max_new = N_GEN, .ignore_eos = 1};
@@ -86,16 +86,16 @@ static void lossless(const char *target, const char *drafter) {
     }
     const int blocks[] = {2, 3, have_d ? d.cfg.block_size : 0};
     for (int bi = 0; have_d && bi < 3; bi++) {
-        dfl_dstate ds;
-        CHECK(dstate_init(&ds, &d, &m, NP + N_GEN + 1, blocks[bi]) == DFL_OK, "dstate: %s", dfl_errmsg());
+        dfl_drafter_state ds;
+        CHECK(drafter_state_init(&ds, &d, &m, NP + N_GEN + 1, blocks[bi]) == DFL_OK, "dstate: %s", dfl_errmsg());
         dfl_draft_if dif = spec_dflash_drafter(&ds);
         dfl_gen_opts o = {.max_new = N_GEN, .block = blocks[bi], .ignore_eos = 1};
-        state_reset(&s);
+        target_state_reset(&s);
         CHECK(spec_generate(&s, &dif, prompt, NP, &o, out, &st, NULL, NULL) == DFL_OK, "spec: %s", dfl_errmsg());
         CHECK(st.generated == N_GEN && memcmp(out, truth, sizeof truth) == 0,
               "%s + %s, B=%d: speculative output differs from greedy", target, drafter, blocks[bi]);
         CHECK(ds.n_ctx == s.n_past, "%s: drafter context %d != committed %d", target, ds.n_ctx, s.n_past);
-        dstate_free(&ds);
+        drafter_state_free(&ds);
     }
     /* (b) the oracle: every acceptance length, and whole blocks accepted */
     for (int B = 2; B <= 16; B += (B < 4 ? 1 : 4)) {
@@ -104,7 +104,7 @@ static void lossless(const char *target, const char *drafter) {
         dfl_draft_if dif = {.ctx = &orc, .add_context = o_add, .draft = o_draft, .context_len = o_len,
                             .feature_layers = &layer0, .n_feature_layers = 1};
         dfl_gen_opts o = {.max_new = N_GEN, .block = B, .ignore_eos = 1};
-        state_reset(&s);
+        target_state_reset(&s);
         CHECK(spec_generate(&s, &dif, prompt, NP, &o, out, &st, NULL, NULL) == DFL_OK, "oracle: %s", dfl_errmsg());
         CHECK(memcmp(out, truth, sizeof truth) == 0, "%s oracle B=%d: output differs from greedy", target, B);
         CHECK(orc.checks_failed == 0, "%s oracle B=%d: anchor was not the committed token", target, B);
@@ -114,7 +114,7 @@ static void lossless(const char *target, const char *drafter) {
         CHECK(st.accepted > 0 && spec_tau(&st) >= 1.5, "%s oracle B=%d: tau %.2f", target, B, spec_tau(&st));
     }
     if (have_d) drafter_close(&d);
-    state_free(&s);
+    target_state_free(&s);
     model_close(&m);
 }
 
@@ -178,22 +178,22 @@ static void sampling(const char *target, const char *drafter) {
     int *cnt_md = calloc((size_t)K * V, sizeof(int)), *cnt_mo = calloc((size_t)K * V, sizeof(int));
     int *cnt_cool = calloc((size_t)K * V, sizeof(int));
     long acc_match = 0;
-    dfl_state s;
-    CHECK(state_init(&s, &m, NP + K + 16, 16, 1) == DFL_OK, "state: %s", dfl_errmsg());
-    dfl_dstate ds;
-    CHECK(dstate_init(&ds, &d, &m, NP + K + 1, 4) == DFL_OK, "dstate");
+    dfl_target_state s;
+    CHECK(target_state_init(&s, &m, NP + K + 16, 16, 1) == DFL_OK, "state: %s", dfl_errmsg());
+    dfl_drafter_state ds;
+    CHECK(drafter_state_init(&ds, &d, &m, NP + K + 1, 4) == DFL_OK, "dstate");
     int32_t out[K], truth[N_GEN] = {0};
     dfl_gen_stats st;
     dfl_gen_opts greedy = {.max_new = K, .ignore_eos = 1};
     spec_generate(&s, NULL, prompt, NP, &greedy, truth, &st, NULL, NULL); /* the oracle proposes these */
     for (int r = 0; r < RUNS; r++) {
         dfl_gen_opts o = {.max_new = K, .block = 4, .temperature = 1.5f, .seed = 1000 + (uint64_t)r, .ignore_eos = 1};
-        state_reset(&s);
+        target_state_reset(&s);
         spec_generate(&s, NULL, prompt, NP, &o, out, &st, NULL, NULL);
         for (int k = 0; k < K; k++) cnt_ar[k * V + out[k]]++;
         o.seed = 900000 + (uint64_t)r;
-        state_reset(&s);
-        dstate_reset(&ds);
+        target_state_reset(&s);
+        drafter_state_reset(&ds);
         dfl_draft_if dif = spec_dflash_drafter(&ds);
         CHECK(spec_generate(&s, &dif, prompt, NP, &o, out, &st, NULL, NULL) == DFL_OK, "spec sample: %s", dfl_errmsg());
         for (int k = 0; k < K; k++) cnt_sp[k * V + out[k]]++;
@@ -203,14 +203,14 @@ static void sampling(const char *target, const char *drafter) {
         dfl_draft_if odif = {.ctx = &orc, .add_context = o_add, .draft = o_draft, .context_len = o_len,
                              .feature_layers = &layer0, .n_feature_layers = 1};
         o.seed = 5000000 + (uint64_t)r;
-        state_reset(&s);
+        target_state_reset(&s);
         spec_generate(&s, &odif, prompt, NP, &o, out, &st, NULL, NULL);
         for (int k = 0; k < K; k++) cnt_or[k * V + out[k]]++;
         dfl_gen_opts om = o;
         om.accept_rule = DFL_ACCEPT_MATCH;
         om.seed = 7000000 + (uint64_t)r;
-        state_reset(&s);
-        dstate_reset(&ds);
+        target_state_reset(&s);
+        drafter_state_reset(&ds);
         dif = spec_dflash_drafter(&ds);
         CHECK(spec_generate(&s, &dif, prompt, NP, &om, out, &st, NULL, NULL) == DFL_OK && !strcmp(st.accept_rule, "match"),
               "match sample: %s", dfl_errmsg());
@@ -218,12 +218,12 @@ static void sampling(const char *target, const char *drafter) {
         om.temperature = 0.3f;
         om.seed = 8000000 + (uint64_t)r;
         orc = (oracle){.truth = truth, .n_prompt = NP, .V = V, .round = 0}; /* round 0: no draft corrupted */
-        state_reset(&s);
+        target_state_reset(&s);
         spec_generate(&s, &odif, prompt, NP, &om, out, &st, NULL, NULL);
         for (int k = 0; k < K; k++) cnt_mo[k * V + out[k]]++;
         acc_match += st.accepted;
         om.seed = 9000000 + (uint64_t)r;
-        state_reset(&s);
+        target_state_reset(&s);
         spec_generate(&s, NULL, prompt, NP, &om, out, &st, NULL, NULL);
         for (int k = 0; k < K; k++) cnt_cool[k * V + out[k]]++;
     }
@@ -249,7 +249,7 @@ static void sampling(const char *target, const char *drafter) {
     int *cnt_cold = calloc((size_t)V, sizeof(int));
     for (int r = 0; r < RUNS; r++) {
         dfl_gen_opts o = {.max_new = 1, .temperature = 0.5f, .seed = 77 + (uint64_t)r, .ignore_eos = 1};
-        state_reset(&s);
+        target_state_reset(&s);
         spec_generate(&s, NULL, prompt, NP, &o, out, &st, NULL, NULL);
         cnt_cold[out[0]]++;
     }
@@ -260,15 +260,15 @@ static void sampling(const char *target, const char *drafter) {
     int32_t o1[K], o2[K];
     dfl_gen_opts o = {.max_new = K, .block = 4, .temperature = 1.0f, .seed = 42, .ignore_eos = 1};
     for (int rep = 0; rep < 2; rep++) {
-        state_reset(&s);
-        dstate_reset(&ds);
+        target_state_reset(&s);
+        drafter_state_reset(&ds);
         dfl_draft_if dif = spec_dflash_drafter(&ds);
         spec_generate(&s, &dif, prompt, NP, &o, rep ? o2 : o1, &st, NULL, NULL);
     }
     CHECK(memcmp(o1, o2, sizeof o1) == 0, "%s: same seed gave different samples", target);
     free(cnt_ar), free(cnt_sp), free(cnt_or), free(cnt_cold), free(cnt_md), free(cnt_mo), free(cnt_cool);
-    dstate_free(&ds);
-    state_free(&s);
+    drafter_state_free(&ds);
+    target_state_free(&s);
     drafter_close(&d);
     model_close(&m);
 }
@@ -404,17 +404,17 @@ static void sampling_filtered(const char *target, const char *drafter, const fil
     dfl_drafter d;
     CHECK(drafter_open(&d, test_fixture(drafter), m.cfg.n_layers) == DFL_OK, "drafter: %s", dfl_errmsg());
     const int V = m.cfg.vocab, K = 3, RUNS = 1000;
-    dfl_state s;
-    CHECK(state_init(&s, &m, NP + K + 16, 16, 1) == DFL_OK, "state: %s", dfl_errmsg());
-    dfl_dstate ds;
-    CHECK(dstate_init(&ds, &d, &m, NP + K + 1, 4) == DFL_OK, "dstate");
+    dfl_target_state s;
+    CHECK(target_state_init(&s, &m, NP + K + 16, 16, 1) == DFL_OK, "state: %s", dfl_errmsg());
+    dfl_drafter_state ds;
+    CHECK(drafter_state_init(&ds, &d, &m, NP + K + 1, 4) == DFL_OK, "dstate");
     int32_t out[K], truth[N_GEN] = {0}, greedy_out[K];
     dfl_gen_stats st;
     dfl_gen_opts greedy = {.max_new = K, .ignore_eos = 1};
     spec_generate(&s, NULL, prompt, NP, &greedy, truth, &st, NULL, NULL); /* the oracle proposes these */
     /* greedy ignores the filters: the argmax always survives them */
     dfl_gen_opts gf = {.max_new = K, .ignore_eos = 1, .top_k = 3, .top_p = 0.5f};
-    state_reset(&s);
+    target_state_reset(&s);
     CHECK(spec_generate(&s, NULL, prompt, NP, &gf, greedy_out, &st, NULL, NULL) == DFL_OK &&
               memcmp(greedy_out, truth, sizeof greedy_out) == 0, "%s: top_k/top_p changed greedy decoding", target);
     enum { AR, PQ_D, PQ_O, M_D, M_O, AR_FULL, N_ARM };
@@ -439,8 +439,8 @@ static void sampling_filtered(const char *target, const char *drafter, const fil
                 int layer0 = 0;
                 dfl_draft_if odif = {.ctx = &orc, .add_context = o_add, .draft = o_draft, .context_len = o_len,
                                      .feature_layers = &layer0, .n_feature_layers = 1};
-                state_reset(&s);
-                dstate_reset(&ds);
+                target_state_reset(&s);
+                drafter_state_reset(&ds);
                 dfl_draft_if dif = spec_dflash_drafter(&ds);
                 dfl_draft_if *use = a == PQ_D || a == M_D ? &dif : a == PQ_O || a == M_O ? &odif : NULL;
                 CHECK(spec_generate(&s, use, prompt, NP, &o, out, &st, NULL, NULL) == DFL_OK, "%s: %s", arm_name[a],
@@ -477,15 +477,15 @@ static void sampling_filtered(const char *target, const char *drafter, const fil
     }
     /* bad settings name the field */
     dfl_gen_opts bad = {.max_new = K, .temperature = 1, .top_p = 1.5f, .ignore_eos = 1};
-    state_reset(&s);
+    target_state_reset(&s);
     CHECK(spec_generate(&s, NULL, prompt, NP, &bad, out, &st, NULL, NULL) == DFL_ERR && strstr(dfl_errmsg(), "top_p"),
           "top_p 1.5: %s", dfl_errmsg());
     bad.top_p = 0, bad.top_k = -1;
-    state_reset(&s);
+    target_state_reset(&s);
     CHECK(spec_generate(&s, NULL, prompt, NP, &bad, out, &st, NULL, NULL) == DFL_ERR && strstr(dfl_errmsg(), "top_k"),
           "top_k -1: %s", dfl_errmsg());
-    dstate_free(&ds);
-    state_free(&s);
+    drafter_state_free(&ds);
+    target_state_free(&s);
     drafter_close(&d);
     model_close(&m);
 }
@@ -495,8 +495,8 @@ static void bad_input(void) {
     dfl_drafter d;
     if (model_open(&m, test_fixture("qwen3_tiny"), 0) != DFL_OK) return;
     {
-        dfl_state s;
-        state_init(&s, &m, NP + 20, 16, 1);
+        dfl_target_state s;
+        target_state_init(&s, &m, NP + 20, 16, 1);
         int32_t truth[N_GEN] = {0}, out[N_GEN];
         oracle orc = {.truth = truth, .n_prompt = NP, .V = m.cfg.vocab};
         int layer0 = 0;
@@ -508,16 +508,16 @@ static void bad_input(void) {
         CHECK(spec_generate(&s, &dif, prompt, NP, &o, out, &st, NULL, NULL) == DFL_ERR &&
                   strstr(dfl_errmsg(), "the anchor must not be in it") && st.ctx_check_failures == 1,
               "a drafter context holding the anchor's position must be refused: %s", dfl_errmsg());
-        state_free(&s);
+        target_state_free(&s);
     }
     /* a drafter for another target: hidden size and layer ids do not fit */
     CHECK(drafter_open(&d, test_fixture("dflash_qwen35"), m.cfg.n_layers) == DFL_OK, "open: %s", dfl_errmsg());
     CHECK(drafter_check_target(&d, &m) == DFL_ERR && strstr(dfl_errmsg(), "hidden_size 128 != target hidden_size 64"),
           "misfit: %s", dfl_errmsg());
-    dfl_dstate ds;
-    CHECK(dstate_init(&ds, &d, &m, 10, d.cfg.block_size + 1) == DFL_ERR && strstr(dfl_errmsg(), "block size"),
+    dfl_drafter_state ds;
+    CHECK(drafter_state_init(&ds, &d, &m, 10, d.cfg.block_size + 1) == DFL_ERR && strstr(dfl_errmsg(), "block size"),
           "block too large: %s", dfl_errmsg());
-    CHECK(dstate_init(&ds, &d, &m, 10, 0) == DFL_ERR, "block 0");
+    CHECK(drafter_state_init(&ds, &d, &m, 10, 0) == DFL_ERR, "block 0");
     drafter_close(&d);
     CHECK(drafter_open(&d, test_fixture("qwen3_tiny"), 4) == DFL_ERR && strstr(dfl_errmsg(), "not a DFlash drafter"),
           "target as drafter: %s", dfl_errmsg());

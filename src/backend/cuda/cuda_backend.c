@@ -256,10 +256,20 @@ static int is_full(const dfl_config *g, int li) { return g->layer_types[li] == D
         if (!(p)) goto oom;                                                            \
     } while (0)
 
-static void cuda_state_free(dfl_state *s);
-static void cuda_state_reset(dfl_state *s);
+static void cuda_state_free(dfl_target_state *s);
+static void cuda_state_reset(dfl_target_state *s);
 
-static int cuda_state_init(dfl_state *s, const dfl_model *m, int max_ctx, int max_batch, int record) {
+/* inv_freq_i = theta^(-2i/rot), in float32 as the CPU backend computes it, to the device's dst. */
+static cudaError_t upload_inv_freq(float *dst, const dfl_config *g) {
+    float *inv = malloc(((size_t)g->rot_dim / 2 + 1) * sizeof(float));
+    if (!inv) return cudaErrorMemoryAllocation;
+    for (int i = 0; i < g->rot_dim / 2; i++) inv[i] = 1.0f / powf((float)g->rope_theta, (float)(2 * i) / (float)g->rot_dim);
+    const cudaError_t e = cudaMemcpy(dst, inv, (size_t)(g->rot_dim / 2) * sizeof(float), cudaMemcpyHostToDevice);
+    free(inv);
+    return e;
+}
+
+static int cuda_state_init(dfl_target_state *s, const dfl_model *m, int max_ctx, int max_batch, int record) {
     memset(s, 0, sizeof *s);
     const dfl_config *g = &m->cfg;
     if (max_ctx < 1 || max_batch < 1 || max_batch > max_ctx)
@@ -270,6 +280,10 @@ static int cuda_state_init(dfl_state *s, const dfl_model *m, int max_ctx, int ma
     const int L = g->n_layers, H = g->hidden, B = max_batch, C = m->conv_dim, Hv = g->lin_v_heads;
     const size_t kvw = (size_t)g->n_kv_heads * g->head_dim, win = (size_t)(g->conv_kernel - 1) * C;
     const size_t HS = (size_t)Hv * g->lin_k_dim * g->lin_v_dim;
+    const size_t qw = (size_t)(2 * g->n_heads * g->head_dim > C ? 2 * g->n_heads * g->head_dim : C);
+    const size_t aw = (size_t)(g->n_heads * g->head_dim > Hv * g->lin_v_dim ? g->n_heads * g->head_dim
+                                                                              : Hv * g->lin_v_dim);
+    cudaError_t e; /* declared before the first goto: the cleanup is reached from every allocation */
     float ***tabs[] = {&c->kc, &c->vc, &c->conv, &c->S, &c->conv0, &c->S0, &c->rqkv, &c->rab, &c->tconv, &c->tS};
     for (size_t i = 0; i < sizeof tabs / sizeof *tabs; i++)
         if (!(*tabs[i] = calloc((size_t)L, sizeof(float *)))) goto oom;
@@ -288,9 +302,6 @@ static int cuda_state_init(dfl_state *s, const dfl_model *m, int max_ctx, int ma
             DALLOC(c->rab[li], (size_t)2 * B * Hv);
         }
     }
-    const size_t qw = (size_t)(2 * g->n_heads * g->head_dim > C ? 2 * g->n_heads * g->head_dim : C);
-    const size_t aw = (size_t)(g->n_heads * g->head_dim > Hv * g->lin_v_dim ? g->n_heads * g->head_dim
-                                                                              : Hv * g->lin_v_dim);
     DALLOC(c->x, (size_t)B * H);
     DALLOC(c->xn, (size_t)B * H);
     DALLOC(c->q, (size_t)B * qw);
@@ -309,12 +320,7 @@ static int cuda_state_init(dfl_state *s, const dfl_model *m, int max_ctx, int ma
     DALLOC(c->pos, B);
     DALLOC(c->ids, B);
     DALLOC(c->bad, 1);
-    /* inv_freq_i = theta^(-2i/rot), in float32 as the CPU backend computes it */
-    float *inv = malloc(((size_t)g->rot_dim / 2 + 1) * sizeof(float));
-    if (!inv) goto oom;
-    for (int i = 0; i < g->rot_dim / 2; i++) inv[i] = 1.0f / powf((float)g->rope_theta, (float)(2 * i) / (float)g->rot_dim);
-    const cudaError_t e = cudaMemcpy(c->inv_freq, inv, (size_t)(g->rot_dim / 2) * sizeof(float), cudaMemcpyHostToDevice);
-    free(inv);
+    if ((e = upload_inv_freq(c->inv_freq, g)) == cudaErrorMemoryAllocation) goto oom;
     if (e != cudaSuccess) {
         cuda_state_free(s);
         return cu_fail(e, "inv_freq");
@@ -330,7 +336,7 @@ oom:;
                       gb, max_ctx, max_batch);
 }
 
-static void cuda_disable_tree(dfl_state *s) {
+static void cuda_disable_tree(dfl_target_state *s) {
     cu_state *c = s->dev;
     if (!c) return;
     pool_free(&c->tree_pool);
@@ -342,7 +348,7 @@ static void cuda_disable_tree(dfl_state *s) {
     s->tree_cap = s->tree_n = 0;
 }
 
-static void cuda_state_free(dfl_state *s) {
+static void cuda_state_free(dfl_target_state *s) {
     cu_state *c = s->dev;
     if (c) {
         cuda_disable_tree(s);
@@ -354,7 +360,7 @@ static void cuda_state_free(dfl_state *s) {
     memset(s, 0, sizeof *s);
 }
 
-static void cuda_state_reset(dfl_state *s) {
+static void cuda_state_reset(dfl_target_state *s) {
     cu_state *c = s->dev;
     const dfl_config *g = &s->m->cfg;
     const size_t win = (size_t)(g->conv_kernel - 1) * s->m->conv_dim;
@@ -369,7 +375,7 @@ static void cuda_state_reset(dfl_state *s) {
     s->tree_n = 0;
 }
 
-static int cuda_enable_tree(dfl_state *s, int max_nodes) {
+static int cuda_enable_tree(dfl_target_state *s, int max_nodes) {
     cu_state *c = s->dev;
     const dfl_model *m = s->m;
     const dfl_config *g = &m->cfg;
@@ -405,7 +411,7 @@ oom:;
 
 /* ---- forward ------------------------------------------------------------------------------- */
 
-static void attention_layer(dfl_state *s, int li, int n, int tree) {
+static void attention_layer(dfl_target_state *s, int li, int n, int tree) {
     cu_state *c = s->dev;
     const dfl_config *g = &s->m->cfg;
     const cu_layer *l = &((cu_model *)s->m->dev)->L[li];
@@ -425,7 +431,7 @@ static void attention_layer(dfl_state *s, int li, int n, int tree) {
 
 /* Conv, normalisation and recurrence of linear layer li over n rows of qkv (pre-conv): a chain
  * from S0 (NULL: S) into S, or a tree (c->par) into the node tables. */
-static void gdn_core(dfl_state *s, int li, float *qkv, const float *a, const float *b, int n, const float *S0,
+static void gdn_core(dfl_target_state *s, int li, float *qkv, const float *a, const float *b, int n, const float *S0,
                      float *out, int tree) {
     cu_state *c = s->dev;
     const dfl_model *m = s->m;
@@ -438,7 +444,7 @@ static void gdn_core(dfl_state *s, int li, float *qkv, const float *a, const flo
            l->dt_bias, c->S[li], S0, out, n, tree ? c->par : NULL, tree ? c->tS[li] : NULL));
 }
 
-static int linear_layer(dfl_state *s, int li, int n, int tree) {
+static int linear_layer(dfl_target_state *s, int li, int n, int tree) {
     cu_state *c = s->dev;
     const dfl_model *m = s->m;
     const dfl_config *g = &m->cfg;
@@ -468,7 +474,7 @@ static int linear_layer(dfl_state *s, int li, int n, int tree) {
     return DFL_OK;
 }
 
-static void mlp(dfl_state *s, int li, int n) {
+static void mlp(dfl_target_state *s, int li, int n) {
     cu_state *c = s->dev;
     const dfl_config *g = &s->m->cfg;
     const cu_layer *l = &((cu_model *)s->m->dev)->L[li];
@@ -481,7 +487,7 @@ static void mlp(dfl_state *s, int li, int n) {
 }
 
 /* The tree tables on the host (as the CPU backend), then the inputs to the device. */
-static int forward_prepare(dfl_state *s, const int32_t *tokens, const int *parent, int n) {
+static int forward_prepare(dfl_target_state *s, const int32_t *tokens, const int *parent, int n) {
     cu_state *c = s->dev; /* sizes, tokens and capture layers: checked by the model API */
     int32_t pos[n > 0 ? n : 1];
     if (parent) {
@@ -512,7 +518,7 @@ static int forward_prepare(dfl_state *s, const int32_t *tokens, const int *paren
 
 /* Logits of the last `rows` tokens on the device; their argmax and non-finite count; what the
  * caller asked for to the host. */
-static int forward_logits(dfl_state *s, const int32_t *tokens, const int *parent, int n, const dfl_fwd_out *o) {
+static int forward_logits(dfl_target_state *s, const int32_t *tokens, const int *parent, int n, const dfl_fwd_out *o) {
     cu_state *c = s->dev;
     const dfl_model *m = s->m;
     const dfl_config *g = &m->cfg;
@@ -550,7 +556,7 @@ static int forward_logits(dfl_state *s, const int32_t *tokens, const int *parent
     return DFL_OK;
 }
 
-static int cuda_forward(dfl_state *s, const int32_t *tokens, const int *parent, int n, const dfl_fwd_out *o) {
+static int cuda_forward(dfl_target_state *s, const int32_t *tokens, const int *parent, int n, const dfl_fwd_out *o) {
     cu_state *c = s->dev;
     const dfl_model *m = s->m;
     const dfl_config *g = &m->cfg;
@@ -585,7 +591,7 @@ static int cuda_forward(dfl_state *s, const int32_t *tokens, const int *parent, 
     return DFL_OK;
 }
 
-static int cuda_rollback(dfl_state *s, int keep) {
+static int cuda_rollback(dfl_target_state *s, int keep) {
     cu_state *c = s->dev;
     const dfl_model *m = s->m;
     const dfl_config *g = &m->cfg;
@@ -608,7 +614,7 @@ static int cuda_rollback(dfl_state *s, int keep) {
     return DFL_OK;
 }
 
-static int cuda_tree_commit(dfl_state *s, const int *path, int len) {
+static int cuda_tree_commit(dfl_target_state *s, const int *path, int len) {
     cu_state *c = s->dev;
     const dfl_model *m = s->m;
     const dfl_config *g = &m->cfg;
@@ -699,9 +705,9 @@ const dfl_backend dfl_backend_cuda = {
     .name = "cuda",
     .model_upload = cuda_model_upload,
     .model_release = cuda_model_release,
-    .state_init = cuda_state_init,
-    .state_free = cuda_state_free,
-    .state_reset = cuda_state_reset,
+    .target_state_init = cuda_state_init,
+    .target_state_free = cuda_state_free,
+    .target_state_reset = cuda_state_reset,
     .forward = cuda_forward,
     .rollback = cuda_rollback,
     .enable_tree = cuda_enable_tree,
