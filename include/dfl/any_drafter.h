@@ -22,11 +22,11 @@ typedef struct dfl_any_drafter {
                            * (DFlash, DFlash2) or DFL_MTP_DEFAULT_BLOCK (MTP) */
     dfl_drafter d;        /* DFlash / DFlash2 */
     dfl_mtp mtp;          /* MTP head */
-    dfl_drafter_state ds;        /* run state of d, after anydrafter_state_init */
-    dfl_mtp_state ms;        /* run state of mtp, after anydrafter_state_init */
+    dfl_drafter_state ds; /* run state of d, after anydrafter_state_init */
+    dfl_mtp_state ms;     /* run state of mtp, after anydrafter_state_init */
     int have_state;
-    int mtp_layer;        /* MTP: the target decoder layer its features come from (the last) */
-    uint64_t weight_bytes;/* bytes of the drafter's own tensors */
+    int mtp_layer;         /* MTP: the target decoder layer its features come from (the last) */
+    uint64_t weight_bytes; /* bytes of the drafter's own tensors */
 } dfl_any_drafter;
 
 /* Open the drafter arg names for target t (target_dir: what "mtp" means). block 0 = the default;

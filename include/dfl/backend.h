@@ -12,11 +12,7 @@
 
 #include <stdint.h>
 
-typedef enum dfl_device {
-    DFL_DEVICE_CPU = 0,
-    DFL_DEVICE_CUDA = 1,
-    DFL_DEVICE_COUNT
-} dfl_device;
+typedef enum dfl_device { DFL_DEVICE_CPU = 0, DFL_DEVICE_CUDA = 1, DFL_DEVICE_COUNT } dfl_device;
 
 struct dfl_model;
 struct dfl_target_state;
@@ -43,7 +39,8 @@ typedef struct dfl_backend {
     /* Put the model's weights where the backend computes (once per model); release them. */
     int (*model_upload)(struct dfl_model *m);
     void (*model_release)(struct dfl_model *m);
-    int (*target_state_init)(struct dfl_target_state *s, const struct dfl_model *m, int max_ctx, int max_batch, int record);
+    int (*target_state_init)(struct dfl_target_state *s, const struct dfl_model *m, int max_ctx, int max_batch,
+                             int record);
     void (*target_state_free)(struct dfl_target_state *s);
     void (*target_state_reset)(struct dfl_target_state *s);
     int (*forward)(struct dfl_target_state *s, const int32_t *tokens, const int *parent, int n, const dfl_fwd_out *out);

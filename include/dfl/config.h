@@ -28,69 +28,69 @@ typedef enum dfl_causal_field {
 
 typedef struct dfl_config {
     dfl_arch arch;
-    char model_type[64];     /* as written in config.json (top level) */
-    char architecture[96];   /* architectures[0], "" when absent */
-    int text_config;         /* 1 if the text settings came from "text_config" (VLM config) */
+    char model_type[64];   /* as written in config.json (top level) */
+    char architecture[96]; /* architectures[0], "" when absent */
+    int text_config;       /* 1 if the text settings came from "text_config" (VLM config) */
 
-    int hidden;              /* H */
-    int n_layers;            /* L */
-    int intermediate;        /* dense MLP inner size (0 when every layer is sparse) */
-    int n_heads;             /* Hq */
-    int n_kv_heads;          /* Hkv */
-    int head_dim;            /* hd */
-    int vocab;               /* V (0 for drafters: they use the target's) */
+    int hidden;       /* H */
+    int n_layers;     /* L */
+    int intermediate; /* dense MLP inner size (0 when every layer is sparse) */
+    int n_heads;      /* Hq */
+    int n_kv_heads;   /* Hkv */
+    int head_dim;     /* hd */
+    int vocab;        /* V (0 for drafters: they use the target's) */
     float rms_eps;
     double rope_theta;
-    float partial_rotary;    /* fraction of head_dim that rotates (1 for qwen3) */
-    int rot_dim;             /* head_dim * partial_rotary, even */
+    float partial_rotary; /* fraction of head_dim that rotates (1 for qwen3) */
+    int rot_dim;          /* head_dim * partial_rotary, even */
     /* What the architecture implies, derived once when the config is read (so that the forwards
      * test features, not model types): */
-    int attn_gate;           /* full attention has an output gate: q_proj rows [query | gate] per head */
-    int norm_plus_one;       /* RMSNorm weights are stored zero-centred: the multiplier is 1 + w */
+    int attn_gate;     /* full attention has an output gate: q_proj rows [query | gate] per head */
+    int norm_plus_one; /* RMSNorm weights are stored zero-centred: the multiplier is 1 + w */
     int tie_embeddings;
     int max_position;
     dfl_layer_type layer_types[DFL_MAX_LAYERS];
 
     /* Qwen3.5 linear attention (Gated DeltaNet) */
-    int lin_k_heads;         /* Hk */
-    int lin_v_heads;         /* Hv */
-    int lin_k_dim;           /* dk */
-    int lin_v_dim;           /* dv */
-    int conv_kernel;         /* K */
-    int mtp_layers;          /* mtp_num_hidden_layers (1 when absent, as vLLM reads it; mtp.* tensors decide
-                              * whether the checkpoint has an MTP head) */
+    int lin_k_heads; /* Hk */
+    int lin_v_heads; /* Hv */
+    int lin_k_dim;   /* dk */
+    int lin_v_dim;   /* dv */
+    int conv_kernel; /* K */
+    int mtp_layers;  /* mtp_num_hidden_layers (1 when absent, as vLLM reads it; mtp.* tensors decide
+                      * whether the checkpoint has an MTP head) */
 
     /* Mixture of experts (qwen3_moe, qwen3_5_moe): n_experts == 0 for dense models */
-    int n_experts;           /* E: routed experts per sparse layer (num_experts) */
-    int n_experts_per_tok;   /* k: experts each token is routed to (num_experts_per_tok) */
-    int moe_intermediate;    /* inner size of one routed expert (moe_intermediate_size) */
-    int shared_intermediate; /* inner size of the gated shared expert; 0 = none (qwen3_moe) */
-    int norm_topk_prob;      /* renormalise the k routing weights to sum 1 (always for qwen3_5_moe) */
+    int n_experts;                           /* E: routed experts per sparse layer (num_experts) */
+    int n_experts_per_tok;                   /* k: experts each token is routed to (num_experts_per_tok) */
+    int moe_intermediate;                    /* inner size of one routed expert (moe_intermediate_size) */
+    int shared_intermediate;                 /* inner size of the gated shared expert; 0 = none (qwen3_moe) */
+    int norm_topk_prob;                      /* renormalise the k routing weights to sum 1 (always for qwen3_5_moe) */
     unsigned char moe_layer[DFL_MAX_LAYERS]; /* 1: sparse MoE block, 0: dense MLP (qwen3_moe's
-                                               * decoder_sparse_step and mlp_only_layers) */
+                                              * decoder_sparse_step and mlp_only_layers) */
 
     /* DFlash drafter */
     int block_size;
     int mask_token_id;
-    int n_target_layers;     /* num_target_layers (0 when absent) */
+    int n_target_layers; /* num_target_layers (0 when absent) */
     int target_layer_ids[DFL_MAX_LAYERS];
     int n_target_ids;
-    int target_ids_default;  /* 1 if target_layer_ids came from the default formula */
-    int sliding_window;      /* 0 = none */
+    int target_ids_default; /* 1 if target_layer_ids came from the default formula */
+    int sliding_window;     /* 0 = none */
     float input_embedding_scale;
     float output_multiplier;
     float final_logit_softcap; /* 0 = none */
     /* attention inside the block (docs/design.md §4), DFlash and DFlash2: -1 causal in sliding
      * layers only (unset: the default), 0 bidirectional everywhere, 1 causal everywhere */
     int causal;
-    int causal_field;        /* where causal came from: DFL_CAUSAL_UNSET, _IS_CAUSAL, _DFLASH_CONFIG */
+    int causal_field; /* where causal came from: DFL_CAUSAL_UNSET, _IS_CAUSAL, _DFLASH_CONFIG */
 
     /* DFlash2 drafter (architectures: DFlash2DraftModel; docs/dflash2.md); dflash2 = 0 for DFlash */
     int dflash2;
-    int conv_taps;           /* conv_kernel_size: taps of the grouped depthwise convolution */
-    int conv_group;          /* conv_group_size: channels sharing one dynamic coefficient */
-    int selector_rank;       /* R of the candidate selector's codebooks */
-    int selector_top_k;      /* K candidates per block position */
+    int conv_taps;      /* conv_kernel_size: taps of the grouped depthwise convolution */
+    int conv_group;     /* conv_group_size: channels sharing one dynamic coefficient */
+    int selector_rank;  /* R of the candidate selector's codebooks */
+    int selector_top_k; /* K candidates per block position */
 
     int eos_ids[DFL_MAX_EOS]; /* config.json eos_token_id, then config_load_eos's */
     int n_eos;

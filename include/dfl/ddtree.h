@@ -13,13 +13,13 @@
 #define DDTREE_MAX_NODES 4096
 
 typedef struct dfl_tree {
-    int n;            /* nodes, root included (n - 1 = draft nodes) */
-    int32_t *token;   /* [n] token of each node; node 0 is the root (the anchor) */
-    int *parent;      /* [n] parent node (-1 for the root); parents precede children */
-    int *depth;       /* [n] 0 for the root */
-    double *logp;     /* [n] log-probability of the node's prefix under the drafter */
-    uint16_t *rank;   /* [n] rank of the node's token among its depth's candidates */
-    int max_depth;    /* deepest node */
+    int n;          /* nodes, root included (n - 1 = draft nodes) */
+    int32_t *token; /* [n] token of each node; node 0 is the root (the anchor) */
+    int *parent;    /* [n] parent node (-1 for the root); parents precede children */
+    int *depth;     /* [n] 0 for the root */
+    double *logp;   /* [n] log-probability of the node's prefix under the drafter */
+    uint16_t *rank; /* [n] rank of the node's token among its depth's candidates */
+    int max_depth;  /* deepest node */
 } dfl_tree;
 
 /* Allocate a tree for up to budget draft nodes (<= DDTREE_MAX_NODES). */

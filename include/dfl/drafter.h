@@ -13,43 +13,43 @@
 #include "dfl/safetensors.h"
 
 typedef struct dfl_dlayer_w {
-    dfl_layer_type type;   /* DFL_LAYER_FULL (bidirectional in the block) or DFL_LAYER_SLIDING */
-    float *input_norm;     /* [H] */
-    float *post_norm;      /* [H] */
-    dfl_mat q_proj;        /* [Hq*hd, H] */
-    dfl_mat k_proj;        /* [Hkv*hd, H] */
-    dfl_mat v_proj;        /* [Hkv*hd, H] */
-    dfl_mat o_proj;        /* [H, Hq*hd] */
-    float *q_norm, *k_norm;/* [hd] */
-    dfl_mat gate, up;      /* [I, H] */
-    dfl_mat down;          /* [H, I] */
+    dfl_layer_type type;    /* DFL_LAYER_FULL (bidirectional in the block) or DFL_LAYER_SLIDING */
+    float *input_norm;      /* [H] */
+    float *post_norm;       /* [H] */
+    dfl_mat q_proj;         /* [Hq*hd, H] */
+    dfl_mat k_proj;         /* [Hkv*hd, H] */
+    dfl_mat v_proj;         /* [Hkv*hd, H] */
+    dfl_mat o_proj;         /* [H, Hq*hd] */
+    float *q_norm, *k_norm; /* [hd] */
+    dfl_mat gate, up;       /* [I, H] */
+    dfl_mat down;           /* [H, I] */
     /* DFlash2 (NULL / unbound for DFlash), G = H / conv_group_size groups, T = conv_kernel_size:
      * side 0 convolves a sublayer's input, side 1 its output */
-    float *attn_conv_base; /* [2, T, H] attention_conv.base_kernel */
-    dfl_mat attn_conv_proj;/* [2*T*G, H] attention_conv.kernel_projection: per-row deltas [2][T][G] */
-    float *mlp_conv_base;  /* [2, T, H] mlp_conv.base_kernel */
-    dfl_mat mlp_conv_proj; /* [2*T*G, H] mlp_conv.kernel_projection */
+    float *attn_conv_base;  /* [2, T, H] attention_conv.base_kernel */
+    dfl_mat attn_conv_proj; /* [2*T*G, H] attention_conv.kernel_projection: per-row deltas [2][T][G] */
+    float *mlp_conv_base;   /* [2, T, H] mlp_conv.base_kernel */
+    dfl_mat mlp_conv_proj;  /* [2*T*G, H] mlp_conv.kernel_projection */
 } dfl_dlayer_w;
 
 typedef struct dfl_drafter {
-    dfl_config cfg;        /* cfg.target_layer_ids resolved (default formula applied if needed) */
+    dfl_config cfg; /* cfg.target_layer_ids resolved (default formula applied if needed) */
     st_checkpoint st;
     char *dir;
-    const char *prefix;    /* "" or "model." */
-    dfl_mat fc;            /* [H, n_feat*H] */
-    float *hidden_norm;    /* [H] */
-    float *norm;           /* [H] final norm */
-    dfl_dlayer_w *layers;  /* [L_d] */
+    const char *prefix;   /* "" or "model." */
+    dfl_mat fc;           /* [H, n_feat*H] */
+    float *hidden_norm;   /* [H] */
+    float *norm;          /* [H] final norm */
+    dfl_dlayer_w *layers; /* [L_d] */
     /* DFlash2 candidate selector (unbound for DFlash), R = selector_rank */
-    dfl_mat sel_proj;      /* [R, H] candidate_selector.hidden_projection */
-    dfl_mat sel_pred;      /* [V, R] candidate_selector.predecessor_codebook */
-    dfl_mat sel_succ;      /* [V, R] candidate_selector.successor_codebook */
-    unsigned char *used;   /* [n_tensors] */
+    dfl_mat sel_proj;    /* [R, H] candidate_selector.hidden_projection */
+    dfl_mat sel_pred;    /* [V, R] candidate_selector.predecessor_codebook */
+    dfl_mat sel_succ;    /* [V, R] candidate_selector.successor_codebook */
+    unsigned char *used; /* [n_tensors] */
     uint64_t weight_bytes;
     /* block attention: cfg.causal is the setting in effect (drafter_set_causal may replace it) */
-    int causal_config;     /* the config's cfg.causal */
-    int causal_override;   /* 1: cfg.causal was set by drafter_set_causal */
-    char attn_desc[320];   /* drafter_attn_semantics */
+    int causal_config;   /* the config's cfg.causal */
+    int causal_override; /* 1: cfg.causal was set by drafter_set_causal */
+    char attn_desc[320]; /* drafter_attn_semantics */
 } dfl_drafter;
 
 /* Open a drafter checkpoint. n_target_layers resolves the default target_layer_ids when the
@@ -101,29 +101,29 @@ void drafter_attn_json(FILE *f, const dfl_drafter *d);
  * committed positions whose target features were added); the block's K/V are never cached. */
 typedef struct dfl_drafter_state {
     const dfl_drafter *d;
-    const dfl_model *t;   /* target: embedding and lm_head */
-    int max_ctx;          /* context positions */
-    int max_block;        /* block size B (tokens per draft forward) */
-    int n_ctx;            /* cached context positions = committed positions of the target */
-    float **k_ctx;        /* [Ld] [max_ctx, Hkv*hd] after k_norm and RoPE */
-    float **v_ctx;        /* [Ld] [max_ctx, Hkv*hd] */
+    const dfl_model *t; /* target: embedding and lm_head */
+    int max_ctx;        /* context positions */
+    int max_block;      /* block size B (tokens per draft forward) */
+    int n_ctx;          /* cached context positions = committed positions of the target */
+    float **k_ctx;      /* [Ld] [max_ctx, Hkv*hd] after k_norm and RoPE */
+    float **v_ctx;      /* [Ld] [max_ctx, Hkv*hd] */
     /* scratch */
-    float *ctx;           /* [max_block, H] context vectors being added (fc + hidden_norm) */
-    float *x, *xn;        /* [B, H] */
-    float *q;             /* [B, Hq*hd] */
-    float *kb, *vb;       /* [B, Hkv*hd] block keys/values */
-    float *att;           /* [B, Hq*hd] */
-    float *mlp1, *mlp2;   /* [B, I] */
-    float *scores;        /* [threads, max_ctx + B] */
-    float *inv_freq;      /* [hd/2] */
+    float *ctx;         /* [max_block, H] context vectors being added (fc + hidden_norm) */
+    float *x, *xn;      /* [B, H] */
+    float *q;           /* [B, Hq*hd] */
+    float *kb, *vb;     /* [B, Hkv*hd] block keys/values */
+    float *att;         /* [B, Hq*hd] */
+    float *mlp1, *mlp2; /* [B, I] */
+    float *scores;      /* [threads, max_ctx + B] */
+    float *inv_freq;    /* [hd/2] */
     /* DFlash2 (NULL for DFlash); K = selector_top_k */
-    float *cdelta;        /* [B, 2*T*G] convolution deltas of the sublayer being run */
-    float *conv;          /* [B, H] convolution output */
-    float *sel_h;         /* [B + 2, R] hidden_projection of the final hidden states; 2 rows scratch */
-    int32_t *cand;        /* [B, K] last draft: each position's candidates, best logit first */
-    float *cand_logit;    /* [B, K] their logits */
-    int32_t *walk;        /* [B] last draft: the selector's block (row k: the token at start+k+1) */
-    float *batch;         /* drafter_draft_many's activations [batch_rows, ...] (grown on demand) */
+    float *cdelta;     /* [B, 2*T*G] convolution deltas of the sublayer being run */
+    float *conv;       /* [B, H] convolution output */
+    float *sel_h;      /* [B + 2, R] hidden_projection of the final hidden states; 2 rows scratch */
+    int32_t *cand;     /* [B, K] last draft: each position's candidates, best logit first */
+    float *cand_logit; /* [B, K] their logits */
+    int32_t *walk;     /* [B] last draft: the selector's block (row k: the token at start+k+1) */
+    float *batch;      /* drafter_draft_many's activations [batch_rows, ...] (grown on demand) */
     int batch_rows;
     uint64_t bytes;
 } dfl_drafter_state;

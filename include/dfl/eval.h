@@ -10,10 +10,10 @@
 /* ---- prompt sets ----------------------------------------------------------------------- */
 
 typedef enum eval_format {
-    EVAL_FMT_GSM8K,   /* JSON lines with "question" */
-    EVAL_FMT_MTBENCH, /* JSON lines with "question_id" and "turns" (1 or 2 user turns) */
-    EVAL_FMT_JSONL,   /* JSON lines, the prompt in a named string field */
-    EVAL_FMT_TEXT,    /* one prompt per line */
+    EVAL_FMT_GSM8K,    /* JSON lines with "question" */
+    EVAL_FMT_MTBENCH,  /* JSON lines with "question_id" and "turns" (1 or 2 user turns) */
+    EVAL_FMT_JSONL,    /* JSON lines, the prompt in a named string field */
+    EVAL_FMT_TEXT,     /* one prompt per line */
     EVAL_FMT_MESSAGES, /* JSON lines with OpenAI "messages": [{"role", "content"}] */
     EVAL_FMT_SHAREGPT, /* JSON lines with ShareGPT "conversations": [{"from", "value"}] */
 } eval_format;
@@ -22,10 +22,10 @@ typedef struct eval_prompt {
     char *id;       /* "idx" / "id" / "question_id" field, or the 1-based line number */
     char *turns[2]; /* user turns (MT-Bench may have two) */
     int n_turns;
-    int line;       /* line in the file */
-    char *answer;   /* a reference response ("answer" or "response" field; messages / sharegpt: the
-                     * assistant turn after the first user turn), NULL if none: the dataset labels of
-                     * --train-metrics */
+    int line;     /* line in the file */
+    char *answer; /* a reference response ("answer" or "response" field; messages / sharegpt: the
+                   * assistant turn after the first user turn), NULL if none: the dataset labels of
+                   * --train-metrics */
 } eval_prompt;
 
 typedef struct eval_prompts {
@@ -56,11 +56,11 @@ void eval_prompts_free(eval_prompts *ps);
 
 enum { EVAL_PROTOCOL_NONE = 0, EVAL_PROTOCOL_ZLAB = 1 };
 enum { EVAL_ZLAB_GSM8K, EVAL_ZLAB_MATH500, EVAL_ZLAB_HUMANEVAL, EVAL_ZLAB_MBPP, EVAL_ZLAB_MTBENCH, EVAL_ZLAB_N };
-#define EVAL_ZLAB_SEED 42       /* _select_dataset: random.Random(42).shuffle */
-#define EVAL_ZLAB_MAX_NEW 2048  /* dflash cli.py --max-new-tokens default */
+#define EVAL_ZLAB_SEED 42      /* _select_dataset: random.Random(42).shuffle */
+#define EVAL_ZLAB_MAX_NEW 2048 /* dflash cli.py --max-new-tokens default */
 
-const char *eval_zlab_dataset_name(int d);   /* "gsm8k", "math500", "humaneval", "mbpp", "mt-bench" */
-int eval_zlab_dataset_parse(const char *s);  /* -1: unknown ("mtbench" is accepted too) */
+const char *eval_zlab_dataset_name(int d);  /* "gsm8k", "math500", "humaneval", "mbpp", "mt-bench" */
+int eval_zlab_dataset_parse(const char *s); /* -1: unknown ("mtbench" is accepted too) */
 /* The JSON members naming a dataset's prompt format ("field", and "suffix" or "template"). */
 void eval_zlab_format_json(FILE *f, int d);
 struct eval_opts;
@@ -76,30 +76,30 @@ int eval_zlab_load(eval_prompts *ps, const struct eval_opts *o, int *dataset);
  * written, read back, aggregated into eval_agg and reported. */
 typedef struct eval_result {
     char prompt_id[128];
-    char drafter[512];   /* "" for the autoregressive run */
-    char mode[32];       /* "ar", "chain" or "ddtree-N" */
-    int turn;            /* 0 or 1 (MT-Bench second turn) */
-    int rep;             /* repetition of a timed online run (--repeat): 0 is the first, the one the
-                          * statistics use; rows of later repetitions only add speedups over runs */
-    int act_bf16;        /* computed with bf16 activations (DFL_ACT=bf16, kn_act); 0: float32 */
-    int device;          /* the dfl_device (dfl/backend.h) the target ran on (--device); 0: the CPU */
-    int tokens;          /* generated tokens */
+    char drafter[512]; /* "" for the autoregressive run */
+    char mode[32];     /* "ar", "chain" or "ddtree-N" */
+    int turn;          /* 0 or 1 (MT-Bench second turn) */
+    int rep;           /* repetition of a timed online run (--repeat): 0 is the first, the one the
+                        * statistics use; rows of later repetitions only add speedups over runs */
+    int act_bf16;      /* computed with bf16 activations (DFL_ACT=bf16, kn_act); 0: float32 */
+    int device;        /* the dfl_device (dfl/backend.h) the target ran on (--device); 0: the CPU */
+    int tokens;        /* generated tokens */
     int rounds;
     long drafted, accepted;
     int max_block;
     long accept_hist[DFL_MAX_BLOCK + 1];
     long pos_drafted[DFL_MAX_BLOCK], pos_accepted[DFL_MAX_BLOCK];
     long tree_depth_sum;
-    double time_s;       /* decode time (prefill excluded) */
+    double time_s; /* decode time (prefill excluded) */
     double prefill_s, draft_s, verify_s, rollback_s;
-    int match;           /* speculative output equals the autoregressive one (1), differs (0), n/a (-1) */
-    int first_mismatch;  /* position of the first differing token, -1 */
-    char method[16];     /* "online": the loop ran on the target; "replay": drafter-only on the recorded truth */
-    char features[16];   /* "dfl", or "pipeline" (replayed on features from --features-from) */
+    int match;          /* speculative output equals the autoregressive one (1), differs (0), n/a (-1) */
+    int first_mismatch; /* position of the first differing token, -1 */
+    char method[16];    /* "online": the loop ran on the target; "replay": drafter-only on the recorded truth */
+    char features[16];  /* "dfl", or "pipeline" (replayed on features from --features-from) */
     long tree_nodes;
-    double modeled_s;    /* decode time modeled from costs measured in the run; < 0: none */
-    double modeled_ar_s; /* the autoregressive decode time of the same tokens, modeled alike; < 0: none */
-    const int *round_acc;/* accepted drafts per round (written, not parsed back); NULL: none */
+    double modeled_s;     /* decode time modeled from costs measured in the run; < 0: none */
+    double modeled_ar_s;  /* the autoregressive decode time of the same tokens, modeled alike; < 0: none */
+    const int *round_acc; /* accepted drafts per round (written, not parsed back); NULL: none */
     int n_round_acc;
 } eval_result;
 
@@ -124,11 +124,11 @@ int eval_result_device_check(const eval_result *r, int device, const char *where
  * the reading; good_end is then where the next line must go (the caller cuts the file there). */
 typedef struct eval_results {
     eval_result *r;
-    int32_t **ids;       /* [n] output ids (NULL without want_ids, or when a line has none) */
+    int32_t **ids; /* [n] output ids (NULL without want_ids, or when a line has none) */
     int *n_ids;
-    int *line;           /* [n] the line number of each */
+    int *line; /* [n] the line number of each */
     int n;
-    long good_end;       /* bytes of the complete lines (blank ones included) */
+    long good_end; /* bytes of the complete lines (blank ones included) */
 } eval_results;
 /* Read f (named path in messages). act >= 0: every line must have been computed in that
  * activation mode (eval_result_act_check). A complete line that does not parse is an error
@@ -138,24 +138,24 @@ void eval_results_free(eval_results *d);
 
 /* One response of an aggregate. */
 typedef struct eval_resp {
-    int line;            /* the index of its result in what eval_summarize read */
+    int line; /* the index of its result in what eval_summarize read */
     char prompt_id[128];
     int turn, tokens;
-    double tau;          /* (tokens - 1) / rounds (1 without rounds) */
-    int capped;          /* it reached the run's --max-new (eval_summary_outputs) */
-    int loop;            /* the period of the loop it ends in (eval_output_loops); 0: none, or no ids */
+    double tau; /* (tokens - 1) / rounds (1 without rounds) */
+    int capped; /* it reached the run's --max-new (eval_summary_outputs) */
+    int loop;   /* the period of the loop it ends in (eval_output_loops); 0: none, or no ids */
 } eval_resp;
 
 /* Aggregate of all responses of one drafter x mode (or of the autoregressive runs). */
 typedef struct eval_agg {
     char drafter[512], mode[32], method[16], features[16];
-    char label[600];     /* the drafter as tables show it: "(online)" / "(pipeline features)" marked */
-    int modeled;         /* responses with modeled times */
+    char label[600]; /* the drafter as tables show it: "(online)" / "(pipeline features)" marked */
+    int modeled;     /* responses with modeled times */
     double modeled_s, modeled_ar_s;
     long tree_nodes;
     int responses, tokens, rounds, mismatches, max_block;
     long drafted, accepted;
-    double tau_sum;      /* sum over responses of per-response tau */
+    double tau_sum; /* sum over responses of per-response tau */
     double time_s, ar_time_s;
     int ar_tokens;
     double draft_s, verify_s, rollback_s, prefill_s;
@@ -163,7 +163,7 @@ typedef struct eval_agg {
     long accept_hist[DFL_MAX_BLOCK + 1];
     long pos_drafted[DFL_MAX_BLOCK], pos_accepted[DFL_MAX_BLOCK];
     struct eval_resp *resp; /* each response of the first run, in the order read [responses] */
-    double *speedups;    /* per-response measured speedup (online rows with the AR row of the same prompt/turn) */
+    double *speedups;       /* per-response measured speedup (online rows with the AR row of the same prompt/turn) */
     int n_speedups;
     double *speedups_modeled; /* per-response modeled speedup (rows with modeled times) */
     int n_speedups_modeled;
@@ -178,14 +178,14 @@ typedef struct eval_agg {
 #define EVAL_BOOT_SEED 1
 /* A drafter whose τ is at most this accepts (nearly) nothing: summary.md and stderr alarm. */
 #define EVAL_TAU_DEAD 1.05
-#define EVAL_DEAD_HINT                                                                                  \
-    "check its target_layer_ids (the target layers it reads: dfl inspect DRAFTER --target T), its "     \
+#define EVAL_DEAD_HINT                                                                                 \
+    "check its target_layer_ids (the target layers it reads: dfl inspect DRAFTER --target T), its "    \
     "mask_token_id (the token its blocks are filled with in training), the target it was trained for " \
     "(hidden states of another checkpoint mean nothing to it) and its block attention (--block-attn)"
 
 /* One prompt's τ in a row: the mean over its turns of per-response (tokens - 1) / rounds. */
 typedef struct eval_ptau {
-    const char *id;      /* the prompt id (points into the results it came from) */
+    const char *id; /* the prompt id (points into the results it came from) */
     double tau;
 } eval_ptau;
 
@@ -225,12 +225,12 @@ typedef struct eval_cmp {
 } eval_cmp;
 
 typedef struct eval_summary {
-    eval_agg *agg;       /* agg[0] is the autoregressive baseline */
+    eval_agg *agg; /* agg[0] is the autoregressive baseline */
     int n_agg;
-    int n_prompts;       /* responses of the autoregressive run */
-    int act_bf16;        /* the responses were computed with bf16 activations (DFL_ACT=bf16) */
-    int device;          /* the dfl_device their target ran on (one per run: resume and merge check it) */
-    eval_cmp *cmp;       /* every other drafter against the first, per mode, method and features */
+    int n_prompts; /* responses of the autoregressive run */
+    int act_bf16;  /* the responses were computed with bf16 activations (DFL_ACT=bf16) */
+    int device;    /* the dfl_device their target ran on (one per run: resume and merge check it) */
+    eval_cmp *cmp; /* every other drafter against the first, per mode, method and features */
     int n_cmp;
     /* set by the caller for the reports (eval_summarize leaves them empty): */
     const struct cJSON *run;     /* what the run ran (run.json): summary.md's settings; NULL: unknown */
@@ -249,9 +249,9 @@ void eval_summary_outputs(eval_summary *s, const eval_result *results, int32_t *
                           int max_new);
 void eval_summary_free(eval_summary *s);
 /* Derived figures of one aggregate. */
-double eval_agg_tau(const eval_agg *a);        /* mean of per-response tau (z-lab's dataset tau) */
-double eval_agg_tau_tokens(const eval_agg *a); /* token-weighted: (tokens - responses) / rounds */
-double eval_agg_speedup(const eval_agg *a);    /* AR time per token / this time per token (measured); 0: n/a */
+double eval_agg_tau(const eval_agg *a);             /* mean of per-response tau (z-lab's dataset tau) */
+double eval_agg_tau_tokens(const eval_agg *a);      /* token-weighted: (tokens - responses) / rounds */
+double eval_agg_speedup(const eval_agg *a);         /* AR time per token / this time per token (measured); 0: n/a */
 double eval_agg_speedup_modeled(const eval_agg *a); /* the same from modeled times; 0: n/a */
 /* The 10th, 50th and 90th percentiles of v[0..n) (linear interpolation between order statistics,
  * as numpy's default) into q[3]; 0 when n >= 2, -1 (no spread) otherwise. */
@@ -288,8 +288,8 @@ int eval_prompt_set(const struct cJSON *prompts, char hash[24], char ids[24]);
 #define EVAL_TRAIN_ATTN_NONE (-9)
 
 typedef struct eval_progress {
-    int done, total;     /* prompts */
-    const char *what;    /* the prompt just finished */
+    int done, total;  /* prompts */
+    const char *what; /* the prompt just finished */
     double last_tau;
 } eval_progress;
 
@@ -297,7 +297,7 @@ typedef struct eval_progress {
  * a prompt (both turns) or, with --features, a saved truth. One process, the writer, keeps
  * results.jsonl and the reports; every process runs the units next hands it. */
 typedef struct eval_dist {
-    int writer;       /* this process writes results.jsonl and the reports (MPI rank 0) */
+    int writer; /* this process writes results.jsonl and the reports (MPI rank 0) */
     void *ud;
     /* writer only, once before any unit: the n units in run order, their names, weights (prompt
      * tokens plus --max-new per turn), whether results.jsonl holds all of their lines already, and
@@ -314,58 +314,58 @@ typedef struct eval_dist {
 } eval_dist;
 
 typedef struct eval_opts {
-    int protocol;                /* EVAL_PROTOCOL_ZLAB: z-lab's prompts, selection and template */
-    int zlab_dataset;            /* EVAL_ZLAB_*; -1: from --format or the fields */
-    const char *dump_prompts;    /* write each prompt (per turn) as JSON lines: text and token ids */
-    const char *dump_answer;     /* prompts only (no drafters): the first answer second turns are built on */
-    const char *target;          /* target checkpoint (with features_dir: optional, default the recorded one) */
+    int protocol;             /* EVAL_PROTOCOL_ZLAB: z-lab's prompts, selection and template */
+    int zlab_dataset;         /* EVAL_ZLAB_*; -1: from --format or the fields */
+    const char *dump_prompts; /* write each prompt (per turn) as JSON lines: text and token ids */
+    const char *dump_answer;  /* prompts only (no drafters): the first answer second turns are built on */
+    const char *target;       /* target checkpoint (with features_dir: optional, default the recorded one) */
     const char *drafters[EVAL_MAX_DRAFTERS];
     int n_drafters;
-    const char *prompts;         /* prompt file (not with features_dir) */
-    const char *tokenizer;       /* tokenizer.json or a directory holding one; NULL = the target's */
+    const char *prompts;   /* prompt file (not with features_dir) */
+    const char *tokenizer; /* tokenizer.json or a directory holding one; NULL = the target's */
     eval_format fmt;
     char field[128];
     int have_fmt, limit, max_new, chat, block, first_turn, resume, shard_i, shard_n, keep_going, max_ctx;
-    int max_new_set;             /* max_new was given (with features_dir it must equal the recorded one) */
+    int max_new_set;                      /* max_new was given (with features_dir it must equal the recorded one) */
     int budgets[EVAL_MAX_MODES], n_modes; /* 0 = chain, N = DDTree-N */
     double temperature;
-    int top_k;                   /* sampling filters at temperature > 0 (online): 0 = off */
-    double top_p;                /* 0 or 1 = off */
+    int top_k;    /* sampling filters at temperature > 0 (online): 0 = off */
+    double top_p; /* 0 or 1 = off */
     long seed;
-    int accept_rule;             /* dfl_accept_rule: at temperature > 0 (online) */
+    int accept_rule; /* dfl_accept_rule: at temperature > 0 (online) */
     const char *out;
     const char *reference, *reference_url;
     /* online: every drafter x mode runs the speculative loop on the target after an autoregressive
      * run (measured speedups). Otherwise replay: one recording run per prompt, every drafter x mode
      * replayed on it (modeled speedups). */
     int online;
-    int repeat;                  /* online: run the autoregressive and every speculative run of each prompt this
-                                  * many times (rows with rep 0..repeat-1): speedups with their spread over runs */
-    int check_ar;                /* replay: also run the target autoregressively, check the truth token for token */
-    int record_budget;           /* replay: the recording run's mode (drafter 1); -1 = the first mode,
-                                  * EVAL_RECORD_AUTO = chain rounds or decode steps, whichever is cheaper */
-    const char *save_features;   /* replay: write each truth and its features to this directory */
-    const int *save_layers;      /* ... also these layers (NULL: only the drafters'); n_save_layers -1 = all */
+    int repeat;                /* online: run the autoregressive and every speculative run of each prompt this
+                                * many times (rows with rep 0..repeat-1): speedups with their spread over runs */
+    int check_ar;              /* replay: also run the target autoregressively, check the truth token for token */
+    int record_budget;         /* replay: the recording run's mode (drafter 1); -1 = the first mode,
+                                * EVAL_RECORD_AUTO = chain rounds or decode steps, whichever is cheaper */
+    const char *save_features; /* replay: write each truth and its features to this directory */
+    const int *save_layers;    /* ... also these layers (NULL: only the drafters'); n_save_layers -1 = all */
     int n_save_layers;
-    const char *features_dir;    /* replay from saved features: no target forward */
-    const char *features_from;   /* also replay on features written by another pipeline (hidden-diff format) */
-    int cost_reps;               /* repetitions of each cost measurement (0 = no modeled speedup) */
+    const char *features_dir;  /* replay from saved features: no target forward */
+    const char *features_from; /* also replay on features written by another pipeline (hidden-diff format) */
+    int cost_reps;             /* repetitions of each cost measurement (0 = no modeled speedup) */
     /* --train-metrics (replay; docs/train-vs-serve.md): the training frameworks' metrics on each
      * truth (train.jsonl) and the "Training vs serving" report */
     int train_metrics;
-    int train_anchors;           /* random anchors per response (SpecForge's num_anchors, default 512) */
-    double train_gamma;          /* loss decay of the weighted accuracy (0: by block size) */
-    int train_topk;              /* the target's top-K kept for the expected acceptance (default 64) */
-    int train_batch;             /* at most this many anchors' blocks per drafter forward (0: automatic) */
-    int train_chat;              /* also score each response after its prompt in this template (dfl_chat), -1 */
-    int train_attn;              /* also score with this block attention (drafter_set_causal value) the
-                                  * drafters with sliding_attention layers, or EVAL_TRAIN_ATTN_NONE */
-    int block_attn;              /* the drafters' block attention (drafter_set_causal value; default
-                                  * DFL_BLOCK_ATTN_AUTO: each checkpoint's config) */
-    int device;                  /* dfl_device (dfl/backend.h) the target's forwards run on (--device; the
-                                  * drafters stay on the CPU); not with features_dir (no target forward) */
-    const eval_dist *dist;       /* spread over processes (NULL: this process runs every unit) */
-    FILE *log;                   /* warnings and per-run lines (NULL: quiet) */
+    int train_anchors;     /* random anchors per response (SpecForge's num_anchors, default 512) */
+    double train_gamma;    /* loss decay of the weighted accuracy (0: by block size) */
+    int train_topk;        /* the target's top-K kept for the expected acceptance (default 64) */
+    int train_batch;       /* at most this many anchors' blocks per drafter forward (0: automatic) */
+    int train_chat;        /* also score each response after its prompt in this template (dfl_chat), -1 */
+    int train_attn;        /* also score with this block attention (drafter_set_causal value) the
+                            * drafters with sliding_attention layers, or EVAL_TRAIN_ATTN_NONE */
+    int block_attn;        /* the drafters' block attention (drafter_set_causal value; default
+                            * DFL_BLOCK_ATTN_AUTO: each checkpoint's config) */
+    int device;            /* dfl_device (dfl/backend.h) the target's forwards run on (--device; the
+                            * drafters stay on the CPU); not with features_dir (no target forward) */
+    const eval_dist *dist; /* spread over processes (NULL: this process runs every unit) */
+    FILE *log;             /* warnings and per-run lines (NULL: quiet) */
     void (*on_progress)(void *ud, const eval_progress *p);
     void *progress_ud;
 } eval_opts;
@@ -381,8 +381,8 @@ int eval_record_mode_parse(const char *s, int *budget);
 int eval_opts_check(const eval_opts *o);
 
 typedef struct eval_outcome {
-    int mismatches;              /* speculative outputs (online) or truths (--check-ar) that differ */
-    int responses;               /* results written by this run */
+    int mismatches; /* speculative outputs (online) or truths (--check-ar) that differ */
+    int responses;  /* results written by this run */
 } eval_outcome;
 
 /* Run an evaluation into o->out (results.jsonl, summary.json, summary.md, plots; docs/eval.md).

@@ -24,10 +24,10 @@ enum {
 
 typedef struct dfl_jsonl {
     const char *path;
-    FILE *f;       /* NULL: a missing file read as empty */
+    FILE *f; /* NULL: a missing file read as empty */
     int flags;
-    int owned;     /* f was opened here: close() closes it */
-    char *line;    /* the current line, its "\n" or "\r\n" removed; may hold NUL bytes (see len) */
+    int owned;  /* f was opened here: close() closes it */
+    char *line; /* the current line, its "\n" or "\r\n" removed; may hold NUL bytes (see len) */
     size_t cap;
     size_t len;    /* bytes in line */
     int lineno;    /* 1-based, blank lines counted */

@@ -51,11 +51,7 @@ int kn_isa_parse(const char *name, kn_isa *out);
  * path: about half the compute of float32 FMAs, a third of the three-part split, at the cost of
  * bf16 rounding of the inputs (accuracy in bench/README.md). It needs AVX-512 BF16. Other weight
  * dtypes and the other kernels are unchanged. Batch independence holds in both. */
-typedef enum kn_act {
-    KN_ACT_F32,
-    KN_ACT_BF16,
-    KN_ACT_COUNT
-} kn_act;
+typedef enum kn_act { KN_ACT_F32, KN_ACT_BF16, KN_ACT_COUNT } kn_act;
 /* The mode now (DFL_ACT at start, else KN_ACT_F32). */
 kn_act kn_act_get(void);
 /* DFL_ERR (message set) when the CPU lacks AVX-512 BF16 for KN_ACT_BF16. Call between kernels. */
@@ -118,20 +114,20 @@ void kn_axpy_rows(float *y, size_t ldy, const float *w, size_t ldw, int G, const
  * computed by the same operations whatever the threads or the batch. */
 typedef struct kn_attn_io {
     int n, n_heads, n_kv_heads, head_dim;
-    const float *q;      /* query of (r, h) at q + r*ldq + h*ldqh [head_dim] */
+    const float *q; /* query of (r, h) at q + r*ldq + h*ldqh [head_dim] */
     size_t ldq, ldqh;
-    const float *gate;   /* NULL, or the output gate of (r, h) at gate + r*ldq + h*ldqh [head_dim] */
-    float *out;          /* [n][n_heads * head_dim] */
-    const float *k, *v;  /* cache: key/value head g of position j at k + j*ldkv + g*head_dim */
+    const float *gate;    /* NULL, or the output gate of (r, h) at gate + r*ldq + h*ldqh [head_dim] */
+    float *out;           /* [n][n_heads * head_dim] */
+    const float *k, *v;   /* cache: key/value head g of position j at k + j*ldkv + g*head_dim */
     const float *kb, *vb; /* NULL, or the blocks' own keys/values [n][ldkv] */
     size_t ldkv;
-    int block;           /* rows per block (n for a plain causal batch) */
-    const int *starts;   /* [n / block] first position of each block */
+    int block;         /* rows per block (n for a plain causal batch) */
+    const int *starts; /* [n / block] first position of each block */
     int causal, window;
     const unsigned char *tree; /* NULL, or [n][ldtree] visibility of the block's keys */
     size_t ldtree;
-    float *scores;       /* scratch [omp threads][n_heads / n_kv_heads][ldsc] */
-    size_t ldsc;         /* >= starts[b] + block for every block */
+    float *scores; /* scratch [omp threads][n_heads / n_kv_heads][ldsc] */
+    size_t ldsc;   /* >= starts[b] + block for every block */
 } kn_attn_io;
 void kn_attention(const kn_attn_io *a);
 
@@ -211,7 +207,7 @@ typedef struct kn_gdn_io {
     const float *q, *k, *v;
     size_t ld;
     const float *g, *beta;
-    float *out;  /* o_t at out + t*ldo [dv], or NULL (state only) */
+    float *out; /* o_t at out + t*ldo [dv], or NULL (state only) */
     size_t ldo;
     const float *S0; /* state [dk][dv] to start from, left unchanged (NULL: S itself); a tree
                       * node continues its parent's state without copying it first */
@@ -249,13 +245,13 @@ typedef struct kn_gdn_tree {
  * node. Threaded over heads. */
 typedef struct kn_gdn_heads_io {
     int n, Hk, Hv, dk, dv;
-    const float *qkv;  /* token t: q [Hk][dk] | k [Hk][dk] | v [Hv][dv] at qkv + t*ld (q, k normalised) */
+    const float *qkv; /* token t: q [Hk][dk] | k [Hk][dk] | v [Hv][dv] at qkv + t*ld (q, k normalised) */
     size_t ld;
-    const float *ab;   /* [n][2*Hv] raw a | b projections (kn_gdn_gates) */
+    const float *ab;                  /* [n][2*Hv] raw a | b projections (kn_gdn_gates) */
     const float *neg_exp_A, *dt_bias; /* [Hv] */
-    float *S;          /* [Hv][dk][dv] */
-    const float *S0;   /* chain only: [Hv][dk][dv] or NULL */
-    float *out;        /* [n][Hv*dv] or NULL (state only) */
+    float *S;                         /* [Hv][dk][dv] */
+    const float *S0;                  /* chain only: [Hv][dk][dv] or NULL */
+    float *out;                       /* [n][Hv*dv] or NULL (state only) */
     int chunked;
     const kn_gdn_tree *tree; /* NULL: a chain */
 } kn_gdn_heads_io;

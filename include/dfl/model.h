@@ -20,71 +20,75 @@ typedef enum dfl_layout {
 
 /* Tensor components of a checkpoint, for the anatomy report. */
 typedef enum dfl_component {
-    DFL_COMP_TEXT, DFL_COMP_VISION, DFL_COMP_MTP, DFL_COMP_OTHER, DFL_COMP_COUNT
+    DFL_COMP_TEXT,
+    DFL_COMP_VISION,
+    DFL_COMP_MTP,
+    DFL_COMP_OTHER,
+    DFL_COMP_COUNT
 } dfl_component;
 
 typedef struct dfl_layer_w {
     dfl_layer_type type;
-    float *input_norm;   /* [H] effective multiplier (Qwen3.5: 1 + w) */
-    float *post_norm;    /* [H] */
+    float *input_norm; /* [H] effective multiplier (Qwen3.5: 1 + w) */
+    float *post_norm;  /* [H] */
     /* full attention */
-    dfl_mat q_proj;      /* [Hq*hd, H], Qwen3.5: [Hq*hd*2, H] = per head [query | gate] */
-    dfl_mat k_proj;      /* [Hkv*hd, H] */
-    dfl_mat v_proj;      /* [Hkv*hd, H] */
-    dfl_mat o_proj;      /* [H, Hq*hd] */
-    float *q_norm;       /* [hd] */
-    float *k_norm;       /* [hd] */
+    dfl_mat q_proj; /* [Hq*hd, H], Qwen3.5: [Hq*hd*2, H] = per head [query | gate] */
+    dfl_mat k_proj; /* [Hkv*hd, H] */
+    dfl_mat v_proj; /* [Hkv*hd, H] */
+    dfl_mat o_proj; /* [H, Hq*hd] */
+    float *q_norm;  /* [hd] */
+    float *k_norm;  /* [hd] */
     /* linear attention (Gated DeltaNet) */
-    dfl_mat in_qkv;      /* [2*Hk*dk + Hv*dv, H] */
-    dfl_mat in_z;        /* [Hv*dv, H] */
-    dfl_mat in_b;        /* [Hv, H] */
-    dfl_mat in_a;        /* [Hv, H] */
-    dfl_mat out_proj;    /* [H, Hv*dv] */
-    float *conv_w;       /* [conv_dim, K] */
-    float *neg_exp_A;    /* [Hv] = -exp(A_log) */
-    float *dt_bias;      /* [Hv] */
-    float *gnorm;        /* [dv] plain multiplier of the gated RMSNorm */
+    dfl_mat in_qkv;   /* [2*Hk*dk + Hv*dv, H] */
+    dfl_mat in_z;     /* [Hv*dv, H] */
+    dfl_mat in_b;     /* [Hv, H] */
+    dfl_mat in_a;     /* [Hv, H] */
+    dfl_mat out_proj; /* [H, Hv*dv] */
+    float *conv_w;    /* [conv_dim, K] */
+    float *neg_exp_A; /* [Hv] = -exp(A_log) */
+    float *dt_bias;   /* [Hv] */
+    float *gnorm;     /* [dv] plain multiplier of the gated RMSNorm */
     /* dense MLP (moe == 0) */
-    dfl_mat gate, up;    /* [I, H] */
-    dfl_mat down;        /* [H, I] */
+    dfl_mat gate, up; /* [I, H] */
+    dfl_mat down;     /* [H, I] */
     /* sparse MoE block (moe == 1); E experts of inner size Ie, shared expert of inner size Is */
     int moe;
-    dfl_mat router;      /* [E, H] mlp.gate */
-    dfl_mat *exp_gate;   /* [E] each [Ie, H]: views into the per-expert tensors or the fused
-                          * gate_up_proj [E, 2*Ie, H] (rows 0..Ie-1 of expert e) */
-    dfl_mat *exp_up;     /* [E] each [Ie, H] (fused: rows Ie..2*Ie-1) */
-    dfl_mat *exp_down;   /* [E] each [H, Ie] (fused: down_proj [E, H, Ie]) */
-    void *exp_owned;     /* private aligned copy of fused expert tensors stored unaligned */
-    int exp_fused;       /* 1: the checkpoint stores the experts fused (gate_up_proj / down_proj) */
+    dfl_mat router;         /* [E, H] mlp.gate */
+    dfl_mat *exp_gate;      /* [E] each [Ie, H]: views into the per-expert tensors or the fused
+                             * gate_up_proj [E, 2*Ie, H] (rows 0..Ie-1 of expert e) */
+    dfl_mat *exp_up;        /* [E] each [Ie, H] (fused: rows Ie..2*Ie-1) */
+    dfl_mat *exp_down;      /* [E] each [H, Ie] (fused: down_proj [E, H, Ie]) */
+    void *exp_owned;        /* private aligned copy of fused expert tensors stored unaligned */
+    int exp_fused;          /* 1: the checkpoint stores the experts fused (gate_up_proj / down_proj) */
     dfl_mat sh_gate, sh_up; /* [Is, H] shared expert */
-    dfl_mat sh_down;     /* [H, Is] */
-    dfl_mat sh_score;    /* [1, H] shared_expert_gate: the shared expert's output is scaled by
-                          * sigmoid(sh_score . x) */
+    dfl_mat sh_down;        /* [H, Is] */
+    dfl_mat sh_score;       /* [1, H] shared_expert_gate: the shared expert's output is scaled by
+                             * sigmoid(sh_score . x) */
 } dfl_layer_w;
 
 typedef struct dfl_model {
     dfl_config cfg;
-    dfl_quant quant;             /* config.json's quantization_config (fine-grained FP8), if any */
+    dfl_quant quant; /* config.json's quantization_config (fine-grained FP8), if any */
     st_checkpoint st;
     char *dir;
     dfl_layout layout;
-    const char *prefix;          /* text tensor prefix that matched, e.g. "model.language_model." */
-    dfl_mat embed;               /* [V, H] */
-    dfl_mat lm_head;             /* [V, H]; shares embed's data when tied */
-    float *final_norm;           /* [H] */
-    dfl_layer_w *layers;         /* [L] */
-    unsigned char *used;         /* [n_tensors] 1 if the forward reads the tensor */
+    const char *prefix;  /* text tensor prefix that matched, e.g. "model.language_model." */
+    dfl_mat embed;       /* [V, H] */
+    dfl_mat lm_head;     /* [V, H]; shares embed's data when tied */
+    float *final_norm;   /* [H] */
+    dfl_layer_w *layers; /* [L] */
+    unsigned char *used; /* [n_tensors] 1 if the forward reads the tensor */
     int comp_count[DFL_COMP_COUNT];
     uint64_t comp_bytes[DFL_COMP_COUNT];
-    uint64_t weight_bytes;       /* bytes of tensors the forward reads */
-    int eos_ids[DFL_MAX_EOS];    /* config + generation_config.json + tokenizer_config.json */
+    uint64_t weight_bytes;    /* bytes of tensors the forward reads */
+    int eos_ids[DFL_MAX_EOS]; /* config + generation_config.json + tokenizer_config.json */
     int n_eos;
-    int conv_dim;                /* 2*Hk*dk + Hv*dv */
-    uint64_t expert_params;      /* parameters of one routed expert summed over the sparse layers
-                                  * (3 * H * Ie per layer): total - (E - k) * this = active */
-    dfl_device device;           /* where the forward runs (model_use_device; DFL_DEVICE_CPU at open) */
-    const dfl_backend *be;       /* that device's backend */
-    void *dev;                   /* the backend's copy of the weights (NULL on the CPU) */
+    int conv_dim;           /* 2*Hk*dk + Hv*dv */
+    uint64_t expert_params; /* parameters of one routed expert summed over the sparse layers
+                             * (3 * H * Ie per layer): total - (E - k) * this = active */
+    dfl_device device;      /* where the forward runs (model_use_device; DFL_DEVICE_CPU at open) */
+    const dfl_backend *be;  /* that device's backend */
+    void *dev;              /* the backend's copy of the weights (NULL on the CPU) */
 } dfl_model;
 
 /* Known text-layer prefixes, tried in order; exactly one must match. */
@@ -108,84 +112,84 @@ const char *model_layout_name(dfl_layout l);
 /* Hidden-state capture: layer k = output of decoder layer k (transformers' hidden_states[k+1]). */
 typedef struct dfl_capture {
     int n_layers;
-    const int *layers;  /* decoder layer ids */
-    float *out;         /* [n_tokens][n_layers][H]; rows written at out + t*n_layers*H */
+    const int *layers; /* decoder layer ids */
+    float *out;        /* [n_tokens][n_layers][H]; rows written at out + t*n_layers*H */
 } dfl_capture;
 
 /* Scratch of a sparse MoE block over up to B tokens (k = experts per token); the target's forward
  * and the MTP head's layer each hold one. */
 typedef struct dfl_moe_buf {
-    float *logits;        /* [B, E] router logits, then probabilities */
-    int *idx;             /* [B, k] experts of each token, ascending expert id */
-    float *w;             /* [B, k] their routing weights */
-    int *rows;            /* [B * k] (token * k + slot) of each expert-sorted row */
-    int *count;           /* [2E + 1] rows per expert, then prefix offsets; fill cursors */
-    float *x;             /* [B * k, H] inputs gathered by expert */
-    float *y;             /* [B * k, H] expert outputs, same order */
-    float *sh;            /* [B] shared-expert gate logits */
+    float *logits; /* [B, E] router logits, then probabilities */
+    int *idx;      /* [B, k] experts of each token, ascending expert id */
+    float *w;      /* [B, k] their routing weights */
+    int *rows;     /* [B * k] (token * k + slot) of each expert-sorted row */
+    int *count;    /* [2E + 1] rows per expert, then prefix offsets; fill cursors */
+    float *x;      /* [B * k, H] inputs gathered by expert */
+    float *y;      /* [B * k, H] expert outputs, same order */
+    float *sh;     /* [B] shared-expert gate logits */
 } dfl_moe_buf;
 
 /* Run state of one sequence. */
 typedef struct dfl_target_state {
     const dfl_model *m;
-    int max_ctx;          /* positions the caches hold */
-    int max_batch;        /* tokens per forward call */
-    int n_past;           /* committed positions in the caches */
-    float **k_cache;      /* [L] full layers: [max_ctx, Hkv*hd] (NULL for linear layers) */
-    float **v_cache;      /* [L] */
-    float **conv_state;   /* [L] linear layers: [K-1, conv_dim], oldest first */
-    float **rec_state;    /* [L] linear layers: [Hv, dk, dv] */
+    int max_ctx;        /* positions the caches hold */
+    int max_batch;      /* tokens per forward call */
+    int n_past;         /* committed positions in the caches */
+    float **k_cache;    /* [L] full layers: [max_ctx, Hkv*hd] (NULL for linear layers) */
+    float **v_cache;    /* [L] */
+    float **conv_state; /* [L] linear layers: [K-1, conv_dim], oldest first */
+    float **rec_state;  /* [L] linear layers: [Hv, dk, dv] */
     /* Rollback record of the last forward (when `record`): each linear layer's state before it,
      * and its per-token recurrence inputs, so that the state after any prefix of the batch is
      * recomputed exactly (same code path) without snapshotting a state per token. */
-    int record;           /* the record buffers exist (target_state_init's record) */
-    int no_record;        /* set by the caller: the next forwards are never rolled back
-                           * (prefill, plain decode steps), so skip the record copies */
-    int rec_n_past;       /* n_past before the recorded forward */
-    int rec_n;            /* tokens in the recorded forward; -1: the last forward kept no record */
-    float **rec_conv0;    /* [L] [K-1, conv_dim] conv window before the forward */
-    float **rec_S0;       /* [L] [Hv, dk, dv] recurrent state before the forward */
-    float **rec_qkv;      /* [L] [max_batch, conv_dim] pre-conv projections */
-    float **rec_ab;       /* [L] [max_batch, 2*Hv] raw a | b projections */
+    int record;        /* the record buffers exist (target_state_init's record) */
+    int no_record;     /* set by the caller: the next forwards are never rolled back
+                        * (prefill, plain decode steps), so skip the record copies */
+    int rec_n_past;    /* n_past before the recorded forward */
+    int rec_n;         /* tokens in the recorded forward; -1: the last forward kept no record */
+    float **rec_conv0; /* [L] [K-1, conv_dim] conv window before the forward */
+    float **rec_S0;    /* [L] [Hv, dk, dv] recurrent state before the forward */
+    float **rec_qkv;   /* [L] [max_batch, conv_dim] pre-conv projections */
+    float **rec_ab;    /* [L] [max_batch, 2*Hv] raw a | b projections */
     /* tree verification (target_state_enable_tree): per-node linear-attention states */
-    int tree_cap;         /* max nodes per tree forward (0 = tree verification off) */
-    const int *tree_parent; /* during a tree forward: [n] parent node, -1 for the root */
-    int *tree_depth;      /* [tree_cap] depth of each node of the last tree forward */
-    unsigned char *tree_anc; /* [tree_cap, max_batch] 1 where node j is node i or its ancestor */
-    float **tree_conv;    /* [L] linear layers: [tree_cap, K-1, conv_dim] window after each node */
-    float **tree_S;       /* [L] linear layers: [tree_cap, Hv, dk, dv] state after each node that
-                           * has children (a leaf's state is not kept: target_state_tree_commit
-                           * recomputes it from its parent's, which saves a write of the whole
-                           * state per leaf and layer) */
-    float **tree_qkv;     /* [L] linear layers: [tree_cap, conv_dim] each leaf's conv output
-                           * (q, k normalised), the recomputation's input */
-    float **tree_ab;      /* [L] linear layers: [tree_cap, 2*Hv] each leaf's raw a | b */
-    int *tree_par;        /* [tree_cap] parent of each node of the last tree forward */
+    int tree_cap;             /* max nodes per tree forward (0 = tree verification off) */
+    const int *tree_parent;   /* during a tree forward: [n] parent node, -1 for the root */
+    int *tree_depth;          /* [tree_cap] depth of each node of the last tree forward */
+    unsigned char *tree_anc;  /* [tree_cap, max_batch] 1 where node j is node i or its ancestor */
+    float **tree_conv;        /* [L] linear layers: [tree_cap, K-1, conv_dim] window after each node */
+    float **tree_S;           /* [L] linear layers: [tree_cap, Hv, dk, dv] state after each node that
+                               * has children (a leaf's state is not kept: target_state_tree_commit
+                               * recomputes it from its parent's, which saves a write of the whole
+                               * state per leaf and layer) */
+    float **tree_qkv;         /* [L] linear layers: [tree_cap, conv_dim] each leaf's conv output
+                               * (q, k normalised), the recomputation's input */
+    float **tree_ab;          /* [L] linear layers: [tree_cap, 2*Hv] each leaf's raw a | b */
+    int *tree_par;            /* [tree_cap] parent of each node of the last tree forward */
     unsigned char *tree_kept; /* [tree_cap] 1 where the node has children: tree_S holds its state */
-    float *tree_scratch;  /* [tree_threads, dk, dv] a leaf's state while its output is computed */
-    int tree_threads;     /* threads tree_scratch has room for */
-    int tree_base;        /* n_past before the last tree forward */
-    int tree_n;           /* nodes of the last tree forward (0 once committed) */
+    float *tree_scratch;      /* [tree_threads, dk, dv] a leaf's state while its output is computed */
+    int tree_threads;         /* threads tree_scratch has room for */
+    int tree_base;            /* n_past before the last tree forward */
+    int tree_n;               /* nodes of the last tree forward (0 once committed) */
     /* scratch, sized for max_batch tokens */
-    float *x;             /* [B, H] residual stream */
-    float *xn;            /* [B, H] */
-    float *q;             /* [B, max(Hq*hd*2, conv_dim)] */
-    float *k;             /* [B, Hkv*hd] */
-    float *v;             /* [B, Hkv*hd] */
-    float *att;           /* [B, max(Hq*hd, Hv*dv)] */
-    float *z;             /* [B, Hv*dv] */
-    float *ab;            /* [B, 2*Hv] */
-    float *mlp1, *mlp2;   /* [B * max(I, k*Ie, Is)] dense MLP / expert / shared expert inner rows */
-    dfl_moe_buf moe;      /* MoE scratch for B tokens (n_experts > 0) */
+    float *x;           /* [B, H] residual stream */
+    float *xn;          /* [B, H] */
+    float *q;           /* [B, max(Hq*hd*2, conv_dim)] */
+    float *k;           /* [B, Hkv*hd] */
+    float *v;           /* [B, Hkv*hd] */
+    float *att;         /* [B, max(Hq*hd, Hv*dv)] */
+    float *z;           /* [B, Hv*dv] */
+    float *ab;          /* [B, 2*Hv] */
+    float *mlp1, *mlp2; /* [B * max(I, k*Ie, Is)] dense MLP / expert / shared expert inner rows */
+    dfl_moe_buf moe;    /* MoE scratch for B tokens (n_experts > 0) */
     /* distinct experts the last forward touched, summed over the sparse layers (the weights a
      * forward streams: verification of n tokens reads up to n*k experts per layer) */
     long moe_touched;
-    float *scores;        /* [threads, max_ctx] */
+    float *scores;              /* [threads, max_ctx] */
     float *rope_cos, *rope_sin; /* [B, rot/2] */
-    float *inv_freq;      /* [rot/2] */
-    uint64_t bytes;       /* memory held by this state (device memory on a GPU backend) */
-    void *dev;            /* a device backend's state (caches and scratch there); the host
-                           * buffers above stay NULL then */
+    float *inv_freq;            /* [rot/2] */
+    uint64_t bytes;             /* memory held by this state (device memory on a GPU backend) */
+    void *dev;                  /* a device backend's state (caches and scratch there); the host
+                                 * buffers above stay NULL then */
 } dfl_target_state;
 
 /* Bytes a state of this size would hold (for the footprint check and report). */

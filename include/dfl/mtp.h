@@ -21,8 +21,8 @@
 #define DFL_MTP_DEFAULT_BLOCK 4
 
 typedef struct dfl_mtp {
-    char *dir;             /* checkpoint the mtp.* tensors come from */
-    dfl_quant quant;       /* its quantization_config (an FP8 release's head may hold F8_E4M3) */
+    char *dir;       /* checkpoint the mtp.* tensors come from */
+    dfl_quant quant; /* its quantization_config (an FP8 release's head may hold F8_E4M3) */
     st_checkpoint st;
     float *norm_emb;       /* [H] pre_fc_norm_embedding, 1 + w */
     float *norm_hidden;    /* [H] pre_fc_norm_hidden, 1 + w */
@@ -54,24 +54,24 @@ void mtp_close(dfl_mtp *h);
  * position, which waits for the token after it (the next round's anchor). */
 typedef struct dfl_mtp_state {
     const dfl_mtp *h;
-    const dfl_model *t;   /* embedding, final norm, lm_head, attention shapes */
+    const dfl_model *t; /* embedding, final norm, lm_head, attention shapes */
     int max_ctx, max_block;
-    int n_ctx;            /* committed positions whose features were added */
-    int feature_layer;    /* the target's last decoder layer, L-1 */
-    float *k_cache;       /* [max_ctx, Hkv*hd] after k_norm and RoPE; row i from (h_i, x_{i+1}) */
-    float *v_cache;       /* [max_ctx, Hkv*hd] */
-    float *pending;       /* [H] final-normed target hidden state of position n_ctx-1 */
+    int n_ctx;         /* committed positions whose features were added */
+    int feature_layer; /* the target's last decoder layer, L-1 */
+    float *k_cache;    /* [max_ctx, Hkv*hd] after k_norm and RoPE; row i from (h_i, x_{i+1}) */
+    float *v_cache;    /* [max_ctx, Hkv*hd] */
+    float *pending;    /* [H] final-normed target hidden state of position n_ctx-1 */
     /* scratch (rows: max_block) */
-    float *hid;           /* [rows, H] final-normed hidden states in */
-    float *cat;           /* [rows, 2H] [norm_emb(embedding) ; norm_hidden(h)] */
-    float *x, *xn;        /* [rows, H] */
-    float *q;             /* [rows, Hq*hd*2] query | gate per head */
-    float *k, *v;         /* [rows, Hkv*hd] */
-    float *att;           /* [rows, Hq*hd] */
-    float *mlp1, *mlp2;   /* [rows, max(I, k*Ie, Is)] dense MLP / expert / shared expert inner rows */
-    dfl_moe_buf moe;      /* MoE layer scratch (one row: a step runs one position) */
-    float *scores;        /* [max_ctx] */
-    float *inv_freq;      /* [rot/2] */
+    float *hid;         /* [rows, H] final-normed hidden states in */
+    float *cat;         /* [rows, 2H] [norm_emb(embedding) ; norm_hidden(h)] */
+    float *x, *xn;      /* [rows, H] */
+    float *q;           /* [rows, Hq*hd*2] query | gate per head */
+    float *k, *v;       /* [rows, Hkv*hd] */
+    float *att;         /* [rows, Hq*hd] */
+    float *mlp1, *mlp2; /* [rows, max(I, k*Ie, Is)] dense MLP / expert / shared expert inner rows */
+    dfl_moe_buf moe;    /* MoE layer scratch (one row: a step runs one position) */
+    float *scores;      /* [max_ctx] */
+    float *inv_freq;    /* [rot/2] */
     uint64_t bytes;
 } dfl_mtp_state;
 

@@ -20,13 +20,13 @@
 
 /* The truth of one prompt (or MT-Bench turn) and the features its drafters read. */
 typedef struct eval_truth {
-    int32_t *prompt;      /* [n_prompt] prompt ids */
+    int32_t *prompt; /* [n_prompt] prompt ids */
     int n_prompt;
-    int32_t *ids;         /* [n + n_ext] the output, then its greedy continuation past an eos */
+    int32_t *ids; /* [n + n_ext] the output, then its greedy continuation past an eos */
     int n, n_ext;
-    int eos_stop;         /* the output ends with an eos (else it ran to max_new) */
-    int H;                /* target hidden size */
-    int n_layers;         /* feature columns: decoder layer ids, ascending */
+    int eos_stop; /* the output ends with an eos (else it ran to max_new) */
+    int H;        /* target hidden size */
+    int n_layers; /* feature columns: decoder layer ids, ascending */
     int layers[EVAL_MAX_FEAT_LAYERS];
     float *feat;          /* [n_rows, n_layers*H]: row p = the layers' outputs at position p */
     int n_rows, cap_rows; /* rows held; replay needs n_prompt + n - 1 (every token but the last) */
@@ -47,19 +47,19 @@ int eval_truth_column(const eval_truth *t, int layer);
 /* One draft as replay uses it: per draft position the argmax of the drafter's logits (chain)
  * and the K most probable tokens with their log-probabilities (DDTree, ddtree_topk). */
 typedef struct eval_draft {
-    int start, bs;        /* context length when drafted (= anchor position) and block size */
-    int32_t *argmax;      /* [bs-1] */
-    int32_t *top;         /* [bs-1, K] (NULL when K == 0) */
-    double *toplp;        /* [bs-1, K] */
+    int start, bs;   /* context length when drafted (= anchor position) and block size */
+    int32_t *argmax; /* [bs-1] */
+    int32_t *top;    /* [bs-1, K] (NULL when K == 0) */
+    double *toplp;   /* [bs-1, K] */
 } eval_draft;
 
 /* Drafts of one drafter on one truth, shared by every mode (and filled by the recording run). */
 typedef struct eval_draft_cache {
     eval_draft *d;
     int n, cap;
-    int K;                /* candidates kept per position: the largest tree budget (capped at V), 0 = chain only */
+    int K; /* candidates kept per position: the largest tree budget (capped at V), 0 = chain only */
     int V;
-    float *probs;         /* scratch [max_block-1, V] */
+    float *probs; /* scratch [max_block-1, V] */
     int max_block;
     /* the drafter's measured work over the whole run (kept by clear): context updates and drafts */
     double ctx_s, draft_s;
@@ -79,20 +79,20 @@ const eval_draft *eval_draft_cache_get(const eval_draft_cache *c, int start, int
 typedef struct eval_recorder {
     dfl_draft_if inner;
     eval_truth *truth;
-    eval_draft_cache *cache; /* may be NULL */
+    eval_draft_cache *cache;       /* may be NULL */
     int map[EVAL_MAX_FEAT_LAYERS]; /* inner layer i -> truth column */
-    float *rows;          /* scratch [chunk, inner layers * H] */
+    float *rows;                   /* scratch [chunk, inner layers * H] */
     int rows_cap;
     int V;
-    int n_prompt;         /* set by the caller: context updates below it are the prefill's */
+    int n_prompt;                          /* set by the caller: context updates below it are the prefill's */
     double overhead_s, overhead_prefill_s; /* time spent recording (not drafting), in rounds / in the prefill */
     /* adaptive (--record-mode auto; eval_recorder_adapt): each round speculates while the tokens
      * it commits per second of verification beat plain decode steps, and decodes otherwise, with
      * a speculative probe every EVAL_RECORD_PROBE decode steps. Tokens per round: a moving average
      * as the run goes; the two costs: the run's measured costs, else moving averages. */
     int adaptive;
-    int fixed_costs;      /* ema_verify_s and ema_decode_s come from eval_costs */
-    int skipped;          /* the current round is a decode step */
+    int fixed_costs; /* ema_verify_s and ema_decode_s come from eval_costs */
+    int skipped;     /* the current round is a decode step */
     int n_spec, n_ar, since_probe;
     double t_round0, t_drafted; /* when the round began / its draft ended */
     double ema_verify_s, ema_tokens, ema_decode_s;
@@ -115,7 +115,7 @@ dfl_draft_if eval_recorder_if(eval_recorder *r);
 #define EVAL_MAX_COSTS 64
 typedef struct eval_costs {
     int ok;
-    int context;                 /* context length the costs were measured at */
+    int context; /* context length the costs were measured at */
     int reps;
     int n_chain;
     int chain_n[EVAL_MAX_COSTS]; /* tokens, ascending (1 = a decode step) */
@@ -125,7 +125,7 @@ typedef struct eval_costs {
     int tree_budget[EVAL_MAX_COSTS];
     double tree_s[EVAL_MAX_COSTS];
     double tree_med[EVAL_MAX_COSTS];
-    char note[256];              /* why some costs are missing */
+    char note[256]; /* why some costs are missing */
 } eval_costs;
 
 /* Measure them on a context of the first prompt (up to 512 tokens): a decode step, a chain
@@ -154,11 +154,11 @@ double eval_cost_tree(const eval_costs *c, int budget);
 
 /* Per-mode result of a replay. */
 typedef struct eval_replay_out {
-    dfl_gen_stats st;     /* as an online run would report them (times: see below) */
-    int *round_acc;       /* [st.rounds] accepted drafts per round (malloc'd) */
-    double draft_s;       /* drafter time this mode would spend (its rounds' share of the drafting, the context
-                           * updates, the tree builds) */
-    double modeled_s;     /* draft_s + the verification costs of its rounds; < 0 without costs */
+    dfl_gen_stats st; /* as an online run would report them (times: see below) */
+    int *round_acc;   /* [st.rounds] accepted drafts per round (malloc'd) */
+    double draft_s;   /* drafter time this mode would spend (its rounds' share of the drafting, the context
+                       * updates, the tree builds) */
+    double modeled_s; /* draft_s + the verification costs of its rounds; < 0 without costs */
 } eval_replay_out;
 
 /* Replay one drafter on a truth in every mode (budgets[i] = 0: chain, N: DDTree-N) at once:

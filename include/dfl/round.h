@@ -14,7 +14,7 @@ typedef struct dfl_proposal {
     const int32_t *token; /* [n] */
     const int *parent;    /* [n] DDTree: each node's parent, parents first; NULL: a chain (k after k - 1) */
     int n;
-    int depth;            /* the deepest draft: n - 1 for a chain, the tree's max_depth */
+    int depth; /* the deepest draft: n - 1 for a chain, the tree's max_depth */
 } dfl_proposal;
 
 /* The target's token after node `node`, at depth `depth` of the walk: its argmax or its sample

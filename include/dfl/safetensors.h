@@ -10,9 +10,21 @@
 #define ST_MAX_HEADER 100000000ull /* the reference reader's bound on the JSON header */
 
 typedef enum st_dtype {
-    ST_F32, ST_F16, ST_BF16, ST_F64,
-    ST_I64, ST_I32, ST_I16, ST_I8, ST_U8, ST_BOOL,
-    ST_F8_E4M3, ST_F8_E5M2, ST_U16, ST_U32, ST_U64,
+    ST_F32,
+    ST_F16,
+    ST_BF16,
+    ST_F64,
+    ST_I64,
+    ST_I32,
+    ST_I16,
+    ST_I8,
+    ST_U8,
+    ST_BOOL,
+    ST_F8_E4M3,
+    ST_F8_E5M2,
+    ST_U16,
+    ST_U32,
+    ST_U64,
     ST_DTYPE_COUNT
 } st_dtype;
 
@@ -24,21 +36,21 @@ typedef struct st_tensor {
     int64_t numel;
     const uint8_t *data; /* into the mmap; may be unaligned for the element size */
     size_t nbytes;
-    int file_index;      /* which shard (index into st_checkpoint.files) */
+    int file_index; /* which shard (index into st_checkpoint.files) */
 } st_tensor;
 
 typedef struct st_file {
     char *path;
-    uint8_t *map;        /* whole file, PROT_READ */
+    uint8_t *map; /* whole file, PROT_READ */
     size_t map_size;
-    size_t data_start;   /* 8 + header length */
+    size_t data_start; /* 8 + header length */
 } st_file;
 
 /* A set of tensors from one file or from all shards of a checkpoint. */
 typedef struct st_checkpoint {
     st_file *files;
     int n_files;
-    st_tensor *tensors;  /* sorted by name */
+    st_tensor *tensors; /* sorted by name */
     int n_tensors;
 } st_checkpoint;
 
@@ -75,7 +87,10 @@ int st_meta_get(const st_checkpoint *m, int file, const char *key, char *buf, si
 
 /* Half-precision conversions used by the reader and the kernels. */
 static inline float st_bf16_to_f32(uint16_t h) {
-    union { uint32_t u; float f; } v = {.u = (uint32_t)h << 16};
+    union {
+        uint32_t u;
+        float f;
+    } v = {.u = (uint32_t)h << 16};
     return v.f;
 }
 float st_f16_to_f32(uint16_t h);
@@ -86,7 +101,10 @@ uint16_t st_f32_to_bf16(float f);
  * exponent and mantissa fields make 2^(e-127) (1 + m/8), or for e = 0 the float32 subnormal
  * m/8 * 2^-126, so one multiplication by 2^120 rebiases it exactly. */
 static inline float st_f8e4m3_to_f32(uint8_t b) {
-    union { uint32_t u; float f; } v = {.u = (uint32_t)(b & 0x7f) << 20};
+    union {
+        uint32_t u;
+        float f;
+    } v = {.u = (uint32_t)(b & 0x7f) << 20};
     const float a = (b & 0x7f) == 0x7f ? __builtin_nanf("") : v.f * 0x1p120f;
     return b & 0x80 ? -a : a;
 }

@@ -12,30 +12,30 @@
 #include <stddef.h>
 
 typedef struct dfl_server_opts {
-    const char *target;     /* target checkpoint directory */
-    const char *drafter;    /* DFlash drafter directory, "mtp" or "DIR:mtp" (an MTP head); NULL = autoregressive */
-    const char *tokenizer;  /* tokenizer.json or a directory holding one; NULL = the target's */
-    const char *model_name; /* the "model" of responses and metrics; NULL = target dir basename */
-    int block;              /* verification block; 0 = the drafter's block_size */
-    int tree_budget;        /* 0 = chain verification; N = DDTree with N draft nodes (greedy requests only) */
-    const char *block_attn; /* a DFlash drafter's block attention (drafter_causal_parse: "sliding-causal",
-                             * "bidirectional", "causal"); NULL or "auto" = the checkpoint's config */
-    const char *host;       /* address to bind (numeric or a name); NULL = 127.0.0.1 */
-    int port;               /* 0 = a free port chosen by the system (see server_port) */
-    int max_queue;          /* generation requests that may wait behind the running one */
-    int max_context;        /* positions per sequence (prompt + output); 0 = default */
-    size_t max_body;        /* request body limit in bytes */
-    int timeout_s;          /* seconds a connection may stay silent (sending its request or reading the
-                             * answer; not while its request waits or runs), a request has to arrive
-                             * whole (plus 1 s per 64 KiB of body), and a stream's backlog may stay
-                             * unread; 0 = never time out */
-    int max_conns;          /* open connections in all (each holds a descriptor: the open-file limit is
-                             * raised to fit, or this lowered with a warning); more are closed at accept;
-                             * the last max_conns / 8 only for addresses that hold none */
+    const char *target;       /* target checkpoint directory */
+    const char *drafter;      /* DFlash drafter directory, "mtp" or "DIR:mtp" (an MTP head); NULL = autoregressive */
+    const char *tokenizer;    /* tokenizer.json or a directory holding one; NULL = the target's */
+    const char *model_name;   /* the "model" of responses and metrics; NULL = target dir basename */
+    int block;                /* verification block; 0 = the drafter's block_size */
+    int tree_budget;          /* 0 = chain verification; N = DDTree with N draft nodes (greedy requests only) */
+    const char *block_attn;   /* a DFlash drafter's block attention (drafter_causal_parse: "sliding-causal",
+                               * "bidirectional", "causal"); NULL or "auto" = the checkpoint's config */
+    const char *host;         /* address to bind (numeric or a name); NULL = 127.0.0.1 */
+    int port;                 /* 0 = a free port chosen by the system (see server_port) */
+    int max_queue;            /* generation requests that may wait behind the running one */
+    int max_context;          /* positions per sequence (prompt + output); 0 = default */
+    size_t max_body;          /* request body limit in bytes */
+    int timeout_s;            /* seconds a connection may stay silent (sending its request or reading the
+                               * answer; not while its request waits or runs), a request has to arrive
+                               * whole (plus 1 s per 64 KiB of body), and a stream's backlog may stay
+                               * unread; 0 = never time out */
+    int max_conns;            /* open connections in all (each holds a descriptor: the open-file limit is
+                               * raised to fit, or this lowered with a warning); more are closed at accept;
+                               * the last max_conns / 8 only for addresses that hold none */
     int max_conns_per_client; /* open connections from one client address */
-    int check_weights;      /* scan the weights for NaN/Inf at load */
-    int device;             /* dfl_device (dfl/backend.h) the target's forwards run on; 0 = the CPU */
-    int log_requests;       /* one line per request on stderr */
+    int check_weights;        /* scan the weights for NaN/Inf at load */
+    int device;               /* dfl_device (dfl/backend.h) the target's forwards run on; 0 = the CPU */
+    int log_requests;         /* one line per request on stderr */
 } dfl_server_opts;
 
 #define DFL_SERVE_DEFAULT_QUEUE 64

@@ -31,17 +31,17 @@ const char *spec_accept_rule_name(dfl_accept_rule r);
 int spec_accept_rule_parse(const char *s);
 
 typedef struct dfl_gen_opts {
-    int max_new;        /* tokens to generate at most */
-    int block;          /* block size B (verification width); ignored without a drafter */
-    int tree_budget;    /* 0 = chain verification; N > 0 = DDTree with N draft nodes (greedy only) */
-    float temperature;  /* 0 = greedy */
+    int max_new;       /* tokens to generate at most */
+    int block;         /* block size B (verification width); ignored without a drafter */
+    int tree_budget;   /* 0 = chain verification; N > 0 = DDTree with N draft nodes (greedy only) */
+    float temperature; /* 0 = greedy */
     /* Sampling filters at temperature > 0 (ignored when greedy: the argmax always survives them):
      * keep the top_k most probable tokens (0 = off), then the smallest most-probable-first set
      * whose mass reaches top_p of theirs (0 or 1 = off; the zero default is off, so that an
      * initialiser that names neither keeps the full distribution). */
     int top_k;
     float top_p;
-    uint64_t seed;      /* sampling seed */
+    uint64_t seed;               /* sampling seed */
     dfl_accept_rule accept_rule; /* temperature > 0: how drafts are accepted */
     int ignore_eos;
     /* At temperature 0, after an eos stop: write the target's greedy continuation past the eos,
@@ -68,15 +68,15 @@ typedef struct dfl_gen_opts {
 
 typedef struct dfl_gen_stats {
     int prompt_tokens;
-    int generated;          /* tokens in the output */
-    int rounds;             /* verification rounds (speculative) or decode steps */
-    long drafted;           /* draft tokens proposed */
-    long accepted;          /* draft tokens accepted */
-    long accept_hist[DFL_MAX_BLOCK + 1];   /* rounds with a accepted drafts, a = 0..B-1 */
-    long pos_drafted[DFL_MAX_BLOCK];       /* rounds in which draft k (1-based) was proposed */
-    long pos_accepted[DFL_MAX_BLOCK];      /* ... and accepted */
+    int generated;                       /* tokens in the output */
+    int rounds;                          /* verification rounds (speculative) or decode steps */
+    long drafted;                        /* draft tokens proposed */
+    long accepted;                       /* draft tokens accepted */
+    long accept_hist[DFL_MAX_BLOCK + 1]; /* rounds with a accepted drafts, a = 0..B-1 */
+    long pos_drafted[DFL_MAX_BLOCK];     /* rounds in which draft k (1-based) was proposed */
+    long pos_accepted[DFL_MAX_BLOCK];    /* ... and accepted */
     int max_block;
-    const char *stop;       /* "eos" or "max_new" */
+    const char *stop;        /* "eos" or "max_new" */
     const char *accept_rule; /* "greedy" (temperature 0), "pq" or "match" */
     double t_prefill, t_decode, t_draft, t_verify, t_rollback;
     int ctx_check_failures; /* rounds where the drafter's context length != committed length */
@@ -119,11 +119,16 @@ void spec_stats_json(FILE *f, const dfl_gen_stats *st, int drafting, int tree_bu
  * transformers apply them (top-k first; ties ranked by the lower id). Tokens outside get 0 and
  * the kept ones are renormalised to sum 1; with both off, p is left as it is. scratch: [V].
  * Returns the number of tokens kept (V when off). */
-typedef struct dfl_ranked { float p; int32_t id; } dfl_ranked;
+typedef struct dfl_ranked {
+    float p;
+    int32_t id;
+} dfl_ranked;
 int spec_sampling_filter(float *p, int V, int top_k, float top_p, dfl_ranked *scratch);
 
 /* Small deterministic RNG (splitmix64 seeding xoshiro256**). */
-typedef struct dfl_rng { uint64_t s[4]; } dfl_rng;
+typedef struct dfl_rng {
+    uint64_t s[4];
+} dfl_rng;
 void rng_seed(dfl_rng *r, uint64_t seed);
 double rng_uniform(dfl_rng *r); /* [0, 1) */
 

@@ -26,8 +26,7 @@ int tok_encode(const dfl_tokenizer *tok, const char *text, size_t len, int32_t *
  * ending mid-character) become U+FFFD, as in HF tokenizers. */
 char *tok_decode(const dfl_tokenizer *tok, const int32_t *ids, size_t n_ids, int skip_special);
 /* Same, also giving the length (the text can hold NUL bytes, e.g. from the token for byte 0). */
-char *tok_decode_len(const dfl_tokenizer *tok, const int32_t *ids, size_t n_ids, int skip_special,
-                     size_t *len_out);
+char *tok_decode_len(const dfl_tokenizer *tok, const int32_t *ids, size_t n_ids, int skip_special, size_t *len_out);
 
 /* Id of a token given its exact string in the vocabulary / added tokens; -1 if absent. */
 int32_t tok_token_id(const dfl_tokenizer *tok, const char *token);

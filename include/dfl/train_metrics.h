@@ -45,9 +45,9 @@ typedef struct tm_counts {
  * (position q predicts the token at q + 1). */
 typedef struct tm_target {
     int K, first, n;
-    int32_t *ids;  /* [n, K] */
-    float *p;      /* [n, K] probabilities, descending */
-    double *left;  /* [n] 1 - their sum */
+    int32_t *ids; /* [n, K] */
+    float *p;     /* [n, K] probabilities, descending */
+    double *left; /* [n] 1 - their sum */
 } tm_target;
 
 /* From the truth's features of the target's last layer (column col): final norm, lm_head,
@@ -56,20 +56,20 @@ int tm_target_from_truth(tm_target *tt, const eval_truth *t, int col, const stru
 void tm_target_free(tm_target *tt);
 
 typedef struct tm_opts {
-    int B;            /* block size */
-    int num_anchors;  /* the random subset's size cap per response (SpecForge's num_anchors, 512) */
-    uint64_t seed;    /* the random subset's seed (mixed with the response's key) */
-    int blocks;       /* at most this many blocks per drafter forward (0: as many as 64 MiB of logits
-                       * hold, at most 32; drafters without draft_many: 1) */
+    int B;           /* block size */
+    int num_anchors; /* the random subset's size cap per response (SpecForge's num_anchors, 512) */
+    uint64_t seed;   /* the random subset's seed (mixed with the response's key) */
+    int blocks;      /* at most this many blocks per drafter forward (0: as many as 64 MiB of logits
+                      * hold, at most 32; drafters without draft_many: 1) */
 } tm_opts;
 
 /* One response's metrics. */
 typedef struct tm_unit {
     int B;
-    int n_valid;          /* valid anchors */
+    int n_valid; /* valid anchors */
     tm_counts rnd, all, walk;
     int *anchors, n_anchors; /* the random subset (positions, ascending) */
-    double draft_s;       /* drafter seconds spent */
+    double draft_s;          /* drafter seconds spent */
     long drafts;
 } tm_unit;
 
@@ -87,20 +87,20 @@ void tm_unit_free(tm_unit *u);
 uint64_t tm_hash(uint64_t h, const char *s);
 
 /* Derived figures of counts c (block B). */
-double tm_accuracy(const tm_counts *c, int B);              /* pooled: sum correct / sum valid */
+double tm_accuracy(const tm_counts *c, int B);                        /* pooled: sum correct / sum valid */
 double tm_accuracy_weighted(const tm_counts *c, int B, double gamma); /* w_k = exp(-(k-1)/gamma) */
-double tm_sim_len(const tm_counts *c);                      /* mean of 1 + leading run */
-double tm_naive_len(const tm_counts *c, int B);             /* 1 + sum_k prod_{j<=k} acc_j from per-slot accuracy */
-double tm_exp_len(const tm_counts *c);                      /* mean expected acceptance length (T = 1); < 0: none */
+double tm_sim_len(const tm_counts *c);                                /* mean of 1 + leading run */
+double tm_naive_len(const tm_counts *c, int B); /* 1 + sum_k prod_{j<=k} acc_j from per-slot accuracy */
+double tm_exp_len(const tm_counts *c);          /* mean expected acceptance length (T = 1); < 0: none */
 /* SpecForge's default loss decay for a block size (7 for 16, 5 for 10, 4 for 8, else 7). */
 double tm_default_gamma(int B);
 
 /* One results line (train.jsonl, no newline) and its parse. */
 typedef struct tm_row {
     char prompt_id[128], drafter[512];
-    char labels[16];     /* "target" (greedy output) or "dataset" (reference response) */
-    char features[16];   /* "dfl" or "pipeline" */
-    char attn[24];       /* the drafter's block attention ("config" unless changed for a comparison) */
+    char labels[16];   /* "target" (greedy output) or "dataset" (reference response) */
+    char features[16]; /* "dfl" or "pipeline" */
+    char attn[24];     /* the drafter's block attention ("config" unless changed for a comparison) */
     int turn, B, prompt_tokens, tokens;
     tm_unit u;
 } tm_row;
@@ -128,9 +128,9 @@ typedef struct tm_report_in {
     double gamma;
     int num_anchors, top_k;
     uint64_t seed;
-    char exp_note[512];           /* why there is no expected acceptance, "" */
-    char cost_note[512];          /* what the metrics cost next to the replay */
-    char alt_chat[32];            /* --train-chat's template ("" for none) */
+    char exp_note[512];  /* why there is no expected acceptance, "" */
+    char cost_note[512]; /* what the metrics cost next to the replay */
+    char alt_chat[32];   /* --train-chat's template ("" for none) */
 } tm_report_in;
 void tm_report_json(const tm_report_in *in, FILE *f); /* a "train_vs_serve" member */
 void tm_report_md(const tm_report_in *in, FILE *f);   /* the summary.md section */

@@ -63,14 +63,16 @@ int dfl_api_inspect(const char *path, const char *target, int check_weights, cha
 
 static int opt_string(const cJSON *v, const char **out) {
     char b[128];
-    if (!cJSON_IsString(v)) return dfl_seterr("%s: expected a string, found %s", v->string, dfl_json_brief(v, b, sizeof b));
+    if (!cJSON_IsString(v))
+        return dfl_seterr("%s: expected a string, found %s", v->string, dfl_json_brief(v, b, sizeof b));
     *out = v->valuestring;
     return DFL_OK;
 }
 
 static int opt_bool(const cJSON *v, int *out) {
     char b[128];
-    if (!cJSON_IsBool(v)) return dfl_seterr("%s: expected true or false, found %s", v->string, dfl_json_brief(v, b, sizeof b));
+    if (!cJSON_IsBool(v))
+        return dfl_seterr("%s: expected true or false, found %s", v->string, dfl_json_brief(v, b, sizeof b));
     *out = cJSON_IsTrue(v);
     return DFL_OK;
 }
@@ -157,8 +159,9 @@ static cJSON *parse_object(const char *what, const char *text) {
     if (!cJSON_IsObject(j)) {
         char b[128];
         if (j) dfl_seterr("%s: expected a JSON object of options, found %s", what, dfl_json_brief(j, b, sizeof b));
-        else dfl_seterr("%s: the options are not valid JSON (near byte %ld)", what,
-                        (long)(cJSON_GetErrorPtr() ? cJSON_GetErrorPtr() - text : 0));
+        else
+            dfl_seterr("%s: the options are not valid JSON (near byte %ld)", what,
+                       (long)(cJSON_GetErrorPtr() ? cJSON_GetErrorPtr() - text : 0));
         cJSON_Delete(j);
         return NULL;
     }
@@ -196,7 +199,8 @@ static int eval_opts_from_json(eval_opts *o, int *save_layers, const cJSON *j) {
             o->protocol = EVAL_PROTOCOL_ZLAB;
         } else if (!strcmp(k, "protocol_dataset")) {
             if ((rc = opt_string(v, &s)) == DFL_OK && (o->zlab_dataset = eval_zlab_dataset_parse(s)) < 0)
-                rc = dfl_seterr("protocol_dataset: expected gsm8k, math500, humaneval, mbpp or mt-bench, found \"%s\"", s);
+                rc = dfl_seterr("protocol_dataset: expected gsm8k, math500, humaneval, mbpp or mt-bench, found \"%s\"",
+                                s);
         } else if (!strcmp(k, "chat")) {
             if ((rc = opt_string(v, &s)) == DFL_OK && (o->chat = prompt_chat_parse(s)) < 0)
                 rc = dfl_seterr("chat: expected chatml, chatml-nothink or none, found \"%s\"", s);
@@ -209,7 +213,8 @@ static int eval_opts_from_json(eval_opts *o, int *save_layers, const cJSON *j) {
                 dfl_preperr("record_mode");
         } else if (!strcmp(k, "save_layers")) {
             if (cJSON_IsString(v) && !strcmp(v->valuestring, "all")) o->n_save_layers = -1;
-            else rc = opt_int_list(v, 0, EVAL_MAX_FEAT_LAYERS - 1, save_layers, EVAL_MAX_FEAT_LAYERS, &o->n_save_layers);
+            else
+                rc = opt_int_list(v, 0, EVAL_MAX_FEAT_LAYERS - 1, save_layers, EVAL_MAX_FEAT_LAYERS, &o->n_save_layers);
             o->save_layers = save_layers;
         } else if (!strcmp(k, "accept_rule")) {
             if ((rc = opt_string(v, &s)) == DFL_OK && (o->accept_rule = spec_accept_rule_parse(s)) < 0)
@@ -238,12 +243,12 @@ static int eval_opts_from_json(eval_opts *o, int *save_layers, const cJSON *j) {
                 rc = dfl_seterr("train_chat: expected chatml, chatml-nothink or none, found \"%s\"", s);
         } else if (!strcmp(k, "block_attn") || !strcmp(k, "train_attn")) {
             int c = 0;
-            if ((rc = opt_string(v, &s)) == DFL_OK && (rc = drafter_causal_parse(s, &c)) != DFL_OK) dfl_preperr("%s", k);
+            if ((rc = opt_string(v, &s)) == DFL_OK && (rc = drafter_causal_parse(s, &c)) != DFL_OK)
+                dfl_preperr("%s", k);
             if (rc == DFL_OK && k[0] == 't' && c == DFL_BLOCK_ATTN_AUTO)
                 rc = dfl_seterr("train_attn: expected sliding-causal, bidirectional or causal, found \"auto\"");
             *(k[0] == 'b' ? &o->block_attn : &o->train_attn) = c;
-        }
-        else if (!strcmp(k, "reference")) rc = opt_string(v, &o->reference);
+        } else if (!strcmp(k, "reference")) rc = opt_string(v, &o->reference);
         else if (!strcmp(k, "reference_url")) rc = opt_string(v, &o->reference_url);
         else if (!strcmp(k, "dump_prompts")) rc = opt_string(v, &o->dump_prompts);
         else if (!strcmp(k, "shard")) {
@@ -261,7 +266,8 @@ static int eval_opts_from_json(eval_opts *o, int *save_layers, const cJSON *j) {
             if (q) o->log = NULL;
         } else
             rc = dfl_seterr("unknown option \"%s\" (the options are dfl eval's without the leading dashes, '-' "
-                            "written '_': docs/python.md)", k);
+                            "written '_': docs/python.md)",
+                            k);
         if (rc != DFL_OK) return DFL_ERR;
     }
     if (o->n_save_layers && !o->save_features) return dfl_seterr("save_layers needs save_features");
@@ -309,7 +315,8 @@ int dfl_api_replay(const char *features_dir, const char *drafter, const int *bud
                    const char *options, dfl_api_progress_fn progress, void *ud, char **summary) {
     dfl_clearerr();
     if (!features_dir || !drafter || !summary)
-        return dfl_seterr("replay: the features directory, the drafter and the result pointer are required (found NULL)");
+        return dfl_seterr(
+            "replay: the features directory, the drafter and the result pointer are required (found NULL)");
     if (n_budgets < 1 || n_budgets > EVAL_MAX_MODES || !budgets)
         return dfl_seterr("replay: budgets: expected 1 to %d modes, found %d", EVAL_MAX_MODES, n_budgets);
     cJSON *j = parse_object("replay", options ? options : "{}");
@@ -385,7 +392,8 @@ int dfl_api_tokenize(dfl_api_target *t, const char *text, const char *chat, int3
 
 int dfl_api_hidden(dfl_api_target *t, const int32_t *ids, int n, const int *layers, int n_layers, float *out) {
     dfl_clearerr();
-    if (!t || !ids || !layers || !out) return dfl_seterr("hidden: target, ids, layers and out are required (found NULL)");
+    if (!t || !ids || !layers || !out)
+        return dfl_seterr("hidden: target, ids, layers and out are required (found NULL)");
     const dfl_config *c = &t->m.cfg;
     if (n < 1) return dfl_seterr("hidden: ids: expected at least 1 token, found %d", n);
     if (n_layers < 1 || n_layers > DFL_MAX_LAYERS)
@@ -474,7 +482,8 @@ static int gen_args_from_json(gen_args *a, const cJSON *j) {
                 rc = dfl_seterr("accept_rule: expected pq or match, found \"%s\"", s);
         } else
             rc = dfl_seterr("unknown option \"%s\" (the options are dfl generate's without the leading dashes, "
-                            "'-' written '_': docs/python.md)", k);
+                            "'-' written '_': docs/python.md)",
+                            k);
         if (rc != DFL_OK) return DFL_ERR;
     }
     if (!a->target) return dfl_seterr("target: required (found nothing)");
@@ -569,9 +578,14 @@ static int generate(FILE *f, gen_args *a) {
     /* every round commits at least one token: at most max_new rounds */
     rounds rl = {.committed = rc == DFL_OK ? malloc((size_t)a->max_new * sizeof(int)) : NULL, .cap = a->max_new};
     if (rc == DFL_OK) {
-        dfl_gen_opts go = {.max_new = a->max_new, .block = a->block, .temperature = (float)a->temperature,
-                           .seed = (uint64_t)a->seed, .ignore_eos = a->ignore_eos, .tree_budget = a->budget,
-                           .accept_rule = (dfl_accept_rule)a->accept_rule, .top_p = (float)a->top_p,
+        dfl_gen_opts go = {.max_new = a->max_new,
+                           .block = a->block,
+                           .temperature = (float)a->temperature,
+                           .seed = (uint64_t)a->seed,
+                           .ignore_eos = a->ignore_eos,
+                           .tree_budget = a->budget,
+                           .accept_rule = (dfl_accept_rule)a->accept_rule,
+                           .top_p = (float)a->top_p,
                            .top_k = a->top_k};
         if (have_ds) go.on_round = on_round, go.on_round_ud = &rl;
         dfl_gen_stats st;

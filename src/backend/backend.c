@@ -40,8 +40,9 @@ int dfl_device_parse(const char *name, dfl_device *out) {
 }
 
 int dfl_device_check(dfl_device d) {
-    if (!dfl_device_built(d)) return dfl_seterr("device %s: not built into this dfl (devices built: %s)",
-                                                dfl_device_name(d), dfl_devices_built());
+    if (!dfl_device_built(d))
+        return dfl_seterr("device %s: not built into this dfl (devices built: %s)", dfl_device_name(d),
+                          dfl_devices_built());
 #ifdef DFL_HAVE_CUDA
     if (d == DFL_DEVICE_CUDA) return cuda_device_check();
 #endif
@@ -63,13 +64,13 @@ int model_use_device(dfl_model *m, dfl_device d) {
 
 /* What every backend's forward relies on, checked once here before it runs (nothing is touched
  * when a check fails). */
-static int forward_check(const dfl_target_state *s, const int32_t *tokens, const int *parent, int n, const dfl_capture *cap) {
+static int forward_check(const dfl_target_state *s, const int32_t *tokens, const int *parent, int n,
+                         const dfl_capture *cap) {
     const dfl_config *g = &s->m->cfg;
     if (parent && (n < 1 || n > s->tree_cap))
         return dfl_seterr("tree of %d nodes: the run state holds trees of 1..%d nodes (target_state_enable_tree)", n,
                           s->tree_cap);
-    if (n < 1 || n > s->max_batch)
-        return dfl_seterr("forward of %d tokens: batch must be in [1, %d]", n, s->max_batch);
+    if (n < 1 || n > s->max_batch) return dfl_seterr("forward of %d tokens: batch must be in [1, %d]", n, s->max_batch);
     if (s->n_past + n > s->max_ctx)
         return dfl_seterr("context full: %d cached + %d new tokens exceed the maximum context of %d", s->n_past, n,
                           s->max_ctx);
@@ -115,8 +116,7 @@ int model_forward_tree(dfl_target_state *s, const int32_t *tokens, const int *pa
 
 int target_state_rollback(dfl_target_state *s, int keep) {
     if (keep == s->n_past) return DFL_OK;
-    if (!s->record || s->rec_n < 0)
-        return dfl_seterr("rollback to %d: the last forward kept no rollback record", keep);
+    if (!s->record || s->rec_n < 0) return dfl_seterr("rollback to %d: the last forward kept no rollback record", keep);
     if (keep < s->rec_n_past || keep > s->rec_n_past + s->rec_n)
         return dfl_seterr("rollback to %d: only positions %d..%d of the last recorded forward can be restored", keep,
                           s->rec_n_past, s->rec_n_past + s->rec_n);
@@ -129,4 +129,6 @@ void target_state_disable_tree(dfl_target_state *s) {
     if (s->m) s->m->be->disable_tree(s);
 }
 
-int target_state_tree_commit(dfl_target_state *s, const int *path, int len) { return s->m->be->tree_commit(s, path, len); }
+int target_state_tree_commit(dfl_target_state *s, const int *path, int len) {
+    return s->m->be->tree_commit(s, path, len);
+}

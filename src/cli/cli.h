@@ -32,8 +32,7 @@ const char *cli_value(int argc, char **argv, int *i);
 /* Parse integers/floats with range checks; on error print "dfl CMD: --opt: ..." and return -1. */
 int cli_parse_long(const char *cmd, const char *opt, const char *s, long lo, long hi, long *out);
 /* Comma-separated integers, each in [lo, hi], at most max of them; an error names the item as given. */
-int cli_parse_long_list(const char *cmd, const char *opt, const char *s, long lo, long hi, long *out, int max,
-                        int *n);
+int cli_parse_long_list(const char *cmd, const char *opt, const char *s, long lo, long hi, long *out, int max, int *n);
 int cli_parse_double(const char *cmd, const char *opt, const char *s, double *out);
 /* Print "dfl CMD: message" to stderr and return 2 (usage error) — or 1 for cli_fail. */
 int cli_usage_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -55,25 +54,25 @@ typedef struct cli_prompt {
     int chat; /* dfl_chat */
 } cli_prompt;
 
-#define CLI_PROMPT_HELP                                                                         \
-    "  --prompt STR        the prompt text\n"                                                   \
-    "  --prompt-file F     read the prompt text from F\n"                                       \
-    "  --prompt-ids IDS    the prompt as token ids (\"1,2,3\"), no tokenizer needed\n"           \
+#define CLI_PROMPT_HELP                                                                             \
+    "  --prompt STR        the prompt text\n"                                                       \
+    "  --prompt-file F     read the prompt text from F\n"                                           \
+    "  --prompt-ids IDS    the prompt as token ids (\"1,2,3\"), no tokenizer needed\n"              \
     "  --chat MODE         chatml | chatml-nothink | none (default none): wrap the prompt as one\n" \
-    "                      user turn of a ChatML conversation\n"                                \
+    "                      user turn of a ChatML conversation\n"                                    \
     "  --tokenizer PATH    tokenizer.json or directory (default: the target directory)\n"
 
 /* 1 if argv[*i] was a prompt option (consumed, *i advanced), 0 if not, -1 on a bad value. */
 int cli_prompt_option(const char *cmd, cli_prompt *p, int argc, char **argv, int *i);
 /* Resolve the prompt to token ids. *tok is opened when text is involved or want_tok is set
  * (NULL otherwise). Returns 0 or prints the error and returns the exit status. */
-int cli_prompt_tokens(const char *cmd, const cli_prompt *p, const char *model_dir, int want_tok,
-                      dfl_tokenizer **tok, int32_t **ids, size_t *n);
+int cli_prompt_tokens(const char *cmd, const cli_prompt *p, const char *model_dir, int want_tok, dfl_tokenizer **tok,
+                      int32_t **ids, size_t *n);
 
 /* --device (generate, hidden, bench, eval, serve): where the target's forward runs. */
 #include "dfl/backend.h"
 struct dfl_model;
-#define CLI_DEVICE_HELP                                                                          \
+#define CLI_DEVICE_HELP                                                                               \
     "  --device D          cpu (default) | cuda: where the target's forward runs (the devices this\n" \
     "                      build has: dfl --version)\n"
 /* 1 if argv[*i] is --device (consumed, *i advanced, *d set), 0 if not, -1 after printing a bad value. */
@@ -84,9 +83,9 @@ int cli_use_device(const char *cmd, struct dfl_model *m, dfl_device d);
 
 /* --block-attn (generate, serve, bench): a DFlash / DFlash2 drafter's attention inside the block
  * (docs/design.md §4, "Block attention"). */
-#define CLI_BLOCK_ATTN_HELP                                                                        \
+#define CLI_BLOCK_ATTN_HELP                                                                           \
     "  --block-attn MODE   a DFlash drafter's attention inside the draft block: auto (default: the\n" \
-    "                      checkpoint's is_causal / dflash_config.causal, else sliding-causal) |\n"  \
+    "                      checkpoint's is_causal / dflash_config.causal, else sliding-causal) |\n"   \
     "                      sliding-causal (sliding_attention layers causal, full layers\n"            \
     "                      bidirectional: SpecForge, SGLang) | bidirectional (every layer: z-lab's\n" \
     "                      reference model) | causal (every layer)\n"

@@ -22,8 +22,8 @@ int cli_prompt_option(const char *cmd, cli_prompt *p, int argc, char **argv, int
     return 1;
 }
 
-int cli_prompt_tokens(const char *cmd, const cli_prompt *p, const char *model_dir, int want_tok,
-                      dfl_tokenizer **tok, int32_t **ids, size_t *n) {
+int cli_prompt_tokens(const char *cmd, const cli_prompt *p, const char *model_dir, int want_tok, dfl_tokenizer **tok,
+                      int32_t **ids, size_t *n) {
     *tok = NULL;
     int sources = !!p->text + !!p->file + !!p->ids;
     if (sources != 1) return cli_usage_error(cmd, "give exactly one of --prompt, --prompt-file, --prompt-ids");

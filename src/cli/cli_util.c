@@ -36,8 +36,7 @@ int cli_parse_long(const char *cmd, const char *opt, const char *s, long lo, lon
     return 0;
 }
 
-int cli_parse_long_list(const char *cmd, const char *opt, const char *s, long lo, long hi, long *out, int max,
-                        int *n) {
+int cli_parse_long_list(const char *cmd, const char *opt, const char *s, long lo, long hi, long *out, int max, int *n) {
     *n = 0;
     const char *p = s;
     for (;;) {

@@ -76,17 +76,26 @@ static const char *usage_text =
     "                    parts) are left out, and the drafter runs on the CPU\n"
     "e2e prompt (default: 64 random tokens; the tokenizer is the model's):\n" CLI_PROMPT_HELP;
 
-enum { P_PROBE = 1, P_DECODE = 2, P_VERIFY = 4, P_DRAFT = 8, P_E2E = 16, P_PREFILL = 32, P_ROLLBACK = 64, P_TREE = 128,
-       P_PEAK = 256 };
-static const char *const part_names[] = {"probe", "decode", "verify", "draft", "e2e", "prefill", "rollback", "tree",
-                                         "peak"};
+enum {
+    P_PROBE = 1,
+    P_DECODE = 2,
+    P_VERIFY = 4,
+    P_DRAFT = 8,
+    P_E2E = 16,
+    P_PREFILL = 32,
+    P_ROLLBACK = 64,
+    P_TREE = 128,
+    P_PEAK = 256
+};
+static const char *const part_names[] = {"probe",   "decode",   "verify", "draft", "e2e",
+                                         "prefill", "rollback", "tree",   "peak"};
 static const int tree_budgets[] = {1, 2, 4, 8, 16, 32, 64};
 #define N_TREE ((int)(sizeof tree_budgets / sizeof tree_budgets[0]))
 
 typedef struct bench_opts {
     const char *model, *drafter;
     const dfl_any_drafter *ad; /* the opened drafter (NULL: none) */
-    const int32_t *prompt; /* e2e prompt ids (NULL: 64 random tokens) */
+    const int32_t *prompt;     /* e2e prompt ids (NULL: 64 random tokens) */
     int n_prompt;
     int json, threads, context, decode, verify_max, prefill, gen, block, reps, probe_mb;
     int block_attn; /* DFL_BLOCK_ATTN_AUTO or the drafter_set_causal value */
@@ -96,7 +105,7 @@ typedef struct bench_opts {
 
 typedef struct bench_res {
     uint64_t weight_bytes, token_bytes, probe_bytes;
-    double probe_gbps, probe_best_gbps; /* median and fastest pass */
+    double probe_gbps, probe_best_gbps;              /* median and fastest pass */
     double decode_tps, decode_mean_tps, decode_gbps; /* tps: median token time; mean_tps: mean */
     double decode_paired; /* with the probe: median over tokens of the token's GB/s / the next probe pass's */
     int n_verify;
@@ -151,15 +160,13 @@ static uint64_t token_macs(const dfl_model *m) {
     uint64_t n = (uint64_t)m->lm_head.rows * m->lm_head.cols;
     for (int i = 0; i < m->cfg.n_layers; i++) {
         const dfl_layer_w *l = &m->layers[i];
-        const dfl_mat *ms[] = {&l->q_proj, &l->k_proj, &l->v_proj, &l->o_proj, &l->in_qkv, &l->in_z,
-                               &l->in_b,   &l->in_a,   &l->out_proj, &l->gate, &l->up,     &l->down};
+        const dfl_mat *ms[] = {&l->q_proj, &l->k_proj, &l->v_proj,   &l->o_proj, &l->in_qkv, &l->in_z,
+                               &l->in_b,   &l->in_a,   &l->out_proj, &l->gate,   &l->up,     &l->down};
         for (size_t k = 0; k < sizeof ms / sizeof ms[0]; k++)
             if (ms[k]->data) n += (uint64_t)ms[k]->rows * ms[k]->cols;
     }
     return n;
 }
-
-
 
 /* Bytes of one routed expert (gate, up, down; the same shapes and dtype in every sparse layer). */
 static uint64_t expert_bytes(const dfl_model *m) {
@@ -177,9 +184,9 @@ static uint64_t forward_bytes(const dfl_model *m, long experts) {
     uint64_t b = mat_bytes(&m->lm_head) + (uint64_t)experts * expert_bytes(m);
     for (int i = 0; i < m->cfg.n_layers; i++) {
         const dfl_layer_w *l = &m->layers[i];
-        const dfl_mat *ms[] = {&l->q_proj, &l->k_proj, &l->v_proj, &l->o_proj, &l->in_qkv,  &l->in_z,
-                               &l->in_b,   &l->in_a,   &l->out_proj, &l->gate, &l->up,      &l->down,
-                               &l->router, &l->sh_gate, &l->sh_up,  &l->sh_down, &l->sh_score};
+        const dfl_mat *ms[] = {&l->q_proj, &l->k_proj,  &l->v_proj,   &l->o_proj,  &l->in_qkv,  &l->in_z,
+                               &l->in_b,   &l->in_a,    &l->out_proj, &l->gate,    &l->up,      &l->down,
+                               &l->router, &l->sh_gate, &l->sh_up,    &l->sh_down, &l->sh_score};
         for (size_t k = 0; k < sizeof ms / sizeof ms[0]; k++)
             if (ms[k]->data) b += mat_bytes(ms[k]);
     }
@@ -196,7 +203,7 @@ static int cmp_double(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-#define PROBE_PASSES 7 /* timed passes of the probe (after one warm-up) */
+#define PROBE_PASSES 7                         /* timed passes of the probe (after one warm-up) */
 #define PAIRED_PROBE_BYTES ((uint64_t)1 << 30) /* the probe pass after each decoded token */
 
 /* The probe's buffer of nbytes, first touched by the reading threads; NULL without memory. */
@@ -344,13 +351,15 @@ static void print_json(const bench_opts *o, const bench_res *r, const dfl_model 
         for (int i = 0; i < r->n_verify; i++) printf("%s%.4f", i ? ", " : "", r->verify_ms[i] / r->verify_ms[0]);
         printf("]");
         if (m->cfg.n_experts > 0) {
-            printf(", \"moe\": {\"experts\": %d, \"experts_per_tok\": %d, \"sparse_layers\": %d, \"expert_bytes\": %llu}",
-                   m->cfg.n_experts, m->cfg.n_experts_per_tok, config_n_moe_layers(&m->cfg),
-                   (unsigned long long)expert_bytes(m));
+            printf(
+                ", \"moe\": {\"experts\": %d, \"experts_per_tok\": %d, \"sparse_layers\": %d, \"expert_bytes\": %llu}",
+                m->cfg.n_experts, m->cfg.n_experts_per_tok, config_n_moe_layers(&m->cfg),
+                (unsigned long long)expert_bytes(m));
             printf(", \"verify_experts_per_layer\": [");
             for (int i = 0; i < r->n_verify; i++) printf("%s%.3f", i ? ", " : "", r->verify_experts[i]);
             printf("], \"verify_weight_bytes\": [");
-            for (int i = 0; i < r->n_verify; i++) printf("%s%llu", i ? ", " : "", (unsigned long long)r->verify_bytes[i]);
+            for (int i = 0; i < r->n_verify; i++)
+                printf("%s%llu", i ? ", " : "", (unsigned long long)r->verify_bytes[i]);
             printf("]");
         }
     }
@@ -393,8 +402,8 @@ static void print_table(const bench_opts *o, const bench_res *r, const dfl_model
     if (m->be->describe) {
         char d[256];
         m->be->describe(d, sizeof d);
-        printf("device     %s: %s (drafter and host work: %s, %d threads)\n", m->be->name, d,
-               kn_isa_name(kn_isa_get()), omp_get_max_threads());
+        printf("device     %s: %s (drafter and host work: %s, %d threads)\n", m->be->name, d, kn_isa_name(kn_isa_get()),
+               omp_get_max_threads());
     } else {
         printf("isa        %s, %s activations, %d threads\n", kn_isa_name(kn_isa_get()), kn_act_name(kn_act_get()),
                omp_get_max_threads());
@@ -408,7 +417,8 @@ static void print_table(const bench_opts *o, const bench_res *r, const dfl_model
                r->decode_tps, r->decode_gbps, r->decode_mean_tps, o->context);
         if ((o->parts & P_PROBE) && !m->be->probe)
             printf(", %.0f%% of the probe (%.0f%% of its fastest pass; paired with a probe pass after each "
-                   "token: %.0f%%)", 100 * r->decode_gbps / r->probe_gbps, 100 * r->decode_gbps / r->probe_best_gbps,
+                   "token: %.0f%%)",
+                   100 * r->decode_gbps / r->probe_gbps, 100 * r->decode_gbps / r->probe_best_gbps,
                    100 * r->decode_paired);
         else if (o->parts & P_PROBE)
             printf(", %.0f%% of the probe (%.0f%% of its fastest pass); the weights at the probe's rate: %.2f ms",
@@ -458,8 +468,7 @@ static void print_table(const bench_opts *o, const bench_res *r, const dfl_model
     if (o->parts & P_E2E) {
         printf("e2e        %d tokens after a %d-token %s prompt: autoregressive %.3f tokens/s", r->e2e_generated,
                o->prompt ? o->n_prompt : 64, o->prompt ? "given" : "random", r->ar_tps);
-        if (r->has_spec)
-            printf("; speculative (block %d) %.3f tokens/s, tau %.2f", o->block, r->spec_tps, r->spec_tau);
+        if (r->has_spec) printf("; speculative (block %d) %.3f tokens/s, tau %.2f", o->block, r->spec_tps, r->spec_tau);
         printf("\n");
     }
     if (o->parts & P_PREFILL)
@@ -536,8 +545,8 @@ static int run_bench(const bench_opts *o, const dfl_model *m, dfl_any_drafter *a
     r->weight_bytes = m->weight_bytes;
     r->token_bytes = token_bytes(m);
     if (o->parts & P_PROBE) {
-        r->probe_bytes = o->probe_mb ? (uint64_t)o->probe_mb << 20
-                                     : (r->token_bytes > (1ull << 30) ? r->token_bytes : 1ull << 30);
+        r->probe_bytes =
+            o->probe_mb ? (uint64_t)o->probe_mb << 20 : (r->token_bytes > (1ull << 30) ? r->token_bytes : 1ull << 30);
         if (m->be->probe) { /* the device's own memory */
             if (m->be->probe(r->probe_bytes, &r->probe_gbps, &r->probe_best_gbps) != DFL_OK) return DFL_ERR;
         } else if (probe_bandwidth(r->probe_bytes, &r->probe_gbps, &r->probe_best_gbps) != DFL_OK) {
@@ -610,8 +619,8 @@ static int run_bench(const bench_opts *o, const dfl_model *m, dfl_any_drafter *a
         const double med = o->decode % 2 ? dt[o->decode / 2] : 0.5 * (dt[o->decode / 2 - 1] + dt[o->decode / 2]);
         if (pbuf) {
             qsort(share, (size_t)o->decode, sizeof(double), cmp_double);
-            r->decode_paired = o->decode % 2 ? share[o->decode / 2]
-                                             : 0.5 * (share[o->decode / 2 - 1] + share[o->decode / 2]);
+            r->decode_paired =
+                o->decode % 2 ? share[o->decode / 2] : 0.5 * (share[o->decode / 2 - 1] + share[o->decode / 2]);
         }
         free(dt), free(share), free(pbuf);
         s.no_record = 0;
@@ -692,8 +701,15 @@ done:
 }
 
 int cmd_bench(int argc, char **argv) {
-    bench_opts o = {.model = DEFAULT_TARGET, .context = 256, .decode = 16, .verify_max = 32, .prefill = 512,
-                    .gen = 32, .reps = 2, .parts = 0x7f | P_PEAK, .block_attn = DFL_BLOCK_ATTN_AUTO};
+    bench_opts o = {.model = DEFAULT_TARGET,
+                    .context = 256,
+                    .decode = 16,
+                    .verify_max = 32,
+                    .prefill = 512,
+                    .gen = 32,
+                    .reps = 2,
+                    .parts = 0x7f | P_PEAK,
+                    .block_attn = DFL_BLOCK_ATTN_AUTO};
     const char *drafter = NULL;
     int model_given = 0;
     cli_prompt pr = {0};
@@ -731,11 +747,16 @@ int cmd_bench(int argc, char **argv) {
         } else if (strcmp(argv[i], "--parts") == 0) {
             const char *p = cli_value(argc, argv, &i);
             if (!(o.parts = parse_parts(p)))
-                return cli_usage_error("bench", "--parts '%s': a comma-separated subset of probe, decode, verify, "
-                                                "draft, e2e, prefill, rollback, tree, peak",
+                return cli_usage_error("bench",
+                                       "--parts '%s': a comma-separated subset of probe, decode, verify, "
+                                       "draft, e2e, prefill, rollback, tree, peak",
                                        p);
         } else {
-            static const struct { const char *name; long lo, hi; size_t off; } nums[] = {
+            static const struct {
+                const char *name;
+                long lo, hi;
+                size_t off;
+            } nums[] = {
                 {"--threads", 1, 1024, offsetof(bench_opts, threads)},
                 {"--context", 1, 1 << 20, offsetof(bench_opts, context)},
                 {"--decode", 1, 1 << 20, offsetof(bench_opts, decode)},
@@ -803,7 +824,7 @@ int cmd_bench(int argc, char **argv) {
         if (rc == 0 && n_prompt == 0) rc = cli_usage_error("bench", "the e2e prompt has no tokens");
         if (rc == 0 && (n_prompt > (size_t)m.cfg.max_position || !(o.parts & P_E2E)))
             rc = cli_usage_error("bench", !(o.parts & P_E2E) ? "a prompt is for the e2e part, which --parts leaves out"
-                                                              : "the e2e prompt is longer than the model's context");
+                                                             : "the e2e prompt is longer than the model's context");
         if (rc) {
             free(prompt);
             if (o.ad) anydrafter_close(&ad);

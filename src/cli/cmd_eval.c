@@ -62,7 +62,7 @@ static const char *usage_text =
     "  --reference FILE      reference outputs: JSON lines {\"id\", [\"turn\",] \"output_ids\" | \"text\"}\n"
     "  --reference-url URL   a server: .../v1/completions (OpenAI-compatible) or .../generate (SGLang)\n"
     "  --max-context N       positions to allocate (default: longest prompt + max-new + tree budget)\n"
-"  --protocol zlab       z-lab's dflash benchmark: its prompt format per dataset, its selection\n"
+    "  --protocol zlab       z-lab's dflash benchmark: its prompt format per dataset, its selection\n"
     "                        (random.Random(42).shuffle, then the first --limit), Qwen3's template with\n"
     "                        thinking off (--chat chatml-nothink), --max-new 2048 unless given; tau is\n"
     "                        its acceptance length (docs/eval.md)\n"
@@ -89,8 +89,7 @@ static const char *usage_text =
     "                        directory with the --features file names, `dfl hidden` layout): summary.md\n"
     "                        puts tau on dfl's and on the pipeline's features side by side\n"
     "  --cost-reps N         at least N timed repetitions of each cost measurement for the modeled\n"
-    "                        speedup, the fastest kept (default 3; 0 = no modeled speedup)\n"
-    CLI_BLOCK_ATTN_HELP
+    "                        speedup, the fastest kept (default 3; 0 = no modeled speedup)\n" CLI_BLOCK_ATTN_HELP
     "  --train-metrics       also compute what drafter training logs (SpecForge's accuracy on seeded\n"
     "                        random anchors, the all-anchor simulated acceptance length, the expected\n"
     "                        acceptance at T = 1) on the same truths, on the prompts' reference\n"
@@ -100,7 +99,8 @@ static const char *usage_text =
     "                        --seed seeds them)\n"
     "  --train-gamma G       loss decay of the weighted accuracy (default by block: 7 for 16)\n"
     "  --train-top-k K       the target's most probable tokens kept per position for the expected\n"
-    "                        acceptance (default 64; the mass they leave out is reported)\n"    "  --train-batch N       at most N anchors' blocks per drafter forward (default: as many as 64 MiB\n"
+    "                        acceptance (default 64; the mass they leave out is reported)\n"
+    "  --train-batch N       at most N anchors' blocks per drafter forward (default: as many as 64 MiB\n"
     "                        of logits hold, at most 32; the weights stream once per forward)\n"
     "  --train-attn MODE     also score the drafters with sliding_attention layers under this block\n"
     "                        attention (sliding-causal, bidirectional, causal): its row of the gap\n"
@@ -200,8 +200,10 @@ static int parse_args(eval_opts *o, int *save_layers, const char **progress_mode
         } else if (strcmp(a, "--protocol-dataset") == 0) {
             const char *dv = cli_value(argc, argv, &i);
             if ((o->zlab_dataset = eval_zlab_dataset_parse(dv)) < 0)
-                return cli_usage_error("eval", "--protocol-dataset: expected gsm8k, math500, humaneval, mbpp or "
-                                               "mt-bench, found '%s'", dv);
+                return cli_usage_error("eval",
+                                       "--protocol-dataset: expected gsm8k, math500, humaneval, mbpp or "
+                                       "mt-bench, found '%s'",
+                                       dv);
         } else if (strcmp(a, "--dump-prompts") == 0) {
             o->dump_prompts = cli_value(argc, argv, &i);
         } else if (strcmp(a, "--dump-answer") == 0) {
@@ -216,8 +218,7 @@ static int parse_args(eval_opts *o, int *save_layers, const char **progress_mode
             o->block = (int)v;
         } else if (strcmp(a, "--tree-budget") == 0) {
             const char *s = cli_value(argc, argv, &i);
-            if (parse_list(a, s, o->budgets, EVAL_MAX_MODES, DDTREE_MAX_NODES, &o->n_modes))
-                return 2;
+            if (parse_list(a, s, o->budgets, EVAL_MAX_MODES, DDTREE_MAX_NODES, &o->n_modes)) return 2;
         } else if (strcmp(a, "--record-mode") == 0) {
             const char *s = cli_value(argc, argv, &i);
             if (eval_record_mode_parse(s, &o->record_budget) != DFL_OK)
@@ -264,8 +265,10 @@ static int parse_args(eval_opts *o, int *save_layers, const char **progress_mode
             const char *v = cli_value(argc, argv, &i);
             int c;
             if (drafter_causal_parse(v, &c) != DFL_OK || c == DFL_BLOCK_ATTN_AUTO)
-                return cli_usage_error("eval", "--train-attn: expected sliding-causal, bidirectional or causal, found "
-                                       "'%s'", v);
+                return cli_usage_error("eval",
+                                       "--train-attn: expected sliding-causal, bidirectional or causal, found "
+                                       "'%s'",
+                                       v);
             o->train_attn = c;
         } else if (strcmp(a, "--train-batch") == 0) {
             if (cli_parse_long("eval", a, cli_value(argc, argv, &i), 1, 32, &v)) return 2;
@@ -302,7 +305,8 @@ static int parse_args(eval_opts *o, int *save_layers, const char **progress_mode
             o->shard_i = (int)si, o->shard_n = (int)sn;
         } else return cli_usage_error("eval", "unknown argument '%s' (see dfl eval --help)", a);
     }
-    if (o->zlab_dataset >= 0 && !o->protocol) return cli_usage_error("eval", "--protocol-dataset needs --protocol zlab");
+    if (o->zlab_dataset >= 0 && !o->protocol)
+        return cli_usage_error("eval", "--protocol-dataset needs --protocol zlab");
     eval_opts_protocol_defaults(o, chat_set);
     if (o->dump_answer && !o->dump_prompts) return cli_usage_error("eval", "--dump-answer needs --dump-prompts");
     if (o->dump_prompts && !o->n_drafters) {
@@ -312,8 +316,9 @@ static int parse_args(eval_opts *o, int *save_layers, const char **progress_mode
                                            "--prompts and --tokenizer (or --target)");
         return 0;
     }
-    if (o->dump_answer) return cli_usage_error("eval", "--dump-answer: only without --drafter (a run builds second "
-                                                       "turns on the model's own answers)");
+    if (o->dump_answer)
+        return cli_usage_error("eval", "--dump-answer: only without --drafter (a run builds second "
+                                       "turns on the model's own answers)");
     if (!o->n_drafters || !o->out || (!o->features_dir && (!o->target || !o->prompts)))
         return cli_usage_error("eval", "needs --target, at least one --drafter, --prompts and --out (or --features "
                                        "DIR instead of --target and --prompts)");

@@ -38,11 +38,11 @@ static const char *usage_text =
 
 typedef struct run_sum {
     const char *dir;
-    cJSON *root;     /* summary.json */
-    cJSON *results;  /* its "results" array */
+    cJSON *root;    /* summary.json */
+    cJSON *results; /* its "results" array */
     const char *target;
-    const char *act; /* "f32" or "bf16" (summaries written before the mode existed: f32) */
-    eval_results res;/* DIR/results.jsonl, for the per-prompt τ (n = 0 when absent) */
+    const char *act;  /* "f32" or "bf16" (summaries written before the mode existed: f32) */
+    eval_results res; /* DIR/results.jsonl, for the per-prompt τ (n = 0 when absent) */
 } run_sum;
 
 static char *read_all(const char *path) {
@@ -152,8 +152,9 @@ static void print_paired(const run_sum *runs, int n) {
         int all = 1;
         for (int i = 0; i < n && all; i++) all = find_row(&runs[i], dr, mode, method) != NULL;
         for (int i = 1; all && i < n; i++)
-            if (!runs[0].res.n || !runs[i].res.n) printf("- %s %s: no results.jsonl in %s: no paired comparison.\n", dr,
-                                                         mode, runs[0].res.n ? runs[i].dir : runs[0].dir);
+            if (!runs[0].res.n || !runs[i].res.n)
+                printf("- %s %s: no results.jsonl in %s: no paired comparison.\n", dr, mode,
+                       runs[0].res.n ? runs[i].dir : runs[0].dir);
             else paired(runs, i, dr, mode, method, *str_of(x, "features") ? str_of(x, "features") : "dfl", NULL);
     }
 }
@@ -196,14 +197,14 @@ static int same_prompts(const run_sum *runs, int n) {
             const char *ha = str_of(set0, key), *hb = str_of(seti, key);
             if (strcmp(ha, hb) != 0)
                 return dfl_seterr("%s and %s ran other prompts (run.prompt_set.%s %s vs %s: other prompt ids, or other "
-                                  "texts under them): compare runs on the same prompts", runs[0].dir, runs[i].dir, key,
-                                  ha, hb);
+                                  "texts under them): compare runs on the same prompts",
+                                  runs[0].dir, runs[i].dir, key, ha, hb);
         } else {
             char *va = run_field(&runs[0], "prompts_file"), *vb = run_field(&runs[i], "prompts_file");
             const cJSON *a = r0 ? cJSON_GetObjectItemCaseSensitive(r0, "prompts_file") : NULL;
             const cJSON *b = ri ? cJSON_GetObjectItemCaseSensitive(ri, "prompts_file") : NULL;
-            const int differ = (a == NULL) != (b == NULL) ||
-                               (cJSON_IsString(a) && cJSON_IsString(b) && !same_prompts_file(a->valuestring, b->valuestring));
+            const int differ = (a == NULL) != (b == NULL) || (cJSON_IsString(a) && cJSON_IsString(b) &&
+                                                              !same_prompts_file(a->valuestring, b->valuestring));
             if (differ)
                 dfl_seterr("run.prompts_file differs: %s in %s, %s in %s: compare runs on the same prompts and options",
                            va ? va : "absent", runs[0].dir, vb ? vb : "absent", runs[i].dir);
@@ -262,40 +263,43 @@ int cmd_eval_compare(int argc, char **argv) {
     int common = 0;
     const cJSON *x;
     if (!rc) cJSON_ArrayForEach(x, runs[0].results) {
-        const char *dr = str_of(x, "drafter"), *mode = str_of(x, "mode"), *method = str_of(x, "method");
-        const cJSON *row[MAX_RUNS];
-        int all = 1;
-        for (int i = 0; i < n && all; i++) all = (row[i] = find_row(&runs[i], dr, mode, method)) != NULL;
-        if (!all) continue;
-        common++;
-        const double base = num_of(row[0], "tau");
-        if (json) {
-            cJSON *o = cJSON_CreateObject();
-            cJSON_AddStringToObject(o, "drafter", dr);
-            cJSON_AddStringToObject(o, "mode", mode);
-            cJSON_AddStringToObject(o, "method", method);
-            cJSON *tau = cJSON_AddArrayToObject(o, "tau"), *tw = cJSON_AddArrayToObject(o, "tau_token_weighted");
-            cJSON *ch = cJSON_AddArrayToObject(o, "change_percent"), *mm = cJSON_AddArrayToObject(o, "mismatches");
-            for (int i = 0; i < n; i++) {
-                cJSON_AddItemToArray(tau, cJSON_CreateNumber(num_of(row[i], "tau")));
-                cJSON_AddItemToArray(tw, cJSON_CreateNumber(num_of(row[i], "tau_token_weighted")));
-                cJSON_AddItemToArray(mm, cJSON_CreateNumber(num_of(row[i], "mismatches")));
-                if (i) cJSON_AddItemToArray(ch, cJSON_CreateNumber(base > 0 ? 100.0 * (num_of(row[i], "tau") / base - 1) : 0));
+            const char *dr = str_of(x, "drafter"), *mode = str_of(x, "mode"), *method = str_of(x, "method");
+            const cJSON *row[MAX_RUNS];
+            int all = 1;
+            for (int i = 0; i < n && all; i++) all = (row[i] = find_row(&runs[i], dr, mode, method)) != NULL;
+            if (!all) continue;
+            common++;
+            const double base = num_of(row[0], "tau");
+            if (json) {
+                cJSON *o = cJSON_CreateObject();
+                cJSON_AddStringToObject(o, "drafter", dr);
+                cJSON_AddStringToObject(o, "mode", mode);
+                cJSON_AddStringToObject(o, "method", method);
+                cJSON *tau = cJSON_AddArrayToObject(o, "tau"), *tw = cJSON_AddArrayToObject(o, "tau_token_weighted");
+                cJSON *ch = cJSON_AddArrayToObject(o, "change_percent"), *mm = cJSON_AddArrayToObject(o, "mismatches");
+                for (int i = 0; i < n; i++) {
+                    cJSON_AddItemToArray(tau, cJSON_CreateNumber(num_of(row[i], "tau")));
+                    cJSON_AddItemToArray(tw, cJSON_CreateNumber(num_of(row[i], "tau_token_weighted")));
+                    cJSON_AddItemToArray(mm, cJSON_CreateNumber(num_of(row[i], "mismatches")));
+                    if (i)
+                        cJSON_AddItemToArray(
+                            ch, cJSON_CreateNumber(base > 0 ? 100.0 * (num_of(row[i], "tau") / base - 1) : 0));
+                }
+                cJSON *pa = cJSON_AddArrayToObject(o, "paired");
+                for (int i = 1; i < n && runs[0].res.n && runs[i].res.n; i++)
+                    paired(runs, i, dr, mode, method, *str_of(x, "features") ? str_of(x, "features") : "dfl", pa);
+                cJSON_AddItemToArray(rows, o);
+            } else {
+                printf("| %s | %s%s |", dr, mode, strcmp(method, "online") == 0 ? " (online)" : "");
+                for (int i = 0; i < n; i++)
+                    printf(" %.3f (%.3f) |", num_of(row[i], "tau"), num_of(row[i], "tau_token_weighted"));
+                for (int i = 1; i < n; i++)
+                    printf(" %+.1f%% |", base > 0 ? 100.0 * (num_of(row[i], "tau") / base - 1) : 0);
+                printf(" ");
+                for (int i = 0; i < n; i++) printf("%s%.0f", i ? " / " : "", num_of(row[i], "mismatches"));
+                printf(" |\n");
             }
-            cJSON *pa = cJSON_AddArrayToObject(o, "paired");
-            for (int i = 1; i < n && runs[0].res.n && runs[i].res.n; i++)
-                paired(runs, i, dr, mode, method, *str_of(x, "features") ? str_of(x, "features") : "dfl", pa);
-            cJSON_AddItemToArray(rows, o);
-        } else {
-            printf("| %s | %s%s |", dr, mode, strcmp(method, "online") == 0 ? " (online)" : "");
-            for (int i = 0; i < n; i++)
-                printf(" %.3f (%.3f) |", num_of(row[i], "tau"), num_of(row[i], "tau_token_weighted"));
-            for (int i = 1; i < n; i++) printf(" %+.1f%% |", base > 0 ? 100.0 * (num_of(row[i], "tau") / base - 1) : 0);
-            printf(" ");
-            for (int i = 0; i < n; i++) printf("%s%.0f", i ? " / " : "", num_of(row[i], "mismatches"));
-            printf(" |\n");
         }
-    }
     if (!rc && !common) rc = cli_fail("eval-compare", "no drafter x mode x method row is common to every run");
     if (!rc && json) {
         char *s = cJSON_Print(out);

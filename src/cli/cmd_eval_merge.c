@@ -32,13 +32,15 @@ static const char *usage_text =
 typedef struct input {
     const char *dir;
     struct stat st;
-    cJSON *run;          /* run.json, or summary.json's "run" of a run made before run.json existed */
-    cJSON *root;         /* what run points into */
-    eval_results res;    /* results.jsonl */
-    char *ref;           /* reference.jsonl's complete lines (NULL: none) */
+    cJSON *run;       /* run.json, or summary.json's "run" of a run made before run.json existed */
+    cJSON *root;      /* what run points into */
+    eval_results res; /* results.jsonl */
+    char *ref;        /* reference.jsonl's complete lines (NULL: none) */
 } input;
 
-static int same_file(const struct stat *a, const struct stat *b) { return a->st_dev == b->st_dev && a->st_ino == b->st_ino; }
+static int same_file(const struct stat *a, const struct stat *b) {
+    return a->st_dev == b->st_dev && a->st_ino == b->st_ino;
+}
 
 /* What input in ran: run.json, else (older runs) summary.json's "run". */
 static int load_run(input *in) {
@@ -57,7 +59,8 @@ static int load_run(input *in) {
         in->run = cJSON_GetObjectItemCaseSensitive(in->root, "run");
         if (!cJSON_IsObject(in->run))
             rc = dfl_seterr("%s: neither run.json nor a summary.json with its \"run\": cannot tell what this run ran "
-                            "(options, prompts), so it cannot be merged", in->dir);
+                            "(options, prompts), so it cannot be merged",
+                            in->dir);
     }
     if (rc == DFL_OK) dfl_clearerr();
     free(txt);
@@ -150,7 +153,8 @@ static int write_whole(const char *path, const char *text, size_t len) {
     fwrite(text, 1, len, f);
     const int bad = ferror(f);
     int rc = fclose(f) == 0 && !bad ? DFL_OK : dfl_seterr("%s: write error: %s", tmp, strerror(errno));
-    if (rc == DFL_OK && rename(tmp, path) != 0) rc = dfl_seterr("%s: cannot rename into place: %s", path, strerror(errno));
+    if (rc == DFL_OK && rename(tmp, path) != 0)
+        rc = dfl_seterr("%s: cannot rename into place: %s", path, strerror(errno));
     if (rc != DFL_OK) unlink(tmp);
     return rc;
 }
@@ -180,8 +184,9 @@ static int check_inputs(input *in, int n, const char *out, char **keep, cJSON *p
         struct stat si;
         const int same = have_res_out && stat(p, &si) == 0 && same_file(&si, &sr);
         free(p);
-        if (same) return dfl_seterr("%s/results.jsonl is %s/results.jsonl: eval-merge never writes into an input", out,
-                                    in[k].dir);
+        if (same)
+            return dfl_seterr("%s/results.jsonl is %s/results.jsonl: eval-merge never writes into an input", out,
+                              in[k].dir);
     }
     for (int k = 0; k < n; k++)
         if (load_run(&in[k]) != DFL_OK || load_results(&in[k]) != DFL_OK) return DFL_ERR;
@@ -193,9 +198,10 @@ static int check_inputs(input *in, int n, const char *out, char **keep, cJSON *p
             const eval_result *r = &in[k].res.r[i];
             if (act < 0) act = r->act_bf16, act_dir = in[k].dir;
             if (r->act_bf16 != act)
-                return dfl_seterr("%s/results.jsonl:%d: computed with %s activations, %s with %s: results of both modes "
-                                  "must not mix in one summary", in[k].dir, in[k].res.line[i],
-                                  r->act_bf16 ? "bf16" : "f32", act_dir, act ? "bf16" : "f32");
+                return dfl_seterr(
+                    "%s/results.jsonl:%d: computed with %s activations, %s with %s: results of both modes "
+                    "must not mix in one summary",
+                    in[k].dir, in[k].res.line[i], r->act_bf16 ? "bf16" : "f32", act_dir, act ? "bf16" : "f32");
         }
     /* one device for the target */
     int dev = -1;
@@ -205,9 +211,11 @@ static int check_inputs(input *in, int n, const char *out, char **keep, cJSON *p
             const eval_result *r = &in[k].res.r[i];
             if (dev < 0) dev = r->device, dev_dir = in[k].dir;
             if (r->device != dev)
-                return dfl_seterr("%s/results.jsonl:%d: the target ran on %s, in %s on %s: results of both devices must "
-                                  "not mix in one summary", in[k].dir, in[k].res.line[i],
-                                  dfl_device_name((dfl_device)r->device), dev_dir, dfl_device_name((dfl_device)dev));
+                return dfl_seterr(
+                    "%s/results.jsonl:%d: the target ran on %s, in %s on %s: results of both devices must "
+                    "not mix in one summary",
+                    in[k].dir, in[k].res.line[i], dfl_device_name((dfl_device)r->device), dev_dir,
+                    dfl_device_name((dfl_device)dev));
         }
     /* the same options */
     for (int k = 1; k < n; k++) {
@@ -223,8 +231,8 @@ static int check_inputs(input *in, int n, const char *out, char **keep, cJSON *p
         if (a && b && !cJSON_Compare(a, b, 1)) {
             char ba[160], bb[160];
             return dfl_seterr("%s and %s ran on other prompt files (all_prompts %s vs %s: other prompts, another "
-                              "--limit, or edited prompts)", in[0].dir, in[k].dir, dfl_json_brief(a, ba, sizeof ba),
-                              dfl_json_brief(b, bb, sizeof bb));
+                              "--limit, or edited prompts)",
+                              in[0].dir, in[k].dir, dfl_json_brief(a, ba, sizeof ba), dfl_json_brief(b, bb, sizeof bb));
         }
     }
     /* the same prompt under every id the inputs share */
@@ -241,10 +249,12 @@ static int check_inputs(input *in, int n, const char *out, char **keep, cJSON *p
             if (cJSON_IsString(have) && cJSON_IsString(e) && strcmp(have->valuestring, e->valuestring) != 0) {
                 const char *first = "an earlier input";
                 for (int j = 0; j < k; j++)
-                    if (cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(in[j].run, "prompts"), e->string))
+                    if (cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(in[j].run, "prompts"),
+                                                         e->string))
                         first = in[j].dir, j = k;
                 rc = dfl_seterr("prompt %s is another prompt in %s than in %s (another prompt file, or an edited "
-                                "prompt): runs of other prompts cannot be merged", e->string, in[k].dir, first);
+                                "prompt): runs of other prompts cannot be merged",
+                                e->string, in[k].dir, first);
                 break;
             }
         }
@@ -272,7 +282,8 @@ static int check_inputs(input *in, int n, const char *out, char **keep, cJSON *p
             if (v[b].in == v[a].in) continue; /* repeated within one input: as that run left it */
             const input *A = &in[v[a].in], *B = &in[v[b].in];
             const eval_result *x = &A->res.r[v[a].i], *y = &B->res.r[v[b].i];
-            if (!same_outcome(x, A->res.ids[v[a].i], A->res.n_ids[v[a].i], y, B->res.ids[v[b].i], B->res.n_ids[v[b].i])) {
+            if (!same_outcome(x, A->res.ids[v[a].i], A->res.n_ids[v[a].i], y, B->res.ids[v[b].i],
+                              B->res.n_ids[v[b].i])) {
                 rc = dfl_seterr("%s/results.jsonl:%d and %s/results.jsonl:%d: prompt %s turn %d, %s %s (%s) has other "
                                 "results in each: overlapping runs that disagree cannot be merged",
                                 A->dir, A->res.line[v[a].i], B->dir, B->res.line[v[b].i], x->prompt_id, x->turn + 1,
@@ -289,8 +300,7 @@ static int check_inputs(input *in, int n, const char *out, char **keep, cJSON *p
 
 /* Every check passed: write results.jsonl, reference.jsonl, run.json and the reports to out.
  * Returns the exit code. */
-static int write_merged(const input *in, int n_in, const char *out, char **keep, const cJSON *prompts,
-                        int dropped) {
+static int write_merged(const input *in, int n_in, const char *out, char **keep, const cJSON *prompts, int dropped) {
     int rc = 0;
     char *res_text = NULL, *ref_text = NULL;
     size_t res_len = 0, ref_len = 0;
@@ -327,7 +337,8 @@ static int write_merged(const input *in, int n_in, const char *out, char **keep,
     }
     char *run_text = run ? cJSON_Print(run) : NULL;
     if (rc == 0 && write_whole(res, res_text, res_len) != DFL_OK) rc = cli_fail("eval-merge", "%s", dfl_errmsg());
-    if (rc == 0 && have_ref && write_whole(ref, ref_text, ref_len) != DFL_OK) rc = cli_fail("eval-merge", "%s", dfl_errmsg());
+    if (rc == 0 && have_ref && write_whole(ref, ref_text, ref_len) != DFL_OK)
+        rc = cli_fail("eval-merge", "%s", dfl_errmsg());
     if (rc == 0 && !have_ref && unlink(ref) != 0 && errno != ENOENT)
         rc = cli_fail("eval-merge", "%s: cannot remove: %s", ref, strerror(errno));
     if (rc == 0 && run_text) {
@@ -372,7 +383,8 @@ static int write_merged(const input *in, int n_in, const char *out, char **keep,
         s.run = run; /* the settings: the first input's options, the merged prompts */
         const cJSON *mx = cJSON_GetObjectItemCaseSensitive(run, "max_new");
         eval_summary_outputs(&s, all, all_ids, all_n, n, cJSON_IsNumber(mx) ? (int)mx->valuedouble : 0);
-        if (!extra || eval_write_reports(&s, out, extra, NULL) != DFL_OK) rc = cli_fail("eval-merge", "%s", dfl_errmsg());
+        if (!extra || eval_write_reports(&s, out, extra, NULL) != DFL_OK)
+            rc = cli_fail("eval-merge", "%s", dfl_errmsg());
         else {
             fprintf(stderr, "[dfl eval-merge] %d responses from %d directories -> %s/summary.md", n, n_in, out);
             if (dropped) fprintf(stderr, " (%d present in several inputs with the same results, kept once)", dropped);

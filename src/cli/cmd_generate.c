@@ -68,9 +68,9 @@ static const char *usage_text =
 /* Per-round record: acceptance lengths for --json, drafts for --dump-drafts. */
 typedef struct rounds_log {
     int n, cap, keep_drafts, V, tree_budget;
-    int *committed;   /* a + 1 per round */
-    float **drafts;   /* [bs-1, V] per drafted round */
-    int64_t **ids;    /* [bs] verified block */
+    int *committed; /* a + 1 per round */
+    float **drafts; /* [bs-1, V] per drafted round */
+    int64_t **ids;  /* [bs] verified block */
     int64_t *start;
     int *bs;
 } rounds_log;
@@ -107,8 +107,8 @@ static int dump_write(const rounds_log *d, const char *path) {
     for (int i = 0; i < d->n; i++) {
         if (!d->drafts[i]) continue; /* plain decode steps have no draft */
         snprintf(names[ne], sizeof names[ne], "draft_logits.%d", r);
-        e[ne] = (st_write_entry){.name = names[ne], .dtype = ST_F32, .ndim = 2,
-                                 .shape = {d->bs[i] - 1, d->V}, .data = d->drafts[i]};
+        e[ne] = (st_write_entry){
+            .name = names[ne], .dtype = ST_F32, .ndim = 2, .shape = {d->bs[i] - 1, d->V}, .data = d->drafts[i]};
         ne++;
         snprintf(names[ne], sizeof names[ne], "block_ids.%d", r);
         e[ne] = (st_write_entry){.name = names[ne], .dtype = ST_I64, .ndim = 1, .shape = {d->bs[i]}, .data = d->ids[i]};
@@ -179,9 +179,14 @@ static int generate_decode(dfl_model *m, dfl_any_drafter *ad, dfl_draft_if *dif,
                            size_t n_prompt) {
     const int have_ds = dif != NULL;
     int rc = 0;
-    dfl_gen_opts o = {.max_new = (int)a->max_new, .block = (int)a->block, .temperature = (float)a->temperature,
-                      .seed = (uint64_t)a->seed, .ignore_eos = a->ignore_eos, .tree_budget = (int)a->budget,
-                      .accept_rule = (dfl_accept_rule)a->accept_rule, .top_p = (float)a->top_p,
+    dfl_gen_opts o = {.max_new = (int)a->max_new,
+                      .block = (int)a->block,
+                      .temperature = (float)a->temperature,
+                      .seed = (uint64_t)a->seed,
+                      .ignore_eos = a->ignore_eos,
+                      .tree_budget = (int)a->budget,
+                      .accept_rule = (dfl_accept_rule)a->accept_rule,
+                      .top_p = (float)a->top_p,
                       .top_k = (int)a->top_k};
     rounds_log rl = {.keep_drafts = a->dump_path != NULL, .tree_budget = (int)a->budget};
     if (have_ds) o.on_round = on_round, o.on_round_ud = &rl;
@@ -257,8 +262,7 @@ static int generate_tokens(dfl_model *m, dfl_any_drafter *ad, double t_load, con
         rc = cli_fail("generate", "%s", dfl_errmsg());
     else if (ad && anydrafter_state_init(ad, m, (int)max_ctx, &dif) != DFL_OK)
         rc = cli_fail("generate", "%s", dfl_errmsg());
-    else
-        rc = generate_decode(m, ad, ad ? &dif : NULL, &s, t_load, max_ctx, a, tok, prompt, n_prompt);
+    else rc = generate_decode(m, ad, ad ? &dif : NULL, &s, t_load, max_ctx, a, tok, prompt, n_prompt);
     target_state_free(&s);
     return rc;
 }
@@ -270,8 +274,10 @@ static int generate_prompt(dfl_model *m, dfl_any_drafter *ad, double t_load, con
     const int have_tok = pr->tokenizer || dfl_is_file(tok_file);
     free(tok_file);
     if (!have_tok && !pr->ids && (pr->text || pr->file))
-        return cli_fail("generate", "a text prompt needs a tokenizer: no tokenizer.json in %s (give --tokenizer PATH, "
-                        "or the prompt as --prompt-ids)", a->target);
+        return cli_fail("generate",
+                        "a text prompt needs a tokenizer: no tokenizer.json in %s (give --tokenizer PATH, "
+                        "or the prompt as --prompt-ids)",
+                        a->target);
     dfl_tokenizer *tok = NULL;
     int32_t *prompt = NULL;
     size_t n_prompt = 0;
@@ -360,7 +366,8 @@ int cmd_generate(int argc, char **argv) {
     if (block_attn != DFL_BLOCK_ATTN_AUTO && !drafter_dir)
         return cli_usage_error("generate", "--block-attn needs --drafter");
     if (budget && temperature > 0)
-        return cli_usage_error("generate", "--tree-budget (DDTree) is greedy: it cannot be combined with --temperature");
+        return cli_usage_error("generate",
+                               "--tree-budget (DDTree) is greedy: it cannot be combined with --temperature");
     /* greedy decoding keeps the argmax, which both filters keep: asked for without sampling, they
      * would change nothing, which is not what the command line says */
     if (filter_given && temperature <= 0)
@@ -389,9 +396,18 @@ int cmd_generate(int argc, char **argv) {
     }
     if (rc == 0) {
         const double t_load = dfl_now() - t0;
-        const gen_args a = {.target = target, .dump_path = dump_path, .max_new = max_new, .max_ctx = max_ctx,
-                            .block = block, .seed = seed, .budget = budget, .top_k = top_k,
-                            .temperature = temperature, .top_p = top_p, .accept_rule = accept_rule, .json = json,
+        const gen_args a = {.target = target,
+                            .dump_path = dump_path,
+                            .max_new = max_new,
+                            .max_ctx = max_ctx,
+                            .block = block,
+                            .seed = seed,
+                            .budget = budget,
+                            .top_k = top_k,
+                            .temperature = temperature,
+                            .top_p = top_p,
+                            .accept_rule = accept_rule,
+                            .json = json,
                             .ignore_eos = ignore_eos};
         rc = generate_prompt(&m, drafter_dir ? &ad : NULL, t_load, &a, &pr);
     }

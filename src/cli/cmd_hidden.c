@@ -24,8 +24,7 @@ static const char *usage_text =
     "  --logits            also write `logits` (F32 [T, V])\n" CLI_DEVICE_HELP;
 
 /* Fill layers from --layers (checked against the model's decoder layers). Returns the exit code. */
-static int parse_layers(const dfl_config *c, const char *target, const char *layers_arg, int *layers,
-                        int *n_layers) {
+static int parse_layers(const dfl_config *c, const char *target, const char *layers_arg, int *layers, int *n_layers) {
     *n_layers = 0;
     if (strcmp(layers_arg, "all") == 0) {
         for (int i = 0; i < c->n_layers; i++) layers[(*n_layers)++] = i;
@@ -33,12 +32,11 @@ static int parse_layers(const dfl_config *c, const char *target, const char *lay
     }
     long ids[DFL_MAX_LAYERS];
     int n = 0;
-    if (cli_parse_long_list("hidden", "--layers", layers_arg, 0, DFL_MAX_LAYERS - 1, ids, DFL_MAX_LAYERS, &n))
-        return 2;
+    if (cli_parse_long_list("hidden", "--layers", layers_arg, 0, DFL_MAX_LAYERS - 1, ids, DFL_MAX_LAYERS, &n)) return 2;
     for (int i = 0; i < n; i++) {
         if (ids[i] >= c->n_layers)
-            return cli_fail("hidden", "--layers: layer %ld does not exist; %s has decoder layers 0..%d", ids[i],
-                            target, c->n_layers - 1);
+            return cli_fail("hidden", "--layers: layer %ld does not exist; %s has decoder layers 0..%d", ids[i], target,
+                            c->n_layers - 1);
         layers[(*n_layers)++] = (int)ids[i];
     }
     return 0;
@@ -46,8 +44,8 @@ static int parse_layers(const dfl_config *c, const char *target, const char *lay
 
 /* Write input_ids, one [T, H] tensor per layer from the capture cap_out ([T][n_layers][H]) and
  * the logits when given. Returns the exit code. */
-static int write_dump(const char *out_path, const int32_t *prompt, size_t T, size_t H, const int *layers,
-                      int n_layers, const float *cap_out, const float *logits, int vocab) {
+static int write_dump(const char *out_path, const int32_t *prompt, size_t T, size_t H, const int *layers, int n_layers,
+                      const float *cap_out, const float *logits, int vocab) {
     int rc = 0;
     /* capture is [T][n_layers][H]; the file wants one [T, H] tensor per layer */
     float *per_layer = malloc(T * n_layers * H * sizeof(float));
@@ -62,15 +60,19 @@ static int write_dump(const char *out_path, const int32_t *prompt, size_t T, siz
     e[ne++] = (st_write_entry){.name = "input_ids", .dtype = ST_I64, .ndim = 1, .shape = {(int64_t)T}, .data = ids64};
     for (int k = 0; k < n_layers; k++) {
         snprintf(names[k], sizeof names[k], "layer.%d", layers[k]);
-        e[ne++] = (st_write_entry){.name = names[k], .dtype = ST_F32, .ndim = 2, .shape = {(int64_t)T, (int64_t)H},
+        e[ne++] = (st_write_entry){.name = names[k],
+                                   .dtype = ST_F32,
+                                   .ndim = 2,
+                                   .shape = {(int64_t)T, (int64_t)H},
                                    .data = per_layer + (size_t)k * T * H};
     }
     if (logits)
-        e[ne++] = (st_write_entry){.name = "logits", .dtype = ST_F32, .ndim = 2,
-                                   .shape = {(int64_t)T, (int64_t)vocab}, .data = logits};
+        e[ne++] = (st_write_entry){
+            .name = "logits", .dtype = ST_F32, .ndim = 2, .shape = {(int64_t)T, (int64_t)vocab}, .data = logits};
     if (st_write(out_path, e, ne) != DFL_OK) rc = cli_fail("hidden", "%s", dfl_errmsg());
-    else fprintf(stderr, "[dfl] wrote %s: %zu tokens, %d layers, H %zu%s\n", out_path, T, n_layers, H,
-                 logits ? ", logits" : "");
+    else
+        fprintf(stderr, "[dfl] wrote %s: %zu tokens, %d layers, H %zu%s\n", out_path, T, n_layers, H,
+                logits ? ", logits" : "");
     free(per_layer), free(ids64), free(e), free(names);
     return rc;
 }

@@ -66,10 +66,12 @@ int cmd_hidden_diff(int argc, char **argv) {
     if (!pa || !pb) return cli_usage_error("hidden-diff", "needs two files (see dfl hidden-diff --help)");
     const char *dir = dfl_is_dir(pa) ? pa : dfl_is_dir(pb) ? pb : NULL;
     if (dir) /* what to give instead */
-        return cli_usage_error("hidden-diff", "%s is a directory: hidden-diff compares two files, each one dump in "
+        return cli_usage_error("hidden-diff",
+                               "%s is a directory: hidden-diff compares two files, each one dump in "
                                "the `dfl hidden` format (A.safetensors B.safetensors); for directories of saved "
                                "features (dfl eval --save-features) compare a file of each, e.g. %s/<file> "
-                               "%s/<file>, with the names manifest.jsonl lists", dir, pa, pb);
+                               "%s/<file>, with the names manifest.jsonl lists",
+                               dir, pa, pb);
     st_checkpoint a = {0}, b = {0};
     if (st_open_file(&a, pa) != DFL_OK) return cli_fail("hidden-diff", "%s", dfl_errmsg());
     if (st_open_file(&b, pb) != DFL_OK) {
@@ -93,8 +95,9 @@ int cmd_hidden_diff(int argc, char **argv) {
         if (rc) goto done;
         if (ids_first_diff >= 0) bad = 1;
     }
-    if (json) printf("{\"a\": \"%s\", \"b\": \"%s\", \"tol\": %g, \"input_ids_first_diff\": %lld, \"tensors\": [", pa,
-                     pb, tol, ids_first_diff);
+    if (json)
+        printf("{\"a\": \"%s\", \"b\": \"%s\", \"tol\": %g, \"input_ids_first_diff\": %lld, \"tensors\": [", pa, pb,
+               tol, ids_first_diff);
     else if (ids_first_diff >= 0) printf("input_ids differ first at position %lld\n", ids_first_diff);
     else if (!json) printf("%-16s %8s %12s %12s %10s\n", "tensor", "shape", "max_abs", "rel", "first_bad");
     for (int i = 0; i < a.n_tensors; i++) {
@@ -143,8 +146,12 @@ int cmd_hidden_diff(int argc, char **argv) {
                    first_bad);
     }
     if (json) printf("], \"compared\": %d, \"ok\": %s}\n", compared, bad || !compared ? "false" : "true");
-    else printf("%s: %d tensors compared, tolerance %g\n", bad ? "DIFFERENT" : compared ? "OK" : "NOTHING COMPARED",
-                compared, tol);
+    else
+        printf("%s: %d tensors compared, tolerance %g\n",
+               bad        ? "DIFFERENT"
+               : compared ? "OK"
+                          : "NOTHING COMPARED",
+               compared, tol);
     if (!compared) rc = cli_fail("hidden-diff", "no tensor present in both files");
     else rc = bad ? 1 : 0;
 done:

@@ -11,21 +11,20 @@
 #define CMD "tokenize"
 
 static void usage(FILE *f) {
-    fprintf(f,
-            "usage: dfl tokenize --tokenizer PATH [--text STR] [--json] [--lines]\n"
-            "       dfl tokenize --tokenizer PATH --decode [--text IDS] [--skip-special] [--json] [--lines]\n"
-            "\n"
-            "Encode text (--text, or all of stdin) and print the ids, space separated.\n"
-            "Invalid UTF-8 input is encoded as if each invalid sequence were U+FFFD.\n"
-            "\n"
-            "  --tokenizer PATH  tokenizer.json, or a model directory holding one\n"
-            "  --text STR        the input, instead of stdin\n"
-            "  --json            print a JSON array of ids (with --decode: a JSON string)\n"
-            "  --decode          read ids (whitespace/comma separated, or a JSON array); print the text and\n"
-            "                    a newline. Bytes that are not valid UTF-8 (a cut character) print as U+FFFD\n"
-            "  --skip-special    with --decode: drop special added tokens (e.g. <|im_end|>)\n"
-            "  --lines           batch mode: every stdin line is a JSON string (with --decode: a list\n"
-            "                    of ids); prints one JSON array (with --decode: a JSON string) per line\n");
+    fprintf(f, "usage: dfl tokenize --tokenizer PATH [--text STR] [--json] [--lines]\n"
+               "       dfl tokenize --tokenizer PATH --decode [--text IDS] [--skip-special] [--json] [--lines]\n"
+               "\n"
+               "Encode text (--text, or all of stdin) and print the ids, space separated.\n"
+               "Invalid UTF-8 input is encoded as if each invalid sequence were U+FFFD.\n"
+               "\n"
+               "  --tokenizer PATH  tokenizer.json, or a model directory holding one\n"
+               "  --text STR        the input, instead of stdin\n"
+               "  --json            print a JSON array of ids (with --decode: a JSON string)\n"
+               "  --decode          read ids (whitespace/comma separated, or a JSON array); print the text and\n"
+               "                    a newline. Bytes that are not valid UTF-8 (a cut character) print as U+FFFD\n"
+               "  --skip-special    with --decode: drop special added tokens (e.g. <|im_end|>)\n"
+               "  --lines           batch mode: every stdin line is a JSON string (with --decode: a list\n"
+               "                    of ids); prints one JSON array (with --decode: a JSON string) per line\n");
 }
 
 static char *read_stdin(size_t *len) {
@@ -109,7 +108,7 @@ static int hex4(const char *p, unsigned *v) {
     *v = 0;
     for (int i = 0; i < 4; i++) {
         char c = p[i];
-        unsigned d = c >= '0' && c <= '9' ? (unsigned)(c - '0')
+        unsigned d = c >= '0' && c <= '9'   ? (unsigned)(c - '0')
                      : c >= 'a' && c <= 'f' ? (unsigned)(c - 'a' + 10)
                      : c >= 'A' && c <= 'F' ? (unsigned)(c - 'A' + 10)
                                             : 16u;
@@ -159,7 +158,9 @@ static long json_unquote(const char *p, char *out) {
         }
         unsigned cp, lo;
         switch (c = *p++) {
-        case '"': case '\\': case '/': out[o++] = c; break;
+        case '"':
+        case '\\':
+        case '/': out[o++] = c; break;
         case 'b': out[o++] = '\b'; break;
         case 'f': out[o++] = '\f'; break;
         case 'n': out[o++] = '\n'; break;

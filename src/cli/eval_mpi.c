@@ -33,37 +33,37 @@ typedef struct peer {
 } peer;
 
 typedef struct rank_info {
-    int current;   /* the unit it runs, -1 none */
-    int finished;  /* said it is done (or failed), or died */
-    int dead;      /* its process is gone (seen from rank 0's host) */
+    int current;     /* the unit it runs, -1 none */
+    int finished;    /* said it is done (or failed), or died */
+    int dead;        /* its process is gone (seen from rank 0's host) */
     double last_tau; /* of the last line it sent */
-    char *error;   /* its failure, if any (malloc'd) */
+    char *error;     /* its failure, if any (malloc'd) */
 } rank_info;
 
 typedef struct mpi_ctx {
     int rank, size;
-    peer *peers;               /* [size] host and pid of every rank */
+    peer *peers; /* [size] host and pid of every rank */
     const eval_opts *o;
     /* rank 0 */
-    pthread_mutex_t mu;        /* the queue, results.jsonl, progress */
+    pthread_mutex_t mu; /* the queue, results.jsonl, progress */
     pthread_t thread;
     int thread_joined;
     FILE *resf;
     char *res_path;
-    int n;                     /* units */
-    char **names;              /* [n] */
-    char **held;               /* [n] the results lines results.jsonl held for each (NULL: none) */
-    int *state;                /* [n]: 0 queued or complete, 1 running, 2 done in this run */
+    int n;                       /* units */
+    char **names;                /* [n] */
+    char **held;                 /* [n] the results lines results.jsonl held for each (NULL: none) */
+    int *state;                  /* [n]: 0 queued or complete, 1 running, 2 done in this run */
     int *queue, n_queue, q_next; /* units to run, heaviest first */
-    rank_info *ranks;          /* [size] */
+    rank_info *ranks;            /* [size] */
     int remote_mismatches;
-    int deaths;                /* ranks that died: then nobody calls MPI_Finalize (below) */
+    int deaths; /* ranks that died: then nobody calls MPI_Finalize (below) */
     int progress_done;
     void (*on_progress)(void *ud, const eval_progress *p);
     void *progress_ud;
     /* other ranks */
-    int sent, exit_after;      /* lines sent; the test hook's count (0: off) */
-    int rank0_gone;            /* rank 0 died: nothing more can be said to it */
+    int sent, exit_after; /* lines sent; the test hook's count (0: off) */
+    int rank0_gone;       /* rank 0 died: nothing more can be said to it */
 } mpi_ctx;
 
 static void sleep_ms(int ms) {
@@ -281,18 +281,15 @@ static int d_finish(void *ud) {
         if (c->state[k] == 1) fprintf(m, "%s%s", missing++ ? ", " : "", c->names[k]);
     for (int k = c->q_next; k < c->n_queue; k++) fprintf(m, "%s%s", missing++ ? ", " : "", c->names[c->queue[k]]);
     for (int r = 1; r < c->size; r++) {
-        if (c->ranks[r].dead)
-            fprintf(m, "; rank %d (host %s, pid %d) died", r, c->peers[r].host, c->peers[r].pid);
-        else if (c->ranks[r].error)
-            fprintf(m, "; rank %d: %s", r, c->ranks[r].error);
+        if (c->ranks[r].dead) fprintf(m, "; rank %d (host %s, pid %d) died", r, c->peers[r].host, c->peers[r].pid);
+        else if (c->ranks[r].error) fprintf(m, "; rank %d: %s", r, c->ranks[r].error);
     }
     fclose(m);
     int rc = DFL_OK;
     if (missing)
         rc = dfl_seterr("%d prompt(s) missing: %s; the reports hold the others, rerun with --resume to complete them",
                         missing, msg);
-    else if (c->ranks[0].error)
-        rc = dfl_seterr("%s", c->ranks[0].error);
+    else if (c->ranks[0].error) rc = dfl_seterr("%s", c->ranks[0].error);
     free(msg);
     return rc;
 }
@@ -340,9 +337,9 @@ static int d_next(void *ud, int *unit, char **held) {
         /* every rank must see the same units: the same prompt file (or features) and options */
         if (*unit >= c->n || (*unit >= 0 && strcmp(c->names[*unit], tab + 1) != 0))
             rc = dfl_seterr("rank 0's unit %d is prompt %s, here it is %s: every rank must read the same "
-                            "prompts (--prompts, --limit, --shard, --features) with the same options", *unit, tab + 1, *unit < c->n ? c->names[*unit] : "(none)");
-        else if (nl[1])
-            *held = strdup(nl + 1);
+                            "prompts (--prompts, --limit, --shard, --features) with the same options",
+                            *unit, tab + 1, *unit < c->n ? c->names[*unit] : "(none)");
+        else if (nl[1]) *held = strdup(nl + 1);
     }
     free(msg);
     return rc;
@@ -362,7 +359,7 @@ const char *eval_mpi_library(void) {
     static char v[MPI_MAX_LIBRARY_VERSION_STRING];
     int len = 0;
     MPI_Get_library_version(v, &len); /* callable before MPI_Init */
-    v[strcspn(v, ",\n")] = 0;        /* "Open MPI v4.1.4, package: ..." */
+    v[strcspn(v, ",\n")] = 0;         /* "Open MPI v4.1.4, package: ..." */
     return v;
 }
 
@@ -377,8 +374,9 @@ int eval_mpi_run(eval_opts *o, int quiet) {
     MPI_Comm_rank(MPI_COMM_WORLD, &c->rank);
     MPI_Comm_size(MPI_COMM_WORLD, &c->size);
     if (prov < MPI_THREAD_SERIALIZED) {
-        if (c->rank == 0) fprintf(stderr, "dfl eval: this MPI gives no MPI_THREAD_SERIALIZED (rank 0 serves the "
-                                          "others from a thread)\n");
+        if (c->rank == 0)
+            fprintf(stderr, "dfl eval: this MPI gives no MPI_THREAD_SERIALIZED (rank 0 serves the "
+                            "others from a thread)\n");
         MPI_Finalize();
         return 1;
     }
@@ -392,8 +390,11 @@ int eval_mpi_run(eval_opts *o, int quiet) {
     const char *hook = getenv("DFL_TEST_MPI_EXIT"); /* "RANK:LINES", a test hook */
     if (hook && c->rank > 0 && atoi(hook) == c->rank && strchr(hook, ':')) c->exit_after = atoi(strchr(hook, ':') + 1);
 
-    eval_dist dist = {.writer = c->rank == 0, .ud = c, .plan = d_plan,
-                      .next = c->rank == 0 ? d_next0 : d_next, .emit = c->rank == 0 ? d_emit0 : d_emit,
+    eval_dist dist = {.writer = c->rank == 0,
+                      .ud = c,
+                      .plan = d_plan,
+                      .next = c->rank == 0 ? d_next0 : d_next,
+                      .emit = c->rank == 0 ? d_emit0 : d_emit,
                       .finish = d_finish};
     o->dist = &dist;
     if (c->rank == 0) {
@@ -417,8 +418,7 @@ int eval_mpi_run(eval_opts *o, int quiet) {
         status = rc != DFL_OK || mismatches;
         if (rc == DFL_OK && mismatches)
             fprintf(stderr, "dfl eval: %d outputs differ from the autoregressive ones (see above)\n", mismatches);
-        else if (rc == DFL_OK && !quiet)
-            fprintf(stderr, "[dfl eval] wrote %s/summary.md\n", o->out);
+        else if (rc == DFL_OK && !quiet) fprintf(stderr, "[dfl eval] wrote %s/summary.md\n", o->out);
     } else {
         char *msg = NULL;
         size_t len = 0;

@@ -22,8 +22,8 @@
 /* dfl --version / dfl version: what was built, and the kernel path this CPU gets now. */
 static int version(void) {
     const kn_isa isa = kn_isa_get();
-    printf("dfl %s\ncommit %s\nbuild %s\nisa %s (chosen at run time; DFL_ISA overrides)\n", DFL_VERSION,
-           DFL_GIT_COMMIT, DFL_BUILD_TYPE, kn_isa_name(isa));
+    printf("dfl %s\ncommit %s\nbuild %s\nisa %s (chosen at run time; DFL_ISA overrides)\n", DFL_VERSION, DFL_GIT_COMMIT,
+           DFL_BUILD_TYPE, kn_isa_name(isa));
     printf("act %s (activations of BF16 matrix products; DFL_ACT=bf16 opts into bf16)\n", kn_act_name(kn_act_get()));
     /* "mpi no": built without MPI (mpirun -n N dfl eval refuses to run) */
     printf("mpi %s\n", eval_mpi_library());
@@ -63,7 +63,8 @@ static const struct subcommand subcommands[] = {
 };
 
 static void usage(FILE *f) {
-    fprintf(f, "usage: dfl <command> [options]   (dfl help <command>, or dfl <command> --help, for each)\n\ncommands:\n");
+    fprintf(f,
+            "usage: dfl <command> [options]   (dfl help <command>, or dfl <command> --help, for each)\n\ncommands:\n");
     for (size_t i = 0; i < sizeof subcommands / sizeof subcommands[0]; i++)
         fprintf(f, "  %-12s %s\n", subcommands[i].name, subcommands[i].summary);
     fprintf(f, "  %-12s %s\n", "version", "version, git commit, build type, kernel ISA, MPI (also dfl --version)");
@@ -97,8 +98,10 @@ int main(int argc, char **argv) {
             for (size_t k = 0; k < sizeof computes / sizeof computes[0]; k++)
                 if (strcmp(argv[1], computes[k]) == 0 && kn_act_get() == KN_ACT_BF16 &&
                     !(argc > 2 && cli_is_help(argv[2])))
-                    fprintf(stderr, "dfl %s: bf16 activations (DFL_ACT=bf16): BF16 matrix products round their inputs "
-                                    "to bf16, so results differ from the float32 computation\n", argv[1]);
+                    fprintf(stderr,
+                            "dfl %s: bf16 activations (DFL_ACT=bf16): BF16 matrix products round their inputs "
+                            "to bf16, so results differ from the float32 computation\n",
+                            argv[1]);
             return subcommands[i].fn(argc - 1, argv + 1);
         }
     fprintf(stderr, "dfl: unknown command '%s'\n", argv[1]);

@@ -12,10 +12,10 @@
 
 /* Zero, but a compile error unless field f of struct S has type T (a string buffer: char *): a
  * row's type and its field's cannot drift apart. */
-#define TYPE_IS(T, S, f) (0 * sizeof(char[_Generic(((S *)0)->f, T: 1)]))
+#define TYPE_IS(T, S, f) (0 * sizeof(char[_Generic(((S *)0)->f, T : 1)]))
 #define AT(T, f) .off = offsetof(eval_result, f) + TYPE_IS(T, eval_result, f)
 
-#define STR_COL(k, f) .key = k, .type = COL_STR, AT(char *, f), .size = sizeof ((eval_result *)0)->f
+#define STR_COL(k, f) .key = k, .type = COL_STR, AT(char *, f), .size = sizeof((eval_result *)0)->f
 #define INT_COL(k, f, l, h) .key = k, .type = COL_INT, AT(int, f), .lo = l, .hi = h
 #define LONG_COL(k, f, l, h) .key = k, .type = COL_LONG, AT(long, f), .lo = l, .hi = h
 #define SECONDS_COL(k, f) .key = k, .type = COL_SECONDS, AT(double, f)
@@ -23,10 +23,10 @@
 #define NAME_COL(k, f, fn, n) .key = k, .type = COL_NAME, AT(int, f), .name = fn, .n_names = n
 
 /* A sum goes into the eval_agg field of the same name and type; a maximum or a count into an int. */
-#define TYPE_CODE(x) _Generic((x), int: 1, long: 2, double: 3, default: 0)
-#define SUM(f)                                                                                                     \
-    .agg = AGG_SUM,                                                                                                \
-    .agg_off = offsetof(eval_agg, f) +                                                                             \
+#define TYPE_CODE(x) _Generic((x), int : 1, long : 2, double : 3, default : 0)
+#define SUM(f)                         \
+    .agg = AGG_SUM,                    \
+    .agg_off = offsetof(eval_agg, f) + \
                0 * sizeof(char[TYPE_CODE(((eval_agg *)0)->f) == TYPE_CODE(((eval_result *)0)->f) ? 1 : -1])
 #define INTO(how, f) .agg = how, .agg_off = offsetof(eval_agg, f) + TYPE_IS(int, eval_agg, f)
 #define SHOW(how, k) .stat = how, .stat_key = k
@@ -40,7 +40,7 @@ const eval_column eval_columns[] = {
     {STR_COL("prompt_id", prompt_id)},
     {INT_COL("turn", turn, 0, 1)},
     {INT_COL("rep", rep, 0, EVAL_MAX_REPEAT - 1), .flags = COL_IF_SET}, /* absent: the first (or only) run */
-    {NAME_COL("act", act_bf16, act_name, 2), .flags = COL_IF_SET},     /* absent: float32 activations */
+    {NAME_COL("act", act_bf16, act_name, 2), .flags = COL_IF_SET},      /* absent: float32 activations */
     /* any device's name, built here or not (a merge or summary of another machine's run); absent: the CPU */
     {NAME_COL("device", device, device_name, DFL_DEVICE_COUNT), .flags = COL_IF_SET},
     {STR_COL("drafter", drafter)},
@@ -117,7 +117,10 @@ int col_int_of(const cJSON *x, double lo, double hi, double *v) {
 static int bad_name(const eval_column *c) {
     char list[256] = "";
     for (int i = 0, len = 0; i < c->n_names && len < (int)sizeof list; i++)
-        len += snprintf(list + len, sizeof list - (size_t)len, "%s\"%s\"", !i ? "" : i + 1 < c->n_names ? ", " : " or ",
+        len += snprintf(list + len, sizeof list - (size_t)len, "%s\"%s\"",
+                        !i                   ? ""
+                        : i + 1 < c->n_names ? ", "
+                                             : " or ",
                         c->name(i));
     return dfl_seterr("field %s: expected %s", c->key, list);
 }
@@ -178,8 +181,7 @@ int eval_columns_parse(const cJSON *o, eval_result *r) {
     for (int i = 0; i < eval_n_columns; i++) {
         const eval_column *c = &eval_columns[i];
         const cJSON *x = cJSON_GetObjectItemCaseSensitive(o, c->key);
-        if (c->type == COL_DERIVED || (!x && (c->flags & COL_OPTIONAL)) ||
-            (cJSON_IsNull(x) && has(c, COL_NULLABLE)))
+        if (c->type == COL_DERIVED || (!x && (c->flags & COL_OPTIONAL)) || (cJSON_IsNull(x) && has(c, COL_NULLABLE)))
             continue;
         if (parse_one(c, x, r)) return DFL_ERR;
     }

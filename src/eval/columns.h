@@ -52,15 +52,15 @@ typedef enum col_stat {
 typedef struct eval_column {
     const char *key; /* in results.jsonl */
     col_type type;
-    int flags;       /* COL_*; none: every line has it */
-    size_t off;      /* of the field in eval_result */
-    size_t size;     /* COL_STR: of its buffer */
-    double lo, hi;   /* COL_INT, COL_LONG */
+    int flags;     /* COL_*; none: every line has it */
+    size_t off;    /* of the field in eval_result */
+    size_t size;   /* COL_STR: of its buffer */
+    double lo, hi; /* COL_INT, COL_LONG */
     const char *(*name)(int);
-    int n_names;     /* COL_NAME */
+    int n_names;                            /* COL_NAME */
     double (*derive)(const eval_result *r); /* COL_DERIVED */
     col_agg agg;
-    size_t agg_off;  /* of the field in eval_agg */
+    size_t agg_off; /* of the field in eval_agg */
     col_stat stat;
     const char *stat_key; /* in a summary.json row */
     const char *md_title; /* a table in summary.md of the aggregate per drafter and mode; NULL: none */

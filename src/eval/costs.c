@@ -112,7 +112,8 @@ int eval_costs_measure(eval_costs *c, const dfl_model *m, dfl_draft_if *dr, cons
         const int N = c->tree_budget[i];
         c->tree_s[i] = -1;
         if (N > DDTREE_MAX_BUDGET) {
-            snprintf(c->note, sizeof c->note, "budgets above %d are not verified on the target: no cost", DDTREE_MAX_BUDGET);
+            snprintf(c->note, sizeof c->note, "budgets above %d are not verified on the target: no cost",
+                     DDTREE_MAX_BUDGET);
             continue;
         }
         if (s.tree_cap < N + 1 && target_state_enable_tree(&s, N + 1) != DFL_OK) {
@@ -125,7 +126,8 @@ int eval_costs_measure(eval_costs *c, const dfl_model *m, dfl_draft_if *dr, cons
         int r = -1;
         for (; r < reps || (total < COST_MIN_S && r < COST_MAX_REPS); r++) {
             const double t0 = dfl_now();
-            if (model_forward_tree(&s, tree.token, tree.parent, tree.n, vlog, NULL) || target_state_tree_commit(&s, root, 1))
+            if (model_forward_tree(&s, tree.token, tree.parent, tree.n, vlog, NULL) ||
+                target_state_tree_commit(&s, root, 1))
                 goto done;
             if (r >= 0) total += t[r] = dfl_now() - t0;
         }
@@ -176,7 +178,9 @@ int eval_costs_check(const eval_costs *c, double ar_step_s, char *why, size_t n)
             add_why(why, n, "the timed repetitions of the budget-%d tree spread: median %.3f ms, fastest %.3f ms",
                     c->tree_budget[i], c->tree_med[i] * ms, c->tree_s[i] * ms);
     if (ar_step_s > 0 && (ar_step_s < EVAL_COST_AR_LO * dec || ar_step_s > EVAL_COST_AR_HI * dec))
-        add_why(why, n, "the decode cost (%.3f ms, measured at the start) is far from the autoregressive step the run "
-                "measured (%.3f ms per token)", dec * ms, ar_step_s * ms);
+        add_why(why, n,
+                "the decode cost (%.3f ms, measured at the start) is far from the autoregressive step the run "
+                "measured (%.3f ms per token)",
+                dec * ms, ar_step_s * ms);
     return why[0] == 0;
 }

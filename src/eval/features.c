@@ -21,7 +21,9 @@ int eval_device_lookup(const char *name) {
     return -1;
 }
 
-void eval_features_name(int index, int turn, char *buf, size_t n) { snprintf(buf, n, "%05d-t%d.safetensors", index, turn); }
+void eval_features_name(int index, int turn, char *buf, size_t n) {
+    snprintf(buf, n, "%05d-t%d.safetensors", index, turn);
+}
 
 int eval_features_save(const char *path, const eval_truth *t, const eval_features_meta *meta) {
     const int T = t->n_rows, H = t->H, nl = t->n_layers;
@@ -32,11 +34,20 @@ int eval_features_save(const char *path, const eval_truth *t, const eval_feature
     snprintf(ext, sizeof ext, "%d", t->n_ext);
     snprintf(mx, sizeof mx, "%d", meta->max_new);
     const char *const md[][2] = {
-        {"format", FEATURES_FORMAT}, {"prompt_id", meta->prompt_id}, {"turn", turn}, {"prompt_tokens", np},
-        {"tokens", nt}, {"extended", ext}, {"stop", t->eos_stop ? "eos" : "max_new"}, {"max_new", mx},
-        {"target", meta->target}, {"target_config_hash", meta->id.config_hash},
-        {"target_weights_hash", meta->id.weights_hash}, {"target_layout", meta->id.layout},
-        {"target_dtype", meta->id.dtype}, {"act", meta->act_bf16 ? "bf16" : "f32"},
+        {"format", FEATURES_FORMAT},
+        {"prompt_id", meta->prompt_id},
+        {"turn", turn},
+        {"prompt_tokens", np},
+        {"tokens", nt},
+        {"extended", ext},
+        {"stop", t->eos_stop ? "eos" : "max_new"},
+        {"max_new", mx},
+        {"target", meta->target},
+        {"target_config_hash", meta->id.config_hash},
+        {"target_weights_hash", meta->id.weights_hash},
+        {"target_layout", meta->id.layout},
+        {"target_dtype", meta->id.dtype},
+        {"act", meta->act_bf16 ? "bf16" : "f32"},
         {"device", dfl_device_name((dfl_device)meta->device)}, /* the last: left out on the CPU */
     };
     int64_t *in = malloc((size_t)T * sizeof *in), *truth = malloc((size_t)(t->n + t->n_ext) * sizeof *truth);
@@ -54,11 +65,12 @@ int eval_features_save(const char *path, const eval_truth *t, const eval_feature
         for (int p = 0; p < T; p++)
             memcpy(per + ((size_t)k * T + p) * H, t->feat + ((size_t)p * nl + k) * H, (size_t)H * sizeof(float));
     e[ne++] = (st_write_entry){.name = "input_ids", .dtype = ST_I64, .ndim = 1, .shape = {T}, .data = in};
-    e[ne++] = (st_write_entry){.name = "truth_ids", .dtype = ST_I64, .ndim = 1, .shape = {t->n + t->n_ext}, .data = truth};
+    e[ne++] =
+        (st_write_entry){.name = "truth_ids", .dtype = ST_I64, .ndim = 1, .shape = {t->n + t->n_ext}, .data = truth};
     for (int k = 0; k < nl; k++) {
         snprintf(names[k], sizeof names[k], "layer.%d", t->layers[k]);
-        e[ne++] = (st_write_entry){.name = names[k], .dtype = ST_F32, .ndim = 2, .shape = {T, H},
-                                   .data = per + (size_t)k * T * H};
+        e[ne++] = (st_write_entry){
+            .name = names[k], .dtype = ST_F32, .ndim = 2, .shape = {T, H}, .data = per + (size_t)k * T * H};
     }
     /* written whole, then renamed: an interrupted run never leaves a torn file under the name */
     char tmp[4200];
@@ -111,8 +123,8 @@ static int read_ids(const st_tensor *x, const char *path, const char *name, int3
             memcpy(&w, x->data + (size_t)i * 4, 4);
             v = w;
         }
-        if (v < 0 || v >= vocab) return dfl_seterr("%s: %s[%d] = %lld outside the vocabulary of %d", path, name, i,
-                                                   (long long)v, vocab);
+        if (v < 0 || v >= vocab)
+            return dfl_seterr("%s: %s[%d] = %lld outside the vocabulary of %d", path, name, i, (long long)v, vocab);
         out[i] = (int32_t)v;
     }
     return DFL_OK;
@@ -136,8 +148,9 @@ static int read_layers(const st_checkpoint *st, const char *path, eval_truth *t,
         }
         if (!x) {
             free(f);
-            return dfl_seterr("%s: no tensor %s: the features hold other layers than the drafter reads (target layer %d)",
-                              path, name, t->layers[k]);
+            return dfl_seterr(
+                "%s: no tensor %s: the features hold other layers than the drafter reads (target layer %d)", path, name,
+                t->layers[k]);
         }
         if (x->ndim != 2 || x->shape[0] < rows || x->shape[1] != H ||
             (x->dtype != ST_F32 && x->dtype != ST_BF16 && x->dtype != ST_F16)) {
@@ -157,7 +170,8 @@ static int read_layers(const st_checkpoint *st, const char *path, eval_truth *t,
                     const float v = row[c];
                     free(f);
                     return dfl_seterr("%s: %s position %d column %d is %s: the features hold non-finite "
-                                      "values", path, name, p, c, isnan(v) ? "NaN" : "Inf");
+                                      "values",
+                                      path, name, p, c, isnan(v) ? "NaN" : "Inf");
                 }
         }
     }
@@ -182,7 +196,8 @@ static int read_sequence(const st_checkpoint *st, const char *path, eval_truth *
         int bad = -1;
         for (int p = np; p < rows && bad < 0; p++)
             if (in[p] != ids[p - np]) bad = p;
-        if (bad >= 0) dfl_seterr("%s: input_ids[%d] = %d but truth_ids[%d] = %d", path, bad, in[bad], bad - np, ids[bad - np]);
+        if (bad >= 0)
+            dfl_seterr("%s: input_ids[%d] = %d but truth_ids[%d] = %d", path, bad, in[bad], bad - np, ids[bad - np]);
         else if (read_layers(st, path, t, rows, -1, NULL) == DFL_OK &&
                  eval_truth_set(t, in, np, ids, n, ext, eos_stop) == DFL_OK)
             rc = DFL_OK;
@@ -206,8 +221,7 @@ int eval_features_load(const char *path, eval_truth *t, eval_features_meta *meta
     }
     if (meta_int(&st, path, "prompt_tokens", 1, 1 << 24, &np) || meta_int(&st, path, "tokens", 1, 1 << 24, &n) ||
         meta_int(&st, path, "extended", 0, 1 << 24, &ext) || meta_int(&st, path, "turn", 0, 1, &meta->turn) ||
-        meta_int(&st, path, "max_new", 1, 1 << 24, &meta->max_new) ||
-        st_meta_get(&st, 0, "stop", stop, sizeof stop) ||
+        meta_int(&st, path, "max_new", 1, 1 << 24, &meta->max_new) || st_meta_get(&st, 0, "stop", stop, sizeof stop) ||
         st_meta_get(&st, 0, "prompt_id", meta->prompt_id, sizeof meta->prompt_id) ||
         st_meta_get(&st, 0, "target", meta->target, sizeof meta->target) ||
         st_meta_get(&st, 0, "target_config_hash", meta->id.config_hash, sizeof meta->id.config_hash) ||
@@ -237,7 +251,8 @@ int eval_features_load(const char *path, eval_truth *t, eval_features_meta *meta
     }
     if (strcmp(stop, "max_new") == 0 && (n != meta->max_new || ext != 0)) {
         dfl_seterr("%s: __metadata__ stop max_new: expected tokens = max_new (%d) and extended 0, found tokens %d, "
-                   "extended %d", path, meta->max_new, n, ext);
+                   "extended %d",
+                   path, meta->max_new, n, ext);
         goto done;
     }
     if (ext > DFL_MAX_BLOCK) {
@@ -262,8 +277,8 @@ int eval_features_load_pipeline(const char *path, const eval_truth *ref, eval_tr
     if (!in) dfl_seterr("out of memory");
     else if (!xi) dfl_seterr("%s: no tensor input_ids (the token ids the features were computed for)", path);
     else if (xi->ndim != 1 || xi->shape[0] < rows)
-        dfl_seterr("%s: input_ids: expected [>= %d] (the prompt and the output but its last token), found %lld ids", path,
-                   rows, (long long)(xi->ndim == 1 ? xi->shape[0] : -1));
+        dfl_seterr("%s: input_ids: expected [>= %d] (the prompt and the output but its last token), found %lld ids",
+                   path, rows, (long long)(xi->ndim == 1 ? xi->shape[0] : -1));
     else if (read_ids(xi, path, "input_ids", in, rows, 1 << 30) == DFL_OK) {
         int bad = -1;
         for (int p = 0; p < rows && bad < 0; p++) {
@@ -271,8 +286,8 @@ int eval_features_load_pipeline(const char *path, const eval_truth *ref, eval_tr
             if (in[p] != want) bad = p;
         }
         if (bad >= 0)
-            dfl_seterr("%s: input_ids[%d] = %d, but the truth has %d there: the features are for another sequence", path,
-                       bad, in[bad], bad < ref->n_prompt ? ref->prompt[bad] : ref->ids[bad - ref->n_prompt]);
+            dfl_seterr("%s: input_ids[%d] = %d, but the truth has %d there: the features are for another sequence",
+                       path, bad, in[bad], bad < ref->n_prompt ? ref->prompt[bad] : ref->ids[bad - ref->n_prompt]);
         else if (read_layers(&st, path, t, rows, optional, absent) == DFL_OK &&
                  eval_truth_set(t, ref->prompt, ref->n_prompt, ref->ids, ref->n, ref->n_ext, ref->eos_stop) == DFL_OK)
             rc = DFL_OK;
@@ -285,10 +300,12 @@ int eval_features_load_pipeline(const char *path, const eval_truth *ref, eval_tr
 int eval_target_id_check(const eval_target_id *want, const eval_target_id *have, const char *what) {
     if (strcmp(want->config_hash, have->config_hash) != 0)
         return dfl_seterr("%s: recorded on a target with config hash %s, this target's config.json hashes to %s "
-                          "(another target?)", what, want->config_hash, have->config_hash);
+                          "(another target?)",
+                          what, want->config_hash, have->config_hash);
     if (strcmp(want->weights_hash, have->weights_hash) != 0)
         return dfl_seterr("%s: recorded on a target with weights hash %s, this target's is %s (other weights under the "
-                          "same config?)", what, want->weights_hash, have->weights_hash);
+                          "same config?)",
+                          what, want->weights_hash, have->weights_hash);
     if (strcmp(want->dtype, have->dtype) != 0)
         return dfl_seterr("%s: recorded on %s weights, this target has %s", what, want->dtype, have->dtype);
     return DFL_OK;

@@ -19,9 +19,9 @@ typedef struct eval_target_id {
 typedef struct eval_features_meta {
     char prompt_id[128];
     int turn, max_new;
-    int act_bf16;          /* the target ran with bf16 activations (kn_act) when recording */
-    int device;            /* the dfl_device it ran on (__metadata__ "device", absent: the CPU) */
-    char target[4096];     /* the target directory as given when recording */
+    int act_bf16;      /* the target ran with bf16 activations (kn_act) when recording */
+    int device;        /* the dfl_device it ran on (__metadata__ "device", absent: the CPU) */
+    char target[4096]; /* the target directory as given when recording */
     eval_target_id id;
 } eval_features_meta;
 
@@ -47,10 +47,10 @@ int eval_features_load_pipeline(const char *path, const eval_truth *ref, eval_tr
  * (Frobenius over the positions) and, when they differ, the known mistake they match. */
 typedef struct eval_feat_check {
     int layer;
-    double rel;           /* vs dfl's same layer; < 0: the pipeline lacks the layer */
-    int kind;             /* EVAL_FEAT_* */
-    int other;            /* the dfl layer it matches (EVAL_FEAT_SHIFTED, EVAL_FEAT_POSTNORM) */
-    double other_rel;     /* ... and how closely */
+    double rel;       /* vs dfl's same layer; < 0: the pipeline lacks the layer */
+    int kind;         /* EVAL_FEAT_* */
+    int other;        /* the dfl layer it matches (EVAL_FEAT_SHIFTED, EVAL_FEAT_POSTNORM) */
+    double other_rel; /* ... and how closely */
 } eval_feat_check;
 enum { EVAL_FEAT_MATCH, EVAL_FEAT_ABSENT, EVAL_FEAT_BF16, EVAL_FEAT_SHIFTED, EVAL_FEAT_POSTNORM, EVAL_FEAT_DIFFERS };
 /* out [pipe->n_layers]; m: the target (final norm) */

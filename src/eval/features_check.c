@@ -91,15 +91,18 @@ const char *eval_feat_check_text(const eval_feat_check *c, char *buf, size_t n) 
         snprintf(buf, n, "dfl's values rounded to bf16 (rel. error %.1e): features stored or computed in bf16", c->rel);
         break;
     case EVAL_FEAT_SHIFTED:
-        snprintf(buf, n, "is dfl's layer %d (rel. error %.1e), not layer %d: hooked %d layer%s %s (transformers' "
-                 "hidden_states[k] is the output of layer k-1)", c->other, c->other_rel, c->layer,
-                 c->layer > c->other ? c->layer - c->other : c->other - c->layer,
+        snprintf(buf, n,
+                 "is dfl's layer %d (rel. error %.1e), not layer %d: hooked %d layer%s %s (transformers' "
+                 "hidden_states[k] is the output of layer k-1)",
+                 c->other, c->other_rel, c->layer, c->layer > c->other ? c->layer - c->other : c->other - c->layer,
                  c->layer - c->other == 1 || c->other - c->layer == 1 ? "" : "s",
                  c->layer > c->other ? "early" : "late");
         break;
     case EVAL_FEAT_POSTNORM:
-        snprintf(buf, n, "is dfl's layer %d after the final norm (rel. error %.1e): transformers' last hidden_states "
-                 "entry, which comes after the norm", c->other, c->other_rel);
+        snprintf(buf, n,
+                 "is dfl's layer %d after the final norm (rel. error %.1e): transformers' last hidden_states "
+                 "entry, which comes after the norm",
+                 c->other, c->other_rel);
         break;
     default: snprintf(buf, n, "differs from dfl's (rel. error %.2g) and matches no known mistake", c->rel); break;
     }
@@ -115,8 +118,8 @@ void eval_feat_check_write(FILE *f, const char *pid, int turn, const eval_feat_c
     dfl_json_write_string(f, pid);
     fprintf(f, ", \"turn\": %d, \"layers\": [", turn);
     for (int k = 0; k < n; k++)
-        fprintf(f, "%s{\"layer\": %d, \"kind\": \"%s\", \"rel\": %.6g, \"other\": %d, \"other_rel\": %.6g}", k ? ", " : "",
-                c[k].layer, kind_names[c[k].kind], isfinite(c[k].rel) ? c[k].rel : 1e300, c[k].other,
+        fprintf(f, "%s{\"layer\": %d, \"kind\": \"%s\", \"rel\": %.6g, \"other\": %d, \"other_rel\": %.6g}",
+                k ? ", " : "", c[k].layer, kind_names[c[k].kind], isfinite(c[k].rel) ? c[k].rel : 1e300, c[k].other,
                 isfinite(c[k].other_rel) ? c[k].other_rel : 1e300);
     fputs("]}\n", f);
 }
@@ -133,8 +136,10 @@ static int check_read(const char *path, eval_feat_check *worst, int *n_worst, in
         if (cJSON_IsArray(ls)) ++*responses;
         for (const cJSON *x = cJSON_IsArray(ls) ? ls->child : NULL; x; x = x->next) {
             eval_feat_check c = {.other = -1};
-            const cJSON *l = cJSON_GetObjectItemCaseSensitive(x, "layer"), *k = cJSON_GetObjectItemCaseSensitive(x, "kind");
-            const cJSON *r = cJSON_GetObjectItemCaseSensitive(x, "rel"), *ot = cJSON_GetObjectItemCaseSensitive(x, "other");
+            const cJSON *l = cJSON_GetObjectItemCaseSensitive(x, "layer"),
+                        *k = cJSON_GetObjectItemCaseSensitive(x, "kind");
+            const cJSON *r = cJSON_GetObjectItemCaseSensitive(x, "rel"),
+                        *ot = cJSON_GetObjectItemCaseSensitive(x, "other");
             const cJSON *orl = cJSON_GetObjectItemCaseSensitive(x, "other_rel");
             if (!cJSON_IsNumber(l) || !cJSON_IsString(k) || !cJSON_IsNumber(r)) continue;
             c.layer = l->valueint, c.rel = r->valuedouble;
@@ -158,9 +163,11 @@ int eval_feat_check_report(const char *path, FILE *md, FILE *json) {
     if (check_read(path, w, &n, &responses)) return DFL_ERR;
     if (!n) return DFL_OK;
     char txt[400];
-    fprintf(md, "\n## Features check (--features-from)\n\nThe pipeline's hidden states against dfl's for the same "
-                "sequences (%d responses), per target layer, the response that differs most:\n\n"
-                "| layer | pipeline's features |\n|---|---|\n", responses);
+    fprintf(md,
+            "\n## Features check (--features-from)\n\nThe pipeline's hidden states against dfl's for the same "
+            "sequences (%d responses), per target layer, the response that differs most:\n\n"
+            "| layer | pipeline's features |\n|---|---|\n",
+            responses);
     fprintf(json, ",\n  \"features_check\": {\"responses\": %d, \"layers\": [", responses);
     int bad = 0;
     for (int i = 0; i < n; i++) {
@@ -173,8 +180,10 @@ int eval_feat_check_report(const char *path, FILE *md, FILE *json) {
     }
     fputs("]}", json);
     if (bad)
-        fprintf(md, "\n**%d layer%s of the pipeline's features differ from the target's own.** A drafter trained on "
-                    "them learned from other inputs than it gets when served: its training metrics can look fine while "
-                    "the serving tau collapses (docs/train-vs-serve.md).\n", bad, bad == 1 ? "" : "s");
+        fprintf(md,
+                "\n**%d layer%s of the pipeline's features differ from the target's own.** A drafter trained on "
+                "them learned from other inputs than it gets when served: its training metrics can look fine while "
+                "the serving tau collapses (docs/train-vs-serve.md).\n",
+                bad, bad == 1 ? "" : "s");
     return DFL_OK;
 }

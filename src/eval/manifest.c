@@ -30,16 +30,20 @@ int er_manifest_load(mf_list *l, const char *dir, int must_exist) {
     while (rc == DFL_OK && (more = dfl_jsonl_next(&in)) == 1) {
         const int lineno = in.lineno;
         cJSON *o = dfl_jsonl_object(&in); /* strictly one object: "{...}{..." is no line */
-        const cJSON *fi = cJSON_GetObjectItemCaseSensitive(o, "file"), *pid = cJSON_GetObjectItemCaseSensitive(o, "prompt_id");
-        const cJSON *ix = cJSON_GetObjectItemCaseSensitive(o, "index"), *tu = cJSON_GetObjectItemCaseSensitive(o, "turn");
-        const cJSON *np = cJSON_GetObjectItemCaseSensitive(o, "prompt_tokens"), *nt = cJSON_GetObjectItemCaseSensitive(o, "tokens");
+        const cJSON *fi = cJSON_GetObjectItemCaseSensitive(o, "file"),
+                    *pid = cJSON_GetObjectItemCaseSensitive(o, "prompt_id");
+        const cJSON *ix = cJSON_GetObjectItemCaseSensitive(o, "index"),
+                    *tu = cJSON_GetObjectItemCaseSensitive(o, "turn");
+        const cJSON *np = cJSON_GetObjectItemCaseSensitive(o, "prompt_tokens"),
+                    *nt = cJSON_GetObjectItemCaseSensitive(o, "tokens");
         if (!cJSON_IsString(fi) || !cJSON_IsString(pid) || !cJSON_IsNumber(ix) || !cJSON_IsNumber(tu) ||
             !cJSON_IsNumber(np) || !cJSON_IsNumber(nt) || ix->valuedouble < 0 || ix->valuedouble > 1e9 ||
             (tu->valuedouble != 0 && tu->valuedouble != 1) || np->valuedouble < 1 || np->valuedouble > 1 << 24 ||
             nt->valuedouble < 1 || nt->valuedouble > 1 << 24 || strlen(fi->valuestring) >= sizeof l->u[0].file ||
             strchr(fi->valuestring, '/')) {
             rc = dfl_seterr("%s:%d: expected {\"index\", \"prompt_id\", \"turn\", \"file\", \"prompt_tokens\", "
-                            "\"tokens\"}", path, lineno);
+                            "\"tokens\"}",
+                            path, lineno);
         } else {
             l->u = realloc(l->u, (size_t)(l->n + 1) * sizeof *l->u);
             mf_entry *u = &l->u[l->n++];
@@ -77,9 +81,11 @@ int er_manifest_append(run *r, int index, int turn, const char *name, const eval
     dfl_json_write_string(r->manf, r->ps.p[index].id);
     char ph[24];
     eval_prompt_hash(&r->ps.p[index], o->first_turn, ph);
-    fprintf(r->manf, ", \"turn\": %d, \"file\": \"%s\", \"prompt_tokens\": %d, \"tokens\": %d, \"prompt_hash\": \"%s\"}\n",
-            turn, name, t->n_prompt, t->n, ph);
-    if (fflush(r->manf) != 0) return dfl_seterr("%s/manifest.jsonl: write error: %s", o->save_features, strerror(errno));
+    fprintf(r->manf,
+            ", \"turn\": %d, \"file\": \"%s\", \"prompt_tokens\": %d, \"tokens\": %d, \"prompt_hash\": \"%s\"}\n", turn,
+            name, t->n_prompt, t->n, ph);
+    if (fflush(r->manf) != 0)
+        return dfl_seterr("%s/manifest.jsonl: write error: %s", o->save_features, strerror(errno));
     return DFL_OK;
 }
 
@@ -157,7 +163,8 @@ int er_costs_load(eval_costs *c, const char *dir) {
         const cJSON *tm = cJSON_GetObjectItemCaseSensitive(co, "tree_median");
         for (int i = 0; i < c->n_chain; i++) c->chain_med[i] = number_at(cm, c->chain_n[i]);
         for (int i = 0; i < c->n_tree; i++) c->tree_med[i] = number_at(tm, c->tree_budget[i]);
-        const cJSON *ctx = cJSON_GetObjectItemCaseSensitive(co, "context"), *reps = cJSON_GetObjectItemCaseSensitive(co, "reps");
+        const cJSON *ctx = cJSON_GetObjectItemCaseSensitive(co, "context"),
+                    *reps = cJSON_GetObjectItemCaseSensitive(co, "reps");
         c->context = cJSON_IsNumber(ctx) ? (int)ctx->valuedouble : 0;
         c->reps = cJSON_IsNumber(reps) ? (int)reps->valuedouble : 0;
         c->ok = c->n_chain > 0;
@@ -181,8 +188,10 @@ int er_target_json(run *r, int complete) {
     }
     fprintf(f, "{\"format\": \"dfl-features-1\", \"target\": ");
     dfl_json_write_string(f, r->o->target);
-    fprintf(f, ", \"config_hash\": \"%s\", \"weights_hash\": \"%s\", \"layout\": \"%s\", \"dtype\": \"%s\", "
-               "\"layers\": [", r->id.config_hash, r->id.weights_hash, r->id.layout, r->id.dtype);
+    fprintf(f,
+            ", \"config_hash\": \"%s\", \"weights_hash\": \"%s\", \"layout\": \"%s\", \"dtype\": \"%s\", "
+            "\"layers\": [",
+            r->id.config_hash, r->id.weights_hash, r->id.layout, r->id.dtype);
     for (int i = 0; i < r->n_layers; i++) fprintf(f, "%s%d", i ? ", " : "", r->layers[i]);
     fprintf(f, "], \"max_new\": %d, \"prompts_file\": ", r->max_new);
     dfl_json_write_string(f, r->o->prompts);
@@ -191,7 +200,8 @@ int er_target_json(run *r, int complete) {
     fprintf(f, "}\n");
     const int bad = ferror(f);
     int rc = fclose(f) == 0 && !bad ? DFL_OK : dfl_seterr("%s: write error: %s", tmp, strerror(errno));
-    if (rc == DFL_OK && rename(tmp, path) != 0) rc = dfl_seterr("%s: cannot rename into place: %s", path, strerror(errno));
+    if (rc == DFL_OK && rename(tmp, path) != 0)
+        rc = dfl_seterr("%s: cannot rename into place: %s", path, strerror(errno));
     if (rc != DFL_OK) unlink(tmp);
     free(path);
     return rc;
@@ -214,10 +224,11 @@ int er_features_complete(run *r, const char *dir) {
         else if (rec && !cJSON_IsString(rec)) rc = dfl_seterr("%s: field 'recorder': expected a string", path);
         else if (cJSON_IsFalse(c)) {
             char msg[8600];
-            snprintf(msg, sizeof msg, "%s: the recording run that saved these features did not finish (target.json "
+            snprintf(msg, sizeof msg,
+                     "%s: the recording run that saved these features did not finish (target.json "
                      "\"complete\": false): %s/manifest.jsonl lists %d saved truths, the others are missing; complete "
-                     "it with dfl eval --resume --save-features %s (and the recording's options)", dir, dir,
-                     r->saved.n, dir);
+                     "it with dfl eval --resume --save-features %s (and the recording's options)",
+                     dir, dir, r->saved.n, dir);
             if (!(r->feat_incomplete = strdup(msg))) rc = dfl_seterr("out of memory");
         }
         if (rc == DFL_OK && cJSON_IsString(rec)) snprintf(r->recorder, sizeof r->recorder, "%s", rec->valuestring);

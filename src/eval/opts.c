@@ -51,7 +51,8 @@ int eval_opts_check(const eval_opts *o) {
         return dfl_seterr("--protocol zlab uses Qwen3's template with thinking off (--chat chatml-nothink)");
     if (o->protocol == EVAL_PROTOCOL_ZLAB && o->features_dir)
         return dfl_seterr("--protocol zlab builds prompts: not with --features (the saved truths hold theirs)");
-    if (o->dump_prompts && o->features_dir) return dfl_seterr("--dump-prompts: not with --features (no prompts are built)");
+    if (o->dump_prompts && o->features_dir)
+        return dfl_seterr("--dump-prompts: not with --features (no prompts are built)");
     if (o->dist && (o->save_features || o->dump_prompts || o->reference || o->reference_url))
         return dfl_seterr("a run spread over processes (MPI) writes results.jsonl and the reports only: "
                           "--save-features, --dump-prompts, --reference and --reference-url need one process "
@@ -62,8 +63,7 @@ int eval_opts_check(const eval_opts *o) {
                           "(not MPI; --shard i/n per process works)");
     if ((o->top_k > 0 || (o->top_p > 0 && o->top_p < 1)) && !(o->temperature > 0))
         return dfl_seterr("--top-k / --top-p filter sampling: they need --temperature > 0 (and --online)");
-    if (o->top_k < 0 || o->top_p < 0 || o->top_p > 1)
-        return dfl_seterr("--top-k must be >= 0 and --top-p in [0, 1]");
+    if (o->top_k < 0 || o->top_p < 0 || o->top_p > 1) return dfl_seterr("--top-k must be >= 0 and --top-p in [0, 1]");
     if (o->train_chat >= 0 && (!o->train_metrics || o->train_chat == o->chat || o->features_dir))
         return dfl_seterr("--train-chat scores the responses after prompts in another template: it needs "
                           "--train-metrics, a template other than --chat's, and a target (not --features)");
@@ -87,7 +87,8 @@ int eval_opts_check(const eval_opts *o) {
     } else {
         if (o->repeat > 1)
             return dfl_seterr("--repeat %d repeats the timed runs of --online; replay's speedups are modeled from "
-                              "target costs measured at the start (their repetitions: --cost-reps)", o->repeat);
+                              "target costs measured at the start (their repetitions: --cost-reps)",
+                              o->repeat);
         if (o->temperature > 0)
             return dfl_seterr("replay is exact at temperature 0 only (at T > 0 the target's sampled continuation "
                               "depends on the drafter's proposals): use --online for sampled evaluation");
@@ -103,7 +104,8 @@ int eval_opts_check(const eval_opts *o) {
                                   DDTREE_MAX_BUDGET);
         } else if (o->record_budget == -1 && o->budgets[0] > DDTREE_MAX_BUDGET) {
             return dfl_seterr("the first mode (ddtree-%d) is the recording mode, but the target verifies at most %d "
-                              "nodes: give --record-mode", o->budgets[0], DDTREE_MAX_BUDGET);
+                              "nodes: give --record-mode",
+                              o->budgets[0], DDTREE_MAX_BUDGET);
         }
     }
     return DFL_OK;

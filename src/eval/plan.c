@@ -73,9 +73,8 @@ static int done_find_rep(const eval_results *d, const char *pid, int turn, const
                          const char *method, const char *features, int rep) {
     for (int i = 0; i < d->n; i++)
         if (d->r[i].turn == turn && d->r[i].rep == rep && strcmp(d->r[i].prompt_id, pid) == 0 &&
-            strcmp(d->r[i].drafter, drafter) == 0 &&
-            strcmp(d->r[i].mode, mode) == 0 && strcmp(d->r[i].method, method) == 0 &&
-            strcmp(d->r[i].features, features) == 0)
+            strcmp(d->r[i].drafter, drafter) == 0 && strcmp(d->r[i].mode, mode) == 0 &&
+            strcmp(d->r[i].method, method) == 0 && strcmp(d->r[i].features, features) == 0)
             return i;
     return -1;
 }
@@ -113,8 +112,9 @@ static void plan_replay(const run *r, const char *pid, int turn, int index, turn
         tp->train[TR_DATASET][d] = !tm_run_has(&r->tm, pid, turn, lab, "dataset", "dfl", "config");
         tp->train[TR_TEMPLATE][d] = !tm_run_has(&r->tm, pid, turn, lab, "template", "dfl", "config");
         tp->train[TR_PIPELINE][d] = !tm_run_has(&r->tm, pid, turn, lab, "target", "pipeline", "config");
-        tp->train[TR_ATTN][d] = o->train_attn != EVAL_TRAIN_ATTN_NONE &&
-                                !tm_run_has(&r->tm, pid, turn, lab, "target", "dfl", drafter_causal_name(o->train_attn));
+        tp->train[TR_ATTN][d] =
+            o->train_attn != EVAL_TRAIN_ATTN_NONE &&
+            !tm_run_has(&r->tm, pid, turn, lab, "target", "dfl", drafter_causal_name(o->train_attn));
         missing |= tp->train[TR_TARGET][d];
     }
     tp->complete = !missing;

@@ -74,17 +74,19 @@ static int rows_of(const eval_summary *s, int trees) {
 }
 
 /* One panel of per_position.svg: the chain rows or the DDTree rows. */
-static void position_panel(FILE *f, const eval_summary *s, char (*names)[NAME_LEN], const plot *pl, int trees, int npos) {
+static void position_panel(FILE *f, const eval_summary *s, char (*names)[NAME_LEN], const plot *pl, int trees,
+                           int npos) {
     fprintf(f, "<g class=\"panel\" data-kind=\"%s\">\n", trees ? "ddtree" : "chain");
-    plot_title(f, pl, trees ? "DDTree: acceptance at depth k GIVEN the tree reached depth k (conditional; not "
-                              "comparable with the chain's)"
-                            : "Chain: acceptance at draft position k (marginal: every round proposes k)");
+    plot_title(f, pl,
+               trees ? "DDTree: acceptance at depth k GIVEN the tree reached depth k (conditional; not "
+                       "comparable with the chain's)"
+                     : "Chain: acceptance at draft position k (marginal: every round proposes k)");
     char lab[32];
     for (int i = 0; i <= 10; i += 2) {
         snprintf(lab, sizeof lab, "%.1f", i / 10.0);
         plot_ytick(f, pl, pl->y0 + pl->ph - pl->ph * i / 10.0, lab);
     }
-#define PX(p) (pl->x0 + pl->pw * ((p) - 0.5) / npos)
+#define PX(p) (pl->x0 + pl->pw * ((p)-0.5) / npos)
 #define PY(v) (pl->y0 + pl->ph - pl->ph * (v))
     for (int p = 1; p <= npos; p++) {
         snprintf(lab, sizeof lab, "%d", p);
@@ -102,7 +104,8 @@ static void position_panel(FILE *f, const eval_summary *s, char (*names)[NAME_LE
         fprintf(f, "\"/>\n");
         for (int p = 1; p < a->max_block; p++)
             if (a->pos_drafted[p])
-                fprintf(f, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"2.5\" fill=\"%s\"/>\n", PX(p), PY(report_per_pos(a, p)), c);
+                fprintf(f, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"2.5\" fill=\"%s\"/>\n", PX(p), PY(report_per_pos(a, p)),
+                        c);
         char text[NAME_LEN + 40];
         snprintf(text, sizeof text, "%s %s", names[k], a->mode);
         plot_legend(f, pl, i++, c, text);
@@ -150,8 +153,10 @@ static void hist_cell(FILE *f, const plot *pl, const int *cnt, int nbins, int yt
                       const char *title) {
     fprintf(f, "<text class=\"legend\" x=\"%.1f\" y=\"%.1f\" fill=\"%s\">", pl->x0, pl->y0 - 6, color);
     svg_text(f, title);
-    fprintf(f, "</text>\n<rect class=\"frame\" x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"none\" "
-               "stroke=\"#333\"/>\n", pl->x0, pl->y0, pl->pw, pl->ph);
+    fprintf(f,
+            "</text>\n<rect class=\"frame\" x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"none\" "
+            "stroke=\"#333\"/>\n",
+            pl->x0, pl->y0, pl->pw, pl->ph);
     char lab[32];
     for (int v = 0; v <= ytop; v += ytop) {
         snprintf(lab, sizeof lab, "%d", v);
@@ -199,20 +204,27 @@ int plot_tau_hist(const eval_summary *s, const char *path) {
     const int cols = n <= 4 ? 1 : n <= 8 ? 2 : 3, rows = (n + cols - 1) / cols;
     const double x0 = 72, cw = (1000 - x0 - 16) / cols, ch = 170, top0 = 34;
     svg_begin(f, 1000, top0 + rows * ch + 40);
-    fprintf(f, "<text class=\"title\" x=\"%.0f\" y=\"20\" font-size=\"14\">Per-response τ (responses per 0.5 bin), a "
-               "panel per drafter × mode on the same axes</text>\n", x0);
+    fprintf(f,
+            "<text class=\"title\" x=\"%.0f\" y=\"20\" font-size=\"14\">Per-response τ (responses per 0.5 bin), a "
+            "panel per drafter × mode on the same axes</text>\n",
+            x0);
     for (int k = 1; k < s->n_agg; k++) {
         const int i = k - 1;
-        const plot pl = {.W = 1000, .x0 = x0 + cw * (i % cols) + (i % cols ? 40 : 0), .y0 = top0 + 22 + ch * (i / cols),
-                         .pw = cw - (i % cols ? 56 : 16), .ph = ch - 70};
+        const plot pl = {.W = 1000,
+                         .x0 = x0 + cw * (i % cols) + (i % cols ? 40 : 0),
+                         .y0 = top0 + 22 + ch * (i / cols),
+                         .pw = cw - (i % cols ? 56 : 16),
+                         .ph = ch - 70};
         char title[NAME_LEN + 64];
         snprintf(title, sizeof title, "%s %s (τ %.2f)", names[k], s->agg[k].mode, eval_agg_tau(&s->agg[k]));
         hist_cell(f, &pl, cnt + k * nbins, nbins, ytop, maxb, svg_colors[i % SVG_N_COLORS], title);
     }
     const double yb = top0 + rows * ch;
-    fprintf(f, "<text class=\"xlabel\" x=\"500\" y=\"%.1f\" text-anchor=\"middle\">per-response τ (tokens per "
-               "round)</text>\n<text class=\"ylabel\" x=\"18\" y=\"%.1f\" transform=\"rotate(-90 18 %.1f)\" "
-               "text-anchor=\"middle\">responses</text>\n</svg>\n", yb + 20, yb / 2, yb / 2);
+    fprintf(f,
+            "<text class=\"xlabel\" x=\"500\" y=\"%.1f\" text-anchor=\"middle\">per-response τ (tokens per "
+            "round)</text>\n<text class=\"ylabel\" x=\"18\" y=\"%.1f\" transform=\"rotate(-90 18 %.1f)\" "
+            "text-anchor=\"middle\">responses</text>\n</svg>\n",
+            yb + 20, yb / 2, yb / 2);
     free(cnt), free(names);
     return report_close(f, path);
 }
@@ -266,7 +278,7 @@ int plot_tau_budget(const eval_summary *s, const char *path) {
     const int ymax = (int)tmax + 1;
     const plot pl = plot_begin(f, "τ against the DDTree budget (dashed: chain)", nd, lchars);
 #define BX(b) (pl.x0 + pl.pw * (0.03 + 0.94 * (log2((double)(b)) - l0) / (lb - l0)))
-#define TY(t) (pl.y0 + pl.ph - pl.ph * ((t) - 1.0) / (ymax - 1.0))
+#define TY(t) (pl.y0 + pl.ph - pl.ph * ((t)-1.0) / (ymax - 1.0))
     char lab[32];
     for (int t = 1; t <= ymax; t += ymax > 12 ? 2 : 1) {
         snprintf(lab, sizeof lab, "%d", t);
@@ -291,7 +303,8 @@ int plot_tau_budget(const eval_summary *s, const char *path) {
                 fprintf(f, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"3\" fill=\"%s\"/>\n", BX(bs[j]), TY(ts[j]), c);
         }
         if (chain)
-            fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"%s\" stroke-dasharray=\"6,4\"/>\n",
+            fprintf(f,
+                    "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"%s\" stroke-dasharray=\"6,4\"/>\n",
                     pl.x0, TY(eval_agg_tau(chain)), pl.x0 + pl.pw, TY(eval_agg_tau(chain)), c);
         plot_legend(f, &pl, i, c, names[any - s->agg]);
     }

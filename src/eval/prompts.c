@@ -79,7 +79,8 @@ static int json_id(const cJSON *o, const cJSON *alt, const char *const *names, i
             *out = strdup(v->valuestring);
             return *out ? DFL_OK : dfl_seterr("out of memory");
         }
-        if (cJSON_IsNumber(v) && v->valuedouble == floor(v->valuedouble) && fabs(v->valuedouble) <= 9007199254740992.0) {
+        if (cJSON_IsNumber(v) && v->valuedouble == floor(v->valuedouble) &&
+            fabs(v->valuedouble) <= 9007199254740992.0) {
             snprintf(buf, sizeof buf, "%.0f", v->valuedouble);
             *out = strdup(buf);
             return *out ? DFL_OK : dfl_seterr("out of memory");
@@ -94,14 +95,15 @@ static int json_id(const cJSON *o, const cJSON *alt, const char *const *names, i
 
 /* "missing string field F" with a hint: the --format that fits the object's fields. */
 static int missing_field(const cJSON *o, const char *f, eval_format fmt) {
-    static const char *const known[] = {"question", "prompt", "text", "input", "instruction", "content", "problem",
-                                        NULL};
+    static const char *const known[] = {"question",    "prompt",  "text",    "input",
+                                        "instruction", "content", "problem", NULL};
     if (cJSON_IsArray(cJSON_GetObjectItemCaseSensitive(o, "turns")))
         return dfl_seterr("missing string field '%s'; the object has \"turns\": use --format mtbench", f);
     if (cJSON_IsArray(cJSON_GetObjectItemCaseSensitive(o, "messages")))
         return dfl_seterr("missing string field '%s'; the object has OpenAI \"messages\": use --format messages", f);
     if (cJSON_IsArray(cJSON_GetObjectItemCaseSensitive(o, "conversations")))
-        return dfl_seterr("missing string field '%s'; the object has ShareGPT \"conversations\": use --format sharegpt", f);
+        return dfl_seterr("missing string field '%s'; the object has ShareGPT \"conversations\": use --format sharegpt",
+                          f);
     for (int i = 0; known[i]; i++)
         if (strcmp(known[i], f) && cJSON_IsString(cJSON_GetObjectItemCaseSensitive(o, known[i])))
             return dfl_seterr("missing string field '%s'; the object has a string field \"%s\": use --format "
@@ -132,15 +134,19 @@ static int chat_message(const cJSON *m, const cJSON *am, eval_format fmt, int i,
     const char *v = r->valuestring;
     *role = !strcmp(v, "user") || !strcmp(v, "human") ? 1 : !strcmp(v, "assistant") || !strcmp(v, "gpt") ? 2 : 0;
     if (!*role && !strcmp(v, "system"))
-        return dfl_seterr("%s[%d] is a system message: dfl's chat templates (--chat) render user turns only; drop it, or "
-                          "fold it into the first user turn", key, i);
-    if (!*role) return dfl_seterr("%s[%d].%s: '%s' is no role dfl runs (expected %s)", key, i, rk, v,
-                                  oa ? "user or assistant" : "human or gpt");
+        return dfl_seterr(
+            "%s[%d] is a system message: dfl's chat templates (--chat) render user turns only; drop it, or "
+            "fold it into the first user turn",
+            key, i);
+    if (!*role)
+        return dfl_seterr("%s[%d].%s: '%s' is no role dfl runs (expected %s)", key, i, rk, v,
+                          oa ? "user or assistant" : "human or gpt");
     if (!cJSON_IsString(c))
-        return dfl_seterr("%s[%d].%s: expected a string (content parts or null are not read: give the text as a string)",
-                          key, i, ck);
+        return dfl_seterr(
+            "%s[%d].%s: expected a string (content parts or null are not read: give the text as a string)", key, i, ck);
     if (nul_cut(c, am ? cJSON_GetObjectItemCaseSensitive(am, ck) : NULL))
-        return dfl_seterr("%s[%d].%s holds a NUL character (\\u0000), which dfl does not accept in a prompt", key, i, ck);
+        return dfl_seterr("%s[%d].%s holds a NUL character (\\u0000), which dfl does not accept in a prompt", key, i,
+                          ck);
     *text = c->valuestring;
     return DFL_OK;
 }
@@ -152,21 +158,26 @@ static int parse_chat(eval_prompt *p, const cJSON *o, const cJSON *alt, eval_for
     const cJSON *msgs = cJSON_GetObjectItemCaseSensitive(o, key);
     const cJSON *amsgs = alt ? cJSON_GetObjectItemCaseSensitive(alt, key) : NULL;
     if (!cJSON_IsArray(msgs))
-        return dfl_seterr("missing array field '%s' (format %s: %s)", key, fmt == EVAL_FMT_MESSAGES ? "messages" : "sharegpt",
-                          fmt == EVAL_FMT_MESSAGES ? "{\"messages\": [{\"role\": \"user\", \"content\": \"...\"}, ...]}"
-                                                   : "{\"conversations\": [{\"from\": \"human\", \"value\": \"...\"}, ...]}");
+        return dfl_seterr(
+            "missing array field '%s' (format %s: %s)", key, fmt == EVAL_FMT_MESSAGES ? "messages" : "sharegpt",
+            fmt == EVAL_FMT_MESSAGES ? "{\"messages\": [{\"role\": \"user\", \"content\": \"...\"}, ...]}"
+                                     : "{\"conversations\": [{\"from\": \"human\", \"value\": \"...\"}, ...]}");
     for (int i = 0; i < cJSON_GetArraySize(msgs); i++) {
         int role = 0;
         const char *text = NULL;
-        if (chat_message(cJSON_GetArrayItem(msgs, i), cJSON_GetArrayItem(amsgs, i), fmt, i, &role, &text)) return DFL_ERR;
+        if (chat_message(cJSON_GetArrayItem(msgs, i), cJSON_GetArrayItem(amsgs, i), fmt, i, &role, &text))
+            return DFL_ERR;
         if (role == 2 && !p->n_turns)
             return dfl_seterr("%s[%d]: the conversation starts with an assistant message, which dfl cannot render (its "
-                              "templates begin with a user turn)", key, i);
+                              "templates begin with a user turn)",
+                              key, i);
         if (role == 1 && p->n_turns == 2)
             return dfl_seterr("%s[%d]: a third user turn: dfl eval runs at most two (the second after the model's own "
-                              "first answer, as MT-Bench); keep the first two", key, i);
+                              "first answer, as MT-Bench); keep the first two",
+                              key, i);
         if (role == 1 && !(p->turns[p->n_turns++] = strdup(text))) return dfl_seterr("out of memory");
-        if (role == 2 && p->n_turns == 1 && !p->answer && !(p->answer = strdup(text))) return dfl_seterr("out of memory");
+        if (role == 2 && p->n_turns == 1 && !p->answer && !(p->answer = strdup(text)))
+            return dfl_seterr("out of memory");
     }
     return p->n_turns ? DFL_OK : dfl_seterr("'%s' holds no user turn", key);
 }
@@ -234,7 +245,8 @@ static int parse_line(eval_prompt *p, char *text, size_t len, eval_format fmt, c
                 if (!cJSON_IsString(t)) rc = dfl_seterr("turns[%d] is not a string", i);
                 else if (nul_cut(t, aturns ? cJSON_GetArrayItem(aturns, i) : NULL))
                     rc = dfl_seterr("turns[%d] holds a NUL character (\\u0000), which dfl does not accept in a "
-                                    "prompt", i);
+                                    "prompt",
+                                    i);
                 else p->turns[p->n_turns++] = strdup(t->valuestring);
             }
             if (rc == DFL_OK) rc = json_id(o, alt, ids, line, &p->id);

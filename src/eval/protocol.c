@@ -11,7 +11,8 @@
 #include "eval/pyrandom.h"
 
 #define ZLAB_BOXED "\nPlease reason step by step, and put your final answer within \\boxed{}."
-#define ZLAB_HUMANEVAL_PRE "Write a solution to the following problem and make sure that it passes the tests:\n```python\n"
+#define ZLAB_HUMANEVAL_PRE \
+    "Write a solution to the following problem and make sure that it passes the tests:\n```python\n"
 #define ZLAB_HUMANEVAL_POST "\n```"
 
 static const char *const names[EVAL_ZLAB_N] = {"gsm8k", "math500", "humaneval", "mbpp", "mt-bench"};
@@ -89,10 +90,13 @@ int eval_zlab_load(eval_prompts *ps, const eval_opts *o, int *dataset) {
             return dfl_seterr("--protocol zlab reads JSON lines (the dataset's rows), not --format text");
     }
     if (d < 0 && sniff(o->prompts, &d)) return DFL_ERR;
-    eval_format fmt = d == EVAL_ZLAB_MTBENCH ? EVAL_FMT_MTBENCH : d == EVAL_ZLAB_GSM8K ? EVAL_FMT_GSM8K : EVAL_FMT_JSONL;
+    eval_format fmt = d == EVAL_ZLAB_MTBENCH ? EVAL_FMT_MTBENCH
+                      : d == EVAL_ZLAB_GSM8K ? EVAL_FMT_GSM8K
+                                             : EVAL_FMT_JSONL;
     const char *field = d == EVAL_ZLAB_MATH500 ? "problem" : "prompt";
     /* every row: the selection shuffles the whole dataset, then keeps the first --limit */
-    if (eval_prompts_load(ps, o->prompts, fmt, field, 0, o->keep_going)) return dfl_preperr("--protocol zlab %s", names[d]);
+    if (eval_prompts_load(ps, o->prompts, fmt, field, 0, o->keep_going))
+        return dfl_preperr("--protocol zlab %s", names[d]);
     for (int i = 0; i < ps->n; i++) {
         eval_prompt *p = &ps->p[i];
         char *s = NULL;

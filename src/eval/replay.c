@@ -42,8 +42,9 @@ int eval_truth_add_rows(eval_truth *t, const float *rows, int n) {
         int cap = t->cap_rows ? t->cap_rows : 256;
         while (cap < t->n_rows + n) cap *= 2;
         float *f = realloc(t->feat, (size_t)cap * w * sizeof(float));
-        if (!f) return dfl_seterr("out of memory for the features of %d positions (%.1f MiB)", cap,
-                                  (double)cap * w * sizeof(float) / 1048576.0);
+        if (!f)
+            return dfl_seterr("out of memory for the features of %d positions (%.1f MiB)", cap,
+                              (double)cap * w * sizeof(float) / 1048576.0);
         t->feat = f, t->cap_rows = cap;
     }
     memcpy(t->feat + (size_t)t->n_rows * w, rows, (size_t)n * w * sizeof(float));
@@ -234,8 +235,12 @@ void eval_recorder_free(eval_recorder *r) {
 }
 
 dfl_draft_if eval_recorder_if(eval_recorder *r) {
-    return (dfl_draft_if){.ctx = r, .add_context = rec_add, .draft = rec_draft, .context_len = rec_len,
-                          .skip = r->adaptive ? rec_skip : NULL, .feature_layers = r->truth->layers,
+    return (dfl_draft_if){.ctx = r,
+                          .add_context = rec_add,
+                          .draft = rec_draft,
+                          .context_len = rec_len,
+                          .skip = r->adaptive ? rec_skip : NULL,
+                          .feature_layers = r->truth->layers,
                           .n_feature_layers = r->truth->n_layers};
 }
 
@@ -291,7 +296,7 @@ static void advance(mode_run *m, const eval_truth *t, int a) {
 /* Replay's target: at each depth of the walk, the truth's token there (ud: the output from the
  * anchor's successor on). */
 static int32_t truth_choice(void *ud, int node, int depth, int *final) {
-    (void)node, (void)final;
+    (void)node, (void) final;
     return ((const int32_t *)ud)[depth];
 }
 

@@ -12,7 +12,6 @@
 #include "columns.h"
 #include "report.h"
 
-
 double report_per_pos(const eval_agg *a, int k) {
     return a->pos_drafted[k] ? (double)a->pos_accepted[k] / a->pos_drafted[k] : 0.0;
 }
@@ -97,50 +96,52 @@ static int write_json(const eval_summary *s, const char *path, const char *extra
     FILE *f = fopen(path, "w");
     if (!f) return dfl_seterr("%s: cannot create", path);
     const eval_agg *ar = &s->agg[0];
-    fprintf(f, "{\n  \"definitions\": {\n"
-               "    \"tau\": \"mean over responses of per-response tau = (generated tokens - 1) / rounds: tokens "
-               "committed per verification round, bonus included (z-lab's dataset tau)\",\n"
-               "    \"tau_token_weighted\": \"sum over responses of (generated tokens - 1) / sum of rounds\",\n"
-               "    \"tau_accept\": \"1 + accepted drafts / rounds (vLLM's mean acceptance length)\",\n"
-               "    \"per_position\": \"for draft position k: rounds in which draft k was accepted / rounds in "
-               "which it was proposed. Chain: every round proposes k, a marginal rate; DDTree: rounds whose tree reached "
-               "depth k, a rate conditional on reaching it (the two do not compare)\",\n"
-               "    \"speedup\": \"autoregressive decode time per token / speculative decode time per token, same "
-               "engine and responses (the first token of each response comes from the prefill and is excluded); "
-               "measured, online rows only\",\n"
-               "    \"speedup_modeled\": \"the same from modeled times: the drafter's work at the rates measured in "
-               "this run plus, per round, the target's verification cost for that many tokens (or that tree budget) "
-               "measured in this run; the autoregressive side is one measured decode step per token. A model, not a "
-               "measurement\",\n"
-               "    \"speedup_spread\": \"10th, 50th and 90th percentile over responses of the per-response measured "
-               "speedup (AR decode time per token of that prompt and turn / this row's decode time per token); null "
-               "under 2 responses. speedup_modeled_spread: the same of modeled speedups\",\n"
-               "    \"speedup_runs\": \"with --repeat N (online): each repetition's measured speedup over all its "
-               "responses (values, index = repetition) with their min, median and max; null for a single run. tau and "
-               "every other figure come from the first run\",\n"
-               "    \"method\": \"online: the speculative loop ran on the target; replay: the drafter alone on the "
-               "recorded target truth and features (exact at temperature 0: same rounds as online)\",\n"
-               "    \"speedup_device\": \"speedups are this device's: CPU speedups do not predict GPU serving, where a "
-               "verification of 16 tokens costs about one decode step (memory-bound) and the drafter's share differs\",\n"
-               "    \"speedup_modeled_reliable\": \"false when the costs the modeled speedups come from fail a check "
-               "(a verification or tree cheaper than a decode step, timed repetitions spread more than 2x, the decode "
-               "cost far from the run's measured autoregressive step): speedup_modeled_warning says which; null when not "
-               "checked\",\n"
-               "    \"comparisons\": \"every drafter against the first drafter of the same mode, method and features, "
-               "paired over the prompts both have: per prompt the mean over its turns of per-response tau; diff = mean "
-               "of B - A, ci95 = 2.5th and 97.5th percentiles of the mean over 2000 bootstrap resamples of the prompts "
-               "(Python's random.Random(1).randrange, numpy's percentile)\",\n"
-               "    \"responses_at_max_new\": \"responses whose tokens reached --max-new (cut short, not ended by eos); "
-               "tau_at_max_new / tau_not_at_max_new: mean per-response tau of those and of the rest\",\n"
-               "    \"responses_looping\": \"responses that end in at least 3 copies of one span of p <= 256 tokens "
-               "covering at least 32 tokens (the output ids; replay rows: the truth of their prompt and turn)\"\n"
-               "  },\n");
+    fprintf(f,
+            "{\n  \"definitions\": {\n"
+            "    \"tau\": \"mean over responses of per-response tau = (generated tokens - 1) / rounds: tokens "
+            "committed per verification round, bonus included (z-lab's dataset tau)\",\n"
+            "    \"tau_token_weighted\": \"sum over responses of (generated tokens - 1) / sum of rounds\",\n"
+            "    \"tau_accept\": \"1 + accepted drafts / rounds (vLLM's mean acceptance length)\",\n"
+            "    \"per_position\": \"for draft position k: rounds in which draft k was accepted / rounds in "
+            "which it was proposed. Chain: every round proposes k, a marginal rate; DDTree: rounds whose tree reached "
+            "depth k, a rate conditional on reaching it (the two do not compare)\",\n"
+            "    \"speedup\": \"autoregressive decode time per token / speculative decode time per token, same "
+            "engine and responses (the first token of each response comes from the prefill and is excluded); "
+            "measured, online rows only\",\n"
+            "    \"speedup_modeled\": \"the same from modeled times: the drafter's work at the rates measured in "
+            "this run plus, per round, the target's verification cost for that many tokens (or that tree budget) "
+            "measured in this run; the autoregressive side is one measured decode step per token. A model, not a "
+            "measurement\",\n"
+            "    \"speedup_spread\": \"10th, 50th and 90th percentile over responses of the per-response measured "
+            "speedup (AR decode time per token of that prompt and turn / this row's decode time per token); null "
+            "under 2 responses. speedup_modeled_spread: the same of modeled speedups\",\n"
+            "    \"speedup_runs\": \"with --repeat N (online): each repetition's measured speedup over all its "
+            "responses (values, index = repetition) with their min, median and max; null for a single run. tau and "
+            "every other figure come from the first run\",\n"
+            "    \"method\": \"online: the speculative loop ran on the target; replay: the drafter alone on the "
+            "recorded target truth and features (exact at temperature 0: same rounds as online)\",\n"
+            "    \"speedup_device\": \"speedups are this device's: CPU speedups do not predict GPU serving, where a "
+            "verification of 16 tokens costs about one decode step (memory-bound) and the drafter's share differs\",\n"
+            "    \"speedup_modeled_reliable\": \"false when the costs the modeled speedups come from fail a check "
+            "(a verification or tree cheaper than a decode step, timed repetitions spread more than 2x, the decode "
+            "cost far from the run's measured autoregressive step): speedup_modeled_warning says which; null when not "
+            "checked\",\n"
+            "    \"comparisons\": \"every drafter against the first drafter of the same mode, method and features, "
+            "paired over the prompts both have: per prompt the mean over its turns of per-response tau; diff = mean "
+            "of B - A, ci95 = 2.5th and 97.5th percentiles of the mean over 2000 bootstrap resamples of the prompts "
+            "(Python's random.Random(1).randrange, numpy's percentile)\",\n"
+            "    \"responses_at_max_new\": \"responses whose tokens reached --max-new (cut short, not ended by eos); "
+            "tau_at_max_new / tau_not_at_max_new: mean per-response tau of those and of the rest\",\n"
+            "    \"responses_looping\": \"responses that end in at least 3 copies of one span of p <= 256 tokens "
+            "covering at least 32 tokens (the output ids; replay rows: the truth of their prompt and turn)\"\n"
+            "  },\n");
     fprintf(f, "  \"activations\": \"%s\",\n", s->act_bf16 ? "bf16" : "f32");
     fprintf(f, "  \"device\": \"%s\",\n  ", dfl_device_name((dfl_device)s->device)); /* where the target ran */
     report_checks_json(f, s);
     fprintf(f, "\"prompts\": %d,\n", s->n_prompts);
-    fprintf(f, "  \"autoregressive\": {\"responses\": %d, \"tokens\": %d, \"decode_s\": %.6f, "
-               "\"prefill_s\": %.6f, \"tokens_per_s\": %.3f},\n  \"results\": [",
+    fprintf(f,
+            "  \"autoregressive\": {\"responses\": %d, \"tokens\": %d, \"decode_s\": %.6f, "
+            "\"prefill_s\": %.6f, \"tokens_per_s\": %.3f},\n  \"results\": [",
             ar->responses, ar->tokens, ar->time_s, ar->prefill_s,
             ar->time_s > 0 ? (ar->tokens - ar->responses) / ar->time_s : 0.0);
     for (int k = 1; k < s->n_agg; k++) {
@@ -156,8 +157,9 @@ static int write_json(const eval_summary *s, const char *path, const char *extra
         fprintf(f, ", \"mode\": \"%s\", \"method\": \"%s\", \"features\": \"%s\", \"responses\": %d", a->mode,
                 a->method, a->features, a->responses);
         column_members(f, a, 0);
-        fprintf(f, ", \"tau\": %.6f, \"tau_token_weighted\": %.6f, \"tau_accept\": %.6f, \"tokens_per_s\": %s, "
-                   "\"speedup\": %s, \"speedup_modeled\": %s",
+        fprintf(f,
+                ", \"tau\": %.6f, \"tau_token_weighted\": %.6f, \"tau_accept\": %.6f, \"tokens_per_s\": %s, "
+                "\"speedup\": %s, \"speedup_modeled\": %s",
                 eval_agg_tau(a), eval_agg_tau_tokens(a), a->rounds ? 1.0 + (double)a->accepted / a->rounds : 0.0, tps,
                 sp, spm);
         column_members(f, a, 1);
@@ -177,8 +179,8 @@ static int write_json(const eval_summary *s, const char *path, const char *extra
         fprintf(f, ", \"speedup_runs\": ");
         double r3[3];
         if (report_run_range(a, r3)) {
-            fprintf(f, "{\"runs\": %d, \"min\": %.4f, \"median\": %.4f, \"max\": %.4f, \"values\": [", a->n_run_speedups,
-                    r3[0], r3[1], r3[2]);
+            fprintf(f, "{\"runs\": %d, \"min\": %.4f, \"median\": %.4f, \"max\": %.4f, \"values\": [",
+                    a->n_run_speedups, r3[0], r3[1], r3[2]);
             for (int i = 0; i < a->n_run_speedups; i++) fprintf(f, "%s%.4f", i ? ", " : "", a->run_speedups[i]);
             fprintf(f, "]}");
         } else fprintf(f, "null");
@@ -265,11 +267,13 @@ static void md_table(FILE *f, const md_grid *g, const char *title, const char *n
 /* The tables of one figure per drafter and mode: the figures, then the columns' (md_title). */
 static void md_tables(FILE *f, const md_grid *g, int any_measured, int any_modeled) {
     static const char *const titles[FIG_N] = {
-        "τ (mean over responses of (tokens − 1) / rounds)", "τ token-weighted (Σ(tokens − 1) / Σ rounds)",
+        "τ (mean over responses of (tokens − 1) / rounds)",
+        "τ token-weighted (Σ(tokens − 1) / Σ rounds)",
         "speedup, measured (AR time per token / speculative time per token; in parentheses p10–p90 over responses)",
         "speedup, modeled (drafter work + per-round verification costs measured in this run; in parentheses p10–p90 "
         "over responses)",
-        "tokens/s", "speedup over repeated runs (--repeat; median, in parentheses min–max over the runs)"};
+        "tokens/s",
+        "speedup over repeated runs (--repeat; median, in parentheses min–max over the runs)"};
     const int runs = report_repeated_runs(g->s);
     /* the runs' range right after the measured speedups */
     static const int order[FIG_N] = {FIG_TAU, FIG_TAU_TOKENS, FIG_SPEEDUP, FIG_RUNS, FIG_MODELED, FIG_TPS};
@@ -323,7 +327,8 @@ static void md_per_position(FILE *f, const eval_summary *s) {
     for (int k = 1; k < s->n_agg; k++) {
         fprintf(f, "| %s | %s |", s->agg[k].label, s->agg[k].mode);
         for (int p = 1; p < maxb; p++)
-            if (p < s->agg[k].max_block && s->agg[k].pos_drafted[p]) fprintf(f, " %.3f |", report_per_pos(&s->agg[k], p));
+            if (p < s->agg[k].max_block && s->agg[k].pos_drafted[p])
+                fprintf(f, " %.3f |", report_per_pos(&s->agg[k], p));
             else fprintf(f, " – |");
         fprintf(f, "\n");
     }
@@ -336,22 +341,26 @@ static void md_head(FILE *f, const eval_summary *s, int any_replay) {
     if (ar->responses)
         fprintf(f, "; autoregressive baseline: %d tokens, %.1f tokens/s", ar->tokens,
                 ar->time_s > 0 ? (ar->tokens - ar->responses) / ar->time_s : 0.0);
-    fprintf(f, ".%s\n\n", any_replay ? " Rows are replays (drafter-only on the recorded target truth; docs/eval.md) "
-                                        "unless marked (online)." : "");
+    fprintf(f, ".%s\n\n",
+            any_replay ? " Rows are replays (drafter-only on the recorded target truth; docs/eval.md) "
+                         "unless marked (online)."
+                       : "");
     if (s->act_bf16)
         fprintf(f, "**Computed with bf16 activations** (DFL_ACT=bf16): every BF16 matrix product rounded its "
                    "activations to bf16, so the target is not the float32 computation of training; τ can differ "
                    "from a float32 run (compare with `dfl eval-compare`).\n\n");
     if (s->device)
-        fprintf(f, "**Target on %s** (`--device %s`): the target's forwards ran there, the drafters on the CPU; "
-                   "times and speedups are this device's.\n\n", dfl_device_name((dfl_device)s->device),
-                dfl_device_name((dfl_device)s->device));
+        fprintf(f,
+                "**Target on %s** (`--device %s`): the target's forwards ran there, the drafters on the CPU; "
+                "times and speedups are this device's.\n\n",
+                dfl_device_name((dfl_device)s->device), dfl_device_name((dfl_device)s->device));
 }
 
 static int write_md(const eval_summary *s, const char *path, const char *extra) {
     FILE *f = fopen(path, "w");
     if (!f) return dfl_seterr("%s: cannot create", path);
-    md_grid g = {.s = s, .dr = calloc((size_t)s->n_agg + 1, sizeof *g.dr), .md = calloc((size_t)s->n_agg + 1, sizeof *g.md)};
+    md_grid g = {
+        .s = s, .dr = calloc((size_t)s->n_agg + 1, sizeof *g.dr), .md = calloc((size_t)s->n_agg + 1, sizeof *g.md)};
     g.nd = report_distinct(s, 1, g.dr), g.nm = report_distinct(s, 0, g.md);
     int any_measured = 0, any_modeled = 0, any_replay = 0, any_pipe = 0;
     for (int k = 1; k < s->n_agg; k++) {
@@ -396,12 +405,13 @@ int eval_write_reports(const eval_summary *s, const char *dir, const char *extra
             return dfl_seterr("out of memory");
         }
         snprintf(tmp, n, "%s.tmp", p);
-        rc = i == 0 ? write_json(s, tmp, extra_json)
+        rc = i == 0   ? write_json(s, tmp, extra_json)
              : i == 1 ? write_md(s, tmp, extra_md)
              : i == 2 ? plot_per_position(s, tmp)
              : i == 3 ? plot_tau_hist(s, tmp)
                       : plot_tau_budget(s, tmp);
-        if (rc == DFL_OK && rename(tmp, p) != 0) rc = dfl_seterr("%s: cannot rename into place: %s", p, strerror(errno));
+        if (rc == DFL_OK && rename(tmp, p) != 0)
+            rc = dfl_seterr("%s: cannot rename into place: %s", p, strerror(errno));
         if (rc != DFL_OK) unlink(tmp);
         free(tmp);
         free(p);
@@ -410,8 +420,8 @@ int eval_write_reports(const eval_summary *s, const char *dir, const char *extra
 }
 
 int eval_remove_reports(const char *dir) {
-    static const char *const names[] = {"summary.json", "summary.md", "per_position.svg", "tau_hist.svg",
-                                        "tau_budget.svg", "train_vs_serve.svg"};
+    static const char *const names[] = {"summary.json", "summary.md",     "per_position.svg",
+                                        "tau_hist.svg", "tau_budget.svg", "train_vs_serve.svg"};
     int rc = DFL_OK;
     for (size_t i = 0; i < sizeof names / sizeof *names && rc == DFL_OK; i++) {
         char *p = dfl_path_join(dir, names[i]);

@@ -60,16 +60,22 @@ void report_settings_md(FILE *f, const eval_summary *s) {
     int i = 0;
     cJSON_ArrayForEach(d, dr) if (cJSON_IsString(d)) fprintf(f, "%s %s", i++ ? "," : "", d->valuestring);
     for (int k = 1; !i && k < s->n_agg; k++) /* the run does not say: the rows' */
-        if (k == 1 || strcmp(s->agg[k].drafter, s->agg[k - 1].drafter)) fprintf(f, "%s %s", k > 1 ? "," : "", s->agg[k].drafter);
+        if (k == 1 || strcmp(s->agg[k].drafter, s->agg[k - 1].drafter))
+            fprintf(f, "%s %s", k > 1 ? "," : "", s->agg[k].drafter);
     const cJSON *ps = cJSON_GetObjectItemCaseSensitive(run, "prompts");
-    fprintf(f, " |\n| prompts | %s: %d prompts, %d responses |\n", jstr(run, "prompts_file") ? jstr(run, "prompts_file") : "–",
-            cJSON_IsObject(ps) ? cJSON_GetArraySize(ps) : s->n_prompts, s->agg[0].responses ? s->agg[0].responses
-                                                                                            : s->n_agg > 1 ? s->agg[1].responses : 0);
+    fprintf(f, " |\n| prompts | %s: %d prompts, %d responses |\n",
+            jstr(run, "prompts_file") ? jstr(run, "prompts_file") : "–",
+            cJSON_IsObject(ps) ? cJSON_GetArraySize(ps) : s->n_prompts,
+            s->agg[0].responses ? s->agg[0].responses
+            : s->n_agg > 1      ? s->agg[1].responses
+                                : 0);
     row_str(f, "format", run, "prompt_format");
     row_str(f, "chat template", run, "chat");
-    fprintf(f, "| protocol | %s |\n| comparable to the z-lab model cards | ", jstr(run, "protocol") ? jstr(run, "protocol") : "–");
+    fprintf(f, "| protocol | %s |\n| comparable to the z-lab model cards | ",
+            jstr(run, "protocol") ? jstr(run, "protocol") : "–");
     zlab_comparable(f, run);
-    fprintf(f, "| max-new | %.0f |\n| temperature | %g |\n", jnum(run, "max_new", s->max_new), jnum(run, "temperature", 0));
+    fprintf(f, "| max-new | %.0f |\n| temperature | %g |\n", jnum(run, "max_new", s->max_new),
+            jnum(run, "temperature", 0));
     if (jnum(run, "top_k", 0) > 0) fprintf(f, "| top-k | %.0f |\n", jnum(run, "top_k", 0));
     if (jnum(run, "top_p", 0) > 0) fprintf(f, "| top-p | %g |\n", jnum(run, "top_p", 0));
     row_str(f, "accept rule", run, "accept_rule");
@@ -118,17 +124,22 @@ static void warn_outputs(FILE *f, const eval_summary *s) {
     char r[32];
     const eval_agg *a = flagged_row(s, 0, &n, &ti, &to);
     if (a)
-        fprintf(f, "- **%d of %d responses reached --max-new %d** (cut short, not ended by eos): τ %.3f on them vs %s "
-                   "on the rest (%s %s). A cut response's τ is its rate before the cut, and long answers weigh on the "
-                   "mean differently: raise --max-new to score whole responses. Per row: \"Responses that reached "
-                   "--max-new or loop\", below.\n", n, a->responses, s->max_new, ti, rest(to, r, sizeof r), a->label, a->mode);
+        fprintf(f,
+                "- **%d of %d responses reached --max-new %d** (cut short, not ended by eos): τ %.3f on them vs %s "
+                "on the rest (%s %s). A cut response's τ is its rate before the cut, and long answers weigh on the "
+                "mean differently: raise --max-new to score whole responses. Per row: \"Responses that reached "
+                "--max-new or loop\", below.\n",
+                n, a->responses, s->max_new, ti, rest(to, r, sizeof r), a->label, a->mode);
     if (!(a = flagged_row(s, 1, &n, &ti, &to))) return;
-    fprintf(f, "- **%d of %d responses loop** (end in at least 3 copies of one span of tokens; prompts", n, a->responses);
+    fprintf(f, "- **%d of %d responses loop** (end in at least 3 copies of one span of tokens; prompts", n,
+            a->responses);
     for (int i = 0, shown = 0; i < a->responses && shown < 8; i++)
-        if (a->resp[i].loop) fprintf(f, "%s %s%s", shown++ ? "," : "", a->resp[i].prompt_id, a->resp[i].turn ? " turn 2" : "");
-    fprintf(f, "%s): τ %.3f on them vs %s on the rest (%s %s). A drafter predicts a repetition easily, so looping "
-               "responses raise τ without saying much about the drafter.\n", n > 8 ? ", …" : "", ti, rest(to, r, sizeof r),
-            a->label, a->mode);
+        if (a->resp[i].loop)
+            fprintf(f, "%s %s%s", shown++ ? "," : "", a->resp[i].prompt_id, a->resp[i].turn ? " turn 2" : "");
+    fprintf(f,
+            "%s): τ %.3f on them vs %s on the rest (%s %s). A drafter predicts a repetition easily, so looping "
+            "responses raise τ without saying much about the drafter.\n",
+            n > 8 ? ", …" : "", ti, rest(to, r, sizeof r), a->label, a->mode);
 }
 
 void report_warnings_md(FILE *f, const eval_summary *s) {
@@ -137,13 +148,16 @@ void report_warnings_md(FILE *f, const eval_summary *s) {
     FILE *w = open_memstream(&buf, &len);
     if (!w) return;
     if (s->modeled_warning)
-        fprintf(w, "- **The modeled speedups are unreliable**: the costs they come from fail their checks: %s. The "
-                   "machine was probably busy while they were measured; rerun on a quiet machine with fewer threads "
-                   "(`OMP_NUM_THREADS`), or measure with `--online --repeat N`.\n", s->modeled_warning);
+        fprintf(w,
+                "- **The modeled speedups are unreliable**: the costs they come from fail their checks: %s. The "
+                "machine was probably busy while they were measured; rerun on a quiet machine with fewer threads "
+                "(`OMP_NUM_THREADS`), or measure with `--online --repeat N`.\n",
+                s->modeled_warning);
     for (int k = 1; k < s->n_agg; k++) /* once per drafter: its first row that accepts nothing */
         if (report_dead(&s->agg[k])) {
             int first = 1;
-            for (int j = 1; j < k && first; j++) first = strcmp(s->agg[j].drafter, s->agg[k].drafter) || !report_dead(&s->agg[j]);
+            for (int j = 1; j < k && first; j++)
+                first = strcmp(s->agg[j].drafter, s->agg[k].drafter) || !report_dead(&s->agg[j]);
             if (first)
                 fprintf(w, "- **%s accepts (almost) nothing**: τ %.3f (%s %s). Something does not fit: %s.\n",
                         s->agg[k].drafter, eval_agg_tau(&s->agg[k]), s->agg[k].label, s->agg[k].mode, EVAL_DEAD_HINT);
@@ -157,10 +171,11 @@ void report_warnings_md(FILE *f, const eval_summary *s) {
 
 void report_compare_md(FILE *f, const eval_summary *s) {
     if (!s->n_cmp) return;
-    fprintf(f, "## Drafters compared, paired over prompts\n\nEach drafter against the first of its mode, on the "
-               "prompts both have: per prompt the mean over its turns of per-response τ; B − A is the mean of the "
-               "per-prompt differences, with its 95%% bootstrap interval over prompts (%d resamples, seed %d).\n\n"
-               "| mode | A | B | prompts | τ A | τ B | B − A | 95%% interval |\n|---|---|---|---:|---:|---:|---:|---|\n",
+    fprintf(f,
+            "## Drafters compared, paired over prompts\n\nEach drafter against the first of its mode, on the "
+            "prompts both have: per prompt the mean over its turns of per-response τ; B − A is the mean of the "
+            "per-prompt differences, with its 95%% bootstrap interval over prompts (%d resamples, seed %d).\n\n"
+            "| mode | A | B | prompts | τ A | τ B | B − A | 95%% interval |\n|---|---|---|---:|---:|---:|---:|---|\n",
             EVAL_BOOT_RESAMPLES, EVAL_BOOT_SEED);
     for (int i = 0; i < s->n_cmp; i++) {
         const eval_cmp *c = &s->cmp[i];
@@ -187,8 +202,10 @@ void report_outputs_md(FILE *f, const eval_summary *s) {
     double x, y;
     for (int k = 1; k < s->n_agg; k++) any |= row_flags(&s->agg[k], 0, &x, &y) || row_flags(&s->agg[k], 1, &x, &y);
     if (!any) return;
-    fprintf(f, "## Responses that reached --max-new or loop\n\n| drafter | mode | responses | at --max-new %d | τ of "
-               "those | τ of the rest | looping | τ of those | τ of the rest |\n|---|---|---:|---:|---:|---:|---:|---:|---:|\n",
+    fprintf(f,
+            "## Responses that reached --max-new or loop\n\n| drafter | mode | responses | at --max-new %d | τ of "
+            "those | τ of the rest | looping | τ of those | τ of the rest "
+            "|\n|---|---|---:|---:|---:|---:|---:|---:|---:|\n",
             s->max_new);
     for (int k = 1; k < s->n_agg; k++) {
         const eval_agg *a = &s->agg[k];
@@ -209,7 +226,9 @@ static void json_num(FILE *f, double v) {
 
 void report_checks_json(FILE *f, const eval_summary *s) {
     fprintf(f, "\"max_new\": %d,\n  \"speedup_modeled_reliable\": %s,\n  \"speedup_modeled_warning\": ", s->max_new,
-            !s->modeled_checked ? "null" : s->modeled_warning ? "false" : "true");
+            !s->modeled_checked  ? "null"
+            : s->modeled_warning ? "false"
+                                 : "true");
     if (s->modeled_warning) dfl_json_write_string(f, s->modeled_warning);
     else fprintf(f, "null");
     fprintf(f, ",\n  \"accepts_nothing\": [");
@@ -217,8 +236,8 @@ void report_checks_json(FILE *f, const eval_summary *s) {
         if (report_dead(&s->agg[k])) {
             fprintf(f, "%s{\"label\": ", n++ ? ", " : "");
             dfl_json_write_string(f, s->agg[k].label);
-            fprintf(f, ", \"mode\": \"%s\", \"tau\": %.6f, \"check\": \"%s\"}", s->agg[k].mode, eval_agg_tau(&s->agg[k]),
-                    EVAL_DEAD_HINT);
+            fprintf(f, ", \"mode\": \"%s\", \"tau\": %.6f, \"check\": \"%s\"}", s->agg[k].mode,
+                    eval_agg_tau(&s->agg[k]), EVAL_DEAD_HINT);
         }
     fprintf(f, "],\n  \"comparisons\": [");
     for (int i = 0; i < s->n_cmp; i++) {
@@ -229,10 +248,12 @@ void report_checks_json(FILE *f, const eval_summary *s) {
         dfl_json_write_string(f, s->agg[c->a].label);
         fprintf(f, ", \"b\": ");
         dfl_json_write_string(f, s->agg[c->b].label);
-        fprintf(f, ", \"mode\": \"%s\", \"method\": \"%s\", \"features\": \"%s\", \"prompts\": %d, \"tau_a\": %.6f, "
-                   "\"tau_b\": %.6f, \"diff\": %.6f, \"ci95\": [%.6f, %.6f], \"resamples\": %d, \"seed\": %d, \"verdict\": ",
-                s->agg[c->b].mode, s->agg[c->b].method, s->agg[c->b].features, c->p.n, c->p.tau_a, c->p.tau_b, c->p.diff,
-                c->p.lo, c->p.hi, EVAL_BOOT_RESAMPLES, EVAL_BOOT_SEED);
+        fprintf(
+            f,
+            ", \"mode\": \"%s\", \"method\": \"%s\", \"features\": \"%s\", \"prompts\": %d, \"tau_a\": %.6f, "
+            "\"tau_b\": %.6f, \"diff\": %.6f, \"ci95\": [%.6f, %.6f], \"resamples\": %d, \"seed\": %d, \"verdict\": ",
+            s->agg[c->b].mode, s->agg[c->b].method, s->agg[c->b].features, c->p.n, c->p.tau_a, c->p.tau_b, c->p.diff,
+            c->p.lo, c->p.hi, EVAL_BOOT_RESAMPLES, EVAL_BOOT_SEED);
         dfl_json_write_string(f, v);
         fprintf(f, "}");
     }

@@ -18,7 +18,8 @@ static const eval_agg *widest_spread(const eval_summary *s, int modeled, double 
     for (int k = 1; k < s->n_agg; k++) {
         const eval_agg *a = &s->agg[k];
         if (eval_spread(modeled ? a->speedups_modeled : a->speedups, modeled ? a->n_speedups_modeled : a->n_speedups,
-                        t) == 0 && t[2] - t[0] > best) {
+                        t) == 0 &&
+            t[2] - t[0] > best) {
             best = t[2] - t[0], w = a;
             memcpy(q, t, sizeof t);
         }
@@ -50,20 +51,23 @@ static void howto_tau(FILE *f, const eval_summary *s) {
     else fprintf(f, "Here τ is larger in %d of %d rows, token-weighted τ in %d", n_mean, rows, n_tw);
     if (n_mean || n_tw) {
         const double t = eval_agg_tau(gap), w = eval_agg_tau_tokens(gap);
-        fprintf(f, "; the largest gap: %s %s, τ %.3f vs token-weighted %.3f (%+.3f, %+.1f%%)", gap->label,
-                gap->mode, t, w, t - w, w > 0 ? 100.0 * (t - w) / w : 0.0);
+        fprintf(f, "; the largest gap: %s %s, τ %.3f vs token-weighted %.3f (%+.3f, %+.1f%%)", gap->label, gap->mode, t,
+                w, t - w, w > 0 ? 100.0 * (t - w) / w : 0.0);
     }
     if (n_mean >= n_tw && n_mean)
-        fprintf(f, ". The mean gives every response the same weight whatever its length, so short responses "
-                   "(few rounds) with a high τ weigh more in it than in the token-weighted τ, which counts each response by "
-                   "its rounds");
+        fprintf(
+            f,
+            ". The mean gives every response the same weight whatever its length, so short responses "
+            "(few rounds) with a high τ weigh more in it than in the token-weighted τ, which counts each response by "
+            "its rounds");
     else if (n_tw)
         fprintf(f, ". The token-weighted τ counts each response by its rounds, so long responses with a high τ "
                    "weigh more in it than in the mean, where a short response with a low τ counts as much as a "
                    "long one");
     const eval_agg *v = gap ? gap : &s->agg[1];
-    fprintf(f, ". vLLM's 1 + accepted / rounds (`tau_accept` in summary.json) is %.3f for %s %s: the "
-               "token-weighted τ but for rounds cut short by eos or --max-new.\n",
+    fprintf(f,
+            ". vLLM's 1 + accepted / rounds (`tau_accept` in summary.json) is %.3f for %s %s: the "
+            "token-weighted τ but for rounds cut short by eos or --max-new.\n",
             v->rounds ? 1.0 + (double)v->accepted / v->rounds : 0.0, v->label, v->mode);
 }
 
@@ -77,12 +81,14 @@ static void howto_budgets(FILE *f, const eval_summary *s, const char **dr, int n
         for (int k = 1; k < s->n_agg; k++) {
             const eval_agg *a = &s->agg[k];
             const int n = tree_budget(a);
-            if (strcmp(a->label, dr[i]) != 0 || n <= 0 || n >= drafts || eval_agg_tau(a) >= eval_agg_tau(chain) - 0.0005)
+            if (strcmp(a->label, dr[i]) != 0 || n <= 0 || n >= drafts ||
+                eval_agg_tau(a) >= eval_agg_tau(chain) - 0.0005)
                 continue;
             if (first)
-                fprintf(f, "- **A DDTree budget below the block trails the chain.** DDTree-N caps the tree at N "
-                           "nodes, so a round can never accept more than N drafts (τ ≤ N + 1), while a chain of "
-                           "block %d proposes %d: at high acceptance the small tree loses. Here:",
+                fprintf(f,
+                        "- **A DDTree budget below the block trails the chain.** DDTree-N caps the tree at N "
+                        "nodes, so a round can never accept more than N drafts (τ ≤ N + 1), while a chain of "
+                        "block %d proposes %d: at high acceptance the small tree loses. Here:",
                         chain->max_block, drafts);
             fprintf(f, "%s %s %s τ %.3f (at most %d) vs chain %.3f", first ? "" : ";", a->label, a->mode,
                     eval_agg_tau(a), n + 1, eval_agg_tau(chain));
@@ -128,13 +134,15 @@ static void howto_best_mode(FILE *f, const eval_summary *s, const char **dr, int
 static void howto_measured(FILE *f, const eval_summary *s, int any_modeled) {
     double q[3];
     const eval_agg *w;
-    fprintf(f, "- **Measured speedups** (online rows) are ratios of wall-clock times: on a loaded machine they "
-               "move between repeated runs%s. ",
+    fprintf(f,
+            "- **Measured speedups** (online rows) are ratios of wall-clock times: on a loaded machine they "
+            "move between repeated runs%s. ",
             any_modeled ? "" : " (a replay's modeled speedups do not move with load this way)");
     if ((w = widest_spread(s, 0, q)))
-        fprintf(f, "Per response (AR time per token of the same prompt / this time per token) they spread "
-                   "here from %.2fx (p10) to %.2fx (p90), median %.2fx, for %s %s, the widest; each row's "
-                   "p10–p90 is in parentheses in the speedup table (`speedup_spread` in summary.json).\n",
+        fprintf(f,
+                "Per response (AR time per token of the same prompt / this time per token) they spread "
+                "here from %.2fx (p10) to %.2fx (p90), median %.2fx, for %s %s, the widest; each row's "
+                "p10–p90 is in parentheses in the speedup table (`speedup_spread` in summary.json).\n",
                 q[0], q[2], q[1], w->label, w->mode);
     else fprintf(f, "One response per row here: no spread.\n");
     const int runs = report_repeated_runs(s);
@@ -144,9 +152,10 @@ static void howto_measured(FILE *f, const eval_summary *s, int any_modeled) {
         if (report_run_range(&s->agg[k], rq) && (!wr || rq[2] - rq[0] > wq[2] - wq[0]))
             wr = &s->agg[k], memcpy(wq, rq, sizeof rq);
     if (wr)
-        fprintf(f, "  Over the %d repeated runs here (`--repeat`) the speedups moved most for %s %s: %.2fx to %.2fx "
-                   "(median %.2fx); every row's median and range are in the table \"speedup over repeated "
-                   "runs\". A difference between two rows smaller than their ranges is not a result.\n",
+        fprintf(f,
+                "  Over the %d repeated runs here (`--repeat`) the speedups moved most for %s %s: %.2fx to %.2fx "
+                "(median %.2fx); every row's median and range are in the table \"speedup over repeated "
+                "runs\". A difference between two rows smaller than their ranges is not a result.\n",
                 runs, wr->label, wr->mode, wq[0], wq[2], wq[1]);
     else
         fprintf(f, "  This was one run: `--repeat N` runs every prompt N times and gives each speedup's range "
@@ -162,8 +171,9 @@ static void howto_modeled(FILE *f, const eval_summary *s) {
                "goes), so load during the run does not move them the way it moves measured ones; load during "
                "the cost measurement shifts them all together. ");
     if ((w = widest_spread(s, 1, q)))
-        fprintf(f, "Their spread over responses reflects the responses, not the machine: widest %s %s, "
-                   "%.2fx–%.2fx (p10–p90), median %.2fx (`speedup_modeled_spread`).\n",
+        fprintf(f,
+                "Their spread over responses reflects the responses, not the machine: widest %s %s, "
+                "%.2fx–%.2fx (p10–p90), median %.2fx (`speedup_modeled_spread`).\n",
                 w->label, w->mode, q[0], q[2], q[1]);
     else fprintf(f, "One response per row here: no spread.\n");
     if (s->modeled_warning)

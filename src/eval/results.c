@@ -25,14 +25,15 @@ void eval_result_init(eval_result *r) {
 int eval_result_act_check(const eval_result *r, int here, const char *where) {
     if (r->act_bf16 == here) return DFL_OK;
     return dfl_seterr("%s: computed with %s activations, this run uses %s (DFL_ACT): results of both modes must not "
-                      "mix in one evaluation", where, r->act_bf16 ? "bf16" : "f32", here ? "bf16" : "f32");
+                      "mix in one evaluation",
+                      where, r->act_bf16 ? "bf16" : "f32", here ? "bf16" : "f32");
 }
 
 int eval_result_device_check(const eval_result *r, int device, const char *where) {
     if (r->device == device) return DFL_OK;
     return dfl_seterr("%s: the target ran on %s, this run puts it on %s (--device): results of both devices must "
-                      "not mix in one evaluation", where, dfl_device_name((dfl_device)r->device),
-                      dfl_device_name((dfl_device)device));
+                      "not mix in one evaluation",
+                      where, dfl_device_name((dfl_device)r->device), dfl_device_name((dfl_device)device));
 }
 
 void eval_result_from_stats(eval_result *r, const dfl_gen_stats *st) {
@@ -52,7 +53,6 @@ void eval_result_from_stats(eval_result *r, const dfl_gen_stats *st) {
     r->verify_s = st->t_verify;
     r->rollback_s = st->t_rollback;
 }
-
 
 static void long_array(FILE *f, const char *name, const long *v, int from, int to) {
     fprintf(f, ", \"%s\": [", name);
@@ -197,8 +197,7 @@ void eval_results_free(eval_results *d) {
 
 static int same_response(const eval_result *a, const eval_result *b) {
     return strcmp(a->prompt_id, b->prompt_id) == 0 && a->turn == b->turn && a->rep == b->rep &&
-           strcmp(a->drafter, b->drafter) == 0 &&
-           strcmp(a->mode, b->mode) == 0 && strcmp(a->method, b->method) == 0 &&
+           strcmp(a->drafter, b->drafter) == 0 && strcmp(a->mode, b->mode) == 0 && strcmp(a->method, b->method) == 0 &&
            strcmp(a->features, b->features) == 0;
 }
 
@@ -267,7 +266,7 @@ int eval_summarize(eval_summary *s, const eval_result *res, int n) {
     int any_replay = 0;
     for (int i = 0; i < n; i++) any_replay |= strcmp(res[i].method, "replay") == 0;
     char(*seen)[300] = calloc((size_t)n + 1, sizeof *seen); /* distinct prompt/turn pairs */
-    char *dups = calloc((size_t)n + 1, 1);                    /* a later copy of an earlier response */
+    char *dups = calloc((size_t)n + 1, 1);                  /* a later copy of an earlier response */
     int n_seen = 0;
     for (int i = 0; i < n; i++) {
         const eval_result *r = &res[i];
@@ -305,7 +304,8 @@ int eval_summarize(eval_summary *s, const eval_result *res, int n) {
             a->modeled_s += r->modeled_s;
             a->modeled_ar_s += r->modeled_ar_s;
             if (k > 0 && r->modeled_s > 0 && r->modeled_ar_s > 0) {
-                a->speedups_modeled = realloc(a->speedups_modeled, (size_t)(a->n_speedups_modeled + 1) * sizeof(double));
+                a->speedups_modeled =
+                    realloc(a->speedups_modeled, (size_t)(a->n_speedups_modeled + 1) * sizeof(double));
                 a->speedups_modeled[a->n_speedups_modeled++] = r->modeled_ar_s / r->modeled_s;
             }
         }
@@ -318,7 +318,8 @@ int eval_summarize(eval_summary *s, const eval_result *res, int n) {
         eval_columns_add(a, r);
         /* the arrays are not columns (columns.h) */
         for (int b = 0; b <= DFL_MAX_BLOCK; b++) a->accept_hist[b] += r->accept_hist[b];
-        for (int b = 0; b < DFL_MAX_BLOCK; b++) a->pos_drafted[b] += r->pos_drafted[b], a->pos_accepted[b] += r->pos_accepted[b];
+        for (int b = 0; b < DFL_MAX_BLOCK; b++)
+            a->pos_drafted[b] += r->pos_drafted[b], a->pos_accepted[b] += r->pos_accepted[b];
     }
     s->n_prompts = n_seen;
     for (int i = 0; i < n; i++) s->act_bf16 |= res[i].act_bf16; /* one mode per run: resume and merge check it */
@@ -408,9 +409,7 @@ void eval_summary_outputs(eval_summary *s, const eval_result *res, int32_t *cons
 
 double eval_agg_tau(const eval_agg *a) { return a->responses ? a->tau_sum / a->responses : 0; }
 
-double eval_agg_tau_tokens(const eval_agg *a) {
-    return a->rounds ? (double)(a->tokens - a->responses) / a->rounds : 0;
-}
+double eval_agg_tau_tokens(const eval_agg *a) { return a->rounds ? (double)(a->tokens - a->responses) / a->rounds : 0; }
 
 double eval_agg_speedup_modeled(const eval_agg *a) {
     if (a->modeled == 0 || a->modeled != a->responses || a->modeled_s <= 0) return 0;

@@ -69,7 +69,7 @@ int er_write_result(run *r, eval_result *e, const int32_t *ids, int n_ids) {
 }
 
 void er_result_head(eval_result *e, const char *pid, int turn, const char *drafter, const char *mode,
-                        const char *method, const char *features) {
+                    const char *method, const char *features) {
     eval_result_init(e);
     e->act_bf16 = kn_act_get() == KN_ACT_BF16;
     e->turn = turn;
@@ -81,8 +81,7 @@ void er_result_head(eval_result *e, const char *pid, int turn, const char *draft
 }
 
 /* The reference agreement of a truth. */
-int er_check_reference(run *r, const char *pid, int turn, const int32_t *prompt, int np, const int32_t *truth,
-                           int n) {
+int er_check_reference(run *r, const char *pid, int turn, const int32_t *prompt, int np, const int32_t *truth, int n) {
     const eval_opts *o = r->o;
     if (!o->reference && !o->reference_url) return DFL_OK;
     const ref_entry *re = o->reference ? ref_find(&r->refs, pid, turn) : NULL;
@@ -98,14 +97,14 @@ int er_check_reference(run *r, const char *pid, int turn, const int32_t *prompt,
         const int div = ref_first_divergence(truth, n, rids, nr);
         fprintf(r->reff, "{\"prompt_id\": ");
         dfl_json_write_string(r->reff, pid);
-        fprintf(r->reff, ", \"turn\": %d, \"dfl_tokens\": %d, \"reference_tokens\": %d, \"first_divergence\": %d}\n", turn,
-                n, nr, div);
+        fprintf(r->reff, ", \"turn\": %d, \"dfl_tokens\": %d, \"reference_tokens\": %d, \"first_divergence\": %d}\n",
+                turn, n, nr, div);
         fflush(r->reff);
         r->ref_compared++;
         r->ref_agree += div < 0;
         if (div >= 0)
             er_log(r, "[dfl eval] prompt %s turn %d: target output diverges from the reference at token %d\n", pid,
-                  turn + 1, div);
+                   turn + 1, div);
     } else {
         er_log(r, "dfl eval: prompt %s turn %d: no reference entry\n", pid, turn + 1);
     }
@@ -159,8 +158,8 @@ static int open_features(run *r, char *target, size_t n) {
             char *end;
             const long v = strtol(mx, &end, 10);
             if (end == mx || *end || v < 1 || v > 1 << 24)
-                rc = dfl_seterr("%s: __metadata__ max_new: expected an integer in [1, %d], found '%s'", p0, 1 << 24,
-                                mx);
+                rc =
+                    dfl_seterr("%s: __metadata__ max_new: expected an integer in [1, %d], found '%s'", p0, 1 << 24, mx);
             r->max_new = (int)v;
         }
         /* the device the truths were recorded on (absent: the CPU): the results are marked with it */
@@ -207,7 +206,8 @@ static int open_save_features(run *r) {
     if (rc) return rc;
     if (!o->resume && r->saved.n > 0)
         return dfl_seterr("%s/manifest.jsonl already lists %d saved truths: use --resume to continue that recording, "
-                          "or another --save-features", o->save_features, r->saved.n);
+                          "or another --save-features",
+                          o->save_features, r->saved.n);
     char *mp = dfl_path_join(o->save_features, "manifest.jsonl");
     r->manf = fopen(mp, o->resume ? "a" : "w");
     free(mp);
@@ -296,8 +296,8 @@ static int size_prompts(run *r) { /* and weighs the units of the shard */
             if (t == 0 && maxpos > 0 && (long)n + r->max_new > maxpos)
                 return dfl_seterr("%s:%d: prompt %s: %zu prompt tokens + --max-new %d = %ld positions exceed the "
                                   "target's max_position_embeddings %d (drop the prompt, shorten it or lower "
-                                  "--max-new)", o->prompts, p->line, p->id, n, r->max_new, (long)n + r->max_new,
-                                  maxpos);
+                                  "--max-new)",
+                                  o->prompts, p->line, p->id, n, r->max_new, (long)n + r->max_new, maxpos);
         }
         r->max_prompt = need > r->max_prompt ? need : r->max_prompt;
         if (i % o->shard_n == o->shard_i) r->plan[i / o->shard_n].weight = w; /* list_units' order */
@@ -362,8 +362,7 @@ static int run_prepare(run *r, unit_bufs *b) {
     if (r->replay && !r->from_features && o->cost_reps > 0 && r->ps.n > 0)
         rc = eval_costs_measure(&r->costs, &r->m, &r->dif[0], r->ids0[0], r->n_ids0[0], r->block, o->n_drafters,
                                 o->budgets, o->n_modes, o->cost_reps);
-    else if (r->from_features)
-        er_costs_load(&r->costs, o->features_dir);
+    else if (r->from_features) er_costs_load(&r->costs, o->features_dir);
     if (rc == DFL_OK && o->save_features) rc = er_target_json(r, 0);
     b->truth = malloc((size_t)(r->max_new + r->max_block) * sizeof(int32_t));
     b->out = malloc((size_t)(r->max_new + r->max_block) * sizeof(int32_t));
@@ -392,8 +391,8 @@ static int run_prompt(run *r, const work *w, unit_bufs *b, double *last_tau) {
         const int maxpos = r->m.cfg.max_position;
         if (rc == DFL_OK && maxpos > 0 && (long)np + r->max_new > maxpos)
             rc = dfl_seterr("prompt %s turn %d: %zu prompt tokens + --max-new %d = %ld positions exceed the target's "
-                            "max_position_embeddings %d", p->id, turn + 1, np, r->max_new, (long)np + r->max_new,
-                            maxpos);
+                            "max_position_embeddings %d",
+                            p->id, turn + 1, np, r->max_new, (long)np + r->max_new, maxpos);
         if (rc == DFL_OK && (int)np + r->max_new + b->tree_slots > b->max_ctx)
             rc = dfl_seterr("prompt %s turn %d: %zu tokens + --max-new %d exceed the context %d", p->id, turn + 1, np,
                             r->max_new, b->max_ctx);

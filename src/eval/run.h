@@ -40,10 +40,10 @@ enum { TR_TARGET, TR_DATASET, TR_TEMPLATE, TR_ATTN, TR_PIPELINE, TR_KINDS };
 
 /* The rows one turn of a unit must still write; a bit per mode in the masks. */
 typedef struct turn_plan {
-    int complete;      /* every row that marks the turn done is there: nothing runs */
-    int truth_row;     /* the row of results whose output ids are the turn's truth when it is not run, -1 */
-    int saved;         /* replay with --save-features resumed: the truth saved for it (in r->saved), -1 */
-    int rec, ar;       /* replay: the recording run's row, the --check-ar autoregressive row */
+    int complete;  /* every row that marks the turn done is there: nothing runs */
+    int truth_row; /* the row of results whose output ids are the turn's truth when it is not run, -1 */
+    int saved;     /* replay with --save-features resumed: the truth saved for it (in r->saved), -1 */
+    int rec, ar;   /* replay: the recording run's row, the --check-ar autoregressive row */
     uint16_t replay[2][EVAL_MAX_DRAFTERS]; /* replay rows on dfl's features, on the pipeline's */
     unsigned char train[TR_KINDS][EVAL_MAX_DRAFTERS];
     unsigned char *ar_rep; /* online: [repeat] the autoregressive row */
@@ -52,9 +52,9 @@ typedef struct turn_plan {
 
 /* A unit of this process: a prompt (every turn) or a saved truth (--features). */
 typedef struct work {
-    int item;     /* index in r->ps.p, or in r->saved.u */
-    long weight;  /* prompt tokens plus --max-new per turn (MPI hands out the heaviest first) */
-    int n_turns;  /* planned turns (a saved truth: its one turn in turn[0]) */
+    int item;    /* index in r->ps.p, or in r->saved.u */
+    long weight; /* prompt tokens plus --max-new per turn (MPI hands out the heaviest first) */
+    int n_turns; /* planned turns (a saved truth: its one turn in turn[0]) */
     turn_plan turn[2];
 } work;
 
@@ -63,28 +63,28 @@ typedef struct work {
 typedef struct run {
     const eval_opts *o;
     eval_prompts ps;
-    int32_t **ids0;      /* [ps.n] the first turn of each prompt, tokenized once */
+    int32_t **ids0; /* [ps.n] the first turn of each prompt, tokenized once */
     int *n_ids0;
     dfl_model m;
     int have_model;
     dfl_any_drafter ad[EVAL_MAX_DRAFTERS]; /* DFlash, DFlash2 or an MTP head, and its run state */
-    dfl_draft_if dif[EVAL_MAX_DRAFTERS]; /* each drafter as the loops drive it (er_alloc_states) */
-    char *label[EVAL_MAX_DRAFTERS];      /* its name in results and summaries: the --drafter argument, or
-                                          * "mtp (DIR)" for the MTP head of checkpoint DIR */
+    dfl_draft_if dif[EVAL_MAX_DRAFTERS];   /* each drafter as the loops drive it (er_alloc_states) */
+    char *label[EVAL_MAX_DRAFTERS];        /* its name in results and summaries: the --drafter argument, or
+                                            * "mtp (DIR)" for the MTP head of checkpoint DIR */
     eval_draft_cache cache[EVAL_MAX_DRAFTERS];
     int n_open, n_dstate, n_cache;
     int block[EVAL_MAX_DRAFTERS];
     int col[EVAL_MAX_DRAFTERS][EVAL_MAX_FEAT_LAYERS]; /* drafter's layer i -> truth column */
-    int layers[EVAL_MAX_FEAT_LAYERS], n_layers;      /* the truth's feature layers */
+    int layers[EVAL_MAX_FEAT_LAYERS], n_layers;       /* the truth's feature layers */
     dfl_tokenizer *tok;
     ref_set refs;
-    eval_results done;   /* results.jsonl's complete lines (and those handed over with a unit) */
-    work *plan;          /* this process's units, in run order */
+    eval_results done; /* results.jsonl's complete lines (and those handed over with a unit) */
+    work *plan;        /* this process's units, in run order */
     int n_plan;
-    int max_prompt;      /* positions of the longest unit's prompts (a second turn adds an answer) */
+    int max_prompt; /* positions of the longest unit's prompts (a second turn adds an answer) */
     FILE *resf, *reff, *manf, *dumpf;
-    int writes;          /* writes --out (not a worker of a spread run) */
-    int zlab_dataset;    /* with --protocol zlab: the dataset (EVAL_ZLAB_*) */
+    int writes;       /* writes --out (not a worker of a spread run) */
+    int zlab_dataset; /* with --protocol zlab: the dataset (EVAL_ZLAB_*) */
     char *res_path, *ref_path;
     int lock_fd, feat_lock_fd; /* flocks of --out and of --save-features */
     char *feat_incomplete;     /* --features: the recording that saved them did not finish (message) */
@@ -95,22 +95,22 @@ typedef struct run {
     int have_state;
     eval_costs costs;
     eval_target_id id;
-    mf_list saved;       /* the save_features manifest (resume) or the features_dir one */
+    mf_list saved; /* the save_features manifest (resume) or the features_dir one */
     int max_new, max_block, max_budget, rec_budget;
-    int rec_auto;        /* --record-mode auto */
-    int replay;          /* replay (1) or online (0) */
+    int rec_auto; /* --record-mode auto */
+    int replay;   /* replay (1) or online (0) */
     int from_features;
-    int device;          /* where the target ran (o->device, or the saved truths' device with features_dir) */
+    int device; /* where the target ran (o->device, or the saved truths' device with features_dir) */
     eval_outcome res;
     int ref_compared, ref_agree;
     /* per-round accepted lengths of an online run (er_on_round) */
     int *acc, n_acc, cap_acc;
-    tm_run tm;           /* --train-metrics: train.jsonl */
-    FILE *fcf;           /* --features-from: features_check.jsonl */
-    int last_optional;   /* the target's last layer when held only for --train-metrics (a pipeline may lack it), -1 */
-    int last_col;        /* truth column of the target's last layer (the target's distribution), -1 */
-    int batch;           /* tokens per target forward */
-    char *warn_md;       /* warnings for the top of summary.md (mask tokens), NULL when none */
+    tm_run tm;         /* --train-metrics: train.jsonl */
+    FILE *fcf;         /* --features-from: features_check.jsonl */
+    int last_optional; /* the target's last layer when held only for --train-metrics (a pipeline may lack it), -1 */
+    int last_col;      /* truth column of the target's last layer (the target's distribution), -1 */
+    int batch;         /* tokens per target forward */
+    char *warn_md;     /* warnings for the top of summary.md (mask tokens), NULL when none */
 } run;
 
 /* The buffers a unit runs in: the truth, an output, and the sizes they were made for. */
@@ -160,10 +160,10 @@ int er_truth_save(run *r, const char *pid, int turn, int index, const eval_truth
 int er_truth_load(run *r, const char *dir, const mf_entry *u, eval_truth *t);
 
 /* unit_online.c, unit_replay.c, unit_train.c: the rows of one unit its plan lacks */
-int er_unit_online(run *r, const char *pid, int turn, const turn_plan *tp, const int32_t *pids, int np,
-                   int32_t *truth, int *n_truth, int32_t *out, double *last_tau);
-int er_unit_replay(run *r, const eval_prompt *p, int index, int turn, const turn_plan *tp, const int32_t *pids,
-                   int np, unit_bufs *b, int *n_truth, double *last_tau);
+int er_unit_online(run *r, const char *pid, int turn, const turn_plan *tp, const int32_t *pids, int np, int32_t *truth,
+                   int *n_truth, int32_t *out, double *last_tau);
+int er_unit_replay(run *r, const eval_prompt *p, int index, int turn, const turn_plan *tp, const int32_t *pids, int np,
+                   unit_bufs *b, int *n_truth, double *last_tau);
 int er_unit_saved(run *r, const work *w, unit_bufs *b, double *last_tau);
 int er_train_truth(run *r, const char *pid, int turn, const eval_truth *t, const char *labels, const char *features,
                    const tm_target *tt, const unsigned char *todo);

@@ -24,7 +24,8 @@ static void run_settings(const run *r, cJSON *j) {
     for (int i = 0; i < r->n_open; i++) cJSON_AddItemToArray(d, cJSON_CreateString(r->label[i]));
     char fmt[160];
     if (r->from_features) snprintf(fmt, sizeof fmt, "saved truths (--features)");
-    else if (o->protocol) snprintf(fmt, sizeof fmt, "%s, as z-lab's benchmark formats it", eval_zlab_dataset_name(r->zlab_dataset));
+    else if (o->protocol)
+        snprintf(fmt, sizeof fmt, "%s, as z-lab's benchmark formats it", eval_zlab_dataset_name(r->zlab_dataset));
     else {
         eval_format_name(o->have_fmt ? o->fmt : eval_format_sniff(o->prompts), o->field, fmt, sizeof fmt - 16);
         if (!o->have_fmt) strcat(fmt, " (detected)");
@@ -114,18 +115,21 @@ int er_write_run_json(run *r) {
     char msg[300];
     if (rc == DFL_OK && old && eval_run_differs(old, j, msg, sizeof msg))
         rc = dfl_seterr("%s: the run being resumed had other options (%s): resume it with the same options, or "
-                        "use another --out", path, msg);
+                        "use another --out",
+                        path, msg);
     const cJSON *e, *ps = cJSON_GetObjectItemCaseSensitive(j, "prompts");
     if (rc == DFL_OK && old) cJSON_ArrayForEach(e, cJSON_GetObjectItemCaseSensitive(old, "prompts")) {
-        const cJSON *now = e->string ? cJSON_GetObjectItemCaseSensitive(ps, e->string) : NULL;
-        if (!now && e->string) {
-            cJSON_AddItemToObject((cJSON *)ps, e->string, cJSON_Duplicate(e, 1));
-        } else if (now && cJSON_IsString(now) && cJSON_IsString(e) && strcmp(now->valuestring, e->valuestring) != 0) {
-            rc = dfl_seterr("%s: prompt %s is not the prompt of that id in the run being resumed (another prompt "
-                            "file, or an edited prompt): use another --out", path, e->string);
-            break;
+            const cJSON *now = e->string ? cJSON_GetObjectItemCaseSensitive(ps, e->string) : NULL;
+            if (!now && e->string) {
+                cJSON_AddItemToObject((cJSON *)ps, e->string, cJSON_Duplicate(e, 1));
+            } else if (now && cJSON_IsString(now) && cJSON_IsString(e) &&
+                       strcmp(now->valuestring, e->valuestring) != 0) {
+                rc = dfl_seterr("%s: prompt %s is not the prompt of that id in the run being resumed (another prompt "
+                                "file, or an edited prompt): use another --out",
+                                path, e->string);
+                break;
+            }
         }
-    }
     cJSON_Delete(old);
     char *out = rc == DFL_OK ? cJSON_Print(j) : NULL;
     if (rc == DFL_OK && !out) rc = dfl_seterr("out of memory");

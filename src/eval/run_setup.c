@@ -31,7 +31,8 @@ int er_lock_dir(const char *dir, const char *what, int *fd) {
     if (*fd < 0) rc = dfl_seterr("%s: cannot open: %s", path, strerror(errno));
     else if (flock(*fd, LOCK_EX | LOCK_NB) != 0)
         rc = dfl_seterr("%s: another dfl eval is writing this directory (%s is locked); wait for it or use another "
-                        "%s", dir, path, what);
+                        "%s",
+                        dir, path, what);
     free(path);
     return rc;
 }
@@ -54,9 +55,10 @@ int er_check_mask_tokens(run *r) {
         fprintf(m, "), not a special or added token of the tokenizer: the drafter reads a real word where its training "
                    "put the mask, which costs τ silently. Check dflash_config.mask_token_id against the tokenizer it "
                    "was trained with.\n");
-        er_log(r, "dfl eval: warning: drafter %s: mask_token_id %d is an ordinary token of the tokenizer (%s), not a "
-                 "special or added one: check dflash_config.mask_token_id against the tokenizer it was trained with\n",
-              r->label[d], id, txt ? txt : "?");
+        er_log(r,
+               "dfl eval: warning: drafter %s: mask_token_id %d is an ordinary token of the tokenizer (%s), not a "
+               "special or added one: check dflash_config.mask_token_id against the tokenizer it was trained with\n",
+               r->label[d], id, txt ? txt : "?");
         free(txt);
     }
     fclose(m);
@@ -107,7 +109,8 @@ int er_open_drafters(run *r) {
     }
     /* --train-metrics: the target's last layer gives its distribution (unless saved truths lack it) */
     const int last = r->m.cfg.n_layers - 1;
-    if (o->train_metrics && n < 2 * EVAL_MAX_FEAT_LAYERS && (!r->from_features || er_saved_layer(o->features_dir, last)))
+    if (o->train_metrics && n < 2 * EVAL_MAX_FEAT_LAYERS &&
+        (!r->from_features || er_saved_layer(o->features_dir, last)))
         all[n++] = last;
     eval_truth t;
     if (eval_truth_init(&t, r->m.cfg.hidden, all, n)) return DFL_ERR;

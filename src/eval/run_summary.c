@@ -42,15 +42,19 @@ static int train_report_in(const run *r, const eval_summary *sm, tm_agg **ag, in
     double train_s = 0, replay_s = 0;
     for (int i = 0; i < *n; i++) train_s += (*ag)[i].draft_s;
     for (int i = 1; i < sm->n_agg; i++)
-        if (strcmp(sm->agg[i].method, "replay") == 0 && strcmp(sm->agg[i].mode, "chain") == 0) replay_s += sm->agg[i].draft_s;
+        if (strcmp(sm->agg[i].method, "replay") == 0 && strcmp(sm->agg[i].mode, "chain") == 0)
+            replay_s += sm->agg[i].draft_s;
     if (replay_s > 0)
-        snprintf(ti->cost_note, sizeof ti->cost_note, "Cost: the training metrics drafted a block at every anchor, "
-                 "%.2f s of drafter time, %.1fx the chain replay's %.2f s (one block per round).", train_s,
-                 train_s / replay_s, replay_s);
+        snprintf(ti->cost_note, sizeof ti->cost_note,
+                 "Cost: the training metrics drafted a block at every anchor, "
+                 "%.2f s of drafter time, %.1fx the chain replay's %.2f s (one block per round).",
+                 train_s, train_s / replay_s, replay_s);
     if (o->train_chat >= 0) snprintf(ti->alt_chat, sizeof ti->alt_chat, "%s", er_chat_name(o->train_chat));
     if (r->last_col < 0)
-        snprintf(ti->exp_note, sizeof ti->exp_note, "No expected acceptance at T = 1: the saved truths lack the "
-                 "target's last layer (record them with --train-metrics, or --save-layers %d).", r->m.cfg.n_layers - 1);
+        snprintf(ti->exp_note, sizeof ti->exp_note,
+                 "No expected acceptance at T = 1: the saved truths lack the "
+                 "target's last layer (record them with --train-metrics, or --save-layers %d).",
+                 r->m.cfg.n_layers - 1);
     return DFL_OK;
 }
 
@@ -83,14 +87,14 @@ static void log_rows(const run *r, const eval_summary *sm) {
         const eval_agg *g = &sm->agg[a];
         const double sp = eval_agg_speedup(g), spm = eval_agg_speedup_modeled(g);
         er_log(r, "[dfl eval] %s %s: tau %.3f (token-weighted %.3f)", g->label, g->mode, eval_agg_tau(g),
-              eval_agg_tau_tokens(g));
+               eval_agg_tau_tokens(g));
         if (sp > 0) er_log(r, ", speedup %.2fx", sp);
         if (spm > 0) er_log(r, ", modeled speedup %.2fx%s", spm, sm->modeled_warning ? " (unreliable)" : "");
         er_log(r, "\n");
         if (g->mismatches) er_log(r, "[dfl eval]   %d mismatches\n", g->mismatches);
         if (g->rounds && eval_agg_tau(g) <= EVAL_TAU_DEAD && !dead[drafter_index(r, g->drafter)]++)
             er_log(r, "dfl eval: warning: drafter %s accepts (almost) nothing (tau %.3f, %s %s): %s\n", g->drafter,
-                  eval_agg_tau(g), g->label, g->mode, EVAL_DEAD_HINT);
+                   eval_agg_tau(g), g->label, g->mode, EVAL_DEAD_HINT);
     }
 }
 
@@ -101,9 +105,10 @@ static void summary_run(const run *r, FILE *x) {
     getrusage(RUSAGE_SELF, &ru);
     char mode[32];
     er_rec_row(r, mode, sizeof mode);
-    fprintf(x, "\"run\": {\"method\": \"%s\", \"target\": ", r->from_features ? "replay-from-features"
-                                                            : r->replay        ? "replay"
-                                                                               : "online");
+    fprintf(x, "\"run\": {\"method\": \"%s\", \"target\": ",
+            r->from_features ? "replay-from-features"
+            : r->replay      ? "replay"
+                             : "online");
     dfl_json_write_string(x, r->m.dir);
     fprintf(x, ", \"prompts_file\": ");
     dfl_json_write_string(x, o->prompts ? o->prompts : "");
@@ -124,10 +129,14 @@ static void summary_run(const run *r, FILE *x) {
     for (int i = 0; i < r->n_layers; i++) fprintf(x, "%s%d", i ? ", " : "", r->layers[i]);
     fprintf(x, "], \"accept_rule\": \"%s\"",
             o->temperature > 0 ? spec_accept_rule_name((dfl_accept_rule)o->accept_rule) : "greedy");
-    fprintf(x, ", \"max_new\": %d, \"chat\": \"%s\", \"temperature\": %g, \"seed\": %ld, \"shard\": \"%d/%d\", "
-               "\"threads\": %d, \"weight_bytes\": %llu, \"state_bytes\": %llu, \"peak_rss_bytes\": %ld, "
-               "\"bad_prompt_lines\": [",
-            r->max_new, o->chat == DFL_CHAT_NONE ? "none" : o->chat == DFL_CHAT_CHATML ? "chatml" : "chatml-nothink",
+    fprintf(x,
+            ", \"max_new\": %d, \"chat\": \"%s\", \"temperature\": %g, \"seed\": %ld, \"shard\": \"%d/%d\", "
+            "\"threads\": %d, \"weight_bytes\": %llu, \"state_bytes\": %llu, \"peak_rss_bytes\": %ld, "
+            "\"bad_prompt_lines\": [",
+            r->max_new,
+            o->chat == DFL_CHAT_NONE     ? "none"
+            : o->chat == DFL_CHAT_CHATML ? "chatml"
+                                         : "chatml-nothink",
             o->temperature, o->seed, o->shard_i, o->shard_n, omp_get_max_threads(),
             (unsigned long long)r->m.weight_bytes, (unsigned long long)(r->have_state ? r->st.bytes : 0),
             ru.ru_maxrss * 1024L);
@@ -155,7 +164,8 @@ static void summary_extras(const run *r, FILE *x, const char *missing) {
         dfl_json_write_string(x, missing);
     }
     if (o->protocol == EVAL_PROTOCOL_ZLAB) {
-        fprintf(x, ",\n  \"protocol\": {\"name\": \"zlab\", \"dataset\": \"%s\", \"shuffle_seed\": %d, \"max_samples\": ",
+        fprintf(x,
+                ",\n  \"protocol\": {\"name\": \"zlab\", \"dataset\": \"%s\", \"shuffle_seed\": %d, \"max_samples\": ",
                 eval_zlab_dataset_name(r->zlab_dataset), EVAL_ZLAB_SEED);
         if (o->limit > 0) fprintf(x, "%d", o->limit);
         else fprintf(x, "null");

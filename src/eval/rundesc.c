@@ -29,12 +29,15 @@ void eval_prompt_hash(const eval_prompt *p, int first_turn, char out[24]) {
 }
 
 /* The options two runs must share: one summary over both would mix what they measure. */
-static const char *const FIELDS[] = {"method", "target_config_hash", "target_weights_hash", "activations",
-                                     "max_new", "chat", "first_turn", "temperature", "seed", "accept_rule", NULL};
+static const char *const FIELDS[] = {
+    "method", "target_config_hash", "target_weights_hash", "activations", "max_new",
+    "chat",   "first_turn",         "temperature",         "seed",        "accept_rule",
+    NULL};
 
 const char *eval_run_differs(const cJSON *a, const cJSON *b, char *msg, size_t n) {
     for (int i = 0; FIELDS[i]; i++) {
-        const cJSON *x = cJSON_GetObjectItemCaseSensitive(a, FIELDS[i]), *y = cJSON_GetObjectItemCaseSensitive(b, FIELDS[i]);
+        const cJSON *x = cJSON_GetObjectItemCaseSensitive(a, FIELDS[i]),
+                    *y = cJSON_GetObjectItemCaseSensitive(b, FIELDS[i]);
         if (!x || !y || cJSON_Compare(x, y, 1)) continue;
         char bx[96], by[96];
         snprintf(msg, n, "%s %s vs %s", FIELDS[i], dfl_json_brief(x, bx, sizeof bx), dfl_json_brief(y, by, sizeof by));
@@ -60,7 +63,8 @@ int eval_prompt_set(const cJSON *prompts, char hash[24], char ids[24]) {
     for (int i = 0; i < k; i++) {
         const size_t len = strlen(v[i]->string) + 1; /* with its NUL: a separator no id holds */
         h = fnv1a(h, v[i]->string, len), hi = fnv1a(hi, v[i]->string, len);
-        if (cJSON_IsString(v[i]) && v[i]->valuestring[0]) h = fnv1a(h, v[i]->valuestring, strlen(v[i]->valuestring) + 1);
+        if (cJSON_IsString(v[i]) && v[i]->valuestring[0])
+            h = fnv1a(h, v[i]->valuestring, strlen(v[i]->valuestring) + 1);
         else known = 0;
     }
     free(v);

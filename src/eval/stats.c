@@ -103,13 +103,16 @@ void eval_paired_verdict(const eval_paired *p, const char *a, const char *b, cha
     static const char *const how = "τ per prompt: the mean over its turns of (tokens − 1) / rounds; 95% bootstrap "
                                    "interval over prompts";
     if (p->n < 2) {
-        snprintf(out, len, "%s vs %s: %d prompt%s in common, too few for an interval", b, a, p->n, p->n == 1 ? "" : "s");
+        snprintf(out, len, "%s vs %s: %d prompt%s in common, too few for an interval", b, a, p->n,
+                 p->n == 1 ? "" : "s");
     } else if (p->lo > 0 || p->hi < 0) {
         snprintf(out, len, "%s accepts %.2f ± %.2f %s tokens per round than %s on these %d prompts (%s [%+.2f, %+.2f])",
                  b, fabs(p->diff), (p->hi - p->lo) / 2, p->diff > 0 ? "more" : "fewer", a, p->n, how, p->lo, p->hi);
     } else {
-        snprintf(out, len, "%s and %s differ by no more than the noise on these %d prompts: %s − %s = %+.2f tokens per "
-                 "round (%s [%+.2f, %+.2f] holds 0)", b, a, p->n, b, a, p->diff, how, p->lo, p->hi);
+        snprintf(out, len,
+                 "%s and %s differ by no more than the noise on these %d prompts: %s − %s = %+.2f tokens per "
+                 "round (%s [%+.2f, %+.2f] holds 0)",
+                 b, a, p->n, b, a, p->diff, how, p->lo, p->hi);
     }
 }
 

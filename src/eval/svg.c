@@ -15,8 +15,9 @@ plot plot_layout(double top, int n_leg, int leg_chars) {
 }
 
 void svg_begin(FILE *f, double W, double H) {
-    fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" font-family=\"sans-serif\" "
-               "font-size=\"12\">\n<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n",
+    fprintf(f,
+            "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" font-family=\"sans-serif\" "
+            "font-size=\"12\">\n<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n",
             W, H);
 }
 
@@ -44,12 +45,16 @@ plot plot_begin(FILE *f, const char *title, int n_leg, int leg_chars) {
 }
 
 void plot_labels(FILE *f, const plot *p, const char *xlabel, const char *ylabel) {
-    fprintf(f, "<rect class=\"frame\" x=\"%.0f\" y=\"%.0f\" width=\"%.0f\" height=\"%.0f\" fill=\"none\" "
-               "stroke=\"#333\"/>\n", p->x0, p->y0, p->pw, p->ph);
+    fprintf(f,
+            "<rect class=\"frame\" x=\"%.0f\" y=\"%.0f\" width=\"%.0f\" height=\"%.0f\" fill=\"none\" "
+            "stroke=\"#333\"/>\n",
+            p->x0, p->y0, p->pw, p->ph);
     fprintf(f, "<text class=\"xlabel\" x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">%s</text>\n", p->x0 + p->pw / 2,
             p->y0 + p->ph + 40, xlabel);
-    fprintf(f, "<text class=\"ylabel\" x=\"18\" y=\"%.1f\" transform=\"rotate(-90 18 %.1f)\" "
-               "text-anchor=\"middle\">%s</text>\n", p->y0 + p->ph / 2, p->y0 + p->ph / 2, ylabel);
+    fprintf(f,
+            "<text class=\"ylabel\" x=\"18\" y=\"%.1f\" transform=\"rotate(-90 18 %.1f)\" "
+            "text-anchor=\"middle\">%s</text>\n",
+            p->y0 + p->ph / 2, p->y0 + p->ph / 2, ylabel);
 }
 
 /* A tick with its value on the y axis at pixel y, with a grid line across the plot. */
@@ -69,10 +74,9 @@ void plot_xtick(FILE *f, const plot *p, double x, const char *label) {
 
 void plot_legend(FILE *f, const plot *p, int i, const char *color, const char *text) {
     const double ly = p->y0 + 14 + 18 * i, lx = p->x0 + p->pw + 14;
-    fprintf(f, "<line x1=\"%.0f\" y1=\"%.1f\" x2=\"%.0f\" y2=\"%.1f\" stroke=\"%s\" stroke-width=\"3\"/>\n", lx,
-            ly - 4, lx + 20, ly - 4, color);
+    fprintf(f, "<line x1=\"%.0f\" y1=\"%.1f\" x2=\"%.0f\" y2=\"%.1f\" stroke=\"%s\" stroke-width=\"3\"/>\n", lx, ly - 4,
+            lx + 20, ly - 4, color);
     fprintf(f, "<text class=\"legend\" x=\"%.0f\" y=\"%.1f\">", lx + 26, ly);
     svg_text(f, text);
     fputs("</text>\n", f);
 }
-

@@ -47,7 +47,8 @@ int tm_target_from_truth(tm_target *tt, const eval_truth *t, int col, const dfl_
     float *xn = malloc((size_t)chunk * H * sizeof(float)), *lg = malloc((size_t)chunk * V * sizeof(float));
     double *lp = malloc((size_t)K * sizeof(double));
     int rc = DFL_OK;
-    if (!tt->ids || !tt->p || !tt->left || !xn || !lg || !lp) rc = dfl_seterr("out of memory for the target's distribution");
+    if (!tt->ids || !tt->p || !tt->left || !xn || !lg || !lp)
+        rc = dfl_seterr("out of memory for the target's distribution");
     for (int q0 = 0; q0 < n && rc == DFL_OK; q0 += chunk) {
         const int c = n - q0 < chunk ? n - q0 : chunk;
         for (int i = 0; i < c; i++) /* the forward's own last step: final norm, then lm_head */
@@ -173,8 +174,8 @@ static int blocks_per_forward(const dfl_draft_if *dft, int B, int V) {
 }
 
 /* Draft the anchors np + i, i in [i0, i1), in forwards of nb blocks, and score them. */
-static int score_all(const eval_truth *t, dfl_draft_if *dft, const int *col, int V, const tm_target *tt, int B,
-                     int nb, anchor_res *res, int n_anchor) {
+static int score_all(const eval_truth *t, dfl_draft_if *dft, const int *col, int V, const tm_target *tt, int B, int nb,
+                     anchor_res *res, int n_anchor) {
     const int np = t->n_prompt, nd = dft->n_feature_layers;
     const int32_t *lab = t->ids - np;
     float *logits = malloc((size_t)nb * (B - 1) * V * sizeof(float));
@@ -188,8 +189,9 @@ static int score_all(const eval_truth *t, dfl_draft_if *dft, const int *col, int
         /* the context must reach the last block's start; each block sees positions < its own */
         rc = eval_replay_grow(dft, t, col, rows, toks, B, last, NULL);
         if (rc == DFL_OK)
-            rc = n == 1 && dft->context_len(dft->ctx) == starts[0] ? dft->draft(dft->ctx, anchors[0], B, logits)
-                                                                  : dft->draft_many(dft->ctx, anchors, starts, n, B, logits);
+            rc = n == 1 && dft->context_len(dft->ctx) == starts[0]
+                     ? dft->draft(dft->ctx, anchors[0], B, logits)
+                     : dft->draft_many(dft->ctx, anchors, starts, n, B, logits);
         for (int b = 0; b < n && rc == DFL_OK; b++)
             score_anchor(t, V, tt, B, starts[b], logits + (size_t)b * (B - 1) * V, &res[i0 + b]);
     }
@@ -202,7 +204,8 @@ int tm_score(const eval_truth *t, dfl_draft_if *dft, const int *col, int V, cons
     memset(u, 0, sizeof *u);
     const int B = o->B, np = t->n_prompt, T = np + t->n;
     u->B = B;
-    if (B < 2 || B > DFL_MAX_BLOCK) return dfl_seterr("training metrics: block size %d outside [2, %d]", B, DFL_MAX_BLOCK);
+    if (B < 2 || B > DFL_MAX_BLOCK)
+        return dfl_seterr("training metrics: block size %d outside [2, %d]", B, DFL_MAX_BLOCK);
     if (dft->context_len(dft->ctx) != 0) return dfl_seterr("training metrics: the drafter context is not empty");
     if (tt && (tt->first > np - 1 || tt->first + tt->n < T - 1))
         return dfl_seterr("training metrics: the target's distribution covers positions %d..%d, %d..%d needed",
@@ -308,10 +311,12 @@ void tm_row_write(FILE *f, const tm_row *r) {
     dfl_json_write_string(f, r->prompt_id);
     fprintf(f, ", \"turn\": %d, \"drafter\": ", r->turn);
     dfl_json_write_string(f, r->drafter);
-    fprintf(f, ", \"labels\": \"%s\", \"features\": \"%s\", \"attn\": \"%s\", \"block_size\": %d, "
-               "\"prompt_tokens\": %d, \"tokens\": %d, \"valid_anchors\": %d, \"draft_s\": %.6f, \"drafts\": %ld, "
-               "\"random_anchors\": [",
-            r->labels, r->features, r->attn, r->B, r->prompt_tokens, r->tokens, r->u.n_valid, r->u.draft_s, r->u.drafts);
+    fprintf(f,
+            ", \"labels\": \"%s\", \"features\": \"%s\", \"attn\": \"%s\", \"block_size\": %d, "
+            "\"prompt_tokens\": %d, \"tokens\": %d, \"valid_anchors\": %d, \"draft_s\": %.6f, \"drafts\": %ld, "
+            "\"random_anchors\": [",
+            r->labels, r->features, r->attn, r->B, r->prompt_tokens, r->tokens, r->u.n_valid, r->u.draft_s,
+            r->u.drafts);
     for (int i = 0; i < r->u.n_anchors; i++) fprintf(f, "%s%d", i ? ", " : "", r->u.anchors[i]);
     fputc(']', f);
     counts_write(f, "random", &r->u.rnd, r->B);
@@ -383,7 +388,8 @@ int tm_row_parse(const char *line, tm_row *r) {
     if (rc == DFL_OK && !(rc = get_num(o, "turn", &turn)) && !(rc = get_num(o, "block_size", &B)) &&
         !(rc = get_num(o, "prompt_tokens", &np)) && !(rc = get_num(o, "tokens", &n)) &&
         !(rc = get_num(o, "valid_anchors", &nv))) {
-        if (B < 2 || B > DFL_MAX_BLOCK || B != floor(B)) rc = dfl_seterr("field 'block_size': %g outside [2, %d]", B, DFL_MAX_BLOCK);
+        if (B < 2 || B > DFL_MAX_BLOCK || B != floor(B))
+            rc = dfl_seterr("field 'block_size': %g outside [2, %d]", B, DFL_MAX_BLOCK);
         r->turn = (int)turn, r->B = r->u.B = (int)B, r->prompt_tokens = (int)np, r->tokens = (int)n;
         r->u.n_valid = (int)nv;
     }

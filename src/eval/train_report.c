@@ -43,11 +43,11 @@ static int waterfall(const tm_report_in *in, const char *d, wrow *w) {
     int n = 0;
     if (!t) return 0;
     if (ds) w[n++] = (wrow){"dataset labels, SpecForge's random anchors (training's view)", "", tm_sim_len(&ds->rnd)};
-    w[n++] = (wrow){"the target's greedy labels, random anchors", "labels: dataset -> target greedy", tm_sim_len(&t->rnd)};
+    w[n++] =
+        (wrow){"the target's greedy labels, random anchors", "labels: dataset -> target greedy", tm_sim_len(&t->rnd)};
     w[n++] = (wrow){"every anchor", "anchor sampling", tm_sim_len(&t->all)};
     w[n++] = (wrow){"the serving walk's round starts", "where rounds start (after a rejection)", tm_sim_len(&t->walk)};
-    if (sv) w[n++] = (wrow){"the replay's chain tau", "shorter blocks near --max-new",
-                            eval_agg_tau_tokens(sv)};
+    if (sv) w[n++] = (wrow){"the replay's chain tau", "shorter blocks near --max-new", eval_agg_tau_tokens(sv)};
     return n;
 }
 
@@ -60,9 +60,9 @@ static void json_per_k(FILE *f, const char *name, const tm_counts *c, int B, int
     fprintf(f, ", \"%s\": [", name);
     for (int k = 1; k < B; k++) {
         double v = NAN;
-        if (what == 0 && c->valid[k]) v = (double)c->correct[k] / c->valid[k];      /* accuracy */
-        if (what == 1 && c->cont[k]) v = (double)c->reach[k] / c->cont[k];          /* conditional */
-        if (what == 2 && c->valid[k]) v = (double)c->reach[k] / c->valid[k];        /* marginal */
+        if (what == 0 && c->valid[k]) v = (double)c->correct[k] / c->valid[k];         /* accuracy */
+        if (what == 1 && c->cont[k]) v = (double)c->reach[k] / c->cont[k];             /* conditional */
+        if (what == 2 && c->valid[k]) v = (double)c->reach[k] / c->valid[k];           /* marginal */
         if (what == 3 && c->exp_anchors && c->valid[k]) v = c->alpha[k] / c->valid[k]; /* alpha */
         if (what == 4 && c->exp_anchors && c->valid[k]) v = c->left[k] / c->valid[k];  /* left out */
         if (k > 1) fputs(", ", f);
@@ -97,8 +97,9 @@ static void json_drafter(FILE *f, const tm_report_in *in, const char *d) {
     for (int i = 0; i < in->n; i++) {
         const tm_agg *a = &in->ag[i];
         if (strcmp(a->drafter, d) != 0) continue;
-        fprintf(f, "%s{\"labels\": \"%s\", \"features\": \"%s\", \"attn\": \"%s\", \"block_size\": %d, "
-                   "\"responses\": %d, \"draft_s\": %.6f, \"drafts\": %ld, ",
+        fprintf(f,
+                "%s{\"labels\": \"%s\", \"features\": \"%s\", \"attn\": \"%s\", \"block_size\": %d, "
+                "\"responses\": %d, \"draft_s\": %.6f, \"drafts\": %ld, ",
                 first ? "" : ", ", a->labels, a->features, a->attn, a->B, a->responses, a->draft_s, a->drafts);
         json_counts(f, "random_anchors", &a->rnd, a->B, in->gamma);
         fputs(", ", f);
@@ -140,8 +141,9 @@ static int drafters(const tm_report_in *in, const char **out) {
 }
 
 void tm_report_json(const tm_report_in *in, FILE *f) {
-    fprintf(f, "\"train_vs_serve\": {\"gamma\": %g, \"num_anchors\": %d, \"seed\": %llu, \"target_top_k\": %d, "
-               "\"drafters\": [",
+    fprintf(f,
+            "\"train_vs_serve\": {\"gamma\": %g, \"num_anchors\": %d, \"seed\": %llu, \"target_top_k\": %d, "
+            "\"drafters\": [",
             in->gamma, in->num_anchors, (unsigned long long)in->seed, in->top_k);
     const char *d[EVAL_MAX_DRAFTERS];
     const int nd = drafters(in, d);
@@ -163,7 +165,8 @@ static void md_row(FILE *f, const char *what, const tm_counts *c, int B, double 
 
 static void md_sets(FILE *f, const tm_report_in *in, const char *d) {
     fputs("| set | anchors | accuracy (SpecForge) | weighted accuracy | 1 + sum prod acc_k | simulated acceptance "
-          "length | expected length at T = 1 |\n|---|---|---|---|---|---|---|\n", f);
+          "length | expected length at T = 1 |\n|---|---|---|---|---|---|---|\n",
+          f);
     for (int i = 0; i < in->n; i++) {
         const tm_agg *a = &in->ag[i];
         if (strcmp(a->drafter, d) != 0) continue;
@@ -229,14 +232,16 @@ static void md_drafter(FILE *f, const tm_report_in *in, const char *d) {
         return;
     }
     const tm_agg *tr = ds ? ds : t; /* the most training-like set */
-    fprintf(f, "A training run on %s labels would log accuracy **%.3f** (SpecForge: pooled over positions 1..%d, "
-               "unweighted; %.3f with its loss weights), which is a per-token rate, not a length: read as one, "
-               "1 + sum_k prod_j acc_j gives %.3f. Counted as acceptance (1 + the leading run of correct drafts) "
-               "it is %.3f per block. ",
+    fprintf(f,
+            "A training run on %s labels would log accuracy **%.3f** (SpecForge: pooled over positions 1..%d, "
+            "unweighted; %.3f with its loss weights), which is a per-token rate, not a length: read as one, "
+            "1 + sum_k prod_j acc_j gives %.3f. Counted as acceptance (1 + the leading run of correct drafts) "
+            "it is %.3f per block. ",
             tr == ds ? "dataset" : "the target's greedy", tm_accuracy(&tr->rnd, tr->B), tr->B - 1,
             tm_accuracy_weighted(&tr->rnd, tr->B, in->gamma), tm_naive_len(&tr->rnd, tr->B), tm_sim_len(&tr->rnd));
-    if (sv) fprintf(f, "The serving replay (chain, block %d) accepts **%.3f** tokens per round.\n\n", sv->max_block,
-                    eval_agg_tau_tokens(sv));
+    if (sv)
+        fprintf(f, "The serving replay (chain, block %d) accepts **%.3f** tokens per round.\n\n", sv->max_block,
+                eval_agg_tau_tokens(sv));
     else fputs("No chain replay ran (add --tree-budget 0 for the serving tau).\n\n", f);
     wrow w[8];
     const int n = waterfall(in, d, w);
@@ -250,11 +255,14 @@ static void md_drafter(FILE *f, const tm_report_in *in, const char *d) {
     double xd = 0;
     if (tp) {
         const double d1 = tm_sim_len(&t->rnd) - tm_sim_len(&tp->rnd);
-        fprintf(f, "| *with the pipeline's features (--features-from) instead of dfl's:* random anchors | %.3f | %+.3f "
-                   "vs dfl's | features |\n", tm_sim_len(&tp->rnd), -d1);
+        fprintf(f,
+                "| *with the pipeline's features (--features-from) instead of dfl's:* random anchors | %.3f | %+.3f "
+                "vs dfl's | features |\n",
+                tm_sim_len(&tp->rnd), -d1);
         if (sp && sv) {
             const double d2 = eval_agg_tau_tokens(sv) - eval_agg_tau_tokens(sp);
-            fprintf(f, "| *with the pipeline's features:* the replay's chain tau | %.3f | %+.3f vs dfl's | features |\n",
+            fprintf(f,
+                    "| *with the pipeline's features:* the replay's chain tau | %.3f | %+.3f vs dfl's | features |\n",
                     eval_agg_tau_tokens(sp), -d2);
             xf = "the pipeline's features vs dfl's", xd = -d2;
         }
@@ -270,30 +278,35 @@ static void md_drafter(FILE *f, const tm_report_in *in, const char *d) {
     }
     if (ta) {
         const double d1 = tm_sim_len(&ta->walk) - tm_sim_len(&t->walk);
-        fprintf(f, "| *with block attention %s:* the serving walk | %.3f | %+.3f | block attention in sliding layers |\n",
+        fprintf(f,
+                "| *with block attention %s:* the serving walk | %.3f | %+.3f | block attention in sliding layers |\n",
                 ta->attn, tm_sim_len(&ta->walk), d1);
         if (fabs(d1) > fabs(xd)) xf = "the drafter's block attention in sliding layers", xd = d1;
     }
     md_verdict(f, w, n, xf, xd);
     if (t->all.exp_anchors)
-        fprintf(f, " Sampling at temperature 1 the drafter would be expected to get %.3f per block (every anchor, "
-                   "DeepSpec's 1 + sum prod (1 - TV), a lower bound: the target's top-%d leave %.2g of its mass out on "
-                   "average).",
+        fprintf(f,
+                " Sampling at temperature 1 the drafter would be expected to get %.3f per block (every anchor, "
+                "DeepSpec's 1 + sum prod (1 - TV), a lower bound: the target's top-%d leave %.2g of its mass out on "
+                "average).",
                 tm_exp_len(&t->all), in->top_k, t->all.valid[1] ? t->all.left[1] / t->all.valid[1] : 0.0);
     fputs("\n\n", f);
     md_sets(f, in, d);
     md_per_k(f, t, sv);
     if (tp && sp && sv && eval_agg_tau_tokens(sp) < 0.8 * eval_agg_tau_tokens(sv))
-        fprintf(f, "\n**Warning:** on the pipeline's features the serving tau falls to %.3f from %.3f on dfl's: the "
-                   "pipeline's hidden states are not the target's (see the features check below, docs/train-vs-serve.md).\n",
-                eval_agg_tau_tokens(sp), eval_agg_tau_tokens(sv));
+        fprintf(
+            f,
+            "\n**Warning:** on the pipeline's features the serving tau falls to %.3f from %.3f on dfl's: the "
+            "pipeline's hidden states are not the target's (see the features check below, docs/train-vs-serve.md).\n",
+            eval_agg_tau_tokens(sp), eval_agg_tau_tokens(sv));
 }
 
 void tm_report_md(const tm_report_in *in, FILE *f) {
-    fprintf(f, "\n## Training vs serving\n\nThe numbers drafter training logs, computed on the same recorded "
-               "sequences and features as the replay (docs/train-vs-serve.md). Anchors: positions p with p and p + 1 in "
-               "the response; random anchors: at most %d per response, seed %llu (SpecForge's sampling); loss weights "
-               "exp(-(k-1)/%g). Acceptance lengths count the anchor's own token (1 + accepted drafts).\n",
+    fprintf(f,
+            "\n## Training vs serving\n\nThe numbers drafter training logs, computed on the same recorded "
+            "sequences and features as the replay (docs/train-vs-serve.md). Anchors: positions p with p and p + 1 in "
+            "the response; random anchors: at most %d per response, seed %llu (SpecForge's sampling); loss weights "
+            "exp(-(k-1)/%g). Acceptance lengths count the anchor's own token (1 + accepted drafts).\n",
             in->num_anchors, (unsigned long long)in->seed, in->gamma);
     if (in->exp_note[0]) fprintf(f, "\n%s\n", in->exp_note);
     const char *d[EVAL_MAX_DRAFTERS];
@@ -341,7 +354,9 @@ int tm_report_svg(const tm_report_in *in, const char *path) {
             fputs("\"/>\n", f);
             char text[600];
             snprintf(text, sizeof text, "%.28s: %s", d[i] + (strlen(d[i]) > 28 ? strlen(d[i]) - 28 : 0),
-                     s ? "serving acceptance" : tr == ds ? "training accuracy (dataset)" : "training accuracy");
+                     s          ? "serving acceptance"
+                     : tr == ds ? "training accuracy (dataset)"
+                                : "training accuracy");
             plot_legend(f, &pl, 2 * i + s, c, text);
         }
     }

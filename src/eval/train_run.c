@@ -97,8 +97,9 @@ int tm_run_unit(tm_run *tr, const tm_job *j) {
     j->dif->reset(j->dif->ctx);
     int rc = tm_score(j->t, j->dif, j->col, j->V, j->tt, &o, key, &row.u);
     j->dif->reset(j->dif->ctx);
-    if (rc) return dfl_preperr("prompt %s turn %d, drafter %s, training metrics on %s labels and %s features", j->pid,
-                               j->turn + 1, j->drafter, j->labels, j->features);
+    if (rc)
+        return dfl_preperr("prompt %s turn %d, drafter %s, training metrics on %s labels and %s features", j->pid,
+                           j->turn + 1, j->drafter, j->labels, j->features);
     tm_row_write(tr->f, &row);
     fputc('\n', tr->f);
     tm_unit_free(&row.u);

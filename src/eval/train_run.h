@@ -9,7 +9,7 @@
 typedef struct tm_run {
     FILE *f;
     char *path;
-    char **keys;       /* the rows held (prompt, turn, drafter, labels, features, attention) */
+    char **keys; /* the rows held (prompt, turn, drafter, labels, features, attention) */
     int n_keys, cap_keys;
     int num_anchors, blocks;
     uint64_t seed;

@@ -13,8 +13,8 @@ int er_truth_save(run *r, const char *pid, int turn, int index, const eval_truth
     char name[64];
     eval_features_name(index, turn, name, sizeof name);
     char *path = dfl_path_join(r->o->save_features, name);
-    eval_features_meta meta = {.turn = turn, .max_new = r->max_new, .id = r->id,
-                               .act_bf16 = kn_act_get() == KN_ACT_BF16, .device = r->device};
+    eval_features_meta meta = {
+        .turn = turn, .max_new = r->max_new, .id = r->id, .act_bf16 = kn_act_get() == KN_ACT_BF16, .device = r->device};
     snprintf(meta.prompt_id, sizeof meta.prompt_id, "%s", pid);
     snprintf(meta.target, sizeof meta.target, "%s", r->o->target);
     int rc = eval_features_save(path, t, &meta);
@@ -34,16 +34,19 @@ int er_truth_load(run *r, const char *dir, const mf_entry *u, eval_truth *t) {
                         meta.turn + 1, u->prompt_id, u->turn + 1);
     if (rc == DFL_OK && (t->n_prompt != u->prompt_tokens || t->n != u->tokens))
         rc = dfl_seterr("%s: holds %d prompt tokens and %d output tokens, %s/manifest.jsonl says prompt_tokens %d, "
-                        "tokens %d", path, t->n_prompt, t->n, dir, u->prompt_tokens, u->tokens);
+                        "tokens %d",
+                        path, t->n_prompt, t->n, dir, u->prompt_tokens, u->tokens);
     if (rc == DFL_OK) rc = eval_target_id_check(&meta.id, &r->id, path);
     if (rc == DFL_OK && meta.max_new != r->max_new)
         rc = dfl_seterr("%s: recorded with --max-new %d, this run has %d", path, meta.max_new, r->max_new);
     if (rc == DFL_OK && meta.act_bf16 != (kn_act_get() == KN_ACT_BF16))
         rc = dfl_seterr("%s: recorded with %s activations, this run uses %s (DFL_ACT): a replay is exact only in the "
-                        "same mode", path, meta.act_bf16 ? "bf16" : "f32", meta.act_bf16 ? "f32" : "bf16");
+                        "same mode",
+                        path, meta.act_bf16 ? "bf16" : "f32", meta.act_bf16 ? "f32" : "bf16");
     if (rc == DFL_OK && meta.device != r->device)
         rc = dfl_seterr("%s: recorded with the target on %s, %s on %s: truths of both devices must not mix in one "
-                        "evaluation", path, dfl_device_name((dfl_device)meta.device),
+                        "evaluation",
+                        path, dfl_device_name((dfl_device)meta.device),
                         r->from_features ? "the first saved truth's" : "this run's (--device)",
                         dfl_device_name((dfl_device)r->device));
     free(path);

@@ -29,8 +29,7 @@ char *er_turn_text(const eval_prompt *p, int turn, const char *answer1, dfl_chat
         while ((e = strstr(content, "</think>"))) content = e + strlen("</think>");
         if (content != answer1)
             while (*content == '\n') content++;
-        return chatml_two_turns(prompt_format(p->turns[0], DFL_CHAT_CHATML), content,
-                                prompt_format(p->turns[1], chat));
+        return chatml_two_turns(prompt_format(p->turns[0], DFL_CHAT_CHATML), content, prompt_format(p->turns[1], chat));
     }
     char *first = prompt_format(p->turns[0], chat);
     if (turn == 0 || chat == DFL_CHAT_NONE) {
@@ -54,7 +53,7 @@ int er_load_prompts(eval_prompts *ps, const eval_opts *o, int *zlab_dataset) {
 
 /* One --dump-prompts line: the prompt of a turn as dfl tokenizes it. */
 int er_dump_prompt(FILE *f, const char *path, int index, const eval_prompt *p, int turn, const char *answer1,
-                       const char *text, const int32_t *ids, size_t n) {
+                   const char *text, const int32_t *ids, size_t n) {
     fprintf(f, "{\"index\": %d, \"prompt_id\": ", index);
     dfl_json_write_string(f, p->id);
     fprintf(f, ", \"line\": %d, \"turn\": %d", p->line, turn);

@@ -20,8 +20,10 @@ static int run_ar(run *r, const char *pid, int turn, int rep, const int32_t *pid
     else if ((e.first_mismatch = ref_first_divergence(ids, gs.generated, truth, *n_truth)) >= 0) {
         e.match = 0; /* the same seeded run twice: anything else is a fault */
         r->res.mismatches++;
-        er_log(r, "\ndfl eval: MISMATCH prompt %s turn %d: autoregressive repetition %d differs from the first "
-                  "run at token %d\n", pid, turn + 1, rep + 1, e.first_mismatch);
+        er_log(r,
+               "\ndfl eval: MISMATCH prompt %s turn %d: autoregressive repetition %d differs from the first "
+               "run at token %d\n",
+               pid, turn + 1, rep + 1, e.first_mismatch);
     }
     return er_write_result(r, &e, ids, gs.generated);
 }
@@ -53,8 +55,10 @@ static int run_spec(run *r, const char *pid, int turn, int rep, int d, int mi, c
         e.match = e.first_mismatch < 0;
         if (!e.match) {
             r->res.mismatches++;
-            er_log(r, "\ndfl eval: MISMATCH prompt %s turn %d, drafter %s, %s: the speculative output differs from "
-                      "the autoregressive one at token %d\n", pid, turn + 1, r->label[d], mode, e.first_mismatch);
+            er_log(r,
+                   "\ndfl eval: MISMATCH prompt %s turn %d, drafter %s, %s: the speculative output differs from "
+                   "the autoregressive one at token %d\n",
+                   pid, turn + 1, r->label[d], mode, e.first_mismatch);
         }
     }
     if (er_write_result(r, &e, out, gs.generated)) return DFL_ERR;
@@ -63,11 +67,14 @@ static int run_spec(run *r, const char *pid, int turn, int rep, int d, int mi, c
 }
 
 /* An online turn: the runs its plan lacks; truth: the autoregressive output (run, or read back). */
-int er_unit_online(run *r, const char *pid, int turn, const turn_plan *tp, const int32_t *pids, int np,
-                   int32_t *truth, int *n_truth, int32_t *out, double *last_tau) {
+int er_unit_online(run *r, const char *pid, int turn, const turn_plan *tp, const int32_t *pids, int np, int32_t *truth,
+                   int *n_truth, int32_t *out, double *last_tau) {
     const eval_opts *o = r->o;
-    const dfl_gen_opts go = {.max_new = r->max_new, .temperature = (float)o->temperature, .seed = (uint64_t)o->seed,
-                             .accept_rule = (dfl_accept_rule)o->accept_rule, .top_k = o->top_k,
+    const dfl_gen_opts go = {.max_new = r->max_new,
+                             .temperature = (float)o->temperature,
+                             .seed = (uint64_t)o->seed,
+                             .accept_rule = (dfl_accept_rule)o->accept_rule,
+                             .top_k = o->top_k,
                              .top_p = (float)o->top_p};
     /* --repeat: every run of the prompt again, in the same order (the autoregressive one, then each
      * drafter x mode), so that each repetition's speedup compares runs made close in time */

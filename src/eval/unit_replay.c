@@ -120,8 +120,10 @@ static int check_ar(run *r, const char *pid, int turn, const turn_plan *tp, cons
     e->match = e->first_mismatch < 0;
     if (!e->match) {
         r->res.mismatches++;
-        er_log(r, "\ndfl eval: MISMATCH prompt %s turn %d: the recording run (drafter %s, %s) differs from the "
-                  "autoregressive one at token %d\n", pid, turn + 1, r->label[0], e->mode, e->first_mismatch);
+        er_log(r,
+               "\ndfl eval: MISMATCH prompt %s turn %d: the recording run (drafter %s, %s) differs from the "
+               "autoregressive one at token %d\n",
+               pid, turn + 1, r->label[0], e->mode, e->first_mismatch);
     }
     int rc = DFL_OK;
     if (tp->ar) {
@@ -148,8 +150,12 @@ static int record(run *r, const char *pid, int turn, const turn_plan *tp, const 
     if (eval_recorder_init(&rec, r->dif[0], t, &r->cache[0], r->m.cfg.vocab)) return DFL_ERR;
     if (r->rec_auto) eval_recorder_adapt(&rec, &r->costs, r->block[0]);
     dfl_draft_if dif = eval_recorder_if(&rec);
-    dfl_gen_opts so = {.max_new = r->max_new, .block = r->block[0], .tree_budget = r->rec_budget,
-                       .extend = r->max_block - 1, .on_round = er_on_round, .on_round_ud = r};
+    dfl_gen_opts so = {.max_new = r->max_new,
+                       .block = r->block[0],
+                       .tree_budget = r->rec_budget,
+                       .extend = r->max_block - 1,
+                       .on_round = er_on_round,
+                       .on_round_ud = r};
     dfl_gen_stats gs;
     r->n_acc = 0;
     rec.n_prompt = np;
@@ -172,8 +178,8 @@ static int record(run *r, const char *pid, int turn, const turn_plan *tp, const 
 
 /* A replay turn of prompt p: the truth recorded (or the --save-features one resumed), then what
  * its plan lacks; complete, only its truth read back (an MT-Bench second turn is built on it). */
-int er_unit_replay(run *r, const eval_prompt *p, int index, int turn, const turn_plan *tp, const int32_t *pids,
-                   int np, unit_bufs *b, int *n_truth, double *last_tau) {
+int er_unit_replay(run *r, const eval_prompt *p, int index, int turn, const turn_plan *tp, const int32_t *pids, int np,
+                   unit_bufs *b, int *n_truth, double *last_tau) {
     const eval_opts *o = r->o;
     if (tp->complete) return er_truth_ids(r, tp, p->id, turn, b->truth, n_truth);
     eval_truth *t = &b->t;
@@ -183,7 +189,8 @@ int er_unit_replay(run *r, const eval_prompt *p, int index, int turn, const turn
         if (er_truth_load(r, o->save_features, saved, t)) return DFL_ERR;
         if (t->n_prompt != np || memcmp(t->prompt, pids, (size_t)np * sizeof *pids) != 0)
             return dfl_seterr("%s/%s: recorded from other prompt ids than prompt %s turn %d has now (another prompt "
-                              "file, --chat or tokenizer?)", o->save_features, saved->file, p->id, turn + 1);
+                              "file, --chat or tokenizer?)",
+                              o->save_features, saved->file, p->id, turn + 1);
         /* resumed: the saved truth; its online rows are there unless a crash fell in between */
         if (tp->rec || tp->ar) {
             if (record(r, p->id, turn, tp, pids, np, t, b->out, last_tau)) return DFL_ERR;

@@ -12,9 +12,18 @@ int er_train_truth(run *r, const char *pid, int turn, const eval_truth *t, const
                    const tm_target *tt, const unsigned char *todo) {
     for (int d = 0; d < r->o->n_drafters; d++) {
         if (!todo[d]) continue;
-        const tm_job j = {.pid = pid, .turn = turn, .drafter = r->label[d], .labels = labels, .features = features,
-                          .attn = "config", .t = t, .tt = tt, .dif = &r->dif[d], .col = r->col[d],
-                          .V = r->m.cfg.vocab, .B = r->block[d]};
+        const tm_job j = {.pid = pid,
+                          .turn = turn,
+                          .drafter = r->label[d],
+                          .labels = labels,
+                          .features = features,
+                          .attn = "config",
+                          .t = t,
+                          .tt = tt,
+                          .dif = &r->dif[d],
+                          .col = r->col[d],
+                          .V = r->m.cfg.vocab,
+                          .B = r->block[d]};
         if (tm_run_unit(&r->tm, &j)) return DFL_ERR;
     }
     return DFL_OK;
@@ -28,9 +37,18 @@ static int train_attn(run *r, const char *pid, int turn, const eval_truth *t, co
     for (int d = 0; d < o->n_drafters && o->train_attn != EVAL_TRAIN_ATTN_NONE; d++) {
         dfl_any_drafter *a = &r->ad[d];
         if (!todo[d] || a->kind == DFL_DRAFTER_MTP || !drafter_has_sliding(&a->d)) continue;
-        const tm_job j = {.pid = pid, .turn = turn, .drafter = r->label[d], .labels = "target", .features = "dfl",
-                          .attn = drafter_causal_name(o->train_attn), .t = t, .tt = tt, .dif = &r->dif[d],
-                          .col = r->col[d], .V = r->m.cfg.vocab, .B = r->block[d]};
+        const tm_job j = {.pid = pid,
+                          .turn = turn,
+                          .drafter = r->label[d],
+                          .labels = "target",
+                          .features = "dfl",
+                          .attn = drafter_causal_name(o->train_attn),
+                          .t = t,
+                          .tt = tt,
+                          .dif = &r->dif[d],
+                          .col = r->col[d],
+                          .V = r->m.cfg.vocab,
+                          .B = r->block[d]};
         int rc = anydrafter_set_causal(a, o->train_attn);
         if (rc == DFL_OK) rc = tm_run_unit(&r->tm, &j);
         const int back = anydrafter_set_causal(a, o->block_attn);
@@ -111,8 +129,9 @@ static int train_teacher(run *r, const eval_prompt *p, const char *pid, int turn
     eval_truth_free(&dt);
     free(ids);
     if (rc)
-        return dfl_preperr("prompt %s, training metrics on %s", pid, labels[0] == 'd' ? "the dataset's reference response"
-                                                                                   : "the response in --train-chat's template");
+        return dfl_preperr("prompt %s, training metrics on %s", pid,
+                           labels[0] == 'd' ? "the dataset's reference response"
+                                            : "the response in --train-chat's template");
     return DFL_OK;
 }
 

@@ -11,9 +11,9 @@
 
 #include "dfl/common.h"
 
-#define SUPPORTED \
+#define SUPPORTED                                                                                            \
     "qwen3 (Qwen3ForCausalLM), qwen3_moe (Qwen3MoeForCausalLM), qwen3_5 (Qwen3_5ForConditionalGeneration), " \
-    "qwen3_5_text (Qwen3_5ForCausalLM), qwen3_5_moe (Qwen3_5MoeForConditionalGeneration), " \
+    "qwen3_5_text (Qwen3_5ForCausalLM), qwen3_5_moe (Qwen3_5MoeForConditionalGeneration), "                  \
     "qwen3_5_moe_text (Qwen3_5MoeForCausalLM), DFlashDraftModel, DFlash2DraftModel"
 
 const char *config_arch_name(dfl_arch a) {
@@ -84,8 +84,7 @@ static int int_value(const cJSON *v, const char *where, const char *field, doubl
 }
 
 /* Integer field in [lo, hi]: *out set when present; required fields missing -> error. */
-static int get_int(const cJSON *o, const char *name, const char *where, int required, double lo, double hi,
-                   int *out) {
+static int get_int(const cJSON *o, const char *name, const char *where, int required, double lo, double hi, int *out) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, name);
     if (!v || cJSON_IsNull(v)) {
         if (required) return dfl_seterr("%s: missing required field '%s'", where, name);
@@ -152,8 +151,7 @@ static int parse_layer_types(dfl_config *c, const cJSON *tc, const char *where, 
         if (!cJSON_IsArray(lt)) return dfl_seterr("%s: field 'layer_types' must be an array of strings", where);
         int n = cJSON_GetArraySize(lt);
         if (n != c->n_layers)
-            return dfl_seterr("%s: layer_types has %d entries, expected num_hidden_layers = %d", where, n,
-                              c->n_layers);
+            return dfl_seterr("%s: layer_types has %d entries, expected num_hidden_layers = %d", where, n, c->n_layers);
         for (int i = 0; i < n; i++) {
             const cJSON *s = cJSON_GetArrayItem(lt, i);
             if (!cJSON_IsString(s)) return dfl_seterr("%s: layer_types[%d] is not a string", where, i);
@@ -163,7 +161,8 @@ static int parse_layer_types(dfl_config *c, const cJSON *tc, const char *where, 
             else if (strcmp(v, "sliding_attention") == 0) c->layer_types[i] = DFL_LAYER_SLIDING;
             else
                 return dfl_seterr("%s: layer_types[%d] = '%s', expected full_attention, linear_attention or "
-                                  "sliding_attention", where, i, v);
+                                  "sliding_attention",
+                                  where, i, v);
         }
         return DFL_OK;
     }
@@ -229,8 +228,8 @@ static int parse_common(dfl_config *c, const cJSON *tc, const char *where, int n
     if (parse_rope(c, tc, where)) return DFL_ERR;
     c->rot_dim = (int)(c->head_dim * c->partial_rotary);
     c->rot_dim -= c->rot_dim % 2;
-    if (c->rot_dim <= 0) return dfl_seterr("%s: rotary dimension is 0 (head_dim %d x %g)", where, c->head_dim,
-                                           c->partial_rotary);
+    if (c->rot_dim <= 0)
+        return dfl_seterr("%s: rotary dimension is 0 (head_dim %d x %g)", where, c->head_dim, c->partial_rotary);
     const cJSON *act = cJSON_GetObjectItemCaseSensitive(tc, "hidden_act");
     if (act && cJSON_IsString(act) && strcmp(act->valuestring, "silu") != 0)
         return dfl_seterr("%s: hidden_act '%s' is not supported (silu is)", where, act->valuestring);
@@ -256,7 +255,8 @@ static int parse_dflash2(dfl_config *c, const cJSON *const srcs[2], const char *
                 v = cJSON_GetObjectItemCaseSensitive(srcs[s], names[f]);
                 if (cJSON_IsNull(v)) v = NULL;
             }
-        if (!v) return dfl_seterr("%s: DFlash2DraftModel needs '%s' (in dflash_config or at top level)", where, names[f]);
+        if (!v)
+            return dfl_seterr("%s: DFlash2DraftModel needs '%s' (in dflash_config or at top level)", where, names[f]);
         if (int_value(v, where, names[f], 1, hi[f], NULL, dst[f])) return DFL_ERR;
     }
     if (c->hidden % c->conv_group)
@@ -283,7 +283,8 @@ static int parse_causal(dfl_config *c, const cJSON *const srcs[2], const char *w
     for (int i = 0; i < c->n_layers; i++)
         if (c->layer_types[i] == DFL_LAYER_SLIDING && c->causal == 0 && c->sliding_window < c->block_size)
             return dfl_seterr("%s: sliding_window %d is smaller than block_size %d in a non-causal (%s false) "
-                              "sliding_attention layer %d", where, c->sliding_window, c->block_size,
+                              "sliding_attention layer %d",
+                              where, c->sliding_window, c->block_size,
                               c->causal_field == DFL_CAUSAL_IS_CAUSAL ? "is_causal" : "dflash_config.causal", i);
     return DFL_OK;
 }
@@ -381,8 +382,8 @@ static int parse_moe(dfl_config *c, const cJSON *tc, const char *where, int hybr
         return DFL_ERR;
     if (local >= 0 && local != c->n_experts)
         return dfl_seterr("%s: num_experts %d and num_local_experts %d disagree", where, c->n_experts, local);
-    if (hybrid && get_int(tc, "shared_expert_intermediate_size", where, 0, 1, MAX_INTERMEDIATE,
-                          &c->shared_intermediate))
+    if (hybrid &&
+        get_int(tc, "shared_expert_intermediate_size", where, 0, 1, MAX_INTERMEDIATE, &c->shared_intermediate))
         return DFL_ERR;
     if (!hybrid && (get_bool(tc, "norm_topk_prob", where, &c->norm_topk_prob, NULL) ||
                     get_int(tc, "decoder_sparse_step", where, 0, 1, DFL_MAX_LAYERS, &step)))
@@ -456,8 +457,8 @@ static int parse_root(dfl_config *c, const cJSON *root, const char *where) {
     }
     const cJSON *tc = root;
     const char *mt_s = c->model_type;
-    const int moe = strcmp(mt_s, "qwen3_moe") == 0 || strcmp(mt_s, "qwen3_5_moe") == 0 ||
-                    strcmp(mt_s, "qwen3_5_moe_text") == 0;
+    const int moe =
+        strcmp(mt_s, "qwen3_moe") == 0 || strcmp(mt_s, "qwen3_5_moe") == 0 || strcmp(mt_s, "qwen3_5_moe_text") == 0;
     if (strcmp(mt_s, "qwen3") == 0 || strcmp(mt_s, "qwen3_moe") == 0) {
         c->arch = DFL_ARCH_QWEN3;
         c->rope_theta = 1e6;
@@ -533,8 +534,9 @@ int config_parse(dfl_config *c, const char *json, const char *where) {
     memset(c, 0, sizeof *c);
     /* trailing text after the object is an error, as in Python's json.load */
     cJSON *root = cJSON_ParseWithOpts(json, NULL, 1);
-    if (!root) return dfl_seterr("%s: not valid JSON (near byte %ld)", where,
-                                 cJSON_GetErrorPtr() ? (long)(cJSON_GetErrorPtr() - json) : -1L);
+    if (!root)
+        return dfl_seterr("%s: not valid JSON (near byte %ld)", where,
+                          cJSON_GetErrorPtr() ? (long)(cJSON_GetErrorPtr() - json) : -1L);
     const int rc = parse_root(c, root, where);
     cJSON_Delete(root);
     return rc;
@@ -587,7 +589,8 @@ static int tokenizer_config_eos(dfl_config *c, const cJSON *j, const char *where
         const unsigned long long id = strtoull(x->string, &end, 10);
         if (!isdigit((unsigned char)x->string[0]) || *end || id >= (unsigned long long)c->vocab)
             return dfl_seterr("%s: added_tokens_decoder key of the eos token '%s': expected an integer in [0, "
-                              "vocab_size = %d), found '%s'", where, tok->valuestring, c->vocab, x->string);
+                              "vocab_size = %d), found '%s'",
+                              where, tok->valuestring, c->vocab, x->string);
         if (add_eos(c, (int)id, where, "eos_token")) return DFL_ERR;
     }
     return DFL_OK;

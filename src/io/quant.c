@@ -38,7 +38,8 @@ static int parse_block(dfl_quant *q, const cJSON *qc, const char *where) {
         if (!cJSON_IsNumber(x) || !(x->valuedouble >= 1 && x->valuedouble <= MAX_BLOCK) ||
             x->valuedouble != floor(x->valuedouble))
             return dfl_seterr("%s: quantization_config.weight_block_size: expected two integers in [1, %d] "
-                              "([rows, columns] of a block), found %s", where, MAX_BLOCK, dfl_json_brief(b, s, sizeof s));
+                              "([rows, columns] of a block), found %s",
+                              where, MAX_BLOCK, dfl_json_brief(b, s, sizeof s));
         v[i] = (int)x->valuedouble;
     }
     q->block_rows = v[0], q->block_cols = v[1];
@@ -84,7 +85,8 @@ int quant_parse(dfl_quant *q, const char *json, const char *where) {
     if (!cJSON_IsString(m) || strcmp(m->valuestring, "fp8") != 0) {
         dfl_seterr("%s: quantization_config.quant_method: expected \"fp8\" (fine-grained float8_e4m3 weights with "
                    "per-block weight_scale_inv), found %s; dfl does not read this quantization: use the BF16 or "
-                   "FP8 release", where, dfl_json_brief(m, b, sizeof b));
+                   "FP8 release",
+                   where, dfl_json_brief(m, b, sizeof b));
         goto done;
     }
     snprintf(q->method, sizeof q->method, "%s", m->valuestring);

@@ -14,12 +14,14 @@
 
 #include "dfl/common.h"
 
-static const struct { const char *name; size_t size; } dtype_info[ST_DTYPE_COUNT] = {
-    [ST_F32] = {"F32", 4},   [ST_F16] = {"F16", 2},   [ST_BF16] = {"BF16", 2},
-    [ST_F64] = {"F64", 8},   [ST_I64] = {"I64", 8},   [ST_I32] = {"I32", 4},
-    [ST_I16] = {"I16", 2},   [ST_I8] = {"I8", 1},     [ST_U8] = {"U8", 1},
-    [ST_BOOL] = {"BOOL", 1}, [ST_F8_E4M3] = {"F8_E4M3", 1}, [ST_F8_E5M2] = {"F8_E5M2", 1},
-    [ST_U16] = {"U16", 2},   [ST_U32] = {"U32", 4},   [ST_U64] = {"U64", 8},
+static const struct {
+    const char *name;
+    size_t size;
+} dtype_info[ST_DTYPE_COUNT] = {
+    [ST_F32] = {"F32", 4}, [ST_F16] = {"F16", 2},   [ST_BF16] = {"BF16", 2},       [ST_F64] = {"F64", 8},
+    [ST_I64] = {"I64", 8}, [ST_I32] = {"I32", 4},   [ST_I16] = {"I16", 2},         [ST_I8] = {"I8", 1},
+    [ST_U8] = {"U8", 1},   [ST_BOOL] = {"BOOL", 1}, [ST_F8_E4M3] = {"F8_E4M3", 1}, [ST_F8_E5M2] = {"F8_E5M2", 1},
+    [ST_U16] = {"U16", 2}, [ST_U32] = {"U32", 4},   [ST_U64] = {"U64", 8},
 };
 
 const char *st_dtype_name(st_dtype dt) { return dt < ST_DTYPE_COUNT ? dtype_info[dt].name : "?"; }
@@ -53,14 +55,20 @@ float st_f16_to_f32(uint16_t h) {
     } else {
         u = sign | ((exp + 127 - 15) << 23) | (man << 13);
     }
-    union { uint32_t u; float f; } v = {.u = u};
+    union {
+        uint32_t u;
+        float f;
+    } v = {.u = u};
     return v.f;
 }
 
 uint16_t st_f32_to_bf16(float f) {
-    union { float f; uint32_t u; } v = {.f = f};
+    union {
+        float f;
+        uint32_t u;
+    } v = {.f = f};
     if ((v.u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((v.u >> 16) | 0x40); /* NaN */
-    uint32_t rounding = 0x7fff + ((v.u >> 16) & 1); /* round to nearest even, as torch */
+    uint32_t rounding = 0x7fff + ((v.u >> 16) & 1);                               /* round to nearest even, as torch */
     return (uint16_t)((v.u + rounding) >> 16);
 }
 
@@ -71,18 +79,27 @@ static int utf8_valid(const uint8_t *s, size_t n, size_t *bad_at) {
         uint8_t c = s[i];
         size_t len;
         uint32_t cp;
-        if (c < 0x80) { i++; continue; }
-        if ((c & 0xe0) == 0xc0) { len = 2; cp = c & 0x1f; }
-        else if ((c & 0xf0) == 0xe0) { len = 3; cp = c & 0x0f; }
-        else if ((c & 0xf8) == 0xf0) { len = 4; cp = c & 0x07; }
-        else goto bad;
+        if (c < 0x80) {
+            i++;
+            continue;
+        }
+        if ((c & 0xe0) == 0xc0) {
+            len = 2;
+            cp = c & 0x1f;
+        } else if ((c & 0xf0) == 0xe0) {
+            len = 3;
+            cp = c & 0x0f;
+        } else if ((c & 0xf8) == 0xf0) {
+            len = 4;
+            cp = c & 0x07;
+        } else goto bad;
         if (i + len > n) goto bad;
         for (size_t k = 1; k < len; k++) {
             if ((s[i + k] & 0xc0) != 0x80) goto bad;
             cp = (cp << 6) | (s[i + k] & 0x3f);
         }
-        if ((len == 2 && cp < 0x80) || (len == 3 && cp < 0x800) || (len == 4 && cp < 0x10000) ||
-            cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff))
+        if ((len == 2 && cp < 0x80) || (len == 3 && cp < 0x800) || (len == 4 && cp < 0x10000) || cp > 0x10ffff ||
+            (cp >= 0xd800 && cp <= 0xdfff))
             goto bad;
         i += len;
     }
@@ -118,11 +135,10 @@ static int json_uint(const cJSON *v, uint64_t *out) {
 }
 
 /* Parse one tensor entry of the header into t (data offsets relative to buf). */
-static int parse_entry(const char *path, const cJSON *item, const uint8_t *buf, size_t buf_size,
-                       st_tensor *t, size_t *begin, size_t *end) {
+static int parse_entry(const char *path, const cJSON *item, const uint8_t *buf, size_t buf_size, st_tensor *t,
+                       size_t *begin, size_t *end) {
     const char *name = item->string;
-    if (!cJSON_IsObject(item))
-        return dfl_seterr("%s: tensor '%s': expected an object in the header", path, name);
+    if (!cJSON_IsObject(item)) return dfl_seterr("%s: tensor '%s': expected an object in the header", path, name);
     const cJSON *dt = cJSON_GetObjectItemCaseSensitive(item, "dtype");
     const cJSON *sh = cJSON_GetObjectItemCaseSensitive(item, "shape");
     const cJSON *off = cJSON_GetObjectItemCaseSensitive(item, "data_offsets");
@@ -155,12 +171,12 @@ static int parse_entry(const char *path, const cJSON *item, const uint8_t *buf, 
     const cJSON *ob = cJSON_GetArrayItem(off, 0), *oe = cJSON_GetArrayItem(off, 1);
     uint64_t b, e;
     if (json_uint(ob, &b) || json_uint(oe, &e) || e < b)
-        return dfl_seterr("%s: tensor '%s': invalid data_offsets [%s, %s] (expected integers begin <= end)", path,
-                          name, dfl_json_brief(ob, f1, sizeof f1), dfl_json_brief(oe, f2, sizeof f2));
+        return dfl_seterr("%s: tensor '%s': invalid data_offsets [%s, %s] (expected integers begin <= end)", path, name,
+                          dfl_json_brief(ob, f1, sizeof f1), dfl_json_brief(oe, f2, sizeof f2));
     if (e - b != numel * es)
-        return dfl_seterr("%s: tensor '%s': data_offsets span %llu bytes, expected numel %llu x %zu (%s) = %llu",
-                          path, name, (unsigned long long)(e - b), (unsigned long long)numel, es,
-                          st_dtype_name(t->dtype), (unsigned long long)(numel * es));
+        return dfl_seterr("%s: tensor '%s': data_offsets span %llu bytes, expected numel %llu x %zu (%s) = %llu", path,
+                          name, (unsigned long long)(e - b), (unsigned long long)numel, es, st_dtype_name(t->dtype),
+                          (unsigned long long)(numel * es));
     if (e > buf_size)
         return dfl_seterr("%s: tensor '%s': data_offsets end %llu beyond the data buffer (%zu bytes): the file is "
                           "truncated (an incomplete download or copy?) or its header is corrupt",
@@ -208,8 +224,8 @@ int st_open_file(st_checkpoint *m, const char *path) {
         goto fail;
     }
     if (n > size - 8) {
-        dfl_seterr("%s: header length %llu is beyond the end of the file (%zu bytes)", path,
-                   (unsigned long long)n, size);
+        dfl_seterr("%s: header length %llu is beyond the end of the file (%zu bytes)", path, (unsigned long long)n,
+                   size);
         goto fail;
     }
     size_t bad;
@@ -278,8 +294,8 @@ int st_open_file(st_checkpoint *m, const char *path) {
     for (int i = 0; i < nt; i++) {
         size_t b = (size_t)(byoff[i]->data - buf);
         if (b != expect) {
-            dfl_seterr("%s: tensor '%s' starts at byte %zu of the data buffer, expected %zu (%s)", path,
-                       byoff[i]->name, b, expect, b > expect ? "hole before it" : "overlaps the previous tensor");
+            dfl_seterr("%s: tensor '%s' starts at byte %zu of the data buffer, expected %zu (%s)", path, byoff[i]->name,
+                       b, expect, b > expect ? "hole before it" : "overlaps the previous tensor");
             goto fail;
         }
         expect = b + byoff[i]->nbytes;
@@ -373,19 +389,19 @@ static int open_index(st_checkpoint *m, const char *dir, const char *index_path)
     }
     /* Every tensor named in the map must be in the shard the map names. */
     if (rc == DFL_OK) cJSON_ArrayForEach(e, wm) {
-        const st_tensor *t = st_find(m, e->string);
-        if (!t) {
-            rc = dfl_seterr("%s: tensor '%s' is listed in weight_map (shard %s) but not found in it", index_path,
-                            e->string, e->valuestring);
-            break;
+            const st_tensor *t = st_find(m, e->string);
+            if (!t) {
+                rc = dfl_seterr("%s: tensor '%s' is listed in weight_map (shard %s) but not found in it", index_path,
+                                e->string, e->valuestring);
+                break;
+            }
+            const char *base = strrchr(m->files[t->file_index].path, '/');
+            if (strcmp(base ? base + 1 : m->files[t->file_index].path, e->valuestring) != 0) {
+                rc = dfl_seterr("%s: tensor '%s' is mapped to %s but stored in %s", index_path, e->string,
+                                e->valuestring, base ? base + 1 : m->files[t->file_index].path);
+                break;
+            }
         }
-        const char *base = strrchr(m->files[t->file_index].path, '/');
-        if (strcmp(base ? base + 1 : m->files[t->file_index].path, e->valuestring) != 0) {
-            rc = dfl_seterr("%s: tensor '%s' is mapped to %s but stored in %s", index_path, e->string,
-                            e->valuestring, base ? base + 1 : m->files[t->file_index].path);
-            break;
-        }
-    }
     cJSON_Delete(root);
     return rc;
 }
@@ -436,9 +452,7 @@ int st_read_f32(const st_tensor *t, int64_t first, int64_t n, float *out) {
                           (long long)(first + n), (long long)t->numel);
     const uint8_t *p = t->data;
     switch (t->dtype) {
-    case ST_F32:
-        memcpy(out, p + first * 4, (size_t)n * 4);
-        return DFL_OK;
+    case ST_F32: memcpy(out, p + first * 4, (size_t)n * 4); return DFL_OK;
     case ST_BF16:
         for (int64_t i = 0; i < n; i++) {
             uint16_t h;
@@ -462,7 +476,9 @@ int st_read_f32(const st_tensor *t, int64_t first, int64_t n, float *out) {
     }
 }
 
-int st_write(const char *path, const st_write_entry *entries, int n) { return st_write_meta(path, entries, n, NULL, 0); }
+int st_write(const char *path, const st_write_entry *entries, int n) {
+    return st_write_meta(path, entries, n, NULL, 0);
+}
 
 int st_write_meta(const char *path, const st_write_entry *entries, int n, const char *const (*meta)[2], int n_meta) {
     cJSON *root = cJSON_CreateObject();

@@ -35,8 +35,8 @@ static void attn_softmax(const kn_attn_io *a, int r, int n_keys, float *sg) {
     const int start = a->starts[r / a->block], qpos = start + r % a->block;
     const unsigned char *anc = a->tree ? a->tree + (size_t)r * a->ldtree : NULL;
     for (int j = 0; j < n_keys; j++)
-        sg[j] = (a->window && qpos - j >= a->window) || (anc && j >= start && !anc[j - start]) ? -INFINITY
-                                                                                              : sg[j] * scale;
+        sg[j] =
+            (a->window && qpos - j >= a->window) || (anc && j >= start && !anc[j - start]) ? -INFINITY : sg[j] * scale;
     kn_softmax(sg, n_keys);
 }
 
@@ -66,8 +66,8 @@ void kn_attention(const kn_attn_io *a) {
      * unless that leaves threads idle; results are the same either way */
     const int G = a->block * a->n_kv_heads >= omp_get_max_threads() ? group : 1;
     const size_t ldsc = a->ldsc;
-#pragma omp parallel for collapse(2) schedule(static) \
-    if ((size_t)n * Hq * (a->starts[0] + a->block) * a->head_dim >= KN_PAR_MIN_WORK)
+#pragma omp parallel for collapse(2) \
+    schedule(static) if ((size_t)n * Hq * (a->starts[0] + a->block) * a->head_dim >= KN_PAR_MIN_WORK)
     for (int r = 0; r < n; r++) {
         for (int h0 = 0; h0 < Hq; h0 += G) {
             float *sc = a->scores + (size_t)omp_get_thread_num() * group * ldsc; /* [G][ldsc] */

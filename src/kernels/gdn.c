@@ -98,15 +98,10 @@ static kn_isa gdn_path(const kn_gdn_io *io) {
 void kn_gdn_recurrent(float *S, const kn_gdn_io *io) {
     switch (gdn_path(io)) {
 #if KN_X86
-    case KN_ISA_AVX512:
-        kn_gdn_recurrent_avx512(S, io);
-        return;
-    case KN_ISA_AVX2:
-        kn_gdn_recurrent_avx2(S, io);
-        return;
+    case KN_ISA_AVX512: kn_gdn_recurrent_avx512(S, io); return;
+    case KN_ISA_AVX2: kn_gdn_recurrent_avx2(S, io); return;
 #endif
-    default:
-        kn_gdn_recurrent_generic(S, io);
+    default: kn_gdn_recurrent_generic(S, io);
     }
 }
 
@@ -127,15 +122,10 @@ void kn_gdn_chunked(float *S, const kn_gdn_io *io) {
         if (c.out) c.out += (size_t)c0 * io->ldo;
         switch (path) {
 #if KN_X86
-        case KN_ISA_AVX512:
-            kn_gdn_chunk_avx512(S, &c, work);
-            break;
-        case KN_ISA_AVX2:
-            kn_gdn_chunk_avx2(S, &c, work);
-            break;
+        case KN_ISA_AVX512: kn_gdn_chunk_avx512(S, &c, work); break;
+        case KN_ISA_AVX2: kn_gdn_chunk_avx2(S, &c, work); break;
 #endif
-        default:
-            kn_gdn_chunk_generic(S, &c, work);
+        default: kn_gdn_chunk_generic(S, &c, work);
         }
     }
     free(work);
@@ -170,12 +160,18 @@ void kn_gdn_heads(const kn_gdn_heads_io *a) {
             float *Sh = gdn_head_state(a, h, t0, &S0);
             kn_gdn_gates(gb, a->ab, Hv, h, t0, nt, a->neg_exp_A, a->dt_bias);
             const float *row = a->qkv + (size_t)t0 * C;
-            const kn_gdn_io io = {.dk = dk, .dv = dv, .n = nt, .q = row + (size_t)kh * dk,
+            const kn_gdn_io io = {.dk = dk,
+                                  .dv = dv,
+                                  .n = nt,
+                                  .q = row + (size_t)kh * dk,
                                   .k = row + (size_t)Hk * dk + (size_t)kh * dk,
-                                  .v = row + 2 * (size_t)Hk * dk + (size_t)h * dv, .ld = C, .g = gb,
+                                  .v = row + 2 * (size_t)Hk * dk + (size_t)h * dv,
+                                  .ld = C,
+                                  .g = gb,
                                   .beta = gb + KN_GDN_CHUNK,
                                   .out = a->out ? a->out + (size_t)t0 * Hv * dv + (size_t)h * dv : NULL,
-                                  .ldo = (size_t)Hv * dv, .S0 = S0};
+                                  .ldo = (size_t)Hv * dv,
+                                  .S0 = S0};
             if (a->chunked) kn_gdn_chunked(Sh, &io);
             else kn_gdn_recurrent(Sh, &io);
         }

@@ -22,7 +22,7 @@ GDN_TGT GDN_INLINE void GDN_NAME(rec_cols_)(float *S, const kn_gdn_io *io, int j
 #pragma GCC unroll 8
         for (int jj = 0; jj < nj; jj++) u[jj] = VZERO();
         const float *Src = t == 0 && io->S0 ? io->S0 : S; /* the first token reads S0 */
-        for (int i = 0; i < dk; i++) { /* S *= decay; u = S^T k */
+        for (int i = 0; i < dk; i++) {                    /* S *= decay; u = S^T k */
             float *Si = S + (size_t)i * dv + j0;
             const float *Ri = Src + (size_t)i * dv + j0;
             const VT ki = VSET1(k[i]);

@@ -26,8 +26,7 @@ static kn_act act_active = KN_ACT_F32;
 
 int kn_isa_supported(kn_isa isa) {
     switch (isa) {
-    case KN_ISA_GENERIC:
-        return 1;
+    case KN_ISA_GENERIC: return 1;
 #if KN_X86
     case KN_ISA_AVX2:
         return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
@@ -35,8 +34,7 @@ int kn_isa_supported(kn_isa isa) {
         return kn_isa_supported(KN_ISA_AVX2) && __builtin_cpu_supports("avx512f") &&
                __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
                __builtin_cpu_supports("avx512dq");
-    case KN_ISA_AVX512BF16:
-        return kn_isa_supported(KN_ISA_AVX512) && __builtin_cpu_supports("avx512bf16");
+    case KN_ISA_AVX512BF16: return kn_isa_supported(KN_ISA_AVX512) && __builtin_cpu_supports("avx512bf16");
 #if defined(__linux__)
     case KN_ISA_AMX:
         if (!kn_isa_supported(KN_ISA_AVX512BF16)) return 0;
@@ -44,8 +42,7 @@ int kn_isa_supported(kn_isa isa) {
         return amx_granted;
 #endif
 #endif
-    default:
-        return 0;
+    default: return 0;
     }
 }
 
@@ -88,12 +85,10 @@ static void isa_init(void) {
     const char *act = getenv("DFL_ACT");
     kn_act want = KN_ACT_F32;
     if (act && *act) {
-        if (kn_act_parse(act, &want) != DFL_OK)
-            fprintf(stderr, "dfl: DFL_ACT: %s; using f32\n", dfl_errmsg());
+        if (kn_act_parse(act, &want) != DFL_OK) fprintf(stderr, "dfl: DFL_ACT: %s; using f32\n", dfl_errmsg());
         else if (want == KN_ACT_BF16 && !kn_isa_supported(KN_ISA_AVX512BF16))
             fprintf(stderr, "dfl: DFL_ACT=bf16: this CPU has no AVX-512 BF16; using f32\n");
-        else
-            act_active = want;
+        else act_active = want;
     }
 }
 

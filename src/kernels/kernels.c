@@ -35,14 +35,9 @@ void kn_matmul_multi(int count, float *const *y, const float *x, const dfl_mat *
         if (bf16) kn_matmul_avx512bf16(count, y, x, w, n);
         else kn_matmul_avx512(count, y, x, w, n);
         return;
-    case KN_ISA_AVX512:
-        kn_matmul_avx512(count, y, x, w, n);
-        return;
-    case KN_ISA_AVX2:
-        kn_matmul_avx2(count, y, x, w, n);
-        return;
-    default:
-        break;
+    case KN_ISA_AVX512: kn_matmul_avx512(count, y, x, w, n); return;
+    case KN_ISA_AVX2: kn_matmul_avx2(count, y, x, w, n); return;
+    default: break;
     }
 #endif
     for (int i = 0; i < count; i++) kn_matmul_generic(y[i], x, w[i], n);
@@ -55,13 +50,10 @@ float kn_dot(const float *a, const float *b, int n) {
 #if KN_X86
     case KN_ISA_AMX:
     case KN_ISA_AVX512BF16:
-    case KN_ISA_AVX512:
-        return kn_dot_avx512(a, b, n);
-    case KN_ISA_AVX2:
-        return kn_dot_avx2(a, b, n);
+    case KN_ISA_AVX512: return kn_dot_avx512(a, b, n);
+    case KN_ISA_AVX2: return kn_dot_avx2(a, b, n);
 #endif
-    default:
-        return kn_dot_generic(a, b, n);
+    default: return kn_dot_generic(a, b, n);
     }
 }
 
@@ -70,15 +62,10 @@ void kn_axpy(float *y, float a, const float *x, int n) {
 #if KN_X86
     case KN_ISA_AMX:
     case KN_ISA_AVX512BF16:
-    case KN_ISA_AVX512:
-        kn_axpy_avx512(y, a, x, n);
-        return;
-    case KN_ISA_AVX2:
-        kn_axpy_avx2(y, a, x, n);
-        return;
+    case KN_ISA_AVX512: kn_axpy_avx512(y, a, x, n); return;
+    case KN_ISA_AVX2: kn_axpy_avx2(y, a, x, n); return;
 #endif
-    default:
-        kn_axpy_generic(y, a, x, n);
+    default: kn_axpy_generic(y, a, x, n);
     }
 }
 
@@ -87,15 +74,10 @@ void kn_dot_rows(float *out, size_t ldo, const float *a, size_t lda, int G, cons
 #if KN_X86
     case KN_ISA_AMX:
     case KN_ISA_AVX512BF16:
-    case KN_ISA_AVX512:
-        kn_dot_rows_avx512(out, ldo, a, lda, G, b, ldb, m, n);
-        return;
-    case KN_ISA_AVX2:
-        kn_dot_rows_avx2(out, ldo, a, lda, G, b, ldb, m, n);
-        return;
+    case KN_ISA_AVX512: kn_dot_rows_avx512(out, ldo, a, lda, G, b, ldb, m, n); return;
+    case KN_ISA_AVX2: kn_dot_rows_avx2(out, ldo, a, lda, G, b, ldb, m, n); return;
 #endif
-    default:
-        kn_dot_rows_generic(out, ldo, a, lda, G, b, ldb, m, n);
+    default: kn_dot_rows_generic(out, ldo, a, lda, G, b, ldb, m, n);
     }
 }
 
@@ -104,15 +86,10 @@ void kn_axpy_rows(float *y, size_t ldy, const float *w, size_t ldw, int G, const
 #if KN_X86
     case KN_ISA_AMX:
     case KN_ISA_AVX512BF16:
-    case KN_ISA_AVX512:
-        kn_axpy_rows_avx512(y, ldy, w, ldw, G, x, ldx, m, n);
-        return;
-    case KN_ISA_AVX2:
-        kn_axpy_rows_avx2(y, ldy, w, ldw, G, x, ldx, m, n);
-        return;
+    case KN_ISA_AVX512: kn_axpy_rows_avx512(y, ldy, w, ldw, G, x, ldx, m, n); return;
+    case KN_ISA_AVX2: kn_axpy_rows_avx2(y, ldy, w, ldw, G, x, ldx, m, n); return;
 #endif
-    default:
-        kn_axpy_rows_generic(y, ldy, w, ldw, G, x, ldx, m, n);
+    default: kn_axpy_rows_generic(y, ldy, w, ldw, G, x, ldx, m, n);
     }
 }
 
@@ -121,15 +98,10 @@ void kn_swiglu(float *a, const float *b, int n) {
 #if KN_X86
     case KN_ISA_AMX:
     case KN_ISA_AVX512BF16:
-    case KN_ISA_AVX512:
-        kn_swiglu_avx512(a, b, n);
-        return;
-    case KN_ISA_AVX2:
-        kn_swiglu_avx2(a, b, n);
-        return;
+    case KN_ISA_AVX512: kn_swiglu_avx512(a, b, n); return;
+    case KN_ISA_AVX2: kn_swiglu_avx2(a, b, n); return;
 #endif
-    default:
-        kn_swiglu_generic(a, b, n);
+    default: kn_swiglu_generic(a, b, n);
     }
 }
 
@@ -138,15 +110,10 @@ void kn_silu_inplace(float *x, int n) {
 #if KN_X86
     case KN_ISA_AMX:
     case KN_ISA_AVX512BF16:
-    case KN_ISA_AVX512:
-        kn_silu_inplace_avx512(x, n);
-        return;
-    case KN_ISA_AVX2:
-        kn_silu_inplace_avx2(x, n);
-        return;
+    case KN_ISA_AVX512: kn_silu_inplace_avx512(x, n); return;
+    case KN_ISA_AVX2: kn_silu_inplace_avx2(x, n); return;
 #endif
-    default:
-        kn_silu_inplace_generic(x, n);
+    default: kn_silu_inplace_generic(x, n);
     }
 }
 
@@ -155,15 +122,10 @@ void kn_conv_silu(float *x, size_t ld, int n, int nc, int K, const float *wt, fl
 #if KN_X86
     case KN_ISA_AMX:
     case KN_ISA_AVX512BF16:
-    case KN_ISA_AVX512:
-        kn_conv_silu_avx512(x, ld, n, nc, K, wt, win);
-        return;
-    case KN_ISA_AVX2:
-        kn_conv_silu_avx2(x, ld, n, nc, K, wt, win);
-        return;
+    case KN_ISA_AVX512: kn_conv_silu_avx512(x, ld, n, nc, K, wt, win); return;
+    case KN_ISA_AVX2: kn_conv_silu_avx2(x, ld, n, nc, K, wt, win); return;
 #endif
-    default:
-        kn_conv_silu_generic(x, ld, n, nc, K, wt, win);
+    default: kn_conv_silu_generic(x, ld, n, nc, K, wt, win);
     }
 }
 
@@ -202,4 +164,3 @@ double kn_peak_macs(long iters, const char **what) {
     (void)sink;
     return 12.0 * per * (double)iters / (dfl_now() - t0);
 }
-

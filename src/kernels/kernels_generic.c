@@ -13,9 +13,7 @@ void kn_mat_row(const dfl_mat *w, int row, float *out) {
     size_t off = (size_t)row * (size_t)w->cols;
     int n = w->cols;
     switch (w->dtype) {
-    case ST_F32:
-        memcpy(out, (const float *)w->data + off, (size_t)n * sizeof(float));
-        break;
+    case ST_F32: memcpy(out, (const float *)w->data + off, (size_t)n * sizeof(float)); break;
     case ST_BF16: {
         const uint16_t *p = (const uint16_t *)w->data + off;
         for (int i = 0; i < n; i++) out[i] = st_bf16_to_f32(p[i]);
@@ -32,8 +30,7 @@ void kn_mat_row(const dfl_mat *w, int row, float *out) {
         for (int i = 0; i < n; i++) out[i] = st_f8e4m3_to_f32(p[i]) * s[i / w->bcol];
         break;
     }
-    default:
-        abort(); /* the loader refuses other dtypes before any compute */
+    default: abort(); /* the loader refuses other dtypes before any compute */
     }
 }
 
@@ -97,7 +94,8 @@ void kn_matmul_generic(float *y, const float *x, const dfl_mat *w, int n) {
 void kn_dot_rows_generic(float *out, size_t ldo, const float *a, size_t lda, int G, const float *b, size_t ldb, int m,
                          int n) {
     for (int g = 0; g < G; g++)
-        for (int j = 0; j < m; j++) out[(size_t)g * ldo + j] = kn_dot_generic(a + (size_t)g * lda, b + (size_t)j * ldb, n);
+        for (int j = 0; j < m; j++)
+            out[(size_t)g * ldo + j] = kn_dot_generic(a + (size_t)g * lda, b + (size_t)j * ldb, n);
 }
 
 void kn_axpy_rows_generic(float *y, size_t ldy, const float *w, size_t ldw, int G, const float *x, size_t ldx, int m,

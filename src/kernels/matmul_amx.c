@@ -21,13 +21,12 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#define TGT_AMX \
-    __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,amx-tile,amx-bf16")))
+#define TGT_AMX __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,amx-tile,amx-bf16")))
 #define INLINE static inline __attribute__((always_inline))
 
-#define TILE_ELEMS 512                 /* bf16 elements of one A or B tile (16 x 64 bytes) */
-#define SPLIT 3                        /* bf16 parts of each activation: hi, mid, lo */
-#define XBLOCK_BYTES (1024 * 1024)     /* packed activations of one token block */
+#define TILE_ELEMS 512             /* bf16 elements of one A or B tile (16 x 64 bytes) */
+#define SPLIT 3                    /* bf16 parts of each activation: hi, mid, lo */
+#define XBLOCK_BYTES (1024 * 1024) /* packed activations of one token block */
 #define ARCH_REQ_XCOMP_PERM 0x1023
 #define XFEATURE_XTILEDATA 18
 
@@ -52,11 +51,11 @@ typedef struct tile_config {
  * block3 and block22 (pf) prefetch the rows after theirs at the same step into L2: measured
  * 11% off a 16-token verification and 3% off a 512-token prefill. */
 /* The tile intrinsics take their register numbers as literals, hence macros. */
-#define AMX_STEP1(a, ldw, bk, TA, TB)      \
-    do {                                   \
-        _tile_loadd(TB, bk, 64);           \
-        _tile_loadd(TA, a, (long)(ldw));   \
-        _tile_dpbf16ps(0, TA, TB);         \
+#define AMX_STEP1(a, ldw, bk, TA, TB)    \
+    do {                                 \
+        _tile_loadd(TB, bk, 64);         \
+        _tile_loadd(TA, a, (long)(ldw)); \
+        _tile_dpbf16ps(0, TA, TB);       \
     } while (0)
 
 TGT_AMX static void amx_block1(const uint16_t *w, size_t ldw, const uint16_t *b, int ks_n, float *cb, int ldc) {
@@ -70,15 +69,15 @@ TGT_AMX static void amx_block1(const uint16_t *w, size_t ldw, const uint16_t *b,
     _tile_stored(0, cb, (long)(ldc * sizeof(float)));
 }
 
-#define AMX_STEP3(a, ldw, bk, bstride, TA)  \
-    do {                                    \
-        _tile_loadd(5, bk, 64);             \
+#define AMX_STEP3(a, ldw, bk, bstride, TA)        \
+    do {                                          \
+        _tile_loadd(5, bk, 64);                   \
         _tile_loadd(6, (bk) + (bstride), 64);     \
         _tile_loadd(7, (bk) + 2 * (bstride), 64); \
-        _tile_loadd(TA, a, (long)(ldw));    \
-        _tile_dpbf16ps(0, TA, 5);           \
-        _tile_dpbf16ps(1, TA, 6);           \
-        _tile_dpbf16ps(2, TA, 7);           \
+        _tile_loadd(TA, a, (long)(ldw));          \
+        _tile_dpbf16ps(0, TA, 5);                 \
+        _tile_dpbf16ps(1, TA, 6);                 \
+        _tile_dpbf16ps(2, TA, 7);                 \
     } while (0)
 
 TGT_AMX static void amx_block3(const uint16_t *w, size_t ldw, const uint16_t *b, size_t bstride, int ks_n, float *cb,
@@ -111,7 +110,8 @@ TGT_AMX INLINE void amx_block22(const uint16_t *w, size_t ldw, const uint16_t *b
     for (int ks = 0; ks < ks_n; ks++) {
         const uint16_t *a = w + (size_t)ks * 32, *bk = b + (size_t)ks * TILE_ELEMS;
         if (pf) /* the next group's rows at this step, into L2 */
-            for (int r = 16 * RG; r < 32 * RG; r++) _mm_prefetch((const char *)(a + (size_t)r * (ldw / 2)), _MM_HINT_T1);
+            for (int r = 16 * RG; r < 32 * RG; r++)
+                _mm_prefetch((const char *)(a + (size_t)r * (ldw / 2)), _MM_HINT_T1);
         _tile_loadd(6, bk, 64);
         if (CT > 1) _tile_loadd(7, bk + bstride, 64);
         _tile_loadd(4, a, (long)ldw);
@@ -215,9 +215,9 @@ TGT_AMX static void amx_pack(uint16_t *xb, const float *x, int n, int cols) {
     }
 }
 
-#define C_ROWS 32       /* rows of C results a thread holds: up to 2 row tiles */
-#define BLOCK3_MAX_TILES 6 /* up to this many B tiles (32 tokens) a row tile runs 16-token groups */
-#define AMX_MULTI_MAX 8 /* matrices sharing one input in kn_matmul_amx_multi */
+#define C_ROWS 32                          /* rows of C results a thread holds: up to 2 row tiles */
+#define BLOCK3_MAX_TILES 6                 /* up to this many B tiles (32 tokens) a row tile runs 16-token groups */
+#define AMX_MULTI_MAX 8                    /* matrices sharing one input in kn_matmul_amx_multi */
 #define STREAM_MIN_BYTES ((size_t)4 << 20) /* outputs at least this large bypass the caches */
 
 /* Tokens per block: whole multiples of 16 whose packed activations fit XBLOCK_BYTES, or all n. */
@@ -299,10 +299,12 @@ TGT_AMX static void amx_run(int count, float *const *ys, const dfl_mat *const *w
                 while (gi >= g_end[i]) i++;
                 const int rows = ws[i]->rows, rows16 = rows / 16 * 16, r0 = (gi - (i ? g_end[i - 1] : 0)) * rg_max * 16;
                 const int rg = (rows16 - r0) / 16 < rg_max ? (rows16 - r0) / 16 : rg_max;
-                const uint16_t *wg = (const uint16_t *)ws[i]->data + (size_t)r0 * cols, *bt = xb + (size_t)c0 * tile_step;
+                const uint16_t *wg = (const uint16_t *)ws[i]->data + (size_t)r0 * cols,
+                               *bt = xb + (size_t)c0 * tile_step;
                 if (cn == 1) amx_block1(wg, ldw, bt, ks_n, cb, ldc);
                 else if (rg_max == 1) /* whole 16-token groups, one after the other */
-                    for (int c = 0; c < cn; c += 3) amx_block3(wg, ldw, bt + (size_t)c * tile_step, tile_step, ks_n, cb + c * 16, ldc);
+                    for (int c = 0; c < cn; c += 3)
+                        amx_block3(wg, ldw, bt + (size_t)c * tile_step, tile_step, ks_n, cb + c * 16, ldc);
                 else
                     for (int c = 0; c < cn; c += 2) {
                         const uint16_t *bc = bt + (size_t)c * tile_step;
@@ -340,7 +342,8 @@ void kn_matmul_amx_multi(int count, float *const *y, const float *x, const dfl_m
         return;
     }
     uint16_t *xb = aligned_alloc(64, (size_t)amx_tiles(n) * (cols / 32) * TILE_ELEMS * sizeof(uint16_t));
-    float *cball = aligned_alloc(64, (size_t)omp_get_max_threads() * C_ROWS * amx_ldc(amx_tok_block(cols, n)) * sizeof(float));
+    float *cball =
+        aligned_alloc(64, (size_t)omp_get_max_threads() * C_ROWS * amx_ldc(amx_tok_block(cols, n)) * sizeof(float));
     float *ytail = tails ? malloc(tails * sizeof(float)) : NULL;
     if (!xb || !cball || (tails && !ytail)) { /* no memory for the packed activations: the generic kernel needs none */
         free(xb), free(cball), free(ytail);

@@ -27,10 +27,10 @@
 #define TGT_BF16 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))
 #define INLINE static inline __attribute__((always_inline))
 
-#define RB 4          /* rows per full register tile (AVX2: RB2) */
+#define RB 4 /* rows per full register tile (AVX2: RB2) */
 #define RB2 2
-#define TB 6          /* tokens per register tile */
-#define XBLOCK_BYTES (256 * 1024) /* activations of one token block */
+#define TB 6                                  /* tokens per register tile */
+#define XBLOCK_BYTES (256 * 1024)             /* activations of one token block */
 #define KN_STREAM_MIN_BYTES ((size_t)2 << 20) /* matrices a single token streams row by row */
 
 /* One register tile: rows r0.. of W (w points at row r0), tokens t0.. (xp at token t0),
@@ -51,8 +51,8 @@ static size_t round_up(size_t a, size_t b) { return (a + b - 1) / b * b; }
  * [n][w[i]->rows]); xp holds ldx elements of xsize bytes per token. The matrices' row blocks
  * form one list split over the threads in one parallel region: one fork and join for a
  * layer's projections instead of one per matrix. */
-static void mm_run(int count, float *const *y, const dfl_mat *const *w, int n, const void *xp, size_t ldx,
-                   size_t xsize, const tiles *k) {
+static void mm_run(int count, float *const *y, const dfl_mat *const *w, int n, const void *xp, size_t ldx, size_t xsize,
+                   const tiles *k) {
     const int cols = w[0]->cols, rb = k->rb, tb = k->tb;
     const size_t wrow = (size_t)cols * st_dtype_size(w[0]->dtype), xrow = ldx * xsize;
     int nfull[KN_MULTI_MAX], start[KN_MULTI_MAX + 1] = {0}; /* full blocks; first block of each */
@@ -96,27 +96,28 @@ static void mm_run(int count, float *const *y, const dfl_mat *const *w, int n, c
  * registers); the driver uses T <= T_FULL. An IMPL that needs the matrix or the first row
  * (F8_E4M3's scales) names m and r0, the tile function's parameters. */
 #define TILE_ARGS float *y, int ldy, const void *w, int cols, const void *xp, size_t ldx, const dfl_mat *m, int r0
-#define TILE_FN(TGT, NAME, IMPL, R, T) \
-    TGT static void NAME(TILE_ARGS) {  \
-        (void)m, (void)r0;             \
+#define TILE_FN(TGT, NAME, IMPL, R, T)        \
+    TGT static void NAME(TILE_ARGS) {         \
+        (void)m, (void)r0;                    \
         IMPL(y, ldy, w, cols, xp, ldx, R, T); \
     }
-#define DEF_TILES(TGT, KIND, IMPL, R_FULL, T_FULL)                                                         \
-    TILE_FN(TGT, KIND##_f1, IMPL, R_FULL, 1)                                                               \
-    TILE_FN(TGT, KIND##_f2, IMPL, R_FULL, 2)                                                               \
-    TILE_FN(TGT, KIND##_f3, IMPL, R_FULL, 3)                                                               \
-    TILE_FN(TGT, KIND##_f4, IMPL, R_FULL, 4)                                                               \
-    TILE_FN(TGT, KIND##_f5, IMPL, R_FULL, 5)                                                               \
-    TILE_FN(TGT, KIND##_f6, IMPL, R_FULL, 6)                                                               \
-    TILE_FN(TGT, KIND##_o1, IMPL, 1, 1)                                                                    \
-    TILE_FN(TGT, KIND##_o2, IMPL, 1, 2)                                                                    \
-    TILE_FN(TGT, KIND##_o3, IMPL, 1, 3)                                                                    \
-    TILE_FN(TGT, KIND##_o4, IMPL, 1, 4)                                                                    \
-    TILE_FN(TGT, KIND##_o5, IMPL, 1, 5)                                                                    \
-    TILE_FN(TGT, KIND##_o6, IMPL, 1, 6)                                                                    \
-    static const tiles KIND = {{NULL, KIND##_f1, KIND##_f2, KIND##_f3, KIND##_f4, KIND##_f5, KIND##_f6},   \
-                               {NULL, KIND##_o1, KIND##_o2, KIND##_o3, KIND##_o4, KIND##_o5, KIND##_o6},   \
-                               R_FULL, T_FULL};
+#define DEF_TILES(TGT, KIND, IMPL, R_FULL, T_FULL)                                                       \
+    TILE_FN(TGT, KIND##_f1, IMPL, R_FULL, 1)                                                             \
+    TILE_FN(TGT, KIND##_f2, IMPL, R_FULL, 2)                                                             \
+    TILE_FN(TGT, KIND##_f3, IMPL, R_FULL, 3)                                                             \
+    TILE_FN(TGT, KIND##_f4, IMPL, R_FULL, 4)                                                             \
+    TILE_FN(TGT, KIND##_f5, IMPL, R_FULL, 5)                                                             \
+    TILE_FN(TGT, KIND##_f6, IMPL, R_FULL, 6)                                                             \
+    TILE_FN(TGT, KIND##_o1, IMPL, 1, 1)                                                                  \
+    TILE_FN(TGT, KIND##_o2, IMPL, 1, 2)                                                                  \
+    TILE_FN(TGT, KIND##_o3, IMPL, 1, 3)                                                                  \
+    TILE_FN(TGT, KIND##_o4, IMPL, 1, 4)                                                                  \
+    TILE_FN(TGT, KIND##_o5, IMPL, 1, 5)                                                                  \
+    TILE_FN(TGT, KIND##_o6, IMPL, 1, 6)                                                                  \
+    static const tiles KIND = {{NULL, KIND##_f1, KIND##_f2, KIND##_f3, KIND##_f4, KIND##_f5, KIND##_f6}, \
+                               {NULL, KIND##_o1, KIND##_o2, KIND##_o3, KIND##_o4, KIND##_o5, KIND##_o6}, \
+                               R_FULL,                                                                   \
+                               T_FULL};
 
 /* ---- AVX-512 (float32 FMAs) --------------------------------------------------------------- */
 
@@ -169,8 +170,8 @@ TGT_AVX512 INLINE __m512 bf16_odd_512(__m512i v) {
  * so xp holds each 32-column block as [16 even | 16 odd] (bf16_perm). The raw weight vectors
  * stay live for the odd half, hence 5 tokens per tile (20 accumulators). */
 #define TB_BF16_512 5
-TGT_AVX512 INLINE void step_bf16_512(__m512 (*acc)[TB], const uint16_t *w, int cols, const float *xp, size_t ldx,
-                                     int c, __mmask32 m, const int R, const int T) {
+TGT_AVX512 INLINE void step_bf16_512(__m512 (*acc)[TB], const uint16_t *w, int cols, const float *xp, size_t ldx, int c,
+                                     __mmask32 m, const int R, const int T) {
     __m512i raw[RB];
     __m512 wr[RB];
 #pragma GCC unroll 8
@@ -232,8 +233,8 @@ TGT_AVX512 INLINE void step_w16_512(__m512 (*acc)[TB], const void *w, int cols, 
     }
 }
 
-TGT_AVX512 INLINE void tile_w16_512(float *y, int ldy, const void *w, int cols, const void *xv, size_t ldx,
-                                    const int R, const int T, const st_dtype dt) {
+TGT_AVX512 INLINE void tile_w16_512(float *y, int ldy, const void *w, int cols, const void *xv, size_t ldx, const int R,
+                                    const int T, const st_dtype dt) {
     const float *x = xv;
     __m512 acc[RB][TB];
 #pragma GCC unroll 8
@@ -266,14 +267,14 @@ static inline float step_scale(float scale, int *big) {
 TGT_AVX512 INLINE __m512 f8_dequant_512(const uint8_t *p, __mmask16 m, __m512 s, int big, __mmask16 *nan) {
     const __m128i raw = _mm_maskz_loadu_epi8(m, p);
     *nan |= _mm_cmpeq_epi8_mask(_mm_or_si128(raw, _mm_set1_epi8((char)0x80)), _mm_set1_epi8((char)0xff));
-    __m512 v = _mm512_castsi512_ps(_mm512_and_si512(_mm512_slli_epi32(_mm512_cvtepi8_epi32(raw), 20),
-                                                    _mm512_set1_epi32((int)0x87f00000u)));
+    __m512 v = _mm512_castsi512_ps(
+        _mm512_and_si512(_mm512_slli_epi32(_mm512_cvtepi8_epi32(raw), 20), _mm512_set1_epi32((int)0x87f00000u)));
     if (big) v = _mm512_mul_ps(v, _mm512_set1_ps(0x1p120f));
     return _mm512_mul_ps(v, s);
 }
 
-TGT_AVX512 INLINE void tile_f8_512(float *y, int ldy, const void *wv, int cols, const void *xv, size_t ldx,
-                                   const int R, const int T, const float *sc, int bcol) {
+TGT_AVX512 INLINE void tile_f8_512(float *y, int ldy, const void *wv, int cols, const void *xv, size_t ldx, const int R,
+                                   const int T, const float *sc, int bcol) {
     const uint8_t *w = wv;
     const float *x = xv;
     __m512 acc[RB][TB], s = _mm512_setzero_ps();
@@ -428,8 +429,8 @@ TGT_AVX512 int kn_argmax_avx512(const float *x, int n) {
 
 /* Up to 4 query rows against one key row at a time: each dot product takes dot_512's loads,
  * FMAs and reduction in the same order, so grouping never changes a result. */
-TGT_AVX512 INLINE void dot_rows_512(float *out, size_t ldo, const float *a, size_t lda, const float *b, size_t ldb, int m,
-                                    int n, const int NG) {
+TGT_AVX512 INLINE void dot_rows_512(float *out, size_t ldo, const float *a, size_t lda, const float *b, size_t ldb,
+                                    int m, int n, const int NG) {
     for (int j = 0; j < m; j++) {
         const float *bj = b + (size_t)j * ldb;
         __m512 s0[4], s1[4];
@@ -448,15 +449,16 @@ TGT_AVX512 INLINE void dot_rows_512(float *out, size_t ldo, const float *a, size
             const __mmask16 mk = n - i >= 16 ? 0xffff : (__mmask16)((1u << (n - i)) - 1);
             const __m512 b0 = _mm512_maskz_loadu_ps(mk, bj + i);
 #pragma GCC unroll 8
-            for (int g = 0; g < NG; g++) s0[g] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mk, a + (size_t)g * lda + i), b0, s0[g]);
+            for (int g = 0; g < NG; g++)
+                s0[g] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mk, a + (size_t)g * lda + i), b0, s0[g]);
         }
 #pragma GCC unroll 8
         for (int g = 0; g < NG; g++) out[(size_t)g * ldo + j] = _mm512_reduce_add_ps(_mm512_add_ps(s0[g], s1[g]));
     }
 }
 
-TGT_AVX512 void kn_dot_rows_avx512(float *out, size_t ldo, const float *a, size_t lda, int G, const float *b, size_t ldb,
-                                   int m, int n) {
+TGT_AVX512 void kn_dot_rows_avx512(float *out, size_t ldo, const float *a, size_t lda, int G, const float *b,
+                                   size_t ldb, int m, int n) {
     int g = 0;
     for (; g + 4 <= G; g += 4) dot_rows_512(out + (size_t)g * ldo, ldo, a + (size_t)g * lda, lda, b, ldb, m, n, 4);
     for (; g + 2 <= G; g += 2) dot_rows_512(out + (size_t)g * ldo, ldo, a + (size_t)g * lda, lda, b, ldb, m, n, 2);
@@ -466,8 +468,8 @@ TGT_AVX512 void kn_dot_rows_avx512(float *out, size_t ldo, const float *a, size_
 /* y_g += w_g[j] x_j over the rows in order for NG query rows, 16 * NV columns of each y_g held
  * in registers (NG * NV <= 16) while each x_j is loaded once: every element gets the same FMAs
  * in the same order as repeated kn_axpy_avx512 calls. */
-TGT_AVX512 INLINE void axpy_rows_512(float *y, size_t ldy, const float *w, size_t ldw, const float *x, size_t ldx, int m,
-                                     int n, const int NG, const int NV) {
+TGT_AVX512 INLINE void axpy_rows_512(float *y, size_t ldy, const float *w, size_t ldw, const float *x, size_t ldx,
+                                     int m, int n, const int NG, const int NV) {
     for (int c0 = 0; c0 < n; c0 += 16 * NV) {
         const int nv = (n - c0 + 15) / 16 < NV ? (n - c0 + 15) / 16 : NV;
         __m512 acc[4][8];
@@ -534,8 +536,8 @@ TGT_AVX512 void kn_axpy_avx512(float *y, float a, const float *x, int n) {
  * bf16 pairs in natural order in S parts of ldx/S each: with S = 3, hi, mid, lo with
  * x = hi + mid + lo to 2^-27 relative (float32 accuracy); with S = 1 (KN_ACT_BF16) x rounded
  * to bf16 once. acc += w.part for each part in turn (products exact, sums float32). */
-TGT_BF16 INLINE void step_bf16_dp(__m512 (*acc)[TB], const uint16_t *w, int cols, const uint16_t *xp, size_t ldx,
-                                  int c, __mmask32 m, const int R, const int T, const int S) {
+TGT_BF16 INLINE void step_bf16_dp(__m512 (*acc)[TB], const uint16_t *w, int cols, const uint16_t *xp, size_t ldx, int c,
+                                  __mmask32 m, const int R, const int T, const int S) {
     const size_t part = ldx / S;
     __m512bh wr[RB];
 #pragma GCC unroll 8
@@ -553,8 +555,8 @@ TGT_BF16 INLINE void step_bf16_dp(__m512 (*acc)[TB], const uint16_t *w, int cols
         }
 }
 
-TGT_BF16 INLINE void tile_bf16_dp(float *y, int ldy, const void *wv, int cols, const void *xv, size_t ldx,
-                                  const int R, const int T, const int S) {
+TGT_BF16 INLINE void tile_bf16_dp(float *y, int ldy, const void *wv, int cols, const void *xv, size_t ldx, const int R,
+                                  const int T, const int S) {
     const uint16_t *w = wv, *xp = xv;
     __m512 acc[RB][TB];
 #pragma GCC unroll 8
@@ -578,8 +580,8 @@ TGT_AVX512 INLINE __m256i f32_to_bf16_512(__m512 v) {
     const __m512i u = _mm512_castps_si512(v);
     const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
     __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7fff))), 16);
-    const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
-                                                  _mm512_set1_epi32(0x7f800000));
+    const __mmask16 nan =
+        _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
     r = _mm512_mask_or_epi32(r, nan, _mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
     return _mm512_cvtepi32_epi16(r);
 }
@@ -666,8 +668,8 @@ TGT_AVX2 INLINE void step_bf16_256(__m256 (*acc)[TB], const uint16_t *const *wp,
 }
 
 /* The tail of each row (< 16 columns) goes through a zero-padded copy. */
-TGT_AVX2 INLINE void tile_bf16_256(float *y, int ldy, const void *wv, int cols, const void *xv, size_t ldx,
-                                   const int R, const int T) {
+TGT_AVX2 INLINE void tile_bf16_256(float *y, int ldy, const void *wv, int cols, const void *xv, size_t ldx, const int R,
+                                   const int T) {
     const uint16_t *w = wv;
     const float *xp = xv;
     __m256 acc[RB2][TB];
@@ -715,8 +717,8 @@ TGT_AVX2 INLINE __m256 load8_256(const void *w, st_dtype dt, size_t off, int k) 
     return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)pad));
 }
 
-TGT_AVX2 INLINE void tile_w8_256(float *y, int ldy, const void *w, int cols, const void *xv, size_t ldx,
-                                 const int R, const int T, const st_dtype dt) {
+TGT_AVX2 INLINE void tile_w8_256(float *y, int ldy, const void *w, int cols, const void *xv, size_t ldx, const int R,
+                                 const int T, const st_dtype dt) {
     const float *x = xv;
     __m256 acc[RB2][TB];
 #pragma GCC unroll 8
@@ -749,18 +751,19 @@ TGT_AVX2 INLINE void tile_w8_256(float *y, int ldy, const void *w, int cols, con
 TGT_AVX2 INLINE __m256 f8_dequant_256(const uint8_t *p, int k, __m256 s, int big) {
     uint8_t pad[8] = {0};
     if (k < 8) memcpy(pad, p, (size_t)k), p = pad;
-    const __m256i bits = _mm256_and_si256(_mm256_slli_epi32(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)), 20),
-                                          _mm256_set1_epi32((int)0x87f00000u));
+    const __m256i bits =
+        _mm256_and_si256(_mm256_slli_epi32(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)), 20),
+                         _mm256_set1_epi32((int)0x87f00000u));
     __m256 v = _mm256_castsi256_ps(bits);
     if (big) v = _mm256_mul_ps(v, _mm256_set1_ps(0x1p120f));
     const __m256 w = _mm256_mul_ps(v, s);
-    const __m256i nan = _mm256_cmpeq_epi32(_mm256_and_si256(bits, _mm256_set1_epi32(0x7ff00000)),
-                                           _mm256_set1_epi32(0x07f00000));
+    const __m256i nan =
+        _mm256_cmpeq_epi32(_mm256_and_si256(bits, _mm256_set1_epi32(0x7ff00000)), _mm256_set1_epi32(0x07f00000));
     return _mm256_blendv_ps(w, _mm256_set1_ps(__builtin_nanf("")), _mm256_castsi256_ps(nan));
 }
 
-TGT_AVX2 INLINE void tile_f8_256(float *y, int ldy, const void *wv, int cols, const void *xv, size_t ldx,
-                                 const int R, const int T, const float *sc, int bcol) {
+TGT_AVX2 INLINE void tile_f8_256(float *y, int ldy, const void *wv, int cols, const void *xv, size_t ldx, const int R,
+                                 const int T, const float *sc, int bcol) {
     const uint8_t *w = wv;
     const float *x = xv;
     __m256 acc[RB2][TB], s = _mm256_setzero_ps();
@@ -865,15 +868,15 @@ TGT_AVX2 void kn_axpy_avx2(float *y, float a, const float *x, int n) {
 
 /* 12 independent accumulator chains: enough to cover the FMA / VDPBF16PS latency (4-6 cycles)
  * at two issues per cycle; each body applies OP to every chain in turn. */
-#define PEAK_LOOP(T, INIT, OP, REDUCE)                                                            \
-    T a0 = INIT(0), a1 = INIT(1), a2 = INIT(2), a3 = INIT(3), a4 = INIT(4), a5 = INIT(5), a6 = INIT(6), \
-      a7 = INIT(7), a8 = INIT(8), a9 = INIT(9), a10 = INIT(10), a11 = INIT(11); /* distinct: no chain merges */ \
-    for (long k = 0; k < iters; k++) {                                                            \
-        a0 = OP(a0), a1 = OP(a1), a2 = OP(a2), a3 = OP(a3), a4 = OP(a4), a5 = OP(a5);               \
-        a6 = OP(a6), a7 = OP(a7), a8 = OP(a8), a9 = OP(a9), a10 = OP(a10), a11 = OP(a11);          \
-    }                                                                                             \
-    return REDUCE(a0) + REDUCE(a1) + REDUCE(a2) + REDUCE(a3) + REDUCE(a4) + REDUCE(a5) + REDUCE(a6) + \
-           REDUCE(a7) + REDUCE(a8) + REDUCE(a9) + REDUCE(a10) + REDUCE(a11);
+#define PEAK_LOOP(T, INIT, OP, REDUCE)                                                                                \
+    T a0 = INIT(0), a1 = INIT(1), a2 = INIT(2), a3 = INIT(3), a4 = INIT(4), a5 = INIT(5), a6 = INIT(6), a7 = INIT(7), \
+      a8 = INIT(8), a9 = INIT(9), a10 = INIT(10), a11 = INIT(11); /* distinct: no chain merges */                     \
+    for (long k = 0; k < iters; k++) {                                                                                \
+        a0 = OP(a0), a1 = OP(a1), a2 = OP(a2), a3 = OP(a3), a4 = OP(a4), a5 = OP(a5);                                 \
+        a6 = OP(a6), a7 = OP(a7), a8 = OP(a8), a9 = OP(a9), a10 = OP(a10), a11 = OP(a11);                             \
+    }                                                                                                                 \
+    return REDUCE(a0) + REDUCE(a1) + REDUCE(a2) + REDUCE(a3) + REDUCE(a4) + REDUCE(a5) + REDUCE(a6) + REDUCE(a7) +    \
+           REDUCE(a8) + REDUCE(a9) + REDUCE(a10) + REDUCE(a11);
 
 #define INIT512(i) _mm512_set1_ps(0.01f * (i))
 #define INIT256(i) _mm256_set1_ps(0.01f * (i))

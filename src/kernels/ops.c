@@ -107,7 +107,8 @@ void kn_causal_conv_silu(float *x, int n, int C, int K, const float *w, float *s
             const float *src = parent[t] < 0 ? state : node_state + (size_t)parent[t] * win_sz;
             for (int j = 0; j < K - 1; j++) memcpy(win[j], src + (size_t)j * C + c0, row_bytes);
             kn_conv_silu(x + (size_t)t * C + c0, (size_t)C, 1, nc, K, wt[0], win[0]);
-            for (int j = 0; j < K - 1; j++) memcpy(node_state + (size_t)t * win_sz + (size_t)j * C + c0, win[j], row_bytes);
+            for (int j = 0; j < K - 1; j++)
+                memcpy(node_state + (size_t)t * win_sz + (size_t)j * C + c0, win[j], row_bytes);
         }
     }
 }

@@ -65,14 +65,15 @@ int drafter_open_checked(dfl_drafter *d, const char *dir, int n_target_layers, i
     if (config_load(&d->cfg, dir) != DFL_OK) goto fail;
     if (g->arch != DFL_ARCH_DFLASH) {
         dfl_seterr("%s: not a DFlash drafter (architectures lists neither DFlashDraftModel nor DFlash2DraftModel; "
-                   "model_type '%s')", dir,
-                   g->model_type);
+                   "model_type '%s')",
+                   dir, g->model_type);
         goto fail;
     }
     if (g->n_target_ids == 0) {
         if (n_target_layers <= 0) {
             dfl_seterr("%s: config has neither target_layer_ids nor num_target_layers; the default layer ids need "
-                       "the target's layer count", dir);
+                       "the target's layer count",
+                       dir);
             goto fail;
         }
         g->n_target_layers = n_target_layers;
@@ -100,7 +101,11 @@ int drafter_open_checked(dfl_drafter *d, const char *dir, int n_target_layers, i
         dfl_seterr("%s: out of memory", dir);
         goto fail;
     }
-    c = (ld_ctx){.st = &d->st, .where = dir, .used = d->used, .check_weights = check_weights, .layer = -1,
+    c = (ld_ctx){.st = &d->st,
+                 .where = dir,
+                 .used = d->used,
+                 .check_weights = check_weights,
+                 .layer = -1,
                  .n_layers = g->n_layers};
     char n[128];
     snprintf(n, sizeof n, "%sfc.weight", d->prefix);
@@ -143,8 +148,8 @@ void drafter_close(dfl_drafter *d) {
             dfl_dlayer_w *l = &d->layers[i];
             free(l->input_norm), free(l->post_norm), free(l->q_norm), free(l->k_norm);
             free(l->attn_conv_base), free(l->mlp_conv_base);
-            dfl_mat *mats[] = {&l->q_proj, &l->k_proj, &l->v_proj, &l->o_proj, &l->gate, &l->up, &l->down,
-                               &l->attn_conv_proj, &l->mlp_conv_proj};
+            dfl_mat *mats[] = {&l->q_proj, &l->k_proj, &l->v_proj,         &l->o_proj,       &l->gate,
+                               &l->up,     &l->down,   &l->attn_conv_proj, &l->mlp_conv_proj};
             for (size_t k = 0; k < sizeof mats / sizeof mats[0]; k++) ld_mat_free(mats[k]);
         }
         free(d->layers);
@@ -182,8 +187,10 @@ int drafter_check_target(const dfl_drafter *d, const dfl_model *t) {
 const char *drafter_target_warning(const dfl_drafter *d, const dfl_model *t, char *buf, size_t len) {
     const dfl_config *g = &d->cfg;
     if (!g->n_target_layers || g->n_target_layers == t->cfg.n_layers) return NULL;
-    snprintf(buf, len, "drafter %s: num_target_layers %d differs from the target's %d layers (the drafter was "
-             "trained on another target?)%s", d->dir, g->n_target_layers, t->cfg.n_layers,
+    snprintf(buf, len,
+             "drafter %s: num_target_layers %d differs from the target's %d layers (the drafter was "
+             "trained on another target?)%s",
+             d->dir, g->n_target_layers, t->cfg.n_layers,
              g->target_ids_default ? "; its default target_layer_ids follow num_target_layers" : "");
     return buf;
 }
@@ -225,10 +232,10 @@ static const char *effective_name(const dfl_drafter *d, int causal) {
 
 static void attn_describe(dfl_drafter *d) {
     const int c = d->cfg.causal, n = drafter_has_sliding(d);
-    const char *what = c == 1    ? "causal in every layer"
-                       : !n      ? "bidirectional in the block (no sliding layers)"
-                       : c == 0  ? "bidirectional in every layer (z-lab reference)"
-                                 : "sliding layers causal in the block (SpecForge/SGLang), full layers bidirectional";
+    const char *what = c == 1   ? "causal in every layer"
+                       : !n     ? "bidirectional in the block (no sliding layers)"
+                       : c == 0 ? "bidirectional in every layer (z-lab reference)"
+                                : "sliding layers causal in the block (SpecForge/SGLang), full layers bidirectional";
     const int cc = d->causal_config;
     char from[128];
     if (d->cfg.causal_field == DFL_CAUSAL_UNSET)
@@ -240,14 +247,14 @@ static void attn_describe(dfl_drafter *d) {
     if (d->causal_override)
         snprintf(d->attn_desc, sizeof d->attn_desc, "%s; set at run time (the config's: %s, %s)", what,
                  drafter_causal_name(cc), from);
-    else
-        snprintf(d->attn_desc, sizeof d->attn_desc, "%s; %s", what, from);
+    else snprintf(d->attn_desc, sizeof d->attn_desc, "%s; %s", what, from);
 }
 
 int drafter_set_causal(dfl_drafter *d, int causal) {
     if (causal < DFL_BLOCK_ATTN_AUTO || causal > DFL_BLOCK_ATTN_CAUSAL)
         return dfl_seterr("drafter %s: block attention %d: expected -2 (the config's), -1 (causal in sliding layers), "
-                          "0 (bidirectional) or 1 (causal)", d->dir, causal);
+                          "0 (bidirectional) or 1 (causal)",
+                          d->dir, causal);
     const int override = causal != DFL_BLOCK_ATTN_AUTO, c = override ? causal : d->causal_config;
     const dfl_config *g = &d->cfg;
     /* the config's check (config.c): a bidirectional window must hold the whole block */
@@ -255,7 +262,8 @@ int drafter_set_causal(dfl_drafter *d, int causal) {
         if (g->layer_types[i] == DFL_LAYER_SLIDING && g->sliding_window < g->block_size)
             return dfl_seterr("drafter %s: bidirectional block attention: sliding_window %d is smaller than block_size "
                               "%d in sliding_attention layer %d (the window would cut the block; use sliding-causal "
-                              "or causal)", d->dir, g->sliding_window, g->block_size, i);
+                              "or causal)",
+                              d->dir, g->sliding_window, g->block_size, i);
     d->cfg.causal = c;
     d->causal_override = override;
     attn_describe(d);
@@ -265,7 +273,8 @@ int drafter_set_causal(dfl_drafter *d, int causal) {
 const char *drafter_attn_semantics(const dfl_drafter *d) { return d->attn_desc; }
 
 void drafter_attn_json(FILE *f, const dfl_drafter *d) {
-    fprintf(f, "{\"mode\": \"%s\", \"effective\": \"%s\", \"source\": \"%s\", \"config\": \"%s\", "
+    fprintf(f,
+            "{\"mode\": \"%s\", \"effective\": \"%s\", \"source\": \"%s\", \"config\": \"%s\", "
             "\"sliding_layers\": %d, \"sliding_window\": %d, \"semantics\": ",
             drafter_causal_name(d->cfg.causal), effective_name(d, d->cfg.causal), drafter_causal_source(d),
             drafter_causal_name(d->causal_config), drafter_has_sliding(d), d->cfg.sliding_window);

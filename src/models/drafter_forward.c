@@ -137,19 +137,33 @@ static int draft_rows(dfl_drafter_state *s, const dscratch *w, const int32_t *an
             dflash2_conv(s, l->attn_conv_base, 0, s->xn, s->conv, B);
             ain = s->conv;
         }
-        kn_matmul_multi(3, (float *[]){w->q, w->kb, w->vb}, ain, (const dfl_mat *[]){&l->q_proj, &l->k_proj, &l->v_proj},
-                        R);
+        kn_matmul_multi(3, (float *[]){w->q, w->kb, w->vb}, ain,
+                        (const dfl_mat *[]){&l->q_proj, &l->k_proj, &l->v_proj}, R);
         for (int i = 0; i < R; i++) {
             norm_rope(s, w->q + (size_t)i * Hq * hd, Hq, l->q_norm, starts[i / B] + i % B);
             norm_rope(s, w->kb + (size_t)i * kv, Hkv, l->k_norm, starts[i / B] + i % B);
         }
         /* each block sees the context before its start and itself (a window in sliding layers,
          * up to the row in causal ones) */
-        const kn_attn_io a = {.n = R, .n_heads = Hq, .n_kv_heads = Hkv, .head_dim = hd, .q = w->q,
-                              .ldq = (size_t)Hq * hd, .ldqh = (size_t)hd, .out = w->att, .k = s->k_ctx[li],
-                              .v = s->v_ctx[li], .kb = w->kb, .vb = w->vb, .ldkv = (size_t)kv, .block = B,
-                              .starts = starts, .causal = causal, .window = sliding ? g->sliding_window : 0,
-                              .scores = s->scores, .ldsc = (size_t)s->max_ctx + s->max_block};
+        const kn_attn_io a = {.n = R,
+                              .n_heads = Hq,
+                              .n_kv_heads = Hkv,
+                              .head_dim = hd,
+                              .q = w->q,
+                              .ldq = (size_t)Hq * hd,
+                              .ldqh = (size_t)hd,
+                              .out = w->att,
+                              .k = s->k_ctx[li],
+                              .v = s->v_ctx[li],
+                              .kb = w->kb,
+                              .vb = w->vb,
+                              .ldkv = (size_t)kv,
+                              .block = B,
+                              .starts = starts,
+                              .causal = causal,
+                              .window = sliding ? g->sliding_window : 0,
+                              .scores = s->scores,
+                              .ldsc = (size_t)s->max_ctx + s->max_block};
         kn_attention(&a);
         kn_matmul(w->xn, w->att, &l->o_proj, R);
         const float *aout = w->xn;
@@ -188,7 +202,8 @@ static int draft_rows(dfl_drafter_state *s, const dscratch *w, const int32_t *an
         if (!isfinite(logits[i])) {
             const int row = (int)(i / (size_t)t->cfg.vocab), b = row / (B - 1), k = row % (B - 1);
             int bad = 0;
-            for (size_t j = (size_t)row * t->cfg.vocab; j < (size_t)(row + 1) * t->cfg.vocab; j++) bad += !isfinite(logits[j]);
+            for (size_t j = (size_t)row * t->cfg.vocab; j < (size_t)(row + 1) * t->cfg.vocab; j++)
+                bad += !isfinite(logits[j]);
             return dfl_seterr("drafter logits are not finite at block position %d (context position %d; %d of %d "
                               "values): the drafter holds NaN/Inf weights or its input features do; run dfl inspect "
                               "--check-weights %s",
@@ -213,8 +228,9 @@ static int batch_reserve(dfl_drafter_state *s, int rows) {
     const size_t H = g->hidden, qd = (size_t)g->n_heads * g->head_dim, kv = (size_t)g->n_kv_heads * g->head_dim;
     const size_t per = 2 * H + 2 * qd + 2 * kv + 2 * (size_t)g->intermediate;
     float *p = realloc(s->batch, (size_t)rows * per * sizeof(float));
-    if (!p) return dfl_seterr("out of memory for a batch of %d drafter rows (%.1f MiB)", rows,
-                              (double)rows * per * sizeof(float) / 1048576.0);
+    if (!p)
+        return dfl_seterr("out of memory for a batch of %d drafter rows (%.1f MiB)", rows,
+                          (double)rows * per * sizeof(float) / 1048576.0);
     s->bytes += (uint64_t)(rows - s->batch_rows) * per * sizeof(float);
     s->batch = p, s->batch_rows = rows;
     return DFL_OK;

@@ -64,7 +64,7 @@ uint64_t target_state_bytes(const dfl_model *m, int max_ctx, int max_batch, int 
             if (record) f += lin + (uint64_t)max_batch * (m->conv_dim + 2 * g->lin_v_heads);
         }
     }
-    f += (uint64_t)max_batch * scratch_per_token(m) + 2ull * g->n_experts + 1; /* + expert counts */
+    f += (uint64_t)max_batch * scratch_per_token(m) + 2ull * g->n_experts + 1;                  /* + expert counts */
     f += (uint64_t)omp_get_max_threads() * (g->n_heads / g->n_kv_heads) * max_ctx + g->rot_dim; /* scores */
     return f * sizeof(float);
 }
@@ -113,8 +113,8 @@ static int cpu_state_init(dfl_target_state *s, const dfl_model *m, int max_ctx, 
     s->rec_S0 = calloc((size_t)L, sizeof(float *));
     s->rec_qkv = calloc((size_t)L, sizeof(float *));
     s->rec_ab = calloc((size_t)L, sizeof(float *));
-    if (!s->k_cache || !s->v_cache || !s->conv_state || !s->rec_state || !s->rec_conv0 || !s->rec_S0 ||
-        !s->rec_qkv || !s->rec_ab)
+    if (!s->k_cache || !s->v_cache || !s->conv_state || !s->rec_state || !s->rec_conv0 || !s->rec_S0 || !s->rec_qkv ||
+        !s->rec_ab)
         goto oom;
     for (int i = 0; i < L; i++) {
         if (g->layer_types[i] == DFL_LAYER_FULL) {
@@ -205,7 +205,8 @@ static void attention_layer(dfl_target_state *s, int li, int n) {
     const int gated = g->attn_gate;
     const int qstride = Hq * hd * (gated ? 2 : 1), kvw = Hkv * hd, p0 = s->n_past;
     kn_rmsnorm_rows(s->xn, s->x, l->input_norm, n, H, g->rms_eps);
-    kn_matmul_multi(3, (float *[]){s->q, s->k, s->v}, s->xn, (const dfl_mat *[]){&l->q_proj, &l->k_proj, &l->v_proj}, n);
+    kn_matmul_multi(3, (float *[]){s->q, s->k, s->v}, s->xn, (const dfl_mat *[]){&l->q_proj, &l->k_proj, &l->v_proj},
+                    n);
     float *kc = s->k_cache[li], *vc = s->v_cache[li];
     /* per-head norms and rotation; the new keys/values then go into the cache */
     for (int t = 0; t < n; t++) {
@@ -217,12 +218,25 @@ static void attention_layer(dfl_target_state *s, int li, int n) {
     memcpy(kc + (size_t)p0 * kvw, s->k, (size_t)n * kvw * sizeof(float)); /* [n][kvw] rows at p0.. */
     memcpy(vc + (size_t)p0 * kvw, s->v, (size_t)n * kvw * sizeof(float));
     /* one causal block of n rows after the context; a tree sees only the node's ancestors */
-    const kn_attn_io a = {.n = n, .n_heads = Hq, .n_kv_heads = Hkv, .head_dim = hd, .q = s->q,
-                          .ldq = (size_t)qstride, .ldqh = (size_t)hd * (gated ? 2 : 1),
-                          .gate = gated ? s->q + hd : NULL, .out = s->att, .k = kc, .v = vc, .ldkv = (size_t)kvw,
-                          .block = n, .starts = &p0, .causal = 1,
-                          .tree = s->tree_parent ? s->tree_anc : NULL, .ldtree = (size_t)s->max_batch,
-                          .scores = s->scores, .ldsc = (size_t)s->max_ctx};
+    const kn_attn_io a = {.n = n,
+                          .n_heads = Hq,
+                          .n_kv_heads = Hkv,
+                          .head_dim = hd,
+                          .q = s->q,
+                          .ldq = (size_t)qstride,
+                          .ldqh = (size_t)hd * (gated ? 2 : 1),
+                          .gate = gated ? s->q + hd : NULL,
+                          .out = s->att,
+                          .k = kc,
+                          .v = vc,
+                          .ldkv = (size_t)kvw,
+                          .block = n,
+                          .starts = &p0,
+                          .causal = 1,
+                          .tree = s->tree_parent ? s->tree_anc : NULL,
+                          .ldtree = (size_t)s->max_batch,
+                          .scores = s->scores,
+                          .ldsc = (size_t)s->max_ctx};
     kn_attention(&a);
     kn_matmul(s->xn, s->att, &l->o_proj, n);
     kn_add(s->x, s->xn, (size_t)n * H);
@@ -262,9 +276,20 @@ static void gated_delta(const dfl_model *m, const dfl_layer_w *l, float *conv_st
                 memcpy(tree->leaf_qkv + (size_t)t * C, qkv + (size_t)t * C, (size_t)C * sizeof(float));
                 memcpy(tree->leaf_ab + (size_t)t * 2 * Hv, ab + (size_t)t * 2 * Hv, (size_t)2 * Hv * sizeof(float));
             }
-    const kn_gdn_heads_io io = {.n = n, .Hk = Hk, .Hv = Hv, .dk = dk, .dv = g->lin_v_dim, .qkv = qkv,
-                                .ld = (size_t)C, .ab = ab, .neg_exp_A = l->neg_exp_A, .dt_bias = l->dt_bias, .S = S,
-                                .S0 = S0c, .out = out, .chunked = !tree && out && n >= KN_GDN_CHUNK,
+    const kn_gdn_heads_io io = {.n = n,
+                                .Hk = Hk,
+                                .Hv = Hv,
+                                .dk = dk,
+                                .dv = g->lin_v_dim,
+                                .qkv = qkv,
+                                .ld = (size_t)C,
+                                .ab = ab,
+                                .neg_exp_A = l->neg_exp_A,
+                                .dt_bias = l->dt_bias,
+                                .S = S,
+                                .S0 = S0c,
+                                .out = out,
+                                .chunked = !tree && out && n >= KN_GDN_CHUNK,
                                 .tree = tree ? &tree->gdn : NULL};
     kn_gdn_heads(&io);
 }
@@ -294,13 +319,15 @@ static void linear_layer(dfl_target_state *s, int li, int n) {
         memcpy(s->rec_qkv[li], s->q, (size_t)n * C * sizeof(float));
         memcpy(s->rec_ab[li], s->ab, (size_t)n * 2 * Hv * sizeof(float));
     }
-    lin_tree tree = {.gdn = {.parent = s->tree_parent, .node_S = s->tree_S ? s->tree_S[li] : NULL,
-                             .kept = s->tree_kept, .scratch = s->tree_scratch, .threads = s->tree_threads},
+    lin_tree tree = {.gdn = {.parent = s->tree_parent,
+                             .node_S = s->tree_S ? s->tree_S[li] : NULL,
+                             .kept = s->tree_kept,
+                             .scratch = s->tree_scratch,
+                             .threads = s->tree_threads},
                      .node_conv = s->tree_conv ? s->tree_conv[li] : NULL,
                      .leaf_qkv = s->tree_qkv ? s->tree_qkv[li] : NULL,
                      .leaf_ab = s->tree_ab ? s->tree_ab[li] : NULL};
-    gated_delta(m, l, s->conv_state[li], s->rec_state[li], S0, s->q, s->ab, n, s->att,
-                s->tree_parent ? &tree : NULL);
+    gated_delta(m, l, s->conv_state[li], s->rec_state[li], S0, s->q, s->ab, n, s->att, s->tree_parent ? &tree : NULL);
     /* gated RMSNorm per (token, value head): w * norm(o) * silu(z), into z */
     kn_rmsnorm_rows(s->att, s->att, l->gnorm, n * Hv, dv, g->rms_eps);
     kn_swiglu_par(s->z, s->att, (size_t)n * Hv * dv);
@@ -468,7 +495,6 @@ static int cpu_rollback(dfl_target_state *s, int keep) {
     return DFL_OK;
 }
 
-
 static int cpu_enable_tree(dfl_target_state *s, int max_nodes) {
     const dfl_model *m = s->m;
     const dfl_config *g = &m->cfg;
@@ -572,9 +598,17 @@ static void tree_leaf_state(dfl_target_state *s, int li, int node) {
     const int C = m->conv_dim, Hk = g->lin_k_heads, Hv = g->lin_v_heads, dk = g->lin_k_dim, dv = g->lin_v_dim;
     const int p = s->tree_par[node];
     const size_t HS = (size_t)Hv * dk * dv;
-    const kn_gdn_heads_io io = {.n = 1, .Hk = Hk, .Hv = Hv, .dk = dk, .dv = dv, .qkv = s->tree_qkv[li] + (size_t)node * C,
-                                .ld = (size_t)C, .ab = s->tree_ab[li] + (size_t)node * 2 * Hv,
-                                .neg_exp_A = l->neg_exp_A, .dt_bias = l->dt_bias, .S = s->rec_state[li],
+    const kn_gdn_heads_io io = {.n = 1,
+                                .Hk = Hk,
+                                .Hv = Hv,
+                                .dk = dk,
+                                .dv = dv,
+                                .qkv = s->tree_qkv[li] + (size_t)node * C,
+                                .ld = (size_t)C,
+                                .ab = s->tree_ab[li] + (size_t)node * 2 * Hv,
+                                .neg_exp_A = l->neg_exp_A,
+                                .dt_bias = l->dt_bias,
+                                .S = s->rec_state[li],
                                 .S0 = p < 0 ? NULL : s->tree_S[li] + (size_t)p * HS};
     kn_gdn_heads(&io);
 }

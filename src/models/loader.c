@@ -77,9 +77,10 @@ static int scan_tensor(ld_ctx *c, const st_tensor *t) {
         snprintf(pos, sizeof pos, " (row %lld, column %lld)", (long long)(first / t->shape[1]),
                  (long long)(first % t->shape[1]));
     char one[768];
-    snprintf(one, sizeof one, "%s'%s': %lld non-finite value%s (%lld NaN, %lld Inf) of %lld, first at element %lld%s, in %s",
-             c->n_bad ? "; " : "", t->name, (long long)(nan + inf), nan + inf == 1 ? "" : "s", (long long)nan, (long long)inf,
-             (long long)t->numel, (long long)first, pos, file_of(c, t));
+    snprintf(one, sizeof one,
+             "%s'%s': %lld non-finite value%s (%lld NaN, %lld Inf) of %lld, first at element %lld%s, in %s",
+             c->n_bad ? "; " : "", t->name, (long long)(nan + inf), nan + inf == 1 ? "" : "s", (long long)nan,
+             (long long)inf, (long long)t->numel, (long long)first, pos, file_of(c, t));
     c->n_bad++;
     const size_t len = strlen(one), room = sizeof c->bad - c->bad_len;
     if (len < room - 32) {
@@ -134,14 +135,17 @@ static int bind_scales(ld_ctx *c, const st_tensor *t, dfl_mat *out) {
     snprintf(module, sizeof module, "%.*s", (int)(len - 7), t->name);
     if (quant_module_excluded(q, module))
         return dfl_seterr("%s: tensor '%s' has dtype F8_E4M3 but %s/config.json lists module '%s' in "
-                          "quantization_config.modules_to_not_convert", file_of(c, t), t->name, c->where, module);
+                          "quantization_config.modules_to_not_convert",
+                          file_of(c, t), t->name, c->where, module);
     snprintf(sname, sizeof sname, "%s_scale_inv", t->name);
     const int64_t srows = ((int64_t)out->rows + q->block_rows - 1) / q->block_rows;
     const int64_t scols = ((int64_t)out->cols + q->block_cols - 1) / q->block_cols;
     char why[256];
-    snprintf(why, sizeof why, "the block scales of F8_E4M3 '%s' [%d, %d]: ceil(%d / %d), ceil(%d / %d) with %s/config.json "
-             "quantization_config.weight_block_size [%d, %d]", t->name, out->rows, out->cols, out->rows, q->block_rows,
-             out->cols, q->block_cols, c->where, q->block_rows, q->block_cols);
+    snprintf(why, sizeof why,
+             "the block scales of F8_E4M3 '%s' [%d, %d]: ceil(%d / %d), ceil(%d / %d) with %s/config.json "
+             "quantization_config.weight_block_size [%d, %d]",
+             t->name, out->rows, out->cols, out->rows, q->block_rows, out->cols, q->block_cols, c->where, q->block_rows,
+             q->block_cols);
     const st_tensor *s = st_find(c->st, sname);
     if (!s)
         return dfl_seterr("%s: missing tensor '%s' (expected shape [%lld, %lld], F32 or BF16: %s)", c->where, sname,
@@ -202,7 +206,8 @@ float *ld_vec(ld_ctx *c, const char *name, int nd, const int64_t *shape, float a
     if (!t) return NULL;
     if (t->dtype == ST_F8_E4M3) {
         dfl_seterr("%s: tensor '%s' has dtype F8_E4M3; FP8 checkpoints quantize linear weights only (norms, "
-                   "conv1d, A_log, dt_bias stay F32, F16 or BF16)", file_of(c, t), name);
+                   "conv1d, A_log, dt_bias stay F32, F16 or BF16)",
+                   file_of(c, t), name);
         return NULL;
     }
     float *v = malloc((size_t)t->numel * sizeof(float) + 1);
@@ -260,9 +265,9 @@ int ld_mlp(ld_ctx *c, const char *pre, int H, int I, dfl_mat *gate, dfl_mat *up,
 void ld_layer_free(dfl_layer_w *l, int n_experts) {
     free(l->input_norm), free(l->post_norm), free(l->q_norm), free(l->k_norm);
     free(l->conv_w), free(l->neg_exp_A), free(l->dt_bias), free(l->gnorm);
-    dfl_mat *mats[] = {&l->q_proj, &l->k_proj, &l->v_proj,   &l->o_proj, &l->in_qkv, &l->in_z,    &l->in_b,
-                       &l->in_a,   &l->out_proj, &l->gate,   &l->up,     &l->down,   &l->router,  &l->sh_gate,
-                       &l->sh_up,  &l->sh_down,  &l->sh_score};
+    dfl_mat *mats[] = {&l->q_proj, &l->k_proj,  &l->v_proj,   &l->o_proj,  &l->in_qkv,  &l->in_z,
+                       &l->in_b,   &l->in_a,    &l->out_proj, &l->gate,    &l->up,      &l->down,
+                       &l->router, &l->sh_gate, &l->sh_up,    &l->sh_down, &l->sh_score};
     for (size_t k = 0; k < sizeof mats / sizeof mats[0]; k++) ld_mat_free(mats[k]);
     for (int e = 0; l->exp_gate && l->exp_up && l->exp_down && e < n_experts; e++)
         ld_mat_free(&l->exp_gate[e]), ld_mat_free(&l->exp_up[e]), ld_mat_free(&l->exp_down[e]);

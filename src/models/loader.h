@@ -17,7 +17,7 @@ typedef struct ld_ctx {
     /* where the next tensor's expected shape comes from ("vocab_size 1024, hidden_size 64"),
      * named in its shape / missing message; set with ld_why, cleared by every bind */
     char why[256];
-    int layer, n_layers;    /* the decoder layer being bound (-1: none), for missing tensors */
+    int layer, n_layers; /* the decoder layer being bound (-1: none), for missing tensors */
     /* --check-weights findings */
     int n_bad;
     size_t bad_len;

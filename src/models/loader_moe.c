@@ -17,15 +17,17 @@ static int bind_fused_experts(const dfl_config *g, ld_ctx *c, dfl_layer_w *l, co
     const int64_t shapes[2][3] = {{E, 2 * (int64_t)Ie, H}, {E, H, Ie}};
     static const char *const names[2] = {"gate_up_proj", "down_proj"};
     for (int k = 0; k < 2; k++) {
-        ld_why(c, k ? "num_experts %d, hidden_size %d, moe_intermediate_size %d"
-                    : "num_experts %d, 2 x moe_intermediate_size %d (gate | up), hidden_size %d",
+        ld_why(c,
+               k ? "num_experts %d, hidden_size %d, moe_intermediate_size %d"
+                 : "num_experts %d, 2 x moe_intermediate_size %d (gate | up), hidden_size %d",
                E, k ? H : Ie, k ? Ie : H);
         snprintf(n, sizeof n, "%smlp.experts.%s", pre, names[k]);
         if (!(t[k] = ld_tensor(c, n, 3, shapes[k]))) return DFL_ERR;
         /* views carry no per-block scales: quantized fused experts would read as plain numbers */
         if (t[k]->dtype != ST_F32 && t[k]->dtype != ST_F16 && t[k]->dtype != ST_BF16)
             return dfl_seterr("%s: fused expert tensor '%s' has dtype %s; fused experts are read as F32, F16 or BF16 "
-                              "(quantized experts: stored per expert)", c->where, n, st_dtype_name(t[k]->dtype));
+                              "(quantized experts: stored per expert)",
+                              c->where, n, st_dtype_name(t[k]->dtype));
     }
     const unsigned char *base[2];
     size_t off = 0;
@@ -50,12 +52,12 @@ static int bind_fused_experts(const dfl_config *g, ld_ctx *c, dfl_layer_w *l, co
     const size_t es0 = st_dtype_size(t[0]->dtype), es1 = st_dtype_size(t[1]->dtype);
     for (int e = 0; e < E; e++) {
         const size_t mat = (size_t)Ie * H;
-        l->exp_gate[e] = (dfl_mat){.dtype = t[0]->dtype, .data = base[0] + (2 * (size_t)e) * mat * es0, .rows = Ie,
-                                   .cols = H};
-        l->exp_up[e] = (dfl_mat){.dtype = t[0]->dtype, .data = base[0] + (2 * (size_t)e + 1) * mat * es0, .rows = Ie,
-                                 .cols = H};
-        l->exp_down[e] = (dfl_mat){.dtype = t[1]->dtype, .data = base[1] + (size_t)e * mat * es1, .rows = H,
-                                   .cols = Ie};
+        l->exp_gate[e] =
+            (dfl_mat){.dtype = t[0]->dtype, .data = base[0] + (2 * (size_t)e) * mat * es0, .rows = Ie, .cols = H};
+        l->exp_up[e] =
+            (dfl_mat){.dtype = t[0]->dtype, .data = base[0] + (2 * (size_t)e + 1) * mat * es0, .rows = Ie, .cols = H};
+        l->exp_down[e] =
+            (dfl_mat){.dtype = t[1]->dtype, .data = base[1] + (size_t)e * mat * es1, .rows = H, .cols = Ie};
     }
     l->exp_fused = 1;
     return DFL_OK;

@@ -19,7 +19,7 @@ const char *const dfl_text_prefixes[] = {
     NULL,
 };
 
-static const char *const vision_prefixes[] = {"model.visual.", "visual.", "model.vision_tower.", "vision_tower.",
+static const char *const vision_prefixes[] = {"model.visual.",       "visual.", "model.vision_tower.", "vision_tower.",
                                               "model.vision_model.", NULL};
 
 const char *model_layout_name(dfl_layout l) {
@@ -151,8 +151,13 @@ int model_open(dfl_model *m, const char *dir, int check_weights) {
         dfl_seterr("%s: out of memory", dir);
         goto fail;
     }
-    c = (ld_ctx){.st = &m->st, .where = dir, .used = m->used, .check_weights = check_weights, .quant = &m->quant,
-                 .layer = -1, .n_layers = g->n_layers};
+    c = (ld_ctx){.st = &m->st,
+                 .where = dir,
+                 .used = m->used,
+                 .check_weights = check_weights,
+                 .quant = &m->quant,
+                 .layer = -1,
+                 .n_layers = g->n_layers};
     char n[256];
     snprintf(n, sizeof n, "%sembed_tokens.weight", m->prefix);
     ld_why(&c, "vocab_size %d, hidden_size %d", g->vocab, g->hidden);

@@ -36,7 +36,8 @@ static int check_config(const dfl_config *g, const dfl_config *tc, const char *d
     char msg[1024] = "";
     size_t k = 0;
 #define WHY(...) (k += (size_t)snprintf(msg + k, k < sizeof msg ? sizeof msg - k : 0, __VA_ARGS__))
-    if (g->arch != DFL_ARCH_QWEN3_5) WHY("; model_type '%s' has no MTP head (qwen3_5 / qwen3_5_text do)", g->model_type);
+    if (g->arch != DFL_ARCH_QWEN3_5)
+        WHY("; model_type '%s' has no MTP head (qwen3_5 / qwen3_5_text do)", g->model_type);
     if (g->hidden != tc->hidden) WHY("; hidden_size %d != target's %d", g->hidden, tc->hidden);
     if (g->vocab != tc->vocab) WHY("; vocab_size %d != target's %d", g->vocab, tc->vocab);
     if (g->n_heads != tc->n_heads || g->n_kv_heads != tc->n_kv_heads || g->head_dim != tc->head_dim)
@@ -63,12 +64,14 @@ int mtp_open(dfl_mtp *h, const char *dir, const dfl_model *t, int check_weights)
     if (st_open_dir(&h->st, dir) != DFL_OK) goto fail;
     if (!(h->n_tensors = mtp_count_tensors(&h->st))) {
         dfl_seterr("%s has no MTP head: no mtp.* tensors in its checkpoint (a text-only export drops them; the "
-                   "released vision-language checkpoint carries them: --drafter VLM_DIR:mtp)", dir);
+                   "released vision-language checkpoint carries them: --drafter VLM_DIR:mtp)",
+                   dir);
         goto fail;
     }
     if (g.mtp_layers != 1) {
         dfl_seterr("%s: mtp_num_hidden_layers is %d; dfl runs MTP heads of one layer (as every released Qwen3.5/3.6 "
-                   "checkpoint has)", dir, g.mtp_layers);
+                   "checkpoint has)",
+                   dir, g.mtp_layers);
         goto fail;
     }
     h->used = calloc((size_t)h->st.n_tensors + 1, 1);
@@ -79,8 +82,8 @@ int mtp_open(dfl_mtp *h, const char *dir, const dfl_model *t, int check_weights)
     H = g.hidden;
     h->cfg = g;
     if (quant_load(&h->quant, dir) != DFL_OK) goto fail;
-    c = (ld_ctx){.st = &h->st, .where = dir, .used = h->used, .check_weights = check_weights, .quant = &h->quant,
-                 .layer = -1};
+    c = (ld_ctx){
+        .st = &h->st, .where = dir, .used = h->used, .check_weights = check_weights, .quant = &h->quant, .layer = -1};
     l->type = DFL_LAYER_FULL;
     ld_why(&c, "hidden_size %d", H);
     if (!(h->norm_emb = ld_vec1(&c, MTP_PREFIX "pre_fc_norm_embedding.weight", H, 1.0f))) goto fail;

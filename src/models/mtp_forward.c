@@ -104,10 +104,22 @@ static void step_out(dfl_mtp_state *s, int pos, float *out) {
     const int H = g->hidden, hd = g->head_dim, Hq = g->n_heads, kvw = g->n_kv_heads * hd;
     norm_rope(s, s->q, Hq, (size_t)2 * hd, l->q_norm, pos);
     /* one causal row at pos; each head's q_proj rows are [query | output gate] */
-    const kn_attn_io a = {.n = 1, .n_heads = Hq, .n_kv_heads = g->n_kv_heads, .head_dim = hd, .q = s->q,
-                          .ldqh = (size_t)2 * hd, .gate = s->q + hd, .out = s->att, .k = s->k_cache,
-                          .v = s->v_cache, .ldkv = (size_t)kvw, .block = 1, .starts = &pos, .causal = 1,
-                          .scores = s->scores, .ldsc = (size_t)s->max_ctx + s->max_block};
+    const kn_attn_io a = {.n = 1,
+                          .n_heads = Hq,
+                          .n_kv_heads = g->n_kv_heads,
+                          .head_dim = hd,
+                          .q = s->q,
+                          .ldqh = (size_t)2 * hd,
+                          .gate = s->q + hd,
+                          .out = s->att,
+                          .k = s->k_cache,
+                          .v = s->v_cache,
+                          .ldkv = (size_t)kvw,
+                          .block = 1,
+                          .starts = &pos,
+                          .causal = 1,
+                          .scores = s->scores,
+                          .ldsc = (size_t)s->max_ctx + s->max_block};
     kn_attention(&a);
     kn_matmul(s->xn, s->att, &l->o_proj, 1);
     kn_add(s->x, s->xn, (size_t)H);
@@ -153,7 +165,8 @@ int mtp_draft(dfl_mtp_state *s, int32_t anchor, int B, float *logits) {
     const int H = t->cfg.hidden, V = t->cfg.vocab;
     if (B < 2 || B > s->max_block) return dfl_seterr("draft block of %d: must be in [2, %d]", B, s->max_block);
     if (anchor < 0 || anchor >= V) return dfl_seterr("anchor token %d outside the vocabulary", anchor);
-    if (s->n_ctx < 1) return dfl_seterr("MTP draft: no committed position (the anchor needs the hidden state before it)");
+    if (s->n_ctx < 1)
+        return dfl_seterr("MTP draft: no committed position (the anchor needs the hidden state before it)");
     if (s->n_ctx - 1 + B - 1 > s->max_ctx)
         return dfl_seterr("MTP draft: %d steps from position %d exceed the context of %d", B - 1, s->n_ctx - 1,
                           s->max_ctx);
@@ -186,6 +199,11 @@ static int if_len(void *ctx) { return ((dfl_mtp_state *)ctx)->n_ctx; }
 static void if_reset(void *ctx) { mtp_state_reset(ctx); }
 
 dfl_draft_if mtp_drafter_if(dfl_mtp_state *s) {
-    return (dfl_draft_if){.ctx = s, .add_context = if_add, .draft = if_draft, .context_len = if_len, .reset = if_reset,
-                          .feature_layers = &s->feature_layer, .n_feature_layers = 1};
+    return (dfl_draft_if){.ctx = s,
+                          .add_context = if_add,
+                          .draft = if_draft,
+                          .context_len = if_len,
+                          .reset = if_reset,
+                          .feature_layers = &s->feature_layer,
+                          .n_feature_layers = 1};
 }

@@ -51,7 +51,8 @@ int target_state_rollback_costs(dfl_target_state *s, int B, int reps, dfl_rollba
         }
         const double t_save = dfl_now() - t0;
         t0 = dfl_now();
-        for (int l = 0; l < n_lin; l++) memcpy(back, snap + ((size_t)l * B + B / 2) * (conv + S), (conv + S) * sizeof(float));
+        for (int l = 0; l < n_lin; l++)
+            memcpy(back, snap + ((size_t)l * B + B / 2) * (conv + S), (conv + S) * sizeof(float));
         const double t_restore = dfl_now() - t0;
         if (rep > 0) {
             rec_best = t_rec < rec_best ? t_rec : rec_best;

@@ -102,8 +102,8 @@ static int get_ids(const cJSON *arr, const char *param, int vocab, int32_t **ids
     for (cJSON *x = arr->child; x; x = x->next, i++) {
         if (!cJSON_IsNumber(x) || x->valuedouble != floor(x->valuedouble) || x->valuedouble < 0 ||
             x->valuedouble >= vocab) {
-            api_seterr(e, 400, param, "'%s' must hold token ids, integers in [0, %d); element %d is not", param,
-                       vocab, i);
+            api_seterr(e, 400, param, "'%s' must hold token ids, integers in [0, %d); element %d is not", param, vocab,
+                       i);
             free(v);
             return -1;
         }
@@ -284,8 +284,13 @@ static int parse_stop(const cJSON *obj, const char *param, job *j, api_err *e) {
  * else, unknown fields included, is refused with 400 naming the field: no request silently gets
  * another output than it asked for. docs/serve.md lists the fields. */
 
-enum { ON_CMPL = 1, ON_CHAT = 2, ON_GEN = 4 /* /generate's top level */, ON_SP = 8 /* its sampling_params */,
-       ON_OAI = ON_CMPL | ON_CHAT };
+enum {
+    ON_CMPL = 1,
+    ON_CHAT = 2,
+    ON_GEN = 4 /* /generate's top level */,
+    ON_SP = 8 /* its sampling_params */,
+    ON_OAI = ON_CMPL | ON_CHAT
+};
 
 typedef enum fkind {
     F_PARSED,    /* implemented, or metadata: parsed (or ignored) elsewhere */
@@ -301,7 +306,7 @@ typedef enum fkind {
 
 typedef struct field_rule {
     const char *name;
-    unsigned on;        /* where the field exists */
+    unsigned on; /* where the field exists */
     fkind kind;
     double neutral;
     int sampling_only;
@@ -310,34 +315,53 @@ typedef struct field_rule {
 
 static const field_rule field_rules[] = {
     /* implemented */
-    {"prompt", ON_CMPL, F_PARSED, 0, 0, NULL}, {"messages", ON_CHAT, F_PARSED, 0, 0, NULL},
-    {"text", ON_GEN, F_PARSED, 0, 0, NULL}, {"input_ids", ON_GEN, F_PARSED, 0, 0, NULL},
+    {"prompt", ON_CMPL, F_PARSED, 0, 0, NULL},
+    {"messages", ON_CHAT, F_PARSED, 0, 0, NULL},
+    {"text", ON_GEN, F_PARSED, 0, 0, NULL},
+    {"input_ids", ON_GEN, F_PARSED, 0, 0, NULL},
     {"sampling_params", ON_GEN, F_PARSED, 0, 0, NULL},
-    {"max_tokens", ON_OAI, F_PARSED, 0, 0, NULL}, {"max_completion_tokens", ON_CHAT, F_PARSED, 0, 0, NULL},
+    {"max_tokens", ON_OAI, F_PARSED, 0, 0, NULL},
+    {"max_completion_tokens", ON_CHAT, F_PARSED, 0, 0, NULL},
     {"max_new_tokens", ON_SP, F_PARSED, 0, 0, NULL},
-    {"temperature", ON_OAI | ON_SP, F_PARSED, 0, 0, NULL}, {"top_p", ON_OAI | ON_SP, F_PARSED, 0, 0, NULL},
-    {"top_k", ON_OAI | ON_SP, F_PARSED, 0, 0, NULL}, {"seed", ON_OAI | ON_SP, F_PARSED, 0, 0, NULL},
-    {"sampling_seed", ON_SP, F_PARSED, 0, 0, NULL}, {"stop", ON_OAI | ON_SP, F_PARSED, 0, 0, NULL},
-    {"ignore_eos", ON_OAI | ON_SP, F_PARSED, 0, 0, NULL}, {"stream", ON_OAI | ON_GEN, F_PARSED, 0, 0, NULL},
-    {"stream_options", ON_OAI, F_PARSED, 0, 0, NULL}, {"logprobs", ON_OAI, F_PARSED, 0, 0, NULL},
-    {"echo", ON_CMPL, F_PARSED, 0, 0, NULL}, {"top_logprobs", ON_CHAT, F_PARSED, 0, 0, NULL},
+    {"temperature", ON_OAI | ON_SP, F_PARSED, 0, 0, NULL},
+    {"top_p", ON_OAI | ON_SP, F_PARSED, 0, 0, NULL},
+    {"top_k", ON_OAI | ON_SP, F_PARSED, 0, 0, NULL},
+    {"seed", ON_OAI | ON_SP, F_PARSED, 0, 0, NULL},
+    {"sampling_seed", ON_SP, F_PARSED, 0, 0, NULL},
+    {"stop", ON_OAI | ON_SP, F_PARSED, 0, 0, NULL},
+    {"ignore_eos", ON_OAI | ON_SP, F_PARSED, 0, 0, NULL},
+    {"stream", ON_OAI | ON_GEN, F_PARSED, 0, 0, NULL},
+    {"stream_options", ON_OAI, F_PARSED, 0, 0, NULL},
+    {"logprobs", ON_OAI, F_PARSED, 0, 0, NULL},
+    {"echo", ON_CMPL, F_PARSED, 0, 0, NULL},
+    {"top_logprobs", ON_CHAT, F_PARSED, 0, 0, NULL},
     {"chat_template_kwargs", ON_CHAT, F_PARSED, 0, 0, NULL},
     /* metadata; vLLM's return_token_ids: dfl always returns token_ids */
-    {"model", ON_OAI, F_PARSED, 0, 0, NULL}, {"user", ON_OAI, F_PARSED, 0, 0, NULL},
+    {"model", ON_OAI, F_PARSED, 0, 0, NULL},
+    {"user", ON_OAI, F_PARSED, 0, 0, NULL},
     {"return_token_ids", ON_OAI, F_BOOL, 0, 0, NULL},
     /* not implemented: accepted as no-ops only */
-    {"n", ON_OAI | ON_SP, F_NUM, 1, 0, NULL}, {"best_of", ON_CMPL, F_NUM, 1, 0, NULL},
-    {"min_p", ON_OAI | ON_SP, F_NUM, 0, 1, NULL}, {"presence_penalty", ON_OAI | ON_SP, F_NUM, 0, 0, NULL},
+    {"n", ON_OAI | ON_SP, F_NUM, 1, 0, NULL},
+    {"best_of", ON_CMPL, F_NUM, 1, 0, NULL},
+    {"min_p", ON_OAI | ON_SP, F_NUM, 0, 1, NULL},
+    {"presence_penalty", ON_OAI | ON_SP, F_NUM, 0, 0, NULL},
     {"frequency_penalty", ON_OAI | ON_SP, F_NUM, 0, 0, NULL},
-    {"repetition_penalty", ON_OAI | ON_SP, F_NUM, 1, 0, NULL}, {"min_tokens", ON_OAI, F_NUM, 0, 0, NULL},
-    {"min_new_tokens", ON_SP, F_NUM, 0, 0, NULL}, {"logit_bias", ON_OAI, F_EMPTY_OBJ, 0, 0, NULL},
+    {"repetition_penalty", ON_OAI | ON_SP, F_NUM, 1, 0, NULL},
+    {"min_tokens", ON_OAI, F_NUM, 0, 0, NULL},
+    {"min_new_tokens", ON_SP, F_NUM, 0, 0, NULL},
+    {"logit_bias", ON_OAI, F_EMPTY_OBJ, 0, 0, NULL},
     {"stop_token_ids", ON_OAI | ON_SP, F_EMPTY_ARR, 0, 0, NULL},
     {"skip_special_tokens", ON_OAI | ON_SP, F_TRUE, 0, 0, NULL},
-    {"include_stop_str_in_output", ON_OAI, F_FALSE, 0, 0, NULL}, {"suffix", ON_CMPL, F_STR, 0, 0, ""},
-    {"echo", ON_CHAT, F_FALSE, 0, 0, NULL}, {"return_logprob", ON_GEN, F_FALSE, 0, 0, NULL},
-    {"response_format", ON_CHAT, F_TEXT_FMT, 0, 0, NULL}, {"tools", ON_CHAT, F_EMPTY_ARR, 0, 0, NULL},
-    {"functions", ON_CHAT, F_EMPTY_ARR, 0, 0, NULL}, {"tool_choice", ON_CHAT, F_STR, 0, 0, "none"},
-    {"function_call", ON_CHAT, F_STR, 0, 0, "none"}, {"parallel_tool_calls", ON_CHAT, F_BOOL, 0, 0, NULL},
+    {"include_stop_str_in_output", ON_OAI, F_FALSE, 0, 0, NULL},
+    {"suffix", ON_CMPL, F_STR, 0, 0, ""},
+    {"echo", ON_CHAT, F_FALSE, 0, 0, NULL},
+    {"return_logprob", ON_GEN, F_FALSE, 0, 0, NULL},
+    {"response_format", ON_CHAT, F_TEXT_FMT, 0, 0, NULL},
+    {"tools", ON_CHAT, F_EMPTY_ARR, 0, 0, NULL},
+    {"functions", ON_CHAT, F_EMPTY_ARR, 0, 0, NULL},
+    {"tool_choice", ON_CHAT, F_STR, 0, 0, "none"},
+    {"function_call", ON_CHAT, F_STR, 0, 0, "none"},
+    {"parallel_tool_calls", ON_CHAT, F_BOOL, 0, 0, NULL},
 };
 
 static const char *kind_accepts(const field_rule *r, char *b, size_t n) {
@@ -387,14 +411,17 @@ static int check_fields(const cJSON *obj, unsigned where, const char *prefix, in
             if ((field_rules[i].on & where) && strcmp(field_rules[i].name, v->string) == 0) r = &field_rules[i];
         snprintf(param, sizeof param, "%s%s", prefix, v->string);
         if (!r) {
-            api_seterr(e, 400, param, "'%s' is not supported on %s (not a field dfl serve implements; docs/serve.md, "
-                       "\"Request fields\", lists them)", param, ep_path(ep));
+            api_seterr(e, 400, param,
+                       "'%s' is not supported on %s (not a field dfl serve implements; docs/serve.md, "
+                       "\"Request fields\", lists them)",
+                       param, ep_path(ep));
             return -1;
         }
         if (r->kind == F_PARSED || is_noop(r, v, greedy)) continue;
-        api_seterr(e, 400, param, "'%s' = %s is not supported: dfl serve accepts it only as %s, where it changes "
-                   "nothing (docs/serve.md, \"Request fields\")", param, dfl_json_brief(v, val, sizeof val),
-                   kind_accepts(r, acc, sizeof acc));
+        api_seterr(e, 400, param,
+                   "'%s' = %s is not supported: dfl serve accepts it only as %s, where it changes "
+                   "nothing (docs/serve.md, \"Request fields\")",
+                   param, dfl_json_brief(v, val, sizeof val), kind_accepts(r, acc, sizeof acc));
         return -1;
     }
     return 0;
@@ -412,8 +439,10 @@ static int check_members(const cJSON *obj, const char *param, const char *const 
         snprintf(p, sizeof p, "%s.%s", param, v->string);
         for (int i = 0; known[i]; i++)
             snprintf(list + strlen(list), sizeof list - strlen(list), "%s'%s'", i ? ", " : "", known[i]);
-        api_seterr(e, 400, p, "'%s' is not supported (dfl serve reads only %s in '%s'; docs/serve.md, \"Request "
-                   "fields\")", p, list, param);
+        api_seterr(e, 400, p,
+                   "'%s' is not supported (dfl serve reads only %s in '%s'; docs/serve.md, \"Request "
+                   "fields\")",
+                   p, list, param);
         return -1;
     }
     return 0;
@@ -519,7 +548,10 @@ int api_parse_generation(const api_ctx *cx, endpoint ep, cJSON *body, job *j, ap
                  : get_ids(ids, "input_ids", vocab, &j->prompt, &j->n_prompt, e))
             return -1;
     }
-    const char *pfield = ep == EP_COMPLETIONS ? "prompt" : ep == EP_CHAT ? "messages" : j->prompt && field(body, "text") ? "text" : "input_ids";
+    const char *pfield = ep == EP_COMPLETIONS               ? "prompt"
+                         : ep == EP_CHAT                    ? "messages"
+                         : j->prompt && field(body, "text") ? "text"
+                                                            : "input_ids";
     if (!j->n_sub && prompt_fits(cx, j, pfield, e)) return -1;
     /* options */
     const cJSON *o = body;
@@ -558,8 +590,8 @@ int api_parse_generation(const api_ctx *cx, endpoint ep, cJSON *body, job *j, ap
         if (on) lp = k;
     }
     j->logprobs = (int)lp;
-    r = get_int(o, ep == EP_GENERATE ? "max_new_tokens" : "max_tokens", p_max, j->echo ? 0 : 1, max_new_hi,
-                &max_new, e);
+    r = get_int(o, ep == EP_GENERATE ? "max_new_tokens" : "max_tokens", p_max, j->echo ? 0 : 1, max_new_hi, &max_new,
+                e);
     if (r < 0) return -1;
     if (r == 0 && ep == EP_CHAT) {
         r = get_int(o, "max_completion_tokens", "max_completion_tokens", 1, max_new_hi, &max_new, e);
@@ -609,7 +641,8 @@ int api_parse_generation(const api_ctx *cx, endpoint ep, cJSON *body, job *j, ap
     if (ep == EP_GENERATE && check_fields(o, ON_SP, pre, temp == 0, ep, e) < 0) return -1;
     if (get_bool(body, "stream", "stream", &j->stream, e) < 0) return -1;
     if (j->n_sub && j->stream) {
-        api_seterr(e, 400, "stream", "'stream' is not supported with a list of prompts (send the list unstreamed, or "
+        api_seterr(e, 400, "stream",
+                   "'stream' is not supported with a list of prompts (send the list unstreamed, or "
                    "one prompt per streamed request)");
         return -1;
     }
@@ -848,9 +881,7 @@ static cJSON *completion_logprobs(const api_ctx *cx, const job *j) {
     return lo;
 }
 
-static int eos_stop(const job *j) {
-    return j->out.stop_at < 0 && j->out.n > 0 && strcmp(j->finish, "stop") == 0;
-}
+static int eos_stop(const job *j) { return j->out.stop_at < 0 && j->out.n > 0 && strcmp(j->finish, "stop") == 0; }
 
 /* OpenAI/vLLM stop_reason: the stop string, the eos id, or null */
 static cJSON *stop_reason(const job *j) {
@@ -1075,8 +1106,8 @@ char *api_stream_end(const api_ctx *cx, const job *j, int ids_from, size_t text_
         r = sse_add(NULL, generate_chunk(j, text, 1));
     } else {
         const size_t len = strlen(text);
-        r = sse_add(NULL, openai_chunk(cx, j, text + (text_from < len ? text_from : len), ids_from, j->out.n,
-                                       j->finish, 0));
+        r = sse_add(NULL,
+                    openai_chunk(cx, j, text + (text_from < len ? text_from : len), ids_from, j->out.n, j->finish, 0));
         if (j->include_usage) {
             cJSON *u = openai_head(cx, j, j->ep == EP_CHAT ? "chat.completion.chunk" : "text_completion");
             cJSON_AddArrayToObject(u, "choices");

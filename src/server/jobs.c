@@ -165,7 +165,7 @@ static void on_logits(void *ud, int prompt, int i, int32_t token, const float *r
 typedef struct run_ctx {
     dfl_server *srv;
     job *j;
-    job *owner;   /* the queued request: j, or the list of prompts j belongs to (its cancel flag counts) */
+    job *owner; /* the queued request: j, or the list of prompts j belongs to (its cancel flag counts) */
     int failed;
 } run_ctx;
 
@@ -206,9 +206,16 @@ static int on_tokens(void *ud, const int32_t *toks, int n) {
 static void run_job(dfl_server *srv, job *j, job *owner) {
     target_state_reset(&srv->s);
     if (srv->drafting) srv->dif.reset(srv->dif.ctx);
-    dfl_gen_opts o = {.max_new = j->max_new, .block = srv->block, .tree_budget = srv->tree_budget,
-                      .temperature = j->temperature, .top_p = j->top_p, .top_k = j->top_k,
-                      .seed = j->seed, .ignore_eos = j->ignore_eos, .on_round = on_round, .on_round_ud = j};
+    dfl_gen_opts o = {.max_new = j->max_new,
+                      .block = srv->block,
+                      .tree_budget = srv->tree_budget,
+                      .temperature = j->temperature,
+                      .top_p = j->top_p,
+                      .top_k = j->top_k,
+                      .seed = j->seed,
+                      .ignore_eos = j->ignore_eos,
+                      .on_round = on_round,
+                      .on_round_ud = j};
     if (j->logprobs >= 0) {
         const size_t n = (size_t)j->n_prompt + (size_t)j->max_new, k = (size_t)(j->logprobs ? j->logprobs : 1);
         j->lp = malloc(n * sizeof *j->lp);
@@ -299,7 +306,10 @@ int job_enqueue(dfl_server *srv, job *j, api_err *e) {
     /* a list of prompts with a seed: each prompt gets it (the choices equal one request per
      * prompt, as vLLM does); without one, each draws its own */
     for (int i = 0; i < j->n_sub; i++) j->sub[i]->seed = j->seed_given ? j->seed : splitmix(&srv->seed_ctr) >> 11;
-    snprintf(j->id, sizeof j->id, "%s%lx%06lu", j->ep == EP_COMPLETIONS ? "cmpl-" : j->ep == EP_CHAT ? "chatcmpl-" : "",
+    snprintf(j->id, sizeof j->id, "%s%lx%06lu",
+             j->ep == EP_COMPLETIONS ? "cmpl-"
+             : j->ep == EP_CHAT      ? "chatcmpl-"
+                                     : "",
              (unsigned long)j->created, ++srv->next_id);
     if (srv->stopping) api_seterr(e, 503, NULL, "the server is shutting down");
     else if (srv->n_waiting + srv->running > srv->max_queue) /* it would wait behind max_queue others */

@@ -8,9 +8,9 @@
 /* vLLM's bucket bounds for its latency histograms (seconds). */
 static const double ttft_bounds[] = {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1,  0.25, 0.5,  0.75,
                                      1.0,   2.5,   5.0,  7.5,  10.0, 20.0, 40.0, 80.0, 160., 640., 2560.};
-static const double itl_bounds[] = {0.01, 0.025, 0.05, 0.075, 0.1,  0.15, 0.2,  0.3,  0.4, 0.5,
-                                    0.75, 1.0,   2.5,  5.0,   7.5,  10.0, 20.0, 40.0, 80.0};
-static const double e2e_bounds[] = {0.3,  0.5,  0.8,  1.0,  1.5,  2.0,   2.5,   5.0,   10.0,  15.0,  20.0,
+static const double itl_bounds[] = {0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2,  0.3,  0.4, 0.5,
+                                    0.75, 1.0,   2.5,  5.0,   7.5, 10.0, 20.0, 40.0, 80.0};
+static const double e2e_bounds[] = {0.3,  0.5,  0.8,  1.0,  1.5,  2.0,   2.5,   5.0,   10.0,  15.0, 20.0,
                                     30.0, 40.0, 50.0, 60.0, 120., 240.0, 480.0, 960.0, 1920., 7680.};
 #define NB(a) ((int)(sizeof a / sizeof a[0]))
 
@@ -118,8 +118,10 @@ char *metrics_text(dfl_server *srv) {
                         server_statuses[k], srv->http[e][k]);
     counter_head(f, "dfl_requests_cancelled", "Generation requests whose client went away before the end.");
     fprintf(f, "dfl_requests_cancelled_total %ld\n", srv->cancelled);
-    fprintf(f, "# HELP dfl_queue_capacity Requests that may wait behind the running one (--max-queue).\n"
-               "# TYPE dfl_queue_capacity gauge\ndfl_queue_capacity %d\n", srv->max_queue);
+    fprintf(f,
+            "# HELP dfl_queue_capacity Requests that may wait behind the running one (--max-queue).\n"
+            "# TYPE dfl_queue_capacity gauge\ndfl_queue_capacity %d\n",
+            srv->max_queue);
     counter_head(f, "dfl_connections_cut",
                  "Connections closed because their request did not arrive whole in time (--timeout, minimum rate).");
     fprintf(f, "dfl_connections_cut_total %ld\n", srv->reaped);
@@ -134,8 +136,7 @@ char *metrics_text(dfl_server *srv) {
     vllm_counter(f, "vllm:request_success", "Finished generation requests.", mn, srv->requests_ok);
     vllm_counter(f, "vllm:prompt_tokens", "Prefilled prompt tokens.", mn, srv->prompt_tokens);
     vllm_counter(f, "vllm:generation_tokens", "Generated tokens.", mn, srv->gen_tokens);
-    vllm_counter(f, "vllm:spec_decode_num_drafts", "Verification rounds that checked drafted tokens.", mn,
-                 srv->drafts);
+    vllm_counter(f, "vllm:spec_decode_num_drafts", "Verification rounds that checked drafted tokens.", mn, srv->drafts);
     vllm_counter(f, "vllm:spec_decode_num_draft_tokens", "Drafted tokens.", mn, srv->draft_tokens);
     vllm_counter(f, "vllm:spec_decode_num_accepted_tokens", "Accepted draft tokens.", mn, srv->accepted_tokens);
     counter_head(f, "vllm:spec_decode_num_accepted_tokens_per_pos",
@@ -146,11 +147,12 @@ char *metrics_text(dfl_server *srv) {
         fprintf(f, "\",position=\"%d\"} %ld\n", k, srv->acc_pos[k]);
     }
     vllm_histogram(f, "vllm:time_to_first_token_seconds",
-                   "Time from the request's arrival to its first generated token (queueing and prefill included).",
-                   mn, &srv->ttft);
+                   "Time from the request's arrival to its first generated token (queueing and prefill included).", mn,
+                   &srv->ttft);
     vllm_histogram(f, "vllm:inter_token_latency_seconds",
                    "Time between successive outputs of a request (one per verification round, which may commit "
-                   "several tokens).", mn, &srv->itl);
+                   "several tokens).",
+                   mn, &srv->itl);
     vllm_histogram(f, "vllm:e2e_request_latency_seconds",
                    "Time from the request's arrival to its end, finished requests.", mn, &srv->e2e);
     pthread_mutex_unlock(&srv->mu);

@@ -29,8 +29,8 @@
 const int server_statuses[N_STATUS] = {200, 400, 404, 405, 413, 499, 500, 503, 0};
 
 const char *const server_ep_paths[EP_COUNT] = {
-    "/v1/completions", "/v1/chat/completions", "/generate", "/tokenize", "/detokenize", "/health", "/metrics",
-    "/v1/models", "other",
+    "/v1/completions", "/v1/chat/completions", "/generate", "/tokenize", "/detokenize", "/health",
+    "/metrics",        "/v1/models",           "other",
 };
 
 /* HTTP threads (each an epoll loop): a request being tokenized holds up only the connections of
@@ -132,8 +132,8 @@ static enum MHD_Result on_accept(void *cls, const struct sockaddr *sa, socklen_t
     int same = 0;
     for (const conn_rec *q = srv->conns; q; q = q->next) same += same_addr(q, r->family, r->addr, r->alen);
     const int total = srv->n_conns;
-    const int ok = same < srv->per_client && total < srv->max_conns &&
-                   (same == 0 || total < srv->max_conns - srv->reserve);
+    const int ok =
+        same < srv->per_client && total < srv->max_conns && (same == 0 || total < srv->max_conns - srv->reserve);
     if (ok) {
         r->next = srv->conns;
         if (srv->conns) srv->conns->prev = r;
@@ -700,8 +700,8 @@ static int load(dfl_server *srv, const dfl_server_opts *o) {
                 dfl_device_name((dfl_device)o->device), srv->m.weight_bytes / 1e9, dfl_now() - t0);
     }
     if (o->drafter) {
-        if (anydrafter_open(&srv->ad, o->drafter, &srv->m, o->target, o->block, o->check_weights,
-                            srv->drafter_warning, sizeof srv->drafter_warning) != DFL_OK)
+        if (anydrafter_open(&srv->ad, o->drafter, &srv->m, o->target, o->block, o->check_weights, srv->drafter_warning,
+                            sizeof srv->drafter_warning) != DFL_OK)
             return DFL_ERR;
         srv->have_ad = 1;
         srv->block = srv->ad.block;
@@ -732,8 +732,11 @@ static int load(dfl_server *srv, const dfl_server_opts *o) {
     }
     srv->model_name = o->model_name ? strdup(o->model_name) : default_name(o->target);
     if (!srv->model_name) return dfl_seterr("out of memory");
-    srv->api = (api_ctx){.tok = srv->tok, .vocab = srv->m.cfg.vocab, .max_ctx = srv->max_ctx,
-                         .tree_budget = srv->tree_budget, .model_name = srv->model_name};
+    srv->api = (api_ctx){.tok = srv->tok,
+                         .vocab = srv->m.cfg.vocab,
+                         .max_ctx = srv->max_ctx,
+                         .tree_budget = srv->tree_budget,
+                         .model_name = srv->model_name};
     return DFL_OK;
 }
 
@@ -741,8 +744,10 @@ static int listen_start(dfl_server *srv, const dfl_server_opts *o) {
     const char *host = o->host ? o->host : "127.0.0.1";
     char port[16];
     snprintf(port, sizeof port, "%d", o->port);
-    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
-                             .ai_flags = AI_PASSIVE | AI_NUMERICSERV}, *ai = NULL;
+    struct addrinfo hints = {.ai_family = AF_UNSPEC,
+                             .ai_socktype = SOCK_STREAM,
+                             .ai_flags = AI_PASSIVE | AI_NUMERICSERV},
+                    *ai = NULL;
     const int gai = getaddrinfo(host, port, &hints, &ai);
     if (gai) return dfl_seterr("cannot resolve host '%s': %s", host, gai_strerror(gai));
     /* Connections are capped in all and per client address, with a reserve for new addresses
@@ -769,8 +774,10 @@ static int listen_start(dfl_server *srv, const dfl_server_opts *o) {
         freeaddrinfo(ai);
         if (e == EADDRINUSE)
             return dfl_seterr("cannot listen on %s: the port is in use (another dfl serve or server? pick another with "
-                              "--port, or --port 0 for a free one)", where);
-        if (e == EADDRNOTAVAIL) return dfl_seterr("cannot listen on %s: %s is not an address of this host", where, host);
+                              "--port, or --port 0 for a free one)",
+                              where);
+        if (e == EADDRNOTAVAIL)
+            return dfl_seterr("cannot listen on %s: %s is not an address of this host", where, host);
         if (e == EACCES)
             return dfl_seterr("cannot listen on %s: permission denied (ports below 1024 need privileges)", where);
         return dfl_seterr("cannot listen on %s: %s", where, strerror(e));

@@ -21,8 +21,16 @@ struct MHD_Daemon;
 
 /* Routed endpoints; EP_OTHER is any unknown path. */
 typedef enum endpoint {
-    EP_COMPLETIONS, EP_CHAT, EP_GENERATE, EP_TOKENIZE, EP_DETOKENIZE, EP_HEALTH, EP_METRICS, EP_MODELS,
-    EP_OTHER, EP_COUNT
+    EP_COMPLETIONS,
+    EP_CHAT,
+    EP_GENERATE,
+    EP_TOKENIZE,
+    EP_DETOKENIZE,
+    EP_HEALTH,
+    EP_METRICS,
+    EP_MODELS,
+    EP_OTHER,
+    EP_COUNT
 } endpoint;
 
 /* HTTP statuses the server answers with (metrics rows); 499 = the client went away first. */
@@ -36,7 +44,7 @@ typedef struct api_ctx {
     const dfl_tokenizer *tok;
     int vocab;
     int max_ctx;
-    int tree_budget;          /* 0 = chain verification; > 0: greedy requests only */
+    int tree_budget; /* 0 = chain verification; > 0: greedy requests only */
     const char *model_name;
 } api_ctx;
 
@@ -44,7 +52,7 @@ typedef struct api_ctx {
 typedef struct api_err {
     int status;
     const char *type;
-    char param[64];   /* "" when no single field is at fault */
+    char param[64]; /* "" when no single field is at fault */
     char msg[320];
 } api_err;
 
@@ -59,8 +67,8 @@ typedef struct textout {
     int clean;
     char **stops;
     int n_stops;
-    long stop_at;   /* byte offset where the earliest stop string starts; -1 = none */
-    int stop_idx;   /* which stop string */
+    long stop_at; /* byte offset where the earliest stop string starts; -1 = none */
+    int stop_idx; /* which stop string */
 } textout;
 
 void textout_init(textout *t, const dfl_tokenizer *tok, char **stops, int n_stops);
@@ -87,17 +95,17 @@ typedef struct job {
     int n_prompt;
     int max_new;
     float temperature;
-    float top_p;              /* 1 = off */
-    int top_k;                /* 0 = off */
+    float top_p; /* 1 = off */
+    int top_k;   /* 0 = off */
     uint64_t seed;
-    int seed_given;           /* 0: the server draws one */
+    int seed_given; /* 0: the server draws one */
     int ignore_eos;
     char **stops;
     int n_stops;
     int stream, include_usage;
-    int logprobs;             /* completions: top alternatives per token (0..20); -1 = no logprobs */
-    int echo;                 /* completions: the prompt is prepended to the text (and scored) */
-    char *echo_text;          /* the prompt as echoed: the request's string, or its ids decoded */
+    int logprobs;    /* completions: top alternatives per token (0..20); -1 = no logprobs */
+    int echo;        /* completions: the prompt is prepended to the text (and scored) */
+    char *echo_text; /* the prompt as echoed: the request's string, or its ids decoded */
     /* /v1/completions with a list of prompts: one sub-job per prompt (choice `index`), run in
      * order by the worker as part of this job, which is queued, cancelled and answered as one
      * request and has no prompt of its own (n_prompt: the longest prompt's, for the checks) */
@@ -110,30 +118,30 @@ typedef struct job {
     /* progress */
     int refs;
     job_state state;
-    int cancelled;            /* the client went away (or the server stops): stop generating */
-    pthread_cond_t cv;        /* signalled on state changes and new stream data */
+    int cancelled;     /* the client went away (or the server stops): stop generating */
+    pthread_cond_t cv; /* signalled on state changes and new stream data */
     struct MHD_Connection *conn;
-    int suspended;            /* conn is suspended until this job has news for it (server_wake) */
-    int fd;                   /* the connection's socket (streams: how much the client has not read) */
+    int suspended; /* conn is suspended until this job has news for it (server_wake) */
+    int fd;        /* the connection's socket (streams: how much the client has not read) */
     /* stream buffer: SSE bytes not yet handed to the connection */
     char *sb;
     size_t sb_len, sb_off, sb_cap;
     /* outputs */
     textout out;
-    int stream_ids;           /* tokens already sent in chunks */
-    size_t stream_text;       /* text bytes already sent */
+    int stream_ids;     /* tokens already sent in chunks */
+    size_t stream_text; /* text bytes already sent */
     dfl_gen_stats st;
-    int *acc_len;             /* committed tokens per round */
+    int *acc_len; /* committed tokens per round */
     int n_rounds, cap_rounds;
-    const char *finish;       /* "stop" or "length" */
-    int err_status;           /* 0, or the status of a failed generation */
+    const char *finish; /* "stop" or "length" */
+    int err_status;     /* 0, or the status of a failed generation */
     char err_msg[320];
     double t_done;
-    double t_last_tokens;     /* when on_tokens last ran (0: no token yet), worker only */
+    double t_last_tokens; /* when on_tokens last ran (0: no token yet), worker only */
     /* logprobs (log_softmax of the target's logits at temperature 1), logprobs >= 0 only:
      * entry p < n_prompt is prompt token p (p >= 1, with echo), n_prompt + i output token i */
-    float *lp;                /* [n_prompt + max_new] the token's logprob; NAN = none */
-    int32_t *top_id;          /* [(n_prompt + max_new) * logprobs] most probable first */
+    float *lp;       /* [n_prompt + max_new] the token's logprob; NAN = none */
+    int32_t *top_id; /* [(n_prompt + max_new) * logprobs] most probable first */
     float *top_lp;
 } job;
 
@@ -158,48 +166,48 @@ typedef struct conn_rec {
     int fd;
     int family, alen;
     unsigned char addr[16];
-    int receiving;            /* 1 from the connection's start (or its previous answer's end) until a
-                               * whole request is in */
-    double t_begin;           /* when the request began (connection start, or the previous answer's end) */
-    size_t got;               /* body bytes received of the current request */
-    int reaped;               /* shut down for missing its deadline */
+    int receiving;  /* 1 from the connection's start (or its previous answer's end) until a
+                     * whole request is in */
+    double t_begin; /* when the request began (connection start, or the previous answer's end) */
+    size_t got;     /* body bytes received of the current request */
+    int reaped;     /* shut down for missing its deadline */
 } conn_rec;
 
 struct dfl_server {
     dfl_model m;
     dfl_target_state s;
     int have_s;
-    dfl_any_drafter ad;       /* the drafter (DFlash, DFlash2 or an MTP head) and its run state */
-    char drafter_warning[512];/* what the user should know about the drafter/target pair, "" if nothing */
+    dfl_any_drafter ad;        /* the drafter (DFlash, DFlash2 or an MTP head) and its run state */
+    char drafter_warning[512]; /* what the user should know about the drafter/target pair, "" if nothing */
     int have_ad;
-    dfl_draft_if dif;         /* the drafter the jobs use (ad's run state) */
-    int drafting;             /* a drafter state exists */
+    dfl_draft_if dif; /* the drafter the jobs use (ad's run state) */
+    int drafting;     /* a drafter state exists */
     dfl_tokenizer *tok;
     char *model_name;
     int block, max_ctx, max_queue, log;
-    api_ctx api;              /* what api.c reads */
-    unsigned timeout_s;       /* the connections' inactivity timeout (0 = none) */
-    int held;                 /* server_hold: the worker starts no job */
-    int tree_budget; /* 0 = chain verification, N = DDTree-N */
+    api_ctx api;        /* what api.c reads */
+    unsigned timeout_s; /* the connections' inactivity timeout (0 = none) */
+    int held;           /* server_hold: the worker starts no job */
+    int tree_budget;    /* 0 = chain verification, N = DDTree-N */
     size_t max_body;
     struct MHD_Daemon *mhd;
     int port;
     pthread_t worker;
     int have_worker;
     pthread_mutex_t mu;
-    pthread_cond_t cv;        /* the worker waits here for work */
+    pthread_cond_t cv; /* the worker waits here for work */
     job *head, *tail;
-    job *cur;                 /* the request being generated, NULL when idle */
+    job *cur; /* the request being generated, NULL when idle */
     int n_waiting, running, stopping;
-    conn_rec *conns;          /* open connections (NOTIFY_CONNECTION STARTED .. CLOSED) */
+    conn_rec *conns; /* open connections (NOTIFY_CONNECTION STARTED .. CLOSED) */
     int n_conns, max_conns, per_client, reserve;
-    pthread_t reaper;         /* closes connections past their request deadline, cancels jobs whose
-                               * suspended connection's client went away */
+    pthread_t reaper; /* closes connections past their request deadline, cancels jobs whose
+                       * suspended connection's client went away */
     int have_reaper, reaper_quit;
-    long reaped, stalled;     /* metrics: connections cut at the request deadline; streams stopped unread */
-    int active;               /* HTTP requests between their first byte and their completion */
-    pthread_cond_t idle;      /* signalled when active drops to 0 */
-    uint64_t seed_ctr;        /* seeds for requests that give none */
+    long reaped, stalled; /* metrics: connections cut at the request deadline; streams stopped unread */
+    int active;           /* HTTP requests between their first byte and their completion */
+    pthread_cond_t idle;  /* signalled when active drops to 0 */
+    uint64_t seed_ctr;    /* seeds for requests that give none */
     unsigned long next_id;
     /* metrics */
     long http[EP_COUNT][N_STATUS];
@@ -227,12 +235,11 @@ char *api_stream_end(const api_ctx *cx, const job *j, int ids_from, size_t text_
 char *api_stream_error(const job *j);
 /* {"error": {"message", "type", "param", "code"}} */
 char *api_error_body(const api_err *e);
-void api_seterr(api_err *e, int status, const char *param, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
+void api_seterr(api_err *e, int status, const char *param, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
 
 /* jobs.c — the queue and the worker. srv->mu held where noted. */
 void job_free(job *j);
-void job_unref(job *j);                                     /* srv->mu held */
+void job_unref(job *j); /* srv->mu held */
 /* Admit j to the queue (its seed and id drawn), or fill e (503: full, or shutting down). srv->mu held. */
 int job_enqueue(struct dfl_server *srv, job *j, api_err *e);
 /* A job that will never run: answer it with an error, drop the queue's ref. srv->mu held. */
@@ -248,7 +255,7 @@ void server_wake(job *j);
 
 /* metrics.c */
 void metrics_init(struct dfl_server *srv);
-void metrics_observe(server_hist *h, double v);              /* srv->mu held */
+void metrics_observe(server_hist *h, double v); /* srv->mu held */
 /* Count a finished generation (a request, or one prompt of a list). srv->mu held. */
 void metrics_account(struct dfl_server *srv, const job *j);
 /* The /metrics page; malloc'd. */

@@ -43,7 +43,8 @@ int anydrafter_set_causal(dfl_any_drafter *a, int causal) {
     if (causal == DFL_BLOCK_ATTN_AUTO) return DFL_OK;
     const char *name = drafter_causal_name(causal);
     return dfl_seterr("block attention %s: applies to DFlash and DFlash2 drafters; an MTP head drafts one token "
-                      "at a time and has no block attention", name ? name : "(invalid)");
+                      "at a time and has no block attention",
+                      name ? name : "(invalid)");
 }
 
 const char *anydrafter_attn_semantics(const dfl_any_drafter *a) {

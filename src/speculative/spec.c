@@ -83,11 +83,11 @@ static void heap_down(dfl_ranked *h, int n, int i) {
 }
 
 int spec_sampling_filter(float *p, int V, int top_k, float top_p, dfl_ranked *c) {
-    const int use_k = top_k > 0 && top_k < V, use_p = top_p > 0 && top_p < 1;
+    const int use_k = top_k > 0 && top_k<V, use_p = top_p> 0 && top_p < 1;
     if (!use_k && !use_p) return V;
     int n = 0;
     double mass = 0; /* what top-p is a fraction of: the top-k survivors' mass, or all of it */
-    if (use_k) { /* the top_k best in one pass over the vocabulary: a min-heap of k */
+    if (use_k) {     /* the top_k best in one pass over the vocabulary: a min-heap of k */
         for (int i = 0; i < V; i++) {
             const dfl_ranked x = {p[i], i};
             if (n < top_k) {
@@ -135,8 +135,7 @@ static void sampling_probs(float *probs, const float *logits, int V, const dfl_g
     spec_sampling_filter(probs, V, o->top_k, o->top_p, scratch);
 }
 
-static int32_t pick(const float *logits, int V, const dfl_gen_opts *o, float *probs, dfl_ranked *scratch,
-                    dfl_rng *r) {
+static int32_t pick(const float *logits, int V, const dfl_gen_opts *o, float *probs, dfl_ranked *scratch, dfl_rng *r) {
     if (o->temperature <= 0) return kn_argmax(logits, V);
     sampling_probs(probs, logits, V, o, scratch);
     return sample(probs, V, r);
@@ -145,10 +144,13 @@ static int32_t pick(const float *logits, int V, const dfl_gen_opts *o, float *pr
 /* A verification forward. Greedy without a logits callback (ids_only), the loop reads only each
  * row's argmax: the logits buffer is then scratch, and a device backend sends back the ids
  * alone. The ids are kn_argmax of the same rows either way. */
-static int verify_forward(dfl_target_state *s, const int32_t *toks, const int *parent, int n, int last_only, float *logits,
-                          int32_t *ids, int ids_only, const dfl_capture *cap) {
-    const dfl_fwd_out fo = {.logits = logits, .argmax = ids_only ? ids : NULL, .last_only = last_only,
-                            .logits_scratch = ids_only, .cap = cap};
+static int verify_forward(dfl_target_state *s, const int32_t *toks, const int *parent, int n, int last_only,
+                          float *logits, int32_t *ids, int ids_only, const dfl_capture *cap) {
+    const dfl_fwd_out fo = {.logits = logits,
+                            .argmax = ids_only ? ids : NULL,
+                            .last_only = last_only,
+                            .logits_scratch = ids_only,
+                            .cap = cap};
     return model_forward_ex(s, toks, parent, n, &fo);
 }
 
@@ -156,7 +158,9 @@ static int dflash_add(void *ctx, const float *feat, const int32_t *tokens, int n
     (void)tokens; /* DFlash reads features only */
     return drafter_add_context(ctx, feat, n);
 }
-static int dflash_draft(void *ctx, int32_t anchor, int B, float *logits) { return drafter_draft(ctx, anchor, B, logits); }
+static int dflash_draft(void *ctx, int32_t anchor, int B, float *logits) {
+    return drafter_draft(ctx, anchor, B, logits);
+}
 static int dflash_draft_many(void *ctx, const int32_t *anchors, const int *starts, int n, int B, float *logits) {
     return drafter_draft_many(ctx, anchors, starts, n, B, logits);
 }
@@ -164,32 +168,38 @@ static int dflash_len(void *ctx) { return ((dfl_drafter_state *)ctx)->n_ctx; }
 static void dflash_reset(void *ctx) { drafter_state_reset(ctx); }
 
 dfl_draft_if spec_dflash_drafter(dfl_drafter_state *ds) {
-    return (dfl_draft_if){.ctx = ds, .add_context = dflash_add, .draft = dflash_draft, .context_len = dflash_len,
-                          .draft_many = ds->d->cfg.dflash2 ? NULL : dflash_draft_many, .reset = dflash_reset, .feature_layers = ds->d->cfg.target_layer_ids, .n_feature_layers = ds->d->cfg.n_target_ids};
+    return (dfl_draft_if){.ctx = ds,
+                          .add_context = dflash_add,
+                          .draft = dflash_draft,
+                          .context_len = dflash_len,
+                          .draft_many = ds->d->cfg.dflash2 ? NULL : dflash_draft_many,
+                          .reset = dflash_reset,
+                          .feature_layers = ds->d->cfg.target_layer_ids,
+                          .n_feature_layers = ds->d->cfg.n_target_ids};
 }
 
 /* One generation: its settings, buffers and output so far. */
 typedef struct gen {
     dfl_target_state *s;
-    dfl_draft_if *dr;  /* NULL: autoregressive */
+    dfl_draft_if *dr; /* NULL: autoregressive */
     const dfl_model *m;
     const dfl_gen_opts *o;
     dfl_gen_stats *st;
-    int V, H, B, N;    /* vocabulary, hidden size, block size, tree budget (0: chain) */
-    int ids_only;      /* greedy without on_logits: each row's argmax is all the loop reads */
-    int pq;            /* sampled drafts accepted with min(1, p/q) (DFL_ACCEPT_PQ at temperature > 0) */
-    float *logits;     /* a verification's rows */
-    float *probs;      /* [V] the target's sampling distribution */
-    dfl_ranked *rank;  /* [V] the sampling filter's scratch (temperature > 0) */
-    float *dlogits;    /* [B - 1, V] the drafter's output (with pq: its filtered probabilities) */
-    float *feat;       /* the captured features of the rows of a forward */
-    float *plog;       /* the prompt's rows for opts.prompt_logits, else NULL */
+    int V, H, B, N;   /* vocabulary, hidden size, block size, tree budget (0: chain) */
+    int ids_only;     /* greedy without on_logits: each row's argmax is all the loop reads */
+    int pq;           /* sampled drafts accepted with min(1, p/q) (DFL_ACCEPT_PQ at temperature > 0) */
+    float *logits;    /* a verification's rows */
+    float *probs;     /* [V] the target's sampling distribution */
+    dfl_ranked *rank; /* [V] the sampling filter's scratch (temperature > 0) */
+    float *dlogits;   /* [B - 1, V] the drafter's output (with pq: its filtered probabilities) */
+    float *feat;      /* the captured features of the rows of a forward */
+    float *plog;      /* the prompt's rows for opts.prompt_logits, else NULL */
     dfl_tree tree;
     dfl_rng rng;
     dfl_capture cap;
     int32_t *out;
     int n_out, stopped;
-    int n_past_eos;   /* tokens of the stopping round committed past an eos, kept at out[n_out..] */
+    int n_past_eos; /* tokens of the stopping round committed past an eos, kept at out[n_out..] */
     dfl_token_cb cb;
     void *ud;
 } gen;
@@ -199,7 +209,8 @@ typedef struct gen {
 static void commit(gen *g, const int32_t *toks, int n, const float *const *rows) {
     int k = 0;
     while (k < n && !g->stopped) {
-        if (g->o->on_logits && rows) g->o->on_logits(g->o->on_logits_ud, 0, g->n_out, toks[k], rows[k], g->m->cfg.vocab);
+        if (g->o->on_logits && rows)
+            g->o->on_logits(g->o->on_logits_ud, 0, g->n_out, toks[k], rows[k], g->m->cfg.vocab);
         g->out[g->n_out++] = toks[k++];
         if (!g->o->ignore_eos && spec_is_eos(g->m, toks[k - 1])) {
             g->stopped = 1;
@@ -290,7 +301,8 @@ static int accept(gen *g, const dfl_proposal *p, const int32_t *ids, int start, 
     st->t_verify += dfl_now() - tv;
     if (p->n > 1) { /* a plain decode step ran without a rollback record: nothing to undo */
         const double tr = dfl_now();
-        if (p->parent ? target_state_tree_commit(g->s, path, a + 1) : target_state_rollback(g->s, start + a + 1)) return DFL_ERR;
+        if (p->parent ? target_state_tree_commit(g->s, path, a + 1) : target_state_rollback(g->s, start + a + 1))
+            return DFL_ERR;
         st->t_rollback += dfl_now() - tr;
     }
     if (g->dr && extend_context(g, p, path, a + 1)) return DFL_ERR;
@@ -311,8 +323,7 @@ static int accept(gen *g, const dfl_proposal *p, const int32_t *ids, int start, 
 static int decode_step(gen *g, int32_t anchor, int start) {
     const double tv = dfl_now();
     int32_t id;
-    if (verify_forward(g->s, &anchor, NULL, 1, 1, g->logits, &id, g->ids_only, g->dr ? &g->cap : NULL))
-        return DFL_ERR;
+    if (verify_forward(g->s, &anchor, NULL, 1, 1, g->logits, &id, g->ids_only, g->dr ? &g->cap : NULL)) return DFL_ERR;
     const dfl_proposal p = {.token = &anchor, .n = 1};
     return accept(g, &p, &id, start, tv);
 }
@@ -489,8 +500,18 @@ int spec_generate(dfl_target_state *s, dfl_draft_if *dr, const int32_t *prompt, 
     st->stop = "max_new";
     st->accept_rule = o->temperature > 0 ? spec_accept_rule_name(o->accept_rule) : "greedy";
     if (check_opts(s, dr, n_prompt, o)) return DFL_ERR;
-    gen g = {.s = s, .dr = dr, .m = s->m, .o = o, .st = st, .V = s->m->cfg.vocab, .H = s->m->cfg.hidden,
-             .B = st->max_block, .N = dr ? o->tree_budget : 0, .out = out, .cb = cb, .ud = ud,
+    gen g = {.s = s,
+             .dr = dr,
+             .m = s->m,
+             .o = o,
+             .st = st,
+             .V = s->m->cfg.vocab,
+             .H = s->m->cfg.hidden,
+             .B = st->max_block,
+             .N = dr ? o->tree_budget : 0,
+             .out = out,
+             .cb = cb,
+             .ud = ud,
              .ids_only = o->temperature <= 0 && !o->on_logits,
              .pq = o->temperature > 0 && o->accept_rule == DFL_ACCEPT_PQ,
              .cap = {.n_layers = dr ? dr->n_feature_layers : 0, .layers = dr ? dr->feature_layers : NULL}};

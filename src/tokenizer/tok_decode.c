@@ -83,9 +83,7 @@ int tok_has_id(const dfl_tokenizer *tok, int32_t id) {
     return id >= 0 && id < tok->n_ids && (tok->id_added[id] >= 0 || tok->id_tok[id] != NULL);
 }
 
-int tok_is_added(const dfl_tokenizer *tok, int32_t id) {
-    return id >= 0 && id < tok->n_ids && tok->id_added[id] >= 0;
-}
+int tok_is_added(const dfl_tokenizer *tok, int32_t id) { return id >= 0 && id < tok->n_ids && tok->id_added[id] >= 0; }
 
 int tok_is_special(const dfl_tokenizer *tok, int32_t id) {
     return id >= 0 && id < tok->n_ids && tok->id_added[id] >= 0 && tok->added[tok->id_added[id]].special;

@@ -21,7 +21,7 @@ struct tok_cache {
     pthread_mutex_t mu;
     struct {
         uint32_t hash, off; /* off: position in arena + 1; 0 = empty slot */
-    } *slots;
+    } * slots;
     uint32_t n;
     uint32_t *arena; /* entries: key_len, n_ids, ids[n_ids], key bytes padded to 4 */
     size_t used, cap;
@@ -313,8 +313,8 @@ static int encode_segment(struct enc *e, const char *s, size_t len) {
         size_t from = i > 0 ? prev : 0;
         while (i < len && u[i] >= 0xCC) i += (size_t)utf8_char_len(s + i, len - i);
         utf8proc_uint8_t *norm = NULL;
-        utf8proc_ssize_t k = utf8proc_map(u + from, (utf8proc_ssize_t)(i - from), &norm,
-                                          UTF8PROC_STABLE | UTF8PROC_COMPOSE);
+        utf8proc_ssize_t k =
+            utf8proc_map(u + from, (utf8proc_ssize_t)(i - from), &norm, UTF8PROC_STABLE | UTF8PROC_COMPOSE);
         if (k < 0) {
             rc = dfl_seterr("NFC of a %zu-byte run: %s", i - from, utf8proc_errmsg(k));
             break;

@@ -53,7 +53,7 @@ struct tok_cache;
 struct dfl_tokenizer {
     char **id_tok;     /* id -> model vocab string; NULL: not in the model vocab */
     int32_t *id_added; /* id -> index in added[] (wins over id_tok when decoding), -1 if none */
-    int32_t n_ids;       /* max id + 1 */
+    int32_t n_ids;     /* max id + 1 */
     struct tok_strmap vocab, added_ids;
     struct tok_pairmap merges;
     struct tok_added *added;

@@ -11,8 +11,7 @@
 #include "tokenizer/tok_internal.h"
 
 /* What ByteLevel(use_regex = true) splits with (GPT-2's pattern). */
-static const char gpt2_pattern[] =
-    "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
+static const char gpt2_pattern[] = "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
 
 #define TOK_MAX_ID (1 << 24) /* bounds the id tables a malformed file can make us allocate */
 
@@ -23,9 +22,11 @@ static const char *type_name(const cJSON *o) {
 
 static int expect_type(const cJSON *o, const char *field) {
     char b[96];
-    if (!cJSON_IsObject(o)) return dfl_seterr("%s: expected an object, found %s", field, dfl_json_brief(o, b, sizeof b));
-    if (!type_name(o)) return dfl_seterr("%s.type: expected a string, found %s", field,
-                                         dfl_json_brief(cJSON_GetObjectItemCaseSensitive(o, "type"), b, sizeof b));
+    if (!cJSON_IsObject(o))
+        return dfl_seterr("%s: expected an object, found %s", field, dfl_json_brief(o, b, sizeof b));
+    if (!type_name(o))
+        return dfl_seterr("%s.type: expected a string, found %s", field,
+                          dfl_json_brief(cJSON_GetObjectItemCaseSensitive(o, "type"), b, sizeof b));
     return DFL_OK;
 }
 
@@ -85,7 +86,8 @@ static int parse_normalizer(dfl_tokenizer *tok, const cJSON *n, const char *fiel
 
 /* HF tokenizers runs its Split regexes with Oniguruma, whose \s is exactly Unicode White_Space.
  * PCRE2's \s under UCP differs (it lacks U+0085 and has U+180E), so \s and \S are spelled out. */
-#define WHITE_SPACE "\\t-\\r\\x{20}\\x{85}\\x{a0}\\x{1680}\\x{2000}-\\x{200a}\\x{2028}\\x{2029}\\x{202f}\\x{205f}\\x{3000}"
+#define WHITE_SPACE \
+    "\\t-\\r\\x{20}\\x{85}\\x{a0}\\x{1680}\\x{2000}-\\x{200a}\\x{2028}\\x{2029}\\x{202f}\\x{205f}\\x{3000}"
 
 static char *onig_compat(const char *p, const char *field) {
     size_t n = strlen(p);
@@ -185,14 +187,13 @@ static int parse_bytelevel(dfl_tokenizer *tok, const cJSON *p, const char *field
 /* Supported: ByteLevel, or a Sequence of Split(Isolated) ... ending with ByteLevel. */
 static int parse_pre_tokenizer(dfl_tokenizer *tok, const cJSON *p, const char *field) {
     char b[96], sub[64];
-    if (!p || cJSON_IsNull(p))
-        return dfl_seterr("%s: null is not supported (byte-level BPE needs ByteLevel)", field);
+    if (!p || cJSON_IsNull(p)) return dfl_seterr("%s: null is not supported (byte-level BPE needs ByteLevel)", field);
     if (expect_type(p, field)) return DFL_ERR;
     const char *t = type_name(p);
     if (strcmp(t, "ByteLevel") == 0) return parse_bytelevel(tok, p, field);
     if (strcmp(t, "Sequence") != 0)
-        return dfl_seterr("%s.type: unsupported \"%s\" (supported: ByteLevel, Sequence of Split + ByteLevel)",
-                          field, t);
+        return dfl_seterr("%s.type: unsupported \"%s\" (supported: ByteLevel, Sequence of Split + ByteLevel)", field,
+                          t);
     const cJSON *list = cJSON_GetObjectItemCaseSensitive(p, "pretokenizers");
     if (!cJSON_IsArray(list) || !list->child)
         return dfl_seterr("%s.pretokenizers: expected a non-empty array, found %s", field,
@@ -204,8 +205,7 @@ static int parse_pre_tokenizer(dfl_tokenizer *tok, const cJSON *p, const char *f
         const char *ct = type_name(c);
         if (strcmp(ct, "ByteLevel") == 0 && !c->next) return parse_bytelevel(tok, c, sub);
         if (strcmp(ct, "Split") != 0)
-            return dfl_seterr("%s.type: unsupported \"%s\" here (expected Split ... then a final ByteLevel)",
-                              sub, ct);
+            return dfl_seterr("%s.type: unsupported \"%s\" here (expected Split ... then a final ByteLevel)", sub, ct);
         if (parse_split(tok, c, sub)) return DFL_ERR;
     }
     return dfl_seterr("%s.pretokenizers: the last one must be ByteLevel", field);
@@ -218,8 +218,7 @@ static int parse_misc(const cJSON *root) {
     if (pp && !cJSON_IsNull(pp)) {
         if (expect_type(pp, "post_processor")) return DFL_ERR;
         if (strcmp(type_name(pp), "ByteLevel") != 0)
-            return dfl_seterr("post_processor.type: unsupported \"%s\" (supported: ByteLevel, null)",
-                              type_name(pp));
+            return dfl_seterr("post_processor.type: unsupported \"%s\" (supported: ByteLevel, null)", type_name(pp));
     }
     const cJSON *dec = cJSON_GetObjectItemCaseSensitive(root, "decoder");
     if (!dec || cJSON_IsNull(dec)) return dfl_seterr("decoder: null is not supported (expected ByteLevel)");
@@ -249,8 +248,7 @@ static int parse_vocab(dfl_tokenizer *tok, const cJSON *vocab) {
     for (const cJSON *c = vocab->child; c; c = c->next) {
         int32_t id = (int32_t)c->valuedouble;
         if (tok->id_tok[id])
-            return dfl_seterr("model.vocab: id %d is given to both \"%s\" and \"%s\"", id, tok->id_tok[id],
-                              c->string);
+            return dfl_seterr("model.vocab: id %d is given to both \"%s\" and \"%s\"", id, tok->id_tok[id], c->string);
         if (!(tok->id_tok[id] = strdup(c->string))) return dfl_seterr("out of memory");
         tok_strmap_put(&tok->vocab, tok->id_tok[id], strlen(c->string), id);
     }
@@ -259,8 +257,7 @@ static int parse_vocab(dfl_tokenizer *tok, const cJSON *vocab) {
 
 static int vocab_id(const dfl_tokenizer *tok, const char *s, size_t len, int i, const char *what) {
     int32_t id = tok_strmap_get(&tok->vocab, s, len);
-    if (id < 0)
-        return dfl_seterr("model.merges[%d]: %s \"%.*s\" is not in the vocabulary", i, what, (int)len, s);
+    if (id < 0) return dfl_seterr("model.merges[%d]: %s \"%.*s\" is not in the vocabulary", i, what, (int)len, s);
     return id;
 }
 
@@ -283,8 +280,7 @@ static int parse_merges(dfl_tokenizer *tok, const cJSON *merges) {
             r = c->child->next->valuestring;
             ll = strlen(l);
             rl = strlen(r);
-        } else if (cJSON_IsString(c) && strchr(c->valuestring, ' ') &&
-                   !strchr(strchr(c->valuestring, ' ') + 1, ' ')) {
+        } else if (cJSON_IsString(c) && strchr(c->valuestring, ' ') && !strchr(strchr(c->valuestring, ' ') + 1, ' ')) {
             l = c->valuestring;
             r = strchr(l, ' ') + 1;
             ll = (size_t)(r - 1 - l);
@@ -342,8 +338,7 @@ static int parse_model(dfl_tokenizer *tok, const cJSON *m) {
     const cJSON *unk = cJSON_GetObjectItemCaseSensitive(m, "unk_token");
     if (cJSON_IsString(unk)) {
         tok->unk_id = tok_strmap_get(&tok->vocab, unk->valuestring, strlen(unk->valuestring));
-        if (tok->unk_id < 0)
-            return dfl_seterr("model.unk_token: \"%s\" is not in the vocabulary", unk->valuestring);
+        if (tok->unk_id < 0) return dfl_seterr("model.unk_token: \"%s\" is not in the vocabulary", unk->valuestring);
     } else if (unk && !cJSON_IsNull(unk)) {
         return dfl_seterr("model.unk_token: expected a string or null, found %s", dfl_json_brief(unk, b, sizeof b));
     }
@@ -352,8 +347,8 @@ static int parse_model(dfl_tokenizer *tok, const cJSON *m) {
 
 static char *nfc(const char *s, size_t len, size_t *out_len) {
     utf8proc_uint8_t *out = NULL;
-    utf8proc_ssize_t n = utf8proc_map((const utf8proc_uint8_t *)s, (utf8proc_ssize_t)len, &out,
-                                      UTF8PROC_STABLE | UTF8PROC_COMPOSE);
+    utf8proc_ssize_t n =
+        utf8proc_map((const utf8proc_uint8_t *)s, (utf8proc_ssize_t)len, &out, UTF8PROC_STABLE | UTF8PROC_COMPOSE);
     if (n < 0) {
         dfl_seterr("NFC: %s", utf8proc_errmsg(n));
         return NULL;
@@ -365,7 +360,8 @@ static char *nfc(const char *s, size_t len, size_t *out_len) {
 static int parse_added(dfl_tokenizer *tok, const cJSON *list) {
     char b[96], field[48];
     if (!list || cJSON_IsNull(list)) return DFL_OK;
-    if (!cJSON_IsArray(list)) return dfl_seterr("added_tokens: expected an array, found %s", dfl_json_brief(list, b, sizeof b));
+    if (!cJSON_IsArray(list))
+        return dfl_seterr("added_tokens: expected an array, found %s", dfl_json_brief(list, b, sizeof b));
     int n = cJSON_GetArraySize(list);
     tok->added = calloc((size_t)n + 1, sizeof *tok->added);
     if (!tok->added || tok_strmap_init(&tok->added_ids, (size_t)n)) return dfl_seterr("out of memory");
@@ -373,7 +369,8 @@ static int parse_added(dfl_tokenizer *tok, const cJSON *list) {
     for (const cJSON *c = list->child; c; c = c->next, i++) {
         struct tok_added *a = &tok->added[i];
         snprintf(field, sizeof field, "added_tokens[%d]", i);
-        if (!cJSON_IsObject(c)) return dfl_seterr("%s: expected an object, found %s", field, dfl_json_brief(c, b, sizeof b));
+        if (!cJSON_IsObject(c))
+            return dfl_seterr("%s: expected an object, found %s", field, dfl_json_brief(c, b, sizeof b));
         const cJSON *content = cJSON_GetObjectItemCaseSensitive(c, "content");
         if (!cJSON_IsString(content) || !content->valuestring[0])
             return dfl_seterr("%s.content: expected a non-empty string, found %s", field,
@@ -471,9 +468,12 @@ int tok_locate(const char *given, const char *model_dir, const char *what) {
     if (ok) return DFL_OK;
     if (given)
         return dfl_seterr("--tokenizer %s: no tokenizer.json there (give a tokenizer.json file, or a directory holding "
-                          "one)", given);
-    return dfl_seterr("%s a tokenizer: no tokenizer.json in %s (give --tokenizer PATH: a tokenizer.json, or a directory "
-                      "holding one, such as the original checkpoint's)", what, model_dir);
+                          "one)",
+                          given);
+    return dfl_seterr(
+        "%s a tokenizer: no tokenizer.json in %s (give --tokenizer PATH: a tokenizer.json, or a directory "
+        "holding one, such as the original checkpoint's)",
+        what, model_dir);
 }
 
 dfl_tokenizer *tok_open(const char *path) {

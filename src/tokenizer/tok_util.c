@@ -109,8 +109,7 @@ int tok_utf8_char(const unsigned char *s, size_t n) {
         need = 3;
         if (c == 0xF0) lo = 0x90;
         else if (c == 0xF4) hi = 0x8F; /* <= U+10FFFF */
-    } else
-        return -1;
+    } else return -1;
     for (int k = 1; k <= need; k++) {
         if ((size_t)k >= n) return -k;
         unsigned b = s[k];

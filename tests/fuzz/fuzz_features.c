@@ -64,16 +64,20 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     FUZZ_CHECK(t.n >= 1 && t.n <= meta.max_new, "tokens %d, max_new %d", t.n, meta.max_new);
     FUZZ_CHECK(t.eos_stop || (t.n == meta.max_new && t.n_ext == 0), "stop max_new with %d of %d tokens", t.n,
                meta.max_new);
-    FUZZ_CHECK(t.n_prompt >= 1 && t.n_rows == t.n_prompt + t.n - 1, "%d rows for %d + %d tokens", t.n_rows,
-               t.n_prompt, t.n);
+    FUZZ_CHECK(t.n_prompt >= 1 && t.n_rows == t.n_prompt + t.n - 1, "%d rows for %d + %d tokens", t.n_rows, t.n_prompt,
+               t.n);
     for (int i = 0; i < t.n + t.n_ext; i++) FUZZ_CHECK(t.ids[i] >= 0 && t.ids[i] < V, "truth id %d", t.ids[i]);
     /* every mode replays the truth (or refuses it) without reading past it */
     static const int budgets[2] = {0, 4};
     const int blocks[3] = {2, 5, 16};
     for (int b = 0; b < 3; b++) {
         stub s = {0};
-        dfl_draft_if dif = {.ctx = &s, .add_context = s_add, .draft = s_draft, .context_len = s_len,
-                            .feature_layers = &layer, .n_feature_layers = 1};
+        dfl_draft_if dif = {.ctx = &s,
+                            .add_context = s_add,
+                            .draft = s_draft,
+                            .context_len = s_len,
+                            .feature_layers = &layer,
+                            .n_feature_layers = 1};
         eval_draft_cache c;
         FUZZ_CHECK(eval_draft_cache_init(&c, 4, V, blocks[b]) == DFL_OK, "eval_draft_cache_init");
         eval_replay_out out[2];

@@ -70,8 +70,9 @@ static void check_whole(const eval_prompt *p, const uint8_t *body, size_t n, eva
         FUZZ_CHECK(k == p->n_turns, "line %d: %d user messages, %d turns loaded", p->line, k, p->n_turns);
     }
     for (int k = 0; fmt != EVAL_FMT_MESSAGES && fmt != EVAL_FMT_SHAREGPT && k < p->n_turns; k++) {
-        const cJSON *v = fmt == EVAL_FMT_MTBENCH ? cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(o, "turns"), k)
-                                                 : cJSON_GetObjectItemCaseSensitive(o, fmt == EVAL_FMT_GSM8K ? "question" : field);
+        const cJSON *v = fmt == EVAL_FMT_MTBENCH
+                             ? cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(o, "turns"), k)
+                             : cJSON_GetObjectItemCaseSensitive(o, fmt == EVAL_FMT_GSM8K ? "question" : field);
         FUZZ_CHECK(cJSON_IsString(v) && strcmp(v->valuestring, p->turns[k]) == 0,
                    "line %d turn %d: loaded '%s', the field holds more (a NUL character?)", p->line, k, p->turns[k]);
     }
@@ -84,7 +85,8 @@ static void check_whole(const eval_prompt *p, const uint8_t *body, size_t n, eva
         if (!v) continue;
         if (cJSON_IsString(v)) snprintf(want, sizeof want, "%.63s", v->valuestring);
         else {
-            FUZZ_CHECK(cJSON_IsNumber(v) && v->valuedouble == floor(v->valuedouble) && fabs(v->valuedouble) <= 9007199254740992.0,
+            FUZZ_CHECK(cJSON_IsNumber(v) && v->valuedouble == floor(v->valuedouble) &&
+                           fabs(v->valuedouble) <= 9007199254740992.0,
                        "line %d: id field '%s' is no string or integer, yet the prompt loaded", p->line, ids[i]);
             snprintf(want, sizeof want, "%.0f", v->valuedouble);
         }
@@ -132,7 +134,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         FUZZ_CHECK(p->id && p->n_turns >= 1 && p->n_turns <= (two ? 2 : 1), "prompt %d", i);
         for (int k = 0; k < p->n_turns; k++) FUZZ_CHECK(p->turns[k] != NULL, "turn %d of prompt %d", k, i);
         FUZZ_CHECK(i == 0 || p->line > ps.p[i - 1].line, "line order");
-        for (int j = i < 2000 ? 0 : i; j < i; j++) FUZZ_CHECK(strcmp(ps.p[j].id, p->id) != 0, "repeated id '%s'", p->id);
+        for (int j = i < 2000 ? 0 : i; j < i; j++)
+            FUZZ_CHECK(strcmp(ps.p[j].id, p->id) != 0, "repeated id '%s'", p->id);
         check_whole(p, body, (size_t)(data + size - body), fmt, field);
     }
     for (int i = 0; i < ps.n_bad; i++)

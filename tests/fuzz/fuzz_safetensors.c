@@ -39,8 +39,7 @@ static void check_model(const st_checkpoint *m, const uint8_t *map, size_t size)
             FUZZ_CHECK(st_read_f32(t, t->numel, 1, buf) != DFL_OK, "read past the end accepted");
         }
     }
-    FUZZ_CHECK(covered == size - f->data_start, "tensors cover %zu of %zu data bytes", covered,
-               size - f->data_start);
+    FUZZ_CHECK(covered == size - f->data_start, "tensors cover %zu of %zu data bytes", covered, size - f->data_start);
     FUZZ_CHECK(st_find(m, "") == NULL || st_find(m, "")->name[0] == 0, "st_find(\"\")");
     char meta[64];
     if (st_meta_get(m, 0, "format", meta, sizeof meta) == DFL_OK) FUZZ_CHECK(strlen(meta) < sizeof meta, "meta");

@@ -32,8 +32,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         FUZZ_CHECK(strstr(dfl_errmsg(), path) != NULL, "error does not name the file: %s", dfl_errmsg());
         return 0;
     }
-    static const char *const texts[] = {"", "a", "abc ab  a\n\n", "Hello world, 123!", "\xc3\xa9t\xc3\xa9 \xe4\xb8\xad",
-                                        "<s>x</s><|im_start|>", "\xff\xfe bad \xc3"};
+    static const char *const texts[] = {"",
+                                        "a",
+                                        "abc ab  a\n\n",
+                                        "Hello world, 123!",
+                                        "\xc3\xa9t\xc3\xa9 \xe4\xb8\xad",
+                                        "<s>x</s><|im_start|>",
+                                        "\xff\xfe bad \xc3"};
     for (size_t i = 0; i < sizeof texts / sizeof *texts; i++)
         check_text(tok, (const uint8_t *)texts[i], strlen(texts[i]));
     check_text(tok, data, size < 256 ? size : 256);

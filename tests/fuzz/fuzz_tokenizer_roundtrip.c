@@ -28,8 +28,7 @@ static void encode(const uint8_t *s, size_t n, int32_t **ids, size_t *n_ids) {
     FUZZ_CHECK(tok_encode(tok, (const char *)s, n, ids, n_ids) == DFL_OK, "tok_encode: %s", dfl_errmsg());
     const int32_t vs = tok_vocab_size(tok);
     for (size_t i = 0; i < *n_ids; i++)
-        FUZZ_CHECK((*ids)[i] >= 0 && (*ids)[i] < vs && tok_has_id(tok, (*ids)[i]), "id %d is not a token",
-                   (*ids)[i]);
+        FUZZ_CHECK((*ids)[i] >= 0 && (*ids)[i] < vs && tok_has_id(tok, (*ids)[i]), "id %d is not a token", (*ids)[i]);
 }
 
 static void round_trip(const uint8_t *data, size_t size) {

@@ -100,8 +100,8 @@ uint8_t *fuzz_utf8_repair(const uint8_t *s, size_t n, size_t *out_len) {
 
 uint8_t *fuzz_nfc(const uint8_t *s, size_t n, size_t *out_len) {
     utf8proc_uint8_t *out = NULL;
-    utf8proc_ssize_t r = utf8proc_map(n ? s : (const uint8_t *)"", (utf8proc_ssize_t)n, &out,
-                                      UTF8PROC_STABLE | UTF8PROC_COMPOSE);
+    utf8proc_ssize_t r =
+        utf8proc_map(n ? s : (const uint8_t *)"", (utf8proc_ssize_t)n, &out, UTF8PROC_STABLE | UTF8PROC_COMPOSE);
     FUZZ_CHECK(r >= 0, "utf8proc_map: %s", utf8proc_errmsg(r));
     *out_len = (size_t)r;
     return out;

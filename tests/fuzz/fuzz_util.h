@@ -8,14 +8,14 @@
 #include <stdlib.h>
 
 /* A property every input must keep: report and abort (libFuzzer saves the input as a crash). */
-#define FUZZ_CHECK(cond, ...)                                                              \
-    do {                                                                                   \
-        if (!(cond)) {                                                                     \
-            fprintf(stderr, "%s:%d: FUZZ_CHECK(%s) failed: ", __FILE__, __LINE__, #cond);  \
-            fprintf(stderr, __VA_ARGS__);                                                  \
-            fprintf(stderr, "\n");                                                         \
-            abort();                                                                       \
-        }                                                                                  \
+#define FUZZ_CHECK(cond, ...)                                                             \
+    do {                                                                                  \
+        if (!(cond)) {                                                                    \
+            fprintf(stderr, "%s:%d: FUZZ_CHECK(%s) failed: ", __FILE__, __LINE__, #cond); \
+            fprintf(stderr, __VA_ARGS__);                                                 \
+            fprintf(stderr, "\n");                                                        \
+            abort();                                                                      \
+        }                                                                                 \
     } while (0)
 
 /* The parsers take paths: an in-memory file (memfd) holding data, as "/proc/self/fd/N". The

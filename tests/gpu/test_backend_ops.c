@@ -135,7 +135,8 @@ static void test_norms(void) {
         for (int r = 0; r < rows; r++) kn_rmsnorm(ref + (size_t)r * d, x + (size_t)r * d, w, d, 1e-6f);
         cu_rmsnorm(dy, dx, dw, rows, d, 1e-6f);
         dget(got, dy, (size_t)rows * d * 4);
-        CHECK(relerr(got, ref, (size_t)rows * d, 1e-3) < 1e-5, "rmsnorm dim %d: %.3g", d, relerr(got, ref, (size_t)rows * d, 1e-3));
+        CHECK(relerr(got, ref, (size_t)rows * d, 1e-3) < 1e-5, "rmsnorm dim %d: %.3g", d,
+              relerr(got, ref, (size_t)rows * d, 1e-3));
         /* gated: z = silu(z) * (w * norm(x)) */
         for (size_t i = 0; i < (size_t)rows * d; i++) ref[i] = kn_silu(z[i]) * ref[i];
         cu_gated_rmsnorm(dz, dx, dw, rows, d, 1e-6f);
@@ -263,10 +264,13 @@ static void test_attention(int gated) {
     dget(tree, dout, (size_t)n * Hq * hd * 4);
     const int path[4] = {0, 1, 3, 5};
     /* the device's own normed and rotated rows, rearranged as a chain along the path */
-    float *gkc = malloc((size_t)slots * kvw * 4), *gvc = malloc((size_t)slots * kvw * 4), *gq = malloc((size_t)n * ldq * 4);
+    float *gkc = malloc((size_t)slots * kvw * 4), *gvc = malloc((size_t)slots * kvw * 4),
+          *gq = malloc((size_t)n * ldq * 4);
     dget(gkc, dkc, (size_t)slots * kvw * 4), dget(gvc, dvc, (size_t)slots * kvw * 4), dget(gq, dq, (size_t)n * ldq * 4);
-    float *kc2 = malloc((size_t)slots * kvw * 4), *vc2 = malloc((size_t)slots * kvw * 4), *q2 = malloc((size_t)n * ldq * 4);
-    memcpy(kc2, gkc, (size_t)slots * kvw * 4), memcpy(vc2, gvc, (size_t)slots * kvw * 4), memcpy(q2, gq, (size_t)n * ldq * 4);
+    float *kc2 = malloc((size_t)slots * kvw * 4), *vc2 = malloc((size_t)slots * kvw * 4),
+          *q2 = malloc((size_t)n * ldq * 4);
+    memcpy(kc2, gkc, (size_t)slots * kvw * 4), memcpy(vc2, gvc, (size_t)slots * kvw * 4),
+        memcpy(q2, gq, (size_t)n * ldq * 4);
     for (int d = 0; d < 4; d++) {
         memcpy(kc2 + (size_t)(p0 + d) * kvw, gkc + (size_t)(p0 + path[d]) * kvw, (size_t)kvw * 4);
         memcpy(vc2 + (size_t)(p0 + d) * kvw, gvc + (size_t)(p0 + path[d]) * kvw, (size_t)kvw * 4);
@@ -323,16 +327,26 @@ static void test_gdn(int dk, int dv) {
     for (int h = 0; h < Hv; h++) {
         float gb[2 * KN_GDN_CHUNK];
         for (int t = 0; t < n; t++)
-            gb[t] = nA[h] * kn_softplus(a[(size_t)t * Hv + h] + dtb[h]), gb[KN_GDN_CHUNK + t] = kn_sigmoid(b[(size_t)t * Hv + h]);
+            gb[t] = nA[h] * kn_softplus(a[(size_t)t * Hv + h] + dtb[h]),
+            gb[KN_GDN_CHUNK + t] = kn_sigmoid(b[(size_t)t * Hv + h]);
         const int kh = h / (Hv / Hk);
-        const kn_gdn_io io = {.dk = dk, .dv = dv, .n = n, .q = ref + (size_t)kh * dk, .k = ref + (size_t)Hk * dk + (size_t)kh * dk,
-                              .v = ref + 2 * (size_t)Hk * dk + (size_t)h * dv, .ld = (size_t)C, .g = gb,
-                              .beta = gb + KN_GDN_CHUNK, .out = oref + (size_t)h * dv, .ldo = (size_t)Hv * dv};
+        const kn_gdn_io io = {.dk = dk,
+                              .dv = dv,
+                              .n = n,
+                              .q = ref + (size_t)kh * dk,
+                              .k = ref + (size_t)Hk * dk + (size_t)kh * dk,
+                              .v = ref + 2 * (size_t)Hk * dk + (size_t)h * dv,
+                              .ld = (size_t)C,
+                              .g = gb,
+                              .beta = gb + KN_GDN_CHUNK,
+                              .out = oref + (size_t)h * dv,
+                              .ldo = (size_t)Hv * dv};
         kn_gdn_recurrent(Sref + (size_t)h * dk * dv, &io);
     }
     /* the device, chain from S0 into S */
     float *dqkv = dput(qkv, (size_t)n * C * 4), *dw = dput(w, (size_t)C * K * 4), *dwin = dput(win0, win * 4);
-    float *da = dput(a, (size_t)n * Hv * 4), *db = dput(b, (size_t)n * Hv * 4), *dnA = dput(nA, 32), *ddt = dput(dtb, 32);
+    float *da = dput(a, (size_t)n * Hv * 4), *db = dput(b, (size_t)n * Hv * 4), *dnA = dput(nA, 32),
+          *ddt = dput(dtb, 32);
     float *dS0 = dput(S0, HS * 4), *dS = dput(NULL, HS * 4), *dout = dput(NULL, (size_t)n * Hv * dv * 4);
     cu_conv_silu(dqkv, C, n, K, dw, dwin, NULL, NULL);
     cu_l2norm_qk(dqkv, C, Hk, dk, n);
@@ -347,7 +361,8 @@ static void test_gdn(int dk, int dv) {
     CHECK(relerr(got, oref, (size_t)n * Hv * dv, 1e-2) < 1e-5, "gated delta output (dk %d dv %d): %.3g", dk, dv,
           relerr(got, oref, (size_t)n * Hv * dv, 1e-2));
     dget(got, dS, HS * 4);
-    CHECK(relerr(got, Sref, HS, 1e-2) < 1e-5, "gated delta state (dk %d dv %d): %.3g", dk, dv, relerr(got, Sref, HS, 1e-2));
+    CHECK(relerr(got, Sref, HS, 1e-2) < 1e-5, "gated delta state (dk %d dv %d): %.3g", dk, dv,
+          relerr(got, Sref, HS, 1e-2));
     float *Schain = malloc(HS * 4), *ochain = malloc((size_t)n * Hv * dv * 4);
     memcpy(Schain, got, HS * 4);
     dget(ochain, dout, (size_t)n * Hv * dv * 4);
@@ -358,8 +373,8 @@ static void test_gdn(int dk, int dv) {
     for (int t = 0; t < n; t++) {
         cu_conv_silu(dqkv + (size_t)t * C, C, 1, K, dw, dwin, NULL, NULL);
         cu_l2norm_qk(dqkv + (size_t)t * C, C, Hk, dk, 1);
-        cu_gdn(dqkv + (size_t)t * C, C, Hk, Hv, dk, dv, da + (size_t)t * Hv, db + (size_t)t * Hv, Hv, dnA, ddt, dS, NULL,
-               dout + (size_t)t * Hv * dv, 1, NULL, NULL);
+        cu_gdn(dqkv + (size_t)t * C, C, Hk, Hv, dk, dv, da + (size_t)t * Hv, db + (size_t)t * Hv, Hv, dnA, ddt, dS,
+               NULL, dout + (size_t)t * Hv * dv, 1, NULL, NULL);
     }
     dget(got, dS, HS * 4);
     CHECK(memcmp(got, Schain, HS * 4) == 0, "gated delta: token by token != one call (state, dk %d)", dk);
@@ -408,7 +423,8 @@ static void test_gdn(int dk, int dv) {
     CHECK(memcmp(got, W5, win * 4) == 0, "conv: tree node window != chain window (dk %d)", dk);
     cudaFree(dqkv), cudaFree(dw), cudaFree(dwin), cudaFree(da), cudaFree(db), cudaFree(dnA), cudaFree(ddt);
     cudaFree(dS0), cudaFree(dS), cudaFree(dout), cudaFree(dpar), cudaFree(dnw), cudaFree(dnS);
-    free(qkv), free(w), free(win0), free(a), free(b), free(S0), free(ref), free(rwin), free(Sref), free(oref), free(got);
+    free(qkv), free(w), free(win0), free(a), free(b), free(S0), free(ref), free(rwin), free(Sref), free(oref),
+        free(got);
     free(Schain), free(ochain), free(o1), free(tq), free(ta), free(tb), free(tout), free(S5), free(W5);
 }
 
@@ -437,10 +453,11 @@ int main(void) {
         return 77;
     }
     /* BF16 with cols % 32 == 0 takes the tensor cores; the others the CUDA-core kernel */
-    const int shapes[][2] = {{37, 64}, {129, 300}, {64, 1030}, {17, 77}, {9, 8200}, {300, 5120}, {48, 5120},
-                             {1000, 2048}, {40, 17408}};
+    const int shapes[][2] = {{37, 64},    {129, 300}, {64, 1030},   {17, 77},   {9, 8200},
+                             {300, 5120}, {48, 5120}, {1000, 2048}, {40, 17408}};
     for (int dt = 0; dt < 3; dt++)
-        for (size_t k = 0; k < sizeof shapes / sizeof *shapes; k++) test_matmul((cu_dtype)dt, shapes[k][0], shapes[k][1]);
+        for (size_t k = 0; k < sizeof shapes / sizeof *shapes; k++)
+            test_matmul((cu_dtype)dt, shapes[k][0], shapes[k][1]);
     test_embed();
     test_norms();
     test_attention(0);

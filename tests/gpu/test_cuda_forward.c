@@ -51,7 +51,8 @@ static void against_cpu(const char *name, dfl_model *mc, dfl_model *mg) {
     dfl_target_state sc, sg;
     CHECK(target_state_init(&sc, mc, T + N_GEN + 8, T, 0) == DFL_OK, "%s: cpu state: %s", name, dfl_errmsg());
     CHECK(target_state_init(&sg, mg, T + N_GEN + 8, T, 0) == DFL_OK, "%s: gpu state: %s", name, dfl_errmsg());
-    const dfl_capture capc = {.n_layers = L, .layers = layers, .out = hc}, capg = {.n_layers = L, .layers = layers, .out = hg};
+    const dfl_capture capc = {.n_layers = L, .layers = layers, .out = hc},
+                      capg = {.n_layers = L, .layers = layers, .out = hg};
     CHECK(model_forward(&sc, tok, T, lc, 0, &capc) == DFL_OK, "%s: cpu forward", name);
     CHECK(model_forward(&sg, tok, T, lg, 0, &capg) == DFL_OK, "%s: gpu forward: %s", name, dfl_errmsg());
     double worst = 0;
@@ -75,12 +76,13 @@ static void against_cpu(const char *name, dfl_model *mc, dfl_model *mg) {
     dfl_gen_stats st;
     target_state_reset(&sc), target_state_reset(&sg);
     CHECK(spec_generate(&sc, NULL, tok, 8, &go, oc, &st, NULL, NULL) == DFL_OK, "%s: cpu generate", name);
-    CHECK(spec_generate(&sg, NULL, tok, 8, &go, og, &st, NULL, NULL) == DFL_OK, "%s: gpu generate: %s", name, dfl_errmsg());
+    CHECK(spec_generate(&sg, NULL, tok, 8, &go, og, &st, NULL, NULL) == DFL_OK, "%s: gpu generate: %s", name,
+          dfl_errmsg());
     int first = -1;
     for (int i = 0; i < N_GEN && first < 0; i++)
         if (oc[i] != og[i]) first = i;
-    CHECK(first < 0, "%s: greedy tokens differ from the cpu's at %d (%d vs %d)", name, first, first >= 0 ? og[first] : 0,
-          first >= 0 ? oc[first] : 0);
+    CHECK(first < 0, "%s: greedy tokens differ from the cpu's at %d (%d vs %d)", name, first,
+          first >= 0 ? og[first] : 0, first >= 0 ? oc[first] : 0);
     target_state_free(&sc), target_state_free(&sg);
     free(hc), free(hg), free(lc), free(lg);
 }
@@ -105,7 +107,8 @@ static void invariance(const char *name, dfl_model *mg) {
     target_state_reset(&s);
     model_forward(&s, tok, T - K, part, 1, NULL);
     model_forward(&s, tok + T - K, K, part, 1, NULL);
-    CHECK(same(part, full + (size_t)(T - 1) * V, (size_t)V), "%s: gpu prefill(T) != prefill(T-k) + k-token forward", name);
+    CHECK(same(part, full + (size_t)(T - 1) * V, (size_t)V), "%s: gpu prefill(T) != prefill(T-k) + k-token forward",
+          name);
     for (int keep = T - K; keep <= T; keep++) {
         target_state_reset(&s);
         model_forward(&s, tok, T - K, NULL, 0, NULL);
@@ -136,8 +139,8 @@ static void tree_vs_chain(const char *name, dfl_model *mg) {
     float *chain = malloc((size_t)8 * V * 4), *tree = malloc((size_t)8 * V * 4), *next = malloc((size_t)2 * V * 4);
     float *cnext = malloc((size_t)2 * V * 4);
     dfl_target_state s;
-    CHECK(target_state_init(&s, mg, P + 32, P, 1) == DFL_OK && target_state_enable_tree(&s, 16) == DFL_OK, "%s: tree state: %s", name,
-          dfl_errmsg());
+    CHECK(target_state_init(&s, mg, P + 32, P, 1) == DFL_OK && target_state_enable_tree(&s, 16) == DFL_OK,
+          "%s: tree state: %s", name, dfl_errmsg());
     CHECK(model_forward(&s, ctx, P, NULL, 0, NULL) == DFL_OK, "%s: context: %s", name, dfl_errmsg());
     CHECK(model_forward(&s, ctx + P, 7, chain, 0, NULL) == DFL_OK, "%s: chain", name);
     CHECK(model_forward(&s, ctx + P + 7, 1, cnext, 0, NULL) == DFL_OK, "%s: chain next", name);
@@ -189,21 +192,27 @@ static void lossless(const char *name, dfl_model *mg) {
     int32_t prompt[NP], greedy[N_GEN], out[N_GEN];
     tokens(prompt, NP, V, 4);
     dfl_target_state s;
-    CHECK(target_state_init(&s, mg, NP + N_GEN + 16, 16, 1) == DFL_OK && target_state_enable_tree(&s, 9) == DFL_OK, "%s: state: %s",
-          name, dfl_errmsg());
+    CHECK(target_state_init(&s, mg, NP + N_GEN + 16, 16, 1) == DFL_OK && target_state_enable_tree(&s, 9) == DFL_OK,
+          "%s: state: %s", name, dfl_errmsg());
     dfl_gen_opts go = {.max_new = N_GEN, .block = B, .ignore_eos = 1};
     dfl_gen_stats st;
     CHECK(spec_generate(&s, NULL, prompt, NP, &go, greedy, &st, NULL, NULL) == DFL_OK, "%s: greedy", name);
     static const int feat_layer[1] = {0};
     oracle o = {.truth = greedy, .n_prompt = NP, .V = V};
-    dfl_draft_if dif = {.ctx = &o, .add_context = o_add, .draft = o_draft, .context_len = o_len, .reset = o_reset,
-                        .feature_layers = feat_layer, .n_feature_layers = 1};
+    dfl_draft_if dif = {.ctx = &o,
+                        .add_context = o_add,
+                        .draft = o_draft,
+                        .context_len = o_len,
+                        .reset = o_reset,
+                        .feature_layers = feat_layer,
+                        .n_feature_layers = 1};
     for (int budget = 0; budget <= 8; budget += 8) {
         target_state_reset(&s), o_reset(&o);
         go.tree_budget = budget;
-        CHECK(spec_generate(&s, &dif, prompt, NP, &go, out, &st, NULL, NULL) == DFL_OK, "%s: speculative (budget %d): %s",
-              name, budget, dfl_errmsg());
-        CHECK(memcmp(out, greedy, sizeof out) == 0, "%s: gpu speculative output (tree budget %d) != greedy", name, budget);
+        CHECK(spec_generate(&s, &dif, prompt, NP, &go, out, &st, NULL, NULL) == DFL_OK,
+              "%s: speculative (budget %d): %s", name, budget, dfl_errmsg());
+        CHECK(memcmp(out, greedy, sizeof out) == 0, "%s: gpu speculative output (tree budget %d) != greedy", name,
+              budget);
         CHECK(st.accepted > 0, "%s: the oracle's drafts were never accepted (budget %d)", name, budget);
         printf("%s: gpu speculative, tree budget %d: %d rounds, tau %.2f, identical to greedy\n", name, budget,
                st.rounds, spec_tau(&st));
@@ -219,7 +228,8 @@ int main(void) {
     const char *names[] = {"qwen3_tiny", "qwen3_bf16", "qwen35_text", "qwen35_vlm", "qwen35_bf16", "qwen35_r1"};
     for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
         dfl_model mc, mg;
-        if (model_open(&mc, test_fixture(names[i]), 0) != DFL_OK || model_open(&mg, test_fixture(names[i]), 0) != DFL_OK) {
+        if (model_open(&mc, test_fixture(names[i]), 0) != DFL_OK ||
+            model_open(&mg, test_fixture(names[i]), 0) != DFL_OK) {
             CHECK(0, "%s: %s", names[i], dfl_errmsg());
             continue;
         }

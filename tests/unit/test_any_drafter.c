@@ -19,7 +19,12 @@
 static void kinds(void) {
     char other_head[4096];
     snprintf(other_head, sizeof other_head, "%s:mtp", test_fixture("qwen35_mtp"));
-    const struct { const char *target, *drafter; int block; dfl_drafter_kind kind; int default_block; } cases[] = {
+    const struct {
+        const char *target, *drafter;
+        int block;
+        dfl_drafter_kind kind;
+        int default_block;
+    } cases[] = {
         {"qwen35_vlm", "dflash_qwen35", 0, DFL_DRAFTER_DFLASH, 16},
         {"qwen35_vlm", "dflash2_qwen35", 0, DFL_DRAFTER_DFLASH2, 16},
         {"qwen35_vlm", "dflash2_qwen35", 5, DFL_DRAFTER_DFLASH2, 5},
@@ -29,8 +34,9 @@ static void kinds(void) {
     const int32_t prompt[] = {11, 200, 37, 512, 99, 3, 641, 77, 12};
     const int NP = (int)(sizeof prompt / sizeof prompt[0]), ctx = NP + N_GEN + 16;
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        const char *arg = !cases[i].drafter ? other_head
-                          : strcmp(cases[i].drafter, "mtp") == 0 ? "mtp" : test_fixture(cases[i].drafter);
+        const char *arg = !cases[i].drafter                      ? other_head
+                          : strcmp(cases[i].drafter, "mtp") == 0 ? "mtp"
+                                                                 : test_fixture(cases[i].drafter);
         char arg_copy[4096];
         snprintf(arg_copy, sizeof arg_copy, "%s", arg); /* test_fixture's buffer is reused */
         dfl_model m;
@@ -53,15 +59,15 @@ static void kinds(void) {
         dfl_draft_if dif;
         dfl_target_state s;
         CHECK(target_state_init(&s, &m, ctx, NP > a.block ? NP : a.block, 1) == DFL_OK, "%s", dfl_errmsg());
-        CHECK(anydrafter_state_init(&a, &m, ctx, &dif) == DFL_OK && anydrafter_state_bytes(&a) > 0, "%s",
-              dfl_errmsg());
+        CHECK(anydrafter_state_init(&a, &m, ctx, &dif) == DFL_OK && anydrafter_state_bytes(&a) > 0, "%s", dfl_errmsg());
         CHECK(n_ids == dif.n_feature_layers && memcmp(ids, dif.feature_layers, (size_t)n_ids * sizeof *ids) == 0,
               "%s: the feature layers known at open are the interface's", arg_copy);
         CHECK(a.kind != DFL_DRAFTER_MTP || (n_ids == 1 && ids[0] == m.cfg.n_layers - 1),
               "the MTP head reads the last decoder layer");
         int32_t truth[N_GEN], out[N_GEN];
         dfl_gen_stats st;
-        dfl_gen_opts ar = {.max_new = N_GEN, .ignore_eos = 1}, sp = {.max_new = N_GEN, .block = a.block, .ignore_eos = 1};
+        dfl_gen_opts ar = {.max_new = N_GEN, .ignore_eos = 1},
+                     sp = {.max_new = N_GEN, .block = a.block, .ignore_eos = 1};
         CHECK(spec_generate(&s, NULL, prompt, NP, &ar, truth, &st, NULL, NULL) == DFL_OK, "%s", dfl_errmsg());
         target_state_reset(&s);
         CHECK(spec_generate(&s, &dif, prompt, NP, &sp, out, &st, NULL, NULL) == DFL_OK, "%s", dfl_errmsg());
@@ -80,17 +86,20 @@ static void refusals(void) {
         CHECK(0, "%s", dfl_errmsg());
         return;
     }
-    CHECK(anydrafter_open(&a, "mtp", &m, m.dir, 0, 0, NULL, 0) == DFL_ERR &&
-          strstr(dfl_errmsg(), "drafter mtp: ") && strstr(dfl_errmsg(), "has no MTP head: no mtp.* tensors"),
+    CHECK(anydrafter_open(&a, "mtp", &m, m.dir, 0, 0, NULL, 0) == DFL_ERR && strstr(dfl_errmsg(), "drafter mtp: ") &&
+              strstr(dfl_errmsg(), "has no MTP head: no mtp.* tensors"),
           "a target without an MTP head: %s", dfl_errmsg());
     snprintf(arg, sizeof arg, "%s:mtp", test_fixture("qwen35_mtp"));
     CHECK(anydrafter_open(&a, arg, &m, m.dir, 1, 0, NULL, 0) == DFL_ERR &&
-          strstr(dfl_errmsg(), "block size 1: must be in [2, 256]"), "MTP block 1: %s", dfl_errmsg());
+              strstr(dfl_errmsg(), "block size 1: must be in [2, 256]"),
+          "MTP block 1: %s", dfl_errmsg());
     snprintf(arg, sizeof arg, "%s", test_fixture("dflash2_qwen35"));
     CHECK(anydrafter_open(&a, arg, &m, m.dir, 17, 0, NULL, 0) == DFL_ERR &&
-          strstr(dfl_errmsg(), "block size 17: must be in [2, 16]"), "block over block_size: %s", dfl_errmsg());
+              strstr(dfl_errmsg(), "block size 17: must be in [2, 16]"),
+          "block over block_size: %s", dfl_errmsg());
     CHECK(anydrafter_open(&a, "/nonexistent", &m, m.dir, 0, 0, NULL, 0) == DFL_ERR &&
-          strstr(dfl_errmsg(), "/nonexistent: not a directory"), "missing drafter: %s", dfl_errmsg());
+              strstr(dfl_errmsg(), "/nonexistent: not a directory"),
+          "missing drafter: %s", dfl_errmsg());
     snprintf(arg, sizeof arg, "%s", test_fixture("dflash_qwen3"));
     CHECK(anydrafter_open(&a, arg, &m, m.dir, 0, 0, NULL, 0) == DFL_ERR && strstr(dfl_errmsg(), "does not fit"),
           "another target's drafter: %s", dfl_errmsg());

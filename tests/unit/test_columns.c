@@ -32,8 +32,10 @@ static void set_other(const eval_column *c, eval_result *r) {
 }
 
 static size_t field_size(const eval_column *c) {
-    return c->type == COL_STR ? c->size : c->type == COL_LONG ? sizeof(long) : c->type == COL_SECONDS ? sizeof(double)
-                                                                                                      : sizeof(int);
+    return c->type == COL_STR       ? c->size
+           : c->type == COL_LONG    ? sizeof(long)
+           : c->type == COL_SECONDS ? sizeof(double)
+                                    : sizeof(int);
 }
 
 static int has_key(const char *line, const eval_column *c) {
@@ -104,7 +106,7 @@ static void check_agg(const eval_column *c) {
     memset(&a, 0, sizeof a);
     eval_columns_add(&a, &r);
     eval_columns_add(&a, &r);
-    const double v = c->type == COL_LONG ? (double)*(long *)((char *)&r + c->off)
+    const double v = c->type == COL_LONG      ? (double)*(long *)((char *)&r + c->off)
                      : c->type == COL_SECONDS ? *(double *)((char *)&r + c->off)
                                               : *(int *)((char *)&r + c->off);
     const double want = c->agg == AGG_SUM ? 2 * v : c->agg == AGG_MAX ? v : 2; /* AGG_COUNT_FALSE: both false */

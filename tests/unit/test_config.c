@@ -12,11 +12,11 @@
 
 static int parse(dfl_config *c, const char *json) { return config_parse(c, json, "config.json"); }
 
-#define QWEN3_BASE                                                                                      \
-    "{\"model_type\":\"qwen3\",\"hidden_size\":64,\"num_hidden_layers\":2,\"intermediate_size\":128,"    \
+#define QWEN3_BASE                                                                                    \
+    "{\"model_type\":\"qwen3\",\"hidden_size\":64,\"num_hidden_layers\":2,\"intermediate_size\":128," \
     "\"num_attention_heads\":4,\"num_key_value_heads\":2,\"head_dim\":32,\"vocab_size\":100"
-#define DRAFTER_BASE                                                                                    \
-    "{\"architectures\":[\"DFlashDraftModel\"],\"hidden_size\":64,\"num_hidden_layers\":2,"              \
+#define DRAFTER_BASE                                                                        \
+    "{\"architectures\":[\"DFlashDraftModel\"],\"hidden_size\":64,\"num_hidden_layers\":2," \
     "\"intermediate_size\":128,\"num_attention_heads\":4,\"block_size\":8"
 
 /* The base config with `extra` fields added must be refused with a message holding `needle`. */
@@ -33,11 +33,15 @@ static void refused(const char *base, const char *extra, const char *needle) {
  * first used to be undefined behaviour, and a huge eos id was accepted). */
 static void test_ranges(void) {
     dfl_config c;
-    refused(QWEN3_BASE, "\"eos_token_id\":9e98", "config.json: eos_token_id: expected an integer in [0, vocab_size = 100), found 9e+98");
-    refused(QWEN3_BASE, "\"eos_token_id\":100", "eos_token_id: expected an integer in [0, vocab_size = 100), found 100");
+    refused(QWEN3_BASE, "\"eos_token_id\":9e98",
+            "config.json: eos_token_id: expected an integer in [0, vocab_size = 100), found 9e+98");
+    refused(QWEN3_BASE, "\"eos_token_id\":100",
+            "eos_token_id: expected an integer in [0, vocab_size = 100), found 100");
     refused(QWEN3_BASE, "\"eos_token_id\":-1", "found -1");
-    refused(QWEN3_BASE, "\"eos_token_id\":[5,2.5]", "eos_token_id[1]: expected an integer in [0, vocab_size = 100), found 2.5");
-    refused(QWEN3_BASE, "\"eos_token_id\":[5,\"x\"]", "eos_token_id[1]: expected an integer in [0, vocab_size = 100), found \"x\"");
+    refused(QWEN3_BASE, "\"eos_token_id\":[5,2.5]",
+            "eos_token_id[1]: expected an integer in [0, vocab_size = 100), found 2.5");
+    refused(QWEN3_BASE, "\"eos_token_id\":[5,\"x\"]",
+            "eos_token_id[1]: expected an integer in [0, vocab_size = 100), found \"x\"");
     refused(QWEN3_BASE, "\"eos_token_id\":[1,2,3,4,5,6,7,8,9]", "more than 8 distinct eos ids");
     CHECK(parse(&c, QWEN3_BASE ",\"eos_token_id\":[99,7,99,0]}") == DFL_OK && c.n_eos == 3 && c.eos_ids[0] == 99 &&
               c.eos_ids[2] == 0,
@@ -58,20 +62,20 @@ static void test_ranges(void) {
     refused("{\"model_type\":\"qwen3\",\"hidden_size\":64,\"num_hidden_layers\":0", "\"intermediate_size\":1",
             "num_hidden_layers: expected an integer in [1, 256], found 0");
     refused("{\"model_type\":\"qwen3\",\"hidden_size\":64,\"num_hidden_layers\":2,\"intermediate_size\":128,"
-            "\"num_attention_heads\":4,\"vocab_size\":100", "\"head_dim\":1024",
-            "head_dim: expected an integer in [1, 512], found 1024");
+            "\"num_attention_heads\":4,\"vocab_size\":100",
+            "\"head_dim\":1024", "head_dim: expected an integer in [1, 512], found 1024");
     refused("{\"model_type\":\"qwen3\",\"hidden_size\":2048,\"num_hidden_layers\":2,\"intermediate_size\":8,"
             "\"num_attention_heads\":2,\"vocab_size\":10",
             "\"rope_theta\":1e4", "head_dim = hidden_size / num_attention_heads = 1024 exceeds the supported 512");
     refused(QWEN3_BASE, "\"max_position_embeddings\":4e9", "max_position_embeddings: expected an integer");
     refused("{\"model_type\":\"qwen3\",\"hidden_size\":64,\"num_hidden_layers\":2,\"intermediate_size\":128,"
-            "\"num_attention_heads\":4,\"vocab_size\":100", "\"num_key_value_heads\":0",
-            "num_key_value_heads: expected an integer in [1, 1024], found 0");
+            "\"num_attention_heads\":4,\"vocab_size\":100",
+            "\"num_key_value_heads\":0", "num_key_value_heads: expected an integer in [1, 1024], found 0");
     refused(QWEN3_BASE, "\"rms_norm_eps\":-1", "rms_norm_eps: expected a number in [0, 1], found -1");
     refused(QWEN3_BASE, "\"rope_theta\":1e999", "rope_theta: expected a number in [0, 1e+30], found inf");
     refused("{\"model_type\":\"qwen3\",\"hidden_size\":64,\"num_hidden_layers\":2,\"intermediate_size\":128,"
-            "\"num_attention_heads\":4,\"vocab_size\":1e10", "\"rope_theta\":1e4",
-            "vocab_size: expected an integer in [1, 16777216], found 10000000000");
+            "\"num_attention_heads\":4,\"vocab_size\":1e10",
+            "\"rope_theta\":1e4", "vocab_size: expected an integer in [1, 16777216], found 10000000000");
     const char *q35 = "{\"model_type\":\"qwen3_5_text\",\"hidden_size\":64,\"num_hidden_layers\":4,"
                       "\"intermediate_size\":128,\"num_attention_heads\":4,\"vocab_size\":10";
     refused(q35, "\"linear_conv_kernel_dim\":17", "linear_conv_kernel_dim: expected an integer in [1, 16], found 17");
@@ -94,8 +98,8 @@ static void test_ranges(void) {
     refused(DRAFTER_BASE, "\"mask_token_id\":1,\"output_multiplier\":1e39", "output_multiplier: expected a number");
 }
 
-#define QWEN3_MOE_BASE                                                                                  \
-    "{\"model_type\":\"qwen3_moe\",\"hidden_size\":64,\"num_hidden_layers\":4,\"num_attention_heads\":4,"     \
+#define QWEN3_MOE_BASE                                                                                    \
+    "{\"model_type\":\"qwen3_moe\",\"hidden_size\":64,\"num_hidden_layers\":4,\"num_attention_heads\":4," \
     "\"vocab_size\":100,\"num_experts_per_tok\":2,\"moe_intermediate_size\":32"
 
 /* MoE configs: qwen3_moe's sparse layers (decoder_sparse_step, mlp_only_layers), num_experts
@@ -103,22 +107,24 @@ static void test_ranges(void) {
 static void test_moe(void) {
     dfl_config c;
     CHECK(parse(&c, QWEN3_MOE_BASE ",\"num_local_experts\":8,\"intermediate_size\":96,\"decoder_sparse_step\":2,"
-                    "\"mlp_only_layers\":[3],\"norm_topk_prob\":true}") == DFL_OK,
+                                   "\"mlp_only_layers\":[3],\"norm_topk_prob\":true}") == DFL_OK,
           "qwen3_moe: %s", dfl_errmsg());
     CHECK(c.arch == DFL_ARCH_QWEN3 && c.n_experts == 8 && c.n_experts_per_tok == 2 && c.moe_intermediate == 32 &&
               c.shared_intermediate == 0 && c.norm_topk_prob && c.intermediate == 96 && !c.moe_layer[0] &&
               c.moe_layer[1] && !c.moe_layer[2] && !c.moe_layer[3] && config_n_moe_layers(&c) == 1,
           "qwen3_moe fields");
-    CHECK(parse(&c, QWEN3_MOE_BASE ",\"num_experts\":8}") == DFL_OK && !c.norm_topk_prob && config_n_moe_layers(&c) == 4 &&
-              c.intermediate == 0,
+    CHECK(parse(&c, QWEN3_MOE_BASE ",\"num_experts\":8}") == DFL_OK && !c.norm_topk_prob &&
+              config_n_moe_layers(&c) == 4 && c.intermediate == 0,
           "qwen3_moe, every layer sparse, no intermediate_size: %s", dfl_errmsg());
     refused(QWEN3_MOE_BASE, "\"num_experts\":8,\"mlp_only_layers\":[1]",
             "layer 1 has a dense MLP but intermediate_size is missing");
     refused(QWEN3_MOE_BASE, "\"num_experts\":1", "num_experts_per_tok 2 exceeds num_experts 1");
-    refused(QWEN3_MOE_BASE, "\"num_experts\":8,\"num_local_experts\":6", "num_experts 8 and num_local_experts 6 disagree");
+    refused(QWEN3_MOE_BASE, "\"num_experts\":8,\"num_local_experts\":6",
+            "num_experts 8 and num_local_experts 6 disagree");
     refused(QWEN3_MOE_BASE, "\"num_experts\":8,\"mlp_only_layers\":[4]",
             "mlp_only_layers[0]: expected an integer in [0, num_hidden_layers = 4), found 4");
-    refused(QWEN3_MOE_BASE, "\"num_experts\":8,\"decoder_sparse_step\":0", "decoder_sparse_step: expected an integer in [1,");
+    refused(QWEN3_MOE_BASE, "\"num_experts\":8,\"decoder_sparse_step\":0",
+            "decoder_sparse_step: expected an integer in [1,");
     CHECK(parse(&c, "{\"model_type\":\"qwen3_5_moe\",\"text_config\":{\"hidden_size\":64,\"num_hidden_layers\":4,"
                     "\"num_attention_heads\":2,\"vocab_size\":100,\"num_experts\":16}}") == DFL_OK,
           "qwen3_5_moe: %s", dfl_errmsg());
@@ -143,19 +149,20 @@ static void test_moe(void) {
 
 /* DFlash2: its four fields from dflash_config (z-lab) or the top level (speculators), is_causal,
  * and the refusals naming the field. */
-#define DFLASH2_BASE                                                                                    \
-    "{\"architectures\":[\"DFlash2DraftModel\"],\"hidden_size\":64,\"num_hidden_layers\":2,"             \
-    "\"intermediate_size\":128,\"num_attention_heads\":4,\"vocab_size\":1000,\"mask_token_id\":5,"        \
+#define DFLASH2_BASE                                                                               \
+    "{\"architectures\":[\"DFlash2DraftModel\"],\"hidden_size\":64,\"num_hidden_layers\":2,"       \
+    "\"intermediate_size\":128,\"num_attention_heads\":4,\"vocab_size\":1000,\"mask_token_id\":5," \
     "\"target_layer_ids\":[0,2],\"block_size\":8"
 static void test_dflash2(void) {
     dfl_config c;
     CHECK(parse(&c, DFLASH2_BASE ",\"is_causal\":false,\"dflash_config\":{\"conv_kernel_size\":2,"
-                    "\"conv_group_size\":16,\"selector_rank\":32,\"selector_top_k\":16}}") == DFL_OK &&
+                                 "\"conv_group_size\":16,\"selector_rank\":32,\"selector_top_k\":16}}") == DFL_OK &&
               c.arch == DFL_ARCH_DFLASH && c.dflash2 && c.conv_taps == 2 && c.conv_group == 16 &&
               c.selector_rank == 32 && c.selector_top_k == 16 && c.causal == 0,
           "dflash2 in dflash_config: %s", dfl_errmsg());
-    CHECK(parse(&c, DFLASH2_BASE ",\"conv_kernel_size\":3,\"conv_group_size\":32,\"selector_rank\":8,"
-                    "\"selector_top_k\":4,\"dflash_config\":{\"causal\":true,\"selector_top_k\":6}}") == DFL_OK &&
+    CHECK(parse(&c, DFLASH2_BASE
+                ",\"conv_kernel_size\":3,\"conv_group_size\":32,\"selector_rank\":8,"
+                "\"selector_top_k\":4,\"dflash_config\":{\"causal\":true,\"selector_top_k\":6}}") == DFL_OK &&
               c.conv_taps == 3 && c.conv_group == 32 && c.selector_rank == 8 && c.selector_top_k == 6 && c.causal == 1,
           "dflash2 at top level, dflash_config first: %s", dfl_errmsg());
     CHECK(parse(&c, DRAFTER_BASE ",\"mask_token_id\":1}") == DFL_OK && !c.dflash2 && c.causal == -1 &&
@@ -173,11 +180,15 @@ static void test_dflash2(void) {
             "selector_rank: expected an integer in [1, 65536], found 0");
     refused(DFLASH2_BASE, "\"conv_kernel_size\":2,\"conv_group_size\":16,\"selector_rank\":8,\"selector_top_k\":1001",
             "selector_top_k: expected an integer in [1, 1000], found 1001");
-    refused(DFLASH2_BASE, "\"conv_kernel_size\":2,\"conv_group_size\":16,\"selector_rank\":8,\"selector_top_k\":4,"
-            "\"is_causal\":1", "'is_causal' must be true or false");
-    refused(DFLASH2_BASE, "\"conv_kernel_size\":2,\"conv_group_size\":16,\"selector_rank\":8,\"selector_top_k\":4,"
-            "\"is_causal\":false,\"layer_types\":[\"full_attention\",\"sliding_attention\"],\"sliding_window\":4",
-            "sliding_window 4 is smaller than block_size 8 in a non-causal (is_causal false) sliding_attention layer 1");
+    refused(DFLASH2_BASE,
+            "\"conv_kernel_size\":2,\"conv_group_size\":16,\"selector_rank\":8,\"selector_top_k\":4,"
+            "\"is_causal\":1",
+            "'is_causal' must be true or false");
+    refused(
+        DFLASH2_BASE,
+        "\"conv_kernel_size\":2,\"conv_group_size\":16,\"selector_rank\":8,\"selector_top_k\":4,"
+        "\"is_causal\":false,\"layer_types\":[\"full_attention\",\"sliding_attention\"],\"sliding_window\":4",
+        "sliding_window 4 is smaller than block_size 8 in a non-causal (is_causal false) sliding_attention layer 1");
 }
 
 /* Plain DFlash reads the block attention as DFlash2 does: is_causal, then dflash_config.causal,
@@ -185,10 +196,12 @@ static void test_dflash2(void) {
 static void test_dflash_causal(void) {
     dfl_config c;
     CHECK(parse(&c, DRAFTER_BASE ",\"mask_token_id\":1,\"is_causal\":true,\"dflash_config\":{\"causal\":false}}") ==
-                  DFL_OK && c.causal == 1 && c.causal_field == DFL_CAUSAL_IS_CAUSAL,
+                  DFL_OK &&
+              c.causal == 1 && c.causal_field == DFL_CAUSAL_IS_CAUSAL,
           "is_causal first: %s", dfl_errmsg());
     CHECK(parse(&c, DRAFTER_BASE ",\"is_causal\":null,\"dflash_config\":{\"mask_token_id\":1,\"causal\":false}}") ==
-                  DFL_OK && c.causal == 0 && c.causal_field == DFL_CAUSAL_DFLASH_CONFIG,
+                  DFL_OK &&
+              c.causal == 0 && c.causal_field == DFL_CAUSAL_DFLASH_CONFIG,
           "dflash_config.causal: %s", dfl_errmsg());
     CHECK(parse(&c, DRAFTER_BASE ",\"dflash_config\":{\"mask_token_id\":1,\"causal\":null}}") == DFL_OK &&
               c.causal == -1 && c.causal_field == DFL_CAUSAL_UNSET,
@@ -197,12 +210,14 @@ static void test_dflash_causal(void) {
             "config.json: field 'is_causal' must be true or false");
     refused(DRAFTER_BASE, "\"dflash_config\":{\"mask_token_id\":1,\"causal\":0}",
             "config.json: dflash_config: field 'causal' must be true or false");
-    refused(DRAFTER_BASE, "\"mask_token_id\":1,\"layer_types\":[\"sliding_attention\",\"full_attention\"],"
+    refused(DRAFTER_BASE,
+            "\"mask_token_id\":1,\"layer_types\":[\"sliding_attention\",\"full_attention\"],"
             "\"sliding_window\":4,\"dflash_config\":{\"causal\":false}",
             "sliding_window 4 is smaller than block_size 8 in a non-causal (dflash_config.causal false) "
             "sliding_attention layer 0");
     CHECK(parse(&c, DRAFTER_BASE ",\"mask_token_id\":1,\"layer_types\":[\"sliding_attention\",\"full_attention\"],"
-                    "\"sliding_window\":4,\"is_causal\":true}") == DFL_OK && c.causal == 1,
+                                 "\"sliding_window\":4,\"is_causal\":true}") == DFL_OK &&
+              c.causal == 1,
           "a causal window smaller than the block: %s", dfl_errmsg());
 }
 
@@ -230,8 +245,9 @@ static void test_extra_eos(void) {
     CHECK(config_load_eos(&c, dir) == DFL_OK && c.n_eos == 3 && c.eos_ids[1] == 9 && c.eos_ids[2] == 99,
           "generation + tokenizer config: %s (%d ids)", dfl_errmsg(), c.n_eos);
     write_text(dir, "generation_config.json", "{\"eos_token_id\": 9e98}");
-    CHECK(config_load_eos(&c, dir) == DFL_ERR && strstr(dfl_errmsg(), "generation_config.json: eos_token_id: expected an "
-                                                                       "integer in [0, vocab_size = 100), found 9e+98"),
+    CHECK(config_load_eos(&c, dir) == DFL_ERR &&
+              strstr(dfl_errmsg(), "generation_config.json: eos_token_id: expected an "
+                                   "integer in [0, vocab_size = 100), found 9e+98"),
           "huge generation_config eos: %s", dfl_errmsg());
     write_text(dir, "generation_config.json", "{\"eos_token_id\": 7,}");
     CHECK(config_load_eos(&c, dir) == DFL_ERR && strstr(dfl_errmsg(), "generation_config.json: not valid JSON"),
@@ -260,12 +276,13 @@ int main(void) {
     /* transformers 5 nests rope settings */
     CHECK(parse(&c, "{\"model_type\":\"qwen3\",\"hidden_size\":64,\"num_hidden_layers\":2,\"intermediate_size\":128,"
                     "\"num_attention_heads\":4,\"vocab_size\":100,\"rope_parameters\":{\"rope_type\":\"default\","
-                    "\"rope_theta\":5e5}}") == DFL_OK && c.rope_theta == 5e5 && c.head_dim == 16 &&
-              c.n_kv_heads == 4 && !c.tie_embeddings,
+                    "\"rope_theta\":5e5}}") == DFL_OK &&
+              c.rope_theta == 5e5 && c.head_dim == 16 && c.n_kv_heads == 4 && !c.tie_embeddings,
           "nested rope: %s", dfl_errmsg());
-    CHECK(parse(&c, "{\"model_type\":\"qwen3\",\"hidden_size\":64,\"num_hidden_layers\":2,\"intermediate_size\":128,"
-                    "\"num_attention_heads\":4,\"vocab_size\":100,\"rope_scaling\":{\"rope_type\":\"yarn\"}}") ==
-                  DFL_ERR && strstr(dfl_errmsg(), "yarn"),
+    CHECK(parse(&c,
+                "{\"model_type\":\"qwen3\",\"hidden_size\":64,\"num_hidden_layers\":2,\"intermediate_size\":128,"
+                "\"num_attention_heads\":4,\"vocab_size\":100,\"rope_scaling\":{\"rope_type\":\"yarn\"}}") == DFL_ERR &&
+              strstr(dfl_errmsg(), "yarn"),
           "yarn refused: %s", dfl_errmsg());
     /* VLM config: text settings under text_config, full_attention_interval, partial rotary */
     const char *vlm = "{\"model_type\":\"qwen3_5\",\"tie_word_embeddings\":false,\"text_config\":{\"hidden_size\":128,"
@@ -292,8 +309,8 @@ int main(void) {
                     "\"tie_word_embeddings\":false}}") == DFL_ERR &&
               strstr(dfl_errmsg(), "tie_word_embeddings"),
           "tie disagreement: %s", dfl_errmsg());
-    CHECK(parse(&c, "{\"model_type\":\"llama\"}") == DFL_ERR && strstr(dfl_errmsg(), "unsupported model_type 'llama'") &&
-              strstr(dfl_errmsg(), "qwen3_5_text"),
+    CHECK(parse(&c, "{\"model_type\":\"llama\"}") == DFL_ERR &&
+              strstr(dfl_errmsg(), "unsupported model_type 'llama'") && strstr(dfl_errmsg(), "qwen3_5_text"),
           "unknown arch lists supported: %s", dfl_errmsg());
     CHECK(parse(&c, "{\"model_type\":\"qwen3\",\"hidden_size\":\"big\"}") == DFL_ERR &&
               strstr(dfl_errmsg(), "hidden_size: expected an integer in [1, 65536], found \"big\""),
@@ -334,7 +351,8 @@ int main(void) {
           "drafter without mask id: %s", dfl_errmsg());
     CHECK(parse(&c, "{\"architectures\":[\"DFlashDraftModel\"],\"hidden_size\":64,\"num_hidden_layers\":1,"
                     "\"intermediate_size\":128,\"num_attention_heads\":4,\"mask_token_id\":1,\"block_size\":1}") ==
-                  DFL_ERR && strstr(dfl_errmsg(), "block_size"),
+                  DFL_ERR &&
+              strstr(dfl_errmsg(), "block_size"),
           "block size 1: %s", dfl_errmsg());
     CHECK(parse(&c, "{\"architectures\":[\"DFlashDraftModel\"],\"hidden_size\":64,\"num_hidden_layers\":1,"
                     "\"intermediate_size\":128,\"num_attention_heads\":4,\"mask_token_id\":1,"

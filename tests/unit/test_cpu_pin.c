@@ -35,7 +35,8 @@ static uint64_t pin(const char *name) {
     const dfl_capture cap = {.n_layers = 2, .layers = layers, .out = hs};
     uint64_t h = 0xcbf29ce484222325ull;
     dfl_target_state s;
-    CHECK(target_state_init(&s, &m, T + 16, T, 1) == DFL_OK && target_state_enable_tree(&s, 8) == DFL_OK, "%s: state", name);
+    CHECK(target_state_init(&s, &m, T + 16, T, 1) == DFL_OK && target_state_enable_tree(&s, 8) == DFL_OK, "%s: state",
+          name);
     CHECK(model_forward(&s, tok, T - 6, lg, 0, &cap) == DFL_OK, "%s: prefill", name);
     h = fnv(h, lg, (size_t)(T - 6) * V * sizeof(float)), h = fnv(h, hs, (size_t)(T - 6) * 2 * H * sizeof(float));
     CHECK(model_forward(&s, tok + T - 6, 3, lg, 0, &cap) == DFL_OK, "%s: verify", name);
@@ -57,8 +58,8 @@ static uint64_t pin(const char *name) {
 
 int main(void) {
     CHECK(kn_isa_set(KN_ISA_GENERIC) == DFL_OK, "generic kernels: %s", dfl_errmsg());
-    const char *names[] = {"qwen3_tiny", "qwen3_bf16", "qwen35_text", "qwen35_bf16", "qwen35_r1", "qwen3_moe",
-                           "qwen35_moe_text", "qwen3_fp8", "qwen35_fp8"};
+    const char *names[] = {"qwen3_tiny", "qwen3_bf16",      "qwen35_text", "qwen35_bf16", "qwen35_r1",
+                           "qwen3_moe",  "qwen35_moe_text", "qwen3_fp8",   "qwen35_fp8"};
     const int write = getenv("DFL_PIN_WRITE") != NULL;
     const char *src = getenv("DFL_SOURCE");
     char path[4096];
@@ -78,7 +79,8 @@ int main(void) {
             continue;
         }
         CHECK(strcmp(want_name, names[i]) == 0, "%s: the pin file lists %s here", names[i], want_name);
-        CHECK(h == want, "%s: cpu outputs changed: hash %016llx, pinned %016llx", names[i], (unsigned long long)h, want);
+        CHECK(h == want, "%s: cpu outputs changed: hash %016llx, pinned %016llx", names[i], (unsigned long long)h,
+              want);
     }
     if (f) fclose(f);
     return write ? 0 : test_done("test_cpu_pin");

@@ -86,8 +86,7 @@ static void builder_vs_brute(unsigned seed, int V, int D, int ties) {
             int32_t path[4];
             int d = t.depth[i], x = i;
             for (int j = d - 1; j >= 0; j--) path[j] = t.token[x], x = t.parent[x];
-            ok = d == p->depth && x == 0 && memcmp(path, p->toks, (size_t)d * sizeof(int32_t)) == 0 &&
-                 t.parent[i] < i;
+            ok = d == p->depth && x == 0 && memcmp(path, p->toks, (size_t)d * sizeof(int32_t)) == 0 && t.parent[i] < i;
             if (!ok)
                 CHECK(0, "seed %u V %d D %d ties %d budget %d: node %d differs from brute force", seed, V, D, ties,
                       budget, i);
@@ -151,7 +150,8 @@ static void tree_exact(const char *target, const char *drafter) {
     }
     const int V = m.cfg.vocab, B = d.cfg.block_size, N = 24;
     dfl_target_state s, c;
-    CHECK(target_state_init(&s, &m, NP + N + 2, N + 1, 1) == DFL_OK && target_state_enable_tree(&s, N + 1) == DFL_OK, "tree state");
+    CHECK(target_state_init(&s, &m, NP + N + 2, N + 1, 1) == DFL_OK && target_state_enable_tree(&s, N + 1) == DFL_OK,
+          "tree state");
     CHECK(target_state_init(&c, &m, NP + N + 2, N + 1, 0) == DFL_OK, "chain state");
     dfl_drafter_state ds;
     CHECK(drafter_state_init(&ds, &d, &m, NP + N + 2, B) == DFL_OK, "dstate");
@@ -193,7 +193,8 @@ static void tree_exact(const char *target, const char *drafter) {
         for (int q = 1; q < t.n && t.depth[y] == 2 && !done; q++)
             if (t.depth[q] == 1 && q != t.parent[y] && q < y) {
                 const int bad[3] = {0, q, y};
-                CHECK(target_state_tree_commit(&s, bad, 3) == DFL_ERR, "%s: a commit through a non-parent must fail", target);
+                CHECK(target_state_tree_commit(&s, bad, 3) == DFL_ERR, "%s: a commit through a non-parent must fail",
+                      target);
                 done = 1;
             }
     for (int leaf = 0; leaf < 2; leaf++) {
@@ -203,7 +204,8 @@ static void tree_exact(const char *target, const char *drafter) {
             for (int j = i + 1; j < t.n; j++) kids += t.parent[j] == i;
             if ((kids > 0) != leaf) end = i;
         }
-        CHECK(end >= 0 && t.depth[end] >= 1, "%s: the tree has no %s below the root", target, leaf ? "leaf" : "inner node");
+        CHECK(end >= 0 && t.depth[end] >= 1, "%s: the tree has no %s below the root", target,
+              leaf ? "leaf" : "inner node");
         if (end < 0) break;
         len = t.depth[end] + 1;
         for (int k = len - 1, x = end; k >= 0; k--) path[k] = x, x = t.parent[x];
@@ -220,8 +222,8 @@ static void tree_exact(const char *target, const char *drafter) {
         model_forward(&c, toks, len, NULL, 0, NULL);
         model_forward(&c, &next, 1, cl, 1, NULL);
         model_forward(&s, &next, 1, logits, 1, NULL);
-        CHECK(memcmp(cl, logits, (size_t)V * sizeof(float)) == 0, "%s: state after a tree commit ending at a %s != chain",
-              target, leaf ? "leaf" : "node with children");
+        CHECK(memcmp(cl, logits, (size_t)V * sizeof(float)) == 0,
+              "%s: state after a tree commit ending at a %s != chain", target, leaf ? "leaf" : "node with children");
     }
     CHECK(target_state_tree_commit(&s, path, len) == DFL_ERR, "a second commit must fail");
     int badparent[2] = {-1, 1};
@@ -245,8 +247,8 @@ static void tree_lossless(const char *target, const char *drafter) {
     const int budgets[] = {1, 8, 64};
     const int maxN = 64, ctx = NP + NGEN + maxN + 1;
     dfl_target_state s;
-    CHECK(target_state_init(&s, &m, ctx, maxN + 1, 1) == DFL_OK && target_state_enable_tree(&s, maxN + 1) == DFL_OK, "state: %s",
-          dfl_errmsg());
+    CHECK(target_state_init(&s, &m, ctx, maxN + 1, 1) == DFL_OK && target_state_enable_tree(&s, maxN + 1) == DFL_OK,
+          "state: %s", dfl_errmsg());
     int32_t truth[NGEN], out[NGEN];
     dfl_gen_stats st;
     dfl_gen_opts ar = {.max_new = NGEN, .ignore_eos = 1};
@@ -258,8 +260,8 @@ static void tree_lossless(const char *target, const char *drafter) {
         dfl_gen_opts o = {.max_new = NGEN, .block = d.cfg.block_size, .ignore_eos = 1, .tree_budget = budgets[bi]};
         target_state_reset(&s);
         CHECK(spec_generate(&s, &dif, prompt, NP, &o, out, &st, NULL, NULL) == DFL_OK, "ddtree: %s", dfl_errmsg());
-        CHECK(memcmp(out, truth, sizeof truth) == 0, "%s DDTree-%d (random drafter): output differs from greedy", target,
-              budgets[bi]);
+        CHECK(memcmp(out, truth, sizeof truth) == 0, "%s DDTree-%d (random drafter): output differs from greedy",
+              target, budgets[bi]);
         drafter_state_free(&ds);
     }
     /* oracles: full-depth acceptance; and the truth behind a decoy (accepted path off the first branch) */
@@ -269,8 +271,12 @@ static void tree_lossless(const char *target, const char *drafter) {
             for (int tree = 0; tree < 2; tree++) {
                 oracle orc = {.truth = truth, .n_prompt = NP, .V = m.cfg.vocab, .mode = mode};
                 int layer0 = 0;
-                dfl_draft_if dif = {.ctx = &orc, .add_context = o_add, .draft = o_draft, .context_len = o_len,
-                                    .feature_layers = &layer0, .n_feature_layers = 1};
+                dfl_draft_if dif = {.ctx = &orc,
+                                    .add_context = o_add,
+                                    .draft = o_draft,
+                                    .context_len = o_len,
+                                    .feature_layers = &layer0,
+                                    .n_feature_layers = 1};
                 dfl_gen_opts o = {.max_new = NGEN, .block = B, .ignore_eos = 1, .tree_budget = tree ? 32 : 0};
                 target_state_reset(&s);
                 CHECK(spec_generate(&s, &dif, prompt, NP, &o, out, &st, NULL, NULL) == DFL_OK, "oracle: %s",
@@ -282,8 +288,10 @@ static void tree_lossless(const char *target, const char *drafter) {
                     CHECK(st.accept_hist[B - 1] > 0, "%s: no full-depth acceptance with B %d", target, B);
             }
             if (mode == 1)
-                CHECK(tau[1] > tau[0] + 0.5, "%s B %d: the tree (tau %.2f) should beat the chain (tau %.2f) when the "
-                      "truth is the second branch", target, B, tau[1], tau[0]);
+                CHECK(tau[1] > tau[0] + 0.5,
+                      "%s B %d: the tree (tau %.2f) should beat the chain (tau %.2f) when the "
+                      "truth is the second branch",
+                      target, B, tau[1], tau[0]);
         }
     }
     /* bad input */

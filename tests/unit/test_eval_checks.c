@@ -27,7 +27,8 @@ static void costs_check(void) {
     eval_costs bad = costs(0.0567, 0.00094, 0.0009, 1.1);
     CHECK(eval_costs_check(&bad, -1, why, sizeof why) == 0, "inconsistent costs pass");
     CHECK(strstr(why, "verification of 16 tokens (0.940 ms) costs less than a decode step (56.700 ms)") &&
-              strstr(why, "tree of budget 16"), "why: %s", why);
+              strstr(why, "tree of budget 16"),
+          "why: %s", why);
     eval_costs sane = costs(0.001, 0.0015, 0.002, 1.1);
     CHECK(eval_costs_check(&sane, 0.0012, why, sizeof why) == 1 && why[0] == 0, "sane costs fail: %s", why);
     CHECK(eval_costs_check(&sane, -1, why, sizeof why) == 1, "sane costs without a measured step fail: %s", why);
@@ -35,9 +36,11 @@ static void costs_check(void) {
     eval_costs close = costs(0.001, 0.00095, 0.002, 1.0);
     CHECK(eval_costs_check(&close, -1, why, sizeof why) == 1, "verify 0.95 decode fails: %s", why);
     eval_costs spread = costs(0.001, 0.0015, 0.002, 3.0);
-    CHECK(eval_costs_check(&spread, -1, why, sizeof why) == 0 && strstr(why, "spread: median 3.000 ms, fastest 1.000 ms"),
+    CHECK(eval_costs_check(&spread, -1, why, sizeof why) == 0 &&
+              strstr(why, "spread: median 3.000 ms, fastest 1.000 ms"),
           "repetitions spread 3x: %s", why);
-    CHECK(eval_costs_check(&sane, 0.0001, why, sizeof why) == 0 && strstr(why, "far from"), "step 10x under the cost: %s", why);
+    CHECK(eval_costs_check(&sane, 0.0001, why, sizeof why) == 0 && strstr(why, "far from"),
+          "step 10x under the cost: %s", why);
     CHECK(eval_costs_check(&sane, 0.01, why, sizeof why) == 0 && strstr(why, "(10.000 ms per token)"),
           "step 10x over the cost: %s", why);
     eval_costs none = {0};
@@ -97,9 +100,12 @@ static eval_result row(const char *pid, int turn, const char *d, int tokens, int
 }
 
 static void prompt_taus(void) {
-    const eval_result res[] = {row("b", 0, "x", 11, 5, 0), row("a", 0, "x", 9, 2, 0), row("a", 1, "x", 7, 3, 0),
+    const eval_result res[] = {row("b", 0, "x", 11, 5, 0),
+                               row("a", 0, "x", 9, 2, 0),
+                               row("a", 1, "x", 7, 3, 0),
                                row("a", 0, "x", 3, 2, 0) /* a later copy: ignored */,
-                               row("b", 0, "x", 2, 1, 1) /* a repetition: ignored */, row("b", 0, "y", 5, 1, 0)};
+                               row("b", 0, "x", 2, 1, 1) /* a repetition: ignored */,
+                               row("b", 0, "y", 5, 1, 0)};
     eval_ptau *t = NULL;
     const int n = eval_prompt_taus(res, 6, "x", "chain", "replay", "dfl", &t);
     CHECK(n == 2 && strcmp(t[0].id, "a") == 0 && strcmp(t[1].id, "b") == 0, "two prompts, sorted by id");

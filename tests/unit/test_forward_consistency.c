@@ -95,7 +95,7 @@ int main(void) {
     run("qwen35_vlm");
     run("qwen35_bf16");
     run("qwen35_r1");
-    run("qwen3_moe");      /* a token's experts and their order do not depend on the batch */
+    run("qwen3_moe"); /* a token's experts and their order do not depend on the batch */
     run("qwen35_moe_vlm");
     run("qwen3_fp8");
     run("qwen35_fp8");

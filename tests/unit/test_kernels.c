@@ -46,7 +46,10 @@ static float frand(void) { /* uniform in [-1, 1) */
 }
 
 static uint16_t to_f16(float f) { /* round to nearest even, normal range only (|f| < 2) */
-    union { float f; uint32_t u; } v = {.f = f};
+    union {
+        float f;
+        uint32_t u;
+    } v = {.f = f};
     const uint32_t sign = (v.u >> 16) & 0x8000, a = v.u & 0x7fffffff;
     if (a < 0x38800000) return (uint16_t)sign; /* below the f16 normal range: zero */
     uint32_t m = a - 0x38000000, r = m + 0xfff + ((m >> 13) & 1);
@@ -174,8 +177,8 @@ static void check_matmul_stream(kn_isa isa, st_dtype dt) {
  * row by row, batches of one and several token tiles and blocks), with float32 activations and,
  * where the CPU has AVX-512 BF16, bf16 ones. */
 static void check_matmul_multi(kn_isa isa) {
-    enum { COLS = 4096, NMAX = 40, NW = 5 }; /* 4096 columns: AMX token blocks of 32 tokens */
-    static const int rows[NW] = {35, 16, 50, 21, 300}; /* 300 x 4096 BF16: 2.4 MB */
+    enum { COLS = 4096, NMAX = 40, NW = 5 };                          /* 4096 columns: AMX token blocks of 32 tokens */
+    static const int rows[NW] = {35, 16, 50, 21, 300};                /* 300 x 4096 BF16: 2.4 MB */
     static const int groups[][3] = {{0, 1, 2}, {1, 2, 3}, {4, 0, 2}}; /* 3: F32 */
     void *store[NW];
     dfl_mat w[NW];
@@ -437,8 +440,17 @@ static void gdn_free(gdn_case *c) { free(c->rows), free(c->g), free(c->beta), fr
 /* Run tokens t0..t0+n-1 of the case on S; out [n, dv] or NULL. */
 static void gdn_run(const gdn_case *c, float *S, int t0, int n, float *out, int chunked) {
     const float *r = c->rows + (size_t)t0 * c->ld;
-    const kn_gdn_io io = {.dk = c->dk, .dv = c->dv, .n = n, .q = r, .k = r + c->dk, .v = r + 2 * c->dk, .ld = c->ld,
-                          .g = c->g + t0, .beta = c->beta + t0, .out = out, .ldo = (size_t)c->dv};
+    const kn_gdn_io io = {.dk = c->dk,
+                          .dv = c->dv,
+                          .n = n,
+                          .q = r,
+                          .k = r + c->dk,
+                          .v = r + 2 * c->dk,
+                          .ld = c->ld,
+                          .g = c->g + t0,
+                          .beta = c->beta + t0,
+                          .out = out,
+                          .ldo = (size_t)c->dv};
     if (chunked) kn_gdn_chunked(S, &io);
     else kn_gdn_recurrent(S, &io);
 }
@@ -562,11 +574,14 @@ static void check_act_rounding(kn_isa isa) {
     enum { N = 100 };
     uint16_t *eye = calloc((size_t)N * N, sizeof(uint16_t));
     float x[N], y[N];
-    static const uint32_t special[] = {0x3f808000u, 0x3f818000u, 0xbf808000u, 0x3f80ffffu, 0x7f7effffu, 0xff7effffu,
-                                       0x80000000u, 0x00800000u, 0x3f7fffffu, 0x41b8c000u};
+    static const uint32_t special[] = {0x3f808000u, 0x3f818000u, 0xbf808000u, 0x3f80ffffu, 0x7f7effffu,
+                                       0xff7effffu, 0x80000000u, 0x00800000u, 0x3f7fffffu, 0x41b8c000u};
     for (int i = 0; i < N; i++) {
         eye[(size_t)i * N + i] = 0x3f80; /* 1.0 */
-        union { uint32_t u; float f; } v = {.u = i < 10 ? special[i] : 0};
+        union {
+            uint32_t u;
+            float f;
+        } v = {.u = i < 10 ? special[i] : 0};
         x[i] = i < 10 ? v.f : frand() * 100.0f;
     }
     const dfl_mat w = {.dtype = ST_BF16, .data = eye, .rows = N, .cols = N};
@@ -603,10 +618,19 @@ static void check_argmax(kn_isa isa) {
         switch (trial % 7) {
         case 1: x[(trial * 7919) % n] = NAN; break;
         case 2: x[0] = NAN; break;
-        case 3: for (int i = 0; i < n; i++) x[i] = (i % 2) ? 0.0f : -0.0f; break;
-        case 4: x[(trial * 31) % n] = INFINITY; x[n - 1] = INFINITY; break;
-        case 5: for (int i = 0; i < n; i++) x[i] = -INFINITY; break;
-        case 6: for (int i = 0; i < n; i++) x[i] = i % 5 ? NAN : -1.0f; break;
+        case 3:
+            for (int i = 0; i < n; i++) x[i] = (i % 2) ? 0.0f : -0.0f;
+            break;
+        case 4:
+            x[(trial * 31) % n] = INFINITY;
+            x[n - 1] = INFINITY;
+            break;
+        case 5:
+            for (int i = 0; i < n; i++) x[i] = -INFINITY;
+            break;
+        case 6:
+            for (int i = 0; i < n; i++) x[i] = i % 5 ? NAN : -1.0f;
+            break;
         default: break;
         }
         bad += kn_argmax(x, n) != argmax_ref(x, n);
@@ -754,7 +778,8 @@ static void check_attention(kn_isa isa) {
                     one.n = 1, one.starts = &st, one.q = a->q + (size_t)r * a->ldq, one.out = c.out1;
                     one.gate = a->gate ? one.q + hd : NULL;
                     if (mode == 1) { /* a block of its own: its rows at the block's keys */
-                        one.n = block, one.q = a->q + (size_t)b * block * a->ldq, one.gate = a->gate ? one.q + hd : NULL;
+                        one.n = block, one.q = a->q + (size_t)b * block * a->ldq,
+                        one.gate = a->gate ? one.q + hd : NULL;
                         one.kb = a->kb + (size_t)b * block * a->ldkv, one.vb = a->vb + (size_t)b * block * a->ldkv;
                     } else {
                         one.block = 1;
@@ -907,15 +932,26 @@ static void check_causal_conv(kn_isa isa, int C, int K, int n) {
  * outputs and keeps the same states; the chunked form stays within 1e-4 of the recurrence. */
 static void check_gdn_heads(kn_isa isa, int n) {
     enum { HK = 2, HV = 4, DK = 16, DV = 16, C = 2 * HK * DK + HV * DV, MAXN = 70 };
-    static float qkv[MAXN * C], ab[MAXN * 2 * HV], A[HV], dt[HV], S0[HV * DK * DV], S[HV * DK * DV],
-        Sr[HV * DK * DV], out[MAXN * HV * DV], outr[MAXN * HV * DV], node_S[MAXN * HV * DK * DV], scratch[DK * DV];
+    static float qkv[MAXN * C], ab[MAXN * 2 * HV], A[HV], dt[HV], S0[HV * DK * DV], S[HV * DK * DV], Sr[HV * DK * DV],
+        out[MAXN * HV * DV], outr[MAXN * HV * DV], node_S[MAXN * HV * DK * DV], scratch[DK * DV];
     kn_isa_set(isa);
     for (int i = 0; i < n * C; i++) qkv[i] = frand() * 0.25f;
     for (int i = 0; i < n * 2 * HV; i++) ab[i] = frand();
     for (int h = 0; h < HV; h++) A[h] = -0.5f * (1 + frand()), dt[h] = frand();
     for (int i = 0; i < HV * DK * DV; i++) S0[i] = frand();
-    kn_gdn_heads_io io = {.n = n, .Hk = HK, .Hv = HV, .dk = DK, .dv = DV, .qkv = qkv, .ld = C, .ab = ab,
-                          .neg_exp_A = A, .dt_bias = dt, .S = S, .S0 = S0, .out = out};
+    kn_gdn_heads_io io = {.n = n,
+                          .Hk = HK,
+                          .Hv = HV,
+                          .dk = DK,
+                          .dv = DV,
+                          .qkv = qkv,
+                          .ld = C,
+                          .ab = ab,
+                          .neg_exp_A = A,
+                          .dt_bias = dt,
+                          .S = S,
+                          .S0 = S0,
+                          .out = out};
     kn_gdn_heads(&io);
     memcpy(Sr, S0, sizeof Sr);
     int diff = 0;
@@ -925,9 +961,17 @@ static void check_gdn_heads(kn_isa isa, int n) {
             float gb[2 * KN_GDN_CHUNK];
             kn_gdn_gates(gb, ab, HV, h, t0, nt, A, dt);
             const float *row = qkv + (size_t)t0 * C;
-            const kn_gdn_io g = {.dk = DK, .dv = DV, .n = nt, .q = row + (h / 2) * DK, .k = row + (HK + h / 2) * DK,
-                                 .v = row + 2 * HK * DK + h * DV, .ld = C, .g = gb, .beta = gb + KN_GDN_CHUNK,
-                                 .out = outr + (size_t)t0 * HV * DV + h * DV, .ldo = HV * DV};
+            const kn_gdn_io g = {.dk = DK,
+                                 .dv = DV,
+                                 .n = nt,
+                                 .q = row + (h / 2) * DK,
+                                 .k = row + (HK + h / 2) * DK,
+                                 .v = row + 2 * HK * DK + h * DV,
+                                 .ld = C,
+                                 .g = gb,
+                                 .beta = gb + KN_GDN_CHUNK,
+                                 .out = outr + (size_t)t0 * HV * DV + h * DV,
+                                 .ldo = HV * DV};
             kn_gdn_recurrent(Sr + h * DK * DV, &g);
         }
     diff += !same(S, Sr, HV * DK * DV) || !same(out, outr, (size_t)n * HV * DV);
@@ -981,9 +1025,9 @@ static void check_moe_route(void) {
 
 int main(void) {
     check_nonfinite();
-    static const int shapes[][2] = {{1, 1},   {3, 7},   {5, 16},   {17, 31},  {4, 32},   {9, 33},  {67, 100},
-                                    {6, 257}, {13, 512}, {16, 32}, {37, 64}, {70, 96}, {130, 256},
-                                    {20, 4096}, {40, 8192}};
+    static const int shapes[][2] = {{1, 1},   {3, 7},    {5, 16},    {17, 31},   {4, 32},
+                                    {9, 33},  {67, 100}, {6, 257},   {13, 512},  {16, 32},
+                                    {37, 64}, {70, 96},  {130, 256}, {20, 4096}, {40, 8192}};
     static const st_dtype dts[] = {ST_F32, ST_F16, ST_BF16};
     static const int f8_blocks[][2] = {{128, 128}, {16, 32}, {5, 24}};
     const int n_shapes = (int)(sizeof shapes / sizeof shapes[0]);
@@ -1008,7 +1052,8 @@ int main(void) {
                 check_matmul(isa, dts[d], shapes[s][0], shapes[s][1]);
         for (size_t b = 0; b < sizeof f8_blocks / sizeof f8_blocks[0]; b++) {
             f8_brow = f8_blocks[b][0], f8_bcol = f8_blocks[b][1];
-            for (int s = 0; s < (b ? n_shapes - 2 : n_shapes); s++) check_matmul(isa, ST_F8_E4M3, shapes[s][0], shapes[s][1]);
+            for (int s = 0; s < (b ? n_shapes - 2 : n_shapes); s++)
+                check_matmul(isa, ST_F8_E4M3, shapes[s][0], shapes[s][1]);
         }
         f8_brow = f8_bcol = 128;
         for (size_t d = 0; d < sizeof dts / sizeof dts[0]; d++) check_matmul_stream(isa, dts[d]);
@@ -1034,8 +1079,8 @@ int main(void) {
         static const int conv_shapes[][3] = {{37, 16, 4}, {5, 9, 4}, {1, 16, 4}, {12, 3, 3}, {2, 16, 1}, {20, 11, 16}};
         for (size_t s = 0; s < sizeof conv_shapes / sizeof conv_shapes[0]; s++)
             check_conv_silu(isa, conv_shapes[s][0], conv_shapes[s][1], conv_shapes[s][2]);
-        static const int gdn_shapes[][3] = {{32, 32, 1}, {32, 32, 70}, {128, 128, 5}, {128, 128, 130},
-                                            {24, 40, 65}, {12, 20, 9}, {16, 48, 64}};
+        static const int gdn_shapes[][3] = {{32, 32, 1},  {32, 32, 70}, {128, 128, 5}, {128, 128, 130},
+                                            {24, 40, 65}, {12, 20, 9},  {16, 48, 64}};
         for (size_t s = 0; s < sizeof gdn_shapes / sizeof gdn_shapes[0]; s++)
             check_gdn(isa, gdn_shapes[s][0], gdn_shapes[s][1], gdn_shapes[s][2]);
     }

@@ -62,8 +62,7 @@ static void lossless(const char *fixture, const int32_t *prompt, int NP) {
         target_state_reset(&s);
         CHECK(spec_generate(&s, &dif, prompt, NP, &o, out, &st, NULL, NULL) == DFL_OK, "spec: %s", dfl_errmsg());
         CHECK(st.generated == N_GEN && memcmp(out, truth, sizeof truth) == 0,
-              "%s B=%d budget %d: MTP speculative output differs from greedy", fixture, runs[i].block,
-              runs[i].budget);
+              "%s B=%d budget %d: MTP speculative output differs from greedy", fixture, runs[i].block, runs[i].budget);
         CHECK(st.accepted > 0, "%s B=%d budget %d: no draft accepted", fixture, runs[i].block, runs[i].budget);
         CHECK(ms.n_ctx == s.n_past, "%s B=%d budget %d: MTP context %d != committed %d", fixture, runs[i].block,
               runs[i].budget, ms.n_ctx, s.n_past);
@@ -78,9 +77,11 @@ static void lossless(const char *fixture, const int32_t *prompt, int NP) {
     target_state_reset(&s);
     CHECK(model_forward(&s, prompt, NP, NULL, 1, &cap) == DFL_OK, "prefill: %s", dfl_errmsg());
     dfl_mtp_state a, b;
-    CHECK(mtp_state_init(&a, &h, &m, ctx, B) == DFL_OK && mtp_state_init(&b, &h, &m, ctx, B) == DFL_OK, "%s", dfl_errmsg());
+    CHECK(mtp_state_init(&a, &h, &m, ctx, B) == DFL_OK && mtp_state_init(&b, &h, &m, ctx, B) == DFL_OK, "%s",
+          dfl_errmsg());
     CHECK(mtp_add_context(&a, feat, prompt, NP) == DFL_OK, "%s", dfl_errmsg()); /* chunks of B rows inside */
-    for (int p = 0; p < NP; p++) CHECK(mtp_add_context(&b, feat + (size_t)p * H, prompt + p, 1) == DFL_OK, "%s", dfl_errmsg());
+    for (int p = 0; p < NP; p++)
+        CHECK(mtp_add_context(&b, feat + (size_t)p * H, prompt + p, 1) == DFL_OK, "%s", dfl_errmsg());
     CHECK(mtp_draft(&a, truth[0], B, la) == DFL_OK && mtp_draft(&b, truth[0], B, lb) == DFL_OK, "%s", dfl_errmsg());
     CHECK(memcmp(la, lb, (size_t)(B - 1) * V * sizeof(float)) == 0, "chunked and per-position contexts differ");
     CHECK(mtp_draft(&a, V, B, la) == DFL_ERR, "an anchor outside the vocabulary is refused");

@@ -29,20 +29,28 @@ int main(void) {
     CHECK(q.present && !strcmp(q.method, "fp8") && !strcmp(q.fmt, "e4m3") && !strcmp(q.activation, "dynamic") &&
               q.block_rows == 128 && q.block_cols == 64 && q.n_not_convert == 4,
           "released layout fields");
-    static const struct { const char *module; int excluded; } mods[] = {
-        {"lm_head", 1}, {"lm_head2", 0}, {"model.visual.blocks.0.attn.qkv", 1}, {"model.visualx.a", 0},
-        {"model.layers.0.linear_attn.in_proj_a", 1}, {"model.layers.0.linear_attn.xin_proj_a", 0},
-        {"model.layers.1.mlp.gate", 1}, {"model.layers.1.mlp.gate_proj", 0}, {"model.layers.10.mlp.gate", 0},
-        {"model.layers.0.self_attn.q_proj", 0}};
+    static const struct {
+        const char *module;
+        int excluded;
+    } mods[] = {{"lm_head", 1},
+                {"lm_head2", 0},
+                {"model.visual.blocks.0.attn.qkv", 1},
+                {"model.visualx.a", 0},
+                {"model.layers.0.linear_attn.in_proj_a", 1},
+                {"model.layers.0.linear_attn.xin_proj_a", 0},
+                {"model.layers.1.mlp.gate", 1},
+                {"model.layers.1.mlp.gate_proj", 0},
+                {"model.layers.10.mlp.gate", 0},
+                {"model.layers.0.self_attn.q_proj", 0}};
     for (size_t i = 0; i < sizeof mods / sizeof mods[0]; i++)
-        CHECK(quant_module_excluded(&q, mods[i].module) == mods[i].excluded, "%s excluded: expected %d",
-              mods[i].module, mods[i].excluded);
+        CHECK(quant_module_excluded(&q, mods[i].module) == mods[i].excluded, "%s excluded: expected %d", mods[i].module,
+              mods[i].excluded);
     quant_free(&q);
     CHECK(quant_parse(&q, "{\"model_type\": \"qwen3\"}", "x") == DFL_OK && !q.present, "no quantization_config");
     CHECK(quant_parse(&q, "{\"quantization_config\": null}", "x") == DFL_OK && !q.present, "null");
     CHECK(quant_parse(&q, "{\"quantization_config\": {\"quant_method\": \"fp8\", \"weight_block_size\": [1, 1]}}",
-                      "x") == DFL_OK && !strcmp(q.fmt, "e4m3") && !strcmp(q.activation, "dynamic") &&
-              q.n_not_convert == 0 && q.block_rows == 1,
+                      "x") == DFL_OK &&
+              !strcmp(q.fmt, "e4m3") && !strcmp(q.activation, "dynamic") && q.n_not_convert == 0 && q.block_rows == 1,
           "defaults: %s", dfl_errmsg());
     quant_free(&q);
     refused("{\"quant_method\": \"gptq\", \"bits\": 4}", "quant_method: expected \"fp8\"", "found \"gptq\"");

@@ -36,8 +36,12 @@ static const int layers[1] = {0};
  * sequence of choices ('S' speculate, 'D' decode) into seq. */
 static void run(const eval_costs *costs, int (*tokens)(int), int rounds, char *seq) {
     inner in = {0};
-    dfl_draft_if base = {.ctx = &in, .add_context = in_add, .draft = in_draft, .context_len = in_len,
-                         .feature_layers = layers, .n_feature_layers = 1};
+    dfl_draft_if base = {.ctx = &in,
+                         .add_context = in_add,
+                         .draft = in_draft,
+                         .context_len = in_len,
+                         .feature_layers = layers,
+                         .n_feature_layers = 1};
     eval_truth t;
     eval_truth_init(&t, H, layers, 1);
     eval_recorder rec;
@@ -64,8 +68,8 @@ static void run(const eval_costs *costs, int (*tokens)(int), int rounds, char *s
         }
     }
     seq[rounds] = 0;
-    CHECK(in.n_ctx == committed && t.n_rows == committed, "context updates: inner %d, truth %d, committed %d",
-          in.n_ctx, t.n_rows, committed);
+    CHECK(in.n_ctx == committed && t.n_rows == committed, "context updates: inner %d, truth %d, committed %d", in.n_ctx,
+          t.n_rows, committed);
     CHECK(in.drafts == spec, "drafts %d for %d speculative rounds", in.drafts, spec);
     eval_recorder_free(&rec);
     eval_truth_free(&t);

@@ -12,12 +12,31 @@
 
 /* A chain-mode line as eval writes it, with the field `key` given `value` (NULL: as is). */
 static const char *const FIELDS[][2] = {
-    {"prompt_id", "\"7\""}, {"turn", "0"}, {"drafter", "\"d\""}, {"mode", "\"chain\""}, {"tokens", "9"},
-    {"rounds", "3"}, {"drafted", "9"}, {"accepted", "5"}, {"block_size", "4"}, {"time_s", "0.5"},
-    {"prefill_s", "0.1"}, {"draft_s", "0.2"}, {"verify_s", "0.2"}, {"rollback_s", "0"}, {"tree_depth_sum", "0"},
-    {"match", "true"}, {"first_mismatch", "-1"}, {"method", "\"replay\""}, {"features", "\"dfl\""},
-    {"tree_nodes", "0"}, {"modeled_s", "0.25"}, {"accept_hist", "[1, 1, 0, 1]"}, {"pos_drafted", "[3, 3, 3]"},
-    {"pos_accepted", "[2, 2, 1]"}, {"output_ids", "[1, 2, 3]"},
+    {"prompt_id", "\"7\""},
+    {"turn", "0"},
+    {"drafter", "\"d\""},
+    {"mode", "\"chain\""},
+    {"tokens", "9"},
+    {"rounds", "3"},
+    {"drafted", "9"},
+    {"accepted", "5"},
+    {"block_size", "4"},
+    {"time_s", "0.5"},
+    {"prefill_s", "0.1"},
+    {"draft_s", "0.2"},
+    {"verify_s", "0.2"},
+    {"rollback_s", "0"},
+    {"tree_depth_sum", "0"},
+    {"match", "true"},
+    {"first_mismatch", "-1"},
+    {"method", "\"replay\""},
+    {"features", "\"dfl\""},
+    {"tree_nodes", "0"},
+    {"modeled_s", "0.25"},
+    {"accept_hist", "[1, 1, 0, 1]"},
+    {"pos_drafted", "[3, 3, 3]"},
+    {"pos_accepted", "[2, 2, 1]"},
+    {"output_ids", "[1, 2, 3]"},
 };
 
 static const char *line_with(const char *key, const char *value) {
@@ -46,8 +65,8 @@ static void refused(const char *line, const char *needle) {
     int n = 0;
     dfl_clearerr();
     int rc = eval_result_parse(line, &r, &ids, &n);
-    CHECK(rc == DFL_ERR && strstr(dfl_errmsg(), needle) && ids == NULL, "%s: expected an error with '%s', got %s",
-          line, needle, rc == DFL_OK ? "success" : dfl_errmsg());
+    CHECK(rc == DFL_ERR && strstr(dfl_errmsg(), needle) && ids == NULL, "%s: expected an error with '%s', got %s", line,
+          needle, rc == DFL_OK ? "success" : dfl_errmsg());
     free(ids);
 }
 
@@ -106,12 +125,14 @@ int main(void) {
     CHECK(strstr(w, "\"act\": \"bf16\"") && eval_result_parse(w, &r2, NULL, NULL) == DFL_OK && r2.act_bf16 == 1,
           "act round trip: %s: %s", dfl_errmsg(), w);
     CHECK(eval_result_act_check(&r2, 0, "f.jsonl:3") == DFL_ERR && strstr(dfl_errmsg(), "f.jsonl:3") &&
-              strstr(dfl_errmsg(), "bf16"), "a bf16 line in an f32 process is refused: %s", dfl_errmsg());
+              strstr(dfl_errmsg(), "bf16"),
+          "a bf16 line in an f32 process is refused: %s", dfl_errmsg());
     free(w);
     r.act_bf16 = 0;
     w = written(&r, NULL, 0);
     CHECK(!strstr(w, "\"act\"") && eval_result_parse(w, &r2, NULL, NULL) == DFL_OK && r2.act_bf16 == 0 &&
-              eval_result_act_check(&r2, 0, "x") == DFL_OK, "f32 lines have no act field: %s", w);
+              eval_result_act_check(&r2, 0, "x") == DFL_OK,
+          "f32 lines have no act field: %s", w);
     free(w);
     refused(line_with("turn", "0, \"act\": \"fp8\""), "field act");
     refused(line_with("turn", "0, \"act\": 1"), "field act");
@@ -131,7 +152,8 @@ int main(void) {
     r.device = 0;
     w = written(&r, NULL, 0);
     CHECK(!strstr(w, "\"device\"") && eval_result_parse(w, &r2, NULL, NULL) == DFL_OK && r2.device == 0 &&
-              eval_result_device_check(&r2, 0, "x") == DFL_OK, "cpu lines have no device field: %s", w);
+              eval_result_device_check(&r2, 0, "x") == DFL_OK,
+          "cpu lines have no device field: %s", w);
     free(w);
     CHECK(eval_result_parse(line_with("turn", "0, \"device\": \"cpu\""), &r2, NULL, NULL) == DFL_OK && r2.device == 0,
           "device cpu given: %s", dfl_errmsg());
@@ -171,7 +193,8 @@ int main(void) {
                             "\"prefill_s\": 0.1, \"draft_s\": 0, \"verify_s\": 0, \"rollback_s\": 0, "
                             "\"tree_depth_sum\": 0, \"match\": null, \"first_mismatch\": -1, \"accept_hist\": [0], "
                             "\"pos_drafted\": [], \"pos_accepted\": [], \"output_ids\": null}",
-                            &r, &ids, &n) == DFL_OK && ids == NULL && n == 0 && r.match == -1,
+                            &r, &ids, &n) == DFL_OK &&
+              ids == NULL && n == 0 && r.match == -1,
           "ar row: %s", dfl_errmsg());
     return test_done("test_results");
 }

@@ -59,8 +59,8 @@ static void tree(void) {
     const int32_t block[4] = {7, 1, 2, 3};
     round_score(&st, &(dfl_proposal){.token = block, .n = 4, .depth = 3}, 3);
     round_score(&st, &(dfl_proposal){.token = block, .n = 1}, 0);
-    CHECK(st.rounds == 3 && st.drafted == 9 && st.accepted == 4, "score: rounds %d drafted %ld accepted %ld",
-          st.rounds, st.drafted, st.accepted);
+    CHECK(st.rounds == 3 && st.drafted == 9 && st.accepted == 4, "score: rounds %d drafted %ld accepted %ld", st.rounds,
+          st.drafted, st.accepted);
     CHECK(st.accept_hist[0] == 1 && st.accept_hist[1] == 1 && st.accept_hist[3] == 1, "score: histogram");
     CHECK(st.pos_drafted[1] == 2 && st.pos_drafted[2] == 2 && st.pos_drafted[3] == 1 && st.pos_accepted[1] == 2 &&
               st.pos_accepted[2] == 1 && st.pos_accepted[3] == 1,

@@ -145,18 +145,19 @@ int main(void) {
                  "tensor 'x': shape[0]: expected an integer in [0, 9000000000000000], found -1");
     /* numbers beyond the integer range are refused before any cast (casting them was undefined
      * behaviour, and the later comparison could be folded away) */
-    expect_error("hugeshape.safetensors", "{\"x\":{\"dtype\":\"F32\",\"shape\":[1e30],\"data_offsets\":[0,4]}}", 0,
-                 4, "hugeshape.safetensors: tensor 'x': shape[0]: expected an integer in [0, 9000000000000000], found 1e+30");
-    expect_error("infshape.safetensors", "{\"x\":{\"dtype\":\"F32\",\"shape\":[2,1e999],\"data_offsets\":[0,4]}}", 0,
-                 4, "shape[1]: expected an integer in [0, 9000000000000000], found inf");
-    expect_error("fracshape.safetensors", "{\"x\":{\"dtype\":\"F32\",\"shape\":[0.5],\"data_offsets\":[0,4]}}", 0,
-                 4, "found 0.5");
-    expect_error("strshape.safetensors", "{\"x\":{\"dtype\":\"F32\",\"shape\":[\"1\"],\"data_offsets\":[0,4]}}", 0,
-                 4, "found \"1\"");
+    expect_error(
+        "hugeshape.safetensors", "{\"x\":{\"dtype\":\"F32\",\"shape\":[1e30],\"data_offsets\":[0,4]}}", 0, 4,
+        "hugeshape.safetensors: tensor 'x': shape[0]: expected an integer in [0, 9000000000000000], found 1e+30");
+    expect_error("infshape.safetensors", "{\"x\":{\"dtype\":\"F32\",\"shape\":[2,1e999],\"data_offsets\":[0,4]}}", 0, 4,
+                 "shape[1]: expected an integer in [0, 9000000000000000], found inf");
+    expect_error("fracshape.safetensors", "{\"x\":{\"dtype\":\"F32\",\"shape\":[0.5],\"data_offsets\":[0,4]}}", 0, 4,
+                 "found 0.5");
+    expect_error("strshape.safetensors", "{\"x\":{\"dtype\":\"F32\",\"shape\":[\"1\"],\"data_offsets\":[0,4]}}", 0, 4,
+                 "found \"1\"");
     expect_error("hugeoff.safetensors", "{\"x\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,1e30]}}", 0, 4,
                  "tensor 'x': invalid data_offsets [0, 1e+30]");
-    expect_error("hugeoff2.safetensors", "{\"x\":{\"dtype\":\"U8\",\"shape\":[0],\"data_offsets\":[1e30,1e30]}}", 0,
-                 4, "invalid data_offsets [1e+30, 1e+30]");
+    expect_error("hugeoff2.safetensors", "{\"x\":{\"dtype\":\"U8\",\"shape\":[0],\"data_offsets\":[1e30,1e30]}}", 0, 4,
+                 "invalid data_offsets [1e+30, 1e+30]");
     expect_error("negoff.safetensors", "{\"x\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[-4,0]}}", 0, 4,
                  "invalid data_offsets [-4, 0]");
     expect_error("backoff.safetensors", "{\"x\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,0]}}", 0, 4,
@@ -170,8 +171,7 @@ int main(void) {
     expect_error("overflow3.safetensors",
                  "{\"x\":{\"dtype\":\"U8\",\"shape\":[0,9e15,9e15,9e15],\"data_offsets\":[0,4]}}", 0, 4,
                  "data_offsets span 4 bytes, expected numel 0");
-    expect_error("hugespan.safetensors",
-                 "{\"x\":{\"dtype\":\"U8\",\"shape\":[9e15],\"data_offsets\":[0,9e15]}}", 0, 4,
+    expect_error("hugespan.safetensors", "{\"x\":{\"dtype\":\"U8\",\"shape\":[9e15],\"data_offsets\":[0,9e15]}}", 0, 4,
                  "data_offsets end 9000000000000000 beyond the data buffer (4 bytes)");
     /* the reference reader: nothing but JSON whitespace after the object */
     expect_error("tail.safetensors", "{} x", 0, 0, "not valid JSON");
@@ -193,7 +193,9 @@ int main(void) {
         st_write(p, &b, 1);
         snprintf(p, sizeof p, "%s/model.safetensors.index.json", dir);
         FILE *f = fopen(p, "w");
-        fputs("{\"metadata\":{\"total_size\":999},\"weight_map\":{\"w.a\":\"s1.safetensors\",\"w.b\":\"s2.safetensors\"}}", f);
+        fputs("{\"metadata\":{\"total_size\":999},\"weight_map\":{\"w.a\":\"s1.safetensors\",\"w.b\":\"s2."
+              "safetensors\"}}",
+              f);
         fclose(f);
         st_checkpoint s = {0};
         CHECK(st_open_dir(&s, dir) == DFL_OK, "sharded: %s", dfl_errmsg());

@@ -107,8 +107,13 @@ static int reference_f(int max_new, float temp, float top_p, int top_k, uint64_t
     if (target_state_init(&s, &m, ctx, NP > B ? NP : B, 1) == DFL_OK) {
         if (drafter_state_init(&ds, &d, &m, ctx, B) == DFL_OK) {
             dfl_draft_if dif = spec_dflash_drafter(&ds);
-            dfl_gen_opts o = {.max_new = max_new, .block = B, .temperature = temp, .seed = seed,
-                              .ignore_eos = ignore_eos, .top_p = top_p, .top_k = top_k};
+            dfl_gen_opts o = {.max_new = max_new,
+                              .block = B,
+                              .temperature = temp,
+                              .seed = seed,
+                              .ignore_eos = ignore_eos,
+                              .top_p = top_p,
+                              .top_k = top_k};
             if (spec_generate(&s, &dif, prompt, NP, &o, out, st, NULL, NULL) == DFL_OK) rc = st->generated;
             drafter_state_free(&ds);
         }
@@ -140,8 +145,8 @@ static const char *prompt_json(void) {
 }
 
 static void check_equal(const char *what, const int32_t *a, int na, const int32_t *b, int nb) {
-    CHECK(na == nb && na > 0 && memcmp(a, b, (size_t)na * sizeof *a) == 0, "%s: %d tokens vs reference %d%s", what,
-          na, nb, na == nb ? " (ids differ)" : "");
+    CHECK(na == nb && na > 0 && memcmp(a, b, (size_t)na * sizeof *a) == 0, "%s: %d tokens vs reference %d%s", what, na,
+          nb, na == nb ? " (ids differ)" : "");
 }
 
 /* Reassemble a stream's token ids and text; returns the id count, -1 if malformed. */
@@ -190,12 +195,15 @@ static void test_outputs(int port) {
               cJSON_GetObjectItemCaseSensitive(u, "prompt_tokens")->valuedouble == NP,
           "usage wrong");
     CHECK(strcmp(cJSON_GetObjectItemCaseSensitive(cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(o, "choices"), 0),
-                                                  "finish_reason")->valuestring, "length") == 0,
+                                                  "finish_reason")
+                     ->valuestring,
+                 "length") == 0,
           "finish_reason should be length");
     /* a stop string taken from the middle of that text: the text ends right before it */
     char full[512], stop[8];
-    snprintf(full, sizeof full, "%s", cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(
-                                          cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(o, "choices"), 0), "text")));
+    snprintf(full, sizeof full, "%s",
+             cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(
+                 cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(o, "choices"), 0), "text")));
     size_t cut = 4; /* a plain-ASCII stop string from inside the text */
     while (full[cut] && !(full[cut] > ' ' && full[cut] < 127 && full[cut + 1] > ' ' && full[cut + 1] < 127)) cut++;
     snprintf(stop, sizeof stop, "%.2s", full + cut);
@@ -238,7 +246,8 @@ static void test_outputs(int port) {
     nr = reference(32, 0.8f, 1234, 1, ref, &st);
     snprintf(body, sizeof body,
              "{\"input_ids\": %s, \"sampling_params\": {\"max_new_tokens\": 32, \"temperature\": 0.8, \"seed\": 1234, "
-             "\"ignore_eos\": true}}", prompt_json());
+             "\"ignore_eos\": true}}",
+             prompt_json());
     r = http(port, NULL, "/generate", body, 0);
     o = json_of(&r);
     static const char *const out_ids[] = {"output_ids"};
@@ -259,9 +268,11 @@ static void test_outputs(int port) {
     /* greedy with eos allowed, chat form streamed with usage */
     r = http(port, NULL, "/v1/chat/completions",
              "{\"messages\": [{\"role\": \"user\", \"content\": \"Janet has 3 apples\"}], \"max_tokens\": 12, "
-             "\"temperature\": 0, \"stream\": true, \"stream_options\": {\"include_usage\": true}}", 0);
+             "\"temperature\": 0, \"stream\": true, \"stream_options\": {\"include_usage\": true}}",
+             0);
     CHECK(r.status == 200 && r.body && strstr(r.body, "\"role\":\"assistant\"") && strstr(r.body, "\"usage\"") &&
-              strstr(r.body, "data: [DONE]"), "chat stream: %s", r.body ? r.body : "");
+              strstr(r.body, "data: [DONE]"),
+          "chat stream: %s", r.body ? r.body : "");
     free(r.body);
 }
 
@@ -281,14 +292,19 @@ static void *load_client(void *p) {
         const int kind = i % 4; /* completions, /generate, streamed completions, chat */
         const char *path = kind == 1 ? "/generate" : kind == 3 ? "/v1/chat/completions" : "/v1/completions";
         if (kind == 1)
-            snprintf(body, sizeof body, "{\"input_ids\": %s, \"sampling_params\": {\"max_new_tokens\": 4, "
-                     "\"temperature\": 0, \"ignore_eos\": true}}", prompt_json());
+            snprintf(body, sizeof body,
+                     "{\"input_ids\": %s, \"sampling_params\": {\"max_new_tokens\": 4, "
+                     "\"temperature\": 0, \"ignore_eos\": true}}",
+                     prompt_json());
         else if (kind == 3)
-            snprintf(body, sizeof body, "{\"messages\": [{\"role\": \"user\", \"content\": \"load %d\"}], "
-                     "\"max_tokens\": 4, \"temperature\": 0.7, \"seed\": %d}", i, i);
+            snprintf(body, sizeof body,
+                     "{\"messages\": [{\"role\": \"user\", \"content\": \"load %d\"}], "
+                     "\"max_tokens\": 4, \"temperature\": 0.7, \"seed\": %d}",
+                     i, i);
         else
-            snprintf(body, sizeof body, "{\"prompt\": %s, \"max_tokens\": 4, \"temperature\": 0, \"ignore_eos\": true%s}",
-                     prompt_json(), kind == 2 ? ", \"stream\": true" : "");
+            snprintf(body, sizeof body,
+                     "{\"prompt\": %s, \"max_tokens\": 4, \"temperature\": 0, \"ignore_eos\": true%s}", prompt_json(),
+                     kind == 2 ? ", \"stream\": true" : "");
         reply r = http(a->port, NULL, path, body, 0);
         if (r.status != 200 || !r.body) {
             a->failures++;
@@ -342,10 +358,9 @@ static void expect_error(int port, const char *method, const char *path, const c
     cJSON *e = cJSON_GetObjectItemCaseSensitive(o, "error");
     const char *p = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(e, "param"));
     CHECK(r.status == status && cJSON_IsString(cJSON_GetObjectItemCaseSensitive(e, "message")) &&
-              cJSON_IsString(cJSON_GetObjectItemCaseSensitive(e, "type")) &&
-              (!param || (p && strcmp(p, param) == 0)),
-          "%s %s %.60s: expected %ld (param %s), got %ld %s", method ? method : "POST", path, body ? body : "",
-          status, param ? param : "-", r.status, r.body ? r.body : "");
+              cJSON_IsString(cJSON_GetObjectItemCaseSensitive(e, "type")) && (!param || (p && strcmp(p, param) == 0)),
+          "%s %s %.60s: expected %ld (param %s), got %ld %s", method ? method : "POST", path, body ? body : "", status,
+          param ? param : "-", r.status, r.body ? r.body : "");
     cJSON_Delete(o);
     free(r.body);
 }
@@ -399,8 +414,10 @@ static void test_logprobs(int port) {
     CHECK(lp, "reference logprobs: %s", dfl_errmsg());
     if (!lp) return;
     /* greedy: the tokens of spec_generate, each token's logprob, the top-1 alternative is it */
-    snprintf(body, sizeof body, "{\"prompt\": %s, \"max_tokens\": %d, \"temperature\": 0, \"ignore_eos\": true, "
-             "\"logprobs\": 3}", prompt_json(), NG);
+    snprintf(body, sizeof body,
+             "{\"prompt\": %s, \"max_tokens\": %d, \"temperature\": 0, \"ignore_eos\": true, "
+             "\"logprobs\": 3}",
+             prompt_json(), NG);
     reply r = http(port, NULL, "/v1/completions", body, 0);
     cJSON *o = json_of(&r);
     CHECK(r.status == 200 && o, "logprobs completion: %ld %s", r.status, r.body ? r.body : "");
@@ -425,8 +442,10 @@ static void test_logprobs(int port) {
     int32_t a[64];
     int na = -1, nb = -2;
     for (int with = 0; with < 2; with++) {
-        snprintf(body, sizeof body, "{\"prompt\": %s, \"max_tokens\": 20, \"temperature\": 0.8, \"seed\": 5, "
-                 "\"ignore_eos\": true%s}", prompt_json(), with ? ", \"logprobs\": 0" : "");
+        snprintf(body, sizeof body,
+                 "{\"prompt\": %s, \"max_tokens\": 20, \"temperature\": 0.8, \"seed\": 5, "
+                 "\"ignore_eos\": true%s}",
+                 prompt_json(), with ? ", \"logprobs\": 0" : "");
         r = http(port, NULL, "/v1/completions", body, 0);
         o = json_of(&r);
         if (with) nb = ids_at(o, completion_ids, 3, got, 64);
@@ -463,15 +482,17 @@ static void test_logprobs(int port) {
     /* chat: the logprobs of the generated tokens, top_logprobs k entries, the first the greedy token */
     r = http(port, NULL, "/v1/chat/completions",
              "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"max_tokens\": 6, \"temperature\": 0, "
-             "\"ignore_eos\": true, \"logprobs\": true, \"top_logprobs\": 2}", 0);
+             "\"ignore_eos\": true, \"logprobs\": true, \"top_logprobs\": 2}",
+             0);
     o = json_of(&r);
-    cJSON *content = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(choice0(o), "logprobs"), "content");
+    cJSON *content =
+        cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(choice0(o), "logprobs"), "content");
     int chat_ok = r.status == 200 && cJSON_GetArraySize(content) == 6;
     for (cJSON *x = content ? content->child : NULL; x && chat_ok; x = x->next) {
         cJSON *tops = cJSON_GetObjectItemCaseSensitive(x, "top_logprobs");
-        chat_ok = cJSON_GetArraySize(tops) == 2 &&
-                  cJSON_GetObjectItemCaseSensitive(tops->child, "logprob")->valuedouble ==
-                      cJSON_GetObjectItemCaseSensitive(x, "logprob")->valuedouble;
+        chat_ok =
+            cJSON_GetArraySize(tops) == 2 && cJSON_GetObjectItemCaseSensitive(tops->child, "logprob")->valuedouble ==
+                                                 cJSON_GetObjectItemCaseSensitive(x, "logprob")->valuedouble;
     }
     CHECK(chat_ok, "chat logprobs: %ld %s", r.status, r.body ? r.body : "");
     cJSON_Delete(o);
@@ -486,10 +507,11 @@ static void test_logprobs(int port) {
     expect_error(port, NULL, "/v1/completions", "{\"prompt\": \"x\", \"logprobs\": 2, \"stream\": true}", 400,
                  "logprobs");
     expect_error(port, NULL, "/v1/chat/completions",
-                 "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"logprobs\": true, \"stream\": true}", 400,
-                 "logprobs");
+                 "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"logprobs\": true, \"stream\": true}",
+                 400, "logprobs");
     expect_error(port, NULL, "/v1/chat/completions",
-                 "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"top_logprobs\": 2}", 400, "top_logprobs");
+                 "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"top_logprobs\": 2}", 400,
+                 "top_logprobs");
 }
 
 static void test_errors(int port, size_t max_body) {
@@ -510,11 +532,12 @@ static void test_errors(int port, size_t max_body) {
     expect_error(port, NULL, "/v1/completions", "{\"prompt\": \"a\\u0000b\", \"max_tokens\": 1}", 400, "prompt");
     expect_error(port, NULL, "/v1/chat/completions",
                  "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}, {\"role\": \"user\", "
-                 "\"content\": \"x\\u0000\"}]}", 400, "messages[1].content");
+                 "\"content\": \"x\\u0000\"}]}",
+                 400, "messages[1].content");
     expect_error(port, NULL, "/generate", "{\"text\": \"x\", \"sampling_params\": {\"stop\": [\"a\", \"\\u0000\"]}}",
                  400, "sampling_params.stop[1]");
     expect_error(port, NULL, "/tokenize", "{\"text\": \"\\u0000\"}", 400, "text");
-    {   /* an escaped backslash before u0000 is text, not a NUL */
+    { /* an escaped backslash before u0000 is text, not a NUL */
         reply r = http(port, NULL, "/tokenize", "{\"text\": \"a\\\\u0000\"}", 0);
         CHECK(r.status == 200, "/tokenize of a backslash then u0000: %ld %s", r.status, r.body ? r.body : "");
         free(r.body);
@@ -539,7 +562,9 @@ static void test_errors(int port, size_t max_body) {
 
 /* ---- sampling as served, lists of prompts, the field rule ---- */
 
-static cJSON *choice_at(cJSON *o, int i) { return cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(o, "choices"), i); }
+static cJSON *choice_at(cJSON *o, int i) {
+    return cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(o, "choices"), i);
+}
 
 /* POST body to path: status 200 and the parsed response (NULL otherwise, with a failed CHECK). */
 static cJSON *post_ok(int port, const char *path, const char *body) {
@@ -558,13 +583,17 @@ static void test_sampling_fields(int port) {
     /* Qwen's recommended sampling: the same tokens as spec_generate with those filters and seed, on
      * both the OpenAI and the SGLang form */
     int nr = reference_f(24, 1.0f, 0.95f, 20, 77, 1, ref, &st);
-    snprintf(body, sizeof body, "{\"prompt\": %s, \"max_tokens\": 24, \"temperature\": 1, \"top_p\": 0.95, "
-             "\"top_k\": 20, \"seed\": 77, \"ignore_eos\": true}", prompt_json());
+    snprintf(body, sizeof body,
+             "{\"prompt\": %s, \"max_tokens\": 24, \"temperature\": 1, \"top_p\": 0.95, "
+             "\"top_k\": 20, \"seed\": 77, \"ignore_eos\": true}",
+             prompt_json());
     cJSON *o = post_ok(port, "/v1/completions", body);
     check_equal("completion with top_p / top_k", got, ids_at(o, completion_ids, 3, got, 64), ref, nr);
     cJSON_Delete(o);
-    snprintf(body, sizeof body, "{\"input_ids\": %s, \"sampling_params\": {\"max_new_tokens\": 24, \"temperature\": 1, "
-             "\"top_p\": 0.95, \"top_k\": 20, \"seed\": 77, \"ignore_eos\": true}}", prompt_json());
+    snprintf(body, sizeof body,
+             "{\"input_ids\": %s, \"sampling_params\": {\"max_new_tokens\": 24, \"temperature\": 1, "
+             "\"top_p\": 0.95, \"top_k\": 20, \"seed\": 77, \"ignore_eos\": true}}",
+             prompt_json());
     o = post_ok(port, "/generate", body);
     static const char *const out_ids[] = {"output_ids"};
     check_equal("/generate with top_p / top_k", got, ids_at(o, out_ids, 1, got, 64), ref, nr);
@@ -574,8 +603,10 @@ static void test_sampling_fields(int port) {
     CHECK(nf != nr || memcmp(full, ref, (size_t)nr * sizeof *ref) != 0,
           "top_p 0.95 / top_k 20 gave the tokens of the full distribution: the filters do nothing here");
     /* top_k -1 (vLLM's off) and top_p 1 are the full distribution */
-    snprintf(body, sizeof body, "{\"prompt\": %s, \"max_tokens\": 24, \"temperature\": 1, \"top_p\": 1, "
-             "\"top_k\": -1, \"seed\": 77, \"ignore_eos\": true}", prompt_json());
+    snprintf(body, sizeof body,
+             "{\"prompt\": %s, \"max_tokens\": 24, \"temperature\": 1, \"top_p\": 1, "
+             "\"top_k\": -1, \"seed\": 77, \"ignore_eos\": true}",
+             prompt_json());
     o = post_ok(port, "/v1/completions", body);
     check_equal("top_p 1, top_k -1", got, ids_at(o, completion_ids, 3, got, 64), full, nf);
     cJSON_Delete(o);
@@ -602,10 +633,13 @@ static void test_sampling_fields(int port) {
             cJSON *ca = choice0(a), *cb = choice_at(b, i);
             cJSON_DeleteItemFromObjectCaseSensitive(ca, "index");
             cJSON *idx = cJSON_DetachItemFromObjectCaseSensitive(cb, "index");
-            CHECK(cJSON_IsNumber(idx) && idx->valuedouble == i, "choice %d has index %g", i, idx ? idx->valuedouble : -1);
+            CHECK(cJSON_IsNumber(idx) && idx->valuedouble == i, "choice %d has index %g", i,
+                  idx ? idx->valuedouble : -1);
             cJSON_Delete(idx);
-            CHECK(ca && cb && cJSON_Compare(ca, cb, 1), "options %zu, prompt %d: the list's choice differs from the "
-                  "prompt sent alone", k, i);
+            CHECK(ca && cb && cJSON_Compare(ca, cb, 1),
+                  "options %zu, prompt %d: the list's choice differs from the "
+                  "prompt sent alone",
+                  k, i);
             cJSON *u = cJSON_GetObjectItemCaseSensitive(a, "usage");
             sum_p += (int)cJSON_GetObjectItemCaseSensitive(u, "prompt_tokens")->valuedouble;
             sum_c += (int)cJSON_GetObjectItemCaseSensitive(u, "completion_tokens")->valuedouble;
@@ -623,26 +657,42 @@ static void test_sampling_fields(int port) {
     expect_error(port, NULL, "/v1/completions", "{\"prompt\": [[1, 2], [1, 99999]]}", 400, "prompt[1]");
 
     /* sampling values: top_p in (0, 1], top_k an integer >= -1 (also at temperature 0) */
-    static const struct { const char *extra, *param; } bad[] = {
-        {"\"top_p\": 0", "top_p"}, {"\"top_p\": 1.5", "top_p"}, {"\"top_p\": \"x\"", "top_p"},
-        {"\"top_k\": -2", "top_k"}, {"\"top_k\": 2.5", "top_k"}, {"\"top_p\": 0, \"temperature\": 0", "top_p"},
+    static const struct {
+        const char *extra, *param;
+    } bad[] = {
+        {"\"top_p\": 0", "top_p"},
+        {"\"top_p\": 1.5", "top_p"},
+        {"\"top_p\": \"x\"", "top_p"},
+        {"\"top_k\": -2", "top_k"},
+        {"\"top_k\": 2.5", "top_k"},
+        {"\"top_p\": 0, \"temperature\": 0", "top_p"},
         /* the field rule: what dfl does not implement, unless it is a no-op */
-        {"\"logit_bias\": {\"5\": 10}", "logit_bias"}, {"\"n\": 2", "n"}, {"\"best_of\": 3", "best_of"},
-        {"\"min_p\": 0.1, \"temperature\": 1", "min_p"}, {"\"presence_penalty\": 0.5", "presence_penalty"},
-        {"\"repetition_penalty\": 1.1", "repetition_penalty"}, {"\"suffix\": \"x\"", "suffix"},
-        {"\"stop_token_ids\": [3]", "stop_token_ids"}, {"\"skip_special_tokens\": false", "skip_special_tokens"},
-        {"\"frobnicate\": 1", "frobnicate"}, {"\"stream_options\": {\"x\": true}", "stream_options.x"},
+        {"\"logit_bias\": {\"5\": 10}", "logit_bias"},
+        {"\"n\": 2", "n"},
+        {"\"best_of\": 3", "best_of"},
+        {"\"min_p\": 0.1, \"temperature\": 1", "min_p"},
+        {"\"presence_penalty\": 0.5", "presence_penalty"},
+        {"\"repetition_penalty\": 1.1", "repetition_penalty"},
+        {"\"suffix\": \"x\"", "suffix"},
+        {"\"stop_token_ids\": [3]", "stop_token_ids"},
+        {"\"skip_special_tokens\": false", "skip_special_tokens"},
+        {"\"frobnicate\": 1", "frobnicate"},
+        {"\"stream_options\": {\"x\": true}", "stream_options.x"},
         {"\"response_format\": {\"type\": \"text\"}", "response_format"}, /* chat's, not completions' */
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         snprintf(body, sizeof body, "{\"prompt\": \"x\", \"max_tokens\": 1, %s}", bad[i].extra);
         expect_error(port, NULL, "/v1/completions", body, 400, bad[i].param);
     }
-    static const struct { const char *extra, *param; } bad_chat[] = {
+    static const struct {
+        const char *extra, *param;
+    } bad_chat[] = {
         {"\"response_format\": {\"type\": \"json_object\"}", "response_format"},
         {"\"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"f\"}}]", "tools"},
-        {"\"tool_choice\": \"auto\"", "tool_choice"}, {"\"logit_bias\": {\"1\": -100}", "logit_bias"},
-        {"\"echo\": true", "echo"}, {"\"chat_template_kwargs\": {\"tools\": []}", "chat_template_kwargs.tools"},
+        {"\"tool_choice\": \"auto\"", "tool_choice"},
+        {"\"logit_bias\": {\"1\": -100}", "logit_bias"},
+        {"\"echo\": true", "echo"},
+        {"\"chat_template_kwargs\": {\"tools\": []}", "chat_template_kwargs.tools"},
         {"\"best_of\": 1", "best_of"}, /* completions' */
     };
     for (size_t i = 0; i < sizeof bad_chat / sizeof bad_chat[0]; i++) {
@@ -661,12 +711,14 @@ static void test_sampling_fields(int port) {
     expect_error(port, NULL, "/generate", "{\"text\": \"x\", \"top_p\": 0.5}", 400, "top_p"); /* sampling_params' */
     /* no-ops are accepted, and change nothing */
     nr = reference(6, 0, 0, 1, ref, &st);
-    snprintf(body, sizeof body, "{\"prompt\": %s, \"max_tokens\": 6, \"temperature\": 0, \"ignore_eos\": true, "
+    snprintf(body, sizeof body,
+             "{\"prompt\": %s, \"max_tokens\": 6, \"temperature\": 0, \"ignore_eos\": true, "
              "\"n\": 1, \"best_of\": 1, \"logit_bias\": {}, \"min_p\": 0.2, \"top_p\": 0.5, \"top_k\": 3, "
              "\"presence_penalty\": 0, \"frequency_penalty\": 0, \"repetition_penalty\": 1, \"suffix\": \"\", "
              "\"stop_token_ids\": [], \"skip_special_tokens\": true, \"include_stop_str_in_output\": false, "
              "\"min_tokens\": 0, \"user\": \"u\", \"model\": \"any\", \"logprobs\": null, "
-             "\"return_token_ids\": true}", prompt_json());
+             "\"return_token_ids\": true}",
+             prompt_json());
     o = post_ok(port, "/v1/completions", body);
     check_equal("no-op fields, greedy", got, ids_at(o, completion_ids, 3, got, 64), ref, nr);
     cJSON_Delete(o);
@@ -747,7 +799,8 @@ static void test_queue(void) {
     server_hold(srv, 0);
     for (int i = 0; i < started; i++) pthread_join(th[i], NULL);
     CHECK(a[0].status == 200 && a[1].status == 200 && a[1].done_event,
-          "the admitted requests after release: %ld, %ld (stream ended: %d)", a[0].status, a[1].status, a[1].done_event);
+          "the admitted requests after release: %ld, %ld (stream ended: %d)", a[0].status, a[1].status,
+          a[1].done_event);
     server_stop(srv);
 }
 
@@ -836,8 +889,8 @@ static void test_connection_limits(void) {
     const int open_e0 = hold_connections(port, "127.0.0.6", 1, 1, e);
     const int open_e1 = hold_connections(port, "127.0.0.7", 1, 1, e + 1);
     const int open_e2 = hold_connections(port, "127.0.0.8", 1, 0, e + 2);
-    CHECK(open_e0 == 1 && open_e1 == 1 && open_e2 == 0, "24 connections open (the total cap): new addresses got %d, %d, %d",
-          open_e0, open_e1, open_e2);
+    CHECK(open_e0 == 1 && open_e1 == 1 && open_e2 == 0,
+          "24 connections open (the total cap): new addresses got %d, %d, %d", open_e0, open_e1, open_e2);
     close_all(a, 12), close_all(b, 8), close_all(c, 8), close_all(d, 2), close_all(e, 3);
     /* the server sees the closes on its own threads: /health answers again within a bound */
     long st = 0;
@@ -898,8 +951,10 @@ static long metric(int port, const char *name) {
 static void test_disconnect(int port) {
     const long before = metric(port, "\ndfl_requests_cancelled_total");
     char body[256];
-    snprintf(body, sizeof body, "{\"prompt\": %s, \"max_tokens\": 2000, \"temperature\": 0, \"ignore_eos\": true, "
-             "\"stream\": true}", prompt_json());
+    snprintf(body, sizeof body,
+             "{\"prompt\": %s, \"max_tokens\": 2000, \"temperature\": 0, \"ignore_eos\": true, "
+             "\"stream\": true}",
+             prompt_json());
     reply r = http(port, NULL, "/v1/completions", body, 600);
     CHECK(r.status == 200 && r.len >= 600, "aborted stream: status %ld, %zu bytes", r.status, r.len);
     free(r.body);
@@ -955,7 +1010,8 @@ int main(void) {
     dfl_server_opts o2 = o;
     o2.port = port;
     dfl_server *srv2 = server_start(&o2);
-    CHECK(!srv2 && strstr(dfl_errmsg(), "listen"), "a second server on port %d: %s", port, srv2 ? "started" : dfl_errmsg());
+    CHECK(!srv2 && strstr(dfl_errmsg(), "listen"), "a second server on port %d: %s", port,
+          srv2 ? "started" : dfl_errmsg());
     if (srv2) server_stop(srv2);
     t0 = dfl_now();
     server_stop(srv);

@@ -25,9 +25,9 @@ typedef struct oracle {
     const int32_t *truth; /* the autoregressive continuation */
     int n_prompt, n_ctx, round, V;
     int checks_failed;
-    int full_every;       /* when > 0 and round % full_every == 0: no corruption */
-    int soft;             /* a spread q: logit 5 on the proposal, 2.5 on the 30 ids after it, 0 elsewhere
-                           * (top-k / top-p change it a lot: a q filtered unlike p would show) */
+    int full_every; /* when > 0 and round % full_every == 0: no corruption */
+    int soft;       /* a spread q: logit 5 on the proposal, 2.5 on the 30 ids after it, 0 elsewhere
+                     * (top-k / top-p change it a lot: a q filtered unlike p would show) */
 } oracle;
 
 static int o_add(void *ctx, const float *feat, const int32_t *tokens, int n) {
@@ -101,8 +101,12 @@ static void lossless(const char *target, const char *drafter) {
     for (int B = 2; B <= 16; B += (B < 4 ? 1 : 4)) {
         oracle orc = {.truth = truth, .n_prompt = NP, .V = m.cfg.vocab};
         int layer0 = 0;
-        dfl_draft_if dif = {.ctx = &orc, .add_context = o_add, .draft = o_draft, .context_len = o_len,
-                            .feature_layers = &layer0, .n_feature_layers = 1};
+        dfl_draft_if dif = {.ctx = &orc,
+                            .add_context = o_add,
+                            .draft = o_draft,
+                            .context_len = o_len,
+                            .feature_layers = &layer0,
+                            .n_feature_layers = 1};
         dfl_gen_opts o = {.max_new = N_GEN, .block = B, .ignore_eos = 1};
         target_state_reset(&s);
         CHECK(spec_generate(&s, &dif, prompt, NP, &o, out, &st, NULL, NULL) == DFL_OK, "oracle: %s", dfl_errmsg());
@@ -200,8 +204,12 @@ static void sampling(const char *target, const char *drafter) {
         /* an oracle proposing the greedy tokens (one-hot q) exercises the acceptance branch */
         oracle orc = {.truth = truth, .n_prompt = NP, .V = V, .round = 1};
         int layer0 = 0;
-        dfl_draft_if odif = {.ctx = &orc, .add_context = o_add, .draft = o_draft, .context_len = o_len,
-                             .feature_layers = &layer0, .n_feature_layers = 1};
+        dfl_draft_if odif = {.ctx = &orc,
+                             .add_context = o_add,
+                             .draft = o_draft,
+                             .context_len = o_len,
+                             .feature_layers = &layer0,
+                             .n_feature_layers = 1};
         o.seed = 5000000 + (uint64_t)r;
         target_state_reset(&s);
         spec_generate(&s, &odif, prompt, NP, &o, out, &st, NULL, NULL);
@@ -212,7 +220,8 @@ static void sampling(const char *target, const char *drafter) {
         target_state_reset(&s);
         drafter_state_reset(&ds);
         dif = spec_dflash_drafter(&ds);
-        CHECK(spec_generate(&s, &dif, prompt, NP, &om, out, &st, NULL, NULL) == DFL_OK && !strcmp(st.accept_rule, "match"),
+        CHECK(spec_generate(&s, &dif, prompt, NP, &om, out, &st, NULL, NULL) == DFL_OK &&
+                  !strcmp(st.accept_rule, "match"),
               "match sample: %s", dfl_errmsg());
         for (int k = 0; k < K; k++) cnt_md[k * V + out[k]]++;
         om.temperature = 0.3f;
@@ -243,8 +252,10 @@ static void sampling(const char *target, const char *drafter) {
               "%s: sampled token %d: match rule, oracle, T 0.3: distribution differs (chi2 %.1f, df %d, crit %.1f)",
               target, k, stat, df, chi2_crit(df));
     }
-    CHECK(acc_match > RUNS / 10, "%s: match rule: the oracle's drafts were accepted in %ld of %d runs: the acceptance "
-          "path is not exercised", target, acc_match, RUNS);
+    CHECK(acc_match > RUNS / 10,
+          "%s: match rule: the oracle's drafts were accepted in %ld of %d runs: the acceptance "
+          "path is not exercised",
+          target, acc_match, RUNS);
     /* a wrong distribution must be caught: the same counts against temperature 0.5 */
     int *cnt_cold = calloc((size_t)V, sizeof(int));
     for (int r = 0; r < RUNS; r++) {
@@ -318,8 +329,10 @@ static void filter_vs_naive(void) {
         double sum = 0;
         for (int i = 0; i < V; i++) {
             double u = rng_uniform(&r);
-            double x = shape == 0 ? exp(8 * u) : shape == 1 ? 1 + 0.01 * u : shape == 2 ? (double)(1 + (int)(u * 4))
-                                                                                          : (i % 37 == 0 ? u : 0);
+            double x = shape == 0   ? exp(8 * u)
+                       : shape == 1 ? 1 + 0.01 * u
+                       : shape == 2 ? (double)(1 + (int)(u * 4))
+                                    : (i % 37 == 0 ? u : 0);
             p[i] = (float)x;
             sum += x;
         }
@@ -336,8 +349,10 @@ static void filter_vs_naive(void) {
                     if (fabs(want[i] - f[i]) > worst) worst = fabs(want[i] - f[i]);
                 }
                 const int off = (ks[a] <= 0 || ks[a] >= V) && (ps[b] <= 0 || ps[b] >= 1);
-                CHECK(same && (off ? kept == V : kept >= n_want), "filter k=%d top_p=%g shape %d: kept set differs "
-                      "from the naive sort (%d kept, %d expected)", ks[a], ps[b], shape, kept, n_want);
+                CHECK(same && (off ? kept == V : kept >= n_want),
+                      "filter k=%d top_p=%g shape %d: kept set differs "
+                      "from the naive sort (%d kept, %d expected)",
+                      ks[a], ps[b], shape, kept, n_want);
             }
     }
     CHECK(worst < 1e-6, "filter: renormalised probabilities differ from the naive ones by %.3g", worst);
@@ -359,7 +374,10 @@ typedef struct support_chk {
     long tokens, outside;
 } support_chk;
 
-typedef struct pd { double p; int id; } pd;
+typedef struct pd {
+    double p;
+    int id;
+} pd;
 
 static int pd_cmp(const void *x, const void *y) {
     const pd *a = x, *b = y;
@@ -416,9 +434,10 @@ static void sampling_filtered(const char *target, const char *drafter, const fil
     dfl_gen_opts gf = {.max_new = K, .ignore_eos = 1, .top_k = 3, .top_p = 0.5f};
     target_state_reset(&s);
     CHECK(spec_generate(&s, NULL, prompt, NP, &gf, greedy_out, &st, NULL, NULL) == DFL_OK &&
-              memcmp(greedy_out, truth, sizeof greedy_out) == 0, "%s: top_k/top_p changed greedy decoding", target);
+              memcmp(greedy_out, truth, sizeof greedy_out) == 0,
+          "%s: top_k/top_p changed greedy decoding", target);
     enum { AR, PQ_D, PQ_O, M_D, M_O, AR_FULL, N_ARM };
-    static const char *const arm_name[N_ARM] = {"autoregressive", "pq rule, drafter", "pq rule, oracle",
+    static const char *const arm_name[N_ARM] = {"autoregressive",      "pq rule, drafter",   "pq rule, oracle",
                                                 "match rule, drafter", "match rule, oracle", "unfiltered"};
     for (int c = 0; c < n_cfg; c++) {
         int *cnt[N_ARM];
@@ -428,17 +447,26 @@ static void sampling_filtered(const char *target, const char *drafter, const fil
         for (int r = 0; r < RUNS; r++) {
             chk.on = r < RUNS / 5; /* the support of the tokens of the first runs' (a naive sort per token) */
             for (int a = 0; a < N_ARM; a++) {
-                dfl_gen_opts o = {.max_new = a == AR_FULL ? 1 : K, .block = 4, .temperature = cfg[c].T,
-                                  .top_p = cfg[c].top_p, .top_k = cfg[c].top_k,
+                dfl_gen_opts o = {.max_new = a == AR_FULL ? 1 : K,
+                                  .block = 4,
+                                  .temperature = cfg[c].T,
+                                  .top_p = cfg[c].top_p,
+                                  .top_k = cfg[c].top_k,
                                   .seed = 1000003u * (uint64_t)(a + 1) + (uint64_t)r + 77 * (uint64_t)c,
-                                  .ignore_eos = 1, .on_logits = support_on_logits, .on_logits_ud = &chk,
+                                  .ignore_eos = 1,
+                                  .on_logits = support_on_logits,
+                                  .on_logits_ud = &chk,
                                   .accept_rule = a == M_D || a == M_O ? DFL_ACCEPT_MATCH : DFL_ACCEPT_PQ};
                 if (a == AR_FULL) o.top_p = 0, o.top_k = 0, o.on_logits = NULL;
                 /* round 0: no draft corrupted */
                 oracle orc = {.truth = truth, .n_prompt = NP, .V = V, .round = 0, .soft = 1};
                 int layer0 = 0;
-                dfl_draft_if odif = {.ctx = &orc, .add_context = o_add, .draft = o_draft, .context_len = o_len,
-                                     .feature_layers = &layer0, .n_feature_layers = 1};
+                dfl_draft_if odif = {.ctx = &orc,
+                                     .add_context = o_add,
+                                     .draft = o_draft,
+                                     .context_len = o_len,
+                                     .feature_layers = &layer0,
+                                     .n_feature_layers = 1};
                 target_state_reset(&s);
                 drafter_state_reset(&ds);
                 dfl_draft_if dif = spec_dflash_drafter(&ds);
@@ -460,8 +488,8 @@ static void sampling_filtered(const char *target, const char *drafter, const fil
                 int df;
                 CHECK(homogeneous_z(cnt[AR] + k * V, cnt[a] + k * V, V, Z_1E4, &stat, &df),
                       "%s %s: sampled token %d: %s: distribution differs from autoregressive sampling of the filtered "
-                      "target (chi2 %.1f, df %d, crit %.1f)", target, what, k, arm_name[a], stat, df,
-                      chi2_crit_z(df, Z_1E4));
+                      "target (chi2 %.1f, df %d, crit %.1f)",
+                      target, what, k, arm_name[a], stat, df, chi2_crit_z(df, Z_1E4));
             }
         /* the test tells the filtered distribution from the full one */
         double stat;
@@ -500,8 +528,12 @@ static void bad_input(void) {
         int32_t truth[N_GEN] = {0}, out[N_GEN];
         oracle orc = {.truth = truth, .n_prompt = NP, .V = m.cfg.vocab};
         int layer0 = 0;
-        dfl_draft_if dif = {.ctx = &orc, .add_context = o_add, .draft = o_draft, .context_len = o_len,
-                            .feature_layers = &layer0, .n_feature_layers = 1};
+        dfl_draft_if dif = {.ctx = &orc,
+                            .add_context = o_add,
+                            .draft = o_draft,
+                            .context_len = o_len,
+                            .feature_layers = &layer0,
+                            .n_feature_layers = 1};
         dfl_gen_opts o = {.max_new = 8, .block = 4, .ignore_eos = 1};
         dfl_gen_stats st;
         dif.add_context = leaky_add;

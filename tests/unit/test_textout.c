@@ -45,8 +45,8 @@ int main(void) {
     textout t;
     /* no stop: the incomplete character is held back, then released whole */
     CHECK(run(&t, tok, NULL, 3) == 0, "no stop reported");
-    CHECK(t.len == 7 && memcmp(t.text, "Answer:", 7) == 0 && textout_safe(&t) == 7, "held back: '%.*s'",
-          (int)t.len, t.text);
+    CHECK(t.len == 7 && memcmp(t.text, "Answer:", 7) == 0 && textout_safe(&t) == 7, "held back: '%.*s'", (int)t.len,
+          t.text);
     check_final(&t, "Answer: \xef\xbf\xbd", "ends inside a character");
     for (int i = 3; i < N_IDS; i++) CHECK(textout_push(&t, ids[i]) == 0, "push %d", i);
     CHECK(t.len == strlen("Answer: \xe9\x91\xab") && strcmp(t.text, "Answer: \xe9\x91\xab") == 0, "completed: '%s'",

@@ -32,7 +32,8 @@ static int encodes_to(const dfl_tokenizer *tok, const char *text, size_t len, co
     return ok;
 }
 
-static int decodes_to(const dfl_tokenizer *tok, const int32_t *ids, size_t n, int skip, const char *want, size_t want_len) {
+static int decodes_to(const dfl_tokenizer *tok, const int32_t *ids, size_t n, int skip, const char *want,
+                      size_t want_len) {
     size_t len;
     char *s = tok_decode_len(tok, ids, n, skip, &len);
     int ok = s && len == want_len && memcmp(s, want, len) == 0 && s[len] == 0;
@@ -57,8 +58,10 @@ static const struct known known[] = {
     {"\xc3\xa9", NULL, {963}, 1},
     {"DON'T you'LL they've", NULL, {84641, 17323, 498, 6, 4086, 807, 3003}, 7},
     {"\xe8\x87\xaa\xe7\x84\xb6\xe8\xaf\xad\xe8\xa8\x80\xe5\xa4\x84\xe7\x90\x86", NULL, {99795, 102064, 54542}, 3},
-    {"\xf0\x9f\x91\xa8\xe2\x80\x8d\xf0\x9f\x91\xa9\xe2\x80\x8d\xf0\x9f\x91\xa7 \xf0\x9f\x91\x8b\xf0\x9f\x8f\xbd", NULL,
-     {145367, 378, 235, 145233, 378, 235, 145665, 61804, 233, 145375}, 10},
+    {"\xf0\x9f\x91\xa8\xe2\x80\x8d\xf0\x9f\x91\xa9\xe2\x80\x8d\xf0\x9f\x91\xa7 \xf0\x9f\x91\x8b\xf0\x9f\x8f\xbd",
+     NULL,
+     {145367, 378, 235, 145233, 378, 235, 145665, 61804, 233, 145375},
+     10},
     {"  \n\n  x", NULL, {18611, 220, 856}, 3},
     {"def f():\n\treturn 1", NULL, {750, 282, 3932, 853, 220, 16}, 6},
     {"", NULL, {0}, 0},
@@ -88,9 +91,21 @@ static void test_qwen3(const char *path) {
     /* Invalid UTF-8: each maximal invalid subpart is one U+FFFD (ids from HF on the repaired text). */
     static const int32_t abc_fffd_def[] = {13683, 5691, 750}; /* "abc\ufffddef" */
     static const int32_t fffd2[] = {9973};                    /* "\ufffd\ufffd" */
-    CHECK(encodes_to(tok, "abc\x80" "def", 7, abc_fffd_def, 3), "lone continuation byte");
-    CHECK(encodes_to(tok, "abc\xe2\x82" "def", 8, abc_fffd_def, 3), "truncated 3-byte sequence is one U+FFFD");
-    CHECK(encodes_to(tok, "abc\xf0\x9f\x98" "def", 9, abc_fffd_def, 3), "truncated 4-byte sequence is one U+FFFD");
+    CHECK(encodes_to(tok,
+                     "abc\x80"
+                     "def",
+                     7, abc_fffd_def, 3),
+          "lone continuation byte");
+    CHECK(encodes_to(tok,
+                     "abc\xe2\x82"
+                     "def",
+                     8, abc_fffd_def, 3),
+          "truncated 3-byte sequence is one U+FFFD");
+    CHECK(encodes_to(tok,
+                     "abc\xf0\x9f\x98"
+                     "def",
+                     9, abc_fffd_def, 3),
+          "truncated 4-byte sequence is one U+FFFD");
     CHECK(encodes_to(tok, "\xff\xfe", 2, fffd2, 1), "two invalid bytes are two U+FFFD");
     CHECK(encodes_to(tok, "\xc0\x80", 2, fffd2, 1), "overlong NUL is two U+FFFD");
     CHECK(encodes_to(tok, "\xed\xa0", 2, fffd2, 1), "surrogate prefix ED A0 is two U+FFFD");
@@ -111,8 +126,7 @@ static void test_qwen3(const char *path) {
     static const int32_t chat[] = {151644, 872, 198, 6023, 151645, 151667};
     CHECK(decodes_to(tok, chat, 6, 1, "user\nhi<think>", 14), "skip_special keeps non-special added tokens");
     static const int32_t bad_hi[] = {9707, 151669}, bad_neg[] = {-5};
-    CHECK(tok_decode(tok, bad_hi, 2, 0) == NULL && strstr(dfl_errmsg(), "151669"), "id past the end: %s",
-          dfl_errmsg());
+    CHECK(tok_decode(tok, bad_hi, 2, 0) == NULL && strstr(dfl_errmsg(), "151669"), "id past the end: %s", dfl_errmsg());
     CHECK(tok_decode(tok, bad_neg, 1, 0) == NULL && strstr(dfl_errmsg(), "-5"), "negative id: %s", dfl_errmsg());
 
     /* Long inputs, including a long whitespace run (regex backtracking), twice (word cache). */
@@ -166,17 +180,19 @@ static const char *write_file(const char *name, const char *content) {
     return p;
 }
 
-#define TINY_HEAD                                                                                     \
+#define TINY_HEAD                                                                                       \
     "{\"normalizer\": null, \"pre_tokenizer\": {\"type\": \"ByteLevel\", \"add_prefix_space\": false, " \
     "\"use_regex\": true}, \"decoder\": {\"type\": \"ByteLevel\"}, "
 
 /* BPE details on a hand-written vocabulary (expected results follow HF's BPE rules). */
 static void test_tiny(void) {
     /* merges as legacy "a b" strings; "b c" outranks "a b", so "abc" is a + bc -> abc */
-    const char *p = write_file("tiny.json", TINY_HEAD
+    const char *p = write_file(
+        "tiny.json", TINY_HEAD
         "\"added_tokens\": [{\"id\": 9, \"content\": \"<s>\", \"special\": true, \"normalized\": false}],"
         "\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 1, \"c\": 2, \"ab\": 3, \"bc\": 4, \"abc\": 5,"
-        " \"\xc4\xa0\": 6, \"\xc4\xa0" "a\": 7, \"<unk>\": 8}, \"merges\": [\"b c\", \"a b\", \"a bc\", \"\xc4\xa0 a\"]}}");
+        " \"\xc4\xa0\": 6, \"\xc4\xa0"
+        "a\": 7, \"<unk>\": 8}, \"merges\": [\"b c\", \"a b\", \"a bc\", \"\xc4\xa0 a\"]}}");
     dfl_tokenizer *tok = tok_open(p);
     CHECK(tok != NULL, "tiny tokenizer: %s", dfl_errmsg());
     if (tok) {
@@ -189,7 +205,8 @@ static void test_tiny(void) {
         tok_close(tok);
     }
     /* unk_token with fuse_unk; ignore_merges takes whole-word vocab hits ("ac" is not mergeable) */
-    p = write_file("tiny_unk.json", TINY_HEAD
+    p = write_file(
+        "tiny_unk.json", TINY_HEAD
         "\"model\": {\"type\": \"BPE\", \"unk_token\": \"<unk>\", \"fuse_unk\": true, \"ignore_merges\": true,"
         " \"vocab\": {\"a\": 0, \"b\": 1, \"c\": 2, \"ab\": 3, \"ac\": 4, \"<unk>\": 5},"
         " \"merges\": [[\"a\", \"b\"]]}}");
@@ -214,31 +231,48 @@ static void test_malformed(void) {
         {"nomodel.json", TINY_HEAD "\"added_tokens\": []}", "model: missing"},
         {"wordpiece.json", TINY_HEAD "\"model\": {\"type\": \"WordPiece\", \"vocab\": {}}}", "WordPiece"},
         {"vocabarr.json", TINY_HEAD "\"model\": {\"type\": \"BPE\", \"vocab\": [1], \"merges\": []}}", "model.vocab"},
-        {"badid.json", TINY_HEAD "\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": -1}, \"merges\": []}}", "model.vocab"},
-        {"bigid.json", TINY_HEAD "\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 1e300}, \"merges\": []}}", "model.vocab"},
-        {"fracid.json", TINY_HEAD "\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0.5}, \"merges\": []}}", "model.vocab"},
-        {"dupid.json", TINY_HEAD "\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 0}, \"merges\": []}}", "id 0"},
-        {"merge.json", TINY_HEAD "\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": [\"a q\"]}}", "\"q\""},
-        {"merge3.json", TINY_HEAD "\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": [\"a a a\"]}}", "merges[0]"},
+        {"badid.json", TINY_HEAD "\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": -1}, \"merges\": []}}",
+         "model.vocab"},
+        {"bigid.json", TINY_HEAD "\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 1e300}, \"merges\": []}}",
+         "model.vocab"},
+        {"fracid.json", TINY_HEAD "\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0.5}, \"merges\": []}}",
+         "model.vocab"},
+        {"dupid.json", TINY_HEAD "\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 0}, \"merges\": []}}",
+         "id 0"},
+        {"merge.json", TINY_HEAD "\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": [\"a q\"]}}",
+         "\"q\""},
+        {"merge3.json", TINY_HEAD "\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": [\"a a a\"]}}",
+         "merges[0]"},
         {"nomerges.json", TINY_HEAD "\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}}}", "model.merges"},
-        {"unk.json", TINY_HEAD "\"model\": {\"type\": \"BPE\", \"unk_token\": \"?\", \"vocab\": {}, \"merges\": []}}", "unk_token"},
-        {"fallback.json", TINY_HEAD "\"model\": {\"type\": \"BPE\", \"byte_fallback\": true, \"vocab\": {}, \"merges\": []}}",
+        {"unk.json", TINY_HEAD "\"model\": {\"type\": \"BPE\", \"unk_token\": \"?\", \"vocab\": {}, \"merges\": []}}",
+         "unk_token"},
+        {"fallback.json",
+         TINY_HEAD "\"model\": {\"type\": \"BPE\", \"byte_fallback\": true, \"vocab\": {}, \"merges\": []}}",
          "byte_fallback"},
         {"nfkc.json", "{\"normalizer\": {\"type\": \"NFKC\"}}", "NFKC"},
         {"pretok.json", "{\"pre_tokenizer\": {\"type\": \"Whitespace\"}}", "Whitespace"},
-        {"prefix.json", "{\"pre_tokenizer\": {\"type\": \"ByteLevel\", \"add_prefix_space\": true}}", "add_prefix_space"},
-        {"removed.json", "{\"pre_tokenizer\": {\"type\": \"Sequence\", \"pretokenizers\": [{\"type\": \"Split\", "
-         "\"pattern\": {\"Regex\": \"a\"}, \"behavior\": \"Removed\"}, {\"type\": \"ByteLevel\", \"add_prefix_space\": false}]}}",
+        {"prefix.json", "{\"pre_tokenizer\": {\"type\": \"ByteLevel\", \"add_prefix_space\": true}}",
+         "add_prefix_space"},
+        {"removed.json",
+         "{\"pre_tokenizer\": {\"type\": \"Sequence\", \"pretokenizers\": [{\"type\": \"Split\", "
+         "\"pattern\": {\"Regex\": \"a\"}, \"behavior\": \"Removed\"}, {\"type\": \"ByteLevel\", \"add_prefix_space\": "
+         "false}]}}",
          "Removed"},
-        {"regex.json", "{\"pre_tokenizer\": {\"type\": \"Sequence\", \"pretokenizers\": [{\"type\": \"Split\", "
-         "\"pattern\": {\"Regex\": \"(a\"}, \"behavior\": \"Isolated\"}, {\"type\": \"ByteLevel\", \"add_prefix_space\": false}]}}",
+        {"regex.json",
+         "{\"pre_tokenizer\": {\"type\": \"Sequence\", \"pretokenizers\": [{\"type\": \"Split\", "
+         "\"pattern\": {\"Regex\": \"(a\"}, \"behavior\": \"Isolated\"}, {\"type\": \"ByteLevel\", "
+         "\"add_prefix_space\": false}]}}",
          "cannot compile"},
-        {"nobl.json", "{\"pre_tokenizer\": {\"type\": \"Sequence\", \"pretokenizers\": [{\"type\": \"Split\", "
-         "\"pattern\": {\"Regex\": \"a\"}, \"behavior\": \"Isolated\"}]}}", "ByteLevel"},
-        {"decoder.json", "{\"pre_tokenizer\": {\"type\": \"ByteLevel\", \"add_prefix_space\": false}, \"decoder\": null}",
-         "decoder"},
-        {"lstrip.json", TINY_HEAD "\"added_tokens\": [{\"id\": 1, \"content\": \"<m>\", \"lstrip\": true}],"
-         "\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": []}}", "lstrip"},
+        {"nobl.json",
+         "{\"pre_tokenizer\": {\"type\": \"Sequence\", \"pretokenizers\": [{\"type\": \"Split\", "
+         "\"pattern\": {\"Regex\": \"a\"}, \"behavior\": \"Isolated\"}]}}",
+         "ByteLevel"},
+        {"decoder.json",
+         "{\"pre_tokenizer\": {\"type\": \"ByteLevel\", \"add_prefix_space\": false}, \"decoder\": null}", "decoder"},
+        {"lstrip.json",
+         TINY_HEAD "\"added_tokens\": [{\"id\": 1, \"content\": \"<m>\", \"lstrip\": true}],"
+                   "\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": []}}",
+         "lstrip"},
     };
     for (size_t i = 0; i < N_OF(cases); i++) {
         dfl_clearerr();

@@ -75,8 +75,10 @@ static void check_counts(const char *what, const tm_counts *c, const int *anchor
     CHECK(c->anchors == e.anchors, "%s: %ld anchors, expected %ld", what, c->anchors, e.anchors);
     CHECK(fabs(c->len_sum - e.len_sum) < 1e-9, "%s: len_sum %g, expected %g", what, c->len_sum, e.len_sum);
     for (int k = 1; k < B; k++) {
-        CHECK(c->valid[k] == e.valid[k] && c->correct[k] == e.correct[k], "%s k=%d: valid/correct %ld/%ld, expected "
-              "%ld/%ld", what, k, c->valid[k], c->correct[k], e.valid[k], e.correct[k]);
+        CHECK(c->valid[k] == e.valid[k] && c->correct[k] == e.correct[k],
+              "%s k=%d: valid/correct %ld/%ld, expected "
+              "%ld/%ld",
+              what, k, c->valid[k], c->correct[k], e.valid[k], e.correct[k]);
         CHECK(c->cont[k] == e.cont[k] && c->reach[k] == e.reach[k], "%s k=%d: cont/reach %ld/%ld, expected %ld/%ld",
               what, k, c->cont[k], c->reach[k], e.cont[k], e.reach[k]);
         if (with_alpha) {
@@ -86,8 +88,8 @@ static void check_counts(const char *what, const tm_counts *c, const int *anchor
         }
     }
     if (with_alpha)
-        CHECK(fabs(c->exp_len_sum - e.exp_len_sum) < 1e-5 * e.exp_len_sum, /* float probabilities */ "%s: exp_len_sum %g, expected %g", what, c->exp_len_sum,
-              e.exp_len_sum);
+        CHECK(fabs(c->exp_len_sum - e.exp_len_sum) < 1e-5 * e.exp_len_sum,
+              /* float probabilities */ "%s: exp_len_sum %g, expected %g", what, c->exp_len_sum, e.exp_len_sum);
 }
 
 int main(void) {
@@ -106,8 +108,13 @@ int main(void) {
         tt.p[2 * i] = 0.6f, tt.p[2 * i + 1] = 0.2f, tt.left[i] = 0.2;
     }
     stand_in sd = {0};
-    dfl_draft_if d = {.ctx = &sd, .add_context = sd_add, .draft = sd_draft, .context_len = sd_len, .reset = sd_reset,
-                      .feature_layers = layers, .n_feature_layers = 1};
+    dfl_draft_if d = {.ctx = &sd,
+                      .add_context = sd_add,
+                      .draft = sd_draft,
+                      .context_len = sd_len,
+                      .reset = sd_reset,
+                      .feature_layers = layers,
+                      .n_feature_layers = 1};
     const int col[1] = {0};
     tm_opts o = {.B = B, .num_anchors = 5, .seed = 7};
     tm_unit u;
@@ -162,7 +169,8 @@ int main(void) {
     CHECK(tm_row_parse(buf, &back) == DFL_OK, "parse: %s", dfl_errmsg());
     CHECK(!strcmp(back.prompt_id, "p\"1") && back.B == B && back.u.all.anchors == u.all.anchors &&
               !memcmp(back.u.all.reach, u.all.reach, sizeof u.all.reach) &&
-              fabs(back.u.all.exp_len_sum - u.all.exp_len_sum) < 1e-9 && fabs(back.u.rnd.alpha[2] - u.rnd.alpha[2]) < 1e-9,
+              fabs(back.u.all.exp_len_sum - u.all.exp_len_sum) < 1e-9 &&
+              fabs(back.u.rnd.alpha[2] - u.rnd.alpha[2]) < 1e-9,
           "the line round-trips");
     CHECK(tm_row_parse("{\"prompt_id\": \"x\"}", &back) != DFL_OK, "a line without counts is refused");
     free(buf);

@@ -7,15 +7,15 @@
 
 extern int test_failures, test_checks;
 
-#define CHECK(cond, ...)                                                        \
-    do {                                                                        \
-        test_checks++;                                                          \
-        if (!(cond)) {                                                          \
-            test_failures++;                                                    \
+#define CHECK(cond, ...)                                                             \
+    do {                                                                             \
+        test_checks++;                                                               \
+        if (!(cond)) {                                                               \
+            test_failures++;                                                         \
             fprintf(stderr, "%s:%d: CHECK(%s) failed: ", __FILE__, __LINE__, #cond); \
-            fprintf(stderr, __VA_ARGS__);                                       \
-            fprintf(stderr, "\n");                                              \
-        }                                                                       \
+            fprintf(stderr, __VA_ARGS__);                                            \
+            fprintf(stderr, "\n");                                                   \
+        }                                                                            \
     } while (0)
 
 /* Path under $DFL_FIXTURES (static buffer per call site use; copy if kept). */

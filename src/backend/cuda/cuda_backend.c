@@ -14,12 +14,10 @@
 #include "dfl/common.h"
 #include "dfl/model.h"
 
-static int cu_fail(cudaError_t e, const char *what) {
-    return dfl_seterr("CUDA: %s (%s)", cudaGetErrorString(e), what);
-}
-#define CK(call)                                       \
-    do {                                               \
-        const cudaError_t e_ = (call);                 \
+static int cu_fail(cudaError_t e, const char *what) { return dfl_seterr("CUDA: %s (%s)", cudaGetErrorString(e), what); }
+#define CK(call)                                          \
+    do {                                                  \
+        const cudaError_t e_ = (call);                    \
         if (e_ != cudaSuccess) return cu_fail(e_, #call); \
     } while (0)
 
@@ -34,9 +32,12 @@ int cuda_device_check(void) {
 /* DFL_CUDA_PROFILE=1: GPU time per kind of op (CUDA events around each launch, which serialises
  * them: a profile, not a timing), printed to stderr at exit. */
 enum { OP_MATMUL, OP_ATTN, OP_CONV, OP_REC, OP_NORM, OP_LOGITS, OP_COUNT };
-static const char *const op_names[OP_COUNT] = {"matmul", "attention (norm, rope, cache, softmax)",
-                                               "conv + q/k l2 norm", "delta-rule recurrence",
-                                               "rmsnorm, gates, residual", "final norm, lm_head, argmax"};
+static const char *const op_names[OP_COUNT] = {"matmul",
+                                               "attention (norm, rope, cache, softmax)",
+                                               "conv + q/k l2 norm",
+                                               "delta-rule recurrence",
+                                               "rmsnorm, gates, residual",
+                                               "final norm, lm_head, argmax"};
 static int prof_on = -1;
 static double prof_ms[OP_COUNT];
 static long prof_calls[OP_COUNT];
@@ -60,19 +61,19 @@ static int prof_enabled(void) {
     return prof_on;
 }
 
-#define OP(kind, call)                                         \
-    do {                                                       \
-        if (prof_enabled()) {                                  \
-            float ms_ = 0;                                     \
-            cudaEventRecord(prof_e0, 0);                       \
-            call;                                              \
-            cudaEventRecord(prof_e1, 0);                       \
-            cudaEventSynchronize(prof_e1);                     \
-            cudaEventElapsedTime(&ms_, prof_e0, prof_e1);      \
-            prof_ms[kind] += ms_, prof_calls[kind]++;          \
-        } else {                                               \
-            call;                                              \
-        }                                                      \
+#define OP(kind, call)                                    \
+    do {                                                  \
+        if (prof_enabled()) {                             \
+            float ms_ = 0;                                \
+            cudaEventRecord(prof_e0, 0);                  \
+            call;                                         \
+            cudaEventRecord(prof_e1, 0);                  \
+            cudaEventSynchronize(prof_e1);                \
+            cudaEventElapsedTime(&ms_, prof_e0, prof_e1); \
+            prof_ms[kind] += ms_, prof_calls[kind]++;     \
+        } else {                                          \
+            call;                                         \
+        }                                                 \
     } while (0)
 
 /* Device allocations, freed together. */
@@ -108,17 +109,17 @@ static void pool_free(cu_pool *pl) {
 /* ---- weights ------------------------------------------------------------------------------- */
 
 typedef struct cu_layer {
-    float *input_norm, *post_norm;          /* [H] */
-    cu_mat q, k, v, o;                      /* full attention */
-    float *q_norm, *k_norm;                 /* [hd] */
-    cu_mat qkv, z, a, b, out;               /* Gated DeltaNet */
+    float *input_norm, *post_norm; /* [H] */
+    cu_mat q, k, v, o;             /* full attention */
+    float *q_norm, *k_norm;        /* [hd] */
+    cu_mat qkv, z, a, b, out;      /* Gated DeltaNet */
     float *conv_w, *neg_exp_A, *dt_bias, *gnorm;
-    cu_mat gate, up, down;                  /* dense MLP */
+    cu_mat gate, up, down; /* dense MLP */
 } cu_layer;
 
 typedef struct cu_model {
     cu_pool pool;
-    cu_layer *L;     /* [n_layers] */
+    cu_layer *L; /* [n_layers] */
     cu_mat embed, lm_head;
     float *final_norm;
 } cu_model;
@@ -235,25 +236,25 @@ static int cuda_model_upload(dfl_model *m) {
 
 typedef struct cu_state {
     cu_pool pool;
-    float **kc, **vc;          /* [L] full layers: [max_ctx, Hkv*hd] */
-    float **conv, **S;         /* [L] linear layers: [K-1, C] window, [Hv, dk, dv] state */
-    float **conv0, **S0;       /* [L] record: the window and state before the last forward */
-    float **rqkv, **rab;       /* [L] record: [B, C] pre-conv rows, [2, B, Hv] raw a then b */
+    float **kc, **vc;    /* [L] full layers: [max_ctx, Hkv*hd] */
+    float **conv, **S;   /* [L] linear layers: [K-1, C] window, [Hv, dk, dv] state */
+    float **conv0, **S0; /* [L] record: the window and state before the last forward */
+    float **rqkv, **rab; /* [L] record: [B, C] pre-conv rows, [2, B, Hv] raw a then b */
     cu_pool tree_pool;
-    float **tconv, **tS;       /* [L] tree: [cap, K-1, C] windows, [cap, Hv, dk, dv] states per node */
-    int *anc, *depth, *par;    /* device [cap, B], [cap], [cap] */
+    float **tconv, **tS;          /* [L] tree: [cap, K-1, C] windows, [cap, Hv, dk, dv] states per node */
+    int *anc, *depth, *par;       /* device [cap, B], [cap], [cap] */
     int *h_anc, *h_depth, *h_par; /* host copies */
-    int32_t *tok, *pos, *ids;  /* [B] */
+    int32_t *tok, *pos, *ids;     /* [B] */
     unsigned *bad;
     float *x, *xn, *q, *k, *v, *att, *z, *a, *b, *mlp1, *mlp2, *logits, *scores, *inv_freq;
 } cu_state;
 
 static int is_full(const dfl_config *g, int li) { return g->layer_types[li] == DFL_LAYER_FULL; }
 
-#define DALLOC(p, nfloats)                                                             \
-    do {                                                                               \
-        (p) = pool_alloc(&c->pool, (size_t)(nfloats) * sizeof(float));                \
-        if (!(p)) goto oom;                                                            \
+#define DALLOC(p, nfloats)                                             \
+    do {                                                               \
+        (p) = pool_alloc(&c->pool, (size_t)(nfloats) * sizeof(float)); \
+        if (!(p)) goto oom;                                            \
     } while (0)
 
 static void cuda_state_free(dfl_target_state *s);
@@ -263,7 +264,8 @@ static void cuda_state_reset(dfl_target_state *s);
 static cudaError_t upload_inv_freq(float *dst, const dfl_config *g) {
     float *inv = malloc(((size_t)g->rot_dim / 2 + 1) * sizeof(float));
     if (!inv) return cudaErrorMemoryAllocation;
-    for (int i = 0; i < g->rot_dim / 2; i++) inv[i] = 1.0f / powf((float)g->rope_theta, (float)(2 * i) / (float)g->rot_dim);
+    for (int i = 0; i < g->rot_dim / 2; i++)
+        inv[i] = 1.0f / powf((float)g->rope_theta, (float)(2 * i) / (float)g->rot_dim);
     const cudaError_t e = cudaMemcpy(dst, inv, (size_t)(g->rot_dim / 2) * sizeof(float), cudaMemcpyHostToDevice);
     free(inv);
     return e;
@@ -281,8 +283,8 @@ static int cuda_state_init(dfl_target_state *s, const dfl_model *m, int max_ctx,
     const size_t kvw = (size_t)g->n_kv_heads * g->head_dim, win = (size_t)(g->conv_kernel - 1) * C;
     const size_t HS = (size_t)Hv * g->lin_k_dim * g->lin_v_dim;
     const size_t qw = (size_t)(2 * g->n_heads * g->head_dim > C ? 2 * g->n_heads * g->head_dim : C);
-    const size_t aw = (size_t)(g->n_heads * g->head_dim > Hv * g->lin_v_dim ? g->n_heads * g->head_dim
-                                                                              : Hv * g->lin_v_dim);
+    const size_t aw =
+        (size_t)(g->n_heads * g->head_dim > Hv * g->lin_v_dim ? g->n_heads * g->head_dim : Hv * g->lin_v_dim);
     cudaError_t e; /* declared before the first goto: the cleanup is reached from every allocation */
     float ***tabs[] = {&c->kc, &c->vc, &c->conv, &c->S, &c->conv0, &c->S0, &c->rqkv, &c->rab, &c->tconv, &c->tS};
     for (size_t i = 0; i < sizeof tabs / sizeof *tabs; i++)
@@ -421,10 +423,10 @@ static void attention_layer(dfl_target_state *s, int li, int n, int tree) {
     OP(OP_MATMUL, cu_matmul(c->q, c->xn, &l->q, n));
     OP(OP_MATMUL, cu_matmul(c->k, c->xn, &l->k, n));
     OP(OP_MATMUL, cu_matmul(c->v, c->xn, &l->v, n));
-    OP(OP_ATTN, cu_qk_norm_rope(c->q, ldq, ldh, Hq, c->k, c->v, Hkv, hd, g->rot_dim, l->q_norm, l->k_norm, g->rms_eps, c->pos,
-                    c->inv_freq, c->kc[li], c->vc[li], s->n_past, n));
+    OP(OP_ATTN, cu_qk_norm_rope(c->q, ldq, ldh, Hq, c->k, c->v, Hkv, hd, g->rot_dim, l->q_norm, l->k_norm, g->rms_eps,
+                                c->pos, c->inv_freq, c->kc[li], c->vc[li], s->n_past, n));
     OP(OP_ATTN, cu_attention(c->att, c->q, ldq, ldh, Hq, Hkv, hd, c->kc[li], c->vc[li], s->n_past, tree ? c->anc : NULL,
-                 s->max_batch, tree ? c->depth : NULL, gated, c->scores, s->max_ctx, n));
+                             s->max_batch, tree ? c->depth : NULL, gated, c->scores, s->max_ctx, n));
     OP(OP_MATMUL, cu_matmul(c->xn, c->att, &l->o, n));
     OP(OP_NORM, cu_add(c->x, c->xn, (size_t)n * H));
 }
@@ -438,10 +440,11 @@ static void gdn_core(dfl_target_state *s, int li, float *qkv, const float *a, co
     const dfl_config *g = &m->cfg;
     const cu_layer *l = &((cu_model *)m->dev)->L[li];
     const int C = m->conv_dim;
-    OP(OP_CONV, cu_conv_silu(qkv, C, n, g->conv_kernel, l->conv_w, c->conv[li], tree ? c->par : NULL, tree ? c->tconv[li] : NULL));
+    OP(OP_CONV, cu_conv_silu(qkv, C, n, g->conv_kernel, l->conv_w, c->conv[li], tree ? c->par : NULL,
+                             tree ? c->tconv[li] : NULL));
     OP(OP_CONV, cu_l2norm_qk(qkv, C, g->lin_k_heads, g->lin_k_dim, n));
-    OP(OP_REC, cu_gdn(qkv, C, g->lin_k_heads, g->lin_v_heads, g->lin_k_dim, g->lin_v_dim, a, b, g->lin_v_heads, l->neg_exp_A,
-           l->dt_bias, c->S[li], S0, out, n, tree ? c->par : NULL, tree ? c->tS[li] : NULL));
+    OP(OP_REC, cu_gdn(qkv, C, g->lin_k_heads, g->lin_v_heads, g->lin_k_dim, g->lin_v_dim, a, b, g->lin_v_heads,
+                      l->neg_exp_A, l->dt_bias, c->S[li], S0, out, n, tree ? c->par : NULL, tree ? c->tS[li] : NULL));
 }
 
 static int linear_layer(dfl_target_state *s, int li, int n, int tree) {

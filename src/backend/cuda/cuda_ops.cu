@@ -104,15 +104,15 @@ extern "C" void cu_embed(float *x, const cu_mat *E, const int32_t *tok, int n) {
 
 /* ---- matrix product ---------------------------------------------------------------------- */
 
-#define MM_WARPS 8       /* rows per block, one per warp */
-#define MM_SMEM 8192     /* floats of x staged per block (32 KB) */
+#define MM_WARPS 8   /* rows per block, one per warp */
+#define MM_SMEM 8192 /* floats of x staged per block (32 KB) */
 
 /* TN tokens per tile; x of the tile staged in shared memory by chunks of MM_SMEM / TN columns
  * (a multiple of 128, so a lane's column order does not depend on TN). VEC: cols % 4 == 0, lane
  * l takes columns 4l + 128k; else lane l takes l + 32k. */
 template <typename WT, int TN, bool VEC>
-__global__ void __launch_bounds__(MM_WARPS * WARP) matmul_k(float *y, const float *x, const WT *W, int rows, int cols,
-                                                            int n) {
+__global__ void __launch_bounds__(MM_WARPS *WARP)
+    matmul_k(float *y, const float *x, const WT *W, int rows, int cols, int n) {
     __shared__ __align__(16) float xs[MM_SMEM];
     const int CH = MM_SMEM / TN;
     const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
@@ -213,8 +213,8 @@ static __device__ __forceinline__ void split3(float x0, float x1, uint32_t *hi, 
 }
 
 template <int NT, int PF>
-__global__ void __launch_bounds__(MMA_KS * WARP) mma_matmul_k(float *y, const float *x, const __nv_bfloat16 *W,
-                                                              int rows, int cols, int n) {
+__global__ void __launch_bounds__(MMA_KS *WARP)
+    mma_matmul_k(float *y, const float *x, const __nv_bfloat16 *W, int rows, int cols, int n) {
     __shared__ float red[MMA_KS * WARP * NT * 4];
     const int lane = threadIdx.x % WARP, w = threadIdx.x / WARP, g = lane >> 2, tg = lane & 3;
     const int r0 = blockIdx.x * 16 + g, r1 = r0 + 8, tbase = blockIdx.y * NT * 8, nch = cols / 32;
@@ -363,8 +363,8 @@ extern "C" void cu_swiglu(float *a, const float *b, size_t n) { swiglu_k<<<ew_bl
 /* One head of one token per block (blockIdx.x = token, blockIdx.y = head; keys from Hq query
  * heads then Hkv key heads): RMSNorm over hd, rotation of the first rot dims. */
 __global__ void qk_norm_rope_k(float *q, int ldq, int ldh, int Hq, float *k, const float *v, int Hkv, int hd, int rot,
-                               const float *qnorm, const float *knorm, float eps, const int *pos,
-                               const float *inv_freq, float *kc, float *vc, int slot0) {
+                               const float *qnorm, const float *knorm, float eps, const int *pos, const float *inv_freq,
+                               float *kc, float *vc, int slot0) {
     __shared__ float red[32];
     __shared__ float buf[1024];
     const int t = blockIdx.x, h = blockIdx.y, kvw = Hkv * hd;
@@ -399,8 +399,10 @@ extern "C" void cu_qk_norm_rope(float *q, int ldq, int ldh, int Hq, float *k, co
                                 const float *qnorm, const float *knorm, float eps, const int *pos,
                                 const float *inv_freq, float *kc, float *vc, int slot0, int n) {
     const dim3 grid(n, Hq + Hkv);
-    qk_norm_rope_k<<<grid, hd >= 256 ? 256 : hd >= 64 ? 64 : 32>>>(q, ldq, ldh, Hq, k, v, Hkv, hd, rot, qnorm, knorm,
-                                                                   eps, pos, inv_freq, kc, vc, slot0);
+    qk_norm_rope_k<<<grid, hd >= 256  ? 256
+                           : hd >= 64 ? 64
+                                      : 32>>>(q, ldq, ldh, Hq, k, v, Hkv, hd, rot, qnorm, knorm, eps, pos, inv_freq, kc,
+                                              vc, slot0);
 }
 
 #define ATT_THREADS 256
@@ -410,10 +412,9 @@ static __device__ __forceinline__ int att_slot(int i, int p0, const int *anc_t) 
     return i < p0 || !anc_t ? i : p0 + anc_t[i - p0];
 }
 
-__global__ void __launch_bounds__(ATT_THREADS) attention_k(float *out, const float *q, int ldq, int ldh, int Hq,
-                                                           int Hkv, int hd, const float *kc, const float *vc, int p0,
-                                                           const int *anc, int ld_anc, const int *depth, int gated,
-                                                           float *scores, int ldsc) {
+__global__ void __launch_bounds__(ATT_THREADS)
+    attention_k(float *out, const float *q, int ldq, int ldh, int Hq, int Hkv, int hd, const float *kc, const float *vc,
+                int p0, const int *anc, int ld_anc, const int *depth, int gated, float *scores, int ldsc) {
     __shared__ float red[32];
     const int t = blockIdx.x, h = blockIdx.y, kvh = h / (Hq / Hkv), kvw = Hkv * hd;
     const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP, nw = blockDim.x / WARP;
@@ -586,8 +587,8 @@ extern "C" void cu_gdn(const float *qkv, int C, int Hk, int Hv, int dk, int dv, 
                        int ld_ab, const float *neg_exp_A, const float *dt_bias, float *S, const float *S0, float *out,
                        int n, const int *parent, float *node_S) {
     switch (dk) {
-#define GDN_CASE(D)                                                                                                     \
-    case D:                                                                                                             \
+#define GDN_CASE(D)                                                                                                   \
+    case D:                                                                                                           \
         gdn_k<D><<<Hv, 2 * dv>>>(qkv, C, Hk, Hv, dv, a, b, ld_ab, neg_exp_A, dt_bias, S, S0, out, n, parent, node_S); \
         break;
         GDN_CASE(16)
