@@ -27,7 +27,7 @@ typedef struct dfl_jsonl {
     FILE *f; /* NULL: a missing file read as empty */
     int flags;
     int owned;  /* f was opened here: close() closes it */
-    char *line; /* the current line, its "\n" or "\r\n" removed; may hold NUL bytes (see len) */
+    char *line; /* the current line, its "\n" and any "\r" before it removed; may hold NUL bytes (see len) */
     size_t cap;
     size_t len;    /* bytes in line */
     int lineno;    /* 1-based, blank lines counted */

@@ -38,7 +38,7 @@ int dfl_jsonl_next(dfl_jsonl *r) {
             return 0;
         }
         if (complete) r->good_end += len, len--;
-        if (len > 0 && r->line[len - 1] == '\r') len--;
+        while (len > 0 && r->line[len - 1] == '\r') len--; /* "\r\n", and stray "\r"s before it */
         r->line[len] = 0, r->len = (size_t)len;
         if (!blank(r->line, r->len)) return 1;
     }

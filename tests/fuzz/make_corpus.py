@@ -207,6 +207,8 @@ def prompts():
     write("prompts", "jsonl_field", "jsonl:prompt 5\n" + compact({"prompt": "hello", "id": 1}) + "\n\n"
           + compact({"prompt": "world"}) + "\r\n" + "not json\n" + compact({"prompt": 3}) + "\n")
     write("prompts", "text", "text\nfirst prompt\n\nsecond prompt\r\n\u4e2d\n")
+    # stray carriage returns before a newline are no part of the prompt (a fuzzer's find, once failed)
+    write("prompts", "text_cr", "text\na prompt\r\r\n  \nlast\r")
     write("prompts", "messages", "messages\n" + "\n".join(compact(o) for o in [
         {"id": "m1", "messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"},
                                   {"role": "user", "content": "More"}]},

@@ -32,6 +32,8 @@ static void lines(void) {
     CHECK(strcmp(got, "1:{\"a\": 1}|4:{\"b\": 2}") == 0, "lines: %s", got);
     CHECK(e.partial == 1 && e.good_end == 24, "a partial last line is left out, cut at 24: %d %ld", e.partial,
           e.good_end);
+    read_all("a b\r\r\n c\r\n", 0, got, sizeof got, &e); /* a prompt line's stray \r go too, as they always did */
+    CHECK(strcmp(got, "1:a b|2: c") == 0, "carriage returns: %s", got);
     read_all("{\"a\": 1}\n{", 0, got, sizeof got, &e); /* a 1-byte partial line, once kept */
     CHECK(strcmp(got, "1:{\"a\": 1}") == 0 && e.partial && e.good_end == 9, "1-byte tail: %s %ld", got, e.good_end);
     read_all("{\"a\": 1}\n{\"b\": 2}", DFL_JSONL_LAST_LINE_OK, got, sizeof got, &e);
