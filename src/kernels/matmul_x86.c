@@ -45,6 +45,8 @@ typedef struct tiles {
     int rb, tb;
 } tiles;
 
+#define MM_CHUNK_BYTES ((size_t)512 << 10)
+
 static size_t round_up(size_t a, size_t b) { return (a + b - 1) / b * b; }
 
 /* Run the tiles over all rows and tokens of count matrices of one dtype and width (y[i]
@@ -71,11 +73,13 @@ static void mm_run(int count, float *const *y, const dfl_mat *const *w, int n, c
     }
     int nb = (int)(XBLOCK_BYTES / xrow) / tb * tb;
     if (nb < tb) nb = tb;
+    /* blocks per claim: about MM_CHUNK_BYTES of weights */
+    const int chunk = (int)(MM_CHUNK_BYTES / ((size_t)rb * wrow) > 0 ? MM_CHUNK_BYTES / ((size_t)rb * wrow) : 1);
     const char *xd = xp;
 #pragma omp parallel if (work >= KN_PAR_MIN_WORK)
     for (int t0 = 0; t0 < n; t0 += nb) {
         const int t1 = t0 + nb < n ? t0 + nb : n;
-#pragma omp for schedule(static) nowait
+#pragma omp for schedule(dynamic, chunk) nowait
         for (int b = 0; b < start[count]; b++) {
             int i = 0;
             while (b >= start[i + 1]) i++;
