@@ -4,8 +4,10 @@
 # --check.
 #   tools/format.sh [--check] [SOURCE_DIR]
 set -euo pipefail
+[[ ${1:-} == -h || ${1:-} == --help ]] && { sed -n '2,5p' "$0"; exit 0; }
 check=0
 [[ ${1:-} == --check ]] && { check=1; shift; }
+[[ ${1:-} == -* ]] && { echo "tools/format.sh: unknown option $1 (tools/format.sh --help)" >&2; exit 2; }
 cd "${1:-$(dirname "$0")/..}"
 cf=$(command -v clang-format-14 || command -v clang-format || true)
 [[ -n $cf ]] || { echo "clang-format-14 not found (Debian: apt-get install clang-format-14)" >&2; exit 77; }

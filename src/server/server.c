@@ -840,6 +840,17 @@ static void reaper_stop(dfl_server *srv) {
     srv->have_reaper = 0;
 }
 
+/* A start that failed once the worker runs: the worker stopped (no job was queued yet), then
+ * everything freed. */
+static void start_failed(dfl_server *srv) {
+    pthread_mutex_lock(&srv->mu);
+    srv->stopping = 1;
+    pthread_cond_signal(&srv->cv);
+    pthread_mutex_unlock(&srv->mu);
+    pthread_join(srv->worker, NULL);
+    server_free(srv);
+}
+
 dfl_server *server_start(const dfl_server_opts *o) {
     dfl_server *srv = calloc(1, sizeof *srv);
     if (!srv) {
@@ -869,24 +880,14 @@ dfl_server *server_start(const dfl_server_opts *o) {
     srv->have_worker = 1;
     if (pthread_create(&srv->reaper, NULL, reaper_main, srv) != 0) {
         dfl_seterr("cannot start the connection reaper thread: %s", strerror(errno));
-        pthread_mutex_lock(&srv->mu);
-        srv->stopping = 1;
-        pthread_cond_signal(&srv->cv);
-        pthread_mutex_unlock(&srv->mu);
-        pthread_join(srv->worker, NULL);
-        server_free(srv);
+        start_failed(srv);
         return NULL;
     }
     srv->have_reaper = 1;
     fit_fd_limit(srv);
     if (listen_start(srv, o) != DFL_OK) {
         reaper_stop(srv);
-        pthread_mutex_lock(&srv->mu);
-        srv->stopping = 1;
-        pthread_cond_signal(&srv->cv);
-        pthread_mutex_unlock(&srv->mu);
-        pthread_join(srv->worker, NULL);
-        server_free(srv);
+        start_failed(srv);
         return NULL;
     }
     return srv;
