@@ -59,6 +59,17 @@ static char *nul_escaped(const char *text) {
     return c;
 }
 
+/* The first member, at any depth of a (alt: the same text with NULs made visible), whose key a
+ * NUL cut short; NULL when none. */
+static const cJSON *nul_key(const cJSON *a, const cJSON *alt) {
+    for (const cJSON *x = a->child, *y = alt->child; x && y; x = x->next, y = y->next) {
+        if (x->string && y->string && strlen(x->string) != strlen(y->string)) return x;
+        const cJSON *in = nul_key(x, y);
+        if (in) return in;
+    }
+    return NULL;
+}
+
 static int nul_cut(const cJSON *v, const cJSON *alt) {
     return cJSON_IsString(v) && cJSON_IsString(alt) && strlen(alt->valuestring) != strlen(v->valuestring);
 }
@@ -131,6 +142,8 @@ static int chat_message(const cJSON *m, const cJSON *am, eval_format fmt, int i,
     const char *key = oa ? "messages" : "conversations", *rk = oa ? "role" : "from", *ck = oa ? "content" : "value";
     const cJSON *r = cJSON_GetObjectItemCaseSensitive(m, rk), *c = cJSON_GetObjectItemCaseSensitive(m, ck);
     if (!cJSON_IsString(r)) return dfl_seterr("%s[%d]: expected an object with a string \"%s\"", key, i, rk);
+    if (nul_cut(r, am ? cJSON_GetObjectItemCaseSensitive(am, rk) : NULL)) /* "human\u0000x" is no "human" */
+        return dfl_seterr("%s[%d].%s holds a NUL character (\\u0000), which no role name has", key, i, rk);
     const char *v = r->valuestring;
     *role = !strcmp(v, "user") || !strcmp(v, "human") ? 1 : !strcmp(v, "assistant") || !strcmp(v, "gpt") ? 2 : 0;
     if (!*role && !strcmp(v, "system"))
@@ -227,11 +240,11 @@ static int parse_line(eval_prompt *p, char *text, size_t len, eval_format fmt, c
     cJSON *alt = esc ? cJSON_Parse(esc) : NULL;
     free(esc);
     int rc = DFL_OK;
-    /* a key cut at a NUL ("id\\u0000x") would be read as another key ("id") */
-    for (const cJSON *a = o->child, *b = alt ? alt->child : NULL; a && b && rc == DFL_OK; a = a->next, b = b->next)
-        if (a->string && b->string && strlen(a->string) != strlen(b->string))
-            rc = dfl_seterr("key '%s' holds a NUL character (\\u0000) after these letters, which dfl does not accept",
-                            a->string);
+    /* a key cut at a NUL ("id\\u0000x") would be read as another key ("id"), at any depth */
+    const cJSON *cut = alt ? nul_key(o, alt) : NULL;
+    if (cut)
+        rc = dfl_seterr("key '%s' holds a NUL character (\\u0000) after these letters, which dfl does not accept",
+                        cut->string);
     if (rc == DFL_OK && fmt == EVAL_FMT_MTBENCH) {
         static const char *const ids[] = {"question_id", "id", NULL};
         const cJSON *turns = cJSON_GetObjectItemCaseSensitive(o, "turns");
