@@ -23,6 +23,10 @@ typedef struct dfl_draft_if {
     /* Optional (NULL: one block at a time): n blocks in one forward, block b drafted as draft()
      * would on a context of starts[b] <= context_len positions: logits [n * (B-1), V]. */
     int (*draft_many)(void *ctx, const int32_t *anchors, const int *starts, int n, int B, float *logits);
+    /* Optional (NULL: one context at a time): draft_many over n contexts of this same drafter,
+     * block b on ctxs[b] (the ctx of another dfl_draft_if of the drafter) at starts[b] <= its
+     * length: one forward for blocks of many prompts. logits [n * (B-1), V]. */
+    int (*draft_across)(void *const *ctxs, const int32_t *anchors, const int *starts, int n, int B, float *logits);
     /* Positions whose features the drafter holds (must equal the committed length). */
     int (*context_len)(void *ctx);
     /* Optional (NULL: always draft): asked before each round; nonzero makes the round a plain

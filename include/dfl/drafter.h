@@ -149,5 +149,11 @@ int drafter_draft(dfl_drafter_state *s, int32_t anchor, int B, float *logits);
  * logits [nb * (B-1), V], block after block; each block's rows equal drafter_draft's on a context
  * of starts[b] positions. DFlash only (a DFlash2 drafter drafts one block at a time). */
 int drafter_draft_many(dfl_drafter_state *s, const int32_t *anchors, const int *starts, int nb, int B, float *logits);
+/* drafter_draft_many over the contexts of several states of one drafter (replay walks many
+ * prompts in lockstep): block b on the context positions < starts[b] of ctx[b] (each starts[b] <=
+ * ctx[b]->n_ctx; the states share drafter, target, max_ctx and max_block); ctx[0]'s scratch holds
+ * the batch. Each block's rows equal drafter_draft's on that context, bit for bit. DFlash only. */
+int drafter_draft_across(dfl_drafter_state *const *ctx, const int32_t *anchors, const int *starts, int nb, int B,
+                         float *logits);
 
 #endif

@@ -282,6 +282,7 @@ int eval_prompt_set(const struct cJSON *prompts, char hash[24], char ids[24]);
 /* ---- the evaluation run ------------------------------------------------------------------ */
 
 #define EVAL_MAX_DRAFTERS 8
+#define EVAL_MAX_REPLAY_BATCH 64 /* --replay-batch */
 #define EVAL_MAX_MODES 16
 #define EVAL_RECORD_AUTO (-2)
 #define EVAL_MAX_REPEAT 100
@@ -350,6 +351,8 @@ typedef struct eval_opts {
     const char *features_dir;  /* replay from saved features: no target forward */
     const char *features_from; /* also replay on features written by another pipeline (hidden-diff format) */
     int cost_reps;             /* repetitions of each cost measurement (0 = no modeled speedup) */
+    int replay_batch;          /* replay: truths replayed together, each drafter forward drafting a block
+                                * of each (the drafter's weights stream once for all); 1: one at a time */
     /* --train-metrics (replay; docs/train-vs-serve.md): the training frameworks' metrics on each
      * truth (train.jsonl) and the "Training vs serving" report */
     int train_metrics;
@@ -370,7 +373,7 @@ typedef struct eval_opts {
     void *progress_ud;
 } eval_opts;
 
-/* Defaults: max_new 256, chatml, chain only, shard 0/1, replay, cost_reps 3, repeat 1. */
+/* Defaults: max_new 256, chatml, chain only, shard 0/1, replay, cost_reps 3, repeat 1, replay_batch 8. */
 void eval_opts_default(eval_opts *o);
 /* After parsing, with o->protocol set: z-lab's template (thinking off) unless a chat mode was
  * given (chat_set), --max-new 2048 unless given. */

@@ -116,10 +116,12 @@ typedef struct kn_attn_io {
     int n, n_heads, n_kv_heads, head_dim;
     const float *q; /* query of (r, h) at q + r*ldq + h*ldqh [head_dim] */
     size_t ldq, ldqh;
-    const float *gate;    /* NULL, or the output gate of (r, h) at gate + r*ldq + h*ldqh [head_dim] */
-    float *out;           /* [n][n_heads * head_dim] */
-    const float *k, *v;   /* cache: key/value head g of position j at k + j*ldkv + g*head_dim */
-    const float *kb, *vb; /* NULL, or the blocks' own keys/values [n][ldkv] */
+    const float *gate;                  /* NULL, or the output gate of (r, h) at gate + r*ldq + h*ldqh [head_dim] */
+    float *out;                         /* [n][n_heads * head_dim] */
+    const float *k, *v;                 /* cache: key/value head g of position j at k + j*ldkv + g*head_dim */
+    const float *const *kc, *const *vc; /* NULL, or [n / block] each block's own cache (k, v unused):
+                                         * blocks drafted on different contexts in one forward */
+    const float *kb, *vb;               /* NULL, or the blocks' own keys/values [n][ldkv] */
     size_t ldkv;
     int block;         /* rows per block (n for a plain causal batch) */
     const int *starts; /* [n / block] first position of each block */

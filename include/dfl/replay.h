@@ -169,6 +169,20 @@ typedef struct eval_replay_out {
 int eval_replay(const eval_truth *t, dfl_draft_if *dft, int V, const int *layer_col, int B, int max_new,
                 const int *budgets, int n_modes, eval_draft_cache *cache, const eval_costs *costs,
                 eval_replay_out *out);
+/* One truth of a batched replay: its truth, an empty context of the batch's drafter (each job its
+ * own), its draft cache and its outputs [n_modes]. */
+typedef struct eval_replay_job {
+    const eval_truth *t;
+    dfl_draft_if *dft;
+    eval_draft_cache *cache;
+    eval_replay_out *out;
+} eval_replay_job;
+/* eval_replay over nj truths in lockstep: each wave drafts the next block of every truth in one
+ * forward where the drafter drafts across contexts (draft_across), so its weights stream once per
+ * wave, not once per truth. Each job's outputs equal eval_replay's on its truth alone, bit for bit
+ * (only the times differ: a forward's time is shared among its blocks). */
+int eval_replay_many(const eval_replay_job *jobs, int nj, int V, const int *layer_col, int B, int max_new,
+                     const int *budgets, int n_modes, const eval_costs *costs);
 void eval_replay_out_free(eval_replay_out *o);
 /* Extend drafter dr's context to `upto` positions of t (col: truth column of each of its feature
  * layers), chunk positions per call; rows [chunk, its layers * H] and toks [chunk] are scratch; c

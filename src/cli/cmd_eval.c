@@ -89,7 +89,10 @@ static const char *usage_text =
     "                        directory with the --features file names, `dfl hidden` layout): summary.md\n"
     "                        puts tau on dfl's and on the pipeline's features side by side\n"
     "  --cost-reps N         at least N timed repetitions of each cost measurement for the modeled\n"
-    "                        speedup, the fastest kept (default 3; 0 = no modeled speedup)\n" CLI_BLOCK_ATTN_HELP
+    "                        speedup, the fastest kept (default 3; 0 = no modeled speedup)\n"
+    "  --replay-batch N      replay N recorded responses together: each DFlash drafter forward drafts\n"
+    "                        a block of each, its weights read once for all (default 8, at most 64;\n"
+    "                        1 = one at a time; results identical, a crash redoes at most N)\n" CLI_BLOCK_ATTN_HELP
     "  --train-metrics       also compute what drafter training logs (SpecForge's accuracy on seeded\n"
     "                        random anchors, the all-anchor simulated acceptance length, the expected\n"
     "                        acceptance at T = 1) on the same truths, on the prompts' reference\n"
@@ -250,6 +253,9 @@ static int parse_args(eval_opts *o, int *save_layers, const char **progress_mode
         } else if (strcmp(a, "--cost-reps") == 0) {
             if (cli_parse_long("eval", a, cli_value(argc, argv, &i), 0, 100, &v)) return 2;
             o->cost_reps = (int)v;
+        } else if (strcmp(a, "--replay-batch") == 0) {
+            if (cli_parse_long("eval", a, cli_value(argc, argv, &i), 1, EVAL_MAX_REPLAY_BATCH, &v)) return 2;
+            o->replay_batch = (int)v;
         } else if (strcmp(a, "--train-anchors") == 0) {
             if (cli_parse_long("eval", a, cli_value(argc, argv, &i), 1, 1 << 20, &v)) return 2;
             o->train_anchors = (int)v;

@@ -16,6 +16,7 @@ void eval_opts_default(eval_opts *o) {
     o->shard_n = 1;
     o->record_budget = -1;
     o->cost_reps = 3;
+    o->replay_batch = 8;
     o->repeat = 1;
     o->zlab_dataset = -1;
     o->train_anchors = 512;

@@ -376,17 +376,14 @@ static void replay_totals(const eval_truth *t, mode_run *mr, int n_modes, const 
     }
 }
 
-int eval_replay(const eval_truth *t, dfl_draft_if *dft, int V, const int *layer_col, int B, int max_new,
-                const int *budgets, int n_modes, eval_draft_cache *cache, const eval_costs *costs,
-                eval_replay_out *out) {
-    const int H = t->H, nd = dft->n_feature_layers;
-    int max_budget = 0;
-    for (int i = 0; i < n_modes; i++) max_budget = budgets[i] > max_budget ? budgets[i] : max_budget;
+/* The checks a job must pass before its replay (B, max_new, budgets as eval_replay_many's). */
+static int replay_check(const eval_replay_job *j, int V, int B, int max_new, int max_budget) {
+    const eval_truth *t = j->t;
     if (B < 2 || B > DFL_MAX_BLOCK) return dfl_seterr("replay: block size %d outside [2, %d]", B, DFL_MAX_BLOCK);
-    if (max_budget > 0 && cache->K < (max_budget < V ? max_budget : V))
-        return dfl_seterr("replay: the draft cache keeps %d candidates, budget %d needs %d", cache->K, max_budget,
+    if (max_budget > 0 && j->cache->K < (max_budget < V ? max_budget : V))
+        return dfl_seterr("replay: the draft cache keeps %d candidates, budget %d needs %d", j->cache->K, max_budget,
                           max_budget < V ? max_budget : V);
-    if (dft->context_len(dft->ctx) != 0) return dfl_seterr("replay: the drafter context is not empty");
+    if (j->dft->context_len(j->dft->ctx) != 0) return dfl_seterr("replay: the drafter context is not empty");
     if (t->n > max_new) return dfl_seterr("replay: the truth has %d tokens, more than --max-new %d", t->n, max_new);
     /* rounds read the truth up to --max-new (or a block past its eos): a truth that ends early
      * without an eos does not hold them */
@@ -397,59 +394,170 @@ int eval_replay(const eval_truth *t, dfl_draft_if *dft, int V, const int *layer_
     if (t->n_ext < need)
         return dfl_seterr("replay: the truth continues %d tokens past its eos, block size %d needs %d", t->n_ext, B,
                           need);
-    mode_run *mr = calloc((size_t)n_modes, sizeof *mr);
-    float *logits = malloc((size_t)(B - 1) * V * sizeof(float));
-    float *rows = malloc((size_t)B * nd * H * sizeof(float));
-    int32_t *toks = malloc((size_t)B * sizeof(int32_t));
-    dfl_tree tree = {0};
-    int rc = DFL_ERR;
-    if (!mr || !logits || !rows || !toks) {
-        dfl_seterr("out of memory for a replay");
-        goto done;
-    }
-    if (max_budget > 0 && ddtree_alloc(&tree, max_budget) != DFL_OK) goto done;
-    for (int i = 0; i < n_modes; i++) {
-        memset(&out[i], 0, sizeof out[i]);
-        mr[i].budget = budgets[i];
-        mr[i].st = &out[i].st;
-        mr[i].st->prompt_tokens = t->n_prompt;
-        mr[i].st->max_block = B;
-        mr[i].st->stop = t->eos_stop ? "eos" : "max_new";
-        mr[i].n_out = 1; /* the first token comes from the prefill */
-        mr[i].done = t->n <= 1;
-    }
-    for (;;) {
-        /* the modes whose next round starts first go together: one draft serves them all */
-        int next = -1;
+    return DFL_OK;
+}
+
+/* What a replay's waves share: the run's sizes, the tree and the scratch. */
+typedef struct eval_replay_ctx {
+    int V, B, max_new;
+    const int *layer_col;
+    dfl_tree *tree;
+    const eval_costs *costs;
+    float *logits; /* [jobs * (B-1), V] */
+    float *rows;   /* [B, layers * H] context rows being added */
+    int32_t *toks; /* [B] */
+    void **ctxs;   /* [jobs] */
+    int32_t *anchors;
+    int *starts;
+} eval_replay_ctx;
+
+/* A block one wave drafts: job j's, at (start, bs). */
+typedef struct wave_block {
+    int job, start, bs;
+    int32_t anchor;
+} wave_block;
+
+/* The modes of each job at its shortest output go next (their draft serves them all, and the
+ * job's context only grows); the blocks among them that no cache holds, grouped by size (only
+ * last rounds are shorter), into wb. Returns their count, -1 once every mode is done. */
+static int wave_plan(const eval_replay_job *jobs, int nj, mode_run *const *mr, int n_modes, int B, int max_new,
+                     int *next_out, wave_block *wb) {
+    int n = 0, live = 0;
+    for (int j = 0; j < nj; j++) {
+        next_out[j] = -1;
         for (int i = 0; i < n_modes; i++)
-            if (!mr[i].done && (next < 0 || mr[i].n_out < mr[next].n_out)) next = i;
-        if (next < 0) break;
-        const int n_out = mr[next].n_out, start = t->n_prompt + n_out - 1;
-        const int32_t anchor = t->ids[n_out - 1];
+            if (!mr[j][i].done && (next_out[j] < 0 || mr[j][i].n_out < next_out[j])) next_out[j] = mr[j][i].n_out;
+        if (next_out[j] < 0) continue;
+        live = 1;
+        const eval_truth *t = jobs[j].t;
+        const int n_out = next_out[j], start = t->n_prompt + n_out - 1;
         int bs = max_new - n_out < B ? max_new - n_out : B;
         if (bs < 1) bs = 1;
-        const eval_draft *dr = NULL;
-        if (bs > 1 && !(dr = eval_draft_cache_get(cache, start, bs))) {
-            if (eval_replay_grow(dft, t, layer_col, rows, toks, B, start, cache)) goto done;
-            const double t0 = dfl_now();
-            if (dft->draft(dft->ctx, anchor, bs, logits)) goto done;
-            cache->draft_s += dfl_now() - t0, cache->drafts++;
-            if (eval_draft_cache_put(cache, start, bs, logits)) goto done;
-            dr = eval_draft_cache_get(cache, start, bs);
-        }
-        for (int i = 0; i < n_modes; i++)
-            if (!mr[i].done && mr[i].n_out == n_out &&
-                replay_round(&mr[i], t, n_out, bs, dr, cache->K, V, &tree, costs))
-                goto done;
+        if (bs > 1 && !eval_draft_cache_get(jobs[j].cache, start, bs))
+            wb[n++] = (wave_block){.job = j, .start = start, .bs = bs, .anchor = t->ids[n_out - 1]};
     }
-    replay_totals(t, mr, n_modes, cache, costs, out);
-    rc = DFL_OK;
-done:
-    if (mr)
-        for (int i = 0; i < n_modes; i++) free(mr[i].acc);
-    free(mr), free(logits), free(rows), free(toks);
+    for (int a = 1; a < n; a++) /* stable: by size, largest first */
+        for (int b = a; b > 0 && wb[b].bs > wb[b - 1].bs; b--) {
+            const wave_block x = wb[b];
+            wb[b] = wb[b - 1], wb[b - 1] = x;
+        }
+    return live ? n : -1;
+}
+
+/* Draft the n blocks wb (one per job, one size) in one forward where the drafter drafts across
+ * contexts, else one by one; each into its job's cache, the forward's time shared among them. */
+static int wave_draft(const eval_replay_job *jobs, const wave_block *wb, int n, int V, float *logits, void **ctxs,
+                      int32_t *anchors, int *starts) {
+    const int bs = wb[0].bs;
+    dfl_draft_if *d0 = jobs[wb[0].job].dft;
+    int across = n > 1 && d0->draft_across;
+    for (int k = 0; k < n; k++) {
+        const dfl_draft_if *d = jobs[wb[k].job].dft;
+        across &= d->draft_across == d0->draft_across;
+        ctxs[k] = d->ctx, anchors[k] = wb[k].anchor, starts[k] = wb[k].start;
+    }
+    const double t0 = dfl_now();
+    if (across && d0->draft_across(ctxs, anchors, starts, n, bs, logits)) return DFL_ERR;
+    for (int k = 0; !across && k < n; k++) {
+        const dfl_draft_if *d = jobs[wb[k].job].dft;
+        if (d->draft(d->ctx, wb[k].anchor, bs, logits + (size_t)k * (bs - 1) * V)) return DFL_ERR;
+    }
+    const double share = (dfl_now() - t0) / n;
+    for (int k = 0; k < n; k++) {
+        eval_draft_cache *c = jobs[wb[k].job].cache;
+        c->draft_s += share, c->drafts++;
+        if (eval_draft_cache_put(c, wb[k].start, bs, logits + (size_t)k * (bs - 1) * V)) return DFL_ERR;
+    }
+    return DFL_OK;
+}
+
+/* One wave: each job's context grown to its block's start, the blocks drafted size by size,
+ * then every mode at its job's shortest output plays its round. */
+static int wave_run(const eval_replay_job *jobs, int nj, mode_run **mr, int n_modes, const int *next_out,
+                    const wave_block *wb, int n, const eval_replay_ctx *x) {
+    for (int k = 0; k < n; k++) {
+        const eval_replay_job *j = &jobs[wb[k].job];
+        if (eval_replay_grow(j->dft, j->t, x->layer_col, x->rows, x->toks, x->B, wb[k].start, j->cache)) return DFL_ERR;
+    }
+    for (int k0 = 0, k1; k0 < n; k0 = k1) {
+        for (k1 = k0 + 1; k1 < n && wb[k1].bs == wb[k0].bs;) k1++;
+        if (wave_draft(jobs, wb + k0, k1 - k0, x->V, x->logits, x->ctxs, x->anchors, x->starts)) return DFL_ERR;
+    }
+    for (int j = 0; j < nj; j++) {
+        if (next_out[j] < 0) continue;
+        const eval_truth *t = jobs[j].t;
+        const int n_out = next_out[j], start = t->n_prompt + n_out - 1;
+        int bs = x->max_new - n_out < x->B ? x->max_new - n_out : x->B;
+        if (bs < 1) bs = 1;
+        const eval_draft *dr = bs > 1 ? eval_draft_cache_get(jobs[j].cache, start, bs) : NULL;
+        for (int i = 0; i < n_modes; i++)
+            if (!mr[j][i].done && mr[j][i].n_out == n_out &&
+                replay_round(&mr[j][i], t, n_out, bs, dr, jobs[j].cache->K, x->V, x->tree, x->costs))
+                return DFL_ERR;
+    }
+    return DFL_OK;
+}
+
+/* The mode states of a job's replay, its outputs zeroed. */
+static void replay_start(const eval_replay_job *j, mode_run *mr, const int *budgets, int n_modes, int B) {
+    for (int i = 0; i < n_modes; i++) {
+        memset(&j->out[i], 0, sizeof j->out[i]);
+        mr[i].budget = budgets[i];
+        mr[i].st = &j->out[i].st;
+        mr[i].st->prompt_tokens = j->t->n_prompt;
+        mr[i].st->max_block = B;
+        mr[i].st->stop = j->t->eos_stop ? "eos" : "max_new";
+        mr[i].n_out = 1; /* the first token comes from the prefill */
+        mr[i].done = j->t->n <= 1;
+    }
+}
+
+int eval_replay_many(const eval_replay_job *jobs, int nj, int V, const int *layer_col, int B, int max_new,
+                     const int *budgets, int n_modes, const eval_costs *costs) {
+    int max_budget = 0;
+    for (int i = 0; i < n_modes; i++) max_budget = budgets[i] > max_budget ? budgets[i] : max_budget;
+    if (nj < 1) return dfl_seterr("replay: no truths");
+    for (int j = 0; j < nj; j++)
+        if (replay_check(&jobs[j], V, B, max_new, max_budget)) return DFL_ERR;
+    const int nd = jobs[0].dft->n_feature_layers, H = jobs[0].t->H;
+    mode_run **mr = calloc((size_t)nj, sizeof *mr);
+    int *next_out = malloc((size_t)nj * sizeof *next_out);
+    wave_block *wb = malloc((size_t)nj * sizeof *wb);
+    dfl_tree tree = {0};
+    eval_replay_ctx x = {.V = V, .B = B, .max_new = max_new, .layer_col = layer_col, .tree = &tree, .costs = costs};
+    x.logits = malloc((size_t)nj * (B - 1) * V * sizeof(float));
+    x.rows = malloc((size_t)B * nd * H * sizeof(float));
+    x.toks = malloc((size_t)B * sizeof(int32_t));
+    x.ctxs = malloc((size_t)nj * sizeof *x.ctxs);
+    x.anchors = malloc((size_t)nj * sizeof *x.anchors);
+    x.starts = malloc((size_t)nj * sizeof *x.starts);
+    int rc = DFL_ERR, ok = mr && next_out && wb && x.logits && x.rows && x.toks && x.ctxs && x.anchors && x.starts;
+    for (int j = 0; ok && j < nj; j++) ok = (mr[j] = calloc((size_t)n_modes, sizeof *mr[j])) != NULL;
+    if (!ok) dfl_seterr("out of memory for a replay of %d truths", nj);
+    else if (max_budget == 0 || ddtree_alloc(&tree, max_budget) == DFL_OK) {
+        for (int j = 0; j < nj; j++) replay_start(&jobs[j], mr[j], budgets, n_modes, B);
+        int n;
+        while ((n = wave_plan(jobs, nj, mr, n_modes, B, max_new, next_out, wb)) >= 0)
+            if (wave_run(jobs, nj, mr, n_modes, next_out, wb, n, &x)) break;
+        if (n < 0) {
+            for (int j = 0; j < nj; j++) replay_totals(jobs[j].t, mr[j], n_modes, jobs[j].cache, costs, jobs[j].out);
+            rc = DFL_OK;
+        }
+    }
+    for (int j = 0; mr && j < nj; j++)
+        for (int i = 0; mr[j] && i < n_modes; i++) free(mr[j][i].acc);
+    for (int j = 0; mr && j < nj; j++) free(mr[j]);
+    free(mr), free(next_out), free(wb), free(x.logits), free(x.rows), free(x.toks), free(x.ctxs), free(x.anchors);
+    free(x.starts);
     ddtree_free(&tree);
     return rc;
+}
+
+int eval_replay(const eval_truth *t, dfl_draft_if *dft, int V, const int *layer_col, int B, int max_new,
+                const int *budgets, int n_modes, eval_draft_cache *cache, const eval_costs *costs,
+                eval_replay_out *out) {
+    const eval_replay_job j = {.t = t, .dft = dft, .cache = cache, .out = out};
+    return eval_replay_many(&j, 1, V, layer_col, B, max_new, budgets, n_modes, costs);
 }
 
 void eval_replay_out_free(eval_replay_out *o) {

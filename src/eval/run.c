@@ -124,6 +124,7 @@ static void run_free(run *r) {
     eval_results_free(&r->done);
     ref_set_free(&r->refs);
     if (r->tok) tok_close(r->tok);
+    er_replay_free(r);
     for (int d = 0; d < r->n_cache; d++) eval_draft_cache_free(&r->cache[d]);
     if (r->have_state) target_state_free(&r->st);
     for (int d = 0; d < EVAL_MAX_DRAFTERS; d++) free(r->label[d]);
@@ -359,6 +360,7 @@ static int run_prepare(run *r, unit_bufs *b) {
     }
     r->batch = batch;
     if ((rc = er_alloc_states(r, max_ctx, batch))) return rc;
+    if ((rc = er_alloc_replay_batch(r, max_ctx))) return rc;
     if (r->replay && !r->from_features && o->cost_reps > 0 && r->ps.n > 0)
         rc = eval_costs_measure(&r->costs, &r->m, &r->dif[0], r->ids0[0], r->n_ids0[0], r->block, o->n_drafters,
                                 o->budgets, o->n_modes, o->cost_reps);
@@ -438,7 +440,7 @@ static int run_units(run *r, unit_bufs *b) {
         pg.what = r->from_features ? r->saved.u[w->item].prompt_id : r->ps.p[w->item].id;
         if (rc == DFL_OK && o->on_progress) o->on_progress(o->progress_ud, &pg);
     }
-    return rc;
+    return rc == DFL_OK ? er_replay_flush(r) : rc;
 }
 
 /* ---- close: the reports ------------------------------------------------------------------- */

@@ -58,6 +58,16 @@ typedef struct work {
     turn_plan turn[2];
 } work;
 
+/* A truth whose replay on dfl's features waits for the others of its batch (--replay-batch). */
+typedef struct pend_replay {
+    char *pid;
+    int turn;
+    eval_truth t;
+    uint16_t todo[EVAL_MAX_DRAFTERS]; /* replay rows to write: a bit per mode, per drafter */
+    int own_cache0;                   /* cache0 holds the recording's drafts of drafter 0 */
+    eval_draft_cache cache0;
+} pend_replay;
+
 /* ---- the run ------------------------------------------------------------------------------ */
 
 typedef struct run {
@@ -111,6 +121,15 @@ typedef struct run {
     int last_col;      /* truth column of the target's last layer (the target's distribution), -1 */
     int batch;         /* tokens per target forward */
     char *warn_md;     /* warnings for the top of summary.md (mask tokens), NULL when none */
+    /* batched replay: the truths waiting, and per drafter the contexts of batch slots 1.. (DFlash
+     * drafters; slot 0 is dif[d]) and each slot's draft cache */
+    pend_replay *pend;
+    int n_pend, replay_batch;
+    dfl_drafter_state *xst[EVAL_MAX_DRAFTERS]; /* [replay_batch - 1], NULL: one truth at a time */
+    dfl_draft_if *xdif[EVAL_MAX_DRAFTERS];
+    int n_xst[EVAL_MAX_DRAFTERS];
+    eval_draft_cache *bcache; /* [replay_batch] */
+    int n_bcache;
 } run;
 
 /* The buffers a unit runs in: the truth, an output, and the sizes they were made for. */
@@ -165,6 +184,9 @@ int er_unit_online(run *r, const char *pid, int turn, const turn_plan *tp, const
 int er_unit_replay(run *r, const eval_prompt *p, int index, int turn, const turn_plan *tp, const int32_t *pids, int np,
                    unit_bufs *b, int *n_truth, double *last_tau);
 int er_unit_saved(run *r, const work *w, unit_bufs *b, double *last_tau);
+/* Replay the waiting truths (every drafter, each in one batch) and write their rows. */
+int er_replay_flush(run *r);
+void er_replay_free(run *r);
 int er_train_truth(run *r, const char *pid, int turn, const eval_truth *t, const char *labels, const char *features,
                    const tm_target *tt, const unsigned char *todo);
 int er_train_unit(run *r, const eval_prompt *p, const char *pid, int turn, const turn_plan *tp, const eval_truth *t,
@@ -176,6 +198,7 @@ int er_lock_dir(const char *dir, const char *what, int *fd);
 int er_check_mask_tokens(run *r);
 int er_open_drafters(run *r);
 int er_alloc_states(run *r, int max_ctx, int batch);
+int er_alloc_replay_batch(run *r, int max_ctx);
 
 /* run_json.c, run_summary.c */
 const char *er_chat_name(int chat);

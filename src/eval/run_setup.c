@@ -149,3 +149,30 @@ int er_alloc_states(run *r, int max_ctx, int batch) {
                 return DFL_ERR;
     return DFL_OK;
 }
+
+int er_alloc_replay_batch(run *r, int max_ctx) {
+    const eval_opts *o = r->o;
+    r->replay_batch = o->replay_batch < 1 ? 1 : o->replay_batch;
+    if (o->online) return DFL_OK;
+    r->pend = calloc((size_t)r->replay_batch, sizeof *r->pend);
+    r->bcache = calloc((size_t)r->replay_batch, sizeof *r->bcache);
+    if (!r->pend || !r->bcache) return dfl_seterr("out of memory for a replay batch of %d", r->replay_batch);
+    for (; r->n_bcache < r->replay_batch; r->n_bcache++)
+        if (eval_draft_cache_init(&r->bcache[r->n_bcache], r->max_budget, r->m.cfg.vocab, r->max_block)) return DFL_ERR;
+    /* a context per batch slot for the drafters that draft across contexts (DFlash); the others
+     * replay one truth at a time on their one state */
+    for (int d = 0; d < o->n_drafters && r->replay_batch > 1; d++) {
+        if (!r->dif[d].draft_across) continue;
+        const int n = r->replay_batch - 1;
+        r->xst[d] = calloc((size_t)n, sizeof *r->xst[d]);
+        r->xdif[d] = calloc((size_t)n, sizeof *r->xdif[d]);
+        if (!r->xst[d] || !r->xdif[d]) return dfl_seterr("out of memory for a replay batch of %d", r->replay_batch);
+        for (; r->n_xst[d] < n; r->n_xst[d]++) {
+            dfl_drafter_state *x = &r->xst[d][r->n_xst[d]];
+            if (drafter_state_init(x, &r->ad[d].d, &r->m, max_ctx, r->ad[d].block) != DFL_OK)
+                return dfl_preperr("drafter %s, context %d of the replay batch", r->label[d], r->n_xst[d] + 2);
+            r->xdif[d][r->n_xst[d]] = spec_dflash_drafter(x);
+        }
+    }
+    return DFL_OK;
+}

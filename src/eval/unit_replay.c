@@ -21,41 +21,150 @@ static void model_online(const run *r, eval_result *e, const dfl_gen_stats *gs, 
     e->modeled_s = gs->t_draft + drafted_rounds * cv + (gs->rounds - drafted_rounds) * c1;
 }
 
-/* Replay every drafter x mode the plan lacks (todo: a bit per mode, per drafter) on t; features:
- * "dfl" or "pipeline". keep_cache0: drafter 0's cache holds the recording run's drafts on these
- * features. */
+/* The replay rows of drafter d on truth t that todo asks for (a bit per mode), from outs
+ * [n_modes] (freed here). */
+static int write_rows(run *r, const char *pid, int turn, int d, const eval_truth *t, const char *features,
+                      uint16_t todo, eval_replay_out *outs, double *last_tau) {
+    const eval_opts *o = r->o;
+    int rc = DFL_OK;
+    for (int mi = 0; mi < o->n_modes; mi++) {
+        char mode[32];
+        er_mode_name(o->budgets[mi], mode, sizeof mode);
+        if (rc == DFL_OK && todo >> mi & 1) {
+            eval_result e;
+            er_result_head(&e, pid, turn, r->label[d], mode, "replay", features);
+            eval_result_from_stats(&e, &outs[mi].st);
+            e.time_s = e.verify_s = e.rollback_s = e.prefill_s = 0; /* nothing of it ran on the target */
+            e.draft_s = outs[mi].draft_s;
+            e.modeled_s = outs[mi].modeled_s;
+            e.modeled_ar_s = outs[mi].modeled_s >= 0 ? eval_cost_chain(&r->costs, 1) * (t->n - 1) : -1;
+            e.round_acc = outs[mi].round_acc, e.n_round_acc = outs[mi].st.rounds;
+            rc = er_write_result(r, &e, NULL, 0);
+            *last_tau = e.rounds ? (double)(e.tokens - 1) / e.rounds : 0;
+        }
+        eval_replay_out_free(&outs[mi]);
+    }
+    return rc;
+}
+
+/* Replay every drafter x mode the plan lacks (todo: a bit per mode, per drafter) on t at once;
+ * features: "dfl" or "pipeline". */
 static int replay_all(run *r, const char *pid, int turn, const eval_truth *t, const char *features,
-                      const uint16_t *todo, int keep_cache0, double *last_tau) {
+                      const uint16_t *todo, double *last_tau) {
     const eval_opts *o = r->o;
     eval_replay_out outs[EVAL_MAX_MODES];
     for (int d = 0; d < o->n_drafters; d++) {
-        char mode[32];
         if (!todo[d]) continue;
-        if (!(d == 0 && keep_cache0)) eval_draft_cache_clear(&r->cache[d]);
+        eval_draft_cache_clear(&r->cache[d]);
         r->dif[d].reset(r->dif[d].ctx);
         if (eval_replay(t, &r->dif[d], r->m.cfg.vocab, r->col[d], r->block[d], r->max_new, o->budgets, o->n_modes,
                         &r->cache[d], &r->costs, outs) != DFL_OK)
             return dfl_preperr("prompt %s turn %d, drafter %s, replay", pid, turn + 1, r->label[d]);
-        int rc = DFL_OK;
-        for (int mi = 0; mi < o->n_modes; mi++) {
-            er_mode_name(o->budgets[mi], mode, sizeof mode);
-            if (rc == DFL_OK && todo[d] >> mi & 1) {
-                eval_result e;
-                er_result_head(&e, pid, turn, r->label[d], mode, "replay", features);
-                eval_result_from_stats(&e, &outs[mi].st);
-                e.time_s = e.verify_s = e.rollback_s = e.prefill_s = 0; /* nothing of it ran on the target */
-                e.draft_s = outs[mi].draft_s;
-                e.modeled_s = outs[mi].modeled_s;
-                e.modeled_ar_s = outs[mi].modeled_s >= 0 ? eval_cost_chain(&r->costs, 1) * (t->n - 1) : -1;
-                e.round_acc = outs[mi].round_acc, e.n_round_acc = outs[mi].st.rounds;
-                rc = er_write_result(r, &e, NULL, 0);
-                *last_tau = e.rounds ? (double)(e.tokens - 1) / e.rounds : 0;
-            }
-            eval_replay_out_free(&outs[mi]);
-        }
-        if (rc) return rc;
+        if (write_rows(r, pid, turn, d, t, features, todo[d], outs, last_tau)) return DFL_ERR;
     }
     return DFL_OK;
+}
+
+/* ---- batched replay (--replay-batch) ------------------------------------------------------ */
+
+static void pend_free(pend_replay *p) {
+    free(p->pid);
+    eval_truth_free(&p->t);
+    if (p->own_cache0) eval_draft_cache_free(&p->cache0);
+    memset(p, 0, sizeof *p);
+}
+
+void er_replay_free(run *r) {
+    for (int k = 0; k < r->n_pend; k++) pend_free(&r->pend[k]);
+    free(r->pend);
+    for (int d = 0; d < EVAL_MAX_DRAFTERS; d++) {
+        for (int k = 0; k < r->n_xst[d]; k++) drafter_state_free(&r->xst[d][k]);
+        free(r->xst[d]), free(r->xdif[d]);
+    }
+    for (int k = 0; k < r->n_bcache; k++) eval_draft_cache_free(&r->bcache[k]);
+    free(r->bcache);
+}
+
+/* Put truth t of (pid, turn) into the batch, its rows todo; t is left empty (its layers kept)
+ * and *held is where it went (t itself when nothing waits for a replay). keep_cache0: r->cache[0]
+ * holds the recording's drafts of drafter 0 on t, which go along. */
+static int replay_defer(run *r, const char *pid, int turn, eval_truth *t, const uint16_t *todo, int keep_cache0,
+                        const eval_truth **held) {
+    int any = 0;
+    *held = t;
+    for (int d = 0; d < r->o->n_drafters; d++) any |= todo[d] != 0;
+    if (!any) return DFL_OK;
+    pend_replay *p = &r->pend[r->n_pend];
+    memset(p, 0, sizeof *p);
+    if (!(p->pid = strdup(pid))) return dfl_seterr("out of memory");
+    p->turn = turn;
+    memcpy(p->todo, todo, sizeof p->todo);
+    p->t = *t;
+    *held = &p->t;
+    r->n_pend++;
+    if (eval_truth_init(t, r->m.cfg.hidden, r->layers, r->n_layers)) return DFL_ERR;
+    if (keep_cache0 && todo[0]) { /* the recording's cache goes with its truth, drafter 0 gets a new one */
+        p->cache0 = r->cache[0], p->own_cache0 = 1;
+        if (eval_draft_cache_init(&r->cache[0], r->max_budget, r->m.cfg.vocab, r->block[0])) return DFL_ERR;
+    }
+    return DFL_OK;
+}
+
+/* Drafter d over the waiting truths that need it, outs [n_pend][n_modes]: in one lockstep batch
+ * where the drafter has a context per slot, else one truth after the other. */
+static int replay_drafter(run *r, int d, eval_replay_out *outs) {
+    const eval_opts *o = r->o;
+    eval_replay_job jobs[EVAL_MAX_REPLAY_BATCH];
+    int who[EVAL_MAX_REPLAY_BATCH], nj = 0;
+    for (int k = 0; k < r->n_pend; k++) {
+        pend_replay *p = &r->pend[k];
+        if (!p->todo[d]) continue;
+        const int slot = r->xst[d] ? nj : 0;
+        eval_draft_cache *c = d == 0 && p->own_cache0 ? &p->cache0 : &r->bcache[nj];
+        if (c != &p->cache0) eval_draft_cache_clear(c);
+        jobs[nj] = (eval_replay_job){.t = &p->t,
+                                     .dft = slot ? &r->xdif[d][slot - 1] : &r->dif[d],
+                                     .cache = c,
+                                     .out = outs + (size_t)k * o->n_modes};
+        who[nj++] = k;
+    }
+    for (int j0 = 0, j1; j0 < nj; j0 = j1) {
+        j1 = r->xst[d] ? nj : j0 + 1;
+        for (int j = j0; j < j1; j++) jobs[j].dft->reset(jobs[j].dft->ctx);
+        if (eval_replay_many(jobs + j0, j1 - j0, r->m.cfg.vocab, r->col[d], r->block[d], r->max_new, o->budgets,
+                             o->n_modes, &r->costs) != DFL_OK) {
+            const pend_replay *p = &r->pend[who[j0]];
+            if (j1 - j0 == 1)
+                return dfl_preperr("prompt %s turn %d, drafter %s, replay", p->pid, p->turn + 1, r->label[d]);
+            return dfl_preperr("prompts %s turn %d and %d others, drafter %s, replay", p->pid, p->turn + 1, j1 - j0 - 1,
+                               r->label[d]);
+        }
+    }
+    return DFL_OK;
+}
+
+int er_replay_flush(run *r) {
+    const eval_opts *o = r->o;
+    if (r->n_pend == 0) return DFL_OK;
+    eval_replay_out *outs = calloc((size_t)r->n_pend * o->n_drafters * o->n_modes, sizeof *outs);
+    if (!outs) return dfl_seterr("out of memory");
+    int rc = DFL_OK, done = 0;
+    for (int d = 0; d < o->n_drafters && rc == DFL_OK; d++, done = d)
+        rc = replay_drafter(r, d, outs + (size_t)d * r->n_pend * o->n_modes);
+    /* the rows in the order of the truths, then of the drafters, as one at a time writes them */
+    for (int k = 0; k < r->n_pend; k++)
+        for (int d = 0; d < o->n_drafters; d++) {
+            eval_replay_out *ko = outs + ((size_t)d * r->n_pend + k) * o->n_modes;
+            const pend_replay *p = &r->pend[k];
+            double tau;
+            if (rc == DFL_OK && d < done && p->todo[d])
+                rc = write_rows(r, p->pid, p->turn, d, &p->t, "dfl", p->todo[d], ko, &tau);
+            for (int mi = 0; mi < o->n_modes; mi++) eval_replay_out_free(&ko[mi]);
+        }
+    free(outs);
+    for (int k = 0; k < r->n_pend; k++) pend_free(&r->pend[k]);
+    r->n_pend = 0;
+    return rc;
 }
 
 /* A pipeline's features for this unit (--features-from), replayed against the same truth (and
@@ -77,7 +186,7 @@ static int replay_pipeline(run *r, const char *pid, int turn, int index, const t
         eval_feat_check_write(r->fcf, pid, turn, c, pt.n_layers);
         if (fflush(r->fcf) != 0) rc = dfl_seterr("%s/features_check.jsonl: write error: %s", o->out, strerror(errno));
     }
-    if (rc == DFL_OK && (rc = replay_all(r, pid, turn, &pt, "pipeline", tp->replay[1], 0, last_tau)) != DFL_OK)
+    if (rc == DFL_OK && (rc = replay_all(r, pid, turn, &pt, "pipeline", tp->replay[1], last_tau)) != DFL_OK)
         dfl_preperr("on the pipeline's features %s", path);
     if (rc == DFL_OK && o->train_metrics &&
         (rc = er_train_truth(r, pid, turn, &pt, "target", "pipeline", tt, tp->train[TR_PIPELINE])) != DFL_OK)
@@ -204,8 +313,10 @@ int er_unit_replay(run *r, const eval_prompt *p, int index, int turn, const turn
     if (recorded && er_check_reference(r, p->id, turn, pids, np, t->ids, t->n)) return DFL_ERR;
     *n_truth = t->n;
     memcpy(b->truth, t->ids, (size_t)t->n * sizeof *b->truth);
-    if (replay_all(r, p->id, turn, t, "dfl", tp->replay[0], recorded, last_tau)) return DFL_ERR;
-    return replay_more(r, p, p->id, turn, index, tp, t, last_tau);
+    const eval_truth *held;
+    if (replay_defer(r, p->id, turn, t, tp->replay[0], recorded, &held)) return DFL_ERR;
+    if (replay_more(r, p, p->id, turn, index, tp, held, last_tau)) return DFL_ERR;
+    return r->n_pend >= r->replay_batch ? er_replay_flush(r) : DFL_OK;
 }
 
 /* A saved truth (--features): replayed unless every row is there. */
@@ -215,7 +326,9 @@ int er_unit_saved(run *r, const work *w, unit_bufs *b, double *last_tau) {
     if (tp->complete) return DFL_OK;
     int rc = er_truth_load(r, r->o->features_dir, u, &b->t);
     if (rc == DFL_OK) rc = er_check_reference(r, u->prompt_id, u->turn, b->t.prompt, b->t.n_prompt, b->t.ids, b->t.n);
-    if (rc == DFL_OK) rc = replay_all(r, u->prompt_id, u->turn, &b->t, "dfl", tp->replay[0], 0, last_tau);
-    if (rc == DFL_OK) rc = replay_more(r, NULL, u->prompt_id, u->turn, u->index, tp, &b->t, last_tau);
+    const eval_truth *held = &b->t;
+    if (rc == DFL_OK) rc = replay_defer(r, u->prompt_id, u->turn, &b->t, tp->replay[0], 0, &held);
+    if (rc == DFL_OK) rc = replay_more(r, NULL, u->prompt_id, u->turn, u->index, tp, held, last_tau);
+    if (rc == DFL_OK && r->n_pend >= r->replay_batch) rc = er_replay_flush(r);
     return rc;
 }

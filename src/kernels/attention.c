@@ -14,17 +14,21 @@ static int attn_keys(const kn_attn_io *a, int r) {
     return a->starts[r / a->block] + (a->causal ? r % a->block + 1 : a->block);
 }
 
+/* The cache block b reads: its own (kc/vc) or the shared one. */
+static const float *attn_kcache(const kn_attn_io *a, int b) { return a->kc ? a->kc[b] : a->k; }
+static const float *attn_vcache(const kn_attn_io *a, int b) { return a->vc ? a->vc[b] : a->v; }
+
 /* Scores of G query heads of row r (from head h0) over its n_keys keys into sc [G][ldsc]. */
 static void attn_scores(const kn_attn_io *a, int r, int h0, int G, int n_keys, float *sc, size_t ldsc) {
     const int hd = a->head_dim, group = a->n_heads / a->n_kv_heads, kvh = h0 / group;
     const int b = r / a->block, start = a->starts[b];
-    const float *q = a->q + (size_t)r * a->ldq + (size_t)h0 * a->ldqh;
+    const float *q = a->q + (size_t)r * a->ldq + (size_t)h0 * a->ldqh, *k = attn_kcache(a, b) + (size_t)kvh * hd;
     if (!a->kb) { /* the block follows the context in the cache: one pass */
-        kn_dot_rows(sc, ldsc, q, a->ldqh, G, a->k + (size_t)kvh * hd, a->ldkv, n_keys, hd);
+        kn_dot_rows(sc, ldsc, q, a->ldqh, G, k, a->ldkv, n_keys, hd);
         return;
     }
     const float *kb = a->kb + (size_t)b * a->block * a->ldkv + (size_t)kvh * hd;
-    kn_dot_rows(sc, ldsc, q, a->ldqh, G, a->k + (size_t)kvh * hd, a->ldkv, start, hd);
+    kn_dot_rows(sc, ldsc, q, a->ldqh, G, k, a->ldkv, start, hd);
     kn_dot_rows(sc + start, ldsc, q, a->ldqh, G, kb, a->ldkv, n_keys - start, hd);
 }
 
@@ -45,12 +49,13 @@ static void attn_values(const kn_attn_io *a, int r, int h0, int G, int n_keys, c
     const int hd = a->head_dim, group = a->n_heads / a->n_kv_heads, kvh = h0 / group;
     const int b = r / a->block, start = a->starts[b];
     float *o = a->out + (size_t)r * a->n_heads * hd + (size_t)h0 * hd; /* [G][hd] */
+    const float *v = attn_vcache(a, b) + (size_t)kvh * hd;
     memset(o, 0, (size_t)G * hd * sizeof(float));
     if (!a->vb) {
-        kn_axpy_rows(o, (size_t)hd, sc, ldsc, G, a->v + (size_t)kvh * hd, a->ldkv, n_keys, hd);
+        kn_axpy_rows(o, (size_t)hd, sc, ldsc, G, v, a->ldkv, n_keys, hd);
     } else {
         const float *vb = a->vb + (size_t)b * a->block * a->ldkv + (size_t)kvh * hd;
-        kn_axpy_rows(o, (size_t)hd, sc, ldsc, G, a->v + (size_t)kvh * hd, a->ldkv, start, hd);
+        kn_axpy_rows(o, (size_t)hd, sc, ldsc, G, v, a->ldkv, start, hd);
         kn_axpy_rows(o, (size_t)hd, sc + start, ldsc, G, vb, a->ldkv, n_keys - start, hd);
     }
     if (a->gate) /* output gate: o *= sigmoid(gate) per head */

@@ -113,14 +113,20 @@ typedef struct dscratch {
 
 /* The DFlash layers over nb independent blocks [anchors[b], MASK x (B-1)] at positions
  * starts[b].. (block b attends to context positions < starts[b] and to itself), then the final
- * norm and lm_head of rows 1..B-1 of each: logits [nb * (B-1), V]. */
-static int draft_rows(dfl_drafter_state *s, const dscratch *w, const int32_t *anchors, const int *starts, int nb, int B,
-                      float *logits) {
+ * norm and lm_head of rows 1..B-1 of each: logits [nb * (B-1), V]. The contexts are s's, or
+ * with ctx [nb] block b's is ctx[b]'s (the same drafter's states). */
+static int draft_rows(dfl_drafter_state *s, dfl_drafter_state *const *ctx, const dscratch *w, const int32_t *anchors,
+                      const int *starts, int nb, int B, float *logits) {
     const dfl_drafter *d = s->d;
     const dfl_config *g = &d->cfg;
     const dfl_model *t = s->t;
     const int H = g->hidden, hd = g->head_dim, Hq = g->n_heads, Hkv = g->n_kv_heads, kv = Hkv * hd;
     const int dflash2 = g->dflash2, R = nb * B;
+    const float **kc = NULL, **vc = NULL; /* [nb] block b's context cache of the layer being run */
+    if (ctx && (!(kc = malloc((size_t)nb * sizeof *kc)) || !(vc = malloc((size_t)nb * sizeof *vc)))) {
+        free(kc);
+        return dfl_seterr("out of memory for a drafter batch over %d contexts", nb);
+    }
     /* block = [anchor, MASK x (B-1)], embedded with the target's embedding */
     for (int i = 0; i < R; i++) model_embed(t, i % B == 0 ? anchors[i / B] : g->mask_token_id, w->x + (size_t)i * H);
     if (g->input_embedding_scale != 1.0f) kn_scale(w->x, g->input_embedding_scale, (size_t)R * H);
@@ -137,6 +143,7 @@ static int draft_rows(dfl_drafter_state *s, const dscratch *w, const int32_t *an
             dflash2_conv(s, l->attn_conv_base, 0, s->xn, s->conv, B);
             ain = s->conv;
         }
+        for (int b = 0; ctx && b < nb; b++) kc[b] = ctx[b]->k_ctx[li], vc[b] = ctx[b]->v_ctx[li];
         kn_matmul_multi(3, (float *[]){w->q, w->kb, w->vb}, ain,
                         (const dfl_mat *[]){&l->q_proj, &l->k_proj, &l->v_proj}, R);
         for (int i = 0; i < R; i++) {
@@ -155,6 +162,8 @@ static int draft_rows(dfl_drafter_state *s, const dscratch *w, const int32_t *an
                               .out = w->att,
                               .k = s->k_ctx[li],
                               .v = s->v_ctx[li],
+                              .kc = kc,
+                              .vc = vc,
                               .kb = w->kb,
                               .vb = w->vb,
                               .ldkv = (size_t)kv,
@@ -189,6 +198,7 @@ static int draft_rows(dfl_drafter_state *s, const dscratch *w, const int32_t *an
         }
         kn_add(w->x, mout, (size_t)R * H);
     }
+    free(kc), free(vc);
     /* rows 1..B-1 of each block predict the tokens at start+1..start+B-1 */
     for (int b = 0; b < nb; b++)
         kn_rmsnorm_rows(w->xn + (size_t)b * (B - 1) * H, w->x + ((size_t)b * B + 1) * H, d->norm, B - 1, H, g->rms_eps);
@@ -218,7 +228,7 @@ int drafter_draft(dfl_drafter_state *s, int32_t anchor, int B, float *logits) {
     if (anchor < 0 || anchor >= s->t->cfg.vocab) return dfl_seterr("anchor token %d outside the vocabulary", anchor);
     const dscratch w = {s->x, s->xn, s->q, s->kb, s->vb, s->att, s->mlp1, s->mlp2};
     const int start = s->n_ctx;
-    return draft_rows(s, &w, &anchor, &start, 1, B, logits);
+    return draft_rows(s, NULL, &w, &anchor, &start, 1, B, logits);
 }
 
 /* The batch scratch for rows rows (grown on demand). */
@@ -236,18 +246,25 @@ static int batch_reserve(dfl_drafter_state *s, int rows) {
     return DFL_OK;
 }
 
-int drafter_draft_many(dfl_drafter_state *s, const int32_t *anchors, const int *starts, int nb, int B, float *logits) {
+/* Blocks on the contexts of s (ctx NULL) or of ctx [nb]: drafted one by one as drafter_draft
+ * where that is what they are, else in one forward on s's batch scratch. */
+static int draft_blocks(dfl_drafter_state *s, dfl_drafter_state *const *ctx, const int32_t *anchors, const int *starts,
+                        int nb, int B, float *logits) {
     const dfl_config *g = &s->d->cfg;
     if (g->dflash2 && nb > 1) return dfl_seterr("a DFlash2 drafter drafts one block at a time");
     if (B < 2 || B > s->max_block) return dfl_seterr("draft block of %d: must be in [2, %d]", B, s->max_block);
     if (nb < 1) return dfl_seterr("no blocks to draft");
     for (int b = 0; b < nb; b++) {
+        const dfl_drafter_state *c = ctx ? ctx[b] : s;
+        if (c->d != s->d || c->t != s->t || c->max_ctx != s->max_ctx || c->max_block != s->max_block)
+            return dfl_seterr("block %d: a context of another drafter, target or size than block 0's", b);
         if (anchors[b] < 0 || anchors[b] >= s->t->cfg.vocab)
             return dfl_seterr("anchor token %d outside the vocabulary", anchors[b]);
-        if (starts[b] < 0 || starts[b] > s->n_ctx)
-            return dfl_seterr("block %d starts at position %d, but the context holds %d", b, starts[b], s->n_ctx);
+        if (starts[b] < 0 || starts[b] > c->n_ctx)
+            return dfl_seterr("block %d starts at position %d, but the context holds %d", b, starts[b], c->n_ctx);
     }
-    if (nb == 1 && starts[0] == s->n_ctx) return drafter_draft(s, anchors[0], B, logits);
+    if (nb == 1 && starts[0] == (ctx ? ctx[0] : s)->n_ctx)
+        return drafter_draft(ctx ? ctx[0] : s, anchors[0], B, logits);
     if (batch_reserve(s, nb * B)) return DFL_ERR;
     const size_t R = (size_t)nb * B, H = g->hidden, qd = (size_t)g->n_heads * g->head_dim;
     const size_t kv = (size_t)g->n_kv_heads * g->head_dim, I = g->intermediate;
@@ -261,5 +278,15 @@ int drafter_draft_many(dfl_drafter_state *s, const int32_t *anchors, const int *
     w.vb = p, p += R * kv;
     w.mlp1 = p, p += R * I;
     w.mlp2 = p;
-    return draft_rows(s, &w, anchors, starts, nb, B, logits);
+    return draft_rows(s, ctx, &w, anchors, starts, nb, B, logits);
+}
+
+int drafter_draft_many(dfl_drafter_state *s, const int32_t *anchors, const int *starts, int nb, int B, float *logits) {
+    return draft_blocks(s, NULL, anchors, starts, nb, B, logits);
+}
+
+int drafter_draft_across(dfl_drafter_state *const *ctx, const int32_t *anchors, const int *starts, int nb, int B,
+                         float *logits) {
+    if (nb < 1) return dfl_seterr("no blocks to draft");
+    return draft_blocks(ctx[0], ctx, anchors, starts, nb, B, logits);
 }

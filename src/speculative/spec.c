@@ -164,6 +164,10 @@ static int dflash_draft(void *ctx, int32_t anchor, int B, float *logits) {
 static int dflash_draft_many(void *ctx, const int32_t *anchors, const int *starts, int n, int B, float *logits) {
     return drafter_draft_many(ctx, anchors, starts, n, B, logits);
 }
+static int dflash_draft_across(void *const *ctxs, const int32_t *anchors, const int *starts, int n, int B,
+                               float *logits) {
+    return drafter_draft_across((dfl_drafter_state *const *)ctxs, anchors, starts, n, B, logits);
+}
 static int dflash_len(void *ctx) { return ((dfl_drafter_state *)ctx)->n_ctx; }
 static void dflash_reset(void *ctx) { drafter_state_reset(ctx); }
 
@@ -173,6 +177,7 @@ dfl_draft_if spec_dflash_drafter(dfl_drafter_state *ds) {
                           .draft = dflash_draft,
                           .context_len = dflash_len,
                           .draft_many = ds->d->cfg.dflash2 ? NULL : dflash_draft_many,
+                          .draft_across = ds->d->cfg.dflash2 ? NULL : dflash_draft_across,
                           .reset = dflash_reset,
                           .feature_layers = ds->d->cfg.target_layer_ids,
                           .n_feature_layers = ds->d->cfg.n_target_ids};

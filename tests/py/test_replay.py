@@ -3,7 +3,8 @@ equal the online runs' exactly, on the hybrid embedded pair and on the dense, hy
 chain and DDTree budgets {4, 8, 16, 64}, first and second MT-Bench turns, with the truth recorded in
 chain mode and replayed in tree modes and back; saved features replayed without a target forward;
 features from another pipeline (transformers, float32 and bfloat16) side by side; refusals of
-features that do not fit (other target, other layers, truncated file) and of temperature > 0."""
+features that do not fit (other target, other layers, truncated file) and of temperature > 0; many
+truths replayed in lockstep (--replay-batch) as one at a time."""
 import json
 import os
 import shutil
@@ -104,6 +105,35 @@ def fixtures():
     case("moe-dense-attn", fixture("qwen3_moe"), [fixture("dflash_qwen3")], GSM, 2, 24, "0,16")
 
 
+def batches():
+    """--replay-batch: replaying several truths in lockstep (one drafter forward drafting a block of
+    each) gives every row that one truth at a time gives, for two drafters, chain and trees, with
+    a last batch that is not full; a run cut off with truths still waiting resumes to the same rows."""
+    common = ["--target", ET, "--drafter", ED, "--drafter", ED + "/", "--prompts", EMB_PROMPTS, "--limit", 7,
+              "--max-new", 96, "--tree-budget", "0,4,16"]
+    runs = {}
+    for b in (1, 3, 64):
+        eval_(f"batch{b}", *common, "--replay-batch", b)
+        runs[b] = lines(os.path.join(tmp, f"batch{b}"))
+    one = by_key(runs[1], "replay")
+    t.check(len(one) == 7 * 2 * 3, f"one row per prompt x drafter x mode ({len(one)})")
+    for b in (3, 64):
+        same_stats(one, by_key(runs[b], "replay"), f"--replay-batch {b}")
+        t.check(len(runs[b]) == len(runs[1]), f"--replay-batch {b}: {len(runs[b])} rows, one at a time {len(runs[1])}")
+    # cut after the first batch's rows and the recording row of the next truth: as if the run had
+    # stopped with that truth waiting for its batch; resumed, it is recorded again and replayed
+    res = os.path.join(tmp, "batch3", "results.jsonl")
+    rows = [json.loads(x) for x in open(res)]
+    order = list(dict.fromkeys(r["prompt_id"] for r in rows))
+    with open(res, "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in rows if r["prompt_id"] in order[:3]
+                     or (r["prompt_id"] == order[3] and r["method"] != "replay"))
+    eval_("batch3", *common, "--replay-batch", 3, "--resume")
+    again = lines(os.path.join(tmp, "batch3"))
+    same_stats(one, by_key(again, "replay"), "--replay-batch 3 resumed")
+    t.check(len(order) == 7 and len(again) == len(runs[1]), f"resumed: {len(again)} rows, {len(runs[1])} expected")
+
+
 def mtbench():
     case("mtb", ET, [ED], MTB, 2, 48, "0,8")
     rs = lines(os.path.join(tmp, "mtb-chain"))
@@ -187,6 +217,7 @@ def refusals(feat):
 
 t.run(embedded)
 t.run(fixtures)
+t.run(batches)
 t.run(mtbench)
 try:
     f = features()

@@ -1,7 +1,8 @@
 /* drafter_draft_many: several blocks in one drafter forward give, bit for bit, the logits that
  * drafter_draft gives for each block on a context that ends at its start (training metrics and
  * replays rely on it), on a Qwen3-target and a Qwen3.5-target DFlash fixture, for blocks of 2 and
- * of the drafter's size; starts beyond the context and DFlash2 batches are refused. */
+ * of the drafter's size; starts beyond the context and DFlash2 batches are refused. Likewise
+ * drafter_draft_across over the contexts of several states (batched replay). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -13,6 +14,45 @@
 static float frand(unsigned *s) {
     *s = *s * 1103515245u + 12345u;
     return ((*s >> 8) & 0xffff) / 65536.0f - 0.5f;
+}
+
+/* drafter_draft_across: blocks on three states holding different contexts, in one forward,
+ * equal drafter_draft on each context cut at the block's start; states of unequal sizes are
+ * refused. */
+static void across(const dfl_drafter *d, const dfl_model *m) {
+    enum { NS = 3, NB = 5, CTX = 24 };
+    const int V = m->cfg.vocab, nf = d->cfg.n_target_ids * m->cfg.hidden, B = d->cfg.block_size;
+    float *feat = malloc((size_t)NS * CTX * nf * sizeof *feat);
+    float *one_l = malloc((size_t)NB * (B - 1) * V * sizeof(float));
+    float *many = malloc((size_t)NB * (B - 1) * V * sizeof(float));
+    unsigned seed = 11;
+    for (size_t i = 0; i < (size_t)NS * CTX * nf; i++) feat[i] = frand(&seed);
+    dfl_drafter_state st[NS], *ctx[NB];
+    const int which[NB] = {2, 0, 1, 0, 2}, starts[NB] = {24, 5, 13, 24, 1};
+    const int32_t anchors[NB] = {9, 3, 40, 2, 17};
+    for (int k = 0; k < NS; k++) CHECK(drafter_state_init(&st[k], d, m, CTX + 8, B) == DFL_OK, "%s", dfl_errmsg());
+    for (int b = 0; b < NB; b++) {
+        dfl_drafter_state *s = &st[which[b]];
+        drafter_state_reset(s);
+        CHECK(drafter_add_context(s, feat + (size_t)which[b] * CTX * nf, starts[b]) == DFL_OK, "%s", dfl_errmsg());
+        CHECK(drafter_draft(s, anchors[b], B, one_l + (size_t)b * (B - 1) * V) == DFL_OK, "%s", dfl_errmsg());
+    }
+    for (int k = 0; k < NS; k++) {
+        drafter_state_reset(&st[k]);
+        CHECK(drafter_add_context(&st[k], feat + (size_t)k * CTX * nf, CTX) == DFL_OK, "%s", dfl_errmsg());
+    }
+    for (int b = 0; b < NB; b++) ctx[b] = &st[which[b]];
+    CHECK(drafter_draft_across(ctx, anchors, starts, NB, B, many) == DFL_OK, "%s", dfl_errmsg());
+    CHECK(memcmp(one_l, many, (size_t)NB * (B - 1) * V * sizeof(float)) == 0,
+          "%d blocks on %d contexts in one forward differ from drafting each alone", NB, NS);
+    dfl_drafter_state other;
+    CHECK(drafter_state_init(&other, d, m, CTX + 9, B) == DFL_OK, "%s", dfl_errmsg());
+    ctx[1] = &other;
+    CHECK(drafter_draft_across(ctx, anchors, (const int[]){0, 0, 0, 0, 0}, NB, B, many) != DFL_OK,
+          "a context of another size in the batch is refused");
+    drafter_state_free(&other);
+    for (int k = 0; k < NS; k++) drafter_state_free(&st[k]);
+    free(feat), free(one_l), free(many);
 }
 
 static void one(const char *target, const char *drafter_dir) {
@@ -59,6 +99,7 @@ static void one(const char *target, const char *drafter_dir) {
     }
     free(feat);
     drafter_state_free(&s);
+    across(&d, &m);
     drafter_close(&d);
     model_close(&m);
 }
