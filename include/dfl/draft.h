@@ -8,6 +8,17 @@
 
 #define DFL_MAX_BLOCK 256
 
+/* A draft as the loops read it, per row k < B-1 of its logits: argmax[k] (kn_argmax of the row)
+ * and, with K > 0, the K most probable tokens of the row's softmax, most probable first (ties: the
+ * lower id), with their log-probabilities: top / toplp [B-1][K] (ddtree_topk's). A chain reads
+ * argmax, a DDTree top / toplp, a replay's draft cache both. */
+typedef struct dfl_draft_top {
+    int K;
+    int32_t *argmax;
+    int32_t *top;
+    double *toplp;
+} dfl_draft_top;
+
 /* A drafter as the loop sees it: B-1 distributions per round from the committed context. The
  * DFlash drafter is one (spec_dflash_drafter), the target's MTP head another (mtp_drafter_if,
  * dfl/mtp.h); tests plug in others (e.g. an oracle that proposes known continuations). */
@@ -20,6 +31,10 @@ typedef struct dfl_draft_if {
     int (*add_context)(void *ctx, const float *feat, const int32_t *tokens, int n);
     /* Draft a block of B tokens starting with anchor: logits [B-1, V]. */
     int (*draft)(void *ctx, int32_t anchor, int B, float *logits);
+    /* Optional (NULL: the loop summarizes draft()'s logits, dfl_draft_topk): the block drafted and
+     * summarized where the drafter runs, so a drafter on a device sends back K ids a row, not V
+     * logits; logits [B-1, V] are filled too when not NULL (on request: a sampled draft needs q). */
+    int (*draft_top)(void *ctx, int32_t anchor, int B, const dfl_draft_top *out, float *logits);
     /* Optional (NULL: one block at a time): n blocks in one forward, block b drafted as draft()
      * would on a context of starts[b] <= context_len positions: logits [n * (B-1), V]. */
     int (*draft_many)(void *ctx, const int32_t *anchors, const int *starts, int n, int B, float *logits);
@@ -38,5 +53,15 @@ typedef struct dfl_draft_if {
     const int *feature_layers; /* target decoder layers whose outputs make a feature */
     int n_feature_layers;
 } dfl_draft_if;
+
+/* out from D rows of logits [D, V], the rows in parallel; probs [D, V]: scratch for K > 0 (may be
+ * logits itself, which is then overwritten by the softmax). */
+int dfl_draft_summarize(const float *logits, int D, int V, float *probs, const dfl_draft_top *out);
+
+/* Drafter d's block of B tokens from anchor, summarized into out: by d->draft_top where the
+ * drafter has it, else by draft() into logits [B-1, V] and dfl_draft_summarize (probs as there).
+ * want_logits: logits must hold the draft's logits afterwards (with K > 0 then probs != logits). */
+int dfl_draft_topk(const dfl_draft_if *d, int32_t anchor, int B, int V, const dfl_draft_top *out, float *logits,
+                   int want_logits, float *probs);
 
 #endif

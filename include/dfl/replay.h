@@ -71,10 +71,13 @@ void eval_draft_cache_clear(eval_draft_cache *c);
 void eval_draft_cache_free(eval_draft_cache *c);
 /* Summarize drafter logits [bs-1, V] drafted at context length start into the cache. */
 int eval_draft_cache_put(eval_draft_cache *c, int start, int bs, const float *logits);
+/* The same from a summarized draft (src->K >= the cache's K; its first K kept). */
+int eval_draft_cache_put_top(eval_draft_cache *c, int start, int bs, const dfl_draft_top *src);
 const eval_draft *eval_draft_cache_get(const eval_draft_cache *c, int start, int bs);
 
 /* A drafter wrapped for recording: add_context appends the rows (over the truth's layers) to
- * the truth and passes the drafter's own columns on; draft() also summarizes into the cache.
+ * the truth and passes the drafter's own columns on; draft() and draft_top() also summarize into
+ * the cache (draft_top once for both: the loop's K and the cache's).
  * The wrapper's feature_layers are the truth's layers, so the target captures all of them. */
 typedef struct eval_recorder {
     dfl_draft_if inner;
@@ -83,6 +86,10 @@ typedef struct eval_recorder {
     int map[EVAL_MAX_FEAT_LAYERS]; /* inner layer i -> truth column */
     float *rows;                   /* scratch [chunk, inner layers * H] */
     int rows_cap;
+    float *lbuf;   /* draft_top: the inner drafter's logits [B-1, V] */
+    int32_t *top;  /* draft_top: [B-1, K] the candidates for the loop and the cache */
+    double *toplp; /* [B-1, K] */
+    size_t lbuf_cap, top_cap;
     int V;
     int n_prompt;                          /* set by the caller: context updates below it are the prefill's */
     double overhead_s, overhead_prefill_s; /* time spent recording (not drafting), in rounds / in the prefill */

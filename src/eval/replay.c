@@ -104,41 +104,60 @@ const eval_draft *eval_draft_cache_get(const eval_draft_cache *c, int start, int
     return NULL;
 }
 
-int eval_draft_cache_put(eval_draft_cache *c, int start, int bs, const float *logits) {
-    if (eval_draft_cache_get(c, start, bs)) return DFL_OK;
-    if (bs < 2 || bs > c->max_block) return dfl_seterr("draft cache: block of %d outside [2, %d]", bs, c->max_block);
+/* A new entry for (start, bs) at the cache's end, its arrays allocated (NULL: refused or out
+ * of memory, the message set). */
+static eval_draft *cache_new(eval_draft_cache *c, int start, int bs) {
+    if (bs < 2 || bs > c->max_block) {
+        dfl_seterr("draft cache: block of %d outside [2, %d]", bs, c->max_block);
+        return NULL;
+    }
     if (c->n == c->cap) {
         const int cap = c->cap ? 2 * c->cap : 64;
         eval_draft *d = realloc(c->d, (size_t)cap * sizeof *d);
-        if (!d) return dfl_seterr("out of memory for the draft cache");
+        if (!d) {
+            dfl_seterr("out of memory for the draft cache");
+            return NULL;
+        }
         c->d = d, c->cap = cap;
     }
-    const int D = bs - 1, V = c->V, K = c->K;
+    const int D = bs - 1, K = c->K;
     eval_draft e = {.start = start, .bs = bs, .argmax = malloc((size_t)D * sizeof(int32_t))};
     if (K > 0) e.top = malloc((size_t)D * K * sizeof(int32_t)), e.toplp = malloc((size_t)D * K * sizeof(double));
     if (!e.argmax || (K > 0 && (!e.top || !e.toplp))) {
         free(e.argmax), free(e.top), free(e.toplp);
-        return dfl_seterr("out of memory for the draft cache");
+        dfl_seterr("out of memory for the draft cache");
+        return NULL;
     }
+    c->d[c->n] = e;
+    return &c->d[c->n];
+}
+
+int eval_draft_cache_put(eval_draft_cache *c, int start, int bs, const float *logits) {
+    if (eval_draft_cache_get(c, start, bs)) return DFL_OK;
+    eval_draft *e = cache_new(c, start, bs);
+    if (!e) return DFL_ERR;
     /* chain: argmax of the logits (as the online loop takes it); DDTree: the online loop's
      * softmax of the same logits, then the top K */
-    int bad = 0;
-#pragma omp parallel for schedule(dynamic, 1) reduction(| : bad)
-    for (int k = 0; k < D; k++) { /* rows are independent: one per thread */
-        const float *l = logits + (size_t)k * V;
-        e.argmax[k] = kn_argmax(l, V);
-        if (K > 0) {
-            float *p = c->probs + (size_t)k * V;
-            memcpy(p, l, (size_t)V * sizeof(float));
-            kn_softmax(p, V);
-            bad |= ddtree_topk(p, 1, V, K, e.top + (size_t)k * K, e.toplp + (size_t)k * K) != DFL_OK;
-        }
+    const dfl_draft_top out = {.K = c->K, .argmax = e->argmax, .top = e->top, .toplp = e->toplp};
+    if (dfl_draft_summarize(logits, bs - 1, c->V, c->probs, &out)) {
+        free(e->argmax), free(e->top), free(e->toplp);
+        return DFL_ERR;
     }
-    if (bad) {
-        free(e.argmax), free(e.top), free(e.toplp);
-        return dfl_seterr("out of memory summarizing a draft");
+    c->n++;
+    return DFL_OK;
+}
+
+int eval_draft_cache_put_top(eval_draft_cache *c, int start, int bs, const dfl_draft_top *src) {
+    if (eval_draft_cache_get(c, start, bs)) return DFL_OK;
+    if (src->K < c->K) return dfl_seterr("draft cache: %d candidates a row given, %d kept", src->K, c->K);
+    eval_draft *e = cache_new(c, start, bs);
+    if (!e) return DFL_ERR;
+    memcpy(e->argmax, src->argmax, (size_t)(bs - 1) * sizeof *e->argmax);
+    for (int k = 0; k < bs - 1 && c->K > 0; k++) { /* the first K of a longer list are the top K */
+        memcpy(e->top + (size_t)k * c->K, src->top + (size_t)k * src->K, (size_t)c->K * sizeof *e->top);
+        memcpy(e->toplp + (size_t)k * c->K, src->toplp + (size_t)k * src->K, (size_t)c->K * sizeof *e->toplp);
     }
-    c->d[c->n++] = e;
+    c->n++;
     return DFL_OK;
 }
 
@@ -193,6 +212,43 @@ static int rec_draft(void *ctx, int32_t anchor, int B, float *logits) {
     return rc;
 }
 
+/* The inner drafter's block summarized with as many candidates as the loop and the cache want,
+ * each given its own (the top K of a list are its first K). */
+static int rec_draft_top(void *ctx, int32_t anchor, int B, const dfl_draft_top *out, float *logits) {
+    eval_recorder *r = ctx;
+    const int start = r->inner.context_len(r->inner.ctx), D = B - 1;
+    const int Kc = r->cache ? r->cache->K : 0, K = out->K > Kc ? out->K : Kc;
+    const size_t need = (size_t)D * r->V;
+    if (need > r->lbuf_cap || (size_t)D * K > r->top_cap) {
+        float *l = need > r->lbuf_cap ? realloc(r->lbuf, need * sizeof *l) : r->lbuf;
+        if (l) r->lbuf = l, r->lbuf_cap = need > r->lbuf_cap ? need : r->lbuf_cap;
+        int32_t *t = realloc(r->top, ((size_t)D * K + 1) * sizeof *t);
+        if (t) r->top = t;
+        double *lp = realloc(r->toplp, ((size_t)D * K + 1) * sizeof *lp);
+        if (lp) r->toplp = lp;
+        if (!l || !t || !lp) return dfl_seterr("out of memory recording drafts");
+        r->top_cap = (size_t)D * K;
+    }
+    int32_t argmax[DFL_MAX_BLOCK];
+    const dfl_draft_top all = {.K = K, .argmax = argmax, .top = r->top, .toplp = r->toplp};
+    const double t0 = dfl_now();
+    /* logits wanted: drafted there, the softmax in lbuf; else drafted into lbuf, softmax in place */
+    if (dfl_draft_topk(&r->inner, anchor, B, r->V, &all, logits ? logits : r->lbuf, logits != NULL, r->lbuf))
+        return DFL_ERR;
+    const double t1 = dfl_now();
+    r->t_drafted = t1;
+    memcpy(out->argmax, argmax, (size_t)D * sizeof *argmax);
+    for (int k = 0; k < D && out->K > 0; k++) {
+        memcpy(out->top + (size_t)k * out->K, all.top + (size_t)k * K, (size_t)out->K * sizeof *out->top);
+        memcpy(out->toplp + (size_t)k * out->K, all.toplp + (size_t)k * K, (size_t)out->K * sizeof *out->toplp);
+    }
+    if (!r->cache) return DFL_OK;
+    r->cache->draft_s += t1 - t0, r->cache->drafts++;
+    const int rc = eval_draft_cache_put_top(r->cache, start, B, &all);
+    r->overhead_s += dfl_now() - t1;
+    return rc;
+}
+
 /* Speculate when a round's verification commits more tokens per second than decode steps do
  * (the draft is not counted: replay would draft at these positions anyway). */
 static int rec_skip(void *ctx) {
@@ -230,7 +286,7 @@ int eval_recorder_init(eval_recorder *r, dfl_draft_if inner, eval_truth *t, eval
 }
 
 void eval_recorder_free(eval_recorder *r) {
-    free(r->rows);
+    free(r->rows), free(r->lbuf), free(r->top), free(r->toplp);
     memset(r, 0, sizeof *r);
 }
 
@@ -238,6 +294,7 @@ dfl_draft_if eval_recorder_if(eval_recorder *r) {
     return (dfl_draft_if){.ctx = r,
                           .add_context = rec_add,
                           .draft = rec_draft,
+                          .draft_top = rec_draft_top,
                           .context_len = rec_len,
                           .skip = r->adaptive ? rec_skip : NULL,
                           .feature_layers = r->truth->layers,

@@ -197,6 +197,8 @@ typedef struct gen {
     float *probs;     /* [V] the target's sampling distribution */
     dfl_ranked *rank; /* [V] the sampling filter's scratch (temperature > 0) */
     float *dlogits;   /* [B - 1, V] the drafter's output (with pq: its filtered probabilities) */
+    int K;            /* candidates a draft row gives a tree: min(N, V) */
+    dfl_draft_top dt; /* the draft as chain and tree read it: argmax [B], top / toplp [B - 1][K] */
     float *feat;      /* the captured features of the rows of a forward */
     float *plog;      /* the prompt's rows for opts.prompt_logits, else NULL */
     dfl_tree tree;
@@ -346,7 +348,7 @@ static int chain_round(gen *g, int32_t anchor, int start, int bs) {
             sampling_probs(q, q, V, g->o, g->rank); /* keep q_k (filtered as p is) for the acceptance test */
             block[k] = sample(q, V, &g->rng);
         } else {
-            block[k] = kn_argmax(q, V);
+            block[k] = g->dt.argmax[k - 1];
         }
     }
     g->st->t_draft += dfl_now() - td;
@@ -363,10 +365,8 @@ static int chain_round(gen *g, int32_t anchor, int start, int bs) {
 /* A DDTree round: the tree of the N most probable prefixes from the drafter's bs-1
  * distributions, verified in one forward. */
 static int tree_round(gen *g, int32_t anchor, int start, int bs) {
-    const int V = g->V;
     const double td = dfl_now();
-    for (int k = 0; k < bs - 1; k++) kn_softmax(g->dlogits + (size_t)k * V, V);
-    if (ddtree_build(&g->tree, anchor, g->dlogits, bs - 1, V, g->N)) return DFL_ERR;
+    if (ddtree_build_top(&g->tree, anchor, g->dt.top, g->dt.toplp, bs - 1, g->K, g->K, g->N)) return DFL_ERR;
     g->st->t_draft += dfl_now() - td;
     const double tv = dfl_now();
     const dfl_tree *t = &g->tree;
@@ -385,7 +385,12 @@ static int spec_round(gen *g, int32_t anchor, int start, int bs) {
         return dfl_seterr("drafter context holds %d positions but %d are committed (the anchor must not be in it)",
                           dr->context_len(dr->ctx), start);
     }
-    if (dr->draft(dr->ctx, anchor, bs, g->dlogits)) return DFL_ERR;
+    /* a sampled chain needs q itself; otherwise the draft's summary: the argmaxes of a chain (and
+     * its logits for on_round), a tree's top candidates */
+    int rc;
+    if (g->pq) rc = dr->draft(dr->ctx, anchor, bs, g->dlogits);
+    else rc = dfl_draft_topk(dr, anchor, bs, g->V, &g->dt, g->dlogits, g->N == 0 && g->o->on_round != NULL, g->dlogits);
+    if (rc) return DFL_ERR;
     g->st->t_draft += dfl_now() - td;
     return g->N > 0 ? tree_round(g, anchor, start, bs) : chain_round(g, anchor, start, bs);
 }
@@ -476,6 +481,11 @@ static int gen_alloc(gen *g, int n_prompt) {
     if (g->dr) {
         g->dlogits = malloc((size_t)B * V * sizeof(float));
         g->feat = malloc((size_t)rows * g->cap.n_layers * g->H * sizeof(float));
+        g->K = N < V ? N : V;
+        g->dt = (dfl_draft_top){.K = N > 0 ? g->K : 0, .argmax = malloc((size_t)B * sizeof(int32_t))};
+        if (N > 0) g->dt.top = malloc((size_t)B * g->K * sizeof(int32_t));
+        if (N > 0) g->dt.toplp = malloc((size_t)B * g->K * sizeof(double));
+        if (!g->dt.argmax || (N > 0 && (!g->dt.top || !g->dt.toplp))) return dfl_seterr("out of memory for drafts");
     }
     if (want_plog) g->plog = malloc((size_t)(n_prompt < chunk ? n_prompt : chunk) * V * sizeof(float));
     if (!g->logits || !g->probs || (g->o->temperature > 0 && !g->rank) || (g->dr && (!g->dlogits || !g->feat)) ||
@@ -487,6 +497,7 @@ static int gen_alloc(gen *g, int n_prompt) {
 static void gen_free(gen *g) {
     ddtree_free(&g->tree);
     free(g->logits), free(g->probs), free(g->rank), free(g->dlogits), free(g->feat), free(g->plog);
+    free(g->dt.argmax), free(g->dt.top), free(g->dt.toplp);
 }
 
 const char *spec_accept_rule_name(dfl_accept_rule r) { return r == DFL_ACCEPT_MATCH ? "match" : "pq"; }

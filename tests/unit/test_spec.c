@@ -10,7 +10,9 @@
  * a naive sort on random vectors with ties; every committed token lies in its row's filtered
  * support; for both accept rules, with the random drafter and with an oracle (acceptances), the
  * distribution of the first sampled tokens matches autoregressive sampling of the filtered target
- * (the same chi-square test, which tells the filtered distribution from the unfiltered one). */
+ * (the same chi-square test, which tells the filtered distribution from the unfiltered one). A
+ * drafter that summarizes its drafts itself (draft_top) is read through its top lists alone; a
+ * draft's summary (argmax, top K, log-probabilities) is checked against a direct computation. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -52,6 +54,34 @@ static int o_draft(void *ctx, int32_t anchor, int B, float *logits) {
         logits[(size_t)(k - 1) * o->V + t] = o->soft ? 5.0f : 10.0f;
     }
     return DFL_OK;
+}
+
+/* The oracle's block as a drafter that summarizes it itself (draft_top): its proposal first, then
+ * the K-1 ids after it, log-probabilities falling. */
+static int o_draft_top(void *ctx, int32_t anchor, int B, const dfl_draft_top *out, float *logits) {
+    oracle *o = ctx;
+    if (logits) o->checks_failed++; /* greedy chains and trees never ask for the logits */
+    const int n_out = o->n_ctx - o->n_prompt + 1;
+    if (o->truth[n_out - 1] != anchor) o->checks_failed++;
+    const int bad = o->round % B;
+    o->round++;
+    for (int k = 1; k < B; k++) {
+        int32_t t = n_out - 1 + k < N_GEN ? o->truth[n_out - 1 + k] : 0;
+        if (k == bad) t = (t + 1) % o->V;
+        out->argmax[k - 1] = t;
+        for (int j = 0; j < out->K; j++) {
+            out->top[(size_t)(k - 1) * out->K + j] = (t + j) % o->V;
+            out->toplp[(size_t)(k - 1) * out->K + j] = -0.1 - j;
+        }
+    }
+    return DFL_OK;
+}
+
+/* draft() of a drafter whose loop must go through draft_top. */
+static int o_no_draft(void *ctx, int32_t anchor, int B, float *logits) {
+    (void)anchor, (void)B, (void)logits;
+    ((oracle *)ctx)->checks_failed++;
+    return dfl_seterr("draft() called although the drafter has draft_top");
 }
 
 /* A drafter that takes one feature too many (the `<=` bug: the anchor's position enters its
@@ -117,9 +147,69 @@ static void lossless(const char *target, const char *drafter) {
         CHECK(all, "%s oracle B=%d: not every acceptance length 0..B-1 occurred (%d rounds)", target, B, st.rounds);
         CHECK(st.accepted > 0 && spec_tau(&st) >= 1.5, "%s oracle B=%d: tau %.2f", target, B, spec_tau(&st));
     }
+    /* (c) an oracle that summarizes its drafts itself (draft_top, as a device drafter would): a
+     * chain and a tree of budget 6 read only its top lists, never its logits */
+    CHECK(target_state_enable_tree(&s, 7) == DFL_OK, "tree: %s", dfl_errmsg());
+    for (int budget = 0; budget <= 6; budget += 6) {
+        oracle orc = {.truth = truth, .n_prompt = NP, .V = m.cfg.vocab};
+        int layer0 = 0;
+        dfl_draft_if dif = {.ctx = &orc,
+                            .add_context = o_add,
+                            .draft = o_no_draft,
+                            .draft_top = o_draft_top,
+                            .context_len = o_len,
+                            .feature_layers = &layer0,
+                            .n_feature_layers = 1};
+        dfl_gen_opts o = {.max_new = N_GEN - budget, .block = 8, .tree_budget = budget, .ignore_eos = 1};
+        target_state_reset(&s); /* a tree's nodes take slots past the output */
+        CHECK(spec_generate(&s, &dif, prompt, NP, &o, out, &st, NULL, NULL) == DFL_OK, "draft_top: %s", dfl_errmsg());
+        CHECK(memcmp(out, truth, (size_t)o.max_new * sizeof *out) == 0 && orc.checks_failed == 0 && st.accepted > 0,
+              "%s draft_top oracle, budget %d: output differs from greedy or the loop asked for logits", target,
+              budget);
+    }
     if (have_d) drafter_close(&d);
     target_state_free(&s);
     model_close(&m);
+}
+
+/* dfl_draft_topk without a draft_top: draft()'s logits summarized, the argmax kn_argmax's and the
+ * top K of the softmax most probable first, ties by the lower id, a shorter list the start of a
+ * longer one (the recorder gives the loop and the draft cache each their part of one list). */
+static float *sum_logits;
+static int sum_draft(void *ctx, int32_t anchor, int B, float *logits) {
+    (void)ctx, (void)anchor;
+    memcpy(logits, sum_logits, (size_t)(B - 1) * 300 * sizeof(float));
+    return DFL_OK;
+}
+static void summaries(void) {
+    enum { V = 300, B = 5 };
+    float l[(B - 1) * V], probs[(B - 1) * V], lg[(B - 1) * V];
+    unsigned seed = 5;
+    for (int i = 0; i < (B - 1) * V; i++) seed = seed * 1103515245u + 12345u, l[i] = (float)((seed >> 16) % 40) / 8;
+    sum_logits = l;
+    dfl_draft_if d = {.draft = sum_draft};
+    int32_t am[B], top8[(B - 1) * 8], top3[(B - 1) * 3];
+    double lp8[(B - 1) * 8], lp3[(B - 1) * 3];
+    CHECK(dfl_draft_topk(&d, 1, B, V, &(dfl_draft_top){8, am, top8, lp8}, lg, 1, probs) == DFL_OK, "%s", dfl_errmsg());
+    CHECK(memcmp(lg, l, sizeof l) == 0, "the logits asked for are kept");
+    CHECK(dfl_draft_topk(&d, 1, B, V, &(dfl_draft_top){3, am, top3, lp3}, lg, 0, lg) == DFL_OK, "%s", dfl_errmsg());
+    for (int k = 0; k < B - 1; k++) {
+        const float *row = l + (size_t)k * V;
+        double z = 0;
+        float mx = row[0];
+        for (int i = 0; i < V; i++) mx = row[i] > mx ? row[i] : mx;
+        for (int i = 0; i < V; i++) z += exp((double)row[i] - mx);
+        CHECK(am[k] == kn_argmax(row, V), "row %d: argmax %d, kn_argmax %d", k, am[k], kn_argmax(row, V));
+        for (int j = 0; j < 8; j++) {
+            const int32_t a = top8[k * 8 + j], b = j ? top8[k * 8 + j - 1] : -1;
+            CHECK(j == 0 || row[b] > row[a] || (row[b] == row[a] && b < a), "row %d: top %d out of order", k, j);
+            CHECK(fabs(lp8[k * 8 + j] - ((double)row[a] - mx - log(z))) < 1e-5, "row %d: log-probability %d", k, j);
+            CHECK(j >= 3 || (top3[k * 3 + j] == a && lp3[k * 3 + j] == lp8[k * 8 + j]),
+                  "row %d: the top 3 are not the first 3 of the top 8", k);
+        }
+    }
+    CHECK(dfl_draft_topk(&d, 1, B, V, &(dfl_draft_top){V + 1, am, top8, lp8}, lg, 0, lg) != DFL_OK,
+          "more candidates than the vocabulary refused");
 }
 
 /* Upper-tail chi-square critical value (Wilson–Hilferty), alpha = 1e-3: z = 3.0902. */
@@ -574,5 +664,6 @@ int main(void) {
     sampling_filtered("qwen35_vlm", "dflash_qwen35", served, 1);
     sampling_filtered("qwen3_tiny", "dflash2_qwen3", served, 1); /* q is zero outside the candidates */
     bad_input();
+    summaries();
     return test_done("test_spec");
 }
