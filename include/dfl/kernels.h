@@ -150,6 +150,18 @@ void kn_gather_sum(float *out, const float *y, const int *rows, const float *w, 
  * overwritten) = softmax, the k largest (the lower id first on ties) into idx [k] / w [k],
  * divided by their sum when norm, then listed by ascending expert id. */
 void kn_moe_route(float *p, int E, int k, int norm, int *idx, float *w);
+/* The grouped depthwise convolution of a DFlash2 sublayer (docs/dflash2.md) over B rows x [B][H]:
+ * y[i][c] = sum over taps t <= i, t < T, in order, of (base[t][c] + delta[i][t][c / gs]) * x[i-t][c];
+ * base [T][H], row i's deltas [T][H/gs] at delta + i*ldd. y must not alias x. */
+void kn_conv_grouped(float *y, const float *x, const float *base, const float *delta, size_t ldd, int B, int H, int T,
+                     int gs);
+/* The K largest values of row [V] into ids / vals [K], value descending, ties by the lower id
+ * (a NaN is never taken). */
+void kn_topk_values(const float *row, int V, int K, int32_t *ids, float *vals);
+/* x[i] *= y[i]. */
+void kn_mul(float *x, const float *y, int n);
+/* x[i] = v. */
+void kn_fill(float *x, float v, size_t n);
 /* x[i] *= a. */
 void kn_scale(float *x, float a, size_t n);
 /* Logit soft-capping: x[i] = tanh(x[i] / cap) * cap. */

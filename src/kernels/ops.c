@@ -136,3 +136,39 @@ void kn_moe_route(float *p, int E, int k, int norm, int *idx, float *w) {
             idx[i - 1] = ti, w[i - 1] = tw;
         }
 }
+
+void kn_conv_grouped(float *y, const float *x, const float *base, const float *delta, size_t ldd, int B, int H, int T,
+                     int gs) {
+    const int G = H / gs;
+    for (int i = 0; i < B; i++) {
+        const float *di = delta + (size_t)i * ldd; /* [T, G] of row i */
+        float *yi = y + (size_t)i * H;
+        memset(yi, 0, (size_t)H * sizeof(float));
+        for (int t = 0; t <= i && t < T; t++) {
+            const float *xt = x + (size_t)(i - t) * H, *bt = base + (size_t)t * H;
+            for (int c = 0; c < H; c++) yi[c] += (bt[c] + di[t * G + c / gs]) * xt[c];
+        }
+    }
+}
+
+void kn_topk_values(const float *row, int V, int K, int32_t *ids, float *vals) {
+    int n = 0;
+    for (int v = 0; v < V; v++) {
+        const float x = row[v];
+        if (n == K && !(x > vals[K - 1])) continue;
+        int j = n < K ? n++ : K - 1;
+        while (j > 0 && x > vals[j - 1]) {
+            vals[j] = vals[j - 1], ids[j] = ids[j - 1];
+            j--;
+        }
+        vals[j] = x, ids[j] = v;
+    }
+}
+
+void kn_mul(float *x, const float *y, int n) {
+    for (int i = 0; i < n; i++) x[i] *= y[i];
+}
+
+void kn_fill(float *x, float v, size_t n) {
+    for (size_t i = 0; i < n; i++) x[i] = v;
+}

@@ -4,7 +4,6 @@
 
 #include <math.h>
 #include <stdlib.h>
-#include <string.h>
 
 #include "dfl/common.h"
 
@@ -33,33 +32,10 @@ void dflash2_conv_deltas(dfl_drafter_state *s, const dfl_mat *proj, const float 
 
 void dflash2_conv(const dfl_drafter_state *s, const float *base, int side, const float *x, float *y, int B) {
     const dfl_config *g = &s->d->cfg;
-    const int H = g->hidden, T = g->conv_taps, gs = g->conv_group, G = H / gs;
-    const float *bs = base + (size_t)side * T * H; /* [T, H] */
-    for (int i = 0; i < B; i++) {
-        const float *delta = s->cdelta + ((size_t)i * 2 + side) * T * G; /* [T, G] of row i */
-        float *yi = y + (size_t)i * H;
-        memset(yi, 0, (size_t)H * sizeof(float));
-        for (int t = 0; t <= i && t < T; t++) {
-            const float *xt = x + (size_t)(i - t) * H, *bt = bs + (size_t)t * H;
-            for (int c = 0; c < H; c++) yi[c] += (bt[c] + delta[t * G + c / gs]) * xt[c];
-        }
-    }
-}
-
-/* The K largest of row [V] into ids / vals, best first: value descending, then id ascending
- * (torch.topk leaves ties unordered; exact ties do not occur in float logits in practice). */
-static void top_k(const float *row, int V, int K, int32_t *ids, float *vals) {
-    int n = 0;
-    for (int v = 0; v < V; v++) {
-        const float x = row[v];
-        if (n == K && !(x > vals[K - 1])) continue;
-        int j = n < K ? n++ : K - 1;
-        while (j > 0 && x > vals[j - 1]) {
-            vals[j] = vals[j - 1], ids[j] = ids[j - 1];
-            j--;
-        }
-        vals[j] = x, ids[j] = v;
-    }
+    const int H = g->hidden, T = g->conv_taps, G = H / g->conv_group;
+    /* row i's deltas of this side: cdelta [B][2][T][G] */
+    kn_conv_grouped(y, x, base + (size_t)side * T * H, s->cdelta + (size_t)side * T * G, (size_t)2 * T * G, B, H, T,
+                    g->conv_group);
 }
 
 void dflash2_select(dfl_drafter_state *s, const float *hidden, int32_t anchor, int D, float *logits) {
@@ -73,11 +49,11 @@ void dflash2_select(dfl_drafter_state *s, const float *hidden, int32_t anchor, i
         float *row = logits + (size_t)k * V;
         int32_t *ids = s->cand + (size_t)k * K;
         float *vals = s->cand_logit + (size_t)k * K;
-        top_k(row, V, K, ids, vals);
+        kn_topk_values(row, V, K, ids, vals); /* torch.topk leaves ties unordered; float logits rarely tie */
         /* edge(prev -> c) = logit[c] + <pred[prev] * hidden_projection(h_k), succ[c]> */
         kn_mat_row(&d->sel_pred, prev, pred);
-        for (int r = 0; r < R; r++) pred[r] *= s->sel_h[(size_t)k * R + r];
-        for (int v = 0; v < V; v++) row[v] = -INFINITY;
+        kn_mul(pred, s->sel_h + (size_t)k * R, R);
+        kn_fill(row, -INFINITY, (size_t)V);
         for (int c = 0; c < K; c++) {
             kn_mat_row(&d->sel_succ, ids[c], succ);
             row[ids[c]] = vals[c] + kn_dot(pred, succ, R);

@@ -882,6 +882,47 @@ static void check_ops(kn_isa isa) {
     CHECK(bad == 0, "%s: %d norm results beyond tolerance", kn_isa_name(isa), bad);
 }
 
+/* The DFlash2 pieces: kn_conv_grouped against a double-precision convolution (taps that would
+ * reach before the first row left out, a group sharing each delta), kn_topk_values against a full
+ * sort with ties (value descending, then id), kn_mul and kn_fill exactly. */
+static int topk_ref_cmp(const void *a, const void *b) {
+    const float *x = a, *y = b; /* {value, id} pairs */
+    if (x[0] != y[0]) return x[0] > y[0] ? -1 : 1;
+    return x[1] < y[1] ? -1 : 1;
+}
+
+static void check_dflash2_ops(void) {
+    enum { B = 9, H = 24, T = 4, GS = 3, G = H / GS, V = 500, K = 7 };
+    static float x[B * H], y[B * H], base[T * H], delta[B * 2 * T * G], row[V], pairs[V][2], vals[K];
+    int32_t ids[K];
+    for (int i = 0; i < B * H; i++) x[i] = frand();
+    for (int i = 0; i < T * H; i++) base[i] = frand();
+    for (int i = 0; i < B * 2 * T * G; i++) delta[i] = frand();
+    kn_conv_grouped(y, x, base, delta + T * G, (size_t)2 * T * G, B, H, T, GS); /* the second side */
+    double worst = 0;
+    for (int i = 0; i < B; i++)
+        for (int c = 0; c < H; c++) {
+            double ref = 0;
+            for (int t = 0; t <= i && t < T; t++)
+                ref += ((double)base[t * H + c] + delta[(size_t)i * 2 * T * G + T * G + t * G + c / GS]) *
+                       x[(size_t)(i - t) * H + c];
+            const double e = fabs(ref - y[i * H + c]);
+            worst = e > worst ? e : worst;
+        }
+    CHECK(worst < 1e-5, "kn_conv_grouped: worst error %g against double", worst);
+    for (int v = 0; v < V; v++) row[v] = (float)(int)(frand() * 20) / 4, pairs[v][0] = row[v], pairs[v][1] = (float)v;
+    qsort(pairs, V, sizeof pairs[0], topk_ref_cmp);
+    kn_topk_values(row, V, K, ids, vals);
+    int bad = 0;
+    for (int k = 0; k < K; k++) bad += ids[k] != (int32_t)pairs[k][1] || vals[k] != pairs[k][0];
+    CHECK(bad == 0, "kn_topk_values: %d of %d differ from a sort (value descending, then id)", bad, K);
+    float a[5] = {1, -2, 3, 0.5f, 4}, m[5] = {2, 2, -1, 4, 0.25f};
+    kn_mul(a, m, 5);
+    CHECK(a[0] == 2 && a[1] == -4 && a[2] == -3 && a[3] == 2 && a[4] == 1, "kn_mul");
+    kn_fill(a, -INFINITY, 5);
+    CHECK(isinf(a[0]) && a[0] < 0 && isinf(a[4]), "kn_fill");
+}
+
 /* kn_causal_conv_silu: a chain against a double-precision convolution of [state ; x]; a tree
  * whose nodes form a chain equals the chain bit for bit, and a branch (node 2 on node 0) equals
  * the chain over its own path. */
@@ -1089,6 +1130,7 @@ int main(void) {
     check_causal_conv(KN_ISA_GENERIC, 37, 4, 9);
     check_gdn_heads(KN_ISA_GENERIC, 70);
     check_moe_route();
+    check_dflash2_ops();
     /* the generic path's own chunked form */
     check_gdn(KN_ISA_GENERIC, 32, 32, 150);
     check_gdn(KN_ISA_GENERIC, 7, 5, 66);
