@@ -29,6 +29,13 @@ typedef struct dfl_fwd_out {
     int last_only;
     int logits_scratch;
     const struct dfl_capture *cap;
+    /* top_k > 0: each row's top_k most probable tokens, most probable first (ties: the lower id),
+     * into top_ids [rows, top_k], and their log-probabilities into top_lp [rows, top_k]
+     * (kn_logsoftmax_top). With logits_scratch only these and the ids need leave the device; the
+     * CUDA backend still sends the logits and they are summarized on the host. */
+    int top_k;
+    int32_t *top_ids;
+    float *top_lp;
 } dfl_fwd_out;
 
 /* The forward-level interface. parent: NULL for a chain of n tokens, else a tree of n nodes

@@ -158,6 +158,10 @@ void kn_conv_grouped(float *y, const float *x, const float *base, const float *d
 /* The K largest values of row [V] into ids / vals [K], value descending, ties by the lower id
  * (a NaN is never taken). */
 void kn_topk_values(const float *row, int V, int K, int32_t *ids, float *vals);
+/* Log-probabilities of row [V] (log-softmax, the normalizer summed in double): the k most
+ * probable tokens into ids / lp [k], most probable first (ties: the lower id); returns the
+ * log-normalizer, so token t's log-probability is row[t] - it. */
+double kn_logsoftmax_top(const float *row, int V, int k, int32_t *ids, float *lp);
 /* x[i] *= y[i]. */
 void kn_mul(float *x, const float *y, int n);
 /* x[i] = v. */

@@ -64,6 +64,13 @@ typedef struct dfl_gen_opts {
     void (*on_logits)(void *ud, int prompt, int i, int32_t token, const float *row, int V);
     void *on_logits_ud;
     int prompt_logits;
+    /* Optional, greedy and without on_logits: for each committed output token i (out[i] = token,
+     * before the token callback sees it) the on_top_k >= 1 most probable tokens of the row that
+     * chose it, most probable first (ids[0] is the token), and their log-probabilities lp
+     * [on_top_k]. The forwards return these summaries (dfl_fwd_out.top_k), not the rows. */
+    void (*on_top)(void *ud, int i, int32_t token, const int32_t *ids, const float *lp);
+    void *on_top_ud;
+    int on_top_k;
 } dfl_gen_opts;
 
 typedef struct dfl_gen_stats {

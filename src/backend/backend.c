@@ -4,6 +4,7 @@
 
 #include "backend/backend_internal.h"
 #include "dfl/common.h"
+#include "dfl/kernels.h"
 #include "dfl/model.h"
 
 const dfl_backend *dfl_backend_of(dfl_device d) {
@@ -99,7 +100,19 @@ void target_state_reset(dfl_target_state *s) { s->m->be->target_state_reset(s); 
 
 int model_forward_ex(dfl_target_state *s, const int32_t *tokens, const int *parent, int n, const dfl_fwd_out *out) {
     if (forward_check(s, tokens, parent, n, out->cap) != DFL_OK) return DFL_ERR;
-    return s->m->be->forward(s, tokens, parent, n, out);
+    if (out->top_k <= 0) return s->m->be->forward(s, tokens, parent, n, out);
+    const int V = s->m->cfg.vocab, rows = out->last_only ? 1 : n;
+    if (out->top_k > V || !out->logits || !out->top_ids || !out->top_lp)
+        return dfl_seterr("forward: top %d of each row needs 1..%d candidates and the logits, ids and log-probability "
+                          "buffers",
+                          out->top_k, V);
+    dfl_fwd_out o = *out; /* no backend summarizes on the device yet: the rows come back */
+    o.logits_scratch = 0;
+    if (s->m->be->forward(s, tokens, parent, n, &o)) return DFL_ERR;
+    for (int r = 0; r < rows; r++)
+        kn_logsoftmax_top(out->logits + (size_t)r * V, V, out->top_k, out->top_ids + (size_t)r * out->top_k,
+                          out->top_lp + (size_t)r * out->top_k);
+    return DFL_OK;
 }
 
 int model_forward(dfl_target_state *s, const int32_t *tokens, int n, float *logits, int logits_last_only,

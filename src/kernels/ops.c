@@ -172,3 +172,25 @@ void kn_mul(float *x, const float *y, int n) {
 void kn_fill(float *x, float v, size_t n) {
     for (size_t i = 0; i < n; i++) x[i] = v;
 }
+
+double kn_logsoftmax_top(const float *row, int V, int k, int32_t *ids, float *lp) {
+    float mx = row[0];
+    for (int i = 1; i < V; i++)
+        if (row[i] > mx) mx = row[i];
+    double sum = 0;
+    for (int i = 0; i < V; i++) sum += exp((double)row[i] - mx);
+    const double lse = mx + log(sum);
+    /* the k largest, kept sorted (most probable first; a later id never displaces an equal one) */
+    int n = 0;
+    for (int i = 0; i < V && k > 0; i++) {
+        if (n == k && row[i] <= row[ids[k - 1]]) continue;
+        int at = n < k ? n++ : k - 1;
+        while (at > 0 && row[ids[at - 1]] < row[i]) {
+            ids[at] = ids[at - 1];
+            at--;
+        }
+        ids[at] = i;
+    }
+    for (int i = 0; i < n; i++) lp[i] = (float)(row[ids[i]] - lse);
+    return lse;
+}

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "dfl/common.h"
+#include "dfl/kernels.h"
 #include "dfl/prompt.h"
 #include "server/server_internal.h"
 
@@ -761,25 +762,7 @@ cJSON *api_detokenize(const api_ctx *cx, cJSON *body, api_err *e) {
 /* ---- responses ---- */
 
 float api_logprobs_row(const float *row, int V, int32_t token, int k, int32_t *top_id, float *top_lp) {
-    float mx = row[0];
-    for (int i = 1; i < V; i++)
-        if (row[i] > mx) mx = row[i];
-    double sum = 0;
-    for (int i = 0; i < V; i++) sum += exp((double)row[i] - mx);
-    const double lse = mx + log(sum);
-    /* the k largest, kept sorted (most probable first; a later id never displaces an equal one) */
-    int n = 0;
-    for (int i = 0; i < V && k > 0; i++) {
-        if (n == k && row[i] <= row[top_id[k - 1]]) continue;
-        int at = n < k ? n++ : k - 1;
-        while (at > 0 && row[top_id[at - 1]] < row[i]) {
-            top_id[at] = top_id[at - 1];
-            at--;
-        }
-        top_id[at] = i;
-    }
-    for (int i = 0; i < n; i++) top_lp[i] = (float)(row[top_id[i]] - lse);
-    return (float)(row[token] - lse);
+    return (float)(row[token] - kn_logsoftmax_top(row, V, k, top_id, top_lp));
 }
 
 /* A token's text as the logprobs list it: the token decoded alone ("" for an id the tokenizer

@@ -162,6 +162,15 @@ static void on_logits(void *ud, int prompt, int i, int32_t token, const float *r
     j->lp[p] = api_logprobs_row(row, V, token, j->logprobs, j->top_id + p * k, j->top_lp + p * k);
 }
 
+/* opts.on_top (greedy, no echo): the committed token is its row's most probable, ids[0] */
+static void on_top(void *ud, int i, int32_t token, const int32_t *ids, const float *lp) {
+    job *j = ud;
+    const size_t p = (size_t)j->n_prompt + (size_t)i, k = (size_t)j->logprobs;
+    j->lp[p] = ids[0] == token ? lp[0] : NAN;
+    memcpy(j->top_id + p * k, ids, k * sizeof *ids);
+    memcpy(j->top_lp + p * k, lp, k * sizeof *lp);
+}
+
 typedef struct run_ctx {
     dfl_server *srv;
     job *j;
@@ -228,7 +237,9 @@ static void run_job(dfl_server *srv, job *j, job *owner) {
             return;
         }
         for (size_t p = 0; p < n; p++) j->lp[p] = NAN;
-        o.on_logits = on_logits, o.on_logits_ud = j, o.prompt_logits = j->echo;
+        if (j->temperature <= 0 && !j->echo) /* greedy: the forwards send each row's top tokens back */
+            o.on_top = on_top, o.on_top_ud = j, o.on_top_k = (int)k;
+        else o.on_logits = on_logits, o.on_logits_ud = j, o.prompt_logits = j->echo;
     }
     int32_t *out = malloc((size_t)(j->max_new ? j->max_new : 1) * sizeof *out);
     run_ctx rc = {.srv = srv, .j = j, .owner = owner};

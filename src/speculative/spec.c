@@ -141,19 +141,6 @@ static int32_t pick(const float *logits, int V, const dfl_gen_opts *o, float *pr
     return sample(probs, V, r);
 }
 
-/* A verification forward. Greedy without a logits callback (ids_only), the loop reads only each
- * row's argmax: the logits buffer is then scratch, and a device backend sends back the ids
- * alone. The ids are kn_argmax of the same rows either way. */
-static int verify_forward(dfl_target_state *s, const int32_t *toks, const int *parent, int n, int last_only,
-                          float *logits, int32_t *ids, int ids_only, const dfl_capture *cap) {
-    const dfl_fwd_out fo = {.logits = logits,
-                            .argmax = ids_only ? ids : NULL,
-                            .last_only = last_only,
-                            .logits_scratch = ids_only,
-                            .cap = cap};
-    return model_forward_ex(s, toks, parent, n, &fo);
-}
-
 static int dflash_add(void *ctx, const float *feat, const int32_t *tokens, int n) {
     (void)tokens; /* DFlash reads features only */
     return drafter_add_context(ctx, feat, n);
@@ -194,6 +181,9 @@ typedef struct gen {
     int ids_only;     /* greedy without on_logits: each row's argmax is all the loop reads */
     int pq;           /* sampled drafts accepted with min(1, p/q) (DFL_ACCEPT_PQ at temperature > 0) */
     float *logits;    /* a verification's rows */
+    int top_k;        /* opts.on_top: candidates a row, else 0 */
+    int32_t *topi;    /* [rows, top_k] each row's most probable tokens (opts.on_top) */
+    float *toplp;     /* [rows, top_k] their log-probabilities */
     float *probs;     /* [V] the target's sampling distribution */
     dfl_ranked *rank; /* [V] the sampling filter's scratch (temperature > 0) */
     float *dlogits;   /* [B - 1, V] the drafter's output (with pq: its filtered probabilities) */
@@ -211,13 +201,32 @@ typedef struct gen {
     void *ud;
 } gen;
 
+/* A verification forward. Greedy without a logits callback (ids_only), the loop reads only each
+ * row's argmax: the logits buffer is then scratch, and a device backend sends back the ids
+ * alone. The ids are kn_argmax of the same rows either way. */
+static int verify_forward(const gen *g, const int32_t *toks, const int *parent, int n, int last_only, int32_t *ids,
+                          const dfl_capture *cap) {
+    const dfl_fwd_out fo = {.logits = g->logits,
+                            .argmax = g->ids_only ? ids : NULL,
+                            .last_only = last_only,
+                            .logits_scratch = g->ids_only,
+                            .cap = cap,
+                            .top_k = g->top_k,
+                            .top_ids = g->topi,
+                            .top_lp = g->toplp};
+    return model_forward_ex(g->s, toks, parent, n, &fo);
+}
+
 /* Append committed tokens, stopping after an eos or at max_new; calls the stream callback.
- * rows[k]: the target's logits row behind toks[k] (for opts.on_logits; NULL when unset). */
-static void commit(gen *g, const int32_t *toks, int n, const float *const *rows) {
+ * rows[k]: the row of the last forward (g->logits, g->topi) behind toks[k]. */
+static void commit(gen *g, const int32_t *toks, int n, const int *rows) {
     int k = 0;
     while (k < n && !g->stopped) {
-        if (g->o->on_logits && rows)
-            g->o->on_logits(g->o->on_logits_ud, 0, g->n_out, toks[k], rows[k], g->m->cfg.vocab);
+        const dfl_gen_opts *o = g->o;
+        if (o->on_logits) o->on_logits(o->on_logits_ud, 0, g->n_out, toks[k], g->logits + (size_t)rows[k] * g->V, g->V);
+        if (g->top_k)
+            o->on_top(o->on_top_ud, g->n_out, toks[k], g->topi + (size_t)rows[k] * g->top_k,
+                      g->toplp + (size_t)rows[k] * g->top_k);
         g->out[g->n_out++] = toks[k++];
         if (!g->o->ignore_eos && spec_is_eos(g->m, toks[k - 1])) {
             g->stopped = 1;
@@ -240,7 +249,8 @@ static int extend_past_eos(gen *g) {
     while (have < want) {
         const int32_t last = g->out[g->n_out + have - 1];
         int32_t id;
-        if (verify_forward(g->s, &last, NULL, 1, 1, g->logits, &id, 1, NULL)) return DFL_ERR;
+        const dfl_fwd_out fo = {.logits = g->logits, .argmax = &id, .last_only = 1, .logits_scratch = 1};
+        if (model_forward_ex(g->s, &last, NULL, 1, &fo)) return DFL_ERR;
         g->out[g->n_out + have++] = id;
     }
     g->st->extended = want > 0 ? want : 0;
@@ -317,11 +327,9 @@ static int accept(gen *g, const dfl_proposal *p, const int32_t *ids, int start, 
     const float *draft = p->n > 1 && !p->parent ? g->dlogits : NULL; /* a chain's drafter output */
     if (g->o->on_round) g->o->on_round(g->o->on_round_ud, start, p->token, p->n, draft, V, a);
     int32_t acc[DFL_MAX_BLOCK];
-    const float *rows[DFL_MAX_BLOCK];
     for (int k = 0; k < a; k++) acc[k] = p->token[path[k + 1]];
     acc[a] = bonus;
-    for (int k = 0; k <= a; k++) rows[k] = g->logits + (size_t)path[k] * V;
-    commit(g, acc, a + 1, rows);
+    commit(g, acc, a + 1, path); /* token k was chosen by the row of path[k] */
     return DFL_OK;
 }
 
@@ -330,7 +338,7 @@ static int accept(gen *g, const dfl_proposal *p, const int32_t *ids, int start, 
 static int decode_step(gen *g, int32_t anchor, int start) {
     const double tv = dfl_now();
     int32_t id;
-    if (verify_forward(g->s, &anchor, NULL, 1, 1, g->logits, &id, g->ids_only, g->dr ? &g->cap : NULL)) return DFL_ERR;
+    if (verify_forward(g, &anchor, NULL, 1, 1, &id, g->dr ? &g->cap : NULL)) return DFL_ERR;
     const dfl_proposal p = {.token = &anchor, .n = 1};
     return accept(g, &p, &id, start, tv);
 }
@@ -355,7 +363,7 @@ static int chain_round(gen *g, int32_t anchor, int start, int bs) {
     const double tv = dfl_now();
     int32_t ids[DFL_MAX_BLOCK];
     g->s->no_record = 0; /* the rejected drafts' positions are rolled back */
-    const int fw = verify_forward(g->s, block, NULL, bs, 0, g->logits, ids, g->ids_only, &g->cap);
+    const int fw = verify_forward(g, block, NULL, bs, 0, ids, &g->cap);
     g->s->no_record = 1;
     if (fw) return DFL_ERR;
     const dfl_proposal p = {.token = block, .n = bs, .depth = bs - 1};
@@ -371,7 +379,7 @@ static int tree_round(gen *g, int32_t anchor, int start, int bs) {
     const double tv = dfl_now();
     const dfl_tree *t = &g->tree;
     int32_t ids[DFL_MAX_BLOCK + 1];
-    if (verify_forward(g->s, t->token, t->parent, t->n, 0, g->logits, ids, g->ids_only, &g->cap)) return DFL_ERR;
+    if (verify_forward(g, t->token, t->parent, t->n, 0, ids, &g->cap)) return DFL_ERR;
     const dfl_proposal p = {.token = t->token, .parent = t->parent, .n = t->n, .depth = t->max_depth};
     return accept(g, &p, ids, start, tv);
 }
@@ -413,8 +421,14 @@ static int prefill(gen *g, const int32_t *prompt, int n_prompt, int32_t *first) 
             for (int r = 0; r < n && c0 + r + 1 < n_prompt; r++)
                 o->on_logits(o->on_logits_ud, 1, c0 + r + 1, prompt[c0 + r + 1], g->plog + (size_t)r * V, V);
             if (last) memcpy(g->logits, g->plog + (size_t)(n - 1) * V, (size_t)V * sizeof(float));
-        } else if (model_forward(s, prompt + c0, n, last ? g->logits : NULL, 1, cap)) {
-            return DFL_ERR;
+        } else {
+            const dfl_fwd_out fo = {.logits = last ? g->logits : NULL,
+                                    .last_only = 1,
+                                    .cap = cap,
+                                    .top_k = last ? g->top_k : 0,
+                                    .top_ids = g->topi,
+                                    .top_lp = g->toplp};
+            if (model_forward_ex(s, prompt + c0, NULL, n, &fo)) return DFL_ERR;
         }
         if (g->dr && g->dr->add_context(g->dr->ctx, g->feat, prompt + c0, n)) return DFL_ERR;
     }
@@ -429,7 +443,7 @@ static int prefill(gen *g, const int32_t *prompt, int n_prompt, int32_t *first) 
 static int decode(gen *g, int32_t first) {
     const dfl_gen_opts *o = g->o;
     const double t0 = dfl_now();
-    const float *row0 = g->logits;
+    const int row0 = 0;
     commit(g, &first, 1, &row0);
     while (!g->stopped) {
         const int32_t anchor = g->out[g->n_out - 1];
@@ -459,6 +473,9 @@ static int check_opts(const dfl_target_state *s, dfl_draft_if *dr, int n_prompt,
         return dfl_seterr("tree verification (DDTree) is greedy: use temperature 0 or chain verification");
     if (!(o->top_p >= 0 && o->top_p <= 1)) return dfl_seterr("top_p must be in (0, 1] (0 = off), found %g", o->top_p);
     if (o->top_k < 0) return dfl_seterr("top_k must be >= 0 (0 = off), found %d", o->top_k);
+    if (o->on_top && (o->temperature > 0 || o->on_logits || o->on_top_k < 1 || o->on_top_k > s->m->cfg.vocab))
+        return dfl_seterr("on_top: greedy, without on_logits, with 1..%d candidates a row (found %d)", s->m->cfg.vocab,
+                          o->on_top_k);
     if (N > 0 && s->tree_cap < N + 1)
         return dfl_seterr("tree budget %d needs a run state with tree verification for %d nodes (has %d)", N, N + 1,
                           s->tree_cap);
@@ -476,6 +493,11 @@ static int gen_alloc(gen *g, int n_prompt) {
     const int rows = chunk > B ? (chunk > N + 1 ? chunk : N + 1) : (B > N + 1 ? B : N + 1);
     const int want_plog = g->o->on_logits && g->o->prompt_logits;
     g->logits = malloc((size_t)(B > N + 1 ? B : N + 1) * V * sizeof(float));
+    if (g->top_k) { /* a forward's rows: a block or a tree */
+        g->topi = malloc((size_t)(B > N + 1 ? B : N + 1) * g->top_k * sizeof *g->topi);
+        g->toplp = malloc((size_t)(B > N + 1 ? B : N + 1) * g->top_k * sizeof *g->toplp);
+        if (!g->topi || !g->toplp) return dfl_seterr("out of memory for the rows' top tokens");
+    }
     g->probs = malloc((size_t)V * sizeof(float));
     if (g->o->temperature > 0) g->rank = malloc((size_t)V * sizeof *g->rank);
     if (g->dr) {
@@ -497,7 +519,7 @@ static int gen_alloc(gen *g, int n_prompt) {
 static void gen_free(gen *g) {
     ddtree_free(&g->tree);
     free(g->logits), free(g->probs), free(g->rank), free(g->dlogits), free(g->feat), free(g->plog);
-    free(g->dt.argmax), free(g->dt.top), free(g->dt.toplp);
+    free(g->dt.argmax), free(g->dt.top), free(g->dt.toplp), free(g->topi), free(g->toplp);
 }
 
 const char *spec_accept_rule_name(dfl_accept_rule r) { return r == DFL_ACCEPT_MATCH ? "match" : "pq"; }
@@ -529,6 +551,7 @@ int spec_generate(dfl_target_state *s, dfl_draft_if *dr, const int32_t *prompt, 
              .cb = cb,
              .ud = ud,
              .ids_only = o->temperature <= 0 && !o->on_logits,
+             .top_k = o->on_top ? o->on_top_k : 0,
              .pq = o->temperature > 0 && o->accept_rule == DFL_ACCEPT_PQ,
              .cap = {.n_layers = dr ? dr->n_feature_layers : 0, .layers = dr ? dr->feature_layers : NULL}};
     rng_seed(&g.rng, o->seed);

@@ -12,7 +12,8 @@
  * distribution of the first sampled tokens matches autoregressive sampling of the filtered target
  * (the same chi-square test, which tells the filtered distribution from the unfiltered one). A
  * drafter that summarizes its drafts itself (draft_top) is read through its top lists alone; a
- * draft's summary (argmax, top K, log-probabilities) is checked against a direct computation. */
+ * draft's summary (argmax, top K, log-probabilities) is checked against a direct computation; the
+ * target rows' summaries (opts.on_top) against the full rows. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -170,6 +171,58 @@ static void lossless(const char *target, const char *drafter) {
     if (have_d) drafter_close(&d);
     target_state_free(&s);
     model_close(&m);
+}
+
+/* opts.on_top: each committed token's row summarized by the forward (its top 3 and their
+ * log-probabilities) equals kn_logsoftmax_top of the full row that on_logits sees, bit for bit,
+ * in a chain and a tree run, and the output is the same. */
+typedef struct tops_log {
+    int n;
+    int32_t ids[N_GEN][3], tok[N_GEN];
+    float lp[N_GEN][3];
+} tops_log;
+static void tops_on_top(void *ud, int i, int32_t token, const int32_t *ids, const float *lp) {
+    tops_log *t = ud;
+    t->tok[i] = token, t->n = i + 1;
+    memcpy(t->ids[i], ids, sizeof t->ids[i]), memcpy(t->lp[i], lp, sizeof t->lp[i]);
+}
+static void tops_on_logits(void *ud, int prompt, int i, int32_t token, const float *row, int V) {
+    tops_log *t = ud;
+    if (prompt) return;
+    t->tok[i] = token, t->n = i + 1;
+    kn_logsoftmax_top(row, V, 3, t->ids[i], t->lp[i]);
+}
+static void tops(const char *target, const char *drafter) {
+    dfl_model m;
+    dfl_drafter d;
+    if (model_open(&m, test_fixture(target), 0) != DFL_OK || drafter_open(&d, test_fixture(drafter), m.cfg.n_layers)) {
+        CHECK(0, "%s", dfl_errmsg());
+        return;
+    }
+    dfl_target_state s;
+    dfl_drafter_state ds;
+    CHECK(target_state_init(&s, &m, NP + 48 + 8, 16, 1) == DFL_OK && target_state_enable_tree(&s, 7) == DFL_OK &&
+              drafter_state_init(&ds, &d, &m, NP + 48 + 8, 4) == DFL_OK,
+          "%s", dfl_errmsg());
+    dfl_draft_if dif = spec_dflash_drafter(&ds);
+    for (int budget = 0; budget <= 6; budget += 6) {
+        static tops_log a, b;
+        int32_t oa[48], ob[48];
+        dfl_gen_stats st;
+        dfl_gen_opts o = {.max_new = 48, .block = 4, .tree_budget = budget, .ignore_eos = 1};
+        o.on_top = tops_on_top, o.on_top_ud = &a, o.on_top_k = 3;
+        target_state_reset(&s), dif.reset(dif.ctx);
+        CHECK(spec_generate(&s, &dif, prompt, NP, &o, oa, &st, NULL, NULL) == DFL_OK, "on_top: %s", dfl_errmsg());
+        o.on_top = NULL, o.on_logits = tops_on_logits, o.on_logits_ud = &b;
+        target_state_reset(&s), dif.reset(dif.ctx);
+        CHECK(spec_generate(&s, &dif, prompt, NP, &o, ob, &st, NULL, NULL) == DFL_OK, "on_logits: %s", dfl_errmsg());
+        int same = a.n == 48 && b.n == 48 && memcmp(oa, ob, sizeof oa) == 0;
+        for (int i = 0; same && i < 48; i++)
+            same = a.tok[i] == oa[i] && a.ids[i][0] == oa[i] && !memcmp(a.ids[i], b.ids[i], sizeof a.ids[i]) &&
+                   !memcmp(a.lp[i], b.lp[i], sizeof a.lp[i]);
+        CHECK(same, "%s budget %d: on_top's summaries differ from the rows' (or the output does)", target, budget);
+    }
+    drafter_state_free(&ds), target_state_free(&s), drafter_close(&d), model_close(&m);
 }
 
 /* dfl_draft_topk without a draft_top: draft()'s logits summarized, the argmax kn_argmax's and the
@@ -665,5 +718,7 @@ int main(void) {
     sampling_filtered("qwen3_tiny", "dflash2_qwen3", served, 1); /* q is zero outside the candidates */
     bad_input();
     summaries();
+    tops("qwen3_tiny", "dflash_qwen3");
+    tops("qwen35_vlm", "dflash_qwen35");
     return test_done("test_spec");
 }
