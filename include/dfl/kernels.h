@@ -86,6 +86,20 @@ void kn_matmul(float *y, const float *x, const dfl_mat *w, int n);
  * cols; q/k/v, gate/up): on the AMX path x is packed once and one parallel region covers every
  * matrix's rows. Each y[i] equals kn_matmul(y[i], x, w[i], n) bit for bit. */
 void kn_matmul_multi(int count, float *const *y, const float *x, const dfl_mat *const *w, int n);
+/* One product of a kn_matmul_jobs list: y [n][w->rows] = x [n][w->cols] . W^T. */
+typedef struct kn_mm_job {
+    float *y;
+    const float *x;
+    const dfl_mat *w;
+    int n;
+} kn_mm_job;
+/* count products, each with its own input and batch (a mixture of experts' gate and up of every
+ * touched expert and the shared expert, then their down), equal to kn_matmul(y, x, w, n) each,
+ * bit for bit. Products of one dtype and width (outside the AMX path) run in one parallel region
+ * whose threads claim row blocks of all of them dynamically: no barrier between products, and
+ * products too small to split well over the threads still keep every thread streaming. A run of
+ * consecutive jobs with the same x and n lays x out once. */
+void kn_matmul_jobs(int count, const kn_mm_job *jobs);
 /* One row of W as float32: out[cols]. */
 void kn_mat_row(const dfl_mat *w, int row, float *out);
 

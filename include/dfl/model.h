@@ -119,14 +119,16 @@ typedef struct dfl_capture {
 /* Scratch of a sparse MoE block over up to B tokens (k = experts per token); the target's forward
  * and the MTP head's layer each hold one. */
 typedef struct dfl_moe_buf {
-    float *logits; /* [B, E] router logits, then probabilities */
-    int *idx;      /* [B, k] experts of each token, ascending expert id */
-    float *w;      /* [B, k] their routing weights */
-    int *rows;     /* [B * k] (token * k + slot) of each expert-sorted row */
-    int *count;    /* [2E + 1] rows per expert, then prefix offsets; fill cursors */
-    float *x;      /* [B * k, H] inputs gathered by expert */
-    float *y;      /* [B * k, H] expert outputs, same order */
-    float *sh;     /* [B] shared-expert gate logits */
+    float *logits;   /* [B, E] router logits, then probabilities */
+    int *idx;        /* [B, k] experts of each token, ascending expert id */
+    float *w;        /* [B, k] their routing weights */
+    int *rows;       /* [B * k] (token * k + slot) of each expert-sorted row */
+    int *count;      /* [2E + 1] rows per expert, then prefix offsets; fill cursors */
+    float *x;        /* [B * k, H] inputs gathered by expert */
+    float *y;        /* [B * k, H] expert outputs, same order */
+    float *sh;       /* [B] shared-expert gate logits */
+    float *sy;       /* [B, H] shared-expert outputs (with a shared expert) */
+    kn_mm_job *jobs; /* [2E + 2] the products of one parallel region */
 } dfl_moe_buf;
 
 /* Run state of one sequence. */
@@ -251,7 +253,8 @@ void model_lm_head(const dfl_model *m, const float *x, float *logits, int n);
  * moe_buf_init: scratch for up to rows tokens of config g (adds its bytes to *bytes, or NULL). */
 int moe_buf_init(dfl_moe_buf *b, const dfl_config *g, int rows, uint64_t *bytes);
 void moe_buf_free(dfl_moe_buf *b);
-/* Inner rows per token the block needs in mlp1 / mlp2: max(k * Ie, Is). */
+/* Inner rows per token the block needs in mlp1 / mlp2: k * Ie + Is (the routed experts' rows,
+ * then the shared expert's). */
 size_t moe_inner_per_token(const dfl_config *g);
 /* The MoE block l of config g on xn [n, H] (already post-attention-normed), added into the
  * residual x [n, H]; mlp1 / mlp2 [n * moe_inner_per_token] scratch. Returns the distinct experts

@@ -72,7 +72,7 @@ void kn_attention(const kn_attn_io *a) {
     const int G = a->block * a->n_kv_heads >= omp_get_max_threads() ? group : 1;
     const size_t ldsc = a->ldsc;
 #pragma omp parallel for collapse(2) \
-    schedule(static) if ((size_t)n * Hq * (a->starts[0] + a->block) * a->head_dim >= KN_PAR_MIN_WORK)
+    schedule(dynamic, 1) if ((size_t)n * Hq * (a->starts[0] + a->block) * a->head_dim >= KN_PAR_MIN_WORK)
     for (int r = 0; r < n; r++) {
         for (int h0 = 0; h0 < Hq; h0 += G) {
             float *sc = a->scores + (size_t)omp_get_thread_num() * group * ldsc; /* [G][ldsc] */

@@ -7,43 +7,75 @@
 #include "dfl/common.h"
 #include "kn_internal.h"
 
+/* The AMX path with float32 activations: products go through kn_matmul_amx_multi. */
+static int mm_amx(void) {
+#if KN_X86 && defined(__linux__)
+    return kn_isa_get() == KN_ISA_AMX && kn_act_get() == KN_ACT_F32;
+#else
+    return 0;
+#endif
+}
+
+/* count jobs of one dtype and width through the current path's kernel (not the AMX one). */
+static void mm_uniform(int count, const kn_mm_job *j) {
+#if KN_X86
+    const int bf16 = j[0].w->dtype == ST_BF16;
+    if (bf16 && kn_act_get() == KN_ACT_BF16) { /* kn_act_set checked the CPU */
+        kn_matmul_bf16act(count, j);
+        return;
+    }
+    switch (kn_isa_get()) {
+    case KN_ISA_AMX: /* (with bf16 activations, or off Linux) */
+    case KN_ISA_AVX512BF16:
+        if (bf16) kn_matmul_avx512bf16(count, j);
+        else kn_matmul_avx512(count, j);
+        return;
+    case KN_ISA_AVX512: kn_matmul_avx512(count, j); return;
+    case KN_ISA_AVX2: kn_matmul_avx2(count, j); return;
+    default: break;
+    }
+#endif
+    for (int i = 0; i < count; i++) kn_matmul_generic(j[i].y, j[i].x, j[i].w, j[i].n);
+}
+
+void kn_matmul_jobs(int count, const kn_mm_job *j) {
+    for (int i = 0, e; i < count; i = e) {
+        e = i + 1;
+#if KN_X86 && defined(__linux__)
+        if (mm_amx()) { /* runs that share an input, as kn_matmul_multi */
+            while (e < count && e - i < KN_MULTI_MAX && j[e].x == j[i].x && j[e].n == j[i].n) e++;
+            float *y[KN_MULTI_MAX];
+            const dfl_mat *w[KN_MULTI_MAX];
+            for (int q = i; q < e; q++) y[q - i] = j[q].y, w[q - i] = j[q].w;
+            if (j[i].n > 0) kn_matmul_amx_multi(e - i, y, j[i].x, w, j[i].n);
+            continue;
+        }
+#endif
+        /* runs of one dtype and width: one activation layout, one kernel */
+        while (e < count && j[e].w->dtype == j[i].w->dtype && j[e].w->cols == j[i].w->cols) e++;
+        mm_uniform(e - i, j + i);
+    }
+}
+
 void kn_matmul_multi(int count, float *const *y, const float *x, const dfl_mat *const *w, int n) {
     if (count < 1) return;
-#if KN_X86
-    const kn_isa isa = kn_isa_get();
-    const kn_act act = kn_act_get();
-#if defined(__linux__)
-    if (isa == KN_ISA_AMX && act == KN_ACT_F32) {
+#if KN_X86 && defined(__linux__)
+    if (mm_amx()) {
         kn_matmul_amx_multi(count, y, x, w, n);
         return;
     }
 #endif
-    int same = count <= KN_MULTI_MAX; /* one dtype and width: one activation layout, one kernel */
-    for (int i = 1; i < count && same; i++) same = w[i]->dtype == w[0]->dtype && w[i]->cols == w[0]->cols;
-    if (!same) {
+    enum { MAX = 8 };
+    if (count > MAX) { /* one at a time */
         for (int i = 0; i < count; i++) kn_matmul_multi(1, &y[i], x, &w[i], n);
         return;
     }
-    const int bf16 = w[0]->dtype == ST_BF16;
-    if (bf16 && act == KN_ACT_BF16) { /* kn_act_set checked the CPU */
-        kn_matmul_bf16act(count, y, x, w, n);
-        return;
-    }
-    switch (isa) {
-    case KN_ISA_AMX: /* (with bf16 activations, or off Linux) */
-    case KN_ISA_AVX512BF16:
-        if (bf16) kn_matmul_avx512bf16(count, y, x, w, n);
-        else kn_matmul_avx512(count, y, x, w, n);
-        return;
-    case KN_ISA_AVX512: kn_matmul_avx512(count, y, x, w, n); return;
-    case KN_ISA_AVX2: kn_matmul_avx2(count, y, x, w, n); return;
-    default: break;
-    }
-#endif
-    for (int i = 0; i < count; i++) kn_matmul_generic(y[i], x, w[i], n);
+    kn_mm_job j[MAX];
+    for (int i = 0; i < count; i++) j[i] = (kn_mm_job){y[i], x, w[i], n};
+    kn_matmul_jobs(count, j);
 }
 
-void kn_matmul(float *y, const float *x, const dfl_mat *w, int n) { kn_matmul_multi(1, &y, x, &w, n); }
+void kn_matmul(float *y, const float *x, const dfl_mat *w, int n) { kn_matmul_jobs(1, &(kn_mm_job){y, x, w, n}); }
 
 float kn_dot(const float *a, const float *b, int n) {
     switch (kn_isa_get()) {

@@ -2,6 +2,8 @@
 #ifndef DFL_KN_INTERNAL_H
 #define DFL_KN_INTERNAL_H
 
+#include <omp.h>
+
 #include "dfl/kernels.h"
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -9,6 +11,16 @@
 #else
 #define KN_X86 0
 #endif
+
+/* Iterations per claim of a schedule(dynamic, ...) loop of n iterations: about a quarter of a
+ * thread's share, at least 1. The kernels' parallel loops hand out their work dynamically, so that
+ * a thread the OS preempts for another process (a shared machine) leaves its rest to the others
+ * instead of every thread waiting for its static share at the end of the loop; every iteration
+ * computes the same bits whichever thread runs it. */
+static inline int kn_chunk(long n) {
+    const long c = n / (4L * omp_get_max_threads());
+    return c > 0 ? (int)c : 1;
+}
 
 void kn_matmul_generic(float *y, const float *x, const dfl_mat *w, int n);
 int kn_argmax_generic(const float *x, int n);
@@ -29,15 +41,15 @@ void kn_gdn_recurrent_generic(float *S, const kn_gdn_io *io);
 void kn_gdn_chunk_generic(float *S, const kn_gdn_io *io, float *work);
 
 #if KN_X86
-/* count matrices of one dtype and width (at most KN_MULTI_MAX) sharing the activations x:
- * y[i] [n][w[i]->rows], each equal to a call on w[i] alone bit for bit. */
-#define KN_MULTI_MAX 8
-void kn_matmul_avx2(int count, float *const *y, const float *x, const dfl_mat *const *w, int n);
-void kn_matmul_avx512(int count, float *const *y, const float *x, const dfl_mat *const *w, int n);
+/* count products of one dtype and width (kn_matmul_jobs), each equal to a call on its job alone
+ * bit for bit, in one parallel region. */
+#define KN_MULTI_MAX 8 /* matrices of one kn_matmul_multi call that go together */
+void kn_matmul_avx2(int count, const kn_mm_job *j);
+void kn_matmul_avx512(int count, const kn_mm_job *j);
 /* BF16 weights only (the dispatcher sends other dtypes to kn_matmul_avx512). */
-void kn_matmul_avx512bf16(int count, float *const *y, const float *x, const dfl_mat *const *w, int n);
+void kn_matmul_avx512bf16(int count, const kn_mm_job *j);
 /* BF16 weights only, KN_ACT_BF16: each activation rounded to bf16 once (VDPBF16PS). */
-void kn_matmul_bf16act(int count, float *const *y, const float *x, const dfl_mat *const *w, int n);
+void kn_matmul_bf16act(int count, const kn_mm_job *j);
 #if defined(__linux__)
 /* AMX path: BF16 weights with cols % 32 == 0, matrices of one width sharing x in one pass
  * (other dtypes and shapes: kn_matmul_avx512). */

@@ -198,7 +198,7 @@ TGT_AMX static void amx_pack(uint16_t *xb, const float *x, int n, int cols) {
         return;
     }
     const int nb = (n + 15) / 16;
-#pragma omp parallel for schedule(static) if ((size_t)n * cols >= KN_PAR_MIN_WORK)
+#pragma omp parallel for schedule(dynamic, kn_chunk((long)nb *ks_n)) if ((size_t)n * cols >= KN_PAR_MIN_WORK)
     for (int bk = 0; bk < nb * ks_n; bk++) { /* (token group, column step) */
         const int b = bk / ks_n, ks = bk % ks_n, nt = n - 16 * b < 16 ? n - 16 * b : 16;
         __m512i rows[SPLIT][16];
@@ -293,7 +293,7 @@ TGT_AMX static void amx_run(int count, float *const *ys, const dfl_mat *const *w
             int g_end[AMX_MULTI_MAX]; /* row groups of matrices 0..i, in one index space */
             for (int i = 0; i < count; i++)
                 g_end[i] = (i ? g_end[i - 1] : 0) + (ws[i]->rows / 16 + rg_max - 1) / rg_max;
-#pragma omp for schedule(static) nowait
+#pragma omp for schedule(dynamic, kn_chunk(g_end[count - 1])) nowait
             for (int gi = 0; gi < g_end[count - 1]; gi++) {
                 int i = 0;
                 while (gi >= g_end[i]) i++;
@@ -337,7 +337,7 @@ void kn_matmul_amx_multi(int count, float *const *y, const float *x, const dfl_m
     }
     if (!ok) { /* one matrix at a time (other dtypes and shapes: the AVX-512 kernel) */
         for (int i = 0; i < count; i++)
-            if (count == 1) kn_matmul_avx512(1, &y[i], x, &w[i], n);
+            if (count == 1) kn_matmul_avx512(1, &(kn_mm_job){y[i], x, w[i], n});
             else kn_matmul_amx_multi(1, &y[i], x, &w[i], n);
         return;
     }
@@ -359,7 +359,7 @@ void kn_matmul_amx_multi(int count, float *const *y, const float *x, const dfl_m
         sub.data = (const uint16_t *)w[i]->data + (size_t)rows16 * cols;
         sub.rows = tail;
         const dfl_mat *subp = &sub;
-        kn_matmul_avx512(1, &ytail, x, &subp, n);
+        kn_matmul_avx512(1, &(kn_mm_job){ytail, x, subp, n});
         for (int t = 0; t < n; t++)
             memcpy(y[i] + (size_t)t * rows + rows16, ytail + (size_t)t * tail, (size_t)tail * sizeof(float));
     }

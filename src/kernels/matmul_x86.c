@@ -45,54 +45,118 @@ typedef struct tiles {
     int rb, tb;
 } tiles;
 
+/* Weights per dynamic claim of row blocks: a quarter of a thread's share of the region (so that
+ * a thread the OS preempts leaves work that the others take over, and a region of a few small
+ * matrices, such as a mixture of experts' selected experts, still splits over all threads),
+ * within these bounds (each claim starts a new stream for the prefetchers: on 2 threads, claims
+ * of a sixteenth of a share made the dense bench target's decode 2-3% slower). */
 #define MM_CHUNK_BYTES ((size_t)512 << 10)
+#define MM_CHUNK_MIN_BYTES ((size_t)64 << 10)
 
 static size_t round_up(size_t a, size_t b) { return (a + b - 1) / b * b; }
 
-/* Run the tiles over all rows and tokens of count matrices of one dtype and width (y[i]
- * [n][w[i]->rows]); xp holds ldx elements of xsize bytes per token. The matrices' row blocks
- * form one list split over the threads in one parallel region: one fork and join for a
- * layer's projections instead of one per matrix. */
-static void mm_run(int count, float *const *y, const dfl_mat *const *w, int n, const void *xp, size_t ldx, size_t xsize,
-                   const tiles *k) {
-    const int cols = w[0]->cols, rb = k->rb, tb = k->tb;
-    const size_t wrow = (size_t)cols * st_dtype_size(w[0]->dtype), xrow = ldx * xsize;
-    int nfull[KN_MULTI_MAX], start[KN_MULTI_MAX + 1] = {0}; /* full blocks; first block of each */
-    size_t work = 0;
+/* One product as mm_run runs it: its activations laid out for the path (xp: n tokens of ldx
+ * elements), its full row blocks (nfull of rb rows, then single rows) and the index of its
+ * first block in the region's list (b0). */
+typedef struct mm_item {
+    float *y;
+    const dfl_mat *w;
+    const char *xp;
+    int n, nfull, b0;
+} mm_item;
+
+/* Run the tiles over all rows and tokens of count products of one dtype and width (it[i].y
+ * [n][w->rows]); each token of xp holds ldx elements of xsize bytes. The products' row blocks
+ * form one list that the threads claim dynamically in one parallel region: one fork and join
+ * for a layer's projections, or for the gate and up products of all of a mixture of experts'
+ * selected experts, instead of one per matrix, and no thread waits for another before the
+ * region's end. Token blocks (whose activations stay in cache) run one after the other, each
+ * over the list (products with fewer tokens drop out). */
+static void mm_run(int count, mm_item *it, size_t ldx, size_t xsize, const tiles *k) {
+    const int cols = it[0].w->cols, rb = k->rb, tb = k->tb;
+    const size_t wrow = (size_t)cols * st_dtype_size(it[0].w->dtype), xrow = ldx * xsize;
+    size_t work = 0, bytes = 0;
+    int nblocks = 0, nmax = 0;
     for (int i = 0; i < count; i++) {
-        const int rows = w[i]->rows;
+        const int rows = it[i].w->rows, n = it[i].n;
         /* One token (decode) over a matrix larger than a core's L2 reads memory-bound: one row
          * at a time keeps a single sequential stream per thread, which the hardware prefetchers
          * follow best (rb interleaved row streams read 20-40% slower). Cache-resident matrices
          * and two or more tokens are bound by the FMAs instead, where rb rows give rb times the
          * independent accumulators and reuse each activation load. */
         const int stream = n == 1 && (size_t)rows * wrow >= KN_STREAM_MIN_BYTES;
-        nfull[i] = stream ? 0 : rows / rb;
-        start[i + 1] = start[i] + nfull[i] + (rows - nfull[i] * rb);
-        work += (size_t)rows * cols * n;
+        it[i].nfull = stream ? 0 : rows / rb;
+        it[i].b0 = nblocks;
+        if (n < 1) continue;
+        nblocks += it[i].nfull + (rows - it[i].nfull * rb);
+        work += (size_t)rows * cols * n, bytes += (size_t)rows * wrow;
+        nmax = n > nmax ? n : nmax;
     }
     int nb = (int)(XBLOCK_BYTES / xrow) / tb * tb;
     if (nb < tb) nb = tb;
-    /* blocks per claim: about MM_CHUNK_BYTES of weights */
-    const int chunk = (int)(MM_CHUNK_BYTES / ((size_t)rb * wrow) > 0 ? MM_CHUNK_BYTES / ((size_t)rb * wrow) : 1);
-    const char *xd = xp;
+    size_t claim = bytes / (4 * (size_t)omp_get_max_threads());
+    claim = claim > MM_CHUNK_BYTES ? MM_CHUNK_BYTES : claim < MM_CHUNK_MIN_BYTES ? MM_CHUNK_MIN_BYTES : claim;
+    const int chunk = (int)(claim / ((size_t)rb * wrow) > 0 ? claim / ((size_t)rb * wrow) : 1); /* blocks */
 #pragma omp parallel if (work >= KN_PAR_MIN_WORK)
-    for (int t0 = 0; t0 < n; t0 += nb) {
-        const int t1 = t0 + nb < n ? t0 + nb : n;
+    for (int t0 = 0; t0 < nmax; t0 += nb) {
 #pragma omp for schedule(dynamic, chunk) nowait
-        for (int b = 0; b < start[count]; b++) {
-            int i = 0;
-            while (b >= start[i + 1]) i++;
-            const int rows = w[i]->rows, bi = b - start[i];
-            const int r0 = bi < nfull[i] ? bi * rb : nfull[i] * rb + (bi - nfull[i]);
-            const tile_fn *fn = bi < nfull[i] ? k->full : k->one;
-            const char *wd = (const char *)w[i]->data + (size_t)r0 * wrow;
+        for (int b = 0; b < nblocks; b++) {
+            int lo = 0, hi = count - 1; /* the last product whose blocks start at or before b */
+            while (lo < hi) {
+                const int mid = (lo + hi + 1) / 2;
+                if (it[mid].b0 <= b) lo = mid;
+                else hi = mid - 1;
+            }
+            const mm_item *m = &it[lo];
+            if (t0 >= m->n) continue;
+            const int t1 = t0 + nb < m->n ? t0 + nb : m->n, rows = m->w->rows, bi = b - m->b0;
+            const int r0 = bi < m->nfull ? bi * rb : m->nfull * rb + (bi - m->nfull);
+            const tile_fn *fn = bi < m->nfull ? k->full : k->one;
+            const char *wd = (const char *)m->w->data + (size_t)r0 * wrow;
             for (int t = t0; t < t1; t += tb) {
                 const int T = t1 - t < tb ? t1 - t : tb;
-                fn[T](y[i] + (size_t)t * rows + r0, rows, wd, cols, xd + (size_t)t * xrow, ldx, w[i], r0);
+                fn[T](m->y + (size_t)t * rows + r0, rows, wd, cols, m->xp + (size_t)t * xrow, ldx, m->w, r0);
             }
         }
     }
+}
+
+/* Lays one token's activations out for the tiles: dst [ldx] from src [cols]. */
+typedef void (*row_layout)(void *dst, size_t ldx, const float *src, int cols, int arg);
+
+/* The products' inputs laid out with f into one buffer (returned; NULL when out of memory), one
+ * copy for a run of consecutive jobs with the same x and n; it[i].xp point into it. */
+static void *mm_layout(int count, const kn_mm_job *j, mm_item *it, size_t ldx, size_t xsize, row_layout f, int arg) {
+    size_t rows = 0;
+    for (int i = 0; i < count; i++)
+        if (j[i].n > 0 && (i == 0 || j[i].x != j[i - 1].x || j[i].n != j[i - 1].n)) rows += (size_t)j[i].n;
+    const size_t xrow = ldx * xsize;
+    char *buf = malloc(rows * xrow + 1);
+    const float **src = malloc((rows + 1) * sizeof *src);
+    if (!buf || !src) {
+        free(buf), free(src);
+        return NULL;
+    }
+    size_t r = 0;
+    for (int i = 0; i < count; i++) {
+        if (j[i].n < 1) continue;
+        if (i > 0 && j[i].x == j[i - 1].x && j[i].n == j[i - 1].n) {
+            it[i].xp = it[i - 1].xp;
+            continue;
+        }
+        it[i].xp = buf + r * xrow;
+        for (int t = 0; t < j[i].n; t++) src[r++] = j[i].x + (size_t)t * j[i].w->cols;
+    }
+    const int cols = j[0].w->cols;
+#pragma omp parallel for schedule(dynamic, kn_chunk((long)rows)) if (rows * ldx >= KN_PAR_MIN_WORK)
+    for (size_t q = 0; q < rows; q++) f(buf + q * xrow, ldx, src[q], cols, arg);
+    free(src);
+    return buf;
+}
+
+/* Each job through the generic kernel (no memory for a laid-out input). */
+static void mm_generic(int count, const kn_mm_job *j) {
+    for (int i = 0; i < count; i++) kn_matmul_generic(j[i].y, j[i].x, j[i].w, j[i].n);
 }
 
 /* Instantiate the tile functions of one kernel body IMPL(y, ldy, w, cols, xp, ldx, R, T) for
@@ -336,63 +400,69 @@ TGT_AVX512 static void bf16_perm32_512(float *d, size_t ldx, const float *xs, in
     }
 }
 
-/* xp[t] = x[t] with each block of `blk` columns reordered [even | odd], zero-padded to ldx. */
-static void bf16_perm(float *xp, size_t ldx, const float *x, int cols, int n, int blk) {
-#pragma omp parallel for schedule(static) if ((size_t)n * ldx >= KN_PAR_MIN_WORK)
-    for (int t = 0; t < n; t++) {
-        const float *xs = x + (size_t)t * cols;
-        float *d = xp + (size_t)t * ldx;
-        if (blk == 32) { /* only the AVX-512 path lays its activations out in 32-column blocks */
-            bf16_perm32_512(d, ldx, xs, cols);
-            continue;
-        }
-        for (size_t b = 0; b < ldx; b += (size_t)blk)
-            for (int i = 0; i < blk / 2; i++) {
-                const size_t e = b + 2 * (size_t)i, o = e + 1;
-                d[b + (size_t)i] = e < (size_t)cols ? xs[e] : 0.0f;
-                d[b + (size_t)(blk / 2 + i)] = o < (size_t)cols ? xs[o] : 0.0f;
-            }
-    }
-}
-
-/* y = x . W^T with one width's tile tables; BF16 weights take activations laid out to match the
- * interleaved pairs the tiles read (blk floats per group). F8_E4M3 tiles step f8_step columns:
- * blocks that a tile's rows or a step would straddle (released checkpoints use 128 x 128) go to
- * the generic kernel. */
-static void mm_dispatch(int count, float *const *y, const float *x, const dfl_mat *const *w, int n, int blk,
-                        const tiles *bf16, const tiles *f16, const tiles *f32, const tiles *f8, int f8_step) {
-    if (n < 1) return;
-    const dfl_mat *w0 = w[0];
-    const size_t cols = (size_t)w0->cols;
-    int f8_ok = w0->dtype == ST_F8_E4M3;
-    for (int i = 0; i < count; i++) f8_ok = f8_ok && w[i]->brow % f8->rb == 0 && w[i]->bcol % f8_step == 0;
-    if (w0->dtype == ST_F8_E4M3 && !f8_ok && count > 1) { /* each as it would go alone */
-        for (int i = 0; i < count; i++) mm_dispatch(1, &y[i], x, &w[i], n, blk, bf16, f16, f32, f8, f8_step);
+/* One token's x [cols] with each block of `blk` columns reordered [even | odd], zero-padded to
+ * ldx. */
+static void bf16_perm_row(void *dst, size_t ldx, const float *xs, int cols, int blk) {
+    float *d = dst;
+    if (blk == 32) { /* only the AVX-512 path lays its activations out in 32-column blocks */
+        bf16_perm32_512(d, ldx, xs, cols);
         return;
     }
-    if (w0->dtype == ST_BF16) {
-        const size_t ldx = round_up(cols, (size_t)blk);
-        float *xp = malloc((size_t)n * ldx * sizeof(float));
-        if (!xp) { /* no memory for the laid-out activations: the generic kernel needs none */
-            for (int i = 0; i < count; i++) kn_matmul_generic(y[i], x, w[i], n);
-            return;
+    for (size_t b = 0; b < ldx; b += (size_t)blk)
+        for (int i = 0; i < blk / 2; i++) {
+            const size_t e = b + 2 * (size_t)i, o = e + 1;
+            d[b + (size_t)i] = e < (size_t)cols ? xs[e] : 0.0f;
+            d[b + (size_t)(blk / 2 + i)] = o < (size_t)cols ? xs[o] : 0.0f;
         }
-        bf16_perm(xp, ldx, x, w0->cols, n, blk);
-        mm_run(count, y, w, n, xp, ldx, sizeof(float), bf16);
-        free(xp);
-    } else if (w0->dtype == ST_F16) {
-        mm_run(count, y, w, n, x, cols, sizeof(float), f16);
-    } else if (w0->dtype == ST_F32) {
-        mm_run(count, y, w, n, x, cols, sizeof(float), f32);
-    } else if (f8_ok) {
-        mm_run(count, y, w, n, x, cols, sizeof(float), f8);
-    } else { /* F8_E4M3 with other blocks; aborts on dtypes the loader refuses */
-        for (int i = 0; i < count; i++) kn_matmul_generic(y[i], x, w[i], n);
-    }
 }
 
-void kn_matmul_avx512(int count, float *const *y, const float *x, const dfl_mat *const *w, int n) {
-    mm_dispatch(count, y, x, w, n, 32, &tiles_bf16_512, &tiles_f16_512, &tiles_f32_512, &tiles_f8_512, 16);
+#define MM_ITEMS_STACK 16
+
+/* y = x . W^T for count jobs of one dtype and width with one width's tile tables; BF16 weights
+ * take activations laid out to match the interleaved pairs the tiles read (blk floats per
+ * group). F8_E4M3 tiles step f8_step columns: blocks that a tile's rows or a step would
+ * straddle (released checkpoints use 128 x 128) go to the generic kernel. */
+static void mm_dispatch(int count, const kn_mm_job *j, int blk, const tiles *bf16, const tiles *f16, const tiles *f32,
+                        const tiles *f8, int f8_step) {
+    const dfl_mat *w0 = j[0].w;
+    int f8_ok = w0->dtype == ST_F8_E4M3, any = 0;
+    for (int i = 0; i < count; i++) {
+        f8_ok = f8_ok && j[i].w->brow % f8->rb == 0 && j[i].w->bcol % f8_step == 0;
+        any |= j[i].n > 0;
+    }
+    if (!any) return;
+    if (w0->dtype == ST_F8_E4M3 && !f8_ok && count > 1) { /* each as it would go alone */
+        for (int i = 0; i < count; i++) mm_dispatch(1, &j[i], blk, bf16, f16, f32, f8, f8_step);
+        return;
+    }
+    mm_item stack[MM_ITEMS_STACK], *it = count <= MM_ITEMS_STACK ? stack : malloc((size_t)count * sizeof *it);
+    if (!it) { /* no memory for the list: the generic kernel needs none */
+        mm_generic(count, j);
+        return;
+    }
+    for (int i = 0; i < count; i++)
+        it[i] = (mm_item){.y = j[i].y, .w = j[i].w, .xp = (const char *)j[i].x, .n = j[i].n};
+    const size_t cols = (size_t)w0->cols;
+    if (w0->dtype == ST_BF16) {
+        const size_t ldx = round_up(cols, (size_t)blk);
+        void *xp = mm_layout(count, j, it, ldx, sizeof(float), bf16_perm_row, blk);
+        if (xp) mm_run(count, it, ldx, sizeof(float), bf16);
+        else mm_generic(count, j); /* no memory for the laid-out activations */
+        free(xp);
+    } else if (w0->dtype == ST_F16) {
+        mm_run(count, it, cols, sizeof(float), f16);
+    } else if (w0->dtype == ST_F32) {
+        mm_run(count, it, cols, sizeof(float), f32);
+    } else if (f8_ok) {
+        mm_run(count, it, cols, sizeof(float), f8);
+    } else { /* F8_E4M3 with other blocks; aborts on dtypes the loader refuses */
+        mm_generic(count, j);
+    }
+    if (it != stack) free(it);
+}
+
+void kn_matmul_avx512(int count, const kn_mm_job *j) {
+    mm_dispatch(count, j, 32, &tiles_bf16_512, &tiles_f16_512, &tiles_f32_512, &tiles_f8_512, 16);
 }
 
 TGT_AVX512 INLINE float dot_512(const float *a, const float *b, int n) {
@@ -606,31 +676,34 @@ TGT_AVX512 static void bf16_parts_512(uint16_t *d, size_t part, const float *x, 
     }
 }
 
+/* One token's activations as S bf16 parts of ldx / S each. */
+static void bf16_parts_row(void *dst, size_t ldx, const float *xs, int cols, int S) {
+    bf16_parts_512(dst, ldx / (size_t)S, xs, cols, S);
+}
+
 /* The activations as S bf16 parts per token (what the parts so far leave, rounded), then the
  * tiles. */
-static void mm_bf16_dp(int count, float *const *y, const float *x, const dfl_mat *const *w, int n, const int S,
-                       const tiles *k) {
-    if (n < 1) return;
-    const int cols = w[0]->cols;
-    const size_t part = round_up((size_t)cols, 32), ldx = (size_t)S * part;
-    uint16_t *xp = malloc((size_t)n * ldx * sizeof(uint16_t));
-    if (!xp) { /* no memory for the split activations: the generic kernel needs none */
-        for (int i = 0; i < count; i++) kn_matmul_generic(y[i], x, w[i], n);
+static void mm_bf16_dp(int count, const kn_mm_job *j, const int S, const tiles *k) {
+    int any = 0;
+    for (int i = 0; i < count; i++) any |= j[i].n > 0;
+    if (!any) return;
+    mm_item stack[MM_ITEMS_STACK], *it = count <= MM_ITEMS_STACK ? stack : malloc((size_t)count * sizeof *it);
+    if (!it) { /* no memory for the list: the generic kernel needs none */
+        mm_generic(count, j);
         return;
     }
-#pragma omp parallel for schedule(static) if ((size_t)n * ldx >= KN_PAR_MIN_WORK)
-    for (int t = 0; t < n; t++) bf16_parts_512(xp + (size_t)t * ldx, part, x + (size_t)t * cols, cols, S);
-    mm_run(count, y, w, n, xp, ldx, sizeof(uint16_t), k);
+    for (int i = 0; i < count; i++) it[i] = (mm_item){.y = j[i].y, .w = j[i].w, .n = j[i].n};
+    const size_t ldx = (size_t)S * round_up((size_t)j[0].w->cols, 32);
+    void *xp = mm_layout(count, j, it, ldx, sizeof(uint16_t), bf16_parts_row, S);
+    if (xp) mm_run(count, it, ldx, sizeof(uint16_t), k);
+    else mm_generic(count, j); /* no memory for the split activations */
     free(xp);
+    if (it != stack) free(it);
 }
 
-void kn_matmul_avx512bf16(int count, float *const *y, const float *x, const dfl_mat *const *w, int n) {
-    mm_bf16_dp(count, y, x, w, n, 3, &tiles_bf16_dp3);
-}
+void kn_matmul_avx512bf16(int count, const kn_mm_job *j) { mm_bf16_dp(count, j, 3, &tiles_bf16_dp3); }
 
-void kn_matmul_bf16act(int count, float *const *y, const float *x, const dfl_mat *const *w, int n) {
-    mm_bf16_dp(count, y, x, w, n, 1, &tiles_bf16_dp1);
-}
+void kn_matmul_bf16act(int count, const kn_mm_job *j) { mm_bf16_dp(count, j, 1, &tiles_bf16_dp1); }
 
 /* ---- AVX2 + FMA --------------------------------------------------------------------------- */
 
@@ -808,8 +881,8 @@ DEF_TILES(TGT_AVX2, tiles_f16_256, TILE_F16_256, RB2, TB)
 DEF_TILES(TGT_AVX2, tiles_f32_256, TILE_F32_256, RB2, TB)
 DEF_TILES(TGT_AVX2, tiles_f8_256, TILE_F8_256, RB2, TB)
 
-void kn_matmul_avx2(int count, float *const *y, const float *x, const dfl_mat *const *w, int n) {
-    mm_dispatch(count, y, x, w, n, 16, &tiles_bf16_256, &tiles_f16_256, &tiles_f32_256, &tiles_f8_256, 8);
+void kn_matmul_avx2(int count, const kn_mm_job *j) {
+    mm_dispatch(count, j, 16, &tiles_bf16_256, &tiles_f16_256, &tiles_f32_256, &tiles_f8_256, 8);
 }
 
 TGT_AVX2 INLINE float dot_256(const float *a, const float *b, int n) {

@@ -35,11 +35,16 @@ static size_t inner_per_token(const dfl_config *g) {
 }
 
 /* MoE scratch per batch token: router logits, k (expert, weight, row) triples, gathered inputs
- * and outputs [k, H], the shared-expert gate logit. */
+ * and outputs [k, H], the shared-expert gate logit and output [H]. */
 static size_t moe_per_token(const dfl_config *g) {
     if (g->n_experts == 0) return 0;
     const size_t k = (size_t)g->n_experts_per_tok;
-    return (size_t)g->n_experts + 3 * k + 2 * k * g->hidden + 1;
+    return (size_t)g->n_experts + 3 * k + 2 * k * g->hidden + 1 + (g->shared_intermediate > 0 ? g->hidden : 0);
+}
+
+/* The MoE block's job list, in 4-byte slots. */
+static size_t moe_job_slots(const dfl_config *g) {
+    return g->n_experts ? (2 * (size_t)g->n_experts + 2) * sizeof(kn_mm_job) / sizeof(float) : 0;
 }
 
 /* Scratch floats per batch token. */
@@ -64,8 +69,8 @@ uint64_t target_state_bytes(const dfl_model *m, int max_ctx, int max_batch, int 
             if (record) f += lin + (uint64_t)max_batch * (m->conv_dim + 2 * g->lin_v_heads);
         }
     }
-    f += (uint64_t)max_batch * scratch_per_token(m) + 2ull * g->n_experts + 1;                  /* + expert counts */
-    f += (uint64_t)omp_get_max_threads() * (g->n_heads / g->n_kv_heads) * max_ctx + g->rot_dim; /* scores */
+    f += (uint64_t)max_batch * scratch_per_token(m) + 2ull * g->n_experts + 1 + moe_job_slots(g); /* + expert counts */
+    f += (uint64_t)omp_get_max_threads() * (g->n_heads / g->n_kv_heads) * max_ctx + g->rot_dim;   /* scores */
     return f * sizeof(float);
 }
 
@@ -336,12 +341,12 @@ static void linear_layer(dfl_target_state *s, int li, int n) {
 }
 
 size_t moe_inner_per_token(const dfl_config *g) {
-    const size_t ke = (size_t)g->n_experts_per_tok * g->moe_intermediate, is = (size_t)g->shared_intermediate;
-    return ke > is ? ke : is;
+    return (size_t)g->n_experts_per_tok * g->moe_intermediate + (size_t)g->shared_intermediate;
 }
 
 int moe_buf_init(dfl_moe_buf *b, const dfl_config *g, int rows, uint64_t *bytes) {
     const size_t E = (size_t)g->n_experts, k = (size_t)g->n_experts_per_tok, B = (size_t)rows, H = (size_t)g->hidden;
+    const size_t S = g->shared_intermediate > 0 ? B * H : 0;
     b->logits = dfl_zalloc(B * E * sizeof(float));
     b->idx = dfl_zalloc(B * k * sizeof(int));
     b->w = dfl_zalloc(B * k * sizeof(float));
@@ -350,28 +355,38 @@ int moe_buf_init(dfl_moe_buf *b, const dfl_config *g, int rows, uint64_t *bytes)
     b->x = dfl_zalloc(B * k * H * sizeof(float));
     b->y = dfl_zalloc(B * k * H * sizeof(float));
     b->sh = dfl_zalloc(B * sizeof(float));
-    if (!b->logits || !b->idx || !b->w || !b->rows || !b->count || !b->x || !b->y || !b->sh) {
+    b->sy = S ? dfl_zalloc(S * sizeof(float)) : NULL;
+    b->jobs = dfl_zalloc((2 * E + 2) * sizeof(kn_mm_job));
+    if (!b->logits || !b->idx || !b->w || !b->rows || !b->count || !b->x || !b->y || !b->sh || (S && !b->sy) ||
+        !b->jobs) {
         moe_buf_free(b);
         return dfl_seterr("out of memory allocating the MoE scratch for %d rows", rows);
     }
     /* as state_bytes counts them: 4-byte slots */
-    if (bytes) *bytes += (B * E + 3 * B * k + 2 * E + 1 + 2 * B * k * H + B) * sizeof(float);
+    if (bytes) *bytes += (B * E + 3 * B * k + 2 * E + 1 + 2 * B * k * H + B + S) * sizeof(float) + moe_job_slots(g) * 4;
     return DFL_OK;
 }
 
 void moe_buf_free(dfl_moe_buf *b) {
     free(b->logits), free(b->idx), free(b->w), free(b->rows), free(b->count), free(b->x), free(b->y), free(b->sh);
+    free(b->sy), free(b->jobs);
     memset(b, 0, sizeof *b);
 }
 
 /* The n*k (token, expert) pairs are grouped by expert so that each touched expert's weights
  * stream once for all its tokens; every row goes through the same kernels whatever the batch, so
- * a token's output does not depend on the other tokens of the forward. */
+ * a token's output does not depend on the other tokens of the forward. The gate and up products
+ * of every touched expert and of the shared expert go through one kn_matmul_jobs list (one
+ * parallel region whose threads claim the row blocks of all of them), their down products
+ * through a second: two barriers per layer instead of two per expert, and experts too small to
+ * split over the threads one by one still keep every thread streaming. mlp1 / mlp2 hold the
+ * routed experts' rows (expert e's at start[e] * Ie) then the shared expert's. */
 int moe_forward(const dfl_config *g, const dfl_layer_w *l, dfl_moe_buf *b, const float *xn, float *x, float *mlp1,
                 float *mlp2, int n) {
     const int H = g->hidden, E = g->n_experts, k = g->n_experts_per_tok, Ie = g->moe_intermediate;
+    const int Is = g->shared_intermediate;
     int *start = b->count, *cursor = b->count + E + 1; /* [E + 1] row offsets, [E] fill */
-    int touched = 0;
+    int touched = 0, nj = 0;
     kn_matmul(b->logits, xn, &l->router, n);
     memset(start, 0, (size_t)(E + 1) * sizeof(int));
     for (int t = 0; t < n; t++) {
@@ -385,23 +400,35 @@ int moe_forward(const dfl_config *g, const dfl_layer_w *l, dfl_moe_buf *b, const
             b->rows[(size_t)t * k + j] = r;
             memcpy(b->x + (size_t)r * H, xn + (size_t)t * H, (size_t)H * sizeof(float));
         }
-    for (int e = 0; e < E; e++) {
+    const size_t nk = (size_t)n * k, sh_off = nk * Ie; /* the shared expert's rows in mlp1 / mlp2 */
+    kn_mm_job *jobs = b->jobs;
+    for (int e = 0; e < E; e++) { /* gate and up: expert e's rows of b->x into its rows of mlp1 / mlp2 */
         const int cnt = start[e + 1] - start[e];
         if (!cnt) continue;
         touched++;
-        kn_matmul_multi(2, (float *[]){mlp1, mlp2}, b->x + (size_t)start[e] * H,
-                        (const dfl_mat *[]){&l->exp_gate[e], &l->exp_up[e]}, cnt);
-        kn_swiglu_par(mlp1, mlp2, (size_t)cnt * Ie);
-        kn_matmul(b->y + (size_t)start[e] * H, mlp1, &l->exp_down[e], cnt);
+        const size_t r = (size_t)start[e];
+        jobs[nj++] = (kn_mm_job){mlp1 + r * Ie, b->x + r * H, &l->exp_gate[e], cnt};
+        jobs[nj++] = (kn_mm_job){mlp2 + r * Ie, b->x + r * H, &l->exp_up[e], cnt};
     }
+    if (Is > 0) {
+        jobs[nj++] = (kn_mm_job){mlp1 + sh_off, xn, &l->sh_gate, n};
+        jobs[nj++] = (kn_mm_job){mlp2 + sh_off, xn, &l->sh_up, n};
+    }
+    kn_matmul_jobs(nj, jobs);
+    kn_swiglu_par(mlp1, mlp2, sh_off + (size_t)n * (Is > 0 ? Is : 0));
+    nj = 0;
+    for (int e = 0; e < E; e++) { /* down: into expert e's rows of b->y */
+        const int cnt = start[e + 1] - start[e];
+        if (cnt)
+            jobs[nj++] = (kn_mm_job){b->y + (size_t)start[e] * H, mlp1 + (size_t)start[e] * Ie, &l->exp_down[e], cnt};
+    }
+    if (Is > 0) jobs[nj++] = (kn_mm_job){b->sy, mlp1 + sh_off, &l->sh_down, n};
+    kn_matmul_jobs(nj, jobs);
     /* combine into b->x (free now): out_t = sum over its experts, ascending id, of w * y */
     kn_gather_sum(b->x, b->y, b->rows, b->w, n, k, H);
-    if (g->shared_intermediate > 0) { /* + sigmoid(sh_score . x) * shared_expert(x), into b->y */
-        kn_matmul_multi(2, (float *[]){mlp1, mlp2}, xn, (const dfl_mat *[]){&l->sh_gate, &l->sh_up}, n);
-        kn_swiglu_par(mlp1, mlp2, (size_t)n * g->shared_intermediate);
-        kn_matmul(b->y, mlp1, &l->sh_down, n);
+    if (Is > 0) { /* + sigmoid(sh_score . x) * shared_expert(x) */
         kn_matmul(b->sh, xn, &l->sh_score, n);
-        for (int t = 0; t < n; t++) kn_add_scaled(b->x + (size_t)t * H, kn_sigmoid(b->sh[t]), b->y + (size_t)t * H, H);
+        for (int t = 0; t < n; t++) kn_add_scaled(b->x + (size_t)t * H, kn_sigmoid(b->sh[t]), b->sy + (size_t)t * H, H);
     }
     kn_add(x, b->x, (size_t)n * H);
     return touched;

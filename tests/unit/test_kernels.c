@@ -17,7 +17,7 @@
  * a NaN code makes its row's outputs NaN on every path and leaves the other rows finite.
  * KN_ACT_BF16 (where the CPU has AVX-512 BF16): within the float32 bound of the product on the
  * activations rounded to bf16, batch independence, F32 weights unchanged.
- * kn_matmul_multi equals kn_matmul bit for bit. kn_argmax equals a plain loop's index (ties,
+ * kn_matmul_multi and kn_matmul_jobs equal kn_matmul bit for bit. kn_argmax equals a plain loop's index (ties,
  * NaNs, signed zeros, infinities). kn_dot / kn_axpy: the same bound; kn_dot_rows /
  * kn_axpy_rows equal them bit for bit. SiLU kernels (vectorized exp): 4e-6 relative.
  * Gated DeltaNet: SIMD recurrence vs generic, chunked form vs recurrence (relative tolerance
@@ -227,6 +227,52 @@ static void check_matmul_multi(kn_isa isa) {
     for (int i = 0; i < 2; i++) free(f8store[i]);
     CHECK(bad == 0, "%s: %d kn_matmul_multi outputs differ from kn_matmul", kn_isa_name(isa), bad);
     for (int i = 0; i < NW; i++) free(store[i]), free(y[i]);
+    free(x), free(ref);
+}
+
+/* kn_matmul_jobs: each output equals kn_matmul's bit for bit, for a list like a mixture of
+ * experts' (pairs of products sharing an input, inputs at different rows of one buffer, batches
+ * of 0, 1 and several token tiles, more products than one stack list holds), with a matrix of
+ * another dtype inside the list, one that a single token streams row by row, F8_E4M3 products
+ * with and without tile blocks, float32 and (where the CPU has AVX-512 BF16) bf16 activations,
+ * and 1 to 3 threads. */
+static void check_matmul_jobs(kn_isa isa) {
+    enum { COLS = 320, NJ = 44, XR = 64 };
+    static const int ns[] = {1, 1, 0, 3, 1, 7, 2, 17, 1, 5, 6, 13};
+    void *store[NJ];
+    dfl_mat w[NJ];
+    kn_mm_job j[NJ];
+    float *x = malloc((size_t)XR * COLS * sizeof(float)), *ref = malloc((size_t)17 * 3300 * sizeof(float));
+    for (size_t i = 0; i < (size_t)XR * COLS; i++) x[i] = frand();
+    for (int i = 0; i < NJ; i++) {
+        const int f8 = i >= NJ - 4, rows = i == 9 ? 3300 : 16 + 5 * (i % 13); /* 3300 x 320 BF16: 2.1 MB */
+        if (f8) f8_brow = i % 2 ? 5 : 16, f8_bcol = i % 2 ? 24 : 32;
+        w[i] = make_mat(f8 ? ST_F8_E4M3 : i == 20 ? ST_F32 : ST_BF16, rows, COLS, &store[i]);
+        const int n = i == 9 ? 1 : ns[(i / 2) % 12], r0 = (i / 2 * 7) % (XR - 17); /* pairs share x and n */
+        j[i] = (kn_mm_job){malloc((size_t)(n ? n : 1) * rows * sizeof(float)), x + (size_t)r0 * COLS, &w[i], n};
+    }
+    f8_brow = f8_bcol = 128;
+    kn_isa_set(isa);
+    int bad = 0;
+    const int threads = omp_get_max_threads();
+    for (int act = 0; act < (kn_isa_supported(KN_ISA_AVX512BF16) ? 2 : 1); act++) {
+        kn_act_set(act ? KN_ACT_BF16 : KN_ACT_F32);
+        for (int th = 1; th <= 3; th++) {
+            omp_set_num_threads(th);
+            for (int part = 0; part < 2; part++) { /* the whole list, and its F8 tail alone */
+                const int first = part ? NJ - 4 : 0;
+                kn_matmul_jobs(NJ - first, j + first);
+                for (int i = first; i < NJ; i++) {
+                    kn_matmul(ref, j[i].x, j[i].w, j[i].n);
+                    if (memcmp(ref, j[i].y, (size_t)j[i].n * w[i].rows * sizeof(float)) != 0) bad++;
+                }
+            }
+        }
+    }
+    omp_set_num_threads(threads);
+    kn_act_set(KN_ACT_F32);
+    CHECK(bad == 0, "%s: %d kn_matmul_jobs outputs differ from kn_matmul", kn_isa_name(isa), bad);
+    for (int i = 0; i < NJ; i++) free(store[i]), free(j[i].y);
     free(x), free(ref);
 }
 
@@ -1101,6 +1147,7 @@ int main(void) {
         check_matmul_stream(isa, ST_F8_E4M3);
         check_f8_nan(isa);
         check_matmul_multi(isa);
+        check_matmul_jobs(isa);
         check_argmax(isa);
         if (kn_isa_supported(KN_ISA_AVX512BF16)) {
             static const int act_shapes[][2] = {{1, 1}, {17, 31}, {67, 100}, {130, 256}, {40, 8192}, {521, 4127}};
@@ -1127,6 +1174,7 @@ int main(void) {
     }
     check_attention(KN_ISA_GENERIC);
     check_ops(KN_ISA_GENERIC);
+    check_matmul_jobs(KN_ISA_GENERIC);
     check_causal_conv(KN_ISA_GENERIC, 37, 4, 9);
     check_gdn_heads(KN_ISA_GENERIC, 70);
     check_moe_route();
