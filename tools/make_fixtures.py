@@ -15,7 +15,12 @@ import sys
 import time
 import zlib
 
-import torch
+# MKL picks its code path by CPU (AVX-512 on Intel Xeons, another elsewhere) and its vectorized log
+# (A_log's init) and matrix products differ in the last bit between paths: the fixtures' bytes, and
+# test_cpu_pin's pinned hashes with them, would depend on the machine. The compatible path gives
+# the same bits on every x86-64 CPU (read when MKL first runs, so before torch computes anything).
+os.environ.setdefault("MKL_CBWR", "COMPATIBLE")
+import torch  # noqa: E402
 from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM

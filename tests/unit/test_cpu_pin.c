@@ -1,6 +1,7 @@
 /* The CPU backend's outputs, pinned bit for bit: a hash of the logits and captured hidden states
  * of a prefill, a 3-token verification, a rollback + decode and a DDTree forward + commit on the
- * fixtures, on the portable C kernels (DFL_ISA=generic: the same bits on every x86-64), against
+ * fixtures, on the portable C kernels (DFL_ISA=generic: the same bits on every x86-64; the fixtures
+ * themselves are the same bytes everywhere since tools/make_fixtures.py runs MKL's compatible path), against
  * tests/data/cpu_pin.txt. Refactors of the forward (the backend seam, op extraction) must leave
  * them unchanged; DFL_PIN_WRITE=1 prints the lines to regenerate the file after an intended
  * change of the numbers (say why in the commit). The pins were written by the code before the
