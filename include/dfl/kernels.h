@@ -79,6 +79,11 @@ typedef struct dfl_mat {
  * parallel region costs more than the work (and much more when the cores are oversubscribed). */
 #define KN_PAR_MIN_WORK ((size_t)1 << 17)
 
+/* GOMP_SPINCOUNT that the CLI and the Python package give libgomp unless the user set
+ * OMP_WAIT_POLICY or GOMP_SPINCOUNT: idle threads spin this many times at a barrier, then sleep,
+ * so that on a loaded machine they yield their cores (docs/threads.md). */
+#define DFL_GOMP_SPINCOUNT "3000"
+
 /* y[n][rows] = x[n][cols] . W^T — OpenMP-threaded over rows; each weight row is read once
  * for all n inputs (register tiles of rows x tokens, x blocked to stay in cache). */
 void kn_matmul(float *y, const float *x, const dfl_mat *w, int n);

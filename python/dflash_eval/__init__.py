@@ -44,6 +44,11 @@ def _load():
         raise ImportError(f"dflash_eval: cannot load {path}: {msg}") from None
 
 
+# libgomp reads its idle threads' spin count once, when it loads: dfl's default (DFL_GOMP_SPINCOUNT in
+# include/dfl/kernels.h, docs/threads.md) unless the user chose a policy. Without effect where the
+# process loaded libgomp before (torch, for one).
+if "OMP_WAIT_POLICY" not in os.environ and "GOMP_SPINCOUNT" not in os.environ:
+    os.environ["GOMP_SPINCOUNT"] = "3000"
 _lib = _load()
 _c = ctypes
 _P = _c.POINTER

@@ -3,6 +3,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <omp.h>
+#include <unistd.h>
 
 #include "cli/cli.h"
 #include "dfl/backend.h"
@@ -25,6 +27,10 @@ static int version(void) {
     printf("dfl %s\ncommit %s\nbuild %s\nisa %s (chosen at run time; DFL_ISA overrides)\n", DFL_VERSION, DFL_GIT_COMMIT,
            DFL_BUILD_TYPE, kn_isa_name(isa));
     printf("act %s (activations of BF16 matrix products; DFL_ACT=bf16 opts into bf16)\n", kn_act_name(kn_act_get()));
+    /* the OpenMP settings the kernels run under (docs/threads.md) */
+    const char *wait = getenv("OMP_WAIT_POLICY"), *spin = getenv("GOMP_SPINCOUNT");
+    printf("threads %d (OMP_NUM_THREADS), idle threads: OMP_WAIT_POLICY=%s GOMP_SPINCOUNT=%s\n", omp_get_max_threads(),
+           wait ? wait : "(unset)", spin ? spin : "(unset)");
     /* "mpi no": built without MPI (mpirun -n N dfl eval refuses to run) */
     printf("mpi %s\n", eval_mpi_library());
     /* the backends built in (--device); a built one that cannot run here says why */
@@ -85,7 +91,21 @@ static int help(int argc, char **argv) {
     return 2;
 }
 
+/* OpenMP's idle threads spin GOMP_SPINCOUNT times (libgomp's default: 300,000) at each barrier
+ * before they sleep. On a machine where another process keeps a core busy, a thread that finished
+ * its share spins on a core the preempted one needs: on 2 cores with one busy, 2 threads ran a
+ * decode step 2.4x slower than 1. A few thousand spins keep an idle machine's speed (the next
+ * region starts within them) and let a loaded one's threads yield (docs/threads.md). libgomp reads
+ * the variable when it loads, before main: so dfl sets it and runs itself again, once, unless the
+ * user chose a policy (OMP_WAIT_POLICY or GOMP_SPINCOUNT). */
+static void omp_spin_default(char **argv) {
+    if (getenv("OMP_WAIT_POLICY") || getenv("GOMP_SPINCOUNT")) return;
+    if (setenv("GOMP_SPINCOUNT", DFL_GOMP_SPINCOUNT, 1) != 0) return;
+    execv("/proc/self/exe", argv); /* returns only on failure: run on with libgomp's default */
+}
+
 int main(int argc, char **argv) {
+    omp_spin_default(argv);
     if (argc < 2 || cli_is_help(argv[1])) {
         usage(argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;

@@ -315,7 +315,7 @@ def messages():
     for args in (["--version"], ["version"]):
         p = dfl(*args, check=False)
         lines = dict(ln.split(" ", 1) for ln in p.stdout.strip().splitlines())
-        t.check(p.returncode == 0 and set(lines) == {"dfl", "commit", "build", "isa", "act", "mpi", "devices"},
+        t.check(p.returncode == 0 and set(lines) == {"dfl", "commit", "build", "isa", "act", "threads", "mpi", "devices"},
                 f"dfl {args}: {p.stdout}")
         t.check(lines.get("devices", "").split(" (")[0] in ("cpu", "cpu cuda"), f"dfl {args}: devices {p.stdout}")
         t.check(lines.get("mpi") == "no" or lines.get("mpi", "").startswith(("Open MPI", "MPICH")),
@@ -323,6 +323,13 @@ def messages():
         t.check(lines.get("isa", "").split()[0] in ("generic", "avx2", "avx512", "avx512bf16", "amx"),
                 f"dfl {args}: isa {p.stdout}")
         t.check(len(lines.get("commit", "")) >= 4, f"dfl {args}: commit {p.stdout}")
+    # libgomp's idle spinning: dfl sets GOMP_SPINCOUNT (and runs itself again) unless the user chose
+    plain = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+    for extra, want in (({}, "OMP_WAIT_POLICY=(unset) GOMP_SPINCOUNT=3000"),
+                        ({"GOMP_SPINCOUNT": "77"}, "OMP_WAIT_POLICY=(unset) GOMP_SPINCOUNT=77"),
+                        ({"OMP_WAIT_POLICY": "passive"}, "OMP_WAIT_POLICY=passive GOMP_SPINCOUNT=(unset)")):
+        line = [x for x in dfl("--version", env={**plain, **extra}).stdout.splitlines() if x.startswith("threads ")]
+        t.check(len(line) == 1 and line[0].endswith("idle threads: " + want), f"--version with {extra}: {line}")
     p = dfl("--version", env={**os.environ, "DFL_ISA": "generic"})
     t.check("isa generic" in p.stdout, f"DFL_ISA=generic: {p.stdout}")
     t.check("act f32" in p.stdout, f"activations f32 by default: {p.stdout}")
