@@ -41,8 +41,9 @@ static const char *usage_text =
     "  prefill   one forward over N prompt tokens (chunked Gated DeltaNet), tokens/s\n"
     "  rollback  per verification round of B tokens: replaying the recorded recurrence inputs\n"
     "            (dfl's strategy) vs per-position snapshots of every linear layer's state\n"
-    "  peak      the multiply-add rate of the matmul tiles' core instruction (float32 FMA, or\n"
-    "            VDPBF16PS with --act bf16), 12 chains per thread on every thread: with verify,\n"
+    "  peak      the multiply-add rate of the matmul tiles' core instruction (float32 FMA,\n"
+    "            VDPBF16PS, AMX's TDPBF16PS where the matmul uses tiles; VDPBF16PS with --act\n"
+    "            bf16), independent chains on every thread: with verify,\n"
     "            each verification's share of it and the compute floor of verify(n) / verify(1)\n"
     "  tree      DDTree verification: one tree forward of budget N = 1..64 draft nodes (trees of\n"
     "            the N most probable prefixes of random block-1 distributions) next to a chain\n"
@@ -427,7 +428,7 @@ static void print_table(const bench_opts *o, const bench_res *r, const dfl_model
         printf("\n");
     }
     if (o->parts & P_PEAK)
-        printf("peak       %.1f G multiply-adds/s (%s, 12 chains per thread, %d threads)\n", r->peak_macs / 1e9,
+        printf("peak       %.1f G multiply-adds/s (%s, independent chains, %d threads)\n", r->peak_macs / 1e9,
                r->peak_what, omp_get_max_threads());
     if (o->parts & P_VERIFY && m->cfg.n_experts > 0) {
         /* the numbers behind MoE speedups: n tokens touch up to n*k experts per layer, and a

@@ -177,7 +177,11 @@ double kn_peak_macs(long iters, const char **what) {
     const kn_isa isa = kn_isa_get();
     if (kn_act_get() == KN_ACT_BF16) {
         *what = "VDPBF16PS zmm", per = 32, sink = kn_peak_dp512(iters);
-    } else if (isa == KN_ISA_AVX512BF16 || isa == KN_ISA_AMX) { /* three bf16 parts per activation */
+#if defined(__linux__)
+    } else if (isa == KN_ISA_AMX) { /* kn_matmul_amx_multi's instruction; each activation in 3 parts */
+        *what = "TDPBF16PS tiles, activations in 3 bf16 parts", per = 16 * 16 * 32 / 3.0, sink = kn_peak_amx(iters);
+#endif
+    } else if (isa == KN_ISA_AVX512BF16 || isa == KN_ISA_AMX) { /* three bf16 parts per activation (AMX: off Linux) */
         *what = "VDPBF16PS zmm, activations in 3 bf16 parts", per = 32.0 / 3, sink = kn_peak_dp512(iters);
     } else if (isa == KN_ISA_AVX512) {
         *what = "FMA zmm (float32)", per = 16, sink = kn_peak_fma512(iters);

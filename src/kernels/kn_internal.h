@@ -56,6 +56,9 @@ void kn_matmul_bf16act(int count, const kn_mm_job *j);
 void kn_matmul_amx_multi(int count, float *const *y, const float *x, const dfl_mat *const *w, int n);
 /* Ask Linux for the AMX tile state for this process; 1 when granted. */
 int kn_amx_request(void);
+/* kn_peak_macs's AMX loop: 12 x iters TDPBF16PS (16 x 16 x 32 multiply-adds each) on 4
+ * independent C tiles, the instruction kn_matmul_amx_multi's tiles run; a C element. */
+float kn_peak_amx(long iters);
 #endif
 /* kn_peak_macs's loops: 12 chains x iters instructions; the sum of the chains (kept observable). */
 float kn_peak_fma512(long iters);
