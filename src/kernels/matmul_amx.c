@@ -107,12 +107,20 @@ TGT_AMX static void amx_block2(const uint16_t *w, size_t ldw, const uint16_t *b,
         _tile_dpbf16ps(2, TA, 7);                 \
     } while (0)
 
+/* acc: continue the sums in cb (a previous chunk of the columns) instead of starting from zero;
+ * a C tile stored and loaded again is exact, so a chunked chain equals the unchunked one. */
 TGT_AMX static void amx_block3(const uint16_t *w, size_t ldw, const uint16_t *b, size_t bstride, int ks_n, float *cb,
-                               int ldc) {
+                               int ldc, int acc) {
     const size_t ldcb = (size_t)ldc * sizeof(float);
-    _tile_zero(0);
-    _tile_zero(1);
-    _tile_zero(2);
+    if (acc) {
+        _tile_loadd(0, cb, (long)ldcb);
+        _tile_loadd(1, cb + 16, (long)ldcb);
+        _tile_loadd(2, cb + 32, (long)ldcb);
+    } else {
+        _tile_zero(0);
+        _tile_zero(1);
+        _tile_zero(2);
+    }
     int ks = 0;
     for (; ks + 1 < ks_n; ks += 2) {
         for (int r = 0; r < 16; r++) /* the next row tile's two steps, into L2 */
@@ -245,6 +253,9 @@ TGT_AMX static void amx_pack(uint16_t *xb, const float *x, int n, int cols) {
 }
 
 #define C_ROWS 32                          /* rows of C results a thread holds: up to 2 row tiles */
+#define CHUNK_TILES 16                     /* row tiles a thread runs together over column chunks */
+#define B_L2_MAX ((size_t)1280 << 10)      /* packed activations of a token block beyond this: chunks */
+#define B_CHUNK ((size_t)512 << 10)        /* packed activations of one chunk of the columns */
 #define BLOCK3_MAX_TILES 6                 /* up to this many B tiles (32 tokens) a row tile runs 16-token groups */
 #define AMX_MULTI_MAX 8                    /* matrices sharing one input in kn_matmul_amx_multi */
 #define STREAM_MIN_BYTES ((size_t)4 << 20) /* outputs at least this large bypass the caches */
@@ -257,6 +268,11 @@ static int amx_tok_block(int cols, int n) {
 }
 /* C columns of one token block (whole B tiles). */
 static int amx_ldc(int tok_block) { return 16 * amx_tiles(tok_block); }
+/* C floats a thread holds: C_ROWS rows, or CHUNK_TILES row tiles of up to BLOCK3_MAX_TILES B tiles. */
+static size_t amx_cb_floats(int ldc) {
+    const size_t a = (size_t)C_ROWS * ldc, b = (size_t)CHUNK_TILES * 16 * 16 * BLOCK3_MAX_TILES;
+    return a > b ? a : b;
+}
 
 /* y rows r0 .. r0 + 16 rg - 1 of tokens t0 .. t0 + nb - 1 from their C results cb [16 rg][ldc]:
  * y = (hi + mid) + lo. */
@@ -294,7 +310,11 @@ TGT_AMX static void amx_combine(float *y, int rows, int r0, int rg, int t0, int 
  * product of a 4096 x 4096 matrix from 0.90 to 0.69 ms on 2 threads (AMX, 2026-12-05). Up to 32 tokens: single row tiles running 16-token groups (1 x 3 tiles), prefetching
  * the next row tile into L2. More: groups of 2 row tiles x pairs of B tiles, the first pass
  * prefetching the next group. Outputs larger than L2 are written with streaming stores, so
- * that they do not evict the packed activations. */
+ * that they do not evict the packed activations. 16-token groups of wide matrices, whose packed
+ * activations pass B_L2_MAX (3 x 544 KB for 17408 columns), run up to CHUNK_TILES row tiles
+ * over one chunk of the columns after the other: each row tile had read all of them from L3;
+ * a [5120, 17408] product of 12-16 tokens took 12.5-13.4 ms, 3.3x one token's, and now 6.1 ms
+ * (2 threads, 2026-12-05). */
 TGT_AMX static void amx_run(int count, float *const *ys, const dfl_mat *const *ws, int n, const uint16_t *xb,
                             float *cball) {
     const int cols = ws[0]->cols, ks_n = cols / 32, planar = amx_planar(n);
@@ -314,28 +334,54 @@ TGT_AMX static void amx_run(int count, float *const *ys, const dfl_mat *const *w
         cfg.palette = 1;
         for (int i = 0; i < 8; i++) cfg.colsb[i] = 64, cfg.rows[i] = 16;
         _tile_loadconfig(&cfg);
-        float *cb = cball + (size_t)omp_get_thread_num() * C_ROWS * ldc;
+        float *cb = cball + (size_t)omp_get_thread_num() * amx_cb_floats(ldc);
         for (int t0 = 0; t0 < n; t0 += tok_block) {
             const int nb = n - t0 < tok_block ? n - t0 : tok_block;
             /* this block's B tiles, and the row tiles per group for them */
             const int c0 = planar ? SPLIT * t0 / 16 : 0, cn = planar ? SPLIT * ((nb + 15) / 16) : amx_tiles(nb);
             const int rg_max = cn <= BLOCK3_MAX_TILES ? 1 : 2;
+            /* 16-token groups whose B tiles outgrow L2 (wide matrices: a 27B's down projection)
+             * run CHUNK_TILES row tiles over one chunk of the columns, then the next chunk, so
+             * that each chunk's B tiles are read from L2 by all of them */
+            const int kc = planar && rg_max == 1 && (size_t)cn * ks_n * TILE_ELEMS * 2 > B_L2_MAX
+                               ? (int)(B_CHUNK / ((size_t)cn * TILE_ELEMS * 2))
+                               : ks_n;
+            /* row tiles per claimed group; chunked: up to CHUNK_TILES, at least 4 groups a thread */
+            int per = rg_max;
+            if (kc < ks_n) {
+                const long share = (long)(rows16_all / 16) / (4L * omp_get_num_threads());
+                per = share > CHUNK_TILES ? CHUNK_TILES : share < 2 ? 2 : (int)share;
+            }
             int g_end[AMX_MULTI_MAX]; /* row groups of matrices 0..i, in one index space */
-            for (int i = 0; i < count; i++)
-                g_end[i] = (i ? g_end[i - 1] : 0) + (ws[i]->rows / 16 + rg_max - 1) / rg_max;
+            for (int i = 0; i < count; i++) g_end[i] = (i ? g_end[i - 1] : 0) + (ws[i]->rows / 16 + per - 1) / per;
 #pragma omp for schedule(dynamic, kn_chunk(g_end[count - 1])) nowait
             for (int gi = 0; gi < g_end[count - 1]; gi++) {
                 int i = 0;
                 while (gi >= g_end[i]) i++;
-                const int rows = ws[i]->rows, rows16 = rows / 16 * 16, r0 = (gi - (i ? g_end[i - 1] : 0)) * rg_max * 16;
+                const int rows = ws[i]->rows, rows16 = rows / 16 * 16, r0 = (gi - (i ? g_end[i - 1] : 0)) * per * 16;
                 const int rg = (rows16 - r0) / 16 < rg_max ? (rows16 - r0) / 16 : rg_max;
                 const uint16_t *wg = (const uint16_t *)ws[i]->data + (size_t)r0 * cols,
                                *bt = xb + (size_t)c0 * tile_step;
+                if (kc < ks_n) {
+                    const int nt = (rows16 - r0) / 16 < per ? (rows16 - r0) / 16 : per;
+                    for (int k0 = 0; k0 < ks_n; k0 += kc) {
+                        const int kn = ks_n - k0 < kc ? ks_n - k0 : kc;
+                        for (int j = 0; j < nt; j++)
+                            for (int c = 0; c < cn; c += 3)
+                                amx_block3(wg + (size_t)16 * j * cols + (size_t)k0 * 32, ldw,
+                                           bt + (size_t)c * tile_step + (size_t)k0 * TILE_ELEMS, tile_step, kn,
+                                           cb + (size_t)16 * j * ldc + c * 16, ldc, k0 > 0);
+                    }
+                    for (int j = 0; j < nt; j++)
+                        amx_combine(ys[i], rows, r0 + 16 * j, 1, t0, nb, cb + (size_t)16 * j * ldc, ldc, planar,
+                                    stream);
+                    continue;
+                }
                 if (cn == 1) amx_block1(wg, ldw, bt, ks_n, cb, ldc);
                 else if (!planar) amx_block2(wg, ldw, bt, tile_step, ks_n, cb, ldc);
                 else if (rg_max == 1) /* whole 16-token groups, one after the other */
                     for (int c = 0; c < cn; c += 3)
-                        amx_block3(wg, ldw, bt + (size_t)c * tile_step, tile_step, ks_n, cb + c * 16, ldc);
+                        amx_block3(wg, ldw, bt + (size_t)c * tile_step, tile_step, ks_n, cb + c * 16, ldc, 0);
                 else
                     for (int c = 0; c < cn; c += 2) {
                         const uint16_t *bc = bt + (size_t)c * tile_step;
@@ -402,8 +448,8 @@ void kn_matmul_amx_multi(int count, float *const *y, const float *x, const dfl_m
         return;
     }
     uint16_t *xb = aligned_alloc(64, (size_t)amx_tiles(n) * (cols / 32) * TILE_ELEMS * sizeof(uint16_t));
-    float *cball =
-        aligned_alloc(64, (size_t)omp_get_max_threads() * C_ROWS * amx_ldc(amx_tok_block(cols, n)) * sizeof(float));
+    float *cball = aligned_alloc(64, (size_t)omp_get_max_threads() * amx_cb_floats(amx_ldc(amx_tok_block(cols, n))) *
+                                         sizeof(float));
     float *ytail = tails ? malloc(tails * sizeof(float)) : NULL;
     if (!xb || !cball || (tails && !ytail)) { /* no memory for the packed activations: the generic kernel needs none */
         free(xb), free(cball), free(ytail);

@@ -5,6 +5,7 @@
  * output: |y - y_generic| <= (2 * cols * 2^-24 + e) * sum_c |w_c x_c| + 1e-30, the worst-case
  * float32 summation bound of both results, with e = 2^-26 on the AVX-512 BF16 and AMX paths
  * for BF16 weights (activations as three bf16 parts: |x - hi - mid - lo| <= 2^-27 |x|), else 0.
+ * AMX column chunks (17440 columns): each token's row equals its single-token product bit for bit.
  * Shapes include rows >= 16 with cols % 32 == 0 (AMX tiles, with tail rows), n past 16
  * (several token tiles) and, with 4096 and 8192 columns, past one AMX token block (32 and 16
  * tokens). Within a path, each (row, token) result must not depend on n: rows of an
@@ -274,6 +275,44 @@ static void check_matmul_jobs(kn_isa isa) {
     CHECK(bad == 0, "%s: %d kn_matmul_jobs outputs differ from kn_matmul", kn_isa_name(isa), bad);
     for (int i = 0; i < NJ; i++) free(store[i]), free(j[i].y);
     free(x), free(ref);
+}
+
+/* AMX column chunks: 16-token groups whose packed activations outgrow L2 (17440 columns) run
+ * in chunks of the columns, continuing each C tile's chain; every token's row equals its
+ * single-token product (one unchunked tile) bit for bit, and stays within the float32 bound of
+ * the generic kernel's. */
+static void check_amx_chunks(void) {
+    enum { ROWS = 300, COLS = 17440, N = 33 }; /* 18 row tiles in groups, 12 tail rows; 4 chunks */
+    void *store;
+    const dfl_mat w = make_mat(ST_BF16, ROWS, COLS, &store);
+    float *x = malloc((size_t)N * COLS * sizeof(float)), *wr = malloc((size_t)COLS * sizeof(float));
+    float *ref = malloc((size_t)N * ROWS * sizeof(float)), *y = malloc((size_t)N * ROWS * sizeof(float));
+    float *one = malloc((size_t)ROWS * sizeof(float));
+    for (size_t i = 0; i < (size_t)N * COLS; i++) x[i] = frand();
+    kn_isa_set(KN_ISA_GENERIC);
+    kn_matmul(ref, x, &w, N);
+    kn_isa_set(KN_ISA_AMX);
+    static const int ns[] = {11, 16, 17, 33};
+    int dep = 0, bad = 0;
+    for (size_t k = 0; k < sizeof ns / sizeof *ns; k++) {
+        kn_matmul(y, x, &w, ns[k]);
+        for (int t = 0; t < ns[k]; t++) {
+            kn_matmul(one, x + (size_t)t * COLS, &w, 1);
+            if (memcmp(one, y + (size_t)t * ROWS, ROWS * sizeof(float)) != 0) dep++;
+        }
+    }
+    const double rel = 2.0 * COLS * 0x1.0p-24 + 0x1.0p-26;
+    for (int r = 0; r < ROWS; r++) { /* y holds the 33-token product */
+        kn_mat_row(&w, r, wr);
+        for (int t = 0; t < N; t++) {
+            double mag = 0;
+            for (int c = 0; c < COLS; c++) mag += fabs((double)wr[c] * x[(size_t)t * COLS + c]);
+            if (fabs((double)y[(size_t)t * ROWS + r] - ref[(size_t)t * ROWS + r]) > rel * mag + 1e-30) bad++;
+        }
+    }
+    CHECK(dep == 0, "amx column chunks: %d token rows differ from the single-token product", dep);
+    CHECK(bad == 0, "amx column chunks: %d outputs beyond the float32 bound", bad);
+    free(store), free(x), free(wr), free(ref), free(y), free(one);
 }
 
 static void check_f8_codes(void) {
@@ -1148,6 +1187,7 @@ int main(void) {
         check_f8_nan(isa);
         check_matmul_multi(isa);
         check_matmul_jobs(isa);
+        if (isa == KN_ISA_AMX) check_amx_chunks();
         check_argmax(isa);
         if (kn_isa_supported(KN_ISA_AVX512BF16)) {
             static const int act_shapes[][2] = {{1, 1}, {17, 31}, {67, 100}, {130, 256}, {40, 8192}, {521, 4127}};
