@@ -47,8 +47,9 @@ int kn_isa_parse(const char *name, kn_isa *out);
 /* Activations of matrix products with BF16 weights. KN_ACT_F32 (the default) keeps them float32
  * (to within 2^-27 on the bf16 dot-product paths), so results match float32 references up to
  * summation order. KN_ACT_BF16 (opt-in, DFL_ACT=bf16 or --act bf16) rounds each activation to
- * bf16 once (round to nearest even, as torch) and takes one VDPBF16PS per 32 weights on every
- * path: about half the compute of float32 FMAs, a third of the three-part split, at the cost of
+ * bf16 once (round to nearest even, as torch) and takes one VDPBF16PS per 32 weights (on the
+ * AMX path one TDPBF16PS column per token: a 16-token verification one instruction per weight
+ * tile): about half the compute of float32 FMAs, a third of the three-part split, at the cost of
  * bf16 rounding of the inputs (accuracy in bench/README.md). It needs AVX-512 BF16. Other weight
  * dtypes and the other kernels are unchanged. Batch independence holds in both. */
 typedef enum kn_act { KN_ACT_F32, KN_ACT_BF16, KN_ACT_COUNT } kn_act;
@@ -226,8 +227,9 @@ size_t kn_count_nonfinite(const float *x, size_t n);
 /* The multiply-add rate, on the calling thread, of the instruction at the heart of BF16 matrix
  * products on the current path and activation mode (AVX-512: float32 FMA on zmm, 16 per
  * instruction; bf16 activations: VDPBF16PS on zmm, 32; avx512bf16 with float32 activations:
- * VDPBF16PS over three parts, 32 / 3; AVX2: FMA on ymm, 8; generic: scalar fmaf; the AMX path
- * is probed as avx512bf16, not as AMX tiles): 12 independent chains for iters rounds. Matrix
+ * VDPBF16PS over three parts, 32 / 3; AVX2: FMA on ymm, 8; generic: scalar fmaf; AMX:
+ * TDPBF16PS, 16 x 16 x 32 over 3 parts or 1 with bf16 activations, on 4 independent C tiles):
+ * 12 independent chains (AMX: instructions) for iters rounds. Matrix
  * multiply-adds per second; *what names the instruction. A ceiling for the matmul tiles, which
  * also load, convert and reduce (dfl bench --parts peak). */
 double kn_peak_macs(long iters, const char **what);

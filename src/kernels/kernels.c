@@ -7,10 +7,10 @@
 #include "dfl/common.h"
 #include "kn_internal.h"
 
-/* The AMX path with float32 activations: products go through kn_matmul_amx_multi. */
+/* The AMX path (either activation mode): products go through kn_matmul_amx_multi. */
 static int mm_amx(void) {
 #if KN_X86 && defined(__linux__)
-    return kn_isa_get() == KN_ISA_AMX && kn_act_get() == KN_ACT_F32;
+    return kn_isa_get() == KN_ISA_AMX;
 #else
     return 0;
 #endif
@@ -25,7 +25,7 @@ static void mm_uniform(int count, const kn_mm_job *j) {
         return;
     }
     switch (kn_isa_get()) {
-    case KN_ISA_AMX: /* (with bf16 activations, or off Linux) */
+    case KN_ISA_AMX: /* (off Linux) */
     case KN_ISA_AVX512BF16:
         if (bf16) kn_matmul_avx512bf16(count, j);
         else kn_matmul_avx512(count, j);
@@ -175,12 +175,16 @@ double kn_peak_macs(long iters, const char **what) {
     const double t0 = dfl_now();
 #if KN_X86
     const kn_isa isa = kn_isa_get();
-    if (kn_act_get() == KN_ACT_BF16) {
-        *what = "VDPBF16PS zmm", per = 32, sink = kn_peak_dp512(iters);
 #if defined(__linux__)
-    } else if (isa == KN_ISA_AMX) { /* kn_matmul_amx_multi's instruction; each activation in 3 parts */
-        *what = "TDPBF16PS tiles, activations in 3 bf16 parts", per = 16 * 16 * 32 / 3.0, sink = kn_peak_amx(iters);
+    if (isa == KN_ISA_AMX) { /* kn_matmul_amx_multi's instruction; each activation in 1 or 3 parts */
+        const int bf16 = kn_act_get() == KN_ACT_BF16;
+        *what = bf16 ? "TDPBF16PS tiles, bf16 activations" : "TDPBF16PS tiles, activations in 3 bf16 parts";
+        per = 16 * 16 * 32 / (bf16 ? 1.0 : 3.0), sink = kn_peak_amx(iters);
+    } else if (kn_act_get() == KN_ACT_BF16) {
+#else
+    if (kn_act_get() == KN_ACT_BF16) {
 #endif
+        *what = "VDPBF16PS zmm", per = 32, sink = kn_peak_dp512(iters);
     } else if (isa == KN_ISA_AVX512BF16 || isa == KN_ISA_AMX) { /* three bf16 parts per activation (AMX: off Linux) */
         *what = "VDPBF16PS zmm, activations in 3 bf16 parts", per = 32.0 / 3, sink = kn_peak_dp512(iters);
     } else if (isa == KN_ISA_AVX512) {

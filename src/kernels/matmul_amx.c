@@ -7,10 +7,12 @@
  * layout, 16 column pairs x 16 columns x 2): a C element is one part's dot product, and y =
  * (hi + mid) + lo. With up to 5 tokens the parts share one B tile, so that decoding costs one
  * TDPBF16PS per weight tile and the weights stream at memory speed; 6 to 10 tokens share two;
- * from 11 tokens on, B tile 3b + p holds part p of tokens 16b..16b+15. Every C element is the same TDPBF16PS chain
- * over the columns whatever the layout, the block shape or n, so a forward over n tokens equals
- * n single-token forwards bit for bit. Rows past the last multiple of 16, and weights that
- * are not BF16 or have cols % 32 != 0, go to the AVX-512 kernel. */
+ * from 11 tokens on, B tile 3b + p holds part p of tokens 16b..16b+15. Every C element is the
+ * same TDPBF16PS chain over the columns whatever the layout, the block shape or n, so a forward
+ * over n tokens equals n single-token forwards bit for bit. With bf16 activations (KN_ACT_BF16) each activation is
+ * one part, rounded once: a token is one virtual column, 16 tokens share a B tile. Rows past the
+ * last multiple of 16, and weights that are not BF16 or have cols % 32 != 0, go to the AVX-512
+ * kernel (with bf16 activations, BF16 weights to the VDPBF16PS one). */
 #include "kn_internal.h"
 
 #if KN_X86 && defined(__linux__)
@@ -196,38 +198,39 @@ TGT_AMX INLINE void tr16x16(__m512i r[16]) {
     }
 }
 
-/* The three bf16 parts of x[0..31] (each: bf16 of what the previous ones left), as 16 column
- * pairs (32-bit words) per part. */
-TGT_AMX INLINE void split3(const float *x, __m512i part[SPLIT]) {
+/* The S (1 or 3) bf16 parts of x[0..31] (each: bf16 of what the previous ones left), as 16
+ * column pairs (32-bit words) per part. */
+TGT_AMX INLINE void split_parts(const float *x, __m512i part[SPLIT], int S) {
     __m512 r0 = _mm512_loadu_ps(x), r1 = _mm512_loadu_ps(x + 16), f0, f1;
-    for (int p = 0; p < SPLIT; p++) {
+    for (int p = 0; p < S; p++) {
         part[p] = to_bf16(r0, r1, &f0, &f1);
         r0 = _mm512_sub_ps(r0, f0), r1 = _mm512_sub_ps(r1, f1);
     }
 }
 
-/* B tile layouts (virtual column v of B tile v / 16, column v % 16):
- *   interleaved (n <= 10, one or two B tiles): v = SPLIT * t + p, part p of token t;
- *   planar (n > 10): B tile SPLIT * b + p holds part p of tokens 16 b .. 16 b + 15,
- *                   so that the parts of a token meet at the same place of three C tiles.
+/* B tile layouts for S parts per activation (3 with float32 activations, 1 with bf16 ones;
+ * virtual column v of B tile v / 16, column v % 16):
+ *   interleaved (S n <= 32, one or two B tiles): v = S * t + p, part p of token t;
+ *   planar (S n > 32): B tile S * b + p holds part p of tokens 16 b .. 16 b + 15,
+ *                   so that the parts of a token meet at the same place of S C tiles.
  * Either way each C element is one TDPBF16PS chain over the columns, so the layout (chosen
  * by n) never changes a result. xb [tile][32-column step][16 pairs][16 columns][2], unused
  * columns zero: each column pair lands as one 32-bit word, 64 bytes from the next pair. */
-static int amx_planar(int n) { return SPLIT * n > 32; }
-static int amx_tiles(int n) { return amx_planar(n) ? SPLIT * ((n + 15) / 16) : (SPLIT * n + 15) / 16; }
+static int amx_planar(int n, int S) { return S * n > 32; }
+static int amx_tiles(int n, int S) { return amx_planar(n, S) ? S * ((n + 15) / 16) : (S * n + 15) / 16; }
 
-TGT_AMX static void amx_pack(uint16_t *xb, const float *x, int n, int cols) {
+TGT_AMX static void amx_pack(uint16_t *xb, const float *x, int n, int cols, int S) {
     const int ks_n = cols / 32;
-    if (!amx_planar(n)) {
-        memset(xb, 0, (size_t)amx_tiles(n) * ks_n * TILE_ELEMS * sizeof(uint16_t));
+    if (!amx_planar(n, S)) {
+        memset(xb, 0, (size_t)amx_tiles(n, S) * ks_n * TILE_ELEMS * sizeof(uint16_t));
         for (int t = 0; t < n; t++)
             for (int ks = 0; ks < ks_n; ks++) {
                 uint32_t pairs[SPLIT][16] __attribute__((aligned(64)));
                 __m512i part[SPLIT];
-                split3(x + (size_t)t * cols + (size_t)ks * 32, part);
-                for (int p = 0; p < SPLIT; p++) _mm512_store_si512(pairs[p], part[p]);
-                for (int p = 0; p < SPLIT; p++) {
-                    const int v = SPLIT * t + p; /* B tile v / 16, column v % 16 */
+                split_parts(x + (size_t)t * cols + (size_t)ks * 32, part, S);
+                for (int p = 0; p < S; p++) _mm512_store_si512(pairs[p], part[p]);
+                for (int p = 0; p < S; p++) {
+                    const int v = S * t + p; /* B tile v / 16, column v % 16 */
                     uint32_t *dst = (uint32_t *)(xb + ((size_t)(v / 16) * ks_n + ks) * TILE_ELEMS);
                     for (int q = 0; q < 16; q++) dst[q * 16 + v % 16] = pairs[p][q];
                 }
@@ -241,12 +244,12 @@ TGT_AMX static void amx_pack(uint16_t *xb, const float *x, int n, int cols) {
         __m512i rows[SPLIT][16];
         for (int j = 0; j < 16; j++) {
             __m512i part[SPLIT] = {_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512()};
-            if (j < nt) split3(x + (size_t)(16 * b + j) * cols + (size_t)ks * 32, part);
-            for (int p = 0; p < SPLIT; p++) rows[p][j] = part[p];
+            if (j < nt) split_parts(x + (size_t)(16 * b + j) * cols + (size_t)ks * 32, part, S);
+            for (int p = 0; p < S; p++) rows[p][j] = part[p];
         }
-        for (int p = 0; p < SPLIT; p++) { /* [token][pair] -> [pair][token] */
+        for (int p = 0; p < S; p++) { /* [token][pair] -> [pair][token] */
             tr16x16(rows[p]);
-            uint16_t *dst = xb + ((size_t)(SPLIT * b + p) * ks_n + ks) * TILE_ELEMS;
+            uint16_t *dst = xb + ((size_t)(S * b + p) * ks_n + ks) * TILE_ELEMS;
             for (int q = 0; q < 16; q++) _mm512_store_si512(dst + q * 32, rows[p][q]);
         }
     }
@@ -261,13 +264,13 @@ TGT_AMX static void amx_pack(uint16_t *xb, const float *x, int n, int cols) {
 #define STREAM_MIN_BYTES ((size_t)4 << 20) /* outputs at least this large bypass the caches */
 
 /* Tokens per block: whole multiples of 16 whose packed activations fit XBLOCK_BYTES, or all n. */
-static int amx_tok_block(int cols, int n) {
-    int tb = (int)(XBLOCK_BYTES / ((size_t)cols * SPLIT * sizeof(uint16_t))) / 16 * 16;
+static int amx_tok_block(int cols, int n, int S) {
+    int tb = (int)(XBLOCK_BYTES / ((size_t)cols * S * sizeof(uint16_t))) / 16 * 16;
     if (tb < 16) tb = 16;
     return tb < n ? tb : n;
 }
 /* C columns of one token block (whole B tiles). */
-static int amx_ldc(int tok_block) { return 16 * amx_tiles(tok_block); }
+static int amx_ldc(int tok_block, int S) { return 16 * amx_tiles(tok_block, S); }
 /* C floats a thread holds: C_ROWS rows, or CHUNK_TILES row tiles of up to BLOCK3_MAX_TILES B tiles. */
 static size_t amx_cb_floats(int ldc) {
     const size_t a = (size_t)C_ROWS * ldc, b = (size_t)CHUNK_TILES * 16 * 16 * BLOCK3_MAX_TILES;
@@ -275,14 +278,14 @@ static size_t amx_cb_floats(int ldc) {
 }
 
 /* y rows r0 .. r0 + 16 rg - 1 of tokens t0 .. t0 + nb - 1 from their C results cb [16 rg][ldc]:
- * y = (hi + mid) + lo. */
+ * y = (hi + mid) + lo, or the one part's sum with bf16 activations (S = 1). */
 TGT_AMX static void amx_combine(float *y, int rows, int r0, int rg, int t0, int nb, const float *cb, int ldc,
-                                int planar, int stream) {
+                                int planar, int stream, int S) {
     if (!planar) {
         for (int t = 0; t < nb; t++)
             for (int r = 0; r < 16 * rg; r++) {
-                const float *cr = cb + (size_t)r * ldc + SPLIT * t;
-                y[(size_t)(t0 + t) * rows + r0 + r] = (cr[0] + cr[1]) + cr[2];
+                const float *cr = cb + (size_t)r * ldc + S * t;
+                y[(size_t)(t0 + t) * rows + r0 + r] = S == 1 ? cr[0] : (cr[0] + cr[1]) + cr[2];
             }
         return;
     }
@@ -291,7 +294,11 @@ TGT_AMX static void amx_combine(float *y, int rows, int r0, int rg, int t0, int 
         for (int rt = 0; rt < rg; rt++) {
             __m512i v[16]; /* [row][token] sums, then [token][row] */
             for (int r = 0; r < 16; r++) {
-                const float *cr = cb + (size_t)(16 * rt + r) * ldc + (size_t)SPLIT * 16 * b;
+                const float *cr = cb + (size_t)(16 * rt + r) * ldc + (size_t)S * 16 * b;
+                if (S == 1) {
+                    v[r] = _mm512_castps_si512(_mm512_load_ps(cr));
+                    continue;
+                }
                 const __m512 hm = _mm512_add_ps(_mm512_load_ps(cr), _mm512_load_ps(cr + 16));
                 v[r] = _mm512_castps_si512(_mm512_add_ps(hm, _mm512_load_ps(cr + 32)));
             }
@@ -316,10 +323,10 @@ TGT_AMX static void amx_combine(float *y, int rows, int r0, int rg, int t0, int 
  * a [5120, 17408] product of 12-16 tokens took 12.5-13.4 ms, 3.3x one token's, and now 6.1 ms
  * (2 threads, 2026-12-05). */
 TGT_AMX static void amx_run(int count, float *const *ys, const dfl_mat *const *ws, int n, const uint16_t *xb,
-                            float *cball) {
-    const int cols = ws[0]->cols, ks_n = cols / 32, planar = amx_planar(n);
+                            float *cball, int S) {
+    const int cols = ws[0]->cols, ks_n = cols / 32, planar = amx_planar(n, S);
     const size_t ldw = (size_t)cols * sizeof(uint16_t), tile_step = (size_t)ks_n * TILE_ELEMS;
-    const int tok_block = amx_tok_block(cols, n), ldc = amx_ldc(tok_block);
+    const int tok_block = amx_tok_block(cols, n, S), ldc = amx_ldc(tok_block, S);
     size_t rows16_all = 0, rows_all = 0;
     int aligned = 1; /* every output row starts on a cache line */
     for (int i = 0; i < count; i++) {
@@ -338,12 +345,12 @@ TGT_AMX static void amx_run(int count, float *const *ys, const dfl_mat *const *w
         for (int t0 = 0; t0 < n; t0 += tok_block) {
             const int nb = n - t0 < tok_block ? n - t0 : tok_block;
             /* this block's B tiles, and the row tiles per group for them */
-            const int c0 = planar ? SPLIT * t0 / 16 : 0, cn = planar ? SPLIT * ((nb + 15) / 16) : amx_tiles(nb);
+            const int c0 = planar ? S * t0 / 16 : 0, cn = planar ? S * ((nb + 15) / 16) : amx_tiles(nb, S);
             const int rg_max = cn <= BLOCK3_MAX_TILES ? 1 : 2;
             /* 16-token groups whose B tiles outgrow L2 (wide matrices: a 27B's down projection)
              * run CHUNK_TILES row tiles over one chunk of the columns, then the next chunk, so
              * that each chunk's B tiles are read from L2 by all of them */
-            const int kc = planar && rg_max == 1 && (size_t)cn * ks_n * TILE_ELEMS * 2 > B_L2_MAX
+            const int kc = planar && rg_max == 1 && cn % 3 == 0 && (size_t)cn * ks_n * TILE_ELEMS * 2 > B_L2_MAX
                                ? (int)(B_CHUNK / ((size_t)cn * TILE_ELEMS * 2))
                                : ks_n;
             /* row tiles per claimed group; chunked: up to CHUNK_TILES, at least 4 groups a thread */
@@ -373,15 +380,19 @@ TGT_AMX static void amx_run(int count, float *const *ys, const dfl_mat *const *w
                                            cb + (size_t)16 * j * ldc + c * 16, ldc, k0 > 0);
                     }
                     for (int j = 0; j < nt; j++)
-                        amx_combine(ys[i], rows, r0 + 16 * j, 1, t0, nb, cb + (size_t)16 * j * ldc, ldc, planar,
-                                    stream);
+                        amx_combine(ys[i], rows, r0 + 16 * j, 1, t0, nb, cb + (size_t)16 * j * ldc, ldc, planar, stream,
+                                    S);
                     continue;
                 }
                 if (cn == 1) amx_block1(wg, ldw, bt, ks_n, cb, ldc);
                 else if (!planar) amx_block2(wg, ldw, bt, tile_step, ks_n, cb, ldc);
-                else if (rg_max == 1) /* whole 16-token groups, one after the other */
-                    for (int c = 0; c < cn; c += 3)
-                        amx_block3(wg, ldw, bt + (size_t)c * tile_step, tile_step, ks_n, cb + c * 16, ldc, 0);
+                else if (rg_max == 1) /* three B tiles at a time (a 16-token group's parts), one after the other */
+                    for (int c = 0; c < cn; c += 3) {
+                        const uint16_t *bc = bt + (size_t)c * tile_step;
+                        if (cn - c >= 3) amx_block3(wg, ldw, bc, tile_step, ks_n, cb + c * 16, ldc, 0);
+                        else if (cn - c == 2) amx_block2(wg, ldw, bc, tile_step, ks_n, cb + c * 16, ldc);
+                        else amx_block1(wg, ldw, bc, ks_n, cb + c * 16, ldc);
+                    }
                 else
                     for (int c = 0; c < cn; c += 2) {
                         const uint16_t *bc = bt + (size_t)c * tile_step;
@@ -395,7 +406,7 @@ TGT_AMX static void amx_run(int count, float *const *ys, const dfl_mat *const *w
                             else amx_block22(wg, ldw, bc, tile_step, ks_n, cbc, ldc, pf, 1, 1);
                         }
                     }
-                amx_combine(ys[i], rows, r0, rg, t0, nb, cb, ldc, planar, stream);
+                amx_combine(ys[i], rows, r0, rg, t0, nb, cb, ldc, planar, stream, S);
             }
         }
         if (stream) _mm_sfence(); /* the streamed rows before the region's closing barrier */
@@ -432,40 +443,47 @@ TGT_AMX float kn_peak_amx(long iters) {
     return c[0];
 }
 
+/* One product outside the tiles, as the activation mode computes it there: BF16 weights with bf16
+ * activations through VDPBF16PS, the rest through the AVX-512 kernel. */
+static void amx_other(float *y, const float *x, const dfl_mat *w, int n, int S) {
+    const kn_mm_job j = {y, x, w, n};
+    if (S == 1 && w->dtype == ST_BF16) kn_matmul_bf16act(1, &j);
+    else kn_matmul_avx512(1, &j);
+}
+
 void kn_matmul_amx_multi(int count, float *const *y, const float *x, const dfl_mat *const *w, int n) {
     if (n < 1 || count < 1) return;
-    const int cols = w[0]->cols;
+    const int cols = w[0]->cols, S = kn_act_get() == KN_ACT_BF16 ? 1 : SPLIT;
     int ok = count <= AMX_MULTI_MAX && cols % 32 == 0;
     size_t tails = 0; /* floats of the rows past each matrix's last multiple of 16 */
     for (int i = 0; i < count && ok; i++) {
         ok = w[i]->dtype == ST_BF16 && w[i]->cols == cols && w[i]->rows >= 16;
         tails += (size_t)n * (w[i]->rows % 16);
     }
-    if (!ok) { /* one matrix at a time (other dtypes and shapes: the AVX-512 kernel) */
+    if (!ok) { /* one matrix at a time (other dtypes and shapes: amx_other) */
         for (int i = 0; i < count; i++)
-            if (count == 1) kn_matmul_avx512(1, &(kn_mm_job){y[i], x, w[i], n});
+            if (count == 1) amx_other(y[i], x, w[i], n, S);
             else kn_matmul_amx_multi(1, &y[i], x, &w[i], n);
         return;
     }
-    uint16_t *xb = aligned_alloc(64, (size_t)amx_tiles(n) * (cols / 32) * TILE_ELEMS * sizeof(uint16_t));
-    float *cball = aligned_alloc(64, (size_t)omp_get_max_threads() * amx_cb_floats(amx_ldc(amx_tok_block(cols, n))) *
-                                         sizeof(float));
+    uint16_t *xb = aligned_alloc(64, (size_t)amx_tiles(n, S) * (cols / 32) * TILE_ELEMS * sizeof(uint16_t));
+    float *cball = aligned_alloc(64, (size_t)omp_get_max_threads() *
+                                         amx_cb_floats(amx_ldc(amx_tok_block(cols, n, S), S)) * sizeof(float));
     float *ytail = tails ? malloc(tails * sizeof(float)) : NULL;
     if (!xb || !cball || (tails && !ytail)) { /* no memory for the packed activations: the generic kernel needs none */
         free(xb), free(cball), free(ytail);
         for (int i = 0; i < count; i++) kn_matmul_generic(y[i], x, w[i], n);
         return;
     }
-    amx_pack(xb, x, n, cols);
-    amx_run(count, y, w, n, xb, cball);
-    for (int i = 0; i < count; i++) { /* the last rows % 16 rows: the AVX-512 kernel, then into place */
+    amx_pack(xb, x, n, cols, S);
+    amx_run(count, y, w, n, xb, cball, S);
+    for (int i = 0; i < count; i++) { /* the last rows % 16 rows: amx_other, then into place */
         const int rows = w[i]->rows, rows16 = rows / 16 * 16, tail = rows - rows16;
         if (!tail) continue;
         dfl_mat sub = *w[i];
         sub.data = (const uint16_t *)w[i]->data + (size_t)rows16 * cols;
         sub.rows = tail;
-        const dfl_mat *subp = &sub;
-        kn_matmul_avx512(1, &(kn_mm_job){ytail, x, subp, n});
+        amx_other(ytail, x, &sub, n, S);
         for (int t = 0; t < n; t++)
             memcpy(y[i] + (size_t)t * rows + rows16, ytail + (size_t)t * tail, (size_t)tail * sizeof(float));
     }

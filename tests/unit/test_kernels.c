@@ -606,10 +606,11 @@ static void check_isa_api(void) {
 /* KN_ACT_BF16 on BF16 weights (every path): the product of W with x rounded to bf16 once (round
  * to nearest even), products exact and sums float32, so within the float32 summation bound of
  * the generic float32 product on the rounded activations; rows of an n-token product equal
- * single-token products bit for bit (tiles and the one-token streaming path alike); other
+ * single-token products bit for bit (tiles, AMX tiles in every layout and the one-token
+ * streaming path alike); other
  * dtypes are unchanged. Then back to KN_ACT_F32. */
 static void check_act_bf16(kn_isa isa, int rows, int cols) {
-    const int NMAX = 9;
+    const int NMAX = isa == KN_ISA_AMX ? 40 : 9; /* AMX: one and two interleaved B tiles, then planar */
     void *store;
     const dfl_mat w = make_mat(ST_BF16, rows, cols, &store);
     float *x = malloc((size_t)NMAX * cols * sizeof(float)), *xr = malloc((size_t)NMAX * cols * sizeof(float));
