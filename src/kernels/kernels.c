@@ -42,12 +42,13 @@ void kn_matmul_jobs(int count, const kn_mm_job *j) {
     for (int i = 0, e; i < count; i = e) {
         e = i + 1;
 #if KN_X86 && defined(__linux__)
-        if (mm_amx()) { /* runs that share an input, as kn_matmul_multi */
-            while (e < count && e - i < KN_MULTI_MAX && j[e].x == j[i].x && j[e].n == j[i].n) e++;
-            float *y[KN_MULTI_MAX];
-            const dfl_mat *w[KN_MULTI_MAX];
-            for (int q = i; q < e; q++) y[q - i] = j[q].y, w[q - i] = j[q].w;
-            if (j[i].n > 0) kn_matmul_amx_multi(e - i, y, j[i].x, w, j[i].n);
+        if (mm_amx()) { /* runs of one batch size and width in one region, each product with its input */
+            while (e < count && e - i < KN_AMX_JOBS_MAX && j[e].n == j[i].n && j[e].w->cols == j[i].w->cols) e++;
+            float *y[KN_AMX_JOBS_MAX];
+            const float *x[KN_AMX_JOBS_MAX];
+            const dfl_mat *w[KN_AMX_JOBS_MAX];
+            for (int q = i; q < e; q++) y[q - i] = j[q].y, x[q - i] = j[q].x, w[q - i] = j[q].w;
+            if (j[i].n > 0) kn_matmul_amx_multi(e - i, y, x, w, j[i].n);
             continue;
         }
 #endif
@@ -60,8 +61,10 @@ void kn_matmul_jobs(int count, const kn_mm_job *j) {
 void kn_matmul_multi(int count, float *const *y, const float *x, const dfl_mat *const *w, int n) {
     if (count < 1) return;
 #if KN_X86 && defined(__linux__)
-    if (mm_amx()) {
-        kn_matmul_amx_multi(count, y, x, w, n);
+    if (mm_amx() && count <= KN_AMX_JOBS_MAX) {
+        const float *xs[KN_AMX_JOBS_MAX];
+        for (int i = 0; i < count; i++) xs[i] = x;
+        kn_matmul_amx_multi(count, y, xs, w, n);
         return;
     }
 #endif

@@ -43,7 +43,6 @@ void kn_gdn_chunk_generic(float *S, const kn_gdn_io *io, float *work);
 #if KN_X86
 /* count products of one dtype and width (kn_matmul_jobs), each equal to a call on its job alone
  * bit for bit, in one parallel region. */
-#define KN_MULTI_MAX 8 /* matrices of one kn_matmul_multi call that go together */
 void kn_matmul_avx2(int count, const kn_mm_job *j);
 void kn_matmul_avx512(int count, const kn_mm_job *j);
 /* BF16 weights only (the dispatcher sends other dtypes to kn_matmul_avx512). */
@@ -51,9 +50,11 @@ void kn_matmul_avx512bf16(int count, const kn_mm_job *j);
 /* BF16 weights only, KN_ACT_BF16: each activation rounded to bf16 once (VDPBF16PS). */
 void kn_matmul_bf16act(int count, const kn_mm_job *j);
 #if defined(__linux__)
-/* AMX path: BF16 weights with cols % 32 == 0, matrices of one width sharing x in one pass
- * (other dtypes and shapes: kn_matmul_avx512). */
-void kn_matmul_amx_multi(int count, float *const *y, const float *x, const dfl_mat *const *w, int n);
+/* AMX path: up to KN_AMX_JOBS_MAX BF16 matrices of one width (cols % 32 == 0), y[i] = x[i] . w[i]^T
+ * over n tokens each, in one parallel region; consecutive equal x[i] are packed once (other
+ * dtypes and shapes: kn_matmul_avx512, or the VDPBF16PS kernel with bf16 activations). */
+#define KN_AMX_JOBS_MAX 32
+void kn_matmul_amx_multi(int count, float *const *y, const float *const *x, const dfl_mat *const *w, int n);
 /* Ask Linux for the AMX tile state for this process; 1 when granted. */
 int kn_amx_request(void);
 /* kn_peak_macs's AMX loop: 12 x iters TDPBF16PS (16 x 16 x 32 multiply-adds each) on 4

@@ -60,7 +60,7 @@ typedef struct tile_config {
         _tile_dpbf16ps(0, TA, TB);       \
     } while (0)
 
-TGT_AMX static void amx_block1(const uint16_t *w, size_t ldw, const uint16_t *b, int ks_n, float *cb, int ldc) {
+TGT_AMX INLINE void amx_block1(const uint16_t *w, size_t ldw, const uint16_t *b, int ks_n, float *cb, int ldc) {
     _tile_zero(0);
     int ks = 0;
     for (; ks + 1 < ks_n; ks += 2) {
@@ -83,7 +83,7 @@ TGT_AMX static void amx_block1(const uint16_t *w, size_t ldw, const uint16_t *b,
         _tile_dpbf16ps(1, TA, TB1);                  \
     } while (0)
 
-TGT_AMX static void amx_block2(const uint16_t *w, size_t ldw, const uint16_t *b, size_t bstride, int ks_n, float *cb,
+TGT_AMX INLINE void amx_block2(const uint16_t *w, size_t ldw, const uint16_t *b, size_t bstride, int ks_n, float *cb,
                                int ldc) {
     const size_t ldcb = (size_t)ldc * sizeof(float);
     _tile_zero(0);
@@ -260,7 +260,7 @@ TGT_AMX static void amx_pack(uint16_t *xb, const float *x, int n, int cols, int 
 #define B_L2_MAX ((size_t)1280 << 10)      /* packed activations of a token block beyond this: chunks */
 #define B_CHUNK ((size_t)512 << 10)        /* packed activations of one chunk of the columns */
 #define BLOCK3_MAX_TILES 6                 /* up to this many B tiles (32 tokens) a row tile runs 16-token groups */
-#define AMX_MULTI_MAX 8                    /* matrices sharing one input in kn_matmul_amx_multi */
+#define AMX_MULTI_MAX KN_AMX_JOBS_MAX      /* matrices of one kn_matmul_amx_multi call */
 #define STREAM_MIN_BYTES ((size_t)4 << 20) /* outputs at least this large bypass the caches */
 
 /* Tokens per block: whole multiples of 16 whose packed activations fit XBLOCK_BYTES, or all n. */
@@ -322,7 +322,7 @@ TGT_AMX static void amx_combine(float *y, int rows, int r0, int rg, int t0, int 
  * over one chunk of the columns after the other: each row tile had read all of them from L3;
  * a [5120, 17408] product of 12-16 tokens took 12.5-13.4 ms, 3.3x one token's, and now 6.1 ms
  * (2 threads, 2026-12-05). */
-TGT_AMX static void amx_run(int count, float *const *ys, const dfl_mat *const *ws, int n, const uint16_t *xb,
+TGT_AMX static void amx_run(int count, float *const *ys, const dfl_mat *const *ws, int n, const uint16_t *const *xbs,
                             float *cball, int S) {
     const int cols = ws[0]->cols, ks_n = cols / 32, planar = amx_planar(n, S);
     const size_t ldw = (size_t)cols * sizeof(uint16_t), tile_step = (size_t)ks_n * TILE_ELEMS;
@@ -368,7 +368,7 @@ TGT_AMX static void amx_run(int count, float *const *ys, const dfl_mat *const *w
                 const int rows = ws[i]->rows, rows16 = rows / 16 * 16, r0 = (gi - (i ? g_end[i - 1] : 0)) * per * 16;
                 const int rg = (rows16 - r0) / 16 < rg_max ? (rows16 - r0) / 16 : rg_max;
                 const uint16_t *wg = (const uint16_t *)ws[i]->data + (size_t)r0 * cols,
-                               *bt = xb + (size_t)c0 * tile_step;
+                               *bt = xbs[i] + (size_t)c0 * tile_step;
                 if (kc < ks_n) {
                     const int nt = (rows16 - r0) / 16 < per ? (rows16 - r0) / 16 : per;
                     for (int k0 = 0; k0 < ks_n; k0 += kc) {
@@ -451,39 +451,45 @@ static void amx_other(float *y, const float *x, const dfl_mat *w, int n, int S) 
     else kn_matmul_avx512(1, &j);
 }
 
-void kn_matmul_amx_multi(int count, float *const *y, const float *x, const dfl_mat *const *w, int n) {
+void kn_matmul_amx_multi(int count, float *const *y, const float *const *x, const dfl_mat *const *w, int n) {
     if (n < 1 || count < 1) return;
     const int cols = w[0]->cols, S = kn_act_get() == KN_ACT_BF16 ? 1 : SPLIT;
-    int ok = count <= AMX_MULTI_MAX && cols % 32 == 0;
+    int ok = count <= AMX_MULTI_MAX && cols % 32 == 0, distinct = 0, slot[AMX_MULTI_MAX];
     size_t tails = 0; /* floats of the rows past each matrix's last multiple of 16 */
     for (int i = 0; i < count && ok; i++) {
         ok = w[i]->dtype == ST_BF16 && w[i]->cols == cols && w[i]->rows >= 16;
         tails += (size_t)n * (w[i]->rows % 16);
+        slot[i] = i && x[i] == x[i - 1] ? slot[i - 1] : distinct++; /* one packing per run of one input */
     }
     if (!ok) { /* one matrix at a time (other dtypes and shapes: amx_other) */
         for (int i = 0; i < count; i++)
-            if (count == 1) amx_other(y[i], x, w[i], n, S);
-            else kn_matmul_amx_multi(1, &y[i], x, &w[i], n);
+            if (count == 1) amx_other(y[i], x[i], w[i], n, S);
+            else kn_matmul_amx_multi(1, &y[i], &x[i], &w[i], n);
         return;
     }
-    uint16_t *xb = aligned_alloc(64, (size_t)amx_tiles(n, S) * (cols / 32) * TILE_ELEMS * sizeof(uint16_t));
+    const size_t xb_elems = (size_t)amx_tiles(n, S) * (cols / 32) * TILE_ELEMS;
+    uint16_t *xb = aligned_alloc(64, (size_t)distinct * xb_elems * sizeof(uint16_t));
     float *cball = aligned_alloc(64, (size_t)omp_get_max_threads() *
                                          amx_cb_floats(amx_ldc(amx_tok_block(cols, n, S), S)) * sizeof(float));
     float *ytail = tails ? malloc(tails * sizeof(float)) : NULL;
     if (!xb || !cball || (tails && !ytail)) { /* no memory for the packed activations: the generic kernel needs none */
         free(xb), free(cball), free(ytail);
-        for (int i = 0; i < count; i++) kn_matmul_generic(y[i], x, w[i], n);
+        for (int i = 0; i < count; i++) kn_matmul_generic(y[i], x[i], w[i], n);
         return;
     }
-    amx_pack(xb, x, n, cols, S);
-    amx_run(count, y, w, n, xb, cball, S);
+    const uint16_t *xbs[AMX_MULTI_MAX];
+    for (int i = 0; i < count; i++) {
+        xbs[i] = xb + (size_t)slot[i] * xb_elems;
+        if (!i || slot[i] != slot[i - 1]) amx_pack(xb + (size_t)slot[i] * xb_elems, x[i], n, cols, S);
+    }
+    amx_run(count, y, w, n, xbs, cball, S);
     for (int i = 0; i < count; i++) { /* the last rows % 16 rows: amx_other, then into place */
         const int rows = w[i]->rows, rows16 = rows / 16 * 16, tail = rows - rows16;
         if (!tail) continue;
         dfl_mat sub = *w[i];
         sub.data = (const uint16_t *)w[i]->data + (size_t)rows16 * cols;
         sub.rows = tail;
-        amx_other(ytail, x, &sub, n, S);
+        amx_other(ytail, x[i], &sub, n, S);
         for (int t = 0; t < n; t++)
             memcpy(y[i] + (size_t)t * rows + rows16, ytail + (size_t)t * tail, (size_t)tail * sizeof(float));
     }
