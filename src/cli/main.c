@@ -94,8 +94,8 @@ static int help(int argc, char **argv) {
 /* OpenMP's idle threads spin GOMP_SPINCOUNT times (libgomp's default: 300,000) at each barrier
  * before they sleep. On a machine where another process keeps a core busy, a thread that finished
  * its share spins on a core the preempted one needs: on 2 cores with one busy, 2 threads ran a
- * decode step 2.4x slower than 1. A few thousand spins keep an idle machine's speed (the next
- * region starts within them) and let a loaded one's threads yield (docs/threads.md). libgomp reads
+ * decode step 2.4-3x slower than 1. A few thousand spins cost an idle machine 1-4% (most regions
+ * start within them) and let a loaded one's threads yield (docs/threads.md). libgomp reads
  * the variable when it loads, before main: so dfl sets it and runs itself again, once, unless the
  * user chose a policy (OMP_WAIT_POLICY or GOMP_SPINCOUNT). */
 static void omp_spin_default(char **argv) {
