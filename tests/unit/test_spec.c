@@ -85,6 +85,19 @@ static int o_no_draft(void *ctx, int32_t anchor, int B, float *logits) {
     return dfl_seterr("draft() called although the drafter has draft_top");
 }
 
+/* The oracle's drafter interface: its draft(), or (top) draft_top with a draft() that must not
+ * be called; feature layer 0. */
+static dfl_draft_if oracle_if(oracle *orc, int top) {
+    static const int layer0 = 0;
+    return (dfl_draft_if){.ctx = orc,
+                          .add_context = o_add,
+                          .draft = top ? o_no_draft : o_draft,
+                          .draft_top = top ? o_draft_top : NULL,
+                          .context_len = o_len,
+                          .feature_layers = &layer0,
+                          .n_feature_layers = 1};
+}
+
 /* A drafter that takes one feature too many (the `<=` bug: the anchor's position enters its
  * context): the loop must refuse it on the first round. */
 static int leaky_add(void *ctx, const float *feat, const int32_t *tokens, int n) {
@@ -131,13 +144,7 @@ static void lossless(const char *target, const char *drafter) {
     /* (b) the oracle: every acceptance length, and whole blocks accepted */
     for (int B = 2; B <= 16; B += (B < 4 ? 1 : 4)) {
         oracle orc = {.truth = truth, .n_prompt = NP, .V = m.cfg.vocab};
-        int layer0 = 0;
-        dfl_draft_if dif = {.ctx = &orc,
-                            .add_context = o_add,
-                            .draft = o_draft,
-                            .context_len = o_len,
-                            .feature_layers = &layer0,
-                            .n_feature_layers = 1};
+        dfl_draft_if dif = oracle_if(&orc, 0);
         dfl_gen_opts o = {.max_new = N_GEN, .block = B, .ignore_eos = 1};
         target_state_reset(&s);
         CHECK(spec_generate(&s, &dif, prompt, NP, &o, out, &st, NULL, NULL) == DFL_OK, "oracle: %s", dfl_errmsg());
@@ -153,14 +160,7 @@ static void lossless(const char *target, const char *drafter) {
     CHECK(target_state_enable_tree(&s, 7) == DFL_OK, "tree: %s", dfl_errmsg());
     for (int budget = 0; budget <= 6; budget += 6) {
         oracle orc = {.truth = truth, .n_prompt = NP, .V = m.cfg.vocab};
-        int layer0 = 0;
-        dfl_draft_if dif = {.ctx = &orc,
-                            .add_context = o_add,
-                            .draft = o_no_draft,
-                            .draft_top = o_draft_top,
-                            .context_len = o_len,
-                            .feature_layers = &layer0,
-                            .n_feature_layers = 1};
+        dfl_draft_if dif = oracle_if(&orc, 1);
         dfl_gen_opts o = {.max_new = N_GEN - budget, .block = 8, .tree_budget = budget, .ignore_eos = 1};
         target_state_reset(&s); /* a tree's nodes take slots past the output */
         CHECK(spec_generate(&s, &dif, prompt, NP, &o, out, &st, NULL, NULL) == DFL_OK, "draft_top: %s", dfl_errmsg());
@@ -346,13 +346,7 @@ static void sampling(const char *target, const char *drafter) {
         for (int k = 0; k < K; k++) cnt_sp[k * V + out[k]]++;
         /* an oracle proposing the greedy tokens (one-hot q) exercises the acceptance branch */
         oracle orc = {.truth = truth, .n_prompt = NP, .V = V, .round = 1};
-        int layer0 = 0;
-        dfl_draft_if odif = {.ctx = &orc,
-                             .add_context = o_add,
-                             .draft = o_draft,
-                             .context_len = o_len,
-                             .feature_layers = &layer0,
-                             .n_feature_layers = 1};
+        dfl_draft_if odif = oracle_if(&orc, 0);
         o.seed = 5000000 + (uint64_t)r;
         target_state_reset(&s);
         spec_generate(&s, &odif, prompt, NP, &o, out, &st, NULL, NULL);
@@ -603,13 +597,7 @@ static void sampling_filtered(const char *target, const char *drafter, const fil
                 if (a == AR_FULL) o.top_p = 0, o.top_k = 0, o.on_logits = NULL;
                 /* round 0: no draft corrupted */
                 oracle orc = {.truth = truth, .n_prompt = NP, .V = V, .round = 0, .soft = 1};
-                int layer0 = 0;
-                dfl_draft_if odif = {.ctx = &orc,
-                                     .add_context = o_add,
-                                     .draft = o_draft,
-                                     .context_len = o_len,
-                                     .feature_layers = &layer0,
-                                     .n_feature_layers = 1};
+                dfl_draft_if odif = oracle_if(&orc, 0);
                 target_state_reset(&s);
                 drafter_state_reset(&ds);
                 dfl_draft_if dif = spec_dflash_drafter(&ds);
@@ -670,13 +658,7 @@ static void bad_input(void) {
         target_state_init(&s, &m, NP + 20, 16, 1);
         int32_t truth[N_GEN] = {0}, out[N_GEN];
         oracle orc = {.truth = truth, .n_prompt = NP, .V = m.cfg.vocab};
-        int layer0 = 0;
-        dfl_draft_if dif = {.ctx = &orc,
-                            .add_context = o_add,
-                            .draft = o_draft,
-                            .context_len = o_len,
-                            .feature_layers = &layer0,
-                            .n_feature_layers = 1};
+        dfl_draft_if dif = oracle_if(&orc, 0);
         dfl_gen_opts o = {.max_new = 8, .block = 4, .ignore_eos = 1};
         dfl_gen_stats st;
         dif.add_context = leaky_add;
