@@ -18,6 +18,20 @@ struct dfl_model;
 struct dfl_target_state;
 struct dfl_capture;
 
+/* Captured features where the target's backend keeps them: up to `rows` rows of `width` floats,
+ * one a token (the capture layers' outputs side by side, as dfl_capture.out). A forward whose
+ * dfl_capture names a dfl_feat (.to) writes token t's row to row t there. On the CPU the rows are
+ * host memory; a device backend keeps them in its memory, gathers an accepted path there and sends
+ * rows to the host only when someone reads them (dfl_feat_read): of a tree round only the accepted
+ * path crosses the bus, and nothing does for a drafter on the same device. */
+typedef struct dfl_feat {
+    dfl_device device; /* whose memory */
+    int rows, width;
+    float *host; /* [rows, width] on the host (the CPU's), else NULL */
+    void *dev;   /* [rows, width] in a device backend's memory, else NULL */
+    int owned;   /* allocated by dfl_feat_alloc (dfl_feat_free frees it), else a view of host rows */
+} dfl_feat;
+
 /* What one forward gives back. logits: [rows, V] on the host, or NULL; last_only: only the last
  * token's row (rows = 1). argmax: [rows] ids on the host, or NULL: the greedy token of each row
  * (the first index of its largest value, as kn_argmax). logits_scratch: the caller reads argmax
@@ -60,7 +74,29 @@ typedef struct dfl_backend {
     int (*probe)(uint64_t bytes, double *median_gbps, double *best_gbps);
     /* The device in words ("NVIDIA H200, 139.8 GiB, driver 13.0"), into buf. */
     void (*describe)(char *buf, int len);
+    /* Feature rows in the device's memory (dfl_feat; NULL on the CPU, whose rows are host memory
+     * handled by dfl_feat_*): allocate f->rows x f->width into f->dev, free it, move row idx[k] to
+     * row k for k < n (checked: ascending, idx[k] >= k), copy rows row0.. row0+n-1 to the host. */
+    int (*feat_alloc)(dfl_feat *f);
+    void (*feat_free)(dfl_feat *f);
+    int (*feat_gather)(dfl_feat *f, const int *idx, int n);
+    int (*feat_read)(const dfl_feat *f, int row0, int n, float *dst);
 } dfl_backend;
+
+/* rows x width feature rows in device d's memory (zeroed on the host; a device's are undefined
+ * until written). DFL_ERR naming the size on failure. */
+int dfl_feat_alloc(dfl_feat *f, dfl_device d, int rows, int width);
+/* A handle over host rows the caller owns ([rows, width]; dfl_feat_free leaves them alone). */
+dfl_feat dfl_feat_view(float *host, int rows, int width);
+void dfl_feat_free(dfl_feat *f);
+/* Row idx[k] to row k, k < n: an accepted path's rows (idx ascending, idx[k] >= k, < rows) to the
+ * front, where they stay (no copy for idx[k] == k). */
+int dfl_feat_gather(dfl_feat *f, const int *idx, int n);
+/* Rows row0 .. row0+n-1 to the host: dst [n, width]. */
+int dfl_feat_read(const dfl_feat *f, int row0, int n, float *dst);
+/* Rows row0 .. row0+n-1 as host memory: the rows themselves when f is on the host, else read into
+ * stage [n, width] (which must hold them) and stage returned; NULL on error (message set). */
+const float *dfl_feat_host_rows(const dfl_feat *f, int row0, int n, float *stage);
 
 /* "cpu" / "cuda". */
 const char *dfl_device_name(dfl_device d);

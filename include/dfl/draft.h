@@ -8,6 +8,8 @@
 
 #define DFL_MAX_BLOCK 256
 
+struct dfl_feat;
+
 /* A draft as the loops read it, per row k < B-1 of its logits: argmax[k] (kn_argmax of the row)
  * and, with K > 0, the K most probable tokens of the row's softmax, most probable first (ties: the
  * lower id), with their log-probabilities: top / toplp [B-1][K] (ddtree_topk's). A chain reads
@@ -24,11 +26,12 @@ typedef struct dfl_draft_top {
  * dfl/mtp.h); tests plug in others (e.g. an oracle that proposes known continuations). */
 typedef struct dfl_draft_if {
     void *ctx;
-    /* Append newly committed positions: feat [n, n_feat*H] the target's features there, tokens [n]
-     * the tokens at those positions (the inputs the features were computed from). A drafter that
-     * pairs a hidden state with the token after it (the MTP head) takes the next token from the
-     * next call or from the anchor. */
-    int (*add_context)(void *ctx, const float *feat, const int32_t *tokens, int n);
+    /* Append newly committed positions: rows 0..n-1 of feat (width n_feat*H) the target's
+     * features there, where the target's backend keeps them (a drafter elsewhere reads them,
+     * dfl_feat_host_rows); tokens [n] the tokens at those positions (the inputs the features were
+     * computed from). A drafter that pairs a hidden state with the token after it (the MTP head)
+     * takes the next token from the next call or from the anchor. */
+    int (*add_context)(void *ctx, const struct dfl_feat *feat, const int32_t *tokens, int n);
     /* Draft a block of B tokens starting with anchor: logits [B-1, V]. */
     int (*draft)(void *ctx, int32_t anchor, int B, float *logits);
     /* Optional (NULL: the loop summarizes draft()'s logits, dfl_draft_topk): the block drafted and

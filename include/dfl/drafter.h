@@ -124,6 +124,7 @@ typedef struct dfl_drafter_state {
     float *cand_logit; /* [B, K] their logits */
     int32_t *walk;     /* [B] last draft: the selector's block (row k: the token at start+k+1) */
     float *batch;      /* drafter_draft_many's activations [batch_rows, ...] (grown on demand) */
+    float *feat_in;    /* [max_block, n_feat*H] features read from a device (allocated on first use) */
     int batch_rows;
     uint64_t bytes;
 } dfl_drafter_state;
@@ -136,6 +137,9 @@ void drafter_state_reset(dfl_drafter_state *s);
  * layer outputs at target_layer_ids, concatenated per position. Computes fc -> hidden_norm and
  * every layer's context K/V. n may exceed max_block (processed in chunks). */
 int drafter_add_context(dfl_drafter_state *s, const float *feat, int n);
+/* The same from rows 0..n-1 of a feature handle: host rows in place, a device's read max_block
+ * rows at a time. */
+int drafter_add_features(dfl_drafter_state *s, const dfl_feat *f, int n);
 
 /* Draft one block [anchor, MASK x (B-1)] at positions n_ctx..n_ctx+B-1 (the anchor's own
  * position never has a feature: the context ends right before it). logits: [B-1, V], row k-1

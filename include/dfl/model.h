@@ -113,7 +113,9 @@ const char *model_layout_name(dfl_layout l);
 typedef struct dfl_capture {
     int n_layers;
     const int *layers; /* decoder layer ids */
-    float *out;        /* [n_tokens][n_layers][H]; rows written at out + t*n_layers*H */
+    float *out;        /* [n_tokens][n_layers][H] on the host; rows written at out + t*n_layers*H */
+    dfl_feat *to;      /* or (out NULL) rows 0..n_tokens-1 of a handle on the model's device, the
+                        * same layout (width n_layers*H): captured rows stay where the backend is */
 } dfl_capture;
 
 /* Scratch of a sparse MoE block over up to B tokens (k = experts per token); the target's forward

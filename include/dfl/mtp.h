@@ -72,6 +72,7 @@ typedef struct dfl_mtp_state {
     dfl_moe_buf moe;    /* MoE layer scratch (one row: a step runs one position) */
     float *scores;      /* [max_ctx] */
     float *inv_freq;    /* [rot/2] */
+    float *feat_in;     /* [max_block, H] features read from a device (allocated on first use) */
     uint64_t bytes;
 } dfl_mtp_state;
 
@@ -84,6 +85,8 @@ void mtp_state_reset(dfl_mtp_state *s);
  * there (before the final norm), tokens [n] the tokens at those positions. Each token completes
  * the pair (h_{i}, x_{i+1}) of the position before it, whose K/V enter the cache. */
 int mtp_add_context(dfl_mtp_state *s, const float *feat, const int32_t *tokens, int n);
+/* The same from rows 0..n-1 of a feature handle (host rows in place, a device's read in chunks). */
+int mtp_add_features(dfl_mtp_state *s, const dfl_feat *f, const int32_t *tokens, int n);
 
 /* B-1 autoregressive steps from the anchor (the token at position n_ctx): logits [B-1, V], row
  * k-1 predicts the token at position n_ctx+k, each step conditioned on the argmax of the ones

@@ -86,6 +86,8 @@ typedef struct eval_recorder {
     int map[EVAL_MAX_FEAT_LAYERS]; /* inner layer i -> truth column */
     float *rows;                   /* scratch [chunk, inner layers * H] */
     int rows_cap;
+    float *feat_in; /* [feat_cap, truth layers * H] rows read from a device */
+    int feat_cap;
     float *lbuf;   /* draft_top: the inner drafter's logits [B-1, V] */
     int32_t *top;  /* draft_top: [B-1, K] the candidates for the loop and the cache */
     double *toplp; /* [B-1, K] */

@@ -79,12 +79,30 @@ static int forward_check(const dfl_target_state *s, const int32_t *tokens, const
         if (tokens[t] < 0 || tokens[t] >= g->vocab)
             return dfl_seterr("token id %d at batch position %d is outside the vocabulary [0, %d)", tokens[t], t,
                               g->vocab);
-    if (cap)
-        for (int i = 0; i < cap->n_layers; i++)
-            if (cap->layers[i] < 0 || cap->layers[i] >= g->n_layers)
-                return dfl_seterr("capture layer %d: the model has decoder layers 0..%d", cap->layers[i],
-                                  g->n_layers - 1);
+    if (!cap) return DFL_OK;
+    for (int i = 0; i < cap->n_layers; i++)
+        if (cap->layers[i] < 0 || cap->layers[i] >= g->n_layers)
+            return dfl_seterr("capture layer %d: the model has decoder layers 0..%d", cap->layers[i], g->n_layers - 1);
+    const dfl_feat *f = cap->to;
+    if ((cap->out && f) || (!cap->out && !f && cap->n_layers > 0))
+        return dfl_seterr("capture: give either host rows (out) or a feature handle (to)");
+    if (f && f->device != s->m->device)
+        return dfl_seterr("capture: the feature rows are on %s, the model runs on %s", dfl_device_name(f->device),
+                          dfl_device_name(s->m->device));
+    if (f && (n > f->rows || f->width != cap->n_layers * g->hidden))
+        return dfl_seterr("capture of %d tokens x %d layers x %d: the feature handle holds %d rows of %d", n,
+                          cap->n_layers, g->hidden, f->rows, f->width);
     return DFL_OK;
+}
+
+/* A backend's forward, with a capture into host feature rows given as plain host rows. */
+static int run_forward(dfl_target_state *s, const int32_t *tokens, const int *parent, int n, const dfl_fwd_out *out) {
+    if (!out->cap || !out->cap->to || !out->cap->to->host) return s->m->be->forward(s, tokens, parent, n, out);
+    dfl_capture cap = *out->cap;
+    cap.out = cap.to->host, cap.to = NULL;
+    dfl_fwd_out o = *out;
+    o.cap = &cap;
+    return s->m->be->forward(s, tokens, parent, n, &o);
 }
 
 int target_state_init(dfl_target_state *s, const dfl_model *m, int max_ctx, int max_batch, int record) {
@@ -100,7 +118,7 @@ void target_state_reset(dfl_target_state *s) { s->m->be->target_state_reset(s); 
 
 int model_forward_ex(dfl_target_state *s, const int32_t *tokens, const int *parent, int n, const dfl_fwd_out *out) {
     if (forward_check(s, tokens, parent, n, out->cap) != DFL_OK) return DFL_ERR;
-    if (out->top_k <= 0) return s->m->be->forward(s, tokens, parent, n, out);
+    if (out->top_k <= 0) return run_forward(s, tokens, parent, n, out);
     const int V = s->m->cfg.vocab, rows = out->last_only ? 1 : n;
     if (out->top_k > V || !out->logits || !out->top_ids || !out->top_lp)
         return dfl_seterr("forward: top %d of each row needs 1..%d candidates and the logits, ids and log-probability "
@@ -108,7 +126,7 @@ int model_forward_ex(dfl_target_state *s, const int32_t *tokens, const int *pare
                           out->top_k, V);
     dfl_fwd_out o = *out; /* no backend summarizes on the device yet: the rows come back */
     o.logits_scratch = 0;
-    if (s->m->be->forward(s, tokens, parent, n, &o)) return DFL_ERR;
+    if (run_forward(s, tokens, parent, n, &o)) return DFL_ERR;
     for (int r = 0; r < rows; r++)
         kn_logsoftmax_top(out->logits + (size_t)r * V, V, out->top_k, out->top_ids + (size_t)r * out->top_k,
                           out->top_lp + (size_t)r * out->top_k);

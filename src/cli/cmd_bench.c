@@ -644,7 +644,8 @@ static int run_bench(const bench_opts *o, const dfl_model *m, dfl_any_drafter *a
     }
     if ((o->parts & P_DRAFT) && ad) {
         double t0 = dfl_now();
-        if (dif.add_context(dif.ctx, feat, ctx_toks, ctx) != DFL_OK) goto done;
+        const dfl_feat fv = dfl_feat_view(feat, ctx, nf * H);
+        if (dif.add_context(dif.ctx, &fv, ctx_toks, ctx) != DFL_OK) goto done;
         r->draft_ctx_ms = 1e3 * (dfl_now() - t0) / ctx;
         r->draft_block_ms = 1e30;
         for (int i = 0; i < o->reps + 1; i++) { /* the first run warms up */

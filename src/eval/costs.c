@@ -74,6 +74,7 @@ int eval_costs_measure(eval_costs *c, const dfl_model *m, dfl_draft_if *dr, cons
     dfl_tree tree = {0};
     /* a real draft on the first prompt gives the trees a realistic shape */
     dfl_capture cap = {.n_layers = nf, .layers = dr->feature_layers, .out = feat};
+    const dfl_feat fv = dfl_feat_view(feat, L, nf * H);
     int32_t anchor = 0;
     int rc = DFL_ERR;
     if (!logits || !feat || !vlog || !t || !toks) {
@@ -82,7 +83,7 @@ int eval_costs_measure(eval_costs *c, const dfl_model *m, dfl_draft_if *dr, cons
     }
     s.no_record = 1;
     dr->reset(dr->ctx);
-    if (model_forward(&s, prompt, L, logits, 1, &cap) || dr->add_context(dr->ctx, feat, prompt, L)) goto done;
+    if (model_forward(&s, prompt, L, logits, 1, &cap) || dr->add_context(dr->ctx, &fv, prompt, L)) goto done;
     anchor = kn_argmax(logits, V);
     if (dr->draft(dr->ctx, anchor, B, logits)) goto done;
     dr->reset(dr->ctx);

@@ -165,11 +165,23 @@ int eval_draft_cache_put_top(eval_draft_cache *c, int start, int bs, const dfl_d
 
 static double ema(double avg, double x, int n) { return n == 0 ? x : 0.7 * avg + 0.3 * x; }
 
-static int rec_add(void *ctx, const float *feat, const int32_t *tokens, int n) {
+/* Host rows of a feature handle (the truth records them), read into feat_in when on a device. */
+static const float *rec_rows(eval_recorder *r, const dfl_feat *f, int n) {
+    if (!f->host && n > r->feat_cap) {
+        float *p = realloc(r->feat_in, (size_t)n * f->width * sizeof(float));
+        if (!p) return dfl_seterr("out of memory recording features"), NULL;
+        r->feat_in = p, r->feat_cap = n;
+    }
+    return dfl_feat_host_rows(f, 0, n, r->feat_in);
+}
+
+static int rec_add(void *ctx, const dfl_feat *ff, const int32_t *tokens, int n) {
     eval_recorder *r = ctx;
     const eval_truth *t = r->truth;
     const int H = t->H, ni = r->inner.n_feature_layers;
     const double t0 = dfl_now();
+    const float *feat = rec_rows(r, ff, n);
+    if (!feat) return DFL_ERR;
     const int in_prefill = r->inner.context_len(r->inner.ctx) < r->n_prompt;
     if (r->adaptive && !in_prefill) { /* a round ends here: what it cost and what it gave */
         if (r->skipped) {
@@ -193,7 +205,8 @@ static int rec_add(void *ctx, const float *feat, const int32_t *tokens, int n) {
                    (size_t)H * sizeof(float));
     const double t1 = dfl_now();
     *(in_prefill ? &r->overhead_prefill_s : &r->overhead_s) += t1 - t0;
-    if (r->inner.add_context(r->inner.ctx, r->rows, tokens, n)) return DFL_ERR;
+    const dfl_feat rows = dfl_feat_view(r->rows, n, ni * H);
+    if (r->inner.add_context(r->inner.ctx, &rows, tokens, n)) return DFL_ERR;
     if (r->cache) r->cache->ctx_s += dfl_now() - t1, r->cache->ctx_rows += n;
     return DFL_OK;
 }
@@ -286,7 +299,7 @@ int eval_recorder_init(eval_recorder *r, dfl_draft_if inner, eval_truth *t, eval
 }
 
 void eval_recorder_free(eval_recorder *r) {
-    free(r->rows), free(r->lbuf), free(r->top), free(r->toplp);
+    free(r->rows), free(r->feat_in), free(r->lbuf), free(r->top), free(r->toplp);
     memset(r, 0, sizeof *r);
 }
 
@@ -404,7 +417,8 @@ int eval_replay_grow(dfl_draft_if *dr, const eval_truth *t, const int *col, floa
                        (size_t)H * sizeof(float));
             toks[p] = p0 + p < t->n_prompt ? t->prompt[p0 + p] : t->ids[p0 + p - t->n_prompt];
         }
-        if (dr->add_context(dr->ctx, rows, toks, n)) return DFL_ERR;
+        const dfl_feat f = dfl_feat_view(rows, n, nd * H);
+        if (dr->add_context(dr->ctx, &f, toks, n)) return DFL_ERR;
         have += n;
     }
     if (c) c->ctx_s += dfl_now() - t0;

@@ -69,6 +69,7 @@ void drafter_state_free(dfl_drafter_state *s) {
         }
     free(s->k_ctx), free(s->v_ctx), free(s->ctx), free(s->x), free(s->xn), free(s->q), free(s->kb), free(s->vb);
     free(s->att), free(s->mlp1), free(s->mlp2), free(s->scores), free(s->inv_freq), free(s->batch);
+    free(s->feat_in);
     dflash2_state_free(s);
     memset(s, 0, sizeof *s);
 }
@@ -81,6 +82,23 @@ static void norm_rope(const dfl_drafter_state *s, float *x, int nh, const float 
     float cs[256], sn[256]; /* [rot/2] */
     kn_rope_table(cs, sn, s->inv_freq, g->rot_dim / 2, (float)pos);
     kn_head_norm_rope(x, nh, (size_t)g->head_dim, w, g->head_dim, g->rms_eps, cs, sn, g->rot_dim);
+}
+
+int drafter_add_features(dfl_drafter_state *s, const dfl_feat *f, int n) {
+    const int nf = s->d->cfg.n_target_ids * s->d->cfg.hidden;
+    if (f->width != nf) return dfl_seterr("drafter features: rows of %d floats, the drafter reads %d", f->width, nf);
+    if (f->host) {
+        const float *rows = dfl_feat_host_rows(f, 0, n, NULL);
+        return rows ? drafter_add_context(s, rows, n) : DFL_ERR;
+    }
+    if (!s->feat_in && !(s->feat_in = malloc((size_t)s->max_block * nf * sizeof(float))))
+        return dfl_seterr("out of memory for the drafter's feature rows");
+    for (int c0 = 0; c0 < n; c0 += s->max_block) {
+        const int m = n - c0 < s->max_block ? n - c0 : s->max_block;
+        const float *rows = dfl_feat_host_rows(f, c0, m, s->feat_in);
+        if (!rows || drafter_add_context(s, rows, m)) return DFL_ERR;
+    }
+    return DFL_OK;
 }
 
 int drafter_add_context(dfl_drafter_state *s, const float *feat, int n) {

@@ -55,7 +55,7 @@ oom:
 void mtp_state_free(dfl_mtp_state *s) {
     free(s->k_cache), free(s->v_cache), free(s->pending), free(s->hid), free(s->cat), free(s->x), free(s->xn);
     free(s->q), free(s->k), free(s->v), free(s->att), free(s->mlp1), free(s->mlp2), free(s->scores);
-    free(s->inv_freq);
+    free(s->inv_freq), free(s->feat_in);
     moe_buf_free(&s->moe);
     memset(s, 0, sizeof *s);
 }
@@ -160,6 +160,23 @@ int mtp_add_context(dfl_mtp_state *s, const float *feat, const int32_t *tokens, 
     return DFL_OK;
 }
 
+int mtp_add_features(dfl_mtp_state *s, const dfl_feat *f, const int32_t *tokens, int n) {
+    const int H = s->t->cfg.hidden;
+    if (f->width != H) return dfl_seterr("MTP features: rows of %d floats, the head reads %d", f->width, H);
+    if (f->host) {
+        const float *rows = dfl_feat_host_rows(f, 0, n, NULL);
+        return rows ? mtp_add_context(s, rows, tokens, n) : DFL_ERR;
+    }
+    if (!s->feat_in && !(s->feat_in = malloc((size_t)s->max_block * H * sizeof(float))))
+        return dfl_seterr("out of memory for the MTP head's feature rows");
+    for (int c0 = 0; c0 < n; c0 += s->max_block) {
+        const int m = n - c0 < s->max_block ? n - c0 : s->max_block;
+        const float *rows = dfl_feat_host_rows(f, c0, m, s->feat_in);
+        if (!rows || mtp_add_context(s, rows, tokens + c0, m)) return DFL_ERR;
+    }
+    return DFL_OK;
+}
+
 int mtp_draft(dfl_mtp_state *s, int32_t anchor, int B, float *logits) {
     const dfl_model *t = s->t;
     const int H = t->cfg.hidden, V = t->cfg.vocab;
@@ -191,8 +208,8 @@ int mtp_draft(dfl_mtp_state *s, int32_t anchor, int B, float *logits) {
     return DFL_OK;
 }
 
-static int if_add(void *ctx, const float *feat, const int32_t *tokens, int n) {
-    return mtp_add_context(ctx, feat, tokens, n);
+static int if_add(void *ctx, const dfl_feat *feat, const int32_t *tokens, int n) {
+    return mtp_add_features(ctx, feat, tokens, n);
 }
 static int if_draft(void *ctx, int32_t anchor, int B, float *logits) { return mtp_draft(ctx, anchor, B, logits); }
 static int if_len(void *ctx) { return ((dfl_mtp_state *)ctx)->n_ctx; }

@@ -141,9 +141,9 @@ static int32_t pick(const float *logits, int V, const dfl_gen_opts *o, float *pr
     return sample(probs, V, r);
 }
 
-static int dflash_add(void *ctx, const float *feat, const int32_t *tokens, int n) {
+static int dflash_add(void *ctx, const dfl_feat *feat, const int32_t *tokens, int n) {
     (void)tokens; /* DFlash reads features only */
-    return drafter_add_context(ctx, feat, n);
+    return drafter_add_features(ctx, feat, n);
 }
 static int dflash_draft(void *ctx, int32_t anchor, int B, float *logits) {
     return drafter_draft(ctx, anchor, B, logits);
@@ -189,7 +189,7 @@ typedef struct gen {
     float *dlogits;   /* [B - 1, V] the drafter's output (with pq: its filtered probabilities) */
     int K;            /* candidates a draft row gives a tree: min(N, V) */
     dfl_draft_top dt; /* the draft as chain and tree read it: argmax [B], top / toplp [B - 1][K] */
-    float *feat;      /* the captured features of the rows of a forward */
+    dfl_feat feat;    /* the captured features of the rows of a forward, where the target runs */
     float *plog;      /* the prompt's rows for opts.prompt_logits, else NULL */
     dfl_tree tree;
     dfl_rng rng;
@@ -294,13 +294,9 @@ static int32_t target_choice(void *ud, int node, int depth, int *final) {
 /* The accepted path's features, in path order, extend the drafter's context. */
 static int extend_context(gen *g, const dfl_proposal *p, const int *path, int len) {
     const double td = dfl_now();
-    const size_t w = (size_t)g->dr->n_feature_layers * g->H;
     int32_t tok[DFL_MAX_BLOCK];
-    for (int k = 0; k < len; k++) {
-        if (path[k] != k) memcpy(g->feat + k * w, g->feat + path[k] * w, w * sizeof(float));
-        tok[k] = p->token[path[k]];
-    }
-    if (g->dr->add_context(g->dr->ctx, g->feat, tok, len)) return DFL_ERR;
+    for (int k = 0; k < len; k++) tok[k] = p->token[path[k]];
+    if (dfl_feat_gather(&g->feat, path, len) || g->dr->add_context(g->dr->ctx, &g->feat, tok, len)) return DFL_ERR;
     g->st->t_draft += dfl_now() - td;
     return DFL_OK;
 }
@@ -430,7 +426,7 @@ static int prefill(gen *g, const int32_t *prompt, int n_prompt, int32_t *first) 
                                     .top_lp = g->toplp};
             if (model_forward_ex(s, prompt + c0, NULL, n, &fo)) return DFL_ERR;
         }
-        if (g->dr && g->dr->add_context(g->dr->ctx, g->feat, prompt + c0, n)) return DFL_ERR;
+        if (g->dr && g->dr->add_context(g->dr->ctx, &g->feat, prompt + c0, n)) return DFL_ERR;
     }
     g->st->t_prefill = dfl_now() - t0;
     if (o->max_new == 0) return DFL_OK; /* the prefill only */
@@ -502,7 +498,6 @@ static int gen_alloc(gen *g, int n_prompt) {
     if (g->o->temperature > 0) g->rank = malloc((size_t)V * sizeof *g->rank);
     if (g->dr) {
         g->dlogits = malloc((size_t)B * V * sizeof(float));
-        g->feat = malloc((size_t)rows * g->cap.n_layers * g->H * sizeof(float));
         g->K = N < V ? N : V;
         g->dt = (dfl_draft_top){.K = N > 0 ? g->K : 0, .argmax = malloc((size_t)B * sizeof(int32_t))};
         if (N > 0) g->dt.top = malloc((size_t)B * g->K * sizeof(int32_t));
@@ -510,7 +505,8 @@ static int gen_alloc(gen *g, int n_prompt) {
         if (!g->dt.argmax || (N > 0 && (!g->dt.top || !g->dt.toplp))) return dfl_seterr("out of memory for drafts");
     }
     if (want_plog) g->plog = malloc((size_t)(n_prompt < chunk ? n_prompt : chunk) * V * sizeof(float));
-    if (!g->logits || !g->probs || (g->o->temperature > 0 && !g->rank) || (g->dr && (!g->dlogits || !g->feat)) ||
+    if (g->dr && dfl_feat_alloc(&g->feat, g->m->device, rows, g->cap.n_layers * g->H)) return DFL_ERR;
+    if (!g->logits || !g->probs || (g->o->temperature > 0 && !g->rank) || (g->dr && !g->dlogits) ||
         (want_plog && !g->plog))
         return dfl_seterr("out of memory for generation buffers");
     return N > 0 ? ddtree_alloc(&g->tree, N) : DFL_OK;
@@ -518,7 +514,8 @@ static int gen_alloc(gen *g, int n_prompt) {
 
 static void gen_free(gen *g) {
     ddtree_free(&g->tree);
-    free(g->logits), free(g->probs), free(g->rank), free(g->dlogits), free(g->feat), free(g->plog);
+    free(g->logits), free(g->probs), free(g->rank), free(g->dlogits), free(g->plog);
+    dfl_feat_free(&g->feat);
     free(g->dt.argmax), free(g->dt.top), free(g->dt.toplp), free(g->topi), free(g->toplp);
 }
 
@@ -557,7 +554,7 @@ int spec_generate(dfl_target_state *s, dfl_draft_if *dr, const int32_t *prompt, 
     rng_seed(&g.rng, o->seed);
     const int no_record0 = s->no_record;
     int rc = gen_alloc(&g, n_prompt);
-    g.cap.out = g.feat; /* the forwards capture the drafter's feature layers there */
+    g.cap.to = &g.feat; /* the forwards capture the drafter's feature layers there */
     int32_t first = 0;
     if (rc == DFL_OK) rc = prefill(&g, prompt, n_prompt, &first);
     if (rc == DFL_OK && o->max_new > 0) rc = decode(&g, first);

@@ -34,7 +34,7 @@ typedef struct stub {
     int len;
 } stub;
 
-static int s_add(void *ctx, const float *feat, const int32_t *tokens, int n) {
+static int s_add(void *ctx, const dfl_feat *feat, const int32_t *tokens, int n) {
     (void)feat, (void)tokens;
     ((stub *)ctx)->len += n;
     return DFL_OK;

@@ -6,6 +6,8 @@
  *    k-token forward; a forward rolled back to any position and continued = the straight run;
  *  - a DDTree tree forward: each node's logits = the same tokens as a chain, bit for bit, and the
  *    committed path continues exactly as the chain;
+ *  - captured rows kept on the GPU (dfl_feat) bit for bit those sent to the host, and a DFlash
+ *    drafter fed from them drafting the same bits; chain and DDTree with it lossless;
  *  - speculative decoding lossless on the GPU: with an oracle drafter (every acceptance length
  *    0..B-1 and full blocks) chain and DDTree give the greedy tokens.
  * Label "gpu": exits 77 (skipped) where no GPU answers. */
@@ -16,6 +18,7 @@
 #include "dfl/backend.h"
 #include "dfl/common.h"
 #include "dfl/ddtree.h"
+#include "dfl/drafter.h"
 #include "dfl/spec.h"
 #include "testutil.h"
 
@@ -85,6 +88,93 @@ static void against_cpu(const char *name, dfl_model *mc, dfl_model *mg) {
           first >= 0 ? og[first] : 0, first >= 0 ? oc[first] : 0);
     target_state_free(&sc), target_state_free(&sg);
     free(hc), free(hg), free(lc), free(lg);
+}
+
+/* Captured rows kept on the GPU (dfl_feat): the same bits as the rows sent to the host by the same
+ * forward; an accepted path gathered there reads back as the host's gather; a handle on another
+ * device than the model's is refused by name. */
+static void features(const char *name, dfl_model *mc, dfl_model *mg) {
+    const int H = mg->cfg.hidden, L = mg->cfg.n_layers, W = 2 * H;
+    const int layers[2] = {0, L - 1}, path[4] = {0, 2, 3, 7};
+    int32_t tok[T];
+    tokens(tok, T, mg->cfg.vocab, 3);
+    float *host = malloc((size_t)T * W * 4), *back = malloc((size_t)T * W * 4);
+    dfl_feat f, fc;
+    dfl_target_state s, sc;
+    CHECK(dfl_feat_alloc(&f, DFL_DEVICE_CUDA, T, W) == DFL_OK, "%s: feature rows: %s", name, dfl_errmsg());
+    CHECK(target_state_init(&s, mg, T + 4, T, 0) == DFL_OK, "%s: state: %s", name, dfl_errmsg());
+    const dfl_capture to_host = {.n_layers = 2, .layers = layers, .out = host},
+                      to_dev = {.n_layers = 2, .layers = layers, .to = &f};
+    CHECK(model_forward(&s, tok, T, NULL, 0, &to_host) == DFL_OK, "%s: forward: %s", name, dfl_errmsg());
+    target_state_reset(&s);
+    CHECK(model_forward(&s, tok, T, NULL, 0, &to_dev) == DFL_OK, "%s: forward: %s", name, dfl_errmsg());
+    CHECK(dfl_feat_read(&f, 0, T, back) == DFL_OK && same(back, host, (size_t)T * W),
+          "%s: rows captured on the gpu differ from those sent to the host", name);
+    CHECK(dfl_feat_gather(&f, path, 4) == DFL_OK && dfl_feat_read(&f, 0, 4, back) == DFL_OK, "%s: gather: %s", name,
+          dfl_errmsg());
+    int ok = 1;
+    for (int k = 0; k < 4; k++) ok &= same(back + (size_t)k * W, host + (size_t)path[k] * W, (size_t)W);
+    CHECK(ok, "%s: the gathered path's rows are not the path's", name);
+    CHECK(target_state_init(&sc, mc, T + 4, T, 0) == DFL_OK, "%s: cpu state", name);
+    CHECK(model_forward(&sc, tok, T, NULL, 0, &to_dev) == DFL_ERR && strstr(dfl_errmsg(), "are on cuda"),
+          "%s: gpu rows for a cpu model: %s", name, dfl_errmsg());
+    CHECK(dfl_feat_alloc(&fc, DFL_DEVICE_CPU, T, W) == DFL_OK, "%s: host rows", name);
+    target_state_reset(&sc);
+    const dfl_capture to_cpu = {.n_layers = 2, .layers = layers, .to = &fc};
+    CHECK(model_forward(&s, tok, 1, NULL, 0, &to_cpu) == DFL_ERR && strstr(dfl_errmsg(), "the model runs on cuda"),
+          "%s: host rows for a gpu model: %s", name, dfl_errmsg());
+    dfl_feat_free(&f), dfl_feat_free(&fc);
+    target_state_free(&s), target_state_free(&sc);
+    free(host), free(back);
+}
+
+/* A DFlash drafter on the host fed from rows kept on the GPU (read a block at a time) drafts the
+ * same bits as from the rows sent to the host; with it, chain and DDTree on the GPU give the GPU's
+ * greedy tokens (every round's path gathered on the device). */
+static void drafter_from_gpu(const char *name, const char *ddir, dfl_model *mg) {
+    dfl_drafter d;
+    if (drafter_open(&d, test_fixture(ddir), mg->cfg.n_layers) != DFL_OK) {
+        CHECK(0, "%s: %s", ddir, dfl_errmsg());
+        return;
+    }
+    const int V = mg->cfg.vocab, B = d.cfg.block_size, W = d.cfg.n_target_ids * mg->cfg.hidden;
+    int32_t tok[T], ar[N_GEN], sp[N_GEN];
+    tokens(tok, T, V, 4);
+    float *host = malloc((size_t)T * W * 4), *la = malloc((size_t)B * V * 4), *lb = malloc((size_t)B * V * 4);
+    dfl_feat f;
+    dfl_target_state s;
+    dfl_drafter_state da, db;
+    CHECK(dfl_feat_alloc(&f, DFL_DEVICE_CUDA, T, W) == DFL_OK &&
+              target_state_init(&s, mg, T + N_GEN + 8, T, 1) == DFL_OK && target_state_enable_tree(&s, 9) == DFL_OK &&
+              drafter_state_init(&da, &d, mg, T + N_GEN + 8, B) == DFL_OK &&
+              drafter_state_init(&db, &d, mg, T + N_GEN + 8, B) == DFL_OK,
+          "%s: states: %s", name, dfl_errmsg());
+    const dfl_capture to_host = {.n_layers = d.cfg.n_target_ids, .layers = d.cfg.target_layer_ids, .out = host},
+                      to_dev = {.n_layers = d.cfg.n_target_ids, .layers = d.cfg.target_layer_ids, .to = &f};
+    CHECK(model_forward(&s, tok, T, NULL, 0, &to_host) == DFL_OK, "%s: forward", name);
+    target_state_reset(&s);
+    CHECK(model_forward(&s, tok, T, NULL, 0, &to_dev) == DFL_OK, "%s: forward", name);
+    CHECK(drafter_add_features(&da, &f, T) == DFL_OK && drafter_add_context(&db, host, T) == DFL_OK &&
+              drafter_draft(&da, tok[0], B, la) == DFL_OK && drafter_draft(&db, tok[0], B, lb) == DFL_OK,
+          "%s: drafts: %s", name, dfl_errmsg());
+    CHECK(same(la, lb, (size_t)(B - 1) * V), "%s: drafts from gpu rows differ from drafts from host rows", name);
+    dfl_gen_opts o = {.max_new = N_GEN, .block = B, .ignore_eos = 1};
+    dfl_gen_stats st;
+    dfl_draft_if dif = spec_dflash_drafter(&da);
+    target_state_reset(&s);
+    CHECK(spec_generate(&s, NULL, tok, 8, &o, ar, &st, NULL, NULL) == DFL_OK, "%s: greedy", name);
+    for (int budget = 0; budget <= 8; budget += 8) {
+        o.tree_budget = budget;
+        target_state_reset(&s), drafter_state_reset(&da);
+        CHECK(spec_generate(&s, &dif, tok, 8, &o, sp, &st, NULL, NULL) == DFL_OK, "%s: %s: %s", name,
+              budget ? "ddtree" : "chain", dfl_errmsg());
+        CHECK(memcmp(sp, ar, sizeof ar) == 0, "%s: %s with the drafter on gpu rows differs from greedy", name,
+              budget ? "ddtree" : "chain");
+    }
+    dfl_feat_free(&f);
+    target_state_free(&s), drafter_state_free(&da), drafter_state_free(&db);
+    drafter_close(&d);
+    free(host), free(la), free(lb);
 }
 
 /* Batch layout and rollback, bit for bit on the GPU (as test_forward_consistency on the CPU). */
@@ -167,7 +257,7 @@ typedef struct oracle {
     const int32_t *truth;
     int n_prompt, n_ctx, round, V;
 } oracle;
-static int o_add(void *ctx, const float *feat, const int32_t *tok, int n) {
+static int o_add(void *ctx, const dfl_feat *feat, const int32_t *tok, int n) {
     (void)feat, (void)tok;
     ((oracle *)ctx)->n_ctx += n;
     return DFL_OK;
@@ -237,6 +327,9 @@ int main(void) {
             CHECK(0, "%s: to cuda: %s", names[i], dfl_errmsg());
         } else {
             against_cpu(names[i], &mc, &mg);
+            features(names[i], &mc, &mg);
+            if (strcmp(names[i], "qwen3_tiny") == 0) drafter_from_gpu(names[i], "dflash_qwen3", &mg);
+            if (strcmp(names[i], "qwen35_vlm") == 0) drafter_from_gpu(names[i], "dflash_qwen35", &mg);
             invariance(names[i], &mg);
             tree_vs_chain(names[i], &mg);
             lossless(names[i], &mg);

@@ -118,7 +118,7 @@ typedef struct oracle {
     int n_prompt, n_ctx, round, V, mode;
 } oracle;
 
-static int o_add(void *ctx, const float *feat, const int32_t *tokens, int n) {
+static int o_add(void *ctx, const dfl_feat *feat, const int32_t *tokens, int n) {
     (void)feat, (void)tokens;
     ((oracle *)ctx)->n_ctx += n;
     return DFL_OK;

@@ -17,7 +17,7 @@ typedef struct inner {
     int n_ctx, drafts;
 } inner;
 
-static int in_add(void *ctx, const float *feat, const int32_t *tokens, int n) {
+static int in_add(void *ctx, const dfl_feat *feat, const int32_t *tokens, int n) {
     (void)feat, (void)tokens;
     ((inner *)ctx)->n_ctx += n;
     return DFL_OK;
@@ -52,18 +52,19 @@ static void run(const eval_costs *costs, int (*tokens)(int), int rounds, char *s
     CHECK(d.skip != NULL, "an adaptive recorder offers skip");
     float feat[B * H] = {0}, logits[(B - 1) * V];
     const int32_t toks[NP > B ? NP : B] = {0};
-    d.add_context(d.ctx, feat, toks, NP); /* the prefill */
+    const dfl_feat fv = dfl_feat_view(feat, B, H);
+    d.add_context(d.ctx, &fv, toks, NP); /* the prefill */
     int spec = 0, committed = NP;
     for (int i = 0; i < rounds; i++) {
         if (d.skip(d.ctx)) {
             seq[i] = 'D';
-            d.add_context(d.ctx, feat, toks, 1);
+            d.add_context(d.ctx, &fv, toks, 1);
             committed += 1;
         } else {
             seq[i] = 'S';
             d.draft(d.ctx, 0, B, logits);
             const int n = tokens(spec++);
-            d.add_context(d.ctx, feat, toks, n);
+            d.add_context(d.ctx, &fv, toks, n);
             committed += n;
         }
     }

@@ -21,7 +21,7 @@ typedef struct stand_in {
     int n_ctx;
 } stand_in;
 
-static int sd_add(void *ctx, const float *feat, const int32_t *tokens, int n) {
+static int sd_add(void *ctx, const dfl_feat *feat, const int32_t *tokens, int n) {
     (void)feat, (void)tokens;
     ((stand_in *)ctx)->n_ctx += n;
     return DFL_OK;

@@ -573,12 +573,14 @@ static int cuda_forward(dfl_target_state *s, const int32_t *tokens, const int *p
         if (is_full(g, li)) attention_layer(s, li, n, tree);
         else if (linear_layer(s, li, n, tree) != DFL_OK) return DFL_ERR;
         mlp(s, li, n);
-        if (o->cap)
+        if (o->cap) /* into the host rows, or into a feature handle's rows on the device */
             for (int k = 0; k < o->cap->n_layers; k++)
-                if (o->cap->layers[k] == li)
-                    CK(cudaMemcpy2D(o->cap->out + (size_t)k * H, (size_t)o->cap->n_layers * H * sizeof(float), c->x,
+                if (o->cap->layers[k] == li) {
+                    float *dst = o->cap->to ? (float *)o->cap->to->dev : o->cap->out;
+                    CK(cudaMemcpy2D(dst + (size_t)k * H, (size_t)o->cap->n_layers * H * sizeof(float), c->x,
                                     (size_t)H * sizeof(float), (size_t)H * sizeof(float), (size_t)n,
-                                    cudaMemcpyDeviceToHost));
+                                    o->cap->to ? cudaMemcpyDeviceToDevice : cudaMemcpyDeviceToHost));
+                }
     }
     CK(cudaGetLastError());
     s->n_past += n;
@@ -704,6 +706,36 @@ static void cuda_describe(char *buf, int len) {
              rt / 1000, rt % 1000 / 10);
 }
 
+/* ---- feature rows on the device (dfl_feat) --------------------------------------------------- */
+
+static int cuda_feat_alloc(dfl_feat *f) {
+    const size_t bytes = (size_t)f->rows * f->width * sizeof(float);
+    if (cudaMalloc(&f->dev, bytes) != cudaSuccess) {
+        cudaGetLastError();
+        f->dev = NULL;
+        return dfl_seterr("out of GPU memory for %d x %d feature rows (%.1f MB)", f->rows, f->width, bytes / 1e6);
+    }
+    return DFL_OK;
+}
+
+static void cuda_feat_free(dfl_feat *f) { cudaFree(f->dev); }
+
+/* An accepted path's rows to the front, on the device: rows idx[k] >= k ascending, so no source is
+ * an earlier destination (checked by dfl_feat_gather). */
+static int cuda_feat_gather(dfl_feat *f, const int *idx, int n) {
+    const size_t w = (size_t)f->width;
+    float *d = f->dev;
+    for (int k = 0; k < n; k++)
+        if (idx[k] != k) CK(cudaMemcpyAsync(d + k * w, d + idx[k] * w, w * sizeof(float), cudaMemcpyDeviceToDevice, 0));
+    return DFL_OK;
+}
+
+static int cuda_feat_read(const dfl_feat *f, int row0, int n, float *dst) {
+    CK(cudaMemcpy(dst, (const float *)f->dev + (size_t)row0 * f->width, (size_t)n * f->width * sizeof(float),
+                  cudaMemcpyDeviceToHost));
+    return DFL_OK;
+}
+
 const dfl_backend dfl_backend_cuda = {
     .name = "cuda",
     .model_upload = cuda_model_upload,
@@ -718,4 +750,8 @@ const dfl_backend dfl_backend_cuda = {
     .tree_commit = cuda_tree_commit,
     .probe = cuda_probe,
     .describe = cuda_describe,
+    .feat_alloc = cuda_feat_alloc,
+    .feat_free = cuda_feat_free,
+    .feat_gather = cuda_feat_gather,
+    .feat_read = cuda_feat_read,
 };
