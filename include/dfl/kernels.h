@@ -217,8 +217,11 @@ void kn_causal_conv_silu(float *x, int n, int C, int K, const float *w, float *s
                          float *node_state);
 /* NeoX half-split rotary embedding over the first rot dims of x[hd] (cos/sin [rot/2]). */
 void kn_rope(float *x, const float *cos, const float *sin, int rot);
-/* In-place softmax over n values. */
+/* In-place softmax over n values: x - max through expf, summed in index order, times 1 / sum
+ * (the same bits on every path). */
 void kn_softmax(float *x, int n);
+/* The first i < n with x[i] > t, else n (a top-K scan skips what cannot enter). */
+int kn_first_above(const float *x, int n, float t);
 /* Index of the largest value (first on ties). */
 int kn_argmax(const float *x, int n);
 /* NaN and Inf values in x [n] (exponent bits all set; an integer test the compiler vectorizes). */

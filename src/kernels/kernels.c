@@ -164,6 +164,25 @@ void kn_conv_silu(float *x, size_t ld, int n, int nc, int K, const float *wt, fl
     }
 }
 
+void kn_softmax(float *x, int n) {
+#if KN_X86
+    const kn_isa isa = kn_isa_get();
+    if ((isa == KN_ISA_AVX512 || isa == KN_ISA_AVX512BF16 || isa == KN_ISA_AMX) && kn_softmax_avx512_exact()) {
+        kn_softmax_avx512(x, n);
+        return;
+    }
+#endif
+    kn_softmax_generic(x, n);
+}
+
+int kn_first_above(const float *x, int n, float t) {
+#if KN_X86
+    const kn_isa isa = kn_isa_get();
+    if (isa == KN_ISA_AVX512 || isa == KN_ISA_AVX512BF16 || isa == KN_ISA_AMX) return kn_first_above_avx512(x, n, t);
+#endif
+    return kn_first_above_generic(x, n, t);
+}
+
 int kn_argmax(const float *x, int n) {
 #if KN_X86
     const kn_isa isa = kn_isa_get();

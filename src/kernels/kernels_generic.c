@@ -123,7 +123,7 @@ void kn_rope(float *x, const float *cos, const float *sin, int rot) {
     }
 }
 
-void kn_softmax(float *x, int n) {
+void kn_softmax_generic(float *x, int n) {
     float m = x[0];
     for (int i = 1; i < n; i++) m = x[i] > m ? x[i] : m;
     float s = 0;
@@ -133,6 +133,12 @@ void kn_softmax(float *x, int n) {
     }
     float inv = 1.0f / s;
     for (int i = 0; i < n; i++) x[i] *= inv;
+}
+
+int kn_first_above_generic(const float *x, int n, float t) {
+    for (int i = 0; i < n; i++)
+        if (x[i] > t) return i;
+    return n;
 }
 
 size_t kn_count_nonfinite(const float *x, size_t n) {

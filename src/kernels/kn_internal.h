@@ -24,6 +24,8 @@ static inline int kn_chunk(long n) {
 
 void kn_matmul_generic(float *y, const float *x, const dfl_mat *w, int n);
 int kn_argmax_generic(const float *x, int n);
+void kn_softmax_generic(float *x, int n);
+int kn_first_above_generic(const float *x, int n, float t);
 void kn_swiglu_generic(float *a, const float *b, int n);
 void kn_silu_inplace_generic(float *x, int n);
 void kn_conv_silu_generic(float *x, size_t ld, int n, int nc, int K, const float *wt, float *win);
@@ -73,6 +75,13 @@ void kn_swiglu_avx2(float *a, const float *b, int n);
 void kn_swiglu_avx512(float *a, const float *b, int n);
 float kn_dot_avx2(const float *a, const float *b, int n);
 float kn_dot_avx512(const float *a, const float *b, int n);
+/* kn_softmax_generic's result bit for bit (softmax_x86.c), valid only where
+ * kn_softmax_avx512_exact(): its expf equals this process's libm expf (checked once). */
+void kn_softmax_avx512(float *x, int n);
+int kn_softmax_avx512_exact(void);
+/* y = expf(x) [n] as libm computes it where kn_softmax_avx512_exact() (for tests). */
+void kn_expf_avx512(float *y, const float *x, int n);
+int kn_first_above_avx512(const float *x, int n, float t);
 /* kn_argmax_generic's index exactly (the first maximum; NaNs never win; x[0] NaN gives 0). */
 int kn_argmax_avx512(const float *x, int n);
 void kn_axpy_avx2(float *y, float a, const float *x, int n);

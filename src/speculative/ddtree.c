@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "dfl/common.h"
+#include "dfl/kernels.h"
 
 int ddtree_alloc(dfl_tree *t, int budget) {
     memset(t, 0, sizeof *t);
@@ -96,12 +97,14 @@ static int scored_cmp(const void *a, const void *b) {
 }
 
 /* The K best-ranked of V probabilities into out[0..K-1], best first: a size-K heap whose root
- * is the worst kept (O(V log K), not a sort of the vocabulary). */
+ * is the worst kept (O(V log K), not a sort of the vocabulary); the values that cannot enter are
+ * skipped 16 at a time (kn_first_above). */
 static void top_k(const float *p, int V, int K, scored *heap, scored *out) {
     int n = 0;
     for (int i = 0; i < V; i++) {
+        /* once K are kept, only a larger p enters (an equal one has a larger id): skip to it */
+        if (n == K && (i += kn_first_above(p + i, V - i, heap[0].p)) == V) break;
         scored c = {p[i], i};
-        if (n == K && !ranks_before(c, heap[0])) continue;
         int j;
         if (n < K) { /* sift up from the end */
             j = n++;

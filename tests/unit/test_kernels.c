@@ -38,6 +38,7 @@
 
 #include "dfl/common.h"
 #include "dfl/kernels.h"
+#include "kernels/kn_internal.h" /* the generic softmax and the vector expf, as references */
 #include "testutil.h"
 
 static uint64_t rng = 0x9e3779b97f4a7c15ull;
@@ -726,6 +727,59 @@ static void check_argmax(kn_isa isa) {
     free(x);
 }
 
+/* kn_softmax on every path equals the generic loop bit for bit (rows of logits of every spread,
+ * values past glibc's fast range, -Inf, ties, NaN in the first place), and on AVX-512 its expf
+ * equals libm's over a sweep of (-88, 88); kn_first_above against a plain scan. */
+static void check_softmax(kn_isa isa) {
+    enum { N = 4133 };
+    float *x = malloc(N * sizeof(float)), *a = malloc(N * sizeof(float)), *b = malloc(N * sizeof(float));
+    int bad = 0, cases = 0, above = 0;
+    kn_isa_set(isa);
+    for (int trial = 0; trial < 300; trial++) {
+        const int n = trial < 40 ? 1 + trial : 1 + (int)((frand() + 1.0f) * 0.5f * (N - 1));
+        const float scale = trial % 5 == 0 ? 300.0f : trial % 5 == 1 ? 40.0f : 8.0f; /* some past |88| */
+        for (int i = 0; i < n; i++) x[i] = frand() * scale;
+        if (trial % 7 == 1) x[(trial * 7919) % n] = -INFINITY;
+        if (trial % 7 == 2) x[n / 2] = x[n - 1] = 1e-3f; /* a tie at the top, zero spread there */
+        if (trial % 11 == 3) x[0] = NAN;
+        memcpy(a, x, (size_t)n * sizeof(float)), memcpy(b, x, (size_t)n * sizeof(float));
+        kn_softmax(a, n);
+        kn_softmax_generic(b, n);
+        bad += memcmp(a, b, (size_t)n * sizeof(float)) != 0;
+        const float t = x[(trial * 31) % n] - (trial % 3 ? 0.0f : 1e-7f);
+        int want = n;
+        for (int i = 0; i < n && want == n; i++)
+            if (x[i] > t) want = i;
+        above += kn_first_above(x, n, t) != want;
+        cases++;
+    }
+    CHECK(bad == 0, "%s softmax: %d of %d rows differ from the generic loop", kn_isa_name(isa), bad, cases);
+    CHECK(above == 0, "%s first_above: %d of %d scans differ", kn_isa_name(isa), above, cases);
+#if KN_X86
+    if (isa >= KN_ISA_AVX512 && kn_softmax_avx512_exact()) { /* every 97th float of (-88, 88), both signs */
+        int diff = 0;
+        for (uint32_t u0 = 0; u0 < 0x42b00000u; u0 += 97u * N) {
+            int n = 0;
+            for (uint32_t u = u0; n < N && u < 0x42b00000u; u += 97u, n++) {
+                const uint32_t w = n % 2 ? u | 0x80000000u : u;
+                memcpy(&x[n], &w, sizeof w);
+            }
+            kn_expf_avx512(a, x, n);
+            for (int i = 0; i < n; i++) diff += memcmp(&a[i], &(float){expf(x[i])}, sizeof(float)) != 0;
+        }
+        CHECK(diff == 0, "expf on AVX-512: %d values differ from libm's", diff);
+    } else if (isa >= KN_ISA_AVX512) {
+#if defined(__GLIBC__) && (__GLIBC__ > 2 || __GLIBC_MINOR__ >= 27)
+        CHECK(0, "glibc %d.%d's expf: the AVX-512 expf should equal it (the self-check failed)", __GLIBC__,
+              __GLIBC_MINOR__);
+#else
+        printf("test_kernels: this libm's expf is not glibc's: softmax runs the generic loop\n");
+#endif
+    }
+#endif
+    free(x), free(a), free(b);
+}
+
 static void check_act_api(void) {
     kn_act a;
     CHECK(kn_act_get() == KN_ACT_F32, "the default activation mode is f32 (DFL_ACT unset in tests)");
@@ -1190,6 +1244,7 @@ int main(void) {
         check_matmul_jobs(isa);
         if (isa == KN_ISA_AMX) check_amx_chunks();
         check_argmax(isa);
+        check_softmax(isa);
         if (kn_isa_supported(KN_ISA_AVX512BF16)) {
             static const int act_shapes[][2] = {{1, 1}, {17, 31}, {67, 100}, {130, 256}, {40, 8192}, {521, 4127}};
             for (size_t s = 0; s < sizeof act_shapes / sizeof act_shapes[0]; s++)
