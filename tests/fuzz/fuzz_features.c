@@ -7,6 +7,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "dfl/backend.h"
 #include "dfl/common.h"
 #include "dfl/kernels.h"
 #include "dfl/replay.h"
@@ -27,6 +28,18 @@ void kn_softmax(float *x, int n) {
     float m = x[kn_argmax(x, n)], s = 0;
     for (int i = 0; i < n; i++) s += (x[i] = expf(x[i] - m));
     for (int i = 0; i < n; i++) x[i] /= s;
+}
+
+int kn_first_above(const float *x, int n, float t) {
+    for (int i = 0; i < n; i++)
+        if (x[i] > t) return i;
+    return n;
+}
+
+/* No backends in the fuzz build: the replay's feature rows are host rows (feat.c). */
+const dfl_backend *dfl_backend_of(dfl_device d) {
+    (void)d;
+    return NULL;
 }
 
 /* A drafter that holds only its context length and drafts logits from the anchor. */
