@@ -71,6 +71,8 @@ void eval_draft_cache_clear(eval_draft_cache *c);
 void eval_draft_cache_free(eval_draft_cache *c);
 /* Summarize drafter logits [bs-1, V] drafted at context length start into the cache. */
 int eval_draft_cache_put(eval_draft_cache *c, int start, int bs, const float *logits);
+/* The same, summarizing in place: the logits are overwritten (no copy into the cache's scratch). */
+int eval_draft_cache_take(eval_draft_cache *c, int start, int bs, float *logits);
 /* The same from a summarized draft (src->K >= the cache's K; its first K kept). */
 int eval_draft_cache_put_top(eval_draft_cache *c, int start, int bs, const dfl_draft_top *src);
 const eval_draft *eval_draft_cache_get(const eval_draft_cache *c, int start, int bs);

@@ -132,19 +132,28 @@ static eval_draft *cache_new(eval_draft_cache *c, int start, int bs) {
     return &c->d[c->n];
 }
 
-int eval_draft_cache_put(eval_draft_cache *c, int start, int bs, const float *logits) {
+/* probs: the softmax's scratch [bs-1, V], or the logits themselves (overwritten). */
+static int cache_summarize(eval_draft_cache *c, int start, int bs, const float *logits, float *probs) {
     if (eval_draft_cache_get(c, start, bs)) return DFL_OK;
     eval_draft *e = cache_new(c, start, bs);
     if (!e) return DFL_ERR;
     /* chain: argmax of the logits (as the online loop takes it); DDTree: the online loop's
      * softmax of the same logits, then the top K */
     const dfl_draft_top out = {.K = c->K, .argmax = e->argmax, .top = e->top, .toplp = e->toplp};
-    if (dfl_draft_summarize(logits, bs - 1, c->V, c->probs, &out)) {
+    if (dfl_draft_summarize(logits, bs - 1, c->V, probs, &out)) {
         free(e->argmax), free(e->top), free(e->toplp);
         return DFL_ERR;
     }
     c->n++;
     return DFL_OK;
+}
+
+int eval_draft_cache_put(eval_draft_cache *c, int start, int bs, const float *logits) {
+    return cache_summarize(c, start, bs, logits, c->probs);
+}
+
+int eval_draft_cache_take(eval_draft_cache *c, int start, int bs, float *logits) {
+    return cache_summarize(c, start, bs, logits, logits);
 }
 
 int eval_draft_cache_put_top(eval_draft_cache *c, int start, int bs, const dfl_draft_top *src) {
@@ -516,7 +525,8 @@ static int wave_plan(const eval_replay_job *jobs, int nj, mode_run *const *mr, i
 }
 
 /* Draft the n blocks wb (one per job, one size) in one forward where the drafter drafts across
- * contexts, else one by one; each into its job's cache, the forward's time shared among them. */
+ * contexts, else one by one; each into its job's cache (summarized in place: the logits are not
+ * read again), the forward's time shared among them. */
 static int wave_draft(const eval_replay_job *jobs, const wave_block *wb, int n, int V, float *logits, void **ctxs,
                       int32_t *anchors, int *starts) {
     const int bs = wb[0].bs;
@@ -537,7 +547,7 @@ static int wave_draft(const eval_replay_job *jobs, const wave_block *wb, int n, 
     for (int k = 0; k < n; k++) {
         eval_draft_cache *c = jobs[wb[k].job].cache;
         c->draft_s += share, c->drafts++;
-        if (eval_draft_cache_put(c, wb[k].start, bs, logits + (size_t)k * (bs - 1) * V)) return DFL_ERR;
+        if (eval_draft_cache_take(c, wb[k].start, bs, logits + (size_t)k * (bs - 1) * V)) return DFL_ERR;
     }
     return DFL_OK;
 }
