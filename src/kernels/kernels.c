@@ -164,10 +164,17 @@ void kn_conv_silu(float *x, size_t ld, int n, int nc, int K, const float *wt, fl
     }
 }
 
+#if KN_X86
+/* The paths with AVX-512 F (the row scans' variants). */
+static int isa_avx512(void) {
+    const kn_isa isa = kn_isa_get();
+    return isa == KN_ISA_AVX512 || isa == KN_ISA_AVX512BF16 || isa == KN_ISA_AMX;
+}
+#endif
+
 void kn_softmax(float *x, int n) {
 #if KN_X86
-    const kn_isa isa = kn_isa_get();
-    if ((isa == KN_ISA_AVX512 || isa == KN_ISA_AVX512BF16 || isa == KN_ISA_AMX) && kn_softmax_avx512_exact()) {
+    if (isa_avx512() && kn_softmax_avx512_exact()) {
         kn_softmax_avx512(x, n);
         return;
     }
@@ -177,16 +184,14 @@ void kn_softmax(float *x, int n) {
 
 int kn_first_above(const float *x, int n, float t) {
 #if KN_X86
-    const kn_isa isa = kn_isa_get();
-    if (isa == KN_ISA_AVX512 || isa == KN_ISA_AVX512BF16 || isa == KN_ISA_AMX) return kn_first_above_avx512(x, n, t);
+    if (isa_avx512()) return kn_first_above_avx512(x, n, t);
 #endif
     return kn_first_above_generic(x, n, t);
 }
 
 int kn_argmax(const float *x, int n) {
 #if KN_X86
-    const kn_isa isa = kn_isa_get();
-    if (isa == KN_ISA_AVX512 || isa == KN_ISA_AVX512BF16 || isa == KN_ISA_AMX) return kn_argmax_avx512(x, n);
+    if (isa_avx512()) return kn_argmax_avx512(x, n);
 #endif
     return kn_argmax_generic(x, n);
 }

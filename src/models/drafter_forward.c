@@ -91,6 +91,10 @@ int drafter_add_features(dfl_drafter_state *s, const dfl_feat *f, int n) {
         const float *rows = dfl_feat_host_rows(f, 0, n, NULL);
         return rows ? drafter_add_context(s, rows, n) : DFL_ERR;
     }
+    /* read a block at a time: what drafter_add_context checks, checked for all n first */
+    if (n < 0 || n > f->rows) return dfl_seterr("drafter features: %d rows asked, the handle holds %d", n, f->rows);
+    if (s->n_ctx + n > s->max_ctx)
+        return dfl_seterr("drafter context full: %d + %d positions exceed %d", s->n_ctx, n, s->max_ctx);
     if (!s->feat_in && !(s->feat_in = malloc((size_t)s->max_block * nf * sizeof(float))))
         return dfl_seterr("out of memory for the drafter's feature rows");
     for (int c0 = 0; c0 < n; c0 += s->max_block) {

@@ -135,14 +135,20 @@ static void step_out(dfl_mtp_state *s, int pos, float *out) {
     kn_rmsnorm(out, s->x, h->norm, H, g->rms_eps);
 }
 
-int mtp_add_context(dfl_mtp_state *s, const float *feat, const int32_t *tokens, int n) {
-    const dfl_model *t = s->t;
-    const int H = t->cfg.hidden;
+/* n more positions fit and their tokens are in the vocabulary. */
+static int context_check(const dfl_mtp_state *s, const int32_t *tokens, int n) {
     if (n < 0 || s->n_ctx + n > s->max_ctx)
         return dfl_seterr("MTP context full: %d + %d positions exceed %d", s->n_ctx, n, s->max_ctx);
     for (int i = 0; i < n; i++)
-        if (tokens[i] < 0 || tokens[i] >= t->cfg.vocab)
-            return dfl_seterr("MTP context: token id %d outside the vocabulary [0, %d)", tokens[i], t->cfg.vocab);
+        if (tokens[i] < 0 || tokens[i] >= s->t->cfg.vocab)
+            return dfl_seterr("MTP context: token id %d outside the vocabulary [0, %d)", tokens[i], s->t->cfg.vocab);
+    return DFL_OK;
+}
+
+int mtp_add_context(dfl_mtp_state *s, const float *feat, const int32_t *tokens, int n) {
+    const dfl_model *t = s->t;
+    const int H = t->cfg.hidden;
+    if (context_check(s, tokens, n)) return DFL_ERR;
     for (int c0 = 0; c0 < n; c0 += s->max_block) {
         const int m = n - c0 < s->max_block ? n - c0 : s->max_block;
         /* token c0+j completes the pair of the position before it: the pending hidden state for
@@ -167,6 +173,9 @@ int mtp_add_features(dfl_mtp_state *s, const dfl_feat *f, const int32_t *tokens,
         const float *rows = dfl_feat_host_rows(f, 0, n, NULL);
         return rows ? mtp_add_context(s, rows, tokens, n) : DFL_ERR;
     }
+    /* read a block at a time: what mtp_add_context checks, checked for all n first */
+    if (n < 0 || n > f->rows) return dfl_seterr("MTP features: %d rows asked, the handle holds %d", n, f->rows);
+    if (context_check(s, tokens, n)) return DFL_ERR;
     if (!s->feat_in && !(s->feat_in = malloc((size_t)s->max_block * H * sizeof(float))))
         return dfl_seterr("out of memory for the MTP head's feature rows");
     for (int c0 = 0; c0 < n; c0 += s->max_block) {
