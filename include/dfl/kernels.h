@@ -85,6 +85,27 @@ typedef struct dfl_mat {
  * so that on a loaded machine they yield their cores (docs/threads.md). */
 #define DFL_GOMP_SPINCOUNT "3000"
 
+/* The team of the kernels' parallel regions (docs/threads.md). By default it adapts: where the
+ * threads wait for a core a sizeable share of the time (other processes on the machine), a trial
+ * runs fewer threads for a moment and keeps them if they do as much work per second; a smaller
+ * team tries one thread more the same way; failed trials back off (0.5 s to 8 s). Otherwise
+ * omp_get_max_threads(): when OMP_NUM_THREADS is set, after kn_team_fix, or where
+ * /proc/thread-self/schedstat cannot be read. Results never depend on the team.
+ * kn_team: the team for a region about to do this much work (multiply-adds or elements: the
+ * region's own estimate; call it outside parallel regions, in the num_threads clause);
+ * kn_team_now: the current team. */
+int kn_team(size_t work);
+int kn_team_now(void);
+/* Stop adapting: every region runs n threads from now on (dfl bench --threads), or
+ * omp_get_max_threads() for n = 0. */
+void kn_team_fix(int n);
+typedef struct kn_team_stats {
+    int adaptive, max, now, lowest; /* adapting?; the cap; the team now; the smallest so far */
+    long shrinks, trials;           /* trials that took threads away, and kept them; all trials */
+    double mean;                    /* the team size averaged over the time since the first region */
+} kn_team_stats;
+void kn_team_stats_get(kn_team_stats *s);
+
 /* y[n][rows] = x[n][cols] . W^T — OpenMP-threaded over rows; each weight row is read once
  * for all n inputs (register tiles of rows x tokens, x blocked to stay in cache). */
 void kn_matmul(float *y, const float *x, const dfl_mat *w, int n);

@@ -316,6 +316,11 @@ static void print_json(const bench_opts *o, const bench_res *r, const dfl_model 
     printf(", \"isa\": \"%s\", \"act\": \"%s\", \"threads\": %d, \"weight_bytes\": %llu, \"token_bytes\": %llu",
            kn_isa_name(kn_isa_get()), kn_act_name(kn_act_get()), omp_get_max_threads(),
            (unsigned long long)r->weight_bytes, (unsigned long long)r->token_bytes);
+    kn_team_stats t;
+    kn_team_stats_get(&t);
+    printf(", \"threads_adaptive\": %s, \"threads_mean\": %.3f, \"threads_lowest\": %d, \"threads_trials\": %ld, "
+           "\"threads_kept_fewer\": %ld",
+           t.adaptive ? "true" : "false", t.mean, t.lowest, t.trials, t.shrinks);
     printf(", \"device\": \"%s\"", m->be->name);
     if (m->be->describe) {
         char d[256];
@@ -409,6 +414,14 @@ static void print_table(const bench_opts *o, const bench_res *r, const dfl_model
         printf("isa        %s, %s activations, %d threads\n", kn_isa_name(kn_isa_get()), kn_act_name(kn_act_get()),
                omp_get_max_threads());
     }
+    kn_team_stats t; /* docs/threads.md */
+    kn_team_stats_get(&t);
+    if (t.adaptive)
+        printf("threads    adaptive, up to %d: %.2f on average, the fewest %d; %ld trials of another count, %ld kept "
+               "fewer%s\n",
+               t.max, t.mean, t.lowest, t.trials, t.shrinks,
+               t.trials ? " (other processes took cores: these times are a shared machine's)" : "");
+    else printf("threads    %d, fixed (--threads or OMP_NUM_THREADS)\n", t.now);
     printf("weights    %.1f MB; read per decoded token %.1f MB\n", r->weight_bytes / 1e6, r->token_bytes / 1e6);
     if (o->parts & P_PROBE)
         printf("probe      %.2f GB/s read (median of %d passes over %.0f MB; fastest %.2f)\n", r->probe_gbps,
@@ -778,7 +791,7 @@ int cmd_bench(int argc, char **argv) {
         }
     }
     o.drafter = drafter ? (strcmp(drafter, "none") == 0 ? NULL : drafter) : (model_given ? NULL : DEFAULT_DRAFTER);
-    if (o.threads) omp_set_num_threads(o.threads);
+    if (o.threads) omp_set_num_threads(o.threads), kn_team_fix(o.threads); /* a fixed team: no adapting */
     dfl_model m;
     if (model_open(&m, o.model, 0) != DFL_OK)
         return cli_fail("bench", "%s%s", dfl_errmsg(),

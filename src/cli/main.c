@@ -29,7 +29,10 @@ static int version(void) {
     printf("act %s (activations of BF16 matrix products; DFL_ACT=bf16 opts into bf16)\n", kn_act_name(kn_act_get()));
     /* the OpenMP settings the kernels run under (docs/threads.md) */
     const char *wait = getenv("OMP_WAIT_POLICY"), *spin = getenv("GOMP_SPINCOUNT");
-    printf("threads %d (OMP_NUM_THREADS), idle threads: OMP_WAIT_POLICY=%s GOMP_SPINCOUNT=%s\n", omp_get_max_threads(),
+    kn_team_stats t;
+    kn_team_stats_get(&t);
+    printf("threads %d (%s), idle threads: OMP_WAIT_POLICY=%s GOMP_SPINCOUNT=%s\n", omp_get_max_threads(),
+           t.adaptive ? "adaptive: fewer while other processes hold cores; OMP_NUM_THREADS fixes it" : "fixed",
            wait ? wait : "(unset)", spin ? spin : "(unset)");
     /* "mpi no": built without MPI (mpirun -n N dfl eval refuses to run) */
     printf("mpi %s\n", eval_mpi_library());

@@ -60,7 +60,35 @@ static int train_report_in(const run *r, const eval_summary *sm, tm_agg **ag, in
 
 /* The summary's checks: the settings, flagged responses, the costs of the modeled speedups (why:
  * the reason they fail, n bytes), the mask-token warnings. */
+/* Where other processes took cores, the adaptive team's threads waited for them and it ran trials
+ * of other team sizes (docs/threads.md): the run's times are those of a shared machine. Appended
+ * to the warnings of summary.md and the log. */
+static void team_warning(run *r) {
+    kn_team_stats t;
+    kn_team_stats_get(&t);
+    if (!t.trials) return;
+    char line[640];
+    const int len =
+        snprintf(line, sizeof line,
+                 "- **Other processes took cores during this run**: the kernels' threads waited for a core, "
+                 "and %ld trials of another thread count ran (%ld kept fewer threads; the fewest %d of "
+                 "%d, %.2f on average). Measured times, tokens/s and the verification costs behind the "
+                 "modeled speedups are those of a shared machine; τ and every other acceptance figure "
+                 "are not affected.\n",
+                 t.trials, t.shrinks, t.lowest, t.max, t.mean);
+    const size_t had = r->warn_md ? strlen(r->warn_md) : 0;
+    char *w = realloc(r->warn_md, had + (size_t)len + 1);
+    if (!w) return;
+    memcpy(w + had, line, (size_t)len + 1);
+    r->warn_md = w;
+    er_log(r,
+           "dfl eval: warning: other processes took cores: %ld trials of another thread count, %ld kept fewer "
+           "(the fewest %d of %d); times are a shared machine's\n",
+           t.trials, t.shrinks, t.lowest, t.max);
+}
+
 static void summary_checks(run *r, eval_summary *sm, char *why, size_t n) {
+    team_warning(r);
     sm->run = r->desc;
     sm->warnings_md = r->warn_md;
     eval_summary_outputs(sm, r->done.r, r->done.ids, r->done.n_ids, r->done.n, r->max_new);
@@ -103,6 +131,8 @@ static void summary_run(const run *r, FILE *x) {
     const eval_opts *o = r->o;
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
+    kn_team_stats team; /* the adaptive threads (docs/threads.md) */
+    kn_team_stats_get(&team);
     char mode[32];
     er_rec_row(r, mode, sizeof mode);
     fprintf(x, "\"run\": {\"method\": \"%s\", \"target\": ",
@@ -131,15 +161,17 @@ static void summary_run(const run *r, FILE *x) {
             o->temperature > 0 ? spec_accept_rule_name((dfl_accept_rule)o->accept_rule) : "greedy");
     fprintf(x,
             ", \"max_new\": %d, \"chat\": \"%s\", \"temperature\": %g, \"seed\": %ld, \"shard\": \"%d/%d\", "
-            "\"threads\": %d, \"weight_bytes\": %llu, \"state_bytes\": %llu, \"peak_rss_bytes\": %ld, "
+            "\"threads\": %d, \"threads_adaptive\": %s, \"threads_trials\": %ld, \"threads_lowest\": %d, "
+            "\"threads_mean\": %.3f, "
+            "\"weight_bytes\": %llu, \"state_bytes\": %llu, \"peak_rss_bytes\": %ld, "
             "\"bad_prompt_lines\": [",
             r->max_new,
             o->chat == DFL_CHAT_NONE     ? "none"
             : o->chat == DFL_CHAT_CHATML ? "chatml"
                                          : "chatml-nothink",
-            o->temperature, o->seed, o->shard_i, o->shard_n, omp_get_max_threads(),
-            (unsigned long long)r->m.weight_bytes, (unsigned long long)(r->have_state ? r->st.bytes : 0),
-            ru.ru_maxrss * 1024L);
+            o->temperature, o->seed, o->shard_i, o->shard_n, omp_get_max_threads(), team.adaptive ? "true" : "false",
+            team.trials, team.lowest, team.mean, (unsigned long long)r->m.weight_bytes,
+            (unsigned long long)(r->have_state ? r->st.bytes : 0), ru.ru_maxrss * 1024L);
     for (int i = 0; i < r->ps.n_bad; i++) fprintf(x, "%s%d", i ? ", " : "", r->ps.bad_lines[i]);
     fprintf(x, "], \"block_attention\": [");
     for (int d = 0; d < r->n_open; d++) {

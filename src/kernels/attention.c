@@ -69,10 +69,9 @@ void kn_attention(const kn_attn_io *a) {
     const int n = a->n, Hq = a->n_heads, group = Hq / a->n_kv_heads;
     /* the query heads sharing a key/value head go together (each key row read once for them)
      * unless that leaves threads idle; results are the same either way */
-    const int G = a->block * a->n_kv_heads >= omp_get_max_threads() ? group : 1;
-    const size_t ldsc = a->ldsc;
-#pragma omp parallel for collapse(2) \
-    schedule(dynamic, 1) if ((size_t)n * Hq * (a->starts[0] + a->block) * a->head_dim >= KN_PAR_MIN_WORK)
+    const int G = a->block * a->n_kv_heads >= kn_team_now() ? group : 1;
+    const size_t ldsc = a->ldsc, work = (size_t)n * Hq * (a->starts[0] + a->block) * a->head_dim;
+#pragma omp parallel for num_threads(kn_team(work)) collapse(2) schedule(dynamic, 1) if (work >= KN_PAR_MIN_WORK)
     for (int r = 0; r < n; r++) {
         for (int h0 = 0; h0 < Hq; h0 += G) {
             float *sc = a->scores + (size_t)omp_get_thread_num() * group * ldsc; /* [G][ldsc] */

@@ -150,7 +150,8 @@ void kn_gdn_heads(const kn_gdn_heads_io *a) {
     const int n = a->n, Hk = a->Hk, Hv = a->Hv, dk = a->dk, dv = a->dv, ratio = Hv / Hk;
     const int step = a->tree ? 1 : KN_GDN_CHUNK;
     const size_t C = a->ld;
-#pragma omp parallel for schedule(dynamic, 1) if ((size_t)n * Hv * dk * dv * 4 >= KN_PAR_MIN_WORK)
+    const size_t work = (size_t)n * Hv * dk * dv * 4;
+#pragma omp parallel for num_threads(kn_team(work)) schedule(dynamic, 1) if (work >= KN_PAR_MIN_WORK)
     for (int h = 0; h < Hv; h++) {
         float gb[2 * KN_GDN_CHUNK]; /* log-decays | betas of the tokens of one kernel call */
         const int kh = h / ratio;

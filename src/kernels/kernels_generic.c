@@ -86,7 +86,8 @@ void kn_matmul_generic(float *y, const float *x, const dfl_mat *w, int n) {
     const int rows = w->rows, cols = w->cols;
     if (w->dtype != ST_F32 && w->dtype != ST_BF16 && w->dtype != ST_F16 && w->dtype != ST_F8_E4M3)
         abort(); /* the loader refuses other dtypes before any compute */
-#pragma omp parallel for schedule(dynamic, kn_chunk(rows)) if ((size_t)rows * cols * n >= KN_PAR_MIN_WORK)
+    const size_t work = (size_t)rows * cols * n;
+#pragma omp parallel for num_threads(kn_team(work)) schedule(dynamic, kn_chunk(rows)) if (work >= KN_PAR_MIN_WORK)
     for (int r = 0; r < rows; r++)
         for (int t = 0; t < n; t++) y[(size_t)t * rows + r] = dot_row(w, r, x + (size_t)t * cols);
 }
@@ -144,7 +145,8 @@ int kn_first_above_generic(const float *x, int n, float t) {
 size_t kn_count_nonfinite(const float *x, size_t n) {
     size_t bad = 0;
     /* a verification's logits (16 x 248320 values) take ~2.7 ms on one thread: 3% of it */
-#pragma omp parallel for simd schedule(simd : dynamic, 1 << 15) reduction(+ : bad) if (n >= KN_PAR_MIN_WORK)
+    const size_t work = n;
+#pragma omp parallel for simd num_threads(kn_team(work)) schedule(simd : dynamic, 1 << 15) reduction(+ : bad) if (work >= KN_PAR_MIN_WORK)
     for (size_t i = 0; i < n; i++) {
         uint32_t b;
         memcpy(&b, x + i, sizeof b);

@@ -18,9 +18,24 @@
  * instead of every thread waiting for its static share at the end of the loop; every iteration
  * computes the same bits whichever thread runs it. */
 static inline int kn_chunk(long n) {
-    const long c = n / (4L * omp_get_max_threads());
+    const long c = n / (4L * (omp_in_parallel() ? omp_get_num_threads() : kn_team_now()));
     return c > 0 ? (int)c : 1;
 }
+
+/* The adaptive team's decision (threads.c), apart for tests. A window of dt seconds at time now
+ * did this much work (the regions' estimates) while the team's threads ran and waited for a core
+ * these thread-seconds; returns the team for the next window. */
+typedef struct kn_team_ctl {
+    int team, max;
+    int trial;                    /* 0, or a trial's window: 1 on the other team, 2 back on team */
+    int other;                    /* the trial's team */
+    double rate_before;           /* work per second: the window before the trial */
+    double rate_other;            /* and the trial's window */
+    double next_fewer, next_more; /* no trial in that direction before */
+    double wait_fewer, wait_more; /* the back-off of each direction */
+    long shrinks, trials;         /* trials kept that took threads away; trials */
+} kn_team_ctl;
+int kn_team_step(kn_team_ctl *c, double now, double work, double dt, double run, double wait);
 
 void kn_matmul_generic(float *y, const float *x, const dfl_mat *w, int n);
 int kn_argmax_generic(const float *x, int n);

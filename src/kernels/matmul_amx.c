@@ -238,7 +238,9 @@ TGT_AMX static void amx_pack(uint16_t *xb, const float *x, int n, int cols, int 
         return;
     }
     const int nb = (n + 15) / 16;
-#pragma omp parallel for schedule(dynamic, kn_chunk((long)nb *ks_n)) if ((size_t)n * cols >= KN_PAR_MIN_WORK)
+    const size_t work = (size_t)n * cols;
+#pragma omp parallel for num_threads(kn_team(work)) \
+    schedule(dynamic, kn_chunk((long)nb *ks_n)) if (work >= KN_PAR_MIN_WORK)
     for (int bk = 0; bk < nb * ks_n; bk++) { /* (token group, column step) */
         const int b = bk / ks_n, ks = bk % ks_n, nt = n - 16 * b < 16 ? n - 16 * b : 16;
         __m512i rows[SPLIT][16];
@@ -334,7 +336,8 @@ TGT_AMX static void amx_run(int count, float *const *ys, const dfl_mat *const *w
         aligned &= (uintptr_t)ys[i] % 64 == 0 && ws[i]->rows % 16 == 0;
     }
     const int stream = planar && aligned && rows_all * n * sizeof(float) > STREAM_MIN_BYTES;
-#pragma omp parallel if (rows16_all * cols * n >= KN_PAR_MIN_WORK)
+    const size_t work = rows16_all * cols * n;
+#pragma omp parallel num_threads(kn_team(work)) if (work >= KN_PAR_MIN_WORK)
     {
         tile_config cfg;
         memset(&cfg, 0, sizeof cfg);

@@ -94,10 +94,10 @@ static void mm_run(int count, mm_item *it, size_t ldx, size_t xsize, const tiles
     }
     int nb = (int)(XBLOCK_BYTES / xrow) / tb * tb;
     if (nb < tb) nb = tb;
-    size_t claim = bytes / (4 * (size_t)omp_get_max_threads());
+    size_t claim = bytes / (4 * (size_t)kn_team_now());
     claim = claim > MM_CHUNK_BYTES ? MM_CHUNK_BYTES : claim < MM_CHUNK_MIN_BYTES ? MM_CHUNK_MIN_BYTES : claim;
     const int chunk = (int)(claim / ((size_t)rb * wrow) > 0 ? claim / ((size_t)rb * wrow) : 1); /* blocks */
-#pragma omp parallel if (work >= KN_PAR_MIN_WORK)
+#pragma omp parallel num_threads(kn_team(work)) if (work >= KN_PAR_MIN_WORK)
     for (int t0 = 0; t0 < nmax; t0 += nb) {
 #pragma omp for schedule(dynamic, chunk) nowait
         for (int b = 0; b < nblocks; b++) {
@@ -148,7 +148,8 @@ static void *mm_layout(int count, const kn_mm_job *j, mm_item *it, size_t ldx, s
         for (int t = 0; t < j[i].n; t++) src[r++] = j[i].x + (size_t)t * j[i].w->cols;
     }
     const int cols = j[0].w->cols;
-#pragma omp parallel for schedule(dynamic, kn_chunk((long)rows)) if (rows * ldx >= KN_PAR_MIN_WORK)
+    const size_t work = rows * ldx;
+#pragma omp parallel for num_threads(kn_team(work)) schedule(dynamic, kn_chunk((long)rows)) if (work >= KN_PAR_MIN_WORK)
     for (size_t q = 0; q < rows; q++) f(buf + q * xrow, ldx, src[q], cols, arg);
     free(src);
     return buf;

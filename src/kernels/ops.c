@@ -9,7 +9,8 @@
 #include "kn_internal.h"
 
 void kn_rmsnorm_rows(float *y, const float *x, const float *w, int rows, int dim, float eps) {
-#pragma omp parallel for schedule(dynamic, kn_chunk(rows)) if ((size_t)rows * dim * 4 >= KN_PAR_MIN_WORK)
+    const size_t work = (size_t)rows * dim * 4;
+#pragma omp parallel for num_threads(kn_team(work)) schedule(dynamic, kn_chunk(rows)) if (work >= KN_PAR_MIN_WORK)
     for (int r = 0; r < rows; r++) kn_rmsnorm(y + (size_t)r * dim, x + (size_t)r * dim, w, dim, eps);
 }
 
@@ -17,7 +18,8 @@ void kn_rmsnorm_rows(float *y, const float *x, const float *w, int rows, int dim
 
 void kn_swiglu_par(float *a, const float *b, size_t n) {
     const long chunks = (long)((n + EW_CHUNK - 1) / EW_CHUNK);
-#pragma omp parallel for schedule(dynamic, kn_chunk(chunks)) if (n * 8 >= KN_PAR_MIN_WORK)
+    const size_t work = n * 8;
+#pragma omp parallel for num_threads(kn_team(work)) schedule(dynamic, kn_chunk(chunks)) if (work >= KN_PAR_MIN_WORK)
     for (long c = 0; c < chunks; c++) {
         const size_t i0 = (size_t)c * EW_CHUNK;
         kn_swiglu(a + i0, b + i0, (int)(n - i0 < EW_CHUNK ? n - i0 : EW_CHUNK));
@@ -26,7 +28,8 @@ void kn_swiglu_par(float *a, const float *b, size_t n) {
 
 void kn_add(float *x, const float *y, size_t n) {
     const long chunks = (long)((n + EW_CHUNK - 1) / EW_CHUNK);
-#pragma omp parallel for schedule(dynamic, kn_chunk(chunks)) if (n * 4 >= KN_PAR_MIN_WORK)
+    const size_t work = n * 4;
+#pragma omp parallel for num_threads(kn_team(work)) schedule(dynamic, kn_chunk(chunks)) if (work >= KN_PAR_MIN_WORK)
     for (long c = 0; c < chunks; c++) {
         const size_t i1 = (size_t)(c + 1) * EW_CHUNK < n ? (size_t)(c + 1) * EW_CHUNK : n;
         for (size_t i = (size_t)c * EW_CHUNK; i < i1; i++) x[i] += y[i];
@@ -62,7 +65,9 @@ void kn_head_norm_rope(float *x, int nh, size_t ldh, const float *w, int hd, flo
 
 void kn_l2norm_heads(float *x, size_t ld, int n, int nh, int d, float scale) {
     /* threaded from the size at which the forward's joint q and k loop was */
-#pragma omp parallel for schedule(dynamic, kn_chunk((long)n *nh)) if ((size_t)n * nh * d * 4 >= KN_PAR_MIN_WORK)
+    const size_t work = (size_t)n * nh * d * 4;
+#pragma omp parallel for num_threads(kn_team(work)) \
+    schedule(dynamic, kn_chunk((long)n *nh)) if (work >= KN_PAR_MIN_WORK)
     for (int th = 0; th < n * nh; th++) {
         float *v = x + (size_t)(th / nh) * ld + (size_t)(th % nh) * d; /* [d] */
         float ss = 0;
@@ -73,7 +78,8 @@ void kn_l2norm_heads(float *x, size_t ld, int n, int nh, int d, float scale) {
 }
 
 void kn_gather_sum(float *out, const float *y, const int *rows, const float *w, int n, int k, int H) {
-#pragma omp parallel for schedule(dynamic, kn_chunk(n)) if ((size_t)n * k * H >= KN_PAR_MIN_WORK)
+    const size_t work = (size_t)n * k * H;
+#pragma omp parallel for num_threads(kn_team(work)) schedule(dynamic, kn_chunk(n)) if (work >= KN_PAR_MIN_WORK)
     for (int t = 0; t < n; t++) {
         float *o = out + (size_t)t * H; /* [H] */
         memset(o, 0, (size_t)H * sizeof(float));
@@ -95,7 +101,9 @@ void kn_causal_conv_silu(float *x, int n, int C, int K, const float *w, float *s
     const size_t win_sz = (size_t)(K - 1) * C;
     /* 16 channels at a time (the kn_conv_silu width), so that each token's row is read and
      * written once */
-#pragma omp parallel for schedule(dynamic, kn_chunk((C + 15) / 16)) if ((size_t)n * C * (K + 8) >= KN_PAR_MIN_WORK)
+    const size_t work = (size_t)n * C * (K + 8);
+#pragma omp parallel for num_threads(kn_team(work)) \
+    schedule(dynamic, kn_chunk((C + 15) / 16)) if (work >= KN_PAR_MIN_WORK)
     for (int c0 = 0; c0 < C; c0 += 16) {
         const int nc = C - c0 < 16 ? C - c0 : 16;
         const size_t row_bytes = (size_t)nc * sizeof(float);

@@ -9,7 +9,7 @@
 
 int dfl_draft_summarize(const float *logits, int D, int V, float *probs, const dfl_draft_top *out) {
     int bad = 0;
-#pragma omp parallel for schedule(dynamic, 1) reduction(| : bad)
+#pragma omp parallel for num_threads(kn_team((size_t)D *V)) schedule(dynamic, 1) reduction(| : bad)
     for (int k = 0; k < D; k++) { /* rows are independent: one per thread */
         const float *l = logits + (size_t)k * V;
         out->argmax[k] = kn_argmax(l, V);
