@@ -1,14 +1,14 @@
 /* The team size of the kernels' parallel regions (docs/threads.md, "Fewer threads when the cores
- * are taken"). Fork-join threads wait for their slowest member at every barrier: where other
- * processes hold cores, a member that waits for a core holds up the region's end, and a workload
- * of many short regions (a small model) then runs slower on more threads than on fewer, while one
- * of long regions (a large model) still gains from them. Which wins is measured, not guessed:
- * every thread reads the kernel's count of the time it spent runnable but waiting for a core
- * (/proc/thread-self/schedstat); where that share is sizeable, a trial runs one window of
- * KN_TEAM_WINDOW_S on fewer threads between two on the current team and keeps the fewer if they
- * did as much work per second (the regions' own work estimates); a smaller team tries one thread
- * more the same way. Failed trials back off. Which thread computes what never changes a result,
- * so the team size is free to move. */
+ * are taken: the adaptive team"). Fork-join threads wait for their slowest member at every
+ * barrier: where other processes hold cores, a member that waits for a core holds up the region's
+ * end, and a workload of many short regions (a small model) then runs slower on more threads than
+ * on fewer, while one of long regions (a large model) still gains from them. Which wins is
+ * measured, not guessed: every thread reads the kernel's count of the time it spent runnable but
+ * waiting for a core (/proc/thread-self/schedstat); where that share is sizeable, a trial runs one
+ * window of KN_TEAM_WINDOW_S on fewer threads between two on the current team and keeps the fewer
+ * if they did as much work per second (the regions' own work estimates); a smaller team tries one
+ * thread more the same way. Failed trials back off. Which thread computes what never changes a
+ * result, so the team size is free to move. */
 #include <fcntl.h>
 #include <limits.h>
 #include <pthread.h>
@@ -107,7 +107,8 @@ static void team_sample(int team, double *run, double *wait) {
     {
         uint64_t a, b;
         if (sched_read(&a, &b)) {
-            if (seen) r += (double)(a - last_run) * 1e-9, w += (double)(b - last_wait) * 1e-9;
+            if (seen && a >= last_run && b >= last_wait) /* (lower: a forked child's first sample) */
+                r += (double)(a - last_run) * 1e-9, w += (double)(b - last_wait) * 1e-9;
             last_run = a, last_wait = b, seen = 1;
         }
     }
