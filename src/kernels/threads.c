@@ -26,30 +26,32 @@
 #define KN_TEAM_CONTENDED 0.05    /* waiting share of the threads' wanted time that starts a trial */
 #define KN_TEAM_FEWER_KEEP 0.97   /* fewer threads stay at this share of the rate, or more */
 #define KN_TEAM_MORE_KEEP 1.03    /* more threads stay only at this share of the rate, or more */
-#define KN_TEAM_BACKOFF_MIN_S 0.5 /* the first wait before a trial in a direction that failed */
-#define KN_TEAM_BACKOFF_MAX_S 8.0 /* the wait doubles (up to this) each time such a trial fails */
+#define KN_TEAM_BACKOFF_MIN_S 0.5 /* the shortest wait before a trial in a direction */
+#define KN_TEAM_BACKOFF_MAX_S 8.0 /* the longest: a failed trial doubles the wait up to this */
+#define KN_TEAM_TRIAL_COST 0.02   /* and waits long enough that failing trials cost about this share */
 
-/* The next trial in a direction: after the shortest wait, or twice the last one if this failed. */
-static void backoff(double *wait, double *next, double now, int failed) {
-    const double w = failed ? 2 * *wait : 0;
+/* The next trial in a direction. Its window ran (or would run) `slower` longer than the best team
+ * (0.5: half as fast again): wait at least long enough for such windows to cost KN_TEAM_TRIAL_COST
+ * of the time, and twice the last wait if this trial failed. */
+static void backoff(double *wait, double *next, double now, int failed, double slower, double window) {
+    double w = slower > 0 ? slower * window / KN_TEAM_TRIAL_COST : 0;
+    if (failed && 2 * *wait > w) w = 2 * *wait;
     *wait = w < KN_TEAM_BACKOFF_MIN_S ? KN_TEAM_BACKOFF_MIN_S : w > KN_TEAM_BACKOFF_MAX_S ? KN_TEAM_BACKOFF_MAX_S : w;
     *next = now + *wait;
 }
 
 /* The end of a trial: keep the other team if its rate held against the mean of the windows before
  * and after it on the old team. */
-static void trial_end(kn_team_ctl *c, double now, double rate_after) {
-    const double base = 0.5 * (c->rate_before + rate_after);
+static void trial_end(kn_team_ctl *c, double now, double rate_after, double window) {
+    const double base = 0.5 * (c->rate_before + rate_after), other = c->rate_other;
     const int fewer = c->other < c->team;
-    const int keep = c->rate_other >= base * (fewer ? KN_TEAM_FEWER_KEEP : KN_TEAM_MORE_KEEP);
-    if (fewer) {
-        backoff(&c->wait_fewer, &c->next_fewer, now, !keep);
-        c->shrinks += keep;
-    } else {
-        backoff(&c->wait_more, &c->next_more, now, !keep);
-    }
-    if (keep) { /* a move: the other direction may look again soon */
-        backoff(fewer ? &c->wait_more : &c->wait_fewer, fewer ? &c->next_more : &c->next_fewer, now, 0);
+    const int keep = other >= base * (fewer ? KN_TEAM_FEWER_KEEP : KN_TEAM_MORE_KEEP);
+    double *wait = fewer ? &c->wait_fewer : &c->wait_more, *next = fewer ? &c->next_fewer : &c->next_more;
+    backoff(wait, next, now, !keep, keep || other <= 0 ? 0 : base / other - 1, window);
+    if (keep) { /* a move: a trial back to the old team would run its slowness again */
+        backoff(fewer ? &c->wait_more : &c->wait_fewer, fewer ? &c->next_more : &c->next_fewer, now, 0,
+                base > 0 ? other / base - 1 : 0, window);
+        c->shrinks += fewer;
         c->team = c->other;
     }
     c->trial = 0;
@@ -62,7 +64,7 @@ int kn_team_step(kn_team_ctl *c, double now, double work, double dt, double run,
         c->rate_other = rate;
         c->trial = 2;
         return c->team;
-    case 2: /* back on the old team: decide */ trial_end(c, now, rate); return c->team;
+    case 2: /* back on the old team: decide */ trial_end(c, now, rate, dt); return c->team;
     }
     int other = c->team;
     if (c->team > 1 && share >= KN_TEAM_CONTENDED && now >= c->next_fewer) {

@@ -2,7 +2,8 @@
  * - the decision (kn_team_step) on scripted windows: no trial without contention; a contended
  *   team tries fewer threads (about the cores it got) between two windows on its own team, and
  *   keeps them if they did at least 97% of the work per second; a smaller team tries one thread
- *   more and keeps it at 103% or more; failed trials back off from 0.5 s, doubling up to 8 s;
+ *   more and keeps it at 103% or more; failed trials back off from 0.5 s, doubling up to 8 s, and
+ *   at least long enough that windows as slow as the trial's cost 2% of the time;
  * - live, with the process confined to one CPU (ctest unsets OMP_NUM_THREADS, so the team adapts):
  *   the threads wait for that CPU, so trials run; every product meanwhile gives the same bits,
  *   whatever the team, adapting or fixed. */
@@ -17,49 +18,60 @@
 #include "kernels/kn_internal.h"
 #include "testutil.h"
 
-/* One trial from team c->team: windows with these rates (work per second) before, on the other
- * team and after, the first with this waiting share; returns the team after it. */
+#define W 0.15 /* a window, s */
+
+/* One window at this rate (work per second) and waiting share of the threads' time. */
+static int step(kn_team_ctl *c, double now, double rate, double share) {
+    return kn_team_step(c, now, rate * W, W, 1.0 - share, share);
+}
+
+/* One trial from team c->team: windows at these rates before, on the other team and after, the
+ * first with this waiting share; returns the team after it. */
 static int trial(kn_team_ctl *c, double now, double share, double before, double other, double after) {
-    const int team = c->team, got = kn_team_step(c, now, before, 1.0, 1.0 - share, share);
-    CHECK(got != team && c->trial == 1, "a trial from %d threads at %.1f s (share %.2f)", team, now, share);
-    CHECK(kn_team_step(c, now + 0.3, other, 1.0, 1, 0) == team, "back on %d threads after the trial's window", team);
-    return kn_team_step(c, now + 0.6, after, 1.0, 1, 0);
+    const int team = c->team, got = step(c, now, before, share);
+    CHECK(got != team && c->trial == 1, "a trial from %d threads at %.2f s (share %.2f)", team, now, share);
+    CHECK(step(c, now + W, other, 0) == team, "back on %d threads after the trial's window", team);
+    return step(c, now + 2 * W, after, 0);
 }
 
 static void check_step(void) {
     kn_team_ctl c = {.team = 2, .max = 2};
-    CHECK(kn_team_step(&c, 1.0, 100, 1.0, 0.98, 0.02) == 2 && c.trials == 0, "2%% waiting: no trial");
-    CHECK(kn_team_step(&c, 1.3, 100, 1.0, 1.0, 0) == 2 && c.trials == 0, "idle at the cap: no trial");
-    /* contended, and 1 thread does more: kept */
+    CHECK(step(&c, 1.0, 100, 0.02) == 2 && c.trials == 0, "2%% waiting: no trial");
+    CHECK(step(&c, 1.15, 100, 0) == 2 && c.trials == 0, "idle at the cap: no trial");
+    /* contended, and 1 thread does 1.5x as much: kept; trying 2 again would cost half a window */
     CHECK(trial(&c, 2.0, 0.33, 100, 150, 100) == 1 && c.shrinks == 1, "1 thread at 150%%: kept");
-    CHECK(fabs(c.next_more - 2.6 - 0.5) < 1e-9, "one more thread tried 0.5 s later, not at %.2f", c.next_more);
-    CHECK(kn_team_step(&c, 3.0, 100, 1.0, 1, 0) == 1 && c.trial == 0, "no try before it");
-    /* tries of 2 threads that fail: the wait doubles up to 8 s */
-    double now = c.next_more;
+    CHECK(fabs(c.wait_more - 0.5 * W / 0.02) < 1e-9, "one more thread tried after 3.75 s, not %.2f", c.wait_more);
+    CHECK(step(&c, 3.0, 150, 0) == 1 && c.trial == 0, "no try before it");
+    CHECK(trial(&c, c.next_more, 0, 150, 100, 150) == 1 && c.wait_more == 7.5, "a failed try: twice the wait");
+    CHECK(trial(&c, c.next_more, 0, 150, 100, 150) == 1 && c.wait_more == 8.0, "up to 8 s, got %.1f", c.wait_more);
+    /* tries that fail by little: the wait doubles from 0.5 s */
+    c = (kn_team_ctl){.team = 1, .max = 2};
+    double now = 1.0;
     for (int i = 0; i < 6; i++) {
-        CHECK(trial(&c, now, 0, 150, 100, 150) == 1, "try %d of 2 threads undone", i);
-        CHECK(c.wait_more == (i < 4 ? 1.0 * (1 << i) : 8.0), "try %d: back-off %.1f s", i, c.wait_more);
-        CHECK(kn_team_step(&c, now + 0.9, 150, 1.0, 1, 0) == 1, "no try within the back-off");
+        CHECK(trial(&c, now, 0, 100, 99, 100) == 1, "try %d of 2 threads undone", i);
+        CHECK(c.wait_more == (i < 4 ? 0.5 * (1 << i) : 8.0), "try %d: back-off %.2f s", i, c.wait_more);
+        CHECK(step(&c, c.next_more - 0.01, 100, 0) == 1, "no try within the back-off");
         now = c.next_more;
     }
     /* a 2% gain is not enough for one thread more, 4% is; drift between the windows is averaged */
     CHECK(trial(&c, now, 0, 100, 104, 110) == 1, "104 against a mean of 105: undone");
     CHECK(trial(&c, c.next_more, 0, 100, 104, 100) == 2 && c.wait_more == 0.5, "104%%: kept, back-off reset");
-    CHECK(fabs(c.next_fewer - c.next_more) < 1e-9, "after a move both directions may look again soon");
-    /* contended, and fewer threads do less: undone, and the back-off grows */
+    CHECK(fabs(c.next_fewer - c.next_more) < 1e-9, "a small gain: both directions may look again in 0.5 s");
+    /* contended, and fewer threads do less: undone, and the wait covers the slow window */
     now = c.next_fewer;
-    CHECK(trial(&c, now, 0.5, 100, 80, 100) == 2 && c.wait_fewer == 1.0, "1 thread at 80%%: undone");
-    CHECK(kn_team_step(&c, now + 1.0, 100, 1.0, 0.5, 0.5) == 2 && c.trial == 0, "no trial within the back-off");
-    CHECK(trial(&c, now + 1.7, 0.5, 100, 98, 100) == 1, "98%% of the rate with fewer threads: kept");
+    CHECK(trial(&c, now, 0.5, 100, 80, 100) == 2 && fabs(c.wait_fewer - 0.25 * W / 0.02) < 1e-9,
+          "1 thread at 80%%: undone, next try in 1.875 s, not %.3f", c.wait_fewer);
+    CHECK(step(&c, c.next_fewer - 0.01, 100, 0.5) == 2 && c.trial == 0, "no trial within the back-off");
+    CHECK(trial(&c, c.next_fewer, 0.5, 100, 98, 100) == 1, "98%% of the rate with fewer threads: kept");
     /* many threads: the trial takes about the cores they got */
     c = (kn_team_ctl){.team = 16, .max = 16};
-    CHECK(kn_team_step(&c, 1.0, 100, 1.0, 1.6, 0.2) == 14 && c.other == 14, "2 busy cores of 16: try 14, got %d",
+    CHECK(kn_team_step(&c, 1.0, 100, W, 1.6, 0.2) == 14 && c.other == 14, "2 busy cores of 16: try 14, got %d",
           c.other);
     c = (kn_team_ctl){.team = 3, .max = 3};
-    CHECK(kn_team_step(&c, 1.0, 100, 1.0, 3.0, 0.1) == 3 && c.trials == 0, "3%% waiting on 3 threads: no trial");
-    CHECK(kn_team_step(&c, 1.3, 100, 1.0, 3.0, 0.2) == 2, "6%% waiting on 3 threads: try 2 (the fit rounds to 3)");
+    CHECK(kn_team_step(&c, 1.0, 100, W, 3.0, 0.1) == 3 && c.trials == 0, "3%% waiting on 3 threads: no trial");
+    CHECK(kn_team_step(&c, 1.3, 100, W, 3.0, 0.2) == 2, "6%% waiting on 3 threads: try 2 (the fit rounds to 3)");
     c = (kn_team_ctl){.team = 1, .max = 1};
-    CHECK(kn_team_step(&c, 1.0, 100, 1.0, 0.5, 0.5) == 1 && c.trials == 0, "1 thread of 1: nothing to try");
+    CHECK(step(&c, 1.0, 100, 0.5) == 1 && c.trials == 0, "1 thread of 1: nothing to try");
 }
 
 /* y = x . W^T with a 160 x 2048 float32 matrix, 8 tokens: a region every call. */
