@@ -6,24 +6,30 @@
 #include "dfl/common.h"
 #include "eval/run.h"
 
+/* Drafter d's train-metrics job on this truth, scored on these labels and features under attn. */
+static tm_job unit_job(run *r, int d, const char *pid, int turn, const eval_truth *t, const tm_target *tt,
+                       const char *labels, const char *features, const char *attn) {
+    return (tm_job){.pid = pid,
+                    .turn = turn,
+                    .drafter = r->label[d],
+                    .labels = labels,
+                    .features = features,
+                    .attn = attn,
+                    .t = t,
+                    .tt = tt,
+                    .dif = &r->dif[d],
+                    .col = r->col[d],
+                    .V = r->m.cfg.vocab,
+                    .B = r->block[d]};
+}
+
 /* --train-metrics on one truth: every drafter whose row the plan lacks (todo[d]) on these labels
  * and features (tt: the target's distribution along the truth, or NULL). */
 int er_train_truth(run *r, const char *pid, int turn, const eval_truth *t, const char *labels, const char *features,
                    const tm_target *tt, const unsigned char *todo) {
     for (int d = 0; d < r->o->n_drafters; d++) {
         if (!todo[d]) continue;
-        const tm_job j = {.pid = pid,
-                          .turn = turn,
-                          .drafter = r->label[d],
-                          .labels = labels,
-                          .features = features,
-                          .attn = "config",
-                          .t = t,
-                          .tt = tt,
-                          .dif = &r->dif[d],
-                          .col = r->col[d],
-                          .V = r->m.cfg.vocab,
-                          .B = r->block[d]};
+        const tm_job j = unit_job(r, d, pid, turn, t, tt, labels, features, "config");
         if (tm_run_unit(&r->tm, &j)) return DFL_ERR;
     }
     return DFL_OK;
@@ -37,18 +43,7 @@ static int train_attn(run *r, const char *pid, int turn, const eval_truth *t, co
     for (int d = 0; d < o->n_drafters && o->train_attn != EVAL_TRAIN_ATTN_NONE; d++) {
         dfl_any_drafter *a = &r->ad[d];
         if (!todo[d] || a->kind == DFL_DRAFTER_MTP || !drafter_has_sliding(&a->d)) continue;
-        const tm_job j = {.pid = pid,
-                          .turn = turn,
-                          .drafter = r->label[d],
-                          .labels = "target",
-                          .features = "dfl",
-                          .attn = drafter_causal_name(o->train_attn),
-                          .t = t,
-                          .tt = tt,
-                          .dif = &r->dif[d],
-                          .col = r->col[d],
-                          .V = r->m.cfg.vocab,
-                          .B = r->block[d]};
+        const tm_job j = unit_job(r, d, pid, turn, t, tt, "target", "dfl", drafter_causal_name(o->train_attn));
         int rc = anydrafter_set_causal(a, o->train_attn);
         if (rc == DFL_OK) rc = tm_run_unit(&r->tm, &j);
         const int back = anydrafter_set_causal(a, o->block_attn);
