@@ -27,7 +27,8 @@ threads=$(grep -o '"threads": [0-9]*' "$OUT/summary.json" | head -n1 | grep -o '
 if [ -n "${OMP_NUM_THREADS:-}" ]; then
   src="OMP_NUM_THREADS=$OMP_NUM_THREADS"
 else
-  src="the default: every core, nproc = $(nproc); set OMP_NUM_THREADS=N to change it"
+  mean=$(grep -o '"threads_mean": [0-9.]*' "$OUT/summary.json" | head -n1 | grep -o '[0-9.]*$' || true)
+  src="the default: every core, nproc = $(nproc), adaptive: ${mean:-?} on average (docs/threads.md); set OMP_NUM_THREADS=N to fix it"
 fi
 echo
 awk -v a="$t0" -v b="$t1" -v s="$start" -v e="$(date +%s.%N)" -v n="${threads:-?}" -v src="$src" 'BEGIN {
