@@ -212,37 +212,57 @@ TGT_AMX INLINE void split_parts(const float *x, __m512i part[SPLIT], int S) {
  * virtual column v of B tile v / 16, column v % 16):
  *   interleaved (S n <= 32, one or two B tiles): v = S * t + p, part p of token t;
  *   planar (S n > 32): B tile S * b + p holds part p of tokens 16 b .. 16 b + 15,
- *                   so that the parts of a token meet at the same place of S C tiles.
+ *                   so that the parts of a token meet at the same place of S C tiles; the
+ *                   last n % 16 tokens, where their parts fit two tiles (S r <= 32), follow
+ *                   interleaved (v = 16 S (n / 16) + S t' + p for the t'-th of them): a
+ *                   65-token tree's last node takes one tile, not three.
  * Either way each C element is one TDPBF16PS chain over the columns, so the layout (chosen
  * by n) never changes a result. xb [tile][32-column step][16 pairs][16 columns][2], unused
  * columns zero: each column pair lands as one 32-bit word, 64 bytes from the next pair. */
 static int amx_planar(int n, int S) { return S * n > 32; }
-static int amx_tiles(int n, int S) { return amx_planar(n, S) ? S * ((n + 15) / 16) : (S * n + 15) / 16; }
+/* Tokens after the last full group of a planar block of n that are interleaved (0: none). */
+static int amx_tail(int n, int S) { return n % 16 && S * (n % 16) <= 32 ? n % 16 : 0; }
+static int amx_planar_tiles(int n, int S) {
+    const int r = amx_tail(n, S);
+    return r ? S * (n / 16) + (S * r + 15) / 16 : S * ((n + 15) / 16);
+}
+static int amx_tiles(int n, int S) { return amx_planar(n, S) ? amx_planar_tiles(n, S) : (S * n + 15) / 16; }
+
+/* The S parts of token x (32 columns at step ks of ks_n) into virtual columns v0 .. v0 + S - 1
+ * of the B tiles at xb. */
+TGT_AMX INLINE void amx_put_token(uint16_t *xb, const float *x, int ks, int ks_n, int v0, int S) {
+    uint32_t pairs[SPLIT][16] __attribute__((aligned(64)));
+    __m512i part[SPLIT];
+    split_parts(x + (size_t)ks * 32, part, S);
+    for (int p = 0; p < S; p++) _mm512_store_si512(pairs[p], part[p]);
+    for (int p = 0; p < S; p++) {
+        const int v = v0 + p; /* B tile v / 16, column v % 16 */
+        uint32_t *dst = (uint32_t *)(xb + ((size_t)(v / 16) * ks_n + ks) * TILE_ELEMS);
+        for (int q = 0; q < 16; q++) dst[q * 16 + v % 16] = pairs[p][q];
+    }
+}
 
 TGT_AMX static void amx_pack(uint16_t *xb, const float *x, int n, int cols, int S) {
     const int ks_n = cols / 32;
     if (!amx_planar(n, S)) {
         memset(xb, 0, (size_t)amx_tiles(n, S) * ks_n * TILE_ELEMS * sizeof(uint16_t));
         for (int t = 0; t < n; t++)
-            for (int ks = 0; ks < ks_n; ks++) {
-                uint32_t pairs[SPLIT][16] __attribute__((aligned(64)));
-                __m512i part[SPLIT];
-                split_parts(x + (size_t)t * cols + (size_t)ks * 32, part, S);
-                for (int p = 0; p < S; p++) _mm512_store_si512(pairs[p], part[p]);
-                for (int p = 0; p < S; p++) {
-                    const int v = S * t + p; /* B tile v / 16, column v % 16 */
-                    uint32_t *dst = (uint32_t *)(xb + ((size_t)(v / 16) * ks_n + ks) * TILE_ELEMS);
-                    for (int q = 0; q < 16; q++) dst[q * 16 + v % 16] = pairs[p][q];
-                }
-            }
+            for (int ks = 0; ks < ks_n; ks++) amx_put_token(xb, x + (size_t)t * cols, ks, ks_n, S * t, S);
         return;
     }
-    const int nb = (n + 15) / 16;
+    const int nb = (n + 15) / 16, full = n / 16, tail = amx_tail(n, S);
     const size_t work = (size_t)n * cols;
 #pragma omp parallel for num_threads(kn_team(work)) \
     schedule(dynamic, kn_chunk((long)nb *ks_n)) if (work >= KN_PAR_MIN_WORK)
     for (int bk = 0; bk < nb * ks_n; bk++) { /* (token group, column step) */
         const int b = bk / ks_n, ks = bk % ks_n, nt = n - 16 * b < 16 ? n - 16 * b : 16;
+        if (b == full && tail) { /* the interleaved tail: its tiles at this step zeroed, then filled */
+            for (int i = 0; i < (S * tail + 15) / 16; i++)
+                memset(xb + ((size_t)(S * full + i) * ks_n + ks) * TILE_ELEMS, 0, TILE_ELEMS * sizeof(uint16_t));
+            for (int j = 0; j < tail; j++)
+                amx_put_token(xb, x + (size_t)(16 * full + j) * cols, ks, ks_n, 16 * S * full + S * j, S);
+            continue;
+        }
         __m512i rows[SPLIT][16];
         for (int j = 0; j < 16; j++) {
             __m512i part[SPLIT] = {_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512()};
@@ -280,18 +300,18 @@ static size_t amx_cb_floats(int ldc) {
 }
 
 /* y rows r0 .. r0 + 16 rg - 1 of tokens t0 .. t0 + nb - 1 from their C results cb [16 rg][ldc]:
- * y = (hi + mid) + lo, or the one part's sum with bf16 activations (S = 1). */
+ * y = (hi + mid) + lo, or the one part's sum with bf16 activations (S = 1). A planar block's
+ * interleaved tail (amx_tail) combines as the interleaved layout does, after its full groups. */
 TGT_AMX static void amx_combine(float *y, int rows, int r0, int rg, int t0, int nb, const float *cb, int ldc,
                                 int planar, int stream, int S) {
-    if (!planar) {
-        for (int t = 0; t < nb; t++)
-            for (int r = 0; r < 16 * rg; r++) {
-                const float *cr = cb + (size_t)r * ldc + S * t;
-                y[(size_t)(t0 + t) * rows + r0 + r] = S == 1 ? cr[0] : (cr[0] + cr[1]) + cr[2];
-            }
-        return;
-    }
-    for (int b = 0; b < (nb + 15) / 16; b++) {
+    const int tail = planar ? amx_tail(nb, S) : nb, full = planar ? nb / 16 : 0; /* interleaved: all */
+    for (int t = 0; t < tail; t++)
+        for (int r = 0; r < 16 * rg; r++) {
+            const float *cr = cb + (size_t)r * ldc + (size_t)16 * S * full + S * t;
+            y[(size_t)(t0 + 16 * full + t) * rows + r0 + r] = S == 1 ? cr[0] : (cr[0] + cr[1]) + cr[2];
+        }
+    if (!planar) return;
+    for (int b = 0; b < (tail ? full : (nb + 15) / 16); b++) {
         const int nt = nb - 16 * b < 16 ? nb - 16 * b : 16;
         for (int rt = 0; rt < rg; rt++) {
             __m512i v[16]; /* [row][token] sums, then [token][row] */
@@ -348,7 +368,7 @@ TGT_AMX static void amx_run(int count, float *const *ys, const dfl_mat *const *w
         for (int t0 = 0; t0 < n; t0 += tok_block) {
             const int nb = n - t0 < tok_block ? n - t0 : tok_block;
             /* this block's B tiles, and the row tiles per group for them */
-            const int c0 = planar ? S * t0 / 16 : 0, cn = planar ? S * ((nb + 15) / 16) : amx_tiles(nb, S);
+            const int c0 = planar ? S * t0 / 16 : 0, cn = planar ? amx_planar_tiles(nb, S) : amx_tiles(nb, S);
             const int rg_max = cn <= BLOCK3_MAX_TILES ? 1 : 2;
             /* 16-token groups whose B tiles outgrow L2 (wide matrices: a 27B's down projection)
              * run CHUNK_TILES row tiles over one chunk of the columns, then the next chunk, so
