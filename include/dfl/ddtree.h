@@ -5,7 +5,7 @@
 
 #include <stdint.h>
 
-/* Largest tree budget dfl verifies on the target: per-node linear-attention states make memory
+/* Largest tree budget dfl verifies on the target: per-node linear-attention inputs make memory
  * grow with it (docs/ddtree.md gives the figures). */
 #define DDTREE_MAX_BUDGET 256
 /* Largest tree the builder makes: replay evaluation (docs/eval.md) builds trees that the target

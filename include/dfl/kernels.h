@@ -232,10 +232,14 @@ void kn_conv_silu(float *x, size_t ld, int n, int nc, int K, const float *wt, fl
 /* A linear layer's depthwise causal convolution and SiLU over n tokens of x [n][C] in place
  * (kn_conv_silu, 16 channels at a time, threaded over them): weights w [C][K], w[c][K-1] on the
  * current token. Chain (parent NULL): the window state [K-1][C] enters with the inputs before
- * token 0 and leaves with the last K-1. Tree: token t continues the window of parent[t]
- * (node_state + parent[t]*(K-1)*C, state for the root) and leaves its own in node_state [n][K-1][C]. */
-void kn_causal_conv_silu(float *x, int n, int C, int K, const float *w, float *state, const int *parent,
-                         float *node_state);
+ * token 0 and leaves with the last K-1. Tree (parent[t] < t, -1 for the root): node t's window
+ * holds the inputs of its K-1 nearest ancestors, then the newest of state's; state is left
+ * alone and the inputs are kept in xin [n][C] (kn_conv_window gives a path's window from them). */
+void kn_causal_conv_silu(float *x, int n, int C, int K, const float *w, float *state, const int *parent, float *xin);
+/* The window after the last node of a tree path path[0..len-1] (root first), into win [K-1][C]:
+ * the last K-1 of the inputs of state [K-1][C] followed by the path's inputs xin [node][C]
+ * (win may be state). */
+void kn_conv_window(float *win, const float *state, const float *xin, const int *path, int len, int C, int K);
 /* NeoX half-split rotary embedding over the first rot dims of x[hd] (cos/sin [rot/2]). */
 void kn_rope(float *x, const float *cos, const float *sin, int rot);
 /* In-place softmax over n values: x - max through expf, summed in index order, times 1 / sum
@@ -291,15 +295,17 @@ void kn_gdn_recurrent(float *S, const kn_gdn_io *io);
  * rounding. Without memory for its scratch (~0.1 MB) it runs kn_gdn_recurrent. */
 void kn_gdn_chunked(float *S, const kn_gdn_io *io);
 
-/* Tree layout of a linear layer's pass: token i continues the state of parent[i] (the layer's
- * state S for the root) and leaves its state in node_S + i*Hv*dk*dv when kept[i] (it has
- * children), else in scratch [threads][dk][dv] (the calling thread's slot). */
+/* Tree layout of a linear layer's pass: node i continues the state of its parent (the layer's
+ * state S, unchanged, for the root). The nodes run in depth-first order, so that a node's parent
+ * is the last node run one level up: each thread keeps the state of the last node at each depth
+ * in its own stack, which stays in cache, and no node's state is kept after the pass (the
+ * committed path's is recomputed: target_state_tree_commit). */
 typedef struct kn_gdn_tree {
-    const int *parent;
-    float *node_S;
-    const unsigned char *kept;
-    float *scratch;
-    int threads;
+    const int *order; /* [n] the nodes in depth-first preorder (node 0, the root, first) */
+    const int *depth; /* [n] each node's depth, the root's 0 */
+    float *stack;     /* [threads][levels][dk][dv] */
+    int levels;       /* states per thread: more than the deepest node's depth */
+    int threads;      /* threads the stack has room for: the pass runs on at most as many */
 } kn_gdn_tree;
 
 /* One Gated DeltaNet layer's heads over n tokens: value head h (key head h / (Hv/Hk)) runs

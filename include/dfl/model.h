@@ -156,24 +156,24 @@ typedef struct dfl_target_state {
     float **rec_qkv;   /* [L] [max_batch, conv_dim] pre-conv projections */
     float **rec_ab;    /* [L] [max_batch, 2*Hv] raw a | b projections */
     /* tree verification (target_state_enable_tree): per-node linear-attention states */
-    int tree_cap;             /* max nodes per tree forward (0 = tree verification off) */
-    const int *tree_parent;   /* during a tree forward: [n] parent node, -1 for the root */
-    int *tree_depth;          /* [tree_cap] depth of each node of the last tree forward */
-    unsigned char *tree_anc;  /* [tree_cap, max_batch] 1 where node j is node i or its ancestor */
-    float **tree_conv;        /* [L] linear layers: [tree_cap, K-1, conv_dim] window after each node */
-    float **tree_S;           /* [L] linear layers: [tree_cap, Hv, dk, dv] state after each node that
-                               * has children (a leaf's state is not kept: target_state_tree_commit
-                               * recomputes it from its parent's, which saves a write of the whole
-                               * state per leaf and layer) */
-    float **tree_qkv;         /* [L] linear layers: [tree_cap, conv_dim] each leaf's conv output
-                               * (q, k normalised), the recomputation's input */
-    float **tree_ab;          /* [L] linear layers: [tree_cap, 2*Hv] each leaf's raw a | b */
-    int *tree_par;            /* [tree_cap] parent of each node of the last tree forward */
-    unsigned char *tree_kept; /* [tree_cap] 1 where the node has children: tree_S holds its state */
-    float *tree_scratch;      /* [tree_threads, dk, dv] a leaf's state while its output is computed */
-    int tree_threads;         /* threads tree_scratch has room for */
-    int tree_base;            /* n_past before the last tree forward */
-    int tree_n;               /* nodes of the last tree forward (0 once committed) */
+    int tree_cap;            /* max nodes per tree forward (0 = tree verification off) */
+    const int *tree_parent;  /* during a tree forward: [n] parent node, -1 for the root */
+    int *tree_depth;         /* [tree_cap] depth of each node of the last tree forward */
+    unsigned char *tree_anc; /* [tree_cap, max_batch] 1 where node j is node i or its ancestor */
+    /* No node's recurrent state outlives the forward (each thread keeps the states of one
+     * root-to-node path, in depth-first order, in tree_stack); target_state_tree_commit
+     * recomputes the committed path's from these inputs: */
+    float **tree_xin;  /* [L] linear layers: [tree_cap, conv_dim] each node's conv input */
+    float **tree_qkv;  /* [L] linear layers: [tree_cap, conv_dim] each node's conv output
+                        * (q, k normalised): the recurrence's input */
+    float **tree_ab;   /* [L] linear layers: [tree_cap, 2*Hv] each node's raw a | b */
+    int *tree_par;     /* [tree_cap] parent of each node of the last tree forward */
+    int *tree_order;   /* [tree_cap] the nodes of the last tree forward in depth-first preorder */
+    int *tree_link;    /* [2, tree_cap] each node's first child and next sibling (-1: none) */
+    float *tree_stack; /* [tree_threads, tree_cap, dk, dv] per thread, a state per depth */
+    int tree_threads;  /* threads tree_stack has room for */
+    int tree_base;     /* n_past before the last tree forward */
+    int tree_n;        /* nodes of the last tree forward (0 once committed) */
     /* scratch, sized for max_batch tokens */
     float *x;           /* [B, H] residual stream */
     float *xn;          /* [B, H] */

@@ -134,19 +134,19 @@ void kn_gdn_chunked(float *S, const kn_gdn_io *io) {
     free(work);
 }
 
-/* The state of value head h that token t0's call starts from (*S0) and writes (return). */
-static float *gdn_head_state(const kn_gdn_heads_io *a, int h, int t0, const float **S0) {
-    const size_t hs = (size_t)a->dk * a->dv, HS = (size_t)a->Hv * hs;
+/* The state of value head h that token t's call starts from (*S0) and writes (return). A tree
+ * node continues its parent's state, the thread's last at the depth above (the layer's state for
+ * the root), into the thread's slot at its own depth. */
+static float *gdn_head_state(const kn_gdn_heads_io *a, int h, int t, const float **S0) {
+    const size_t hs = (size_t)a->dk * a->dv;
     float *Sh = a->S + (size_t)h * hs;
     const kn_gdn_tree *tr = a->tree;
-    *S0 = a->S0 && t0 == 0 ? a->S0 + (size_t)h * hs : NULL;
+    *S0 = a->S0 && t == 0 ? a->S0 + (size_t)h * hs : NULL;
     if (!tr) return Sh;
-    /* the node's state: its parent's continued by its own token; a leaf's goes to per-thread
-     * scratch (recomputed at commit) */
-    const int p = tr->parent[t0], th = omp_get_thread_num();
-    *S0 = p < 0 ? Sh : tr->node_S + (size_t)p * HS + (size_t)h * hs;
-    return tr->kept[t0] || th >= tr->threads ? tr->node_S + (size_t)t0 * HS + (size_t)h * hs
-                                             : tr->scratch + (size_t)th * hs;
+    const int d = tr->depth[t];
+    float *stack = tr->stack + (size_t)omp_get_thread_num() * tr->levels * hs;
+    *S0 = d == 0 ? Sh : stack + (size_t)(d - 1) * hs;
+    return stack + (size_t)d * hs;
 }
 
 void kn_gdn_heads(const kn_gdn_heads_io *a) {
@@ -154,12 +154,13 @@ void kn_gdn_heads(const kn_gdn_heads_io *a) {
     const int step = a->tree ? 1 : KN_GDN_CHUNK;
     const size_t C = a->ld;
     const size_t work = (size_t)n * Hv * dk * dv * 4;
-#pragma omp parallel for num_threads(kn_team(work)) schedule(dynamic, 1) if (work >= KN_PAR_MIN_WORK)
+    const int team = kn_team(work), threads = a->tree && a->tree->threads < team ? a->tree->threads : team;
+#pragma omp parallel for num_threads(threads) schedule(dynamic, 1) if (work >= KN_PAR_MIN_WORK)
     for (int h = 0; h < Hv; h++) {
         float gb[2 * KN_GDN_CHUNK]; /* log-decays | betas of the tokens of one kernel call */
         const int kh = h / ratio;
-        for (int t0 = 0; t0 < n; t0 += step) {
-            const int nt = n - t0 < step ? n - t0 : step;
+        for (int i = 0; i < n; i += step) {
+            const int nt = n - i < step ? n - i : step, t0 = a->tree ? a->tree->order[i] : i;
             const float *S0;
             float *Sh = gdn_head_state(a, h, t0, &S0);
             kn_gdn_gates(gb, a->ab, Hv, h, t0, nt, a->neg_exp_A, a->dt_bias);

@@ -96,9 +96,24 @@ void kn_gdn_gates(float *gb, const float *ab, int Hv, int h, int t0, int nt, con
     }
 }
 
-void kn_causal_conv_silu(float *x, int n, int C, int K, const float *w, float *state, const int *parent,
-                         float *node_state) {
-    const size_t win_sz = (size_t)(K - 1) * C;
+/* A tree node's window (oldest first) of the nc channels at c0: its K-1 nearest ancestors' inputs
+ * in xin, the newest of the committed state's before the root. */
+static void conv_node_window(float win[15][16], const float *state, const float *xin, const int *parent, int t, int C,
+                             int K, int c0, int nc) {
+    int j = K - 2, a = parent[t];
+    for (; j >= 0 && a >= 0; j--, a = parent[a]) memcpy(win[j], xin + (size_t)a * C + c0, (size_t)nc * sizeof(float));
+    for (int s = K - 2; j >= 0; j--, s--) memcpy(win[j], state + (size_t)s * C + c0, (size_t)nc * sizeof(float));
+}
+
+void kn_conv_window(float *win, const float *state, const float *xin, const int *path, int len, int C, int K) {
+    const size_t row = (size_t)C * sizeof(float);
+    for (int j = 0; j < K - 1; j++) {    /* oldest first: row j reads a later state row, so win may be state */
+        const int k = j - (K - 1 - len); /* the path's k-th input, or state row j + len before it */
+        memmove(win + (size_t)j * C, k >= 0 ? xin + (size_t)path[k] * C : state + (size_t)(j + len) * C, row);
+    }
+}
+
+void kn_causal_conv_silu(float *x, int n, int C, int K, const float *w, float *state, const int *parent, float *xin) {
     /* 16 channels at a time (the kn_conv_silu width), so that each token's row is read and
      * written once */
     const size_t work = (size_t)n * C * (K + 8);
@@ -116,12 +131,11 @@ void kn_causal_conv_silu(float *x, int n, int C, int K, const float *w, float *s
             for (int j = 0; j < K - 1; j++) memcpy(state + (size_t)j * C + c0, win[j], row_bytes);
             continue;
         }
-        for (int t = 0; t < n; t++) { /* each node continues its parent's window */
-            const float *src = parent[t] < 0 ? state : node_state + (size_t)parent[t] * win_sz;
-            for (int j = 0; j < K - 1; j++) memcpy(win[j], src + (size_t)j * C + c0, row_bytes);
+        for (int t = 0; t < n; t++) /* the inputs, before the outputs overwrite them */
+            memcpy(xin + (size_t)t * C + c0, x + (size_t)t * C + c0, row_bytes);
+        for (int t = 0; t < n; t++) { /* each node continues its ancestors' inputs */
+            conv_node_window(win, state, xin, parent, t, C, K, c0, nc);
             kn_conv_silu(x + (size_t)t * C + c0, (size_t)C, 1, nc, K, wt[0], win[0]);
-            for (int j = 0; j < K - 1; j++)
-                memcpy(node_state + (size_t)t * win_sz + (size_t)j * C + c0, win[j], row_bytes);
         }
     }
 }

@@ -249,14 +249,15 @@ static void attention_layer(dfl_target_state *s, int li, int n) {
 
 /* ---- Gated DeltaNet layer ---------------------------------------------------------- */
 
-/* Tree layout of a linear-layer pass: token i continues the state of parent[i] (the committed
- * state when parent[i] < 0) and leaves its own conv window in node_conv[i] [K-1, conv_dim] and
- * recurrent state in node_S[i] [Hv, dk, dv]. NULL = chain: each token continues the previous
- * one, in place in conv_state / S. */
+/* Tree layout of a linear-layer pass: token i continues the conv window and recurrent state of
+ * parent[i] (the committed ones when parent[i] < 0), which stay unchanged; each node's inputs
+ * are kept so that the committed path's window and state can be recomputed. NULL = chain: each
+ * token continues the previous one, in place in conv_state / S. */
 typedef struct lin_tree {
-    kn_gdn_tree gdn;           /* parent [n], node_S [n, Hv, dk, dv], kept [n], per-thread scratch */
-    float *node_conv;          /* [n, K-1, conv_dim] */
-    float *leaf_qkv, *leaf_ab; /* [n, conv_dim] and [n, 2*Hv]: the inputs of each leaf */
+    const int *parent;         /* [n] */
+    kn_gdn_tree gdn;           /* depth-first order, depths, per-thread state stacks */
+    float *xin;                /* [n, conv_dim] conv inputs */
+    float *node_qkv, *node_ab; /* [n, conv_dim] and [n, 2*Hv]: the recurrence's inputs */
 } lin_tree;
 
 /* Advance one linear layer's conv window and recurrent state over n tokens. S0: a chain's
@@ -270,17 +271,14 @@ static void gated_delta(const dfl_model *m, const dfl_layer_w *l, float *conv_st
                         float *qkv, const float *ab, int n, float *out, const lin_tree *tree) {
     const dfl_config *g = &m->cfg;
     const int C = m->conv_dim, K = g->conv_kernel, Hk = g->lin_k_heads, Hv = g->lin_v_heads, dk = g->lin_k_dim;
-    kn_causal_conv_silu(qkv, n, C, K, l->conv_w, conv_state, tree ? tree->gdn.parent : NULL,
-                        tree ? tree->node_conv : NULL);
+    kn_causal_conv_silu(qkv, n, C, K, l->conv_w, conv_state, tree ? tree->parent : NULL, tree ? tree->xin : NULL);
     /* L2-normalise q and k per (token, key head); q also scaled by 1/sqrt(dk) */
     kn_l2norm_heads(qkv, (size_t)C, n, Hk, dk, 1.0f / sqrtf((float)dk));
     kn_l2norm_heads(qkv + (size_t)Hk * dk, (size_t)C, n, Hk, dk, 1.0f);
-    if (tree) /* a leaf's state is recomputed at commit (target_state_tree_commit) from these */
-        for (int t = 0; t < n; t++)
-            if (!tree->gdn.kept[t]) {
-                memcpy(tree->leaf_qkv + (size_t)t * C, qkv + (size_t)t * C, (size_t)C * sizeof(float));
-                memcpy(tree->leaf_ab + (size_t)t * 2 * Hv, ab + (size_t)t * 2 * Hv, (size_t)2 * Hv * sizeof(float));
-            }
+    if (tree) { /* the committed path's state is recomputed from these (target_state_tree_commit) */
+        memcpy(tree->node_qkv, qkv, (size_t)n * C * sizeof(float));
+        memcpy(tree->node_ab, ab, (size_t)n * 2 * Hv * sizeof(float));
+    }
     const kn_gdn_heads_io io = {.n = n,
                                 .Hk = Hk,
                                 .Hv = Hv,
@@ -324,14 +322,15 @@ static void linear_layer(dfl_target_state *s, int li, int n) {
         memcpy(s->rec_qkv[li], s->q, (size_t)n * C * sizeof(float));
         memcpy(s->rec_ab[li], s->ab, (size_t)n * 2 * Hv * sizeof(float));
     }
-    lin_tree tree = {.gdn = {.parent = s->tree_parent,
-                             .node_S = s->tree_S ? s->tree_S[li] : NULL,
-                             .kept = s->tree_kept,
-                             .scratch = s->tree_scratch,
+    lin_tree tree = {.parent = s->tree_parent,
+                     .gdn = {.order = s->tree_order,
+                             .depth = s->tree_depth,
+                             .stack = s->tree_stack,
+                             .levels = s->tree_cap,
                              .threads = s->tree_threads},
-                     .node_conv = s->tree_conv ? s->tree_conv[li] : NULL,
-                     .leaf_qkv = s->tree_qkv ? s->tree_qkv[li] : NULL,
-                     .leaf_ab = s->tree_ab ? s->tree_ab[li] : NULL};
+                     .xin = s->tree_xin ? s->tree_xin[li] : NULL,
+                     .node_qkv = s->tree_qkv ? s->tree_qkv[li] : NULL,
+                     .node_ab = s->tree_ab ? s->tree_ab[li] : NULL};
     gated_delta(m, l, s->conv_state[li], s->rec_state[li], S0, s->q, s->ab, n, s->att, s->tree_parent ? &tree : NULL);
     /* gated RMSNorm per (token, value head): w * norm(o) * silu(z), into z */
     kn_rmsnorm_rows(s->att, s->att, l->gnorm, n * Hv, dv, g->rms_eps);
@@ -527,40 +526,39 @@ static int cpu_enable_tree(dfl_target_state *s, int max_nodes) {
     const dfl_config *g = &m->cfg;
     if (max_nodes < 1 || max_nodes > s->max_batch)
         return dfl_seterr("tree of %d nodes: must be in [1, %d] (the run state's batch)", max_nodes, s->max_batch);
-    const size_t win = (size_t)(g->conv_kernel - 1) * m->conv_dim;
-    const size_t S = (size_t)g->lin_v_heads * g->lin_k_dim * g->lin_v_dim;
     int n_lin = 0;
     for (int i = 0; i < g->n_layers; i++) n_lin += g->layer_types[i] == DFL_LAYER_LINEAR;
-    const size_t leaf_in = (size_t)m->conv_dim + 2 * (size_t)g->lin_v_heads; /* a leaf's qkv | ab */
+    const size_t node_in = 2 * (size_t)m->conv_dim + 2 * (size_t)g->lin_v_heads; /* a node's xin | qkv | ab */
+    const size_t head_S = (size_t)g->lin_k_dim * g->lin_v_dim;
     const int threads = omp_get_max_threads();
-    const uint64_t need = (uint64_t)n_lin * max_nodes * (win + S + leaf_in) * sizeof(float) +
-                          (uint64_t)max_nodes * (s->max_batch + 2 * sizeof(int) + 1) +
-                          (uint64_t)threads * g->lin_k_dim * g->lin_v_dim * sizeof(float);
+    const uint64_t need = (uint64_t)n_lin * max_nodes * node_in * sizeof(float) +
+                          (uint64_t)max_nodes * (s->max_batch + 5 * sizeof(int)) +
+                          (n_lin ? (uint64_t)threads * max_nodes * head_S * sizeof(float) : 0);
     const uint64_t avail = mem_available();
     if (need > avail)
-        return dfl_seterr("tree verification of %d nodes needs %.2f GiB for per-node linear-attention states, but only "
+        return dfl_seterr("tree verification of %d nodes needs %.2f GiB for per-node linear-attention inputs, but only "
                           "%.2f GiB is available; lower the tree budget",
                           max_nodes, need / 1073741824.0, avail / 1073741824.0);
     cpu_disable_tree(s);
     s->tree_anc = calloc((size_t)max_nodes * s->max_batch, 1);
     s->tree_depth = calloc((size_t)max_nodes, sizeof(int));
     s->tree_par = calloc((size_t)max_nodes, sizeof(int));
-    s->tree_kept = calloc((size_t)max_nodes, 1);
-    s->tree_scratch = malloc((size_t)threads * g->lin_k_dim * g->lin_v_dim * sizeof(float) + 1);
-    s->tree_conv = calloc((size_t)g->n_layers, sizeof(float *));
-    s->tree_S = calloc((size_t)g->n_layers, sizeof(float *));
+    s->tree_order = calloc((size_t)max_nodes, sizeof(int));
+    s->tree_link = calloc(2 * (size_t)max_nodes, sizeof(int));
+    const size_t stack_bytes = ((size_t)threads * max_nodes * head_S * sizeof(float) + 63) / 64 * 64;
+    s->tree_stack = n_lin ? aligned_alloc(64, stack_bytes) : NULL;
+    s->tree_xin = calloc((size_t)g->n_layers, sizeof(float *));
     s->tree_qkv = calloc((size_t)g->n_layers, sizeof(float *));
     s->tree_ab = calloc((size_t)g->n_layers, sizeof(float *));
-    if (!s->tree_anc || !s->tree_depth || !s->tree_par || !s->tree_kept || !s->tree_scratch || !s->tree_conv ||
-        !s->tree_S || !s->tree_qkv || !s->tree_ab)
+    if (!s->tree_anc || !s->tree_depth || !s->tree_par || !s->tree_order || !s->tree_link ||
+        (n_lin && !s->tree_stack) || !s->tree_xin || !s->tree_qkv || !s->tree_ab)
         goto oom;
     for (int i = 0; i < g->n_layers; i++)
         if (g->layer_types[i] == DFL_LAYER_LINEAR) {
-            s->tree_conv[i] = malloc((size_t)max_nodes * win * sizeof(float) + 1);
-            s->tree_S[i] = malloc((size_t)max_nodes * S * sizeof(float) + 1);
-            s->tree_qkv[i] = malloc((size_t)max_nodes * m->conv_dim * sizeof(float) + 1);
-            s->tree_ab[i] = malloc((size_t)max_nodes * 2 * g->lin_v_heads * sizeof(float) + 1);
-            if (!s->tree_conv[i] || !s->tree_S[i] || !s->tree_qkv[i] || !s->tree_ab[i]) goto oom;
+            s->tree_xin[i] = malloc((size_t)max_nodes * m->conv_dim * sizeof(float));
+            s->tree_qkv[i] = malloc((size_t)max_nodes * m->conv_dim * sizeof(float));
+            s->tree_ab[i] = malloc((size_t)max_nodes * 2 * g->lin_v_heads * sizeof(float));
+            if (!s->tree_xin[i] || !s->tree_qkv[i] || !s->tree_ab[i]) goto oom;
         }
     s->tree_threads = threads;
     s->tree_cap = max_nodes;
@@ -573,19 +571,36 @@ oom:
 
 static void cpu_disable_tree(dfl_target_state *s) {
     for (int i = 0; i < s->m->cfg.n_layers; i++) { /* each array on its own: enable may fail between them */
-        if (s->tree_conv) free(s->tree_conv[i]);
-        if (s->tree_S) free(s->tree_S[i]);
+        if (s->tree_xin) free(s->tree_xin[i]);
         if (s->tree_qkv) free(s->tree_qkv[i]);
         if (s->tree_ab) free(s->tree_ab[i]);
     }
-    free(s->tree_conv), free(s->tree_S), free(s->tree_qkv), free(s->tree_ab);
-    free(s->tree_anc), free(s->tree_depth), free(s->tree_par), free(s->tree_kept), free(s->tree_scratch);
-    s->tree_conv = s->tree_S = s->tree_qkv = s->tree_ab = NULL;
-    s->tree_anc = s->tree_kept = NULL;
-    s->tree_depth = s->tree_par = NULL;
-    s->tree_scratch = NULL;
+    free(s->tree_xin), free(s->tree_qkv), free(s->tree_ab);
+    free(s->tree_anc), free(s->tree_depth), free(s->tree_par), free(s->tree_order), free(s->tree_link);
+    free(s->tree_stack);
+    s->tree_xin = s->tree_qkv = s->tree_ab = NULL;
+    s->tree_anc = NULL;
+    s->tree_depth = s->tree_par = s->tree_order = s->tree_link = NULL;
+    s->tree_stack = NULL;
     s->tree_parent = NULL;
     s->tree_cap = s->tree_n = s->tree_threads = 0;
+}
+
+/* The depth-first preorder of the tree in tree_par (children in index order) into tree_order:
+ * linked children, then a walk that climbs back to the next sibling after each leaf. */
+static void tree_order(dfl_target_state *s, int n) {
+    int *first = s->tree_link, *next = s->tree_link + s->tree_cap;
+    for (int i = 0; i < n; i++) first[i] = next[i] = -1;
+    for (int i = n - 1; i > 0; i--) next[i] = first[s->tree_par[i]], first[s->tree_par[i]] = i;
+    for (int u = 0, k = 0; u >= 0;) {
+        s->tree_order[k++] = u;
+        if (first[u] >= 0) {
+            u = first[u];
+            continue;
+        }
+        while (u >= 0 && next[u] < 0) u = s->tree_par[u];
+        if (u >= 0) u = next[u];
+    }
 }
 
 static int cpu_forward_tree(dfl_target_state *s, const int32_t *tokens, const int *parent, int n, float *logits,
@@ -598,13 +613,12 @@ static int cpu_forward_tree(dfl_target_state *s, const int32_t *tokens, const in
         }
         s->tree_depth[i] = i == 0 ? 0 : s->tree_depth[parent[i]] + 1;
         s->tree_par[i] = parent[i];
-        s->tree_kept[i] = 0;
-        if (i > 0) s->tree_kept[parent[i]] = 1;
         unsigned char *row = s->tree_anc + (size_t)i * s->max_batch;
         memset(row, 0, (size_t)s->max_batch);
         if (i > 0) memcpy(row, s->tree_anc + (size_t)parent[i] * s->max_batch, (size_t)i);
         row[i] = 1;
     }
+    tree_order(s, n);
     s->tree_parent = parent;
     const int base = s->n_past;
     int rc = forward_impl(s, tokens, n, s->tree_depth, logits, 0, cap);
@@ -614,30 +628,29 @@ static int cpu_forward_tree(dfl_target_state *s, const int32_t *tokens, const in
     return rc;
 }
 
-/* The state after leaf `node` of the last tree forward in linear layer li, into rec_state[li]:
- * its parent's kept state (the committed one for the root) continued by the leaf's token with
- * the inputs the forward recorded, through the same kernel as in the forward, so bit for bit
- * the state the forward computed and did not keep. */
-static void tree_leaf_state(dfl_target_state *s, int li, int node) {
+/* The recurrent state after the tree path path[0..len-1] in linear layer li, into rec_state[li]
+ * (the committed state before the tree): each node's step again, with the inputs the forward
+ * kept, through the same kernel as in the forward, so bit for bit the state the forward
+ * computed and did not keep. */
+static void tree_path_state(dfl_target_state *s, int li, const int *path, int len) {
     const dfl_model *m = s->m;
     const dfl_config *g = &m->cfg;
     const dfl_layer_w *l = &m->layers[li];
-    const int C = m->conv_dim, Hk = g->lin_k_heads, Hv = g->lin_v_heads, dk = g->lin_k_dim, dv = g->lin_v_dim;
-    const int p = s->tree_par[node];
-    const size_t HS = (size_t)Hv * dk * dv;
-    const kn_gdn_heads_io io = {.n = 1,
-                                .Hk = Hk,
-                                .Hv = Hv,
-                                .dk = dk,
-                                .dv = dv,
-                                .qkv = s->tree_qkv[li] + (size_t)node * C,
-                                .ld = (size_t)C,
-                                .ab = s->tree_ab[li] + (size_t)node * 2 * Hv,
-                                .neg_exp_A = l->neg_exp_A,
-                                .dt_bias = l->dt_bias,
-                                .S = s->rec_state[li],
-                                .S0 = p < 0 ? NULL : s->tree_S[li] + (size_t)p * HS};
-    kn_gdn_heads(&io);
+    const int C = m->conv_dim, Hv = g->lin_v_heads;
+    for (int k = 0; k < len; k++) {
+        const kn_gdn_heads_io io = {.n = 1,
+                                    .Hk = g->lin_k_heads,
+                                    .Hv = Hv,
+                                    .dk = g->lin_k_dim,
+                                    .dv = g->lin_v_dim,
+                                    .qkv = s->tree_qkv[li] + (size_t)path[k] * C,
+                                    .ld = (size_t)C,
+                                    .ab = s->tree_ab[li] + (size_t)path[k] * 2 * Hv,
+                                    .neg_exp_A = l->neg_exp_A,
+                                    .dt_bias = l->dt_bias,
+                                    .S = s->rec_state[li]};
+        kn_gdn_heads(&io);
+    }
 }
 
 static int cpu_tree_commit(dfl_target_state *s, const int *path, int len) {
@@ -648,9 +661,7 @@ static int cpu_tree_commit(dfl_target_state *s, const int *path, int len) {
     for (int k = 1; k < len; k++)
         if (path[k] <= path[k - 1] || path[k] >= s->tree_n || s->tree_par[path[k]] != path[k - 1])
             return dfl_seterr("tree commit: node %d at step %d is not a child of node %d", path[k], k, path[k - 1]);
-    const int kvw = g->n_kv_heads * g->head_dim, base = s->tree_base, last = path[len - 1];
-    const size_t win = (size_t)(g->conv_kernel - 1) * m->conv_dim;
-    const size_t S = (size_t)g->lin_v_heads * g->lin_k_dim * g->lin_v_dim;
+    const int kvw = g->n_kv_heads * g->head_dim, base = s->tree_base;
     for (int li = 0; li < g->n_layers; li++) {
         if (g->layer_types[li] == DFL_LAYER_FULL) {
             /* compact the path's K/V to consecutive slots; path[k] >= k, and a later path node's
@@ -662,9 +673,9 @@ static int cpu_tree_commit(dfl_target_state *s, const int *path, int len) {
                         (size_t)kvw * sizeof(float));
             }
         } else {
-            memcpy(s->conv_state[li], s->tree_conv[li] + (size_t)last * win, win * sizeof(float));
-            if (s->tree_kept[last]) memcpy(s->rec_state[li], s->tree_S[li] + (size_t)last * S, S * sizeof(float));
-            else tree_leaf_state(s, li, last);
+            kn_conv_window(s->conv_state[li], s->conv_state[li], s->tree_xin[li], path, len, m->conv_dim,
+                           g->conv_kernel);
+            tree_path_state(s, li, path, len);
         }
     }
     s->n_past = base + len;

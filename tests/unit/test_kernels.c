@@ -1064,12 +1064,13 @@ static void check_dflash2_ops(void) {
 }
 
 /* kn_causal_conv_silu: a chain against a double-precision convolution of [state ; x]; a tree
- * whose nodes form a chain equals the chain bit for bit, and a branch (node 2 on node 0) equals
- * the chain over its own path. */
+ * whose nodes form a chain equals the chain bit for bit, keeps its inputs, leaves the state
+ * alone, and kn_conv_window over its path (into the state itself) is the chain's window; a
+ * branch (node 2 on node 0) equals the chain over its own path, and so does its window. */
 static void check_causal_conv(kn_isa isa, int C, int K, int n) {
     enum { MAXC = 80, MAXN = 12 };
     float w[MAXC * 16], st0[15 * MAXC], st[15 * MAXC], x0[MAXN * MAXC], x[MAXN * MAXC], xt[MAXN * MAXC];
-    float nodes[MAXN * 15 * MAXC], xb[2 * MAXC], stb[15 * MAXC];
+    float xin[MAXN * MAXC], xb[2 * MAXC], stb[15 * MAXC], win[15 * MAXC];
     kn_isa_set(isa);
     for (int i = 0; i < C * K; i++) w[i] = frand();
     for (int i = 0; i < (K - 1) * C; i++) st0[i] = st[i] = frand();
@@ -1090,31 +1091,44 @@ static void check_causal_conv(kn_isa isa, int C, int K, int n) {
             const int p = n - (K - 1) + j;
             diff += st[j * C + c] != (p < 0 ? st0[(p + K - 1) * C + c] : x0[p * C + c]);
         }
-    int parent[MAXN];
-    for (int t = 0; t < n; t++) parent[t] = t - 1;
+    int parent[MAXN], path[MAXN];
+    for (int t = 0; t < n; t++) parent[t] = t - 1, path[t] = t;
     memcpy(stb, st0, sizeof stb);
-    kn_causal_conv_silu(xt, n, C, K, w, stb, parent, nodes);
-    diff += !same(xt, x, (size_t)n * C) || !same(nodes + (size_t)(n - 1) * (K - 1) * C, st, (size_t)(K - 1) * C);
+    kn_causal_conv_silu(xt, n, C, K, w, stb, parent, xin);
+    diff += !same(xt, x, (size_t)n * C) || !same(xin, x0, (size_t)n * C);
     diff += !same(stb, st0, (size_t)(K - 1) * C); /* a tree leaves the committed window alone */
+    kn_conv_window(stb, stb, xin, path, n, C, K);
+    diff += !same(stb, st, (size_t)(K - 1) * C);
     if (n >= 3) {
-        parent[2] = 0;
-        memcpy(xt, x0, (size_t)n * C * sizeof(float));
-        kn_causal_conv_silu(xt, 3, C, K, w, stb, parent, nodes);
+        parent[2] = 0, path[1] = 2;
+        memcpy(xt, x0, (size_t)n * C * sizeof(float)), memcpy(stb, st0, sizeof stb);
+        kn_causal_conv_silu(xt, 3, C, K, w, stb, parent, xin);
+        kn_conv_window(win, stb, xin, path, 2, C, K);
         memcpy(xb, x0, (size_t)C * sizeof(float)), memcpy(xb + C, x0 + 2 * C, (size_t)C * sizeof(float));
         kn_causal_conv_silu(xb, 2, C, K, w, stb, NULL, NULL);
-        diff += !same(xt + 2 * C, xb + C, (size_t)C);
+        diff += !same(xt + 2 * C, xb + C, (size_t)C) || !same(win, stb, (size_t)(K - 1) * C);
     }
     CHECK(bad == 0, "%s causal conv C=%d K=%d n=%d: %d outputs beyond tolerance", kn_isa_name(isa), C, K, n, bad);
     CHECK(diff == 0, "%s causal conv C=%d K=%d n=%d: %d chain / tree results differ", kn_isa_name(isa), C, K, n, diff);
 }
 
+/* Depth-first preorder of the subtree at u (children in index order), from order + *k. */
+static void preorder(const int *parent, int n, int u, int *order, int *k) {
+    order[(*k)++] = u;
+    for (int c = u + 1; c < n; c++)
+        if (parent[c] == u) preorder(parent, n, c, order, k);
+}
+
 /* kn_gdn_heads: a chain equals per-head kn_gdn_recurrent calls on kn_gdn_gates bit for bit
  * (GQA: value head h reads key head h / 2); a tree whose nodes form a chain gives the same
- * outputs and keeps the same states; the chunked form stays within 1e-4 of the recurrence. */
+ * outputs and leaves the layer's state alone; in a random tree (depth-first order, several
+ * threads' stacks) each node's output equals the last of a chain over its root path; the
+ * chunked form stays within 1e-4 of the recurrence. */
 static void check_gdn_heads(kn_isa isa, int n) {
-    enum { HK = 2, HV = 4, DK = 16, DV = 16, C = 2 * HK * DK + HV * DV, MAXN = 70 };
+    enum { HK = 2, HV = 4, DK = 16, DV = 16, C = 2 * HK * DK + HV * DV, MAXN = 70, TH = 4 };
     static float qkv[MAXN * C], ab[MAXN * 2 * HV], A[HV], dt[HV], S0[HV * DK * DV], S[HV * DK * DV], Sr[HV * DK * DV],
-        out[MAXN * HV * DV], outr[MAXN * HV * DV], node_S[MAXN * HV * DK * DV], scratch[DK * DV];
+        out[MAXN * HV * DV], outr[MAXN * HV * DV], stack[TH * MAXN * DK * DV], pqkv[MAXN * C], pab[MAXN * 2 * HV],
+        pout[MAXN * HV * DV];
     kn_isa_set(isa);
     for (int i = 0; i < n * C; i++) qkv[i] = frand() * 0.25f;
     for (int i = 0; i < n * 2 * HV; i++) ab[i] = frand();
@@ -1156,14 +1170,32 @@ static void check_gdn_heads(kn_isa isa, int n) {
             kn_gdn_recurrent(Sr + h * DK * DV, &g);
         }
     diff += !same(S, Sr, HV * DK * DV) || !same(out, outr, (size_t)n * HV * DV);
-    int parent[MAXN];
-    unsigned char kept[MAXN];
-    for (int t = 0; t < n; t++) parent[t] = t - 1, kept[t] = t + 1 < n;
-    const kn_gdn_tree tree = {.parent = parent, .node_S = node_S, .kept = kept, .scratch = scratch, .threads = 1};
+    int parent[MAXN], order[MAXN], depth[MAXN];
+    for (int t = 0; t < n; t++) order[t] = t, depth[t] = t;
+    const kn_gdn_tree tree = {.order = order, .depth = depth, .stack = stack, .levels = MAXN, .threads = TH};
     memcpy(S, S0, sizeof S);
     io.S0 = NULL, io.tree = &tree;
     kn_gdn_heads(&io);
     diff += !same(out, outr, (size_t)n * HV * DV) || !same(S, S0, HV * DK * DV);
+    int k = 0, tdiff = 0;
+    for (int t = 0; t < n; t++) parent[t] = t ? (int)((frand() + 1.0f) * 0.5f * (float)t) % t : -1;
+    for (int t = 0; t < n; t++) depth[t] = t ? depth[parent[t]] + 1 : 0;
+    preorder(parent, n, 0, order, &k);
+    kn_gdn_heads(&io);
+    for (int t = 0; t < n; t++) { /* the chain over the root path of t */
+        const int len = depth[t] + 1;
+        for (int j = len - 1, x = t; j >= 0; j--, x = parent[x]) {
+            memcpy(pqkv + (size_t)j * C, qkv + (size_t)x * C, C * sizeof(float));
+            memcpy(pab + (size_t)j * 2 * HV, ab + (size_t)x * 2 * HV, 2 * HV * sizeof(float));
+        }
+        kn_gdn_heads_io pio = io;
+        pio.n = len, pio.qkv = pqkv, pio.ab = pab, pio.S = Sr, pio.S0 = S0, pio.out = pout, pio.tree = NULL;
+        kn_gdn_heads(&pio);
+        tdiff += !same(out + (size_t)t * HV * DV, pout + (size_t)(len - 1) * HV * DV, HV * DV);
+    }
+    CHECK(tdiff == 0, "%s gdn heads n=%d: %d tree nodes differ from the chain over their path", kn_isa_name(isa), n,
+          tdiff);
+    diff += !same(S, S0, HV * DK * DV);
     memcpy(S, S0, sizeof S);
     io.S0 = NULL, io.tree = NULL, io.chunked = 1;
     kn_gdn_heads(&io);
@@ -1257,6 +1289,7 @@ int main(void) {
         check_ops(isa);
         check_causal_conv(isa, 37, 4, 9);
         check_causal_conv(isa, 80, 3, 2);
+        check_causal_conv(isa, 24, 5, 2); /* a path shorter than the window: part of it from the state */
         check_causal_conv(isa, 16, 1, 5);
         check_gdn_heads(isa, 5);
         check_gdn_heads(isa, 70);
