@@ -170,8 +170,9 @@ typedef struct dfl_target_state {
     int *tree_par;     /* [tree_cap] parent of each node of the last tree forward */
     int *tree_order;   /* [tree_cap] the nodes of the last tree forward in depth-first preorder */
     int *tree_link;    /* [2, tree_cap] each node's first child and next sibling (-1: none) */
-    float *tree_stack; /* [tree_threads, tree_cap, dk, dv] per thread, a state per depth */
+    float *tree_stack; /* [tree_threads, tree_levels, dk, dv] per thread, a state per depth */
     int tree_threads;  /* threads tree_stack has room for */
+    int tree_levels;   /* depths tree_stack has room for (grown by a deeper tree's forward) */
     int tree_base;     /* n_past before the last tree forward */
     int tree_n;        /* nodes of the last tree forward (0 once committed) */
     /* scratch, sized for max_batch tokens */

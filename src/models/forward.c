@@ -326,7 +326,7 @@ static void linear_layer(dfl_target_state *s, int li, int n) {
                      .gdn = {.order = s->tree_order,
                              .depth = s->tree_depth,
                              .stack = s->tree_stack,
-                             .levels = s->tree_cap,
+                             .levels = s->tree_levels,
                              .threads = s->tree_threads},
                      .xin = s->tree_xin ? s->tree_xin[li] : NULL,
                      .node_qkv = s->tree_qkv ? s->tree_qkv[li] : NULL,
@@ -521,6 +521,14 @@ static int cpu_rollback(dfl_target_state *s, int keep) {
     return DFL_OK;
 }
 
+/* Depths the per-thread state stacks of tree forwards first hold: a DDTree is at most a block
+ * deep; a deeper tree's forward grows them. */
+#define TREE_LEVELS 32
+
+static float *tree_stack_alloc(int threads, int levels, size_t head_S) {
+    return aligned_alloc(64, ((size_t)threads * levels * head_S * sizeof(float) + 63) / 64 * 64);
+}
+
 static int cpu_enable_tree(dfl_target_state *s, int max_nodes) {
     const dfl_model *m = s->m;
     const dfl_config *g = &m->cfg;
@@ -530,10 +538,10 @@ static int cpu_enable_tree(dfl_target_state *s, int max_nodes) {
     for (int i = 0; i < g->n_layers; i++) n_lin += g->layer_types[i] == DFL_LAYER_LINEAR;
     const size_t node_in = 2 * (size_t)m->conv_dim + 2 * (size_t)g->lin_v_heads; /* a node's xin | qkv | ab */
     const size_t head_S = (size_t)g->lin_k_dim * g->lin_v_dim;
-    const int threads = omp_get_max_threads();
+    const int threads = omp_get_max_threads(), levels = max_nodes < TREE_LEVELS ? max_nodes : TREE_LEVELS;
     const uint64_t need = (uint64_t)n_lin * max_nodes * node_in * sizeof(float) +
                           (uint64_t)max_nodes * (s->max_batch + 5 * sizeof(int)) +
-                          (n_lin ? (uint64_t)threads * max_nodes * head_S * sizeof(float) : 0);
+                          (n_lin ? (uint64_t)threads * levels * head_S * sizeof(float) : 0);
     const uint64_t avail = mem_available();
     if (need > avail)
         return dfl_seterr("tree verification of %d nodes needs %.2f GiB for per-node linear-attention inputs, but only "
@@ -545,8 +553,7 @@ static int cpu_enable_tree(dfl_target_state *s, int max_nodes) {
     s->tree_par = calloc((size_t)max_nodes, sizeof(int));
     s->tree_order = calloc((size_t)max_nodes, sizeof(int));
     s->tree_link = calloc(2 * (size_t)max_nodes, sizeof(int));
-    const size_t stack_bytes = ((size_t)threads * max_nodes * head_S * sizeof(float) + 63) / 64 * 64;
-    s->tree_stack = n_lin ? aligned_alloc(64, stack_bytes) : NULL;
+    s->tree_stack = n_lin ? tree_stack_alloc(threads, levels, head_S) : NULL;
     s->tree_xin = calloc((size_t)g->n_layers, sizeof(float *));
     s->tree_qkv = calloc((size_t)g->n_layers, sizeof(float *));
     s->tree_ab = calloc((size_t)g->n_layers, sizeof(float *));
@@ -560,7 +567,7 @@ static int cpu_enable_tree(dfl_target_state *s, int max_nodes) {
             s->tree_ab[i] = malloc((size_t)max_nodes * 2 * g->lin_v_heads * sizeof(float));
             if (!s->tree_xin[i] || !s->tree_qkv[i] || !s->tree_ab[i]) goto oom;
         }
-    s->tree_threads = threads;
+    s->tree_threads = threads, s->tree_levels = levels;
     s->tree_cap = max_nodes;
     s->bytes += need;
     return DFL_OK;
@@ -583,7 +590,7 @@ static void cpu_disable_tree(dfl_target_state *s) {
     s->tree_depth = s->tree_par = s->tree_order = s->tree_link = NULL;
     s->tree_stack = NULL;
     s->tree_parent = NULL;
-    s->tree_cap = s->tree_n = s->tree_threads = 0;
+    s->tree_cap = s->tree_n = s->tree_threads = s->tree_levels = 0;
 }
 
 /* The depth-first preorder of the tree in tree_par (children in index order) into tree_order:
@@ -603,8 +610,24 @@ static void tree_order(dfl_target_state *s, int n) {
     }
 }
 
+/* Room in the per-thread state stacks for `levels` depths (levels <= tree_cap): doubled at least,
+ * so that deeper and deeper trees reallocate seldom. */
+static int tree_stack_fit(dfl_target_state *s, int levels) {
+    if (levels <= s->tree_levels || !s->tree_stack) return DFL_OK;
+    const dfl_config *g = &s->m->cfg;
+    const size_t head_S = (size_t)g->lin_k_dim * g->lin_v_dim;
+    if (levels < 2 * s->tree_levels) levels = 2 * s->tree_levels < s->tree_cap ? 2 * s->tree_levels : s->tree_cap;
+    float *st = tree_stack_alloc(s->tree_threads, levels, head_S);
+    if (!st) return dfl_seterr("out of memory for a tree %d deep (per-thread linear-attention states)", levels);
+    s->bytes += (uint64_t)s->tree_threads * (levels - s->tree_levels) * head_S * sizeof(float);
+    free(s->tree_stack);
+    s->tree_stack = st, s->tree_levels = levels;
+    return DFL_OK;
+}
+
 static int cpu_forward_tree(dfl_target_state *s, const int32_t *tokens, const int *parent, int n, float *logits,
                             const dfl_capture *cap) {
+    int deepest = 0;
     for (int i = 0; i < n; i++) {
         if (parent[i] >= i || (i > 0 && parent[i] < 0) || (i == 0 && parent[0] != -1)) {
             s->tree_n = 0; /* the last tree's node tables are partly overwritten: no commit */
@@ -617,6 +640,11 @@ static int cpu_forward_tree(dfl_target_state *s, const int32_t *tokens, const in
         memset(row, 0, (size_t)s->max_batch);
         if (i > 0) memcpy(row, s->tree_anc + (size_t)parent[i] * s->max_batch, (size_t)i);
         row[i] = 1;
+        deepest = s->tree_depth[i] > deepest ? s->tree_depth[i] : deepest;
+    }
+    if (tree_stack_fit(s, deepest + 1)) {
+        s->tree_n = 0;
+        return DFL_ERR;
     }
     tree_order(s, n);
     s->tree_parent = parent;

@@ -237,6 +237,48 @@ static void tree_exact(const char *target, const char *drafter) {
     model_close(&m);
 }
 
+/* A tree deeper than the per-thread state stacks first hold (a chain of 40 nodes, then one of
+ * 70 after a shallow one): the stacks grow, and the last node's logits and the state after
+ * committing the whole path equal a chain's. */
+static void tree_deep(const char *target) {
+    dfl_model m;
+    if (model_open(&m, test_fixture(target), 0)) {
+        CHECK(0, "%s", dfl_errmsg());
+        return;
+    }
+    enum { N = 70 };
+    const int V = m.cfg.vocab;
+    dfl_target_state s, c;
+    CHECK(target_state_init(&s, &m, NP + N + 2, N, 1) == DFL_OK && target_state_enable_tree(&s, N) == DFL_OK,
+          "tree state");
+    CHECK(target_state_init(&c, &m, NP + N + 2, N, 0) == DFL_OK, "chain state");
+    float *logits = malloc((size_t)N * V * sizeof(float)), *cl = malloc((size_t)V * sizeof(float));
+    int32_t toks[N], next = 7;
+    int parent[N], path[N];
+    for (int i = 0; i < N; i++) toks[i] = (int32_t)((i * 37 + 5) % V), parent[i] = i - 1, path[i] = i;
+    static const int lens[] = {40, 3, N};
+    for (int k = 0; k < 3; k++) {
+        const int n = lens[k];
+        target_state_reset(&s), target_state_reset(&c);
+        model_forward(&s, prompt, NP, NULL, 0, NULL);
+        model_forward(&c, prompt, NP, NULL, 0, NULL);
+        CHECK(model_forward_tree(&s, toks, parent, n, logits, NULL) == DFL_OK, "deep tree: %s", dfl_errmsg());
+        for (int t = 0; t < n; t += 32) /* as verifications: 64 tokens and more would run the chunked form */
+            model_forward(&c, toks + t, n - t < 32 ? n - t : 32, cl, 1, NULL);
+        CHECK(memcmp(cl, logits + (size_t)(n - 1) * V, (size_t)V * sizeof(float)) == 0,
+              "%s: the last node of a %d-deep tree differs from the chain", target, n);
+        CHECK(target_state_tree_commit(&s, path, n) == DFL_OK, "commit: %s", dfl_errmsg());
+        model_forward(&c, &next, 1, cl, 1, NULL);
+        model_forward(&s, &next, 1, logits, 1, NULL);
+        CHECK(memcmp(cl, logits, (size_t)V * sizeof(float)) == 0, "%s: state after committing a %d-deep tree != chain",
+              target, n);
+    }
+    free(logits), free(cl);
+    target_state_free(&s);
+    target_state_free(&c);
+    model_close(&m);
+}
+
 static void tree_lossless(const char *target, const char *drafter) {
     dfl_model m;
     dfl_drafter d;
@@ -324,6 +366,7 @@ int main(void) {
     tree_exact("qwen35_vlm", "dflash_qwen35");
     tree_exact("qwen3_moe", "dflash_qwen3");
     tree_exact("qwen35_moe_vlm", "dflash_qwen35_moe");
+    tree_deep("qwen35_text");
     tree_lossless("qwen3_tiny", "dflash_qwen3");
     tree_lossless("qwen35_vlm", "dflash_qwen35");
     tree_lossless("qwen3_moe", "dflash_qwen3");
