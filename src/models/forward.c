@@ -657,28 +657,30 @@ static int cpu_forward_tree(dfl_target_state *s, const int32_t *tokens, const in
 }
 
 /* The recurrent state after the tree path path[0..len-1] in linear layer li, into rec_state[li]
- * (the committed state before the tree): each node's step again, with the inputs the forward
- * kept, through the same kernel as in the forward, so bit for bit the state the forward
- * computed and did not keep. */
+ * (the committed state before the tree): the path's kept inputs gathered into the forward's
+ * scratch and run as a chain, whose tokens take the same steps as the forward's nodes, so bit
+ * for bit the state the forward computed and did not keep. */
 static void tree_path_state(dfl_target_state *s, int li, const int *path, int len) {
     const dfl_model *m = s->m;
     const dfl_config *g = &m->cfg;
     const dfl_layer_w *l = &m->layers[li];
     const int C = m->conv_dim, Hv = g->lin_v_heads;
     for (int k = 0; k < len; k++) {
-        const kn_gdn_heads_io io = {.n = 1,
-                                    .Hk = g->lin_k_heads,
-                                    .Hv = Hv,
-                                    .dk = g->lin_k_dim,
-                                    .dv = g->lin_v_dim,
-                                    .qkv = s->tree_qkv[li] + (size_t)path[k] * C,
-                                    .ld = (size_t)C,
-                                    .ab = s->tree_ab[li] + (size_t)path[k] * 2 * Hv,
-                                    .neg_exp_A = l->neg_exp_A,
-                                    .dt_bias = l->dt_bias,
-                                    .S = s->rec_state[li]};
-        kn_gdn_heads(&io);
+        memcpy(s->q + (size_t)k * C, s->tree_qkv[li] + (size_t)path[k] * C, (size_t)C * sizeof(float));
+        memcpy(s->ab + (size_t)k * 2 * Hv, s->tree_ab[li] + (size_t)path[k] * 2 * Hv, 2 * (size_t)Hv * sizeof(float));
     }
+    const kn_gdn_heads_io io = {.n = len,
+                                .Hk = g->lin_k_heads,
+                                .Hv = Hv,
+                                .dk = g->lin_k_dim,
+                                .dv = g->lin_v_dim,
+                                .qkv = s->q,
+                                .ld = (size_t)C,
+                                .ab = s->ab,
+                                .neg_exp_A = l->neg_exp_A,
+                                .dt_bias = l->dt_bias,
+                                .S = s->rec_state[li]};
+    kn_gdn_heads(&io);
 }
 
 static int cpu_tree_commit(dfl_target_state *s, const int *path, int len) {
