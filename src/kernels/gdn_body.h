@@ -12,53 +12,70 @@
 #define GDN_NAME(base) GDN_CAT(base, GDN_SUF)
 #define GDN_INLINE static inline __attribute__((always_inline))
 
-/* Recurrence over all tokens for the nj vectors of columns starting at j0. */
-GDN_TGT GDN_INLINE void GDN_NAME(rec_cols_)(float *S, const kn_gdn_io *io, int j0, const int nj) {
-    const int dk = io->dk, dv = io->dv;
-    for (int t = 0; t < io->n; t++) {
-        const float *q = io->q + (size_t)t * io->ld, *k = io->k + (size_t)t * io->ld, *v = io->v + (size_t)t * io->ld;
-        const VT decay = VSET1(expf(io->g[t])), beta = VSET1(io->beta[t]);
-        VT u[GDN_NJ], d[GDN_NJ], o[GDN_NJ];
+/* One pass over the rows for token t's update and, when there is a next token, its decay:
+ *   s = S + k d^T (o = S^T q with an output); then S = s * decay1 and u1 = S^T k1.
+ * Each element takes the operations of the update pass and of the next token's decay pass in
+ * the same order as two passes would, with one load and one store. */
+GDN_TGT GDN_INLINE void GDN_NAME(rec_pass_)(float *S, const kn_gdn_io *io, int j0, const int nj, const float *k,
+                                            const float *q, const VT *d, VT *o, const float *k1, VT decay1, VT *u1,
+                                            const int has_out, const int has_next) {
+    for (int i = 0; i < io->dk; i++) {
+        float *Si = S + (size_t)i * io->dv + j0;
+        const VT ki = VSET1(k[i]), qi = VSET1(has_out ? q[i] : 0.0f), k1i = VSET1(has_next ? k1[i] : 0.0f);
 #pragma GCC unroll 8
-        for (int jj = 0; jj < nj; jj++) u[jj] = VZERO();
-        const float *Src = t == 0 && io->S0 ? io->S0 : S; /* the first token reads S0 */
-        for (int i = 0; i < dk; i++) {                    /* S *= decay; u = S^T k */
-            float *Si = S + (size_t)i * dv + j0;
-            const float *Ri = Src + (size_t)i * dv + j0;
-            const VT ki = VSET1(k[i]);
-#pragma GCC unroll 8
-            for (int jj = 0; jj < nj; jj++) {
-                const VT s = VMUL(VLOAD(Ri + jj * VW), decay);
-                VSTORE(Si + jj * VW, s);
-                u[jj] = VFMA(s, ki, u[jj]);
+        for (int jj = 0; jj < nj; jj++) {
+            VT s = VFMA(ki, d[jj], VLOAD(Si + jj * VW));
+            if (has_out) o[jj] = VFMA(s, qi, o[jj]);
+            if (has_next) {
+                s = VMUL(s, decay1);
+                u1[jj] = VFMA(s, k1i, u1[jj]);
             }
+            VSTORE(Si + jj * VW, s);
         }
+    }
+}
+
+/* Recurrence over all tokens for the nj vectors of columns starting at j0: the first token's
+ * decay (from S0 when given) and u = S^T k, then per token one pass (rec_pass_) that updates S
+ * and decays it for the next token. */
+GDN_TGT GDN_INLINE void GDN_NAME(rec_cols_)(float *S, const kn_gdn_io *io, int j0, const int nj) {
+    const int dk = io->dk, dv = io->dv, n = io->n, has_out = io->out != NULL;
+    if (n < 1) return;
+    VT u[GDN_NJ], d[GDN_NJ], o[GDN_NJ];
+    const float *Src = io->S0 ? io->S0 : S; /* the first token reads S0 */
+    const VT decay = VSET1(expf(io->g[0]));
+#pragma GCC unroll 8
+    for (int jj = 0; jj < nj; jj++) u[jj] = VZERO();
+    for (int i = 0; i < dk; i++) { /* S *= decay; u = S^T k */
+        float *Si = S + (size_t)i * dv + j0;
+        const float *Ri = Src + (size_t)i * dv + j0;
+        const VT ki = VSET1(io->k[i]);
+#pragma GCC unroll 8
+        for (int jj = 0; jj < nj; jj++) {
+            const VT s = VMUL(VLOAD(Ri + jj * VW), decay);
+            VSTORE(Si + jj * VW, s);
+            u[jj] = VFMA(s, ki, u[jj]);
+        }
+    }
+    for (int t = 0; t < n; t++) {
+        const float *q = io->q + (size_t)t * io->ld, *k = io->k + (size_t)t * io->ld, *v = io->v + (size_t)t * io->ld;
+        const VT beta = VSET1(io->beta[t]);
 #pragma GCC unroll 8
         for (int jj = 0; jj < nj; jj++) {
             d[jj] = VMUL(VSUB(VLOAD(v + j0 + jj * VW), u[jj]), beta); /* delta */
-            o[jj] = VZERO();
+            o[jj] = VZERO(), u[jj] = VZERO();                         /* u: the next token's */
         }
-        if (io->out) { /* S += k d^T; o = S^T q */
-            for (int i = 0; i < dk; i++) {
-                float *Si = S + (size_t)i * dv + j0;
-                const VT ki = VSET1(k[i]), qi = VSET1(q[i]);
-#pragma GCC unroll 8
-                for (int jj = 0; jj < nj; jj++) {
-                    const VT s = VFMA(ki, d[jj], VLOAD(Si + jj * VW));
-                    VSTORE(Si + jj * VW, s);
-                    o[jj] = VFMA(s, qi, o[jj]);
-                }
-            }
+        if (t + 1 < n) {
+            const float *k1 = io->k + (size_t)(t + 1) * io->ld;
+            const VT decay1 = VSET1(expf(io->g[t + 1]));
+            if (has_out) GDN_NAME(rec_pass_)(S, io, j0, nj, k, q, d, o, k1, decay1, u, 1, 1);
+            else GDN_NAME(rec_pass_)(S, io, j0, nj, k, q, d, o, k1, decay1, u, 0, 1);
+        } else if (has_out) GDN_NAME(rec_pass_)(S, io, j0, nj, k, q, d, o, k, decay, u, 1, 0);
+        else GDN_NAME(rec_pass_)(S, io, j0, nj, k, q, d, o, k, decay, u, 0, 0);
+        if (has_out) {
             float *out = io->out + (size_t)t * io->ldo + j0;
 #pragma GCC unroll 8
             for (int jj = 0; jj < nj; jj++) VSTORE(out + jj * VW, o[jj]);
-        } else {
-            for (int i = 0; i < dk; i++) {
-                float *Si = S + (size_t)i * dv + j0;
-                const VT ki = VSET1(k[i]);
-#pragma GCC unroll 8
-                for (int jj = 0; jj < nj; jj++) VSTORE(Si + jj * VW, VFMA(ki, d[jj], VLOAD(Si + jj * VW)));
-            }
         }
     }
 }
