@@ -7,12 +7,13 @@
  * layout, 16 column pairs x 16 columns x 2): a C element is one part's dot product, and y =
  * (hi + mid) + lo. With up to 5 tokens the parts share one B tile, so that decoding costs one
  * TDPBF16PS per weight tile and the weights stream at memory speed; 6 to 10 tokens share two;
- * from 11 tokens on, B tile 3b + p holds part p of tokens 16b..16b+15. Every C element is the
- * same TDPBF16PS chain over the columns whatever the layout, the block shape or n, so a forward
- * over n tokens equals n single-token forwards bit for bit. With bf16 activations (KN_ACT_BF16) each activation is
- * one part, rounded once: a token is one virtual column, 16 tokens share a B tile. Rows past the
- * last multiple of 16, and weights that are not BF16 or have cols % 32 != 0, go to the AVX-512
- * kernel (with bf16 activations, BF16 weights to the VDPBF16PS one). */
+ * from 11 tokens on, B tile 3b + p holds part p of tokens 16b..16b+15, and up to 10 tokens after
+ * the last full group share one or two tiles as above. Every C element is the same TDPBF16PS
+ * chain over the columns whatever the layout, the block shape or n, so a forward over n tokens
+ * equals n single-token forwards bit for bit. With bf16 activations (KN_ACT_BF16) each
+ * activation is one part, rounded once: a token is one virtual column, 16 tokens share a B
+ * tile. Rows past the last multiple of 16, and weights that are not BF16 or have cols % 32 != 0,
+ * go to the AVX-512 kernel (with bf16 activations, BF16 weights to the VDPBF16PS one). */
 #include "kn_internal.h"
 
 #if KN_X86 && defined(__linux__)
