@@ -94,10 +94,18 @@ typedef struct dfl_model {
 /* Known text-layer prefixes, tried in order; exactly one must match. */
 extern const char *const dfl_text_prefixes[];
 
-/* Open a target checkpoint directory: config, tensors, layout, shape checks.
- * check_weights: scan every used tensor for NaN/Inf (slow on big models). The model computes on
- * the CPU until model_use_device moves it. */
-int model_open(dfl_model *m, const char *dir, int check_weights);
+/* model_open's flags. */
+enum {
+    DFL_OPEN_CHECK_WEIGHTS = 1, /* scan every used tensor for NaN/Inf (slow on big models) */
+    DFL_OPEN_HEAD_ONLY = 2,     /* only the embedding and lm_head will run (a replay on saved
+                                 * features): the layers stay mapped whatever the placement */
+    DFL_OPEN_FOR_DEVICE = 4     /* the model moves to a device (model_use_device): auto maps, as
+                                 * a host copy would only hold memory */
+};
+/* Open a target checkpoint directory: config, tensors, layout, shape checks; the weights mapped
+ * or copied as st_place_decide says (m->st.place_why). The model computes on the CPU until
+ * model_use_device moves it. */
+int model_open(dfl_model *m, const char *dir, int flags);
 void model_close(dfl_model *m);
 /* Run the model's forwards on device d from now on (dfl/backend.h): uploads the weights once.
  * DFL_ERR, naming what is missing or unsupported, when the device cannot run this model; the

@@ -36,7 +36,8 @@ typedef struct st_tensor {
     int64_t numel;
     const uint8_t *data; /* into the mmap; may be unaligned for the element size */
     size_t nbytes;
-    int file_index; /* which shard (index into st_checkpoint.files) */
+    int file_index;        /* which shard (index into st_checkpoint.files) */
+    const uint8_t *placed; /* its copy in the arena (st_place_tensor), or NULL */
 } st_tensor;
 
 typedef struct st_file {
@@ -52,6 +53,12 @@ typedef struct st_checkpoint {
     int n_files;
     st_tensor *tensors; /* sorted by name */
     int n_tensors;
+    /* placed copies (st_place_tensor): an anonymous arena, huge-page aligned */
+    uint8_t *arena;
+    size_t arena_size, arena_used;
+    uint64_t placed_bytes; /* tensor bytes copied into it */
+    double place_s;        /* seconds the copies took */
+    char place_why[160];   /* st_place_decide's choice and its reason, for logs */
 } st_checkpoint;
 
 const char *st_dtype_name(st_dtype dt);
@@ -63,6 +70,27 @@ int st_open_file(st_checkpoint *m, const char *path);
  * or, failing both, the single *.safetensors file in the directory. */
 int st_open_dir(st_checkpoint *m, const char *dir);
 void st_close(st_checkpoint *m);
+
+/* Weight placement (st_place.c): bound matrices read in place from the mapping (map) or copied
+ * once into an arena at 64-byte aligned addresses on huge pages (copy: safetensors data sits
+ * 8-byte aligned, and loads that straddle cache lines slow compute-bound products); auto copies
+ * when the tensors fit the memory available with a quarter of it (at least 4 GiB) to spare and no
+ * other MPI rank shares the machine. The process-wide mode starts as DFL_WEIGHTS, else auto. */
+typedef enum st_place { ST_PLACE_AUTO, ST_PLACE_MAP, ST_PLACE_COPY } st_place;
+int st_place_parse(const char *s, st_place *out);
+const char *st_place_name(st_place p);
+st_place st_place_get(void);
+void st_place_set(st_place p);
+/* auto's rule: bytes of tensors against MemAvailable and the ranks on this machine. */
+int st_place_fits(uint64_t bytes, uint64_t mem_available, int local_ranks);
+/* Whether m's bound matrices, about `bytes` of them, are to be copied (1) or mapped (0); the
+ * choice and its reason go to m->place_why. */
+int st_place_decide(st_checkpoint *m, uint64_t bytes);
+/* Bytes of all of m's tensors. */
+uint64_t st_data_bytes(const st_checkpoint *m);
+/* A copy of t's bytes in m's arena (reserved on first use), 64-byte aligned; NULL + error. */
+const uint8_t *st_place_tensor(st_checkpoint *m, const st_tensor *t);
+void st_place_free(st_checkpoint *m);
 
 /* Lookup by exact name; NULL if absent. */
 const st_tensor *st_find(const st_checkpoint *m, const char *name);

@@ -74,8 +74,17 @@ int cli_prompt_tokens(const char *cmd, const cli_prompt *p, const char *model_di
 struct dfl_model;
 #define CLI_DEVICE_HELP                                                                               \
     "  --device D          cpu (default) | cuda: where the target's forward runs (the devices this\n" \
-    "                      build has: dfl --version)\n"
-/* 1 if argv[*i] is --device (consumed, *i advanced, *d set), 0 if not, -1 after printing a bad value. */
+    "                      build has: dfl --version)\n" CLI_WEIGHTS_HELP
+#define CLI_WEIGHTS_HELP                                                                             \
+    "  --weights MODE      auto (default) | copy | map: the CPU reads the weights from an aligned\n" \
+    "                      copy in memory (copy), or in place from the file mapping (map: shared\n"  \
+    "                      with other processes, no load time; loads straddle cache lines, slower\n" \
+    "                      where compute-bound); auto copies when they fit the memory available\n"   \
+    "                      with a quarter to spare, no other MPI rank shares the machine and the\n"  \
+    "                      device is the CPU (default: DFL_WEIGHTS or auto; docs/design.md §1)\n"
+/* 1 if argv[*i] is --device (consumed, *i advanced, *d set) or --weights (consumed, the placement
+ * set), 0 if neither, -1 after printing a bad value. */
+#define CLI_OPEN_FLAGS(device) ((device) != DFL_DEVICE_CPU ? DFL_OPEN_FOR_DEVICE : 0)
 int cli_device_option(const char *cmd, int argc, char **argv, int *i, dfl_device *d);
 /* Move the opened model to device d (model_use_device), saying on stderr where it runs when not
  * the CPU; 0, or the message printed and 1. */

@@ -129,6 +129,15 @@ int eval_mpi_launched(void) {
 }
 
 int cli_device_option(const char *cmd, int argc, char **argv, int *i, dfl_device *d) {
+    if (strcmp(argv[*i], "--weights") == 0) {
+        st_place p;
+        if (st_place_parse(cli_value(argc, argv, i), &p) != DFL_OK) {
+            cli_usage_error(cmd, "--weights: %s", dfl_errmsg());
+            return -1;
+        }
+        st_place_set(p);
+        return 1;
+    }
     if (strcmp(argv[*i], "--device") != 0) return 0;
     if (dfl_device_parse(cli_value(argc, argv, i), d) != DFL_OK) {
         cli_usage_error(cmd, "%s", dfl_errmsg());

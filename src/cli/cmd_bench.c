@@ -24,9 +24,10 @@ static const char *usage_text =
     "                 [--act f32|bf16] [--json] [--parts LIST] [--context N] [--decode N]\n"
     "                 [--verify-max N] [--prefill N]\n"
     "                 [--gen N] [--block B] [--block-attn MODE] [--reps N] [--probe-mb N] [--device cpu|cuda]\n"
+    "                 [--weights auto|copy|map] [--draft-batch N]\n"
     "\n"
-    "Measures, on one target (and drafter: DFlash, DFlash2 or an MTP head), with weights read in place\n"
-    "from the mmap:\n"
+    "Measures, on one target (and drafter: DFlash, DFlash2 or an MTP head), with the weights where\n"
+    "--weights puts them:\n"
     "  probe     memory read bandwidth: threaded SIMD sum over a buffer as large as the weights,\n"
     "            median of 7 passes (and the fastest); with decode, also one pass over up to 1 GiB\n"
     "            after each decoded token: the median of the per-token ratios (\"paired\") is\n"
@@ -36,7 +37,12 @@ static const char *usage_text =
     "  verify    one forward over n = 1..verify-max new tokens on top of the context (logits for\n"
     "            every row, as a verification does; rolled back after), time relative to n = 1\n"
     "  draft     the drafter's context update per token and one block of B (through the same\n"
-    "            interface the speculative loop drives)\n"
+    "            interface the speculative loop drives); a DFlash drafter also drafts\n"
+    "            --draft-batch blocks in one forward (a replay's wave) and, with probe, prints\n"
+    "            what a replay costs per output token against the target's decode floor. With\n"
+    "            no part that runs the target (--parts probe,draft), the target is opened for\n"
+    "            its embedding and lm_head alone and the context features are synthetic: a\n"
+    "            target larger than this machine's memory can be measured so\n"
     "  e2e       autoregressive vs speculative generation (chain, block B, greedy), tokens/s\n"
     "  prefill   one forward over N prompt tokens (chunked Gated DeltaNet), tokens/s\n"
     "  rollback  per verification round of B tokens: replaying the recorded recurrence inputs\n"
@@ -72,9 +78,11 @@ static const char *usage_text =
     "                    4 for an MTP head; 16 without a drafter)\n" CLI_BLOCK_ATTN_HELP
     "  --reps N          repetitions per timing (default 2)\n"
     "  --probe-mb N      probe buffer in MB (default: the weights read per token, at least 1024)\n"
+    "  --draft-batch N   blocks of the draft part's batched forward (default 8, as eval's\n"
+    "                    --replay-batch; 1: none)\n"
     "  --device D        cpu (default) | cuda: where the target runs. On cuda the probe reads GPU\n"
     "                    memory (a streaming read kernel, CUDA events), peak and rollback (CPU\n"
-    "                    parts) are left out, and the drafter runs on the CPU\n"
+    "                    parts) are left out, and the drafter runs on the CPU\n" CLI_WEIGHTS_HELP
     "e2e prompt (default: 64 random tokens; the tokenizer is the model's):\n" CLI_PROMPT_HELP;
 
 enum {
@@ -86,7 +94,8 @@ enum {
     P_PREFILL = 32,
     P_ROLLBACK = 64,
     P_TREE = 128,
-    P_PEAK = 256
+    P_PEAK = 256,
+    P_TARGET = P_DECODE | P_VERIFY | P_E2E | P_PREFILL | P_ROLLBACK | P_TREE /* parts that run the target */
 };
 static const char *const part_names[] = {"probe",   "decode",   "verify", "draft", "e2e",
                                          "prefill", "rollback", "tree",   "peak"};
@@ -98,7 +107,7 @@ typedef struct bench_opts {
     const dfl_any_drafter *ad; /* the opened drafter (NULL: none) */
     const int32_t *prompt;     /* e2e prompt ids (NULL: 64 random tokens) */
     int n_prompt;
-    int json, threads, context, decode, verify_max, prefill, gen, block, reps, probe_mb;
+    int json, threads, context, decode, verify_max, prefill, gen, block, reps, probe_mb, draft_batch;
     int block_attn; /* DFL_BLOCK_ATTN_AUTO or the drafter_set_causal value */
     unsigned parts;
     dfl_device device;
@@ -116,6 +125,7 @@ typedef struct bench_res {
     double verify_experts[MAX_VERIFY];
     uint64_t verify_bytes[MAX_VERIFY];
     double draft_block_ms, draft_ctx_ms;
+    double draft_batch_ms; /* --draft-batch blocks in one forward (0: not measured) */
     double ar_tps, spec_tps, spec_tau;
     int e2e_generated;
     int has_spec;
@@ -310,6 +320,12 @@ static int bench_rollback(dfl_target_state *s, const int32_t *toks, int B, int r
     return DFL_OK;
 }
 
+/* A replay's drafting per output token and drafter, at most: one context row and one block of a
+ * --draft-batch wave. */
+static double replay_token_ms(const bench_opts *o, const bench_res *r) {
+    return r->draft_ctx_ms + r->draft_batch_ms / o->draft_batch;
+}
+
 static void print_json(const bench_opts *o, const bench_res *r, const dfl_model *m) {
     printf("{\"model\": ");
     cli_json_string(stdout, o->model);
@@ -321,7 +337,10 @@ static void print_json(const bench_opts *o, const bench_res *r, const dfl_model 
     printf(", \"threads_adaptive\": %s, \"threads_mean\": %.3f, \"threads_lowest\": %d, \"threads_trials\": %ld, "
            "\"threads_kept_fewer\": %ld",
            t.adaptive ? "true" : "false", t.mean, t.lowest, t.trials, t.shrinks);
-    printf(", \"device\": \"%s\"", m->be->name);
+    printf(", \"device\": \"%s\", \"weights\": \"%s\", \"weights_placed_gb\": %.3f, \"weights_copy_s\": %.3f",
+           m->be->name, m->st.placed_bytes ? "copy" : "map", m->st.placed_bytes / 1e9, m->st.place_s);
+    printf(", \"weights_why\": ");
+    cli_json_string(stdout, m->st.place_why);
     if (m->be->describe) {
         char d[256];
         m->be->describe(d, sizeof d);
@@ -379,6 +398,12 @@ static void print_json(const bench_opts *o, const bench_res *r, const dfl_model 
     if ((o->parts & P_DRAFT) && o->ad)
         printf(", \"block\": %d, \"draft_block_ms\": %.3f, \"draft_context_ms_per_token\": %.4f", o->block,
                r->draft_block_ms, r->draft_ctx_ms);
+    if (r->draft_batch_ms > 0) {
+        printf(", \"draft_batch\": %d, \"draft_batch_ms\": %.3f", o->draft_batch, r->draft_batch_ms);
+        if (o->parts & P_PROBE)
+            printf(", \"replay_ms_per_token_per_drafter\": %.3f, \"decode_floor_ms\": %.3f", replay_token_ms(o, r),
+                   1e3 * r->token_bytes / (r->probe_gbps * 1e9));
+    }
     if (o->parts & P_E2E) {
         printf(", \"e2e_gen\": %d, \"e2e_generated\": %d, \"e2e_prompt_tokens\": %d, \"e2e_prompt\": \"%s\", "
                "\"ar_tokens_per_s\": %.4f",
@@ -422,7 +447,10 @@ static void print_table(const bench_opts *o, const bench_res *r, const dfl_model
                t.max, t.mean, t.lowest, t.trials, t.shrinks,
                t.trials ? " (other processes took cores: these times are a shared machine's)" : "");
     else printf("threads    %d, fixed (--threads or OMP_NUM_THREADS)\n", t.now);
-    printf("weights    %.1f MB; read per decoded token %.1f MB\n", r->weight_bytes / 1e6, r->token_bytes / 1e6);
+    printf("weights    %.1f MB; read per decoded token %.1f MB; %s", r->weight_bytes / 1e6, r->token_bytes / 1e6,
+           m->st.place_why);
+    if (m->st.placed_bytes) printf(": %.2f GB copied in %.2f s", m->st.placed_bytes / 1e9, m->st.place_s);
+    printf("\n");
     if (o->parts & P_PROBE)
         printf("probe      %.2f GB/s read (median of %d passes over %.0f MB; fastest %.2f)\n", r->probe_gbps,
                PROBE_PASSES, r->probe_bytes / 1e6, r->probe_best_gbps);
@@ -476,9 +504,22 @@ static void print_table(const bench_opts *o, const bench_res *r, const dfl_model
         printf("drafter    %s: %s (block %d, %.1f MB%s%s)\n", anydrafter_kind_name(o->ad->kind), o->drafter,
                o->ad->block, o->ad->weight_bytes / 1e6, attn ? "; block attention: " : "", attn ? attn : "");
     }
-    if ((o->parts & P_DRAFT) && o->ad)
-        printf("draft      block of %d: %.1f ms; context update %.2f ms/token\n", o->block, r->draft_block_ms,
+    if ((o->parts & P_DRAFT) && o->ad) {
+        printf("draft      block of %d: %.1f ms; context update %.2f ms/token", o->block, r->draft_block_ms,
                r->draft_ctx_ms);
+        if (r->draft_batch_ms > 0)
+            printf("; %d blocks in one forward: %.1f ms (%.1f ms a block)", o->draft_batch, r->draft_batch_ms,
+                   r->draft_batch_ms / o->draft_batch);
+        printf("%s\n", o->parts & P_TARGET ? "" : " (synthetic context features: no part runs the target)");
+    }
+    if (r->draft_batch_ms > 0 && (o->parts & P_PROBE)) {
+        const double floor_ms = 1e3 * r->token_bytes / (r->probe_gbps * 1e9), rt = replay_token_ms(o, r);
+        printf("replay     per output token and drafter, at most: a context row + a block of a %d-block wave = "
+               "%.2f ms = %.3fx the target's decode floor (%.0f MB at the probe's %.2f GB/s = %.1f ms; a drafter x "
+               "mode replays each position once at most: modes share blocks, and tau > 1 drafts fewer; the "
+               "summaries of the logits are not counted: bench/replay-cost measures a whole replay)\n",
+               o->draft_batch, rt, rt / floor_ms, r->token_bytes / 1e6, r->probe_gbps, floor_ms);
+    }
     if (o->parts & P_E2E) {
         printf("e2e        %d tokens after a %d-token %s prompt: autoregressive %.3f tokens/s", r->e2e_generated,
                o->prompt ? o->n_prompt : 64, o->prompt ? "given" : "random", r->ar_tps);
@@ -544,6 +585,28 @@ done:
 }
 
 /* Everything after loading: the parts in order, on one run state. */
+/* --draft-batch blocks on one context in one forward (each block at its own start, as a replay's
+ * wave drafts the rounds of as many prompts): the best of reps. */
+static int bench_draft_batch(const bench_opts *o, const dfl_draft_if *dif, int32_t anchor, int ctx, int V,
+                             bench_res *r) {
+    const int nb = o->draft_batch, B = o->block;
+    float *lg = malloc((size_t)nb * (B - 1) * V * sizeof(float));
+    void **ctxs = malloc((size_t)nb * sizeof *ctxs);
+    int32_t *anchors = malloc((size_t)nb * sizeof *anchors);
+    int *starts = malloc((size_t)nb * sizeof *starts), rc = DFL_OK;
+    if (!lg || !ctxs || !anchors || !starts) rc = dfl_seterr("out of memory for %d draft blocks", nb);
+    for (int b = 0; rc == DFL_OK && b < nb; b++) ctxs[b] = dif->ctx, anchors[b] = anchor, starts[b] = ctx - b % ctx;
+    r->draft_batch_ms = 1e30;
+    for (int i = 0; rc == DFL_OK && i < o->reps + 1; i++) { /* the first run warms up */
+        const double t0 = dfl_now();
+        rc = dif->draft_across(ctxs, anchors, starts, nb, B, lg);
+        const double dt = 1e3 * (dfl_now() - t0);
+        if (i > 0 && dt < r->draft_batch_ms) r->draft_batch_ms = dt;
+    }
+    free(lg), free(ctxs), free(anchors), free(starts);
+    return rc;
+}
+
 static int run_bench(const bench_opts *o, const dfl_model *m, dfl_any_drafter *ad, bench_res *r) {
     const dfl_config *g = &m->cfg;
     const int V = g->vocab, H = g->hidden;
@@ -595,10 +658,16 @@ static int run_bench(const bench_opts *o, const dfl_model *m, dfl_any_drafter *a
         dfl_seterr("out of memory for benchmark buffers");
         goto done;
     }
-    /* the context (capturing the drafter's features) */
+    /* the context (capturing the drafter's features); without a part that runs the target, the
+     * features are synthetic (what the drafter costs does not depend on them) */
     fill_tokens(ctx_toks, ctx, V, 1);
     memcpy(toks, ctx_toks, (size_t)ctx * sizeof(int32_t));
-    if (model_forward(&s, toks, ctx, logits, 1, ad ? &cap : NULL) != DFL_OK) goto done;
+    if (!(o->parts & P_TARGET)) {
+        for (size_t i = 0; feat && i < (size_t)ctx * nf * H; i++)
+            feat[i] = (float)((i * 2654435761u) % 2001) / 1000.f - 1;
+    } else if (model_forward(&s, toks, ctx, logits, 1, ad ? &cap : NULL) != DFL_OK) {
+        goto done;
+    }
     if (o->parts & P_DECODE) {
         /* tokens/s from the median token time: a token slowed by another process on a shared
          * machine does not move it; the mean is reported too */
@@ -667,6 +736,8 @@ static int run_bench(const bench_opts *o, const dfl_model *m, dfl_any_drafter *a
             const double dt = 1e3 * (dfl_now() - t0);
             if (i > 0 && dt < r->draft_block_ms) r->draft_block_ms = dt;
         }
+        if (o->draft_batch > 1 && dif.draft_across && bench_draft_batch(o, &dif, toks[0], ctx, V, r) != DFL_OK)
+            goto done;
     }
     if (o->parts & P_ROLLBACK) {
         fill_tokens(toks, B, V, 3);
@@ -723,6 +794,7 @@ int cmd_bench(int argc, char **argv) {
                     .prefill = 512,
                     .gen = 32,
                     .reps = 2,
+                    .draft_batch = 8,
                     .parts = 0x7f | P_PEAK,
                     .block_attn = DFL_BLOCK_ATTN_AUTO};
     const char *drafter = NULL;
@@ -781,6 +853,7 @@ int cmd_bench(int argc, char **argv) {
                 {"--block", 2, DFL_MAX_BLOCK, offsetof(bench_opts, block)},
                 {"--reps", 1, 1000, offsetof(bench_opts, reps)},
                 {"--probe-mb", 1, 1 << 20, offsetof(bench_opts, probe_mb)},
+                {"--draft-batch", 1, 64, offsetof(bench_opts, draft_batch)},
             };
             size_t k = 0;
             while (k < sizeof nums / sizeof nums[0] && strcmp(argv[i], nums[k].name) != 0) k++;
@@ -793,7 +866,8 @@ int cmd_bench(int argc, char **argv) {
     o.drafter = drafter ? (strcmp(drafter, "none") == 0 ? NULL : drafter) : (model_given ? NULL : DEFAULT_DRAFTER);
     if (o.threads) omp_set_num_threads(o.threads), kn_team_fix(o.threads); /* a fixed team: no adapting */
     dfl_model m;
-    if (model_open(&m, o.model, 0) != DFL_OK)
+    /* no part runs the target: only its embedding and lm_head (the drafter's) are read */
+    if (model_open(&m, o.model, (o.parts & P_TARGET) ? CLI_OPEN_FLAGS(o.device) : DFL_OPEN_HEAD_ONLY) != DFL_OK)
         return cli_fail("bench", "%s%s", dfl_errmsg(),
                         model_given ? "" : " (write the benchmark model: .venv/bin/python tools/make_bench_model.py)");
     if (cli_use_device("bench", &m, o.device)) {

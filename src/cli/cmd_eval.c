@@ -39,7 +39,8 @@ static const char *usage_text =
     "  --prompts FILE        prompt set\n"
     "  --device D            cpu (default) | cuda: where the target's forwards run (the drafters stay on\n"
     "                        the CPU; the devices this build has: dfl --version); recorded in the results\n"
-    "                        and summary.json, and a --resume must use the same (not with --features)\n"
+    "                        and summary.json, and a --resume must use the same (not with "
+    "--features)\n" CLI_WEIGHTS_HELP
     "  --tokenizer PATH      tokenizer.json or a directory holding one (default: the target's)\n"
     "  --format F            gsm8k (\"question\"), mtbench (\"turns\"), jsonl:FIELD, text (a prompt per\n"
     "                        line), messages (OpenAI {\"messages\": [{\"role\", \"content\"}]}) or sharegpt\n"

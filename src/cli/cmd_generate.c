@@ -19,6 +19,7 @@ static const char *usage_text =
     "                    [--temperature X --seed S [--top-p P] [--top-k K] [--accept-rule pq|match]]\n"
     "                    [--max-new N] [--chat MODE] [--tokenizer PATH] [--max-context N] [--ignore-eos]\n"
     "                    [--json] [--dump-drafts F] [--check-weights] [--device cpu|cuda]\n"
+    "                    [--weights auto|copy|map]\n"
     "\n"
     "Generate with the target, autoregressively or — with --drafter — by DFlash speculative\n"
     "decoding with chain verification (lossless: the same tokens as without the drafter at\n"
@@ -374,7 +375,8 @@ int cmd_generate(int argc, char **argv) {
         return cli_usage_error("generate", "--top-p and --top-k filter sampling: they need --temperature > 0");
     dfl_model m;
     double t0 = dfl_now();
-    if (model_open(&m, target, check) != DFL_OK) return cli_fail("generate", "%s", dfl_errmsg());
+    if (model_open(&m, target, check | CLI_OPEN_FLAGS(device)) != DFL_OK)
+        return cli_fail("generate", "%s", dfl_errmsg());
     if (cli_use_device("generate", &m, device)) {
         model_close(&m);
         return 1;

@@ -12,6 +12,7 @@
 static const char *usage_text =
     "usage: dfl hidden --target DIR --layers K[,K...] (--prompt STR | --prompt-file F | --prompt-ids IDS)\n"
     "                  --out F.safetensors [--logits] [--chat MODE] [--device cpu|cuda]\n"
+    "                  [--weights auto|copy|map]\n"
     "\n"
     "Run the prompt through the target in one forward and write `input_ids` (I64 [T]) and one F32\n"
     "tensor `layer.{k}` of shape [T, H] per requested layer, where layer k is the output of decoder\n"
@@ -120,7 +121,7 @@ int cmd_hidden(int argc, char **argv) {
     }
     if (!target || !layers_arg || !out_path) return cli_usage_error("hidden", "needs --target, --layers and --out");
     dfl_model m;
-    if (model_open(&m, target, 0) != DFL_OK) return cli_fail("hidden", "%s", dfl_errmsg());
+    if (model_open(&m, target, CLI_OPEN_FLAGS(device)) != DFL_OK) return cli_fail("hidden", "%s", dfl_errmsg());
     if (cli_use_device("hidden", &m, device)) {
         model_close(&m);
         return 1;

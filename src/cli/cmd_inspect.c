@@ -7,6 +7,7 @@
 #include "dfl/common.h"
 #include "dfl/config.h"
 #include "dfl/inspect.h"
+#include "dfl/safetensors.h"
 
 static const char *usage_text =
     "usage: dfl inspect DIR [--json] [--check-weights]\n"
@@ -31,6 +32,7 @@ static const char *usage_text =
 int cmd_inspect(int argc, char **argv) {
     const char *dir = NULL, *target = NULL;
     int json = 0, check = 0;
+    st_place_set(ST_PLACE_MAP); /* nothing computes: the weights are read in place */
     for (int i = 1; i < argc; i++) {
         if (cli_is_help(argv[i])) {
             fputs(usage_text, stdout);

@@ -17,6 +17,7 @@ static const char *usage_text =
     "                 [--max-queue N] [--max-context N] [--max-body BYTES] [--tokenizer PATH]\n"
     "                 [--timeout S] [--max-connections N] [--max-connections-per-client N]\n"
     "                 [--model-name NAME] [--quiet] [--check-weights] [--device cpu|cuda]\n"
+    "                 [--weights auto|copy|map]\n"
     "\n"
     "Serve generation over HTTP with DFlash speculative decoding (or autoregressively without a\n"
     "drafter): OpenAI POST /v1/completions and /v1/chat/completions (streaming with \"stream\": true;\n"
@@ -56,7 +57,7 @@ static const char *usage_text =
     "  --quiet             do not log each request on stderr\n"
     "  --check-weights     scan the weights for NaN/Inf at load\n"
     "  --device D          cpu (default) | cuda: where the target's forwards run (the drafter stays on\n"
-    "                      the CPU; the devices this build has: dfl --version; /v1/models names it)\n"
+    "                      the CPU; the devices this build has: dfl --version; /v1/models names it)\n" CLI_WEIGHTS_HELP
     "\n"
     "Prints \"dfl serve: listening on http://HOST:PORT\" on stderr once it accepts requests (after a\n"
     "line naming a DFlash drafter's block attention).\n";

@@ -179,7 +179,11 @@ static int open_features(run *r, char *target, size_t n) {
 /* The target, the drafters, the tokenizer and the reference file. */
 static int open_target(run *r, const char *target) {
     const eval_opts *o = r->o;
-    int rc = model_open(&r->m, target, 0);
+    /* a replay on saved features runs only the target's embedding and lm_head */
+    int rc = model_open(&r->m, target,
+                        r->from_features              ? DFL_OPEN_HEAD_ONLY
+                        : o->device != DFL_DEVICE_CPU ? DFL_OPEN_FOR_DEVICE
+                                                      : 0);
     if (rc) {
         if (r->from_features && !o->target)
             dfl_preperr("the target the features were recorded on (give --target for its embedding and lm_head)");

@@ -37,6 +37,7 @@ static void run_settings(const run *r, cJSON *j) {
     cJSON_AddNumberToObject(j, "threads", omp_get_max_threads());
     cJSON_AddStringToObject(j, "isa", kn_isa_name(kn_isa_get()));
     cJSON_AddStringToObject(j, "device", dfl_device_name((dfl_device)r->device));
+    cJSON_AddStringToObject(j, "weights", r->m.st.placed_bytes ? "copy" : "map"); /* the target's (speed only) */
 }
 
 /* This run's description (run.json): its options and the prompts of its units. */

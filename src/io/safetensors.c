@@ -425,6 +425,7 @@ int st_open_dir(st_checkpoint *m, const char *dir) {
 }
 
 void st_close(st_checkpoint *m) {
+    st_place_free(m);
     for (int i = 0; i < m->n_files; i++) {
         munmap(m->files[i].map, m->files[i].map_size);
         free(m->files[i].path);

@@ -105,6 +105,7 @@ int drafter_open_checked(dfl_drafter *d, const char *dir, int n_target_layers, i
                  .where = dir,
                  .used = d->used,
                  .check_weights = check_weights,
+                 .place = st_place_decide(&d->st, st_data_bytes(&d->st)),
                  .layer = -1,
                  .n_layers = g->n_layers};
     char n[128];

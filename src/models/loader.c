@@ -180,23 +180,21 @@ static int bind_scales(ld_ctx *c, const st_tensor *t, dfl_mat *out) {
     return DFL_OK;
 }
 
+const uint8_t *ld_data(ld_ctx *c, const st_tensor *t) { return c->place ? st_place_tensor(c->st, t) : t->data; }
+
 int ld_mat(ld_ctx *c, const char *name, int rows, int cols, dfl_mat *out) {
     const int64_t shape[2] = {rows, cols};
     const st_tensor *t = ld_tensor(c, name, 2, shape);
     if (!t) return DFL_ERR;
     *out = (dfl_mat){.dtype = t->dtype, .rows = rows, .cols = cols};
-    if (t->dtype == ST_F8_E4M3) { /* one byte per element: always aligned */
-        out->data = t->data;
-        return bind_scales(c, t, out);
-    }
+    if (!(out->data = ld_data(c, t))) return DFL_ERR;
+    if (t->dtype == ST_F8_E4M3) return bind_scales(c, t, out); /* one byte per element: always aligned */
     size_t es = st_dtype_size(t->dtype);
-    if (((uintptr_t)t->data % es) != 0) { /* unaligned in the file: private aligned copy */
+    if (((uintptr_t)out->data % es) != 0) { /* unaligned in the file: private aligned copy */
         out->owned = aligned_alloc(64, (t->nbytes + 63) / 64 * 64);
         if (!out->owned) return dfl_seterr("%s: out of memory copying '%s'", c->where, name);
         memcpy(out->owned, t->data, t->nbytes);
         out->data = out->owned;
-    } else {
-        out->data = t->data;
     }
     return DFL_OK;
 }

@@ -9,11 +9,12 @@
 #include "dfl/safetensors.h"
 
 typedef struct ld_ctx {
-    const st_checkpoint *st;
+    st_checkpoint *st;
     const char *where;      /* checkpoint directory, for messages */
     unsigned char *used;    /* [n_tensors] marks, or NULL */
     int check_weights;      /* scan for NaN/Inf (every bound tensor; reported together by ld_finish) */
     const dfl_quant *quant; /* the checkpoint's quantization_config (NULL: F8 weights refused) */
+    int place;              /* matrices copied into the checkpoint's arena (st_place_decide) */
     /* where the next tensor's expected shape comes from ("vocab_size 1024, hidden_size 64"),
      * named in its shape / missing message; set with ld_why, cleared by every bind */
     char why[256];
@@ -28,7 +29,10 @@ typedef struct ld_ctx {
 void ld_why(ld_ctx *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Find a tensor with exactly this shape and a supported dtype; marks it used. NULL + error. */
 const st_tensor *ld_tensor(ld_ctx *c, const char *name, int nd, const int64_t *shape);
-/* Bind a [rows, cols] matrix (zero-copy when element-aligned). An F8_E4M3 weight `<m>.weight`
+/* Where a bound tensor's bytes are read: its copy in the arena when c->place, else the mapping
+ * (NULL + error when the copy fails). */
+const uint8_t *ld_data(ld_ctx *c, const st_tensor *t);
+/* Bind a [rows, cols] matrix (zero-copy when element-aligned and mapped). An F8_E4M3 weight `<m>.weight`
  * takes its block scales from `<m>.weight_scale_inv` [ceil(rows / brow), ceil(cols / bcol)]
  * (F32, F16 or BF16, converted to float32), given a quantization_config that does not list <m>
  * in modules_to_not_convert. */

@@ -9,7 +9,7 @@
 #include "models/loader.h"
 
 /* Fused experts: views of expert e into gate_up_proj [E, 2*Ie, H] (gate rows first) and
- * down_proj [E, H, Ie], zero-copy unless a tensor sits unaligned in the file. */
+ * down_proj [E, H, Ie], in place (mapped or placed) unless a tensor sits unaligned in the file. */
 static int bind_fused_experts(const dfl_config *g, ld_ctx *c, dfl_layer_w *l, const char *pre) {
     const int E = g->n_experts, H = g->hidden, Ie = g->moe_intermediate;
     char n[1024];
@@ -29,11 +29,11 @@ static int bind_fused_experts(const dfl_config *g, ld_ctx *c, dfl_layer_w *l, co
                               "(quantized experts: stored per expert)",
                               c->where, n, st_dtype_name(t[k]->dtype));
     }
-    const unsigned char *base[2];
+    const unsigned char *base[2], *src[2];
     size_t off = 0;
     for (int k = 0; k < 2; k++) {
-        const size_t es = st_dtype_size(t[k]->dtype);
-        off += ((uintptr_t)t[k]->data % es) ? (t[k]->nbytes + 63) / 64 * 64 : 0;
+        if (!(src[k] = ld_data(c, t[k]))) return DFL_ERR;
+        off += ((uintptr_t)src[k] % st_dtype_size(t[k]->dtype)) ? (t[k]->nbytes + 63) / 64 * 64 : 0;
     }
     if (off) {
         l->exp_owned = aligned_alloc(64, off);
@@ -41,12 +41,12 @@ static int bind_fused_experts(const dfl_config *g, ld_ctx *c, dfl_layer_w *l, co
     }
     off = 0;
     for (int k = 0; k < 2; k++) {
-        if ((uintptr_t)t[k]->data % st_dtype_size(t[k]->dtype)) {
+        if ((uintptr_t)src[k] % st_dtype_size(t[k]->dtype)) {
             base[k] = (unsigned char *)l->exp_owned + off;
-            memcpy((void *)base[k], t[k]->data, t[k]->nbytes);
+            memcpy((void *)base[k], src[k], t[k]->nbytes);
             off += (t[k]->nbytes + 63) / 64 * 64;
         } else {
-            base[k] = t[k]->data;
+            base[k] = src[k];
         }
     }
     const size_t es0 = st_dtype_size(t[0]->dtype), es1 = st_dtype_size(t[1]->dtype);

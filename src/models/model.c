@@ -125,13 +125,23 @@ static int bind_layer(dfl_model *m, ld_ctx *c, int i) {
     return DFL_OK;
 }
 
-int model_open(dfl_model *m, const char *dir, int check_weights) {
+/* Bytes of the embedding and, untied, the lm_head: what a head-only model places. */
+static uint64_t head_bytes(const dfl_model *m) {
+    char n[256];
+    snprintf(n, sizeof n, "%sembed_tokens.weight", m->prefix);
+    const st_tensor *e = st_find(&m->st, n), *h = st_find(&m->st, "lm_head.weight");
+    return (e ? e->nbytes : 0) + (h && !m->cfg.tie_embeddings ? h->nbytes : 0);
+}
+
+int model_open(dfl_model *m, const char *dir, int flags) {
     memset(m, 0, sizeof *m);
     m->device = DFL_DEVICE_CPU;
     m->be = dfl_backend_of(DFL_DEVICE_CPU);
     m->dir = strdup(dir);
     const dfl_config *g = &m->cfg;
     ld_ctx c = {0};
+    const int head_only = flags & DFL_OPEN_HEAD_ONLY;
+    int place = 0; /* matrices copied into the arena (the layers too unless head_only) */
     if (!dfl_is_dir(dir)) {
         dfl_seterr("%s: not a directory", dir);
         goto fail;
@@ -154,19 +164,25 @@ int model_open(dfl_model *m, const char *dir, int check_weights) {
     c = (ld_ctx){.st = &m->st,
                  .where = dir,
                  .used = m->used,
-                 .check_weights = check_weights,
+                 .check_weights = flags & DFL_OPEN_CHECK_WEIGHTS,
                  .quant = &m->quant,
                  .layer = -1,
                  .n_layers = g->n_layers};
+    if ((flags & DFL_OPEN_FOR_DEVICE) && st_place_get() == ST_PLACE_AUTO)
+        snprintf(m->st.place_why, sizeof m->st.place_why, "map (auto: the weights go to a device)");
+    else place = st_place_decide(&m->st, head_only ? head_bytes(m) : st_data_bytes(&m->st));
+    c.place = place;
     char n[256];
     snprintf(n, sizeof n, "%sembed_tokens.weight", m->prefix);
     ld_why(&c, "vocab_size %d, hidden_size %d", g->vocab, g->hidden);
     if (ld_mat(&c, n, g->vocab, g->hidden, &m->embed)) goto fail;
+    c.place = place && !head_only;
     snprintf(n, sizeof n, "%snorm.weight", m->prefix);
     ld_why(&c, "hidden_size %d", g->hidden);
     if (!(m->final_norm = ld_vec1(&c, n, g->hidden, g->norm_plus_one ? 1.0f : 0.0f))) goto fail;
     for (int i = 0; i < g->n_layers; i++)
         if (bind_layer(m, &c, i) != DFL_OK) goto fail;
+    c.place = place;
     if (g->tie_embeddings) {
         m->lm_head = m->embed;
         m->lm_head.owned = NULL;

@@ -30,6 +30,14 @@ int mtp_count_tensors(const st_checkpoint *st) {
     return n;
 }
 
+/* Bytes of the mtp.* tensors: the checkpoint may hold a whole model, the head is what is bound. */
+static uint64_t head_bytes(const st_checkpoint *st) {
+    uint64_t b = 0;
+    for (int i = 0; i < st->n_tensors; i++)
+        if (strncmp(st->tensors[i].name, MTP_PREFIX, strlen(MTP_PREFIX)) == 0) b += st->tensors[i].nbytes;
+    return b;
+}
+
 /* dir's text model must be the target's: the head reads its hidden states and shares its
  * embedding and lm_head. */
 static int check_config(const dfl_config *g, const dfl_config *tc, const char *dir, const char *tdir) {
@@ -82,8 +90,13 @@ int mtp_open(dfl_mtp *h, const char *dir, const dfl_model *t, int check_weights)
     H = g.hidden;
     h->cfg = g;
     if (quant_load(&h->quant, dir) != DFL_OK) goto fail;
-    c = (ld_ctx){
-        .st = &h->st, .where = dir, .used = h->used, .check_weights = check_weights, .quant = &h->quant, .layer = -1};
+    c = (ld_ctx){.st = &h->st,
+                 .where = dir,
+                 .used = h->used,
+                 .check_weights = check_weights,
+                 .quant = &h->quant,
+                 .place = st_place_decide(&h->st, head_bytes(&h->st)),
+                 .layer = -1};
     l->type = DFL_LAYER_FULL;
     ld_why(&c, "hidden_size %d", H);
     if (!(h->norm_emb = ld_vec1(&c, MTP_PREFIX "pre_fc_norm_embedding.weight", H, 1.0f))) goto fail;

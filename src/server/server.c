@@ -692,7 +692,9 @@ static int load(dfl_server *srv, const dfl_server_opts *o) {
     if (o->max_conns < 1 || o->max_conns_per_client < 1 || o->max_conns_per_client > o->max_conns)
         return dfl_seterr("connection limits %d in all, %d per client: need 1 <= per client <= in all", o->max_conns,
                           o->max_conns_per_client);
-    if (model_open(&srv->m, o->target, o->check_weights) != DFL_OK) return DFL_ERR;
+    if (model_open(&srv->m, o->target, o->check_weights | (o->device != DFL_DEVICE_CPU ? DFL_OPEN_FOR_DEVICE : 0)) !=
+        DFL_OK)
+        return DFL_ERR;
     if (o->device != DFL_DEVICE_CPU) { /* the target's forwards run there (the drafter stays on the CPU) */
         const double t0 = dfl_now();
         if (model_use_device(&srv->m, (dfl_device)o->device) != DFL_OK) return DFL_ERR;

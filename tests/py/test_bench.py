@@ -62,6 +62,36 @@ def check_drafter_kinds(t):
     t.check(p.returncode == 1 and "must be in [2, 16]" in p.stderr, f"block over block_size: {p.returncode} {p.stderr}")
 
 
+def check_replay_part(t):
+    """--parts probe,draft runs no target forward: the target opens for its embedding and lm_head
+    alone (only they are copied), the context features are synthetic, and a DFlash drafter's
+    --draft-batch blocks in one forward give a replay's drafting per output token against the
+    decode floor. --weights map reads in place; a bad mode is named."""
+    args = ["--model", fixture("qwen35_vlm"), "--drafter", fixture("dflash_qwen35"), "--parts", "probe,draft",
+            "--weights", "copy"]
+    r = bench_json(*args, "--draft-batch", "3")
+    t.check(r.get("draft_batch") == 3 and r.get("draft_batch_ms", 0) > 0 and r.get("draft_block_ms", 0) > 0,
+            f"batched draft: {r}")
+    floor = r.get("decode_floor_ms", 0)
+    t.check(floor > 0 and abs(floor - 1e3 * r["token_bytes"] / (r["probe_gbps"] * 1e9)) < 1e-3 * floor + 1e-3,
+            f"decode floor {floor}, probe {r.get('probe_gbps')}, token bytes {r.get('token_bytes')}")
+    t.check(r.get("replay_ms_per_token_per_drafter", 0) >= r["draft_batch_ms"] / 3, f"replay per token {r}")
+    t.check(r.get("weights") == "copy" and 0 < r.get("weights_placed_gb", 0) * 1e9 < r["weight_bytes"],
+            f"head-only copy: {r.get('weights')} {r.get('weights_placed_gb')} of {r['weight_bytes']}")
+    out = dfl("bench", *args, *SMALL).stdout
+    t.check("8 blocks in one forward" in out and "synthetic context features" in out and
+            "x the target's decode floor" in out, f"table: {out}")
+    r = bench_json(*args[:-2], "--weights", "map", "--draft-batch", "1")
+    t.check(r.get("weights") == "map" and r.get("weights_placed_gb") == 0 and "draft_batch_ms" not in r,
+            f"--weights map, --draft-batch 1: {r}")
+    r = bench_json("--model", fixture("qwen35_vlm"), "--drafter", "none", "--parts", "decode", "--weights", "copy")
+    t.check(r.get("weights") == "copy" and r.get("weights_placed_gb", 0) * 1e9 >= r["weight_bytes"] * 0.9,
+            f"a full copy: {r.get('weights_placed_gb')} of {r['weight_bytes']}")
+    p = dfl("bench", "--weights", "mmap", check=False)
+    t.check(p.returncode == 2 and "'mmap'" in p.stderr and "auto, map or copy" in p.stderr,
+            f"bad --weights: {p.returncode} {p.stderr}")
+
+
 def check_tree(t):
     r = bench_json("--model", fixture("qwen35_vlm"), "--drafter", fixture("dflash_qwen35"), "--parts", "tree")
     tree = r.get("tree", [])
@@ -185,6 +215,7 @@ def main():
     t = Tally("test_bench")
     t.run(check_full, t)
     t.run(check_drafter_kinds, t)
+    t.run(check_replay_part, t)
     t.run(check_tree, t)
     t.run(check_moe, t)
     t.run(check_e2e_prompt, t)
