@@ -17,6 +17,15 @@ of --tokenizer DIR if given. Shapes (--shape):
                   128, vocab 151936 untied: 16.4 GB
     tiny          qwen3_5_text, hidden 256, 4 layers, 4/2 heads of 64, DeltaNet 2/6 heads of 64,
                   vocab 4096 (tests); tiny-qwen3: Qwen3ForCausalLM of the same size
+    dflash-27b    a DFlash drafter for qwen3.6-27b (z-lab format, dflash's DFlashDraftModel): hidden
+                  5120, 5 layers, block 16, 32/8 heads of 128, intermediate 17408, target layers
+                  [1, 16, 31, 46, 61]; no embedding or lm_head (the target's): 3.5 GB
+
+--holes leaves every decoder layer's tensors as holes of a sparse file: zeros that take no disk,
+with the header, embedding, final norm and lm_head written as above. For measurements that never
+read the layers (`dfl bench --parts probe,draft`: a replay's drafting against the target's decode
+floor, which comes from the tensors' sizes): qwen3.6-27b then takes 5.1 GB of disk, not 53.8.
+Its outputs are meaningless: never run a forward over it.
 
 --layers N keeps every dimension and writes N layers (the layer_types pattern continues: full
 attention every 4th), e.g. `--layers 4` of qwen3.6-27b (LLLF) is 8.2 GB, `--layers 2` 6.6 GB (the
@@ -86,6 +95,11 @@ SHAPES = {
         tie_word_embeddings=False, attn_output_gate=True,
         rope_parameters=dict(QWEN35_ROPE, mrope_section=[3, 3, 2]),
         bos_token_id=4088, eos_token_id=4090, pad_token_id=4088)),
+    "dflash-27b": ("dflash", dict(
+        vocab_size=248320, hidden_size=5120, num_hidden_layers=5, num_attention_heads=32, num_key_value_heads=8,
+        head_dim=128, intermediate_size=17408, max_position_embeddings=262144, rms_norm_eps=1e-6,
+        tie_word_embeddings=False, rope_parameters={"rope_type": "default", "rope_theta": 1e7}, block_size=16,
+        num_target_layers=64, dflash_config={"mask_token_id": 248077, "target_layer_ids": [1, 16, 31, 46, 61]})),
     "tiny-qwen3": ("qwen3", dict(
         vocab_size=4096, hidden_size=256, num_hidden_layers=4, intermediate_size=512,
         num_attention_heads=4, num_key_value_heads=2, head_dim=64, max_position_embeddings=4096,
@@ -108,6 +122,11 @@ def build_config(shape, layers):
         kw["layer_types"] = ["linear_attention" if (i + 1) % 4 else "full_attention" for i in range(n)]
         cfg = Qwen3_5TextConfig(full_attention_interval=4, architectures=["Qwen3_5ForCausalLM"], **kw)
         cls = Qwen3_5ForCausalLM
+    elif arch == "dflash":
+        from transformers import Qwen3Config
+        from dflash.model import DFlashDraftModel
+        cfg = Qwen3Config(architectures=["DFlashDraftModel"], **kw)
+        cls = DFlashDraftModel
     else:
         from transformers import Qwen3Config, Qwen3ForCausalLM
         cfg = Qwen3Config(architectures=["Qwen3ForCausalLM"], **kw)
@@ -224,7 +243,11 @@ def write_all(fd, mv):
         mv = mv[k:]
 
 
-def write_shard(path, tensors, buf, std_index, pool_elems):
+def is_layer(name):
+    return ".layers." in name or name.startswith("layers.")
+
+
+def write_shard(path, tensors, buf, std_index, pool_elems, holes=False):
     header, off = {}, 0
     for name, shape, kind, std in tensors:
         nb = math.prod(shape) * 2
@@ -239,6 +262,9 @@ def write_shard(path, tensors, buf, std_index, pool_elems):
         write_all(fd, memoryview(struct.pack("<Q", len(h)) + h))
         for name, shape, kind, std in tensors:
             n = math.prod(shape)
+            if holes and is_layer(name):  # --holes: skipped, read back as zeros
+                os.lseek(fd, n * 2, os.SEEK_CUR)
+                continue
             if kind != "pool":
                 write_all(fd, memoryview(small(name, shape, kind, std)))
                 continue
@@ -249,6 +275,7 @@ def write_shard(path, tensors, buf, std_index, pool_elems):
                 write_all(fd, mv[(region + pos) * 2:(region + pos + k) * 2])
                 n -= k
                 pos = 0
+        os.ftruncate(fd, 8 + len(h) + off)  # a trailing hole counts too
     finally:
         os.close(fd)
 
@@ -276,6 +303,8 @@ def main():
     ap.add_argument("--shard-gb", type=float, default=4.0, help="largest shard, GB (1e9 bytes)")
     ap.add_argument("--tokenizer", help="copy the tokenizer files of this directory")
     ap.add_argument("--force", action="store_true", help="replace a model already in OUTDIR")
+    ap.add_argument("--holes", action="store_true", help="decoder layers as holes of a sparse file (zeros, no "
+                    "disk): for dfl bench --parts probe,draft; never run a forward over it")
     ap.add_argument("--pool-from", type=int, default=BIG, help="matrices of this many elements on are tiled "
                     "from the pools (default 4 M; tests lower it to exercise the pools on a tiny shape)")
     a = ap.parse_args()
@@ -308,7 +337,7 @@ def main():
     n = len(shards)
     files = [f"model-{i + 1:05d}-of-{n:05d}.safetensors" if n > 1 else "model.safetensors" for i in range(n)]
     std_index = {s: i for i, s in enumerate(stds)}
-    run_procs([(lambda p=os.path.join(out, f), ts=ts: write_shard(p, ts, buf, std_index, pool_elems))
+    run_procs([(lambda p=os.path.join(out, f), ts=ts: write_shard(p, ts, buf, std_index, pool_elems, a.holes))
                for f, ts in zip(files, shards)], max(1, a.threads))
     t3 = time.perf_counter()
 
