@@ -337,8 +337,8 @@ static void print_json(const bench_opts *o, const bench_res *r, const dfl_model 
     printf(", \"threads_adaptive\": %s, \"threads_mean\": %.3f, \"threads_lowest\": %d, \"threads_trials\": %ld, "
            "\"threads_kept_fewer\": %ld",
            t.adaptive ? "true" : "false", t.mean, t.lowest, t.trials, t.shrinks);
-    printf(", \"device\": \"%s\", \"weights\": \"%s\", \"weights_placed_gb\": %.3f, \"weights_copy_s\": %.3f",
-           m->be->name, m->st.placed_bytes ? "copy" : "map", m->st.placed_bytes / 1e9, m->st.place_s);
+    printf(", \"device\": \"%s\", \"weights\": \"%s\", \"weights_placed_bytes\": %llu, \"weights_copy_s\": %.3f",
+           m->be->name, m->st.placed_bytes ? "copy" : "map", (unsigned long long)m->st.placed_bytes, m->st.place_s);
     printf(", \"weights_why\": ");
     cli_json_string(stdout, m->st.place_why);
     if (m->be->describe) {

@@ -4,6 +4,7 @@ import importlib.machinery
 import importlib.util
 import json
 import os
+import struct
 import tempfile
 
 from dfltest import DFL, PY, SOURCE, Tally, dfl, fixture, run
@@ -76,20 +77,49 @@ def check_replay_part(t):
     t.check(floor > 0 and abs(floor - 1e3 * r["token_bytes"] / (r["probe_gbps"] * 1e9)) < 1e-3 * floor + 1e-3,
             f"decode floor {floor}, probe {r.get('probe_gbps')}, token bytes {r.get('token_bytes')}")
     t.check(r.get("replay_ms_per_token_per_drafter", 0) >= r["draft_batch_ms"] / 3, f"replay per token {r}")
-    t.check(r.get("weights") == "copy" and 0 < r.get("weights_placed_gb", 0) * 1e9 < r["weight_bytes"],
-            f"head-only copy: {r.get('weights')} {r.get('weights_placed_gb')} of {r['weight_bytes']}")
+    t.check(r.get("weights") == "copy" and 0 < r.get("weights_placed_bytes", 0) < r["weight_bytes"],
+            f"head-only copy: {r.get('weights')} {r.get('weights_placed_bytes')} of {r['weight_bytes']}")
     out = dfl("bench", *args, *SMALL).stdout
     t.check("8 blocks in one forward" in out and "synthetic context features" in out and
             "x the target's decode floor" in out, f"table: {out}")
     r = bench_json(*args[:-2], "--weights", "map", "--draft-batch", "1")
-    t.check(r.get("weights") == "map" and r.get("weights_placed_gb") == 0 and "draft_batch_ms" not in r,
+    t.check(r.get("weights") == "map" and r.get("weights_placed_bytes") == 0 and "draft_batch_ms" not in r,
             f"--weights map, --draft-batch 1: {r}")
     r = bench_json("--model", fixture("qwen35_vlm"), "--drafter", "none", "--parts", "decode", "--weights", "copy")
-    t.check(r.get("weights") == "copy" and r.get("weights_placed_gb", 0) * 1e9 >= r["weight_bytes"] * 0.9,
-            f"a full copy: {r.get('weights_placed_gb')} of {r['weight_bytes']}")
+    t.check(r.get("weights") == "copy" and r.get("weights_placed_bytes", 0) >= r["weight_bytes"] * 0.9,
+            f"a full copy: {r.get('weights_placed_bytes')} of {r['weight_bytes']}")
     p = dfl("bench", "--weights", "mmap", check=False)
     t.check(p.returncode == 2 and "'mmap'" in p.stderr and "auto, map or copy" in p.stderr,
             f"bad --weights: {p.returncode} {p.stderr}")
+
+
+def check_big_model_holes(t):
+    """tools/make_big_model.py --holes: the decoder layers are holes of a sparse file (read back as
+    zeros, no disk), the rest is written; dfl bench --parts probe opens such a target for its
+    embedding and lm_head alone (the only tensors it copies)."""
+    out = tempfile.mkdtemp(prefix="dfl-holes-")
+    run([PY, os.path.join(SOURCE, "tools", "make_big_model.py"), out, "--shape", "tiny", "--holes", "--threads", "1",
+         "--pool-from", "4096"])
+    path = os.path.join(out, "model.safetensors")
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        header = json.loads(f.read(n))
+        base = 8 + n
+
+        def data(name):
+            b, e = header[name]["data_offsets"]
+            f.seek(base + b)
+            return f.read(e - b)
+        layer = [k for k in header if k.startswith("model.layers.")]
+        t.check(layer and all(not any(data(k)) for k in layer), f"{len(layer)} layer tensors read as zeros")
+        t.check(any(data("model.embed_tokens.weight")) and any(data("lm_head.weight")), "embedding and lm_head written")
+    st = os.stat(path)
+    t.check(st.st_blocks * 512 < st.st_size, f"sparse: {st.st_blocks * 512} bytes on disk of {st.st_size}")
+    r = bench_json("--model", out, "--drafter", "none", "--parts", "probe", "--weights", "copy")
+    head = sum(2 * v["shape"][0] * v["shape"][1] for k, v in header.items()
+               if k in ("model.embed_tokens.weight", "lm_head.weight"))
+    t.check(r.get("weights") == "copy" and r.get("weights_placed_bytes") == head,
+            f"head-only copy: {r.get('weights_placed_bytes')} bytes, head {head}")
 
 
 def check_tree(t):
@@ -216,6 +246,7 @@ def main():
     t.run(check_full, t)
     t.run(check_drafter_kinds, t)
     t.run(check_replay_part, t)
+    t.run(check_big_model_holes, t)
     t.run(check_tree, t)
     t.run(check_moe, t)
     t.run(check_e2e_prompt, t)
