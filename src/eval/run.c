@@ -356,6 +356,11 @@ static int run_prepare(run *r, unit_bufs *b) {
     const int chunk = r->max_prompt < 512 ? r->max_prompt : 512;
     int batch = chunk > r->max_block ? chunk : r->max_block, rc = DFL_OK;
     if (tree_slots + 1 > batch) batch = tree_slots + 1;
+    if (r->m.st.place_s >= 1.0) /* a large target's copy is a visible pause: say what it was */
+        er_log(r,
+               "dfl eval: target's weights copied into aligned memory (%.2f GB in %.1f s; --weights map reads "
+               "them in place)\n",
+               r->m.st.placed_bytes / 1e9, r->m.st.place_s);
     if (!r->from_features && o->device != DFL_DEVICE_CPU) { /* the target's forwards run there, the drafters here */
         const double t0 = dfl_now();
         if ((rc = model_use_device(&r->m, (dfl_device)o->device))) return rc;
