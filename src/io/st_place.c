@@ -9,7 +9,6 @@
  * a mapped address and its file offset agree modulo the page size. */
 #include "dfl/safetensors.h"
 
-#include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
