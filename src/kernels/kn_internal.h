@@ -77,6 +77,10 @@ int kn_amx_request(void);
 /* kn_peak_macs's AMX loop: 12 x iters TDPBF16PS (16 x 16 x 32 multiply-adds each) on 4
  * independent C tiles, the instruction kn_matmul_amx_multi's tiles run; a C element. */
 float kn_peak_amx(long iters);
+/* The weight bytes of a call from which long batches of wide matrices run in WIDE_TOK-token
+ * blocks (default 32 MiB; tests lower it to reach that path on small matrices); returns the
+ * previous value. */
+size_t kn_amx_wide_min(size_t bytes);
 #endif
 /* kn_peak_macs's loops: 12 chains x iters instructions; the sum of the chains (kept observable). */
 float kn_peak_fma512(long iters);

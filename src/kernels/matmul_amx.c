@@ -139,12 +139,19 @@ TGT_AMX static void amx_block3(const uint16_t *w, size_t ldw, const uint16_t *b,
 
 /* C tile 2r + c = row tile r x B tile c; weight tiles 4-5, B tiles 6-7. */
 TGT_AMX INLINE void amx_block22(const uint16_t *w, size_t ldw, const uint16_t *b, size_t bstride, int ks_n, float *cb,
-                                int ldc, int pf, const int RG, const int CT) {
+                                int ldc, int pf, int acc, const int RG, const int CT) {
     const size_t row16 = 16 * ldw / sizeof(uint16_t), ldcb = (size_t)ldc * sizeof(float);
-    _tile_zero(0);
-    if (CT > 1) _tile_zero(1);
-    if (RG > 1) _tile_zero(2);
-    if (RG > 1 && CT > 1) _tile_zero(3);
+    if (acc) { /* continue the sums of a previous chunk of the columns (as amx_block3) */
+        _tile_loadd(0, cb, (long)ldcb);
+        if (CT > 1) _tile_loadd(1, cb + 16, (long)ldcb);
+        if (RG > 1) _tile_loadd(2, cb + (size_t)16 * ldc, (long)ldcb);
+        if (RG > 1 && CT > 1) _tile_loadd(3, cb + (size_t)16 * ldc + 16, (long)ldcb);
+    } else {
+        _tile_zero(0);
+        if (CT > 1) _tile_zero(1);
+        if (RG > 1) _tile_zero(2);
+        if (RG > 1 && CT > 1) _tile_zero(3);
+    }
     for (int ks = 0; ks < ks_n; ks++) {
         const uint16_t *a = w + (size_t)ks * 32, *bk = b + (size_t)ks * TILE_ELEMS;
         if (pf) /* the next group's rows at this step, into L2 */
@@ -165,6 +172,15 @@ TGT_AMX INLINE void amx_block22(const uint16_t *w, size_t ldw, const uint16_t *b
     if (CT > 1) _tile_stored(1, cb + 16, (long)ldcb);
     if (RG > 1) _tile_stored(2, cb + (size_t)16 * ldc, (long)ldcb);
     if (RG > 1 && CT > 1) _tile_stored(3, cb + (size_t)16 * ldc + 16, (long)ldcb);
+}
+
+/* amx_block22 with its shape from variables (rg, ct in 1..2): each call site a constant shape. */
+TGT_AMX INLINE void amx_pair(const uint16_t *w, size_t ldw, const uint16_t *b, size_t bstride, int ks_n, float *cb,
+                             int ldc, int pf, int acc, int rg, int ct) {
+    if (rg == 2 && ct == 2) amx_block22(w, ldw, b, bstride, ks_n, cb, ldc, pf, acc, 2, 2);
+    else if (rg == 2) amx_block22(w, ldw, b, bstride, ks_n, cb, ldc, pf, acc, 2, 1);
+    else if (ct == 2) amx_block22(w, ldw, b, bstride, ks_n, cb, ldc, pf, acc, 1, 2);
+    else amx_block22(w, ldw, b, bstride, ks_n, cb, ldc, pf, acc, 1, 1);
 }
 
 /* bf16 (round to nearest even) of v[0..31] in order, and the float32 values of the result. */
@@ -285,18 +301,46 @@ TGT_AMX static void amx_pack(uint16_t *xb, const float *x, int n, int cols, int 
 #define BLOCK3_MAX_TILES 6                 /* up to this many B tiles (32 tokens) a row tile runs 16-token groups */
 #define AMX_MULTI_MAX KN_AMX_JOBS_MAX      /* matrices of one kn_matmul_amx_multi call */
 #define STREAM_MIN_BYTES ((size_t)4 << 20) /* outputs at least this large bypass the caches */
+#define WIDE_TOK 128                       /* tokens per block of wide matrices' long batches */
+#define PAIR_CHUNK_STEPS 12                /* column steps of a row-tile pair's chunk (24 KB: in L1) */
 
-/* Tokens per block: whole multiples of 16 whose packed activations fit XBLOCK_BYTES, or all n. */
-static int amx_tok_block(int cols, int n, int S) {
+/* Tokens per block: whole multiples of 16 whose packed activations fit XBLOCK_BYTES, or all n.
+ * Long batches (over 32 tokens) of wide matrices whose weights (wbytes, all of the call's) pass
+ * 32 MiB (kn_amx_wide_min) take WIDE_TOK tokens a block instead, run in chunks of the columns (amx_run):
+ * each block streams the weights from memory once, so fewer, larger blocks read them fewer
+ * times. 128 tokens x a 27B's [17408, 5120] gate: 45-55 -> 37 ms, its [5120, 17408] down: 60 ->
+ * 37-40 ms; a [1024, 2048] product (4 MB: in L3 either way) was 10% slower so, hence the bound. */
+static size_t wide_min_bytes = (size_t)32 << 20; /* smaller weights stay in L3 across blocks */
+
+size_t kn_amx_wide_min(size_t bytes) {
+    const size_t old = wide_min_bytes;
+    wide_min_bytes = bytes;
+    return old;
+}
+
+static int amx_tok_block(int cols, int n, int S, size_t wbytes) {
     int tb = (int)(XBLOCK_BYTES / ((size_t)cols * S * sizeof(uint16_t))) / 16 * 16;
     if (tb < 16) tb = 16;
+    if (n > 32 && n > tb && tb < WIDE_TOK && wbytes >= wide_min_bytes) tb = WIDE_TOK;
     return tb < n ? tb : n;
 }
+
+/* Bytes of the weights of one call's matrices. */
+static size_t amx_wbytes(int count, const dfl_mat *const *ws) {
+    size_t b = 0;
+    for (int i = 0; i < count; i++) b += (size_t)ws[i]->rows * ws[i]->cols * sizeof(uint16_t);
+    return b;
+}
+
 /* C columns of one token block (whole B tiles). */
 static int amx_ldc(int tok_block, int S) { return 16 * amx_tiles(tok_block, S); }
-/* C floats a thread holds: C_ROWS rows, or CHUNK_TILES row tiles of up to BLOCK3_MAX_TILES B tiles. */
-static size_t amx_cb_floats(int ldc) {
-    const size_t a = (size_t)C_ROWS * ldc, b = (size_t)CHUNK_TILES * 16 * 16 * BLOCK3_MAX_TILES;
+/* C floats a thread holds for blocks of ldc columns over cols: C_ROWS rows, or CHUNK_TILES row
+ * tiles of up to BLOCK3_MAX_TILES B tiles (16-token groups in column chunks), or of all the B
+ * tiles where a longer block runs in column chunks (amx_run's wide blocks). */
+static size_t amx_cb_floats(int ldc, int cols) {
+    const int tiles = ldc / 16;
+    const int pairs = tiles > BLOCK3_MAX_TILES && (size_t)tiles * (cols / 32) * TILE_ELEMS * 2 > B_L2_MAX;
+    const size_t a = (size_t)C_ROWS * ldc, b = (size_t)CHUNK_TILES * 16 * 16 * (pairs ? tiles : BLOCK3_MAX_TILES);
     return a > b ? a : b;
 }
 
@@ -349,7 +393,7 @@ TGT_AMX static void amx_run(int count, float *const *ys, const dfl_mat *const *w
                             float *cball, int S) {
     const int cols = ws[0]->cols, ks_n = cols / 32, planar = amx_planar(n, S);
     const size_t ldw = (size_t)cols * sizeof(uint16_t), tile_step = (size_t)ks_n * TILE_ELEMS;
-    const int tok_block = amx_tok_block(cols, n, S), ldc = amx_ldc(tok_block, S);
+    const int tok_block = amx_tok_block(cols, n, S, amx_wbytes(count, ws)), ldc = amx_ldc(tok_block, S);
     size_t rows16_all = 0, rows_all = 0;
     int aligned = 1; /* every output row starts on a cache line */
     for (int i = 0; i < count; i++) {
@@ -365,18 +409,21 @@ TGT_AMX static void amx_run(int count, float *const *ys, const dfl_mat *const *w
         cfg.palette = 1;
         for (int i = 0; i < 8; i++) cfg.colsb[i] = 64, cfg.rows[i] = 16;
         _tile_loadconfig(&cfg);
-        float *cb = cball + (size_t)omp_get_thread_num() * amx_cb_floats(ldc);
+        float *cb = cball + (size_t)omp_get_thread_num() * amx_cb_floats(ldc, cols);
         for (int t0 = 0; t0 < n; t0 += tok_block) {
             const int nb = n - t0 < tok_block ? n - t0 : tok_block;
             /* this block's B tiles, and the row tiles per group for them */
             const int c0 = planar ? S * t0 / 16 : 0, cn = planar ? amx_planar_tiles(nb, S) : amx_tiles(nb, S);
             const int rg_max = cn <= BLOCK3_MAX_TILES ? 1 : 2;
-            /* 16-token groups whose B tiles outgrow L2 (wide matrices: a 27B's down projection)
-             * run CHUNK_TILES row tiles over one chunk of the columns, then the next chunk, so
-             * that each chunk's B tiles are read from L2 by all of them */
-            const int kc = planar && rg_max == 1 && cn % 3 == 0 && (size_t)cn * ks_n * TILE_ELEMS * 2 > B_L2_MAX
-                               ? (int)(B_CHUNK / ((size_t)cn * TILE_ELEMS * 2))
-                               : ks_n;
+            /* blocks whose B tiles outgrow L2 (wide matrices: a 27B's down projection, its
+             * lm_head over a replay's wave) run CHUNK_TILES row tiles over one chunk of the
+             * columns, then the next chunk, so that each chunk's B tiles are read from L2 by all
+             * of them: 16-token groups (single row tiles), and longer blocks in row-tile pairs
+             * whose chunk of the weights stays in L1 across the B tiles */
+            const int wide = planar && (size_t)cn * ks_n * TILE_ELEMS * 2 > B_L2_MAX && (rg_max == 2 || cn % 3 == 0);
+            int kc = wide ? (int)(B_CHUNK / ((size_t)cn * TILE_ELEMS * 2)) : ks_n;
+            if (wide && rg_max == 2 && kc > PAIR_CHUNK_STEPS) kc = PAIR_CHUNK_STEPS;
+            if (kc < 1) kc = 1;
             /* row tiles per claimed group; chunked: up to CHUNK_TILES, at least 4 groups a thread */
             int per = rg_max;
             if (kc < ks_n) {
@@ -397,11 +444,17 @@ TGT_AMX static void amx_run(int count, float *const *ys, const dfl_mat *const *w
                     const int nt = (rows16 - r0) / 16 < per ? (rows16 - r0) / 16 : per;
                     for (int k0 = 0; k0 < ks_n; k0 += kc) {
                         const int kn = ks_n - k0 < kc ? ks_n - k0 : kc;
-                        for (int j = 0; j < nt; j++)
+                        for (int j = 0; j < nt && rg_max == 1; j++)
                             for (int c = 0; c < cn; c += 3)
                                 amx_block3(wg + (size_t)16 * j * cols + (size_t)k0 * 32, ldw,
                                            bt + (size_t)c * tile_step + (size_t)k0 * TILE_ELEMS, tile_step, kn,
                                            cb + (size_t)16 * j * ldc + c * 16, ldc, k0 > 0);
+                        for (int j = 0; j < nt && rg_max == 2; j += 2)
+                            for (int c = 0; c < cn; c += 2)
+                                amx_pair(wg + (size_t)16 * j * cols + (size_t)k0 * 32, ldw,
+                                         bt + (size_t)c * tile_step + (size_t)k0 * TILE_ELEMS, tile_step, kn,
+                                         cb + (size_t)16 * j * ldc + c * 16, ldc, c == 0, k0 > 0, nt - j < 2 ? 1 : 2,
+                                         cn - c < 2 ? 1 : 2);
                     }
                     for (int j = 0; j < nt; j++)
                         amx_combine(ys[i], rows, r0 + 16 * j, 1, t0, nb, cb + (size_t)16 * j * ldc, ldc, planar, stream,
@@ -422,13 +475,7 @@ TGT_AMX static void amx_run(int count, float *const *ys, const dfl_mat *const *w
                         const uint16_t *bc = bt + (size_t)c * tile_step;
                         float *cbc = cb + c * 16;
                         const int pf = c == 0; /* the first pass streams the weights */
-                        if (c + 1 < cn) {
-                            if (rg == 2) amx_block22(wg, ldw, bc, tile_step, ks_n, cbc, ldc, pf, 2, 2);
-                            else amx_block22(wg, ldw, bc, tile_step, ks_n, cbc, ldc, pf, 1, 2);
-                        } else {
-                            if (rg == 2) amx_block22(wg, ldw, bc, tile_step, ks_n, cbc, ldc, pf, 2, 1);
-                            else amx_block22(wg, ldw, bc, tile_step, ks_n, cbc, ldc, pf, 1, 1);
-                        }
+                        amx_pair(wg, ldw, bc, tile_step, ks_n, cbc, ldc, pf, 0, rg, cn - c < 2 ? 1 : 2);
                     }
                 amx_combine(ys[i], rows, r0, rg, t0, nb, cb, ldc, planar, stream, S);
             }
@@ -493,8 +540,9 @@ void kn_matmul_amx_multi(int count, float *const *y, const float *const *x, cons
     }
     const size_t xb_elems = (size_t)amx_tiles(n, S) * (cols / 32) * TILE_ELEMS;
     uint16_t *xb = aligned_alloc(64, (size_t)distinct * xb_elems * sizeof(uint16_t));
-    float *cball = aligned_alloc(64, (size_t)omp_get_max_threads() *
-                                         amx_cb_floats(amx_ldc(amx_tok_block(cols, n, S), S)) * sizeof(float));
+    float *cball = aligned_alloc(
+        64, (size_t)omp_get_max_threads() *
+                amx_cb_floats(amx_ldc(amx_tok_block(cols, n, S, amx_wbytes(count, w)), S), cols) * sizeof(float));
     float *ytail = tails ? malloc(tails * sizeof(float)) : NULL;
     if (!xb || !cball || (tails && !ytail)) { /* no memory for the packed activations: the generic kernel needs none */
         free(xb), free(cball), free(ytail);

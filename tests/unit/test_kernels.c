@@ -278,42 +278,52 @@ static void check_matmul_jobs(kn_isa isa) {
     free(x), free(ref);
 }
 
-/* AMX column chunks: 16-token groups whose packed activations outgrow L2 (17440 columns) run
- * in chunks of the columns, continuing each C tile's chain; every token's row equals its
- * single-token product (one unchunked tile) bit for bit, and stays within the float32 bound of
- * the generic kernel's. */
-static void check_amx_chunks(void) {
-    enum { ROWS = 300, COLS = 17440, N = 33 }; /* 18 row tiles in groups, 12 tail rows; 4 chunks */
+/* AMX column chunks: blocks whose packed activations outgrow L2 run in chunks of the columns,
+ * continuing each C tile's chain: 16-token groups of 17440 columns (single row tiles), and
+ * longer blocks (33 and more tokens: row-tile pairs; 140 tokens: a block of 128 and one of 12);
+ * every token's row equals its single-token product (one unchunked tile) bit for bit, and stays
+ * within the float32 bound of the generic kernel's. */
+static void check_amx_chunks_of(int cols, const int *ns, int nn) {
+    enum { ROWS = 300 }; /* 18 row tiles in groups, 12 tail rows */
+    const int N = ns[nn - 1];
     void *store;
-    const dfl_mat w = make_mat(ST_BF16, ROWS, COLS, &store);
-    float *x = malloc((size_t)N * COLS * sizeof(float)), *wr = malloc((size_t)COLS * sizeof(float));
+    const dfl_mat w = make_mat(ST_BF16, ROWS, cols, &store);
+    float *x = malloc((size_t)N * cols * sizeof(float)), *wr = malloc((size_t)cols * sizeof(float));
     float *ref = malloc((size_t)N * ROWS * sizeof(float)), *y = malloc((size_t)N * ROWS * sizeof(float));
     float *one = malloc((size_t)ROWS * sizeof(float));
-    for (size_t i = 0; i < (size_t)N * COLS; i++) x[i] = frand();
+    for (size_t i = 0; i < (size_t)N * cols; i++) x[i] = frand();
     kn_isa_set(KN_ISA_GENERIC);
     kn_matmul(ref, x, &w, N);
     kn_isa_set(KN_ISA_AMX);
-    static const int ns[] = {11, 16, 17, 33};
     int dep = 0, bad = 0;
-    for (size_t k = 0; k < sizeof ns / sizeof *ns; k++) {
+    for (int k = 0; k < nn; k++) {
         kn_matmul(y, x, &w, ns[k]);
         for (int t = 0; t < ns[k]; t++) {
-            kn_matmul(one, x + (size_t)t * COLS, &w, 1);
+            kn_matmul(one, x + (size_t)t * cols, &w, 1);
             if (memcmp(one, y + (size_t)t * ROWS, ROWS * sizeof(float)) != 0) dep++;
         }
     }
-    const double rel = 2.0 * COLS * 0x1.0p-24 + 0x1.0p-26;
-    for (int r = 0; r < ROWS; r++) { /* y holds the 33-token product */
+    const double rel = 2.0 * cols * 0x1.0p-24 + 0x1.0p-26;
+    for (int r = 0; r < ROWS; r++) { /* y holds the N-token product */
         kn_mat_row(&w, r, wr);
         for (int t = 0; t < N; t++) {
             double mag = 0;
-            for (int c = 0; c < COLS; c++) mag += fabs((double)wr[c] * x[(size_t)t * COLS + c]);
+            for (int c = 0; c < cols; c++) mag += fabs((double)wr[c] * x[(size_t)t * cols + c]);
             if (fabs((double)y[(size_t)t * ROWS + r] - ref[(size_t)t * ROWS + r]) > rel * mag + 1e-30) bad++;
         }
     }
-    CHECK(dep == 0, "amx column chunks: %d token rows differ from the single-token product", dep);
-    CHECK(bad == 0, "amx column chunks: %d outputs beyond the float32 bound", bad);
+    CHECK(dep == 0, "amx column chunks (%d columns): %d token rows differ from the single-token product", cols, dep);
+    CHECK(bad == 0, "amx column chunks (%d columns): %d outputs beyond the float32 bound", cols, bad);
     free(store), free(x), free(wr), free(ref), free(y), free(one);
+}
+
+static void check_amx_chunks(void) {
+    static const int wide[] = {11, 16, 17, 33, 40}, lm[] = {33, 100, 140};
+    check_amx_chunks_of(17440, wide, 5);   /* 10 MB of weights: blocks of 16 tokens */
+    const size_t old = kn_amx_wide_min(1); /* these small matrices as a 27B's: 128-token blocks */
+    check_amx_chunks_of(17440, wide, 5);
+    check_amx_chunks_of(5120, lm, 3);
+    kn_amx_wide_min(old);
 }
 
 static void check_f8_codes(void) {
