@@ -388,7 +388,8 @@ TGT_AMX static void amx_combine(float *y, int rows, int r0, int rg, int t0, int 
  * activations pass B_L2_MAX (3 x 544 KB for 17408 columns), run up to CHUNK_TILES row tiles
  * over one chunk of the columns after the other: each row tile had read all of them from L3;
  * a [5120, 17408] product of 12-16 tokens took 12.5-13.4 ms, 3.3x one token's, and now 6.1 ms
- * (2 threads, 2026-12-05). */
+ * (2 threads, 2026-12-05). Longer blocks of wide matrices (amx_tok_block's 128 tokens) do the
+ * same in 2 x 2 tile blocks over 12-step chunks, a row-tile pair's chunk of the weights in L1. */
 TGT_AMX static void amx_run(int count, float *const *ys, const dfl_mat *const *ws, int n, const uint16_t *const *xbs,
                             float *cball, int S) {
     const int cols = ws[0]->cols, ks_n = cols / 32, planar = amx_planar(n, S);
