@@ -3,10 +3,10 @@
  *
  * Why copy: safetensors pads its header to 8 bytes only, so a tensor's data usually starts
  * 8..56 bytes into a cache line (the bench target: every tensor 24 bytes in). A 64-byte load of
- * a weight row then touches two lines: on an AMX host a 120-token lm_head product took 106-117 ms
- * from the mapping against 83-91 ms from an aligned copy, and a budget-64 tree forward 296-311
- * against 268-273 ms (2 threads, 2026-12-05; bench/README.md). The mapping cannot be aligned:
- * a mapped address and its file offset agree modulo the page size. */
+ * a weight row then touches two lines: on an AMX host a 120-token lm_head product took 112-118 ms
+ * from the mapping against 84-85 ms from an aligned copy, and a budget-64 tree forward 305 against
+ * 250-256 ms (2 threads, 2026-12-05; bench/README.md, "Weight placement"). The mapping cannot be
+ * aligned: a mapped address and its file offset agree modulo the page size. */
 #include "dfl/safetensors.h"
 
 #include <stdio.h>

@@ -91,6 +91,13 @@ def check_replay_part(t):
     p = dfl("bench", "--weights", "mmap", check=False)
     t.check(p.returncode == 2 and "'mmap'" in p.stderr and "auto, map or copy" in p.stderr,
             f"bad --weights: {p.returncode} {p.stderr}")
+    p = dfl("bench", "--draft-batch", "0", check=False)
+    t.check(p.returncode == 2 and "--draft-batch" in p.stderr, f"bad --draft-batch: {p.returncode} {p.stderr}")
+    p = run([DFL, "bench", "--json", "--model", fixture("qwen3_tiny"), "--drafter", "none", "--parts", "probe",
+             "--probe-mb", "16"], env=dict(os.environ, DFL_WEIGHTS="fast"))
+    t.check("DFL_WEIGHTS" in p.stderr and "'fast'" in p.stderr and "using auto" in p.stderr and
+            json.loads(p.stdout).get("weights_why", "").startswith(("copy (auto", "map (auto")),
+            f"a bad DFL_WEIGHTS is named and auto used: {p.stderr} {p.stdout[:300]}")
 
 
 def check_big_model_holes(t):
