@@ -74,8 +74,9 @@ void st_close(st_checkpoint *m);
 /* Weight placement (st_place.c): bound matrices read in place from the mapping (map) or copied
  * once into an arena at 64-byte aligned addresses on huge pages (copy: safetensors data sits
  * 8-byte aligned, and loads that straddle cache lines slow compute-bound products); auto copies
- * when the tensors fit the memory available with a quarter of it (at least 4 GiB) to spare and no
- * other MPI rank shares the machine. The process-wide mode starts as DFL_WEIGHTS, else auto. */
+ * when some tensor starts inside a cache line, the tensors fit the memory available with a
+ * quarter of it (at least 4 GiB) to spare and no other MPI rank shares the machine. The
+ * process-wide mode starts as DFL_WEIGHTS, else auto. */
 typedef enum st_place { ST_PLACE_AUTO, ST_PLACE_MAP, ST_PLACE_COPY } st_place;
 int st_place_parse(const char *s, st_place *out);
 const char *st_place_name(st_place p);

@@ -79,9 +79,10 @@ struct dfl_model;
     "  --weights MODE      auto (default) | copy | map: the CPU reads the weights from an aligned\n" \
     "                      copy in memory (copy), or in place from the file mapping (map: shared\n"  \
     "                      with other processes, no load time; loads straddle cache lines, slower\n" \
-    "                      where compute-bound); auto copies when they fit the memory available\n"   \
-    "                      with a quarter to spare, no other MPI rank shares the machine and the\n"  \
-    "                      device is the CPU (default: DFL_WEIGHTS or auto; docs/design.md §1)\n"
+    "                      where compute-bound); auto copies when the file leaves tensors off\n"     \
+    "                      cache lines, they fit the memory available with a quarter to spare, no\n" \
+    "                      other MPI rank shares the machine and the device is the CPU (default:\n"  \
+    "                      DFL_WEIGHTS or auto; docs/design.md §1)\n"
 /* 1 if argv[*i] is --device (consumed, *i advanced, *d set) or --weights (consumed, the placement
  * set), 0 if neither, -1 after printing a bad value. */
 #define CLI_OPEN_FLAGS(device) ((device) != DFL_DEVICE_CPU ? DFL_OPEN_FOR_DEVICE : 0)

@@ -20,6 +20,7 @@
 #define ARENA_ALIGN ((size_t)2 << 20) /* huge-page size: the arena's base */
 #define SLOT_ALIGN 64                 /* each tensor's start: a cache line */
 #define COPY_CHUNK ((size_t)4 << 20)  /* one thread's share of a large tensor's copy */
+#define ALIGNED_MIN_BYTES (64 << 10)  /* auto: tensors from this size on decide whether a file is aligned */
 
 static st_place place_mode = ST_PLACE_AUTO;
 static int place_env_read;
@@ -86,6 +87,13 @@ int st_place_decide(st_checkpoint *m, uint64_t bytes) {
     if (p != ST_PLACE_AUTO) {
         snprintf(why, n, "%s (DFL_WEIGHTS or --weights)", p == ST_PLACE_COPY ? "copy" : "map");
         return p == ST_PLACE_COPY;
+    }
+    int aligned = 1; /* a file whose matrices start on cache lines gains nothing from a copy */
+    for (int i = 0; i < m->n_tensors && aligned; i++)
+        aligned = m->tensors[i].nbytes < ALIGNED_MIN_BYTES || (uintptr_t)m->tensors[i].data % SLOT_ALIGN == 0;
+    if (aligned) {
+        snprintf(why, n, "map (auto: every tensor of 64 KiB or more starts on a cache line in the file)");
+        return 0;
     }
     const char *ranks = getenv("OMPI_COMM_WORLD_LOCAL_SIZE"); /* Open MPI: ranks on this machine */
     const int local = ranks ? atoi(ranks) : 1;

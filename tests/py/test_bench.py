@@ -127,6 +127,14 @@ def check_big_model_holes(t):
                if k in ("model.embed_tokens.weight", "lm_head.weight"))
     t.check(r.get("weights") == "copy" and r.get("weights_placed_bytes") == head,
             f"head-only copy: {r.get('weights_placed_bytes')} bytes, head {head}")
+    # its header is padded to 64 bytes: auto maps when every tensor of 64 KiB or more starts on a
+    # cache line, and copies the file otherwise
+    aligned = all((base + v["data_offsets"][0]) % 64 == 0 for k, v in header.items()
+                  if k != "__metadata__" and v["data_offsets"][1] - v["data_offsets"][0] >= 65536)
+    r = bench_json("--model", out, "--drafter", "none", "--parts", "probe")
+    want = "map (auto: every tensor of 64 KiB or more starts on a cache line" if aligned else "copy (auto:"
+    t.check(base % 64 == 0 and r.get("weights_why", "").startswith(want),
+            f"auto on a file {'with' if aligned else 'without'} aligned matrices: {r.get('weights_why')}")
 
 
 def check_tree(t):

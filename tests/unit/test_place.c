@@ -4,6 +4,7 @@
  * checkpoint's vision trunk is not), a head-only open copies the embedding and lm_head alone, and
  * drafters draft the same bits either way. auto's rule on given numbers. */
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -136,6 +137,45 @@ static void check_drafter(const char *target, const char *drafter) {
     model_close(&m);
 }
 
+/* A safetensors file of two 64 KiB BF16 tensors whose data starts `pad` bytes past a cache line
+ * (the header padded with spaces to put it there). */
+static const char *write_padded(const char *dir, int pad) {
+    static char path[512];
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    char hdr[512];
+    int n = snprintf(hdr, sizeof hdr,
+                     "{\"a\":{\"dtype\":\"BF16\",\"shape\":[256,128],\"data_offsets\":[0,65536]},"
+                     "\"b\":{\"dtype\":\"BF16\",\"shape\":[256,128],\"data_offsets\":[65536,131072]}}");
+    while ((8 + n) % 64 != pad) hdr[n++] = ' ';
+    FILE *f = fopen(path, "wb");
+    if (!f) return NULL;
+    uint8_t len8[8];
+    for (int i = 0; i < 8; i++) len8[i] = (uint8_t)((uint64_t)n >> (8 * i));
+    uint16_t *data = calloc(65536, sizeof(uint16_t));
+    const int ok = data && fwrite(len8, 1, 8, f) == 8 && fwrite(hdr, 1, (size_t)n, f) == (size_t)n &&
+                   fwrite(data, 2, 65536, f) == 65536;
+    free(data);
+    return fclose(f) == 0 && ok ? path : NULL;
+}
+
+/* auto maps a file whose matrices start on cache lines (a copy would gain nothing), and looks at
+ * memory for one whose do not. */
+static void check_auto_aligned(void) {
+    st_place_set(ST_PLACE_AUTO);
+    for (int pad = 0; pad <= 24; pad += 24) {
+        const char *p = write_padded(test_tmpdir(), pad);
+        st_checkpoint st = {0};
+        if (!p || st_open_file(&st, p) != DFL_OK) {
+            CHECK(0, "padded file %d: %s", pad, dfl_errmsg());
+            continue;
+        }
+        const int copy = st_place_decide(&st, st_data_bytes(&st));
+        const int said = strstr(st.place_why, "starts on a cache line") != NULL;
+        CHECK(pad ? !said : (!copy && said), "data %d bytes into a line: %s", pad, st.place_why);
+        st_close(&st);
+    }
+}
+
 static void check_rule(void) {
     const uint64_t G = (uint64_t)1 << 30;
     CHECK(st_place_fits(10 * G, 100 * G, 1), "10 GiB in 100 GiB available: copy");
@@ -154,6 +194,7 @@ static void check_rule(void) {
 
 int main(void) {
     check_rule();
+    check_auto_aligned();
     /* dense, hybrid, BF16, FP8, sharded, MoE per expert and fused, a vision-language checkpoint */
     static const char *const targets[] = {"qwen3_tiny",     "qwen3_bf16",       "qwen3_fp8",
                                           "qwen35_text",    "qwen35_bf16",      "qwen35_sharded",
