@@ -25,6 +25,8 @@ void dfl_clearerr(void);
 
 /* Wall-clock seconds (monotonic). */
 double dfl_now(void);
+/* MemAvailable of /proc/meminfo in bytes; 0 where it cannot be read. */
+uint64_t dfl_mem_available(void);
 
 /* Zeroed memory of at least `bytes`, aligned to a cache line (64 bytes), released with free();
  * NULL when out of memory. Kernels stream whole cache lines into such buffers. */

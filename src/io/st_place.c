@@ -62,18 +62,6 @@ int st_place_fits(uint64_t bytes, uint64_t mem_available, int local_ranks) {
     return mem_available > keep && bytes <= mem_available - keep;
 }
 
-/* MemAvailable of /proc/meminfo in bytes, 0 if unknown. */
-static uint64_t mem_available(void) {
-    FILE *f = fopen("/proc/meminfo", "r");
-    if (!f) return 0;
-    char line[256];
-    unsigned long long kb = 0;
-    while (fgets(line, sizeof line, f))
-        if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) break;
-    fclose(f);
-    return (uint64_t)kb << 10;
-}
-
 uint64_t st_data_bytes(const st_checkpoint *m) {
     uint64_t b = 0;
     for (int i = 0; i < m->n_tensors; i++) b += m->tensors[i].nbytes;
@@ -97,7 +85,7 @@ int st_place_decide(st_checkpoint *m, uint64_t bytes) {
     }
     const char *ranks = getenv("OMPI_COMM_WORLD_LOCAL_SIZE"); /* Open MPI: ranks on this machine */
     const int local = ranks ? atoi(ranks) : 1;
-    const uint64_t avail = mem_available();
+    const uint64_t avail = dfl_mem_available(); /* 0 if unknown: then map */
     const int copy = st_place_fits(bytes, avail, local);
     if (local > 1) snprintf(why, n, "map (auto: %d MPI ranks on this machine share the page cache)", local);
     else

@@ -304,12 +304,6 @@ TGT_AMX static void amx_pack(uint16_t *xb, const float *x, int n, int cols, int 
 #define WIDE_TOK 128                       /* tokens per block of wide matrices' long batches */
 #define PAIR_CHUNK_STEPS 12                /* column steps of a row-tile pair's chunk (24 KB: in L1) */
 
-/* Tokens per block: whole multiples of 16 whose packed activations fit XBLOCK_BYTES, or all n.
- * Long batches (over 32 tokens) of wide matrices whose weights (wbytes, all of the call's) pass
- * 32 MiB (kn_amx_wide_min) take WIDE_TOK tokens a block instead, run in chunks of the columns (amx_run):
- * each block streams the weights from memory once, so fewer, larger blocks read them fewer
- * times. 128 tokens x a 27B's [17408, 5120] gate: 45-55 -> 37 ms, its [5120, 17408] down: 60 ->
- * 37-40 ms; a [1024, 2048] product (4 MB: in L3 either way) was 10% slower so, hence the bound. */
 static size_t wide_min_bytes = (size_t)32 << 20; /* smaller weights stay in L3 across blocks */
 
 size_t kn_amx_wide_min(size_t bytes) {
@@ -318,6 +312,12 @@ size_t kn_amx_wide_min(size_t bytes) {
     return old;
 }
 
+/* Tokens per block: whole multiples of 16 whose packed activations fit XBLOCK_BYTES, or all n.
+ * Long batches (over 32 tokens) of wide matrices whose weights (wbytes, all of the call's) pass
+ * 32 MiB (kn_amx_wide_min) take WIDE_TOK tokens a block instead, run in chunks of the columns (amx_run):
+ * each block streams the weights from memory once, so fewer, larger blocks read them fewer
+ * times. 128 tokens x a 27B's [17408, 5120] gate: 45-55 -> 37 ms, its [5120, 17408] down: 60 ->
+ * 37-40 ms. Smaller weights stay in L3 across blocks, so they keep the blocks above. */
 static int amx_tok_block(int cols, int n, int S, size_t wbytes) {
     int tb = (int)(XBLOCK_BYTES / ((size_t)cols * S * sizeof(uint16_t))) / 16 * 16;
     if (tb < 16) tb = 16;

@@ -14,15 +14,10 @@
 static void cpu_state_free(dfl_target_state *s);
 static void cpu_disable_tree(dfl_target_state *s);
 
+/* MemAvailable, or no limit where it cannot be read (the allocations then say if they fail). */
 static uint64_t mem_available(void) {
-    FILE *f = fopen("/proc/meminfo", "r");
-    if (!f) return UINT64_MAX;
-    char line[256];
-    uint64_t kb = 0;
-    while (fgets(line, sizeof line, f))
-        if (sscanf(line, "MemAvailable: %llu kB", (unsigned long long *)&kb) == 1) break;
-    fclose(f);
-    return kb ? kb * 1024 : UINT64_MAX;
+    const uint64_t b = dfl_mem_available();
+    return b ? b : UINT64_MAX;
 }
 
 static int max3(int a, int b, int c) { return a > b ? (a > c ? a : c) : (b > c ? b : c); }
