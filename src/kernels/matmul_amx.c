@@ -346,10 +346,13 @@ static size_t amx_cb_floats(int ldc, int cols) {
 
 /* y rows r0 .. r0 + 16 rg - 1 of tokens t0 .. t0 + nb - 1 from their C results cb [16 rg][ldc]:
  * y = (hi + mid) + lo, or the one part's sum with bf16 activations (S = 1). A planar block's
- * interleaved tail (amx_tail) combines as the interleaved layout does, after its full groups. */
+ * interleaved tail (amx_tail) combines as the interleaved layout does, after its full groups.
+ * With one part, both layouts put token t at virtual column t: 16-token groups, transposed in
+ * registers (a 16-token verification's lm_head wrote its 4M results one float at a time). */
 TGT_AMX static void amx_combine(float *y, int rows, int r0, int rg, int t0, int nb, const float *cb, int ldc,
                                 int planar, int stream, int S) {
-    const int tail = planar ? amx_tail(nb, S) : nb, full = planar ? nb / 16 : 0; /* interleaved: all */
+    if (S == 1) planar = 1;
+    const int tail = S == 1 ? 0 : planar ? amx_tail(nb, S) : nb, full = planar ? nb / 16 : 0; /* interleaved: all */
     for (int t = 0; t < tail; t++)
         for (int r = 0; r < 16 * rg; r++) {
             const float *cr = cb + (size_t)r * ldc + (size_t)16 * S * full + S * t;
@@ -401,7 +404,7 @@ TGT_AMX static void amx_run(int count, float *const *ys, const dfl_mat *const *w
         rows16_all += (size_t)(ws[i]->rows / 16 * 16), rows_all += (size_t)ws[i]->rows;
         aligned &= (uintptr_t)ys[i] % 64 == 0 && ws[i]->rows % 16 == 0;
     }
-    const int stream = planar && aligned && rows_all * n * sizeof(float) > STREAM_MIN_BYTES;
+    const int stream = (planar || S == 1) && aligned && rows_all * n * sizeof(float) > STREAM_MIN_BYTES;
     const size_t work = rows16_all * cols * n;
 #pragma omp parallel num_threads(kn_team(work)) if (work >= KN_PAR_MIN_WORK)
     {

@@ -5,7 +5,8 @@
  * output: |y - y_generic| <= (2 * cols * 2^-24 + e) * sum_c |w_c x_c| + 1e-30, the worst-case
  * float32 summation bound of both results, with e = 2^-26 on the AVX-512 BF16 and AMX paths
  * for BF16 weights (activations as three bf16 parts: |x - hi - mid - lo| <= 2^-27 |x|), else 0.
- * AMX column chunks (17440 columns): each token's row equals its single-token product bit for bit.
+ * AMX column chunks (17440 columns): each token's row equals its single-token product bit for bit;
+ * so do outputs over 4 MB (streaming stores), both activation modes.
  * Shapes include rows >= 16 with cols % 32 == 0 (AMX tiles, with tail rows), n past 16
  * (several token tiles) and, with 4096 and 8192 columns, past one AMX token block (32 and 16
  * tokens). Within a path, each (row, token) result must not depend on n: rows of an
@@ -315,6 +316,42 @@ static void check_amx_chunks_of(int cols, const int *ns, int nn) {
     CHECK(dep == 0, "amx column chunks (%d columns): %d token rows differ from the single-token product", cols, dep);
     CHECK(bad == 0, "amx column chunks (%d columns): %d outputs beyond the float32 bound", cols, bad);
     free(store), free(x), free(wr), free(ref), free(y), free(one);
+}
+
+/* The C tiles of 16-token groups combine transposed in registers (with bf16 activations, one part
+ * per activation, token t is virtual column t in either layout, so every block does), with
+ * streaming stores once the output passes 4 MB (a verification's lm_head). Every token row equals
+ * its single-token product bit for bit: 16, 20, 32 and 40 tokens (float32: planar with and
+ * without an interleaved tail; bf16: one B tile, two, planar) of a matrix of 65552 rows (aligned
+ * rows: streamed) and of 65550 (12 tail rows: stored). */
+static void check_amx_combine(void) {
+    enum { COLS = 64 };
+    static const int ns[] = {16, 20, 32, 40}, rows_of[] = {65552, 65550};
+    float *x = malloc((size_t)40 * COLS * sizeof(float));
+    for (size_t i = 0; i < (size_t)40 * COLS; i++) x[i] = frand();
+    for (int act = 0; act < (kn_isa_supported(KN_ISA_AVX512BF16) ? 2 : 1); act++) {
+        kn_act_set(act ? KN_ACT_BF16 : KN_ACT_F32);
+        for (int v = 0; v < 2; v++) {
+            const int rows = rows_of[v];
+            void *store;
+            const dfl_mat w = make_mat(ST_BF16, rows, COLS, &store);
+            float *y = aligned_alloc(64, (size_t)40 * rows * sizeof(float)),
+                  *one = malloc((size_t)rows * sizeof(float));
+            int dep = 0;
+            for (size_t k = 0; k < sizeof ns / sizeof ns[0]; k++) {
+                kn_matmul(y, x, &w, ns[k]);
+                for (int t = 0; t < ns[k]; t++) {
+                    kn_matmul(one, x + (size_t)t * COLS, &w, 1);
+                    if (memcmp(one, y + (size_t)t * rows, (size_t)rows * sizeof(float)) != 0) dep++;
+                }
+            }
+            CHECK(dep == 0, "amx combine (%s activations, %d rows): %d token rows differ from the single-token product",
+                  act ? "bf16" : "f32", rows, dep);
+            free(store), free(y), free(one);
+        }
+    }
+    kn_act_set(KN_ACT_F32);
+    free(x);
 }
 
 static void check_amx_chunks(void) {
@@ -1285,6 +1322,7 @@ int main(void) {
         check_matmul_multi(isa);
         check_matmul_jobs(isa);
         if (isa == KN_ISA_AMX) check_amx_chunks();
+        if (isa == KN_ISA_AMX) check_amx_combine();
         check_argmax(isa);
         check_softmax(isa);
         if (kn_isa_supported(KN_ISA_AVX512BF16)) {
