@@ -15,8 +15,14 @@ of --tokenizer DIR if given. Shapes (--shape):
                   16 key / 48 value heads of 128, vocab 248320 untied: 53.8 GB (26.9 B parameters)
     qwen3-8b      Qwen3ForCausalLM: hidden 4096, 36 layers, intermediate 12288, 32/8 heads of
                   128, vocab 151936 untied: 16.4 GB
+    qwen3.6-35b-a3b  Qwen3_5MoeForCausalLM (qwen3_5_moe_text): hidden 2048, 40 layers (full
+                  attention every 4th), 256 experts of 512 (top 8, fused gate_up_proj / down_proj)
+                  plus a shared expert of 512, 16/2 heads of 256 with output gate, Gated DeltaNet
+                  16 key / 32 value heads of 128, vocab 248320 untied: 69.3 GB (34.7 B parameters,
+                  about 3 B read per token)
     tiny          qwen3_5_text, hidden 256, 4 layers, 4/2 heads of 64, DeltaNet 2/6 heads of 64,
-                  vocab 4096 (tests); tiny-qwen3: Qwen3ForCausalLM of the same size
+                  vocab 4096 (tests); tiny-qwen3: Qwen3ForCausalLM of the same size; tiny-moe: the
+                  tiny shape with qwen3.6-35b-a3b's MoE block (8 experts of 64, top 2, shared 64)
     dflash-27b    a DFlash drafter for qwen3.6-27b (z-lab format, dflash's DFlashDraftModel): hidden
                   5120, 5 layers, block 16, 32/8 heads of 128, intermediate 17408, target layers
                   [1, 16, 31, 46, 61]; no embedding or lm_head (the target's): 3.5 GB
@@ -87,6 +93,13 @@ SHAPES = {
         num_attention_heads=32, num_key_value_heads=8, head_dim=128, max_position_embeddings=40960,
         rms_norm_eps=1e-6, tie_word_embeddings=False, rope_parameters={"rope_type": "default", "rope_theta": 1e6},
         bos_token_id=151643, eos_token_id=151645)),
+    "qwen3.6-35b-a3b": ("qwen3_5_moe", dict(
+        vocab_size=248320, hidden_size=2048, num_hidden_layers=40, num_experts=256, num_experts_per_tok=8,
+        moe_intermediate_size=512, shared_expert_intermediate_size=512, num_attention_heads=16,
+        num_key_value_heads=2, head_dim=256, linear_num_key_heads=16, linear_num_value_heads=32,
+        linear_key_head_dim=128, linear_value_head_dim=128, linear_conv_kernel_dim=4,
+        max_position_embeddings=262144, rms_norm_eps=1e-6, tie_word_embeddings=False,
+        rope_parameters=QWEN35_ROPE, **QWEN35_TOKENS)),
     "tiny": ("qwen3_5", dict(
         vocab_size=4096, hidden_size=256, num_hidden_layers=4, intermediate_size=512,
         num_attention_heads=4, num_key_value_heads=2, head_dim=64, linear_num_key_heads=2,
@@ -100,6 +113,13 @@ SHAPES = {
         head_dim=128, intermediate_size=17408, max_position_embeddings=262144, rms_norm_eps=1e-6,
         tie_word_embeddings=False, rope_parameters={"rope_type": "default", "rope_theta": 1e7}, block_size=16,
         num_target_layers=64, dflash_config={"mask_token_id": 248077, "target_layer_ids": [1, 16, 31, 46, 61]})),
+    "tiny-moe": ("qwen3_5_moe", dict(
+        vocab_size=4096, hidden_size=256, num_hidden_layers=4, num_experts=8, num_experts_per_tok=2,
+        moe_intermediate_size=64, shared_expert_intermediate_size=64, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=64, linear_num_key_heads=2, linear_num_value_heads=6, linear_key_head_dim=64,
+        linear_value_head_dim=64, linear_conv_kernel_dim=4, max_position_embeddings=4096, rms_norm_eps=1e-6,
+        tie_word_embeddings=False, rope_parameters=dict(QWEN35_ROPE, mrope_section=[3, 3, 2]),
+        bos_token_id=4088, eos_token_id=4090, pad_token_id=4088)),
     "tiny-qwen3": ("qwen3", dict(
         vocab_size=4096, hidden_size=256, num_hidden_layers=4, intermediate_size=512,
         num_attention_heads=4, num_key_value_heads=2, head_dim=64, max_position_embeddings=4096,
@@ -122,6 +142,12 @@ def build_config(shape, layers):
         kw["layer_types"] = ["linear_attention" if (i + 1) % 4 else "full_attention" for i in range(n)]
         cfg = Qwen3_5TextConfig(full_attention_interval=4, architectures=["Qwen3_5ForCausalLM"], **kw)
         cls = Qwen3_5ForCausalLM
+    elif arch == "qwen3_5_moe":
+        from transformers.models.qwen3_5_moe import Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig
+        n = kw["num_hidden_layers"]
+        kw["layer_types"] = ["linear_attention" if (i + 1) % 4 else "full_attention" for i in range(n)]
+        cfg = Qwen3_5MoeTextConfig(full_attention_interval=4, architectures=["Qwen3_5MoeForCausalLM"], **kw)
+        cls = Qwen3_5MoeForCausalLM
     elif arch == "dflash":
         from transformers import Qwen3Config
         from dflash.model import DFlashDraftModel
@@ -157,9 +183,13 @@ def tensor_specs(cfg, cls, big=BIG):
         if isinstance(m, (nn.Linear, nn.Embedding)) and pname == "weight":
             std = 1.0 / math.sqrt(shape[1])
             specs.append((name, shape, "pool" if numel >= big else "normal", std))
+        elif tname.endswith("TopKRouter") and pname == "weight":  # the MoE router: [E, H]
+            specs.append((name, shape, "normal", 1.0 / math.sqrt(shape[1])))
+        elif tname.endswith("Experts"):  # fused experts: gate_up_proj [E, 2 Ie, H], down_proj [E, H, Ie]
+            specs.append((name, shape, "pool" if numel >= big else "normal", 1.0 / math.sqrt(shape[-1])))
         elif isinstance(m, nn.Conv1d) and pname == "weight":
             specs.append((name, shape, "normal", 1.0 / math.sqrt(m.kernel_size[0])))
-        elif tname == "Qwen3_5RMSNorm":  # zero-centred: y = x_hat * (1 + w)
+        elif tname in ("Qwen3_5RMSNorm", "Qwen3_5MoeRMSNorm"):  # zero-centred: y = x_hat * (1 + w)
             specs.append((name, shape, "normal", 0.1))
         elif "RMSNorm" in tname and pname == "weight":
             specs.append((name, shape, "one_plus", 0.1))

@@ -5,13 +5,14 @@ chunk of the gated-delta rule): logits and every decoder layer's output within t
 (`dfl hidden-diff`), and 64 greedy tokens identical. The VLM-layout and text-layout
 checkpoints of the same weights must give bit-identical numbers in dfl, and so must the MoE
 checkpoints whose experts are stored per expert (save_pretrained) and fused (released Qwen3.5 MoE).
-DFL_FORWARD_ONLY=name,name runs just those fixtures (and the layout checks that use them)."""
+DFL_FORWARD_ONLY=name,name runs just those fixtures (and the layout checks that use them; big_moe:
+tools/make_big_model.py's tiny-moe shape, hand-written with fused experts, against transformers)."""
 import os
 import tempfile
 
 from safetensors.numpy import load_file
 
-from dfltest import Tally, dfl, dfl_json, fixture, reference
+from dfltest import PY, SOURCE, Tally, dfl, dfl_json, fixture, reference, run
 
 # (fixture, prompt lengths, tolerance). BF16 fixtures: weights are BF16 in both engines and
 # upcast to float32, so the same float32 tolerance holds (measured max rel ~2e-5).
@@ -68,6 +69,22 @@ def layouts_identical(names):
                 f"VLM and {other} layouts are not bit-identical: {diff}")
 
 
+def big_model_moe():
+    """tools/make_big_model.py's MoE shapes (qwen3.6-35b-a3b, tested at tiny-moe's size): its
+    hand-written safetensors with fused experts load in both engines and agree."""
+    out = os.path.join(tmp, "big-tiny-moe")
+    run([PY, os.path.join(SOURCE, "tools", "make_big_model.py"), out, "--shape", "tiny-moe", "--threads", "1",
+         "--pool-from", "4096"])
+    ref_path, out_path = os.path.join(tmp, "big-moe-ref.safetensors"), os.path.join(tmp, "big-moe-dfl.safetensors")
+    summary = reference("--model", out, "--random-len", 40, "--seed", 3, "--out", ref_path, "--greedy", 16)
+    ids = ",".join(str(int(x)) for x in load_file(ref_path)["input_ids"])
+    dfl("hidden", "--target", out, "--layers", "all", "--prompt-ids", ids, "--out", out_path, "--logits")
+    diff = dfl_json("hidden-diff", out_path, ref_path, "--tol", 1e-4, "--json")
+    t.check(diff["ok"] and diff["compared"] == summary["L"] + 1, f"make_big_model tiny-moe: {diff}")
+    got = dfl_json("generate", "--target", out, "--prompt-ids", ids, "--max-new", 16, "--ignore-eos", "--json")
+    t.check(got["tokens"] == summary["greedy"], f"make_big_model tiny-moe greedy: {got['tokens']} vs {summary['greedy']}")
+
+
 for name, lengths, tol in CASES:
     if ONLY and name not in ONLY:
         continue
@@ -77,4 +94,6 @@ for names in (("qwen35_vlm", "qwen35_text", "qwen35_sharded"), ("qwen35_moe_vlm"
               ("qwen3_moe", "qwen3_moe_fused")):
     if not ONLY or names[0] in ONLY:
         t.run(layouts_identical, names)
+if not ONLY or "big_moe" in ONLY:
+    t.run(big_model_moe)
 t.done()
