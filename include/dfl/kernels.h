@@ -106,6 +106,38 @@ typedef struct kn_team_stats {
 } kn_team_stats;
 void kn_team_stats_get(kn_team_stats *s);
 
+/* Where a forward's time goes (dfl bench --parts profile): while counting, each outermost call of
+ * a kernel the model forwards make, from outside parallel regions, adds its wall time to its kind
+ * (a product inside kn_matmul_multi counts once); products also add their weights' bytes.
+ * Counting costs one flag test per call when off. */
+typedef enum kn_op {
+    KN_OP_MATMUL,     /* matrix products of the layers (kn_matmul, _multi, _jobs) */
+    KN_OP_LM_HEAD,    /* products that model_lm_head tags (kn_prof_matmul_as) */
+    KN_OP_ATTENTION,  /* kn_attention, q/k head norms with rope, rope tables */
+    KN_OP_RECURRENCE, /* the Gated DeltaNet delta rule (kn_gdn_heads) */
+    KN_OP_CONV,       /* causal convolution, its window, q/k l2 norms */
+    KN_OP_ELEMENT,    /* RMS norms, residual adds, SwiGLU, expert routing and gathering */
+    KN_OP_LOGITS,     /* the logits' finite check, argmax */
+    KN_OP_COUNT
+} kn_op;
+typedef struct kn_prof {
+    double seconds[KN_OP_COUNT];
+    long calls[KN_OP_COUNT];
+    uint64_t matmul_bytes; /* weight bytes of the products counted (both product kinds) */
+} kn_prof;
+/* Zero the counts and count from now on (the calling thread's kernel calls). */
+void kn_prof_start(void);
+/* Stop counting; *out (if not NULL) gets the counts since kn_prof_start. */
+void kn_prof_stop(kn_prof *out);
+/* The kind that matrix products count as from now on (KN_OP_MATMUL or KN_OP_LM_HEAD); returns
+ * the previous one. */
+kn_op kn_prof_matmul_as(kn_op op);
+/* "matrix products", "lm_head", ... */
+const char *kn_op_name(kn_op op);
+/* A short name for JSON: "matmul", "lm_head", "attention", "recurrence", "conv", "elementwise",
+ * "logits". */
+const char *kn_op_key(kn_op op);
+
 /* y[n][rows] = x[n][cols] . W^T — OpenMP-threaded over rows; each weight row is read once
  * for all n inputs (register tiles of rows x tokens, x blocked to stay in cache). */
 void kn_matmul(float *y, const float *x, const dfl_mat *w, int n);

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cli/bench_profile.h"
 #include "cli/cli.h"
 #include "dfl/any_drafter.h"
 #include "dfl/common.h"
@@ -54,6 +55,11 @@ static const char *usage_text =
     "  tree      DDTree verification: one tree forward of budget N = 1..64 draft nodes (trees of\n"
     "            the N most probable prefixes of random block-1 distributions) next to a chain\n"
     "            verification of the same number of tokens (N + 1)\n"
+    "  profile   where a forward's time goes: the mean time per forward in each kind of kernel\n"
+    "            call (matrix products, lm_head, attention, delta-rule recurrence, conv, norms\n"
+    "            and elementwise, logits check; other: the forward outside them) for a decode\n"
+    "            step, a verification of verify-max tokens and a tree of 64 draft nodes, and what\n"
+    "            the extra time over decode went to (CPU backend; on a GPU: DFL_CUDA_PROFILE=1)\n"
     "Prints a table, or with --json one object (probe_gbps, decode_gbps, verify_cost, ...).\n"
     "Timings are the best of --reps runs. Nothing here is a test: results depend on the machine.\n"
     "\n"
@@ -67,7 +73,7 @@ static const char *usage_text =
     "                    (opt-in, needs AVX-512 BF16: each activation rounded to bf16 once; faster\n"
     "                    when compute-bound, less accurate; default: DFL_ACT or f32)\n"
     "  --parts LIST      comma-separated subset of probe,decode,verify,draft,e2e,prefill,rollback,tree,\n"
-    "                    peak (default: all but tree)\n"
+    "                    peak,profile (default: all but tree and profile)\n"
     "  --context N       context before decode / verify / draft / rollback (default 256)\n"
     "  --decode N        decoded tokens (default 16)\n"
     "  --verify-max N    largest verified batch (default 32, at most 64)\n"
@@ -81,8 +87,8 @@ static const char *usage_text =
     "  --draft-batch N   blocks of the draft part's batched forward (default 8, as eval's\n"
     "                    --replay-batch; 1: none)\n"
     "  --device D        cpu (default) | cuda: where the target runs. On cuda the probe reads GPU\n"
-    "                    memory (a streaming read kernel, CUDA events), peak and rollback (CPU\n"
-    "                    parts) are left out, and the drafter runs on the CPU\n" CLI_WEIGHTS_HELP
+    "                    memory (a streaming read kernel, CUDA events), peak, rollback and profile\n"
+    "                    (CPU parts) are left out, and the drafter runs on the CPU\n" CLI_WEIGHTS_HELP
     "e2e prompt (default: 64 random tokens; the tokenizer is the model's):\n" CLI_PROMPT_HELP;
 
 enum {
@@ -95,10 +101,11 @@ enum {
     P_ROLLBACK = 64,
     P_TREE = 128,
     P_PEAK = 256,
-    P_TARGET = P_DECODE | P_VERIFY | P_E2E | P_PREFILL | P_ROLLBACK | P_TREE /* parts that run the target */
+    P_PROFILE = 512,
+    P_TARGET = P_DECODE | P_VERIFY | P_E2E | P_PREFILL | P_ROLLBACK | P_TREE | P_PROFILE /* parts that run the target */
 };
 static const char *const part_names[] = {"probe",   "decode",   "verify", "draft", "e2e",
-                                         "prefill", "rollback", "tree",   "peak"};
+                                         "prefill", "rollback", "tree",   "peak",  "profile"};
 static const int tree_budgets[] = {1, 2, 4, 8, 16, 32, 64};
 #define N_TREE ((int)(sizeof tree_budgets / sizeof tree_budgets[0]))
 
@@ -139,6 +146,7 @@ typedef struct bench_res {
     double peak_macs;      /* multiply-adds per second, all threads (kn_peak_macs) */
     const char *peak_what; /* its instruction */
     uint64_t token_macs;   /* weight multiply-adds of one token's forward (dense targets) */
+    bench_prof prof;       /* --parts profile */
 } bench_res;
 
 static unsigned parse_parts(const char *s) {
@@ -425,6 +433,7 @@ static void print_json(const bench_opts *o, const bench_res *r, const dfl_model 
                    tree_budgets[i], r->tree_depth[i], r->tree_ms[i], r->tree_chain_ms[i]);
         printf("]");
     }
+    if (o->parts & P_PROFILE) bench_profile_json(&r->prof);
     printf("}\n");
 }
 
@@ -534,6 +543,7 @@ static void print_table(const bench_opts *o, const bench_res *r, const dfl_model
         printf("                          snapshots save %.2f ms, restore %.2f ms, %.1f MB\n", r->snap_save_ms,
                r->snap_restore_ms, r->snap_mb);
     }
+    if (o->parts & P_PROFILE) bench_profile_print(&r->prof);
     if (o->parts & P_TREE) {
         printf("tree       budget depth  tree ms  chain ms (same tokens)  tree/chain\n");
         for (int i = 0; i < N_TREE; i++)
@@ -548,18 +558,11 @@ static void print_table(const bench_opts *o, const bench_res *r, const dfl_model
  * record + rollback. */
 static int bench_tree(dfl_target_state *s, int32_t *toks, int B, int reps, bench_res *r) {
     const int V = s->m->cfg.vocab, D = B - 1;
-    float *probs = malloc((size_t)D * V * sizeof(float));
+    float *probs = bench_tree_probs(D, V);
     float *logits = malloc((size_t)(tree_budgets[N_TREE - 1] + 1) * V * sizeof(float));
-    dfl_tree t;
+    dfl_tree t = {0};
     int rc = DFL_ERR;
-    uint64_t x = 0x9e3779b97f4a7c15ull;
     if (!probs || !logits || ddtree_alloc(&t, tree_budgets[N_TREE - 1]) != DFL_OK) goto done;
-    for (size_t i = 0; i < (size_t)D * V; i++) {
-        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-        probs[i] = 8.0f * (float)(x >> 40) / (float)(1 << 24);
-    }
-    for (int d = 0; d < D; d++) probs[(size_t)d * V + (d * 7919) % V] += 14.0f; /* a likely draft per depth */
-    for (int d = 0; d < D; d++) kn_softmax(probs + (size_t)d * V, V);
     for (int i = 0; i < N_TREE; i++) {
         if (ddtree_build(&t, toks[0], probs, D, V, tree_budgets[i]) != DFL_OK) goto done;
         r->tree_depth[i] = t.max_depth;
@@ -613,12 +616,14 @@ static int run_bench(const bench_opts *o, const dfl_model *m, dfl_any_drafter *a
     const int ctx = o->context, nv = o->verify_max, B = o->block;
     int max_batch = ctx;
     const int e2e_prompt = o->prompt ? o->n_prompt : 64;
-    const int sizes[] = {o->prefill, nv, B, o->gen + e2e_prompt, (o->parts & P_TREE) ? 65 : 1};
+    const int trees = (o->parts & (P_TREE | P_PROFILE)) != 0;
+    const int sizes[] = {o->prefill, nv, B, o->gen + e2e_prompt, trees ? BP_TREE_BUDGET + 1 : 1};
     for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) max_batch = sizes[i] > max_batch ? sizes[i] : max_batch;
     int max_ctx = ctx + o->decode + nv + B + 8;
     max_ctx = max_ctx > o->prefill ? max_ctx : o->prefill;
     max_ctx = max_ctx > e2e_prompt + o->gen + B ? max_ctx : e2e_prompt + o->gen + B;
-    if (o->parts & P_TREE) max_ctx += 65 + N_TREE * (o->reps + 1); /* tree slots, committed roots */
+    if (o->parts & P_TREE) max_ctx += 65 + N_TREE * (o->reps + 1);               /* tree slots, committed roots */
+    if (o->parts & P_PROFILE) max_ctx += BP_TREE_BUDGET + 1 + 2 * (o->reps + 1); /* and decoded tokens */
     r->weight_bytes = m->weight_bytes;
     r->token_bytes = token_bytes(m);
     if (o->parts & P_PROBE) {
@@ -636,7 +641,7 @@ static int run_bench(const bench_opts *o, const dfl_model *m, dfl_any_drafter *a
     }
     dfl_target_state s;
     if (target_state_init(&s, m, max_ctx, max_batch, 1) != DFL_OK) return DFL_ERR;
-    if ((o->parts & P_TREE) && target_state_enable_tree(&s, 65) != DFL_OK) {
+    if (trees && target_state_enable_tree(&s, BP_TREE_BUDGET + 1) != DFL_OK) {
         target_state_free(&s);
         return DFL_ERR;
     }
@@ -746,6 +751,10 @@ static int run_bench(const bench_opts *o, const dfl_model *m, dfl_any_drafter *a
     if (o->parts & P_TREE) {
         fill_tokens(toks, 65, V, 6);
         if (bench_tree(&s, toks, B, o->reps, r) != DFL_OK) goto done;
+    }
+    if (o->parts & P_PROFILE) {
+        fill_tokens(toks, nv, V, 7);
+        if (bench_profile_run(&s, toks, nv, B, o->reps, &r->prof) != DFL_OK) goto done;
     }
     if (o->parts & P_PREFILL) {
         fill_tokens(toks, o->prefill, V, 4);
@@ -874,10 +883,10 @@ int cmd_bench(int argc, char **argv) {
         model_close(&m);
         return 1;
     }
-    if (o.device != DFL_DEVICE_CPU && (o.parts & (P_PEAK | P_ROLLBACK))) {
-        fprintf(stderr, "dfl bench: peak and rollback measure the CPU backend: left out on %s\n",
-                dfl_device_name(o.device));
-        o.parts &= ~(unsigned)(P_PEAK | P_ROLLBACK);
+    if (o.device != DFL_DEVICE_CPU && (o.parts & (P_PEAK | P_ROLLBACK | P_PROFILE))) {
+        fprintf(stderr, "dfl bench: peak, rollback and profile measure the CPU backend: left out on %s%s\n",
+                dfl_device_name(o.device), o.parts & P_PROFILE ? " (DFL_CUDA_PROFILE=1 profiles the GPU's ops)" : "");
+        o.parts &= ~(unsigned)(P_PEAK | P_ROLLBACK | P_PROFILE);
     }
     dfl_any_drafter ad;
     int rc = 0;

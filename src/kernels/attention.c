@@ -66,6 +66,7 @@ static void attn_values(const kn_attn_io *a, int r, int h0, int G, int n_keys, c
 }
 
 void kn_attention(const kn_attn_io *a) {
+    const double prof_t0 = KN_PROF_BEGIN();
     const int n = a->n, Hq = a->n_heads, group = Hq / a->n_kv_heads;
     /* the query heads sharing a key/value head go together (each key row read once for them)
      * unless that leaves threads idle; results are the same either way */
@@ -81,4 +82,5 @@ void kn_attention(const kn_attn_io *a) {
             attn_values(a, r, h0, G, n_keys, sc, ldsc);
         }
     }
+    KN_PROF_END(KN_OP_ATTENTION, prof_t0, 0);
 }

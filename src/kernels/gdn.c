@@ -150,6 +150,7 @@ static float *gdn_head_state(const kn_gdn_heads_io *a, int h, int t, const float
 }
 
 void kn_gdn_heads(const kn_gdn_heads_io *a) {
+    const double prof_t0 = KN_PROF_BEGIN();
     const int n = a->n, Hk = a->Hk, Hv = a->Hv, dk = a->dk, dv = a->dv, ratio = Hv / Hk;
     const int step = a->tree ? 1 : KN_GDN_CHUNK;
     const size_t C = a->ld;
@@ -181,4 +182,5 @@ void kn_gdn_heads(const kn_gdn_heads_io *a) {
             else kn_gdn_recurrent(Sh, &io);
         }
     }
+    KN_PROF_END(KN_OP_RECURRENCE, prof_t0, 0);
 }

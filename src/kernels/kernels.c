@@ -38,7 +38,7 @@ static void mm_uniform(int count, const kn_mm_job *j) {
     for (int i = 0; i < count; i++) kn_matmul_generic(j[i].y, j[i].x, j[i].w, j[i].n);
 }
 
-void kn_matmul_jobs(int count, const kn_mm_job *j) {
+static void matmul_jobs(int count, const kn_mm_job *j) {
     for (int i = 0, e; i < count; i = e) {
         e = i + 1;
 #if KN_X86 && defined(__linux__)
@@ -58,7 +58,7 @@ void kn_matmul_jobs(int count, const kn_mm_job *j) {
     }
 }
 
-void kn_matmul_multi(int count, float *const *y, const float *x, const dfl_mat *const *w, int n) {
+static void matmul_multi(int count, float *const *y, const float *x, const dfl_mat *const *w, int n) {
     if (count < 1) return;
 #if KN_X86 && defined(__linux__)
     if (mm_amx() && count <= KN_AMX_JOBS_MAX) {
@@ -76,6 +76,25 @@ void kn_matmul_multi(int count, float *const *y, const float *x, const dfl_mat *
     kn_mm_job j[MAX];
     for (int i = 0; i < count; i++) j[i] = (kn_mm_job){y[i], x, w[i], n};
     kn_matmul_jobs(count, j);
+}
+
+/* Weight bytes of a product (the op profile). */
+static uint64_t mat_bytes(const dfl_mat *w) { return (uint64_t)w->rows * w->cols * st_dtype_size(w->dtype); }
+
+void kn_matmul_jobs(int count, const kn_mm_job *j) {
+    const double t0 = KN_PROF_BEGIN();
+    matmul_jobs(count, j);
+    uint64_t b = 0;
+    for (int i = 0; t0 >= 0 && i < count; i++) b += mat_bytes(j[i].w);
+    KN_PROF_END(KN_OP_MATMUL, t0, b);
+}
+
+void kn_matmul_multi(int count, float *const *y, const float *x, const dfl_mat *const *w, int n) {
+    const double t0 = KN_PROF_BEGIN();
+    matmul_multi(count, y, x, w, n);
+    uint64_t b = 0;
+    for (int i = 0; t0 >= 0 && i < count; i++) b += mat_bytes(w[i]);
+    KN_PROF_END(KN_OP_MATMUL, t0, b);
 }
 
 void kn_matmul(float *y, const float *x, const dfl_mat *w, int n) { kn_matmul_jobs(1, &(kn_mm_job){y, x, w, n}); }
@@ -190,10 +209,14 @@ int kn_first_above(const float *x, int n, float t) {
 }
 
 int kn_argmax(const float *x, int n) {
+    const double t0 = KN_PROF_BEGIN();
 #if KN_X86
-    if (isa_avx512()) return kn_argmax_avx512(x, n);
+    const int i = isa_avx512() ? kn_argmax_avx512(x, n) : kn_argmax_generic(x, n);
+#else
+    const int i = kn_argmax_generic(x, n);
 #endif
-    return kn_argmax_generic(x, n);
+    KN_PROF_END(KN_OP_LOGITS, t0, 0);
+    return i;
 }
 
 double kn_peak_macs(long iters, const char **what) {

@@ -22,6 +22,19 @@ static inline int kn_chunk(long n) {
     return c > 0 ? (int)c : 1;
 }
 
+/* The op profile (prof.c): a kernel entry point takes t0 = KN_PROF_BEGIN() on entry and calls
+ * KN_PROF_END(kind, t0, weight bytes) before it returns. */
+extern int kn_prof_on;
+#define KN_PROF_SKIP (-2.0)   /* not counting (off, or inside a parallel region) */
+#define KN_PROF_NESTED (-1.0) /* inside another counted call */
+double kn_prof_begin_(void);
+void kn_prof_end_(kn_op op, double t0, uint64_t bytes);
+#define KN_PROF_BEGIN() (kn_prof_on ? kn_prof_begin_() : KN_PROF_SKIP)
+#define KN_PROF_END(op, t0, bytes)                                   \
+    do {                                                             \
+        if ((t0) != KN_PROF_SKIP) kn_prof_end_((op), (t0), (bytes)); \
+    } while (0)
+
 /* The adaptive team's decision (threads.c), apart for tests. A window of dt seconds at time now
  * did this much work (the regions' estimates) while the team's threads ran and waited for a core
  * these thread-seconds; returns the team for the next window. */

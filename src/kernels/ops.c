@@ -9,14 +9,17 @@
 #include "kn_internal.h"
 
 void kn_rmsnorm_rows(float *y, const float *x, const float *w, int rows, int dim, float eps) {
+    const double prof_t0 = KN_PROF_BEGIN();
     const size_t work = (size_t)rows * dim * 4;
 #pragma omp parallel for num_threads(kn_team(work)) schedule(dynamic, kn_chunk(rows)) if (work >= KN_PAR_MIN_WORK)
     for (int r = 0; r < rows; r++) kn_rmsnorm(y + (size_t)r * dim, x + (size_t)r * dim, w, dim, eps);
+    KN_PROF_END(KN_OP_ELEMENT, prof_t0, 0);
 }
 
 #define EW_CHUNK 4096 /* elements per work item (a multiple of any vector width: same tails as one call) */
 
 void kn_swiglu_par(float *a, const float *b, size_t n) {
+    const double prof_t0 = KN_PROF_BEGIN();
     const long chunks = (long)((n + EW_CHUNK - 1) / EW_CHUNK);
     const size_t work = n * 8;
 #pragma omp parallel for num_threads(kn_team(work)) schedule(dynamic, kn_chunk(chunks)) if (work >= KN_PAR_MIN_WORK)
@@ -24,9 +27,11 @@ void kn_swiglu_par(float *a, const float *b, size_t n) {
         const size_t i0 = (size_t)c * EW_CHUNK;
         kn_swiglu(a + i0, b + i0, (int)(n - i0 < EW_CHUNK ? n - i0 : EW_CHUNK));
     }
+    KN_PROF_END(KN_OP_ELEMENT, prof_t0, 0);
 }
 
 void kn_add(float *x, const float *y, size_t n) {
+    const double prof_t0 = KN_PROF_BEGIN();
     const long chunks = (long)((n + EW_CHUNK - 1) / EW_CHUNK);
     const size_t work = n * 4;
 #pragma omp parallel for num_threads(kn_team(work)) schedule(dynamic, kn_chunk(chunks)) if (work >= KN_PAR_MIN_WORK)
@@ -34,10 +39,13 @@ void kn_add(float *x, const float *y, size_t n) {
         const size_t i1 = (size_t)(c + 1) * EW_CHUNK < n ? (size_t)(c + 1) * EW_CHUNK : n;
         for (size_t i = (size_t)c * EW_CHUNK; i < i1; i++) x[i] += y[i];
     }
+    KN_PROF_END(KN_OP_ELEMENT, prof_t0, 0);
 }
 
 void kn_add_scaled(float *x, float a, const float *y, int n) {
+    const double prof_t0 = KN_PROF_BEGIN();
     for (int i = 0; i < n; i++) x[i] += a * y[i];
+    KN_PROF_END(KN_OP_ELEMENT, prof_t0, 0);
 }
 
 void kn_scale(float *x, float a, size_t n) {
@@ -49,21 +57,26 @@ void kn_softcap(float *x, float cap, size_t n) {
 }
 
 void kn_rope_table(float *cos, float *sin, const float *inv_freq, int half, float pos) {
+    const double prof_t0 = KN_PROF_BEGIN();
     for (int i = 0; i < half; i++) {
         const float f = pos * inv_freq[i];
         cos[i] = cosf(f), sin[i] = sinf(f);
     }
+    KN_PROF_END(KN_OP_ATTENTION, prof_t0, 0);
 }
 
 void kn_head_norm_rope(float *x, int nh, size_t ldh, const float *w, int hd, float eps, const float *cos,
                        const float *sin, int rot) {
+    const double prof_t0 = KN_PROF_BEGIN();
     for (int h = 0; h < nh; h++) {
         kn_rmsnorm(x + (size_t)h * ldh, x + (size_t)h * ldh, w, hd, eps);
         kn_rope(x + (size_t)h * ldh, cos, sin, rot);
     }
+    KN_PROF_END(KN_OP_ATTENTION, prof_t0, 0);
 }
 
 void kn_l2norm_heads(float *x, size_t ld, int n, int nh, int d, float scale) {
+    const double prof_t0 = KN_PROF_BEGIN();
     /* threaded from the size at which the forward's joint q and k loop was */
     const size_t work = (size_t)n * nh * d * 4;
 #pragma omp parallel for num_threads(kn_team(work)) \
@@ -75,9 +88,11 @@ void kn_l2norm_heads(float *x, size_t ld, int n, int nh, int d, float scale) {
         const float r = 1.0f / sqrtf(ss + 1e-6f);
         for (int i = 0; i < d; i++) v[i] = v[i] * r * scale;
     }
+    KN_PROF_END(KN_OP_CONV, prof_t0, 0);
 }
 
 void kn_gather_sum(float *out, const float *y, const int *rows, const float *w, int n, int k, int H) {
+    const double prof_t0 = KN_PROF_BEGIN();
     const size_t work = (size_t)n * k * H;
 #pragma omp parallel for num_threads(kn_team(work)) schedule(dynamic, kn_chunk(n)) if (work >= KN_PAR_MIN_WORK)
     for (int t = 0; t < n; t++) {
@@ -85,6 +100,7 @@ void kn_gather_sum(float *out, const float *y, const int *rows, const float *w, 
         memset(o, 0, (size_t)H * sizeof(float));
         for (int j = 0; j < k; j++) kn_add_scaled(o, w[(size_t)t * k + j], y + (size_t)rows[(size_t)t * k + j] * H, H);
     }
+    KN_PROF_END(KN_OP_ELEMENT, prof_t0, 0);
 }
 
 void kn_gdn_gates(float *gb, const float *ab, int Hv, int h, int t0, int nt, const float *neg_exp_A,
@@ -106,14 +122,17 @@ static void conv_node_window(float win[15][16], const float *state, const float 
 }
 
 void kn_conv_window(float *win, const float *state, const float *xin, const int *path, int len, int C, int K) {
+    const double prof_t0 = KN_PROF_BEGIN();
     const size_t row = (size_t)C * sizeof(float);
     for (int j = 0; j < K - 1; j++) {    /* oldest first: row j reads a later state row, so win may be state */
         const int k = j - (K - 1 - len); /* the path's k-th input, or state row j + len before it */
         memmove(win + (size_t)j * C, k >= 0 ? xin + (size_t)path[k] * C : state + (size_t)(j + len) * C, row);
     }
+    KN_PROF_END(KN_OP_CONV, prof_t0, 0);
 }
 
 void kn_causal_conv_silu(float *x, int n, int C, int K, const float *w, float *state, const int *parent, float *xin) {
+    const double prof_t0 = KN_PROF_BEGIN();
     /* 16 channels at a time (the kn_conv_silu width), so that each token's row is read and
      * written once */
     const size_t work = (size_t)n * C * (K + 8);
@@ -138,11 +157,13 @@ void kn_causal_conv_silu(float *x, int n, int C, int K, const float *w, float *s
             kn_conv_silu(x + (size_t)t * C + c0, (size_t)C, 1, nc, K, wt[0], win[0]);
         }
     }
+    KN_PROF_END(KN_OP_CONV, prof_t0, 0);
 }
 
 /* The k largest by repeated scans (the lower id wins ties), summed in the order taken, as
  * transformers does in float32; listed by id, the order the experts' outputs are added in. */
 void kn_moe_route(float *p, int E, int k, int norm, int *idx, float *w) {
+    const double prof_t0 = KN_PROF_BEGIN();
     kn_softmax(p, E);
     float sum = 0;
     for (int j = 0; j < k; j++) {
@@ -162,6 +183,7 @@ void kn_moe_route(float *p, int E, int k, int norm, int *idx, float *w) {
             idx[i] = idx[i - 1], w[i] = w[i - 1];
             idx[i - 1] = ti, w[i - 1] = tw;
         }
+    KN_PROF_END(KN_OP_ELEMENT, prof_t0, 0);
 }
 
 void kn_conv_grouped(float *y, const float *x, const float *base, const float *delta, size_t ldd, int B, int H, int T,

@@ -193,7 +193,11 @@ static void cpu_state_reset(dfl_target_state *s) {
 
 void model_embed(const dfl_model *m, int32_t token, float *out) { kn_mat_row(&m->embed, token, out); }
 
-void model_lm_head(const dfl_model *m, const float *x, float *logits, int n) { kn_matmul(logits, x, &m->lm_head, n); }
+void model_lm_head(const dfl_model *m, const float *x, float *logits, int n) {
+    const kn_op kind = kn_prof_matmul_as(KN_OP_LM_HEAD); /* a profile tells it from the layers' products */
+    kn_matmul(logits, x, &m->lm_head, n);
+    kn_prof_matmul_as(kind);
+}
 
 /* ---- full attention layer ---------------------------------------------------------- */
 

@@ -145,6 +145,31 @@ def check_tree(t):
     t.check(tree and tree[-1]["depth"] > 1, "the benchmark trees are deeper than one level")
 
 
+def check_profile(t):
+    """--parts profile: for a decode step, a verification of verify-max tokens and a 64-node tree,
+    each kind of kernel call's mean ms per forward; the kinds and the rest ('other') add up to the
+    forward's time; the products and the lm_head take time on every forward, the delta rule and
+    the convolution on a Qwen3.5 target, none on a Qwen3 one; the table says what the extra time
+    over decode went to."""
+    kinds = ("matmul", "lm_head", "attention", "recurrence", "conv", "elementwise", "logits")
+    for name, hybrid in (("qwen35_vlm", True), ("qwen3_tiny", False)):
+        r = bench_json("--model", fixture(name), "--drafter", "none", "--parts", "profile")
+        p = r.get("profile", {})
+        t.check(sorted(p) == ["decode", "tree", "verify"] and p["decode"]["tokens"] == 1 and
+                p["verify"]["tokens"] == 5 and p["tree"]["tokens"] == 65, f"{name}: profile forwards {p}")
+        for k, f in p.items():
+            parts = sum(f[x + "_ms"] for x in kinds)
+            t.check(all(f[x + "_ms"] >= 0 for x in kinds) and abs(parts + f["other_ms"] - f["total_ms"]) < 1e-3 and
+                    parts <= f["total_ms"] * 1.001, f"{name} {k}: kinds {parts} + other {f['other_ms']} = total {f['total_ms']}")
+            t.check(f["matmul_ms"] > 0 and f["lm_head_ms"] > 0 and f["matmul_gbps"] > 0 and f["elementwise_ms"] > 0,
+                    f"{name} {k}: products, lm_head, elementwise timed: {f}")
+            t.check((f["recurrence_ms"] > 0 and f["conv_ms"] > 0) == hybrid and
+                    (hybrid or f["recurrence_ms"] == 0 and f["conv_ms"] == 0), f"{name} {k}: delta rule, conv: {f}")
+    out = dfl("bench", "--model", fixture("qwen35_vlm"), "--drafter", "none", "--parts", "profile", *SMALL).stdout
+    t.check("delta-rule recurrence" in out and "verify(5) over decode" in out and "tree(65) over decode" in out,
+            f"profile table: {out}")
+
+
 def check_moe(t):
     """MoE target: the verify curve names the distinct experts touched per sparse layer (k at n = 1,
     never fewer than the previous n, at most min(n k, E)) and the weight bytes read (the decode
@@ -264,6 +289,7 @@ def main():
     t.run(check_big_model_holes, t)
     t.run(check_tree, t)
     t.run(check_moe, t)
+    t.run(check_profile, t)
     t.run(check_e2e_prompt, t)
     t.run(check_isas, t)
     t.run(check_errors, t)

@@ -354,6 +354,53 @@ static void check_amx_combine(void) {
     free(x);
 }
 
+/* The op profile: each outermost kernel call counts once under its kind (kn_matmul_multi, which
+ * calls kn_matmul_jobs or the AMX kernel inside, once), products add their weight bytes,
+ * kn_prof_matmul_as moves products to lm_head, calls from inside a parallel region and calls
+ * while stopped are not counted, and kn_prof_start zeroes the counts; on the generic path and
+ * the default one. */
+static void check_prof(kn_isa isa) {
+    kn_isa_set(isa); /* generic: kn_matmul_multi runs kn_matmul_jobs inside */
+    void *s1, *s2;
+    const dfl_mat a = make_mat(ST_BF16, 48, 64, &s1), b = make_mat(ST_F32, 20, 64, &s2);
+    float x[2 * 64], y1[2 * 48], y2[2 * 20];
+    for (int i = 0; i < 2 * 64; i++) x[i] = frand();
+    kn_prof_start();
+    kn_matmul(y1, x, &a, 2);
+    kn_matmul_multi(2, (float *[]){y1, y2}, x, (const dfl_mat *[]){&a, &b}, 2);
+    const kn_op old = kn_prof_matmul_as(KN_OP_LM_HEAD);
+    kn_matmul(y2, x, &b, 1);
+    kn_prof_matmul_as(old);
+    kn_add(y1, y1, 48);
+    kn_rmsnorm_rows(y1, y1, x, 2, 48, 1e-6f);
+    (void)kn_argmax(y1, 48);
+#pragma omp parallel num_threads(2)
+    kn_add(y2, y2, 20); /* inside a region: not counted */
+    kn_prof q;
+    kn_prof_stop(&q);
+    kn_matmul(y1, x, &a, 1); /* stopped: not counted */
+    kn_prof q2;
+    kn_prof_stop(&q2);
+    const uint64_t ab = 48 * 64 * 2, bb = 20 * 64 * 4;
+    CHECK(q.calls[KN_OP_MATMUL] == 2 && q.calls[KN_OP_LM_HEAD] == 1 && q.calls[KN_OP_ELEMENT] == 2 &&
+              q.calls[KN_OP_LOGITS] == 1 && q.calls[KN_OP_ATTENTION] == 0 && q.calls[KN_OP_RECURRENCE] == 0,
+          "profile calls: matmul %ld lm_head %ld element %ld logits %ld", q.calls[KN_OP_MATMUL], q.calls[KN_OP_LM_HEAD],
+          q.calls[KN_OP_ELEMENT], q.calls[KN_OP_LOGITS]);
+    CHECK(q.matmul_bytes == 2 * ab + 2 * bb, "profile bytes %llu, expected %llu", (unsigned long long)q.matmul_bytes,
+          (unsigned long long)(2 * ab + 2 * bb));
+    CHECK(q.seconds[KN_OP_MATMUL] > 0 && q.seconds[KN_OP_LM_HEAD] > 0 && q.seconds[KN_OP_CONV] == 0,
+          "profile seconds: matmul %g lm_head %g conv %g", q.seconds[KN_OP_MATMUL], q.seconds[KN_OP_LM_HEAD],
+          q.seconds[KN_OP_CONV]);
+    CHECK(q2.calls[KN_OP_MATMUL] == 2, "calls after stop counted: %ld", q2.calls[KN_OP_MATMUL]);
+    kn_prof_start();
+    kn_prof_stop(&q);
+    CHECK(q.calls[KN_OP_MATMUL] == 0 && q.matmul_bytes == 0, "kn_prof_start zeroes the counts");
+    CHECK(strcmp(kn_op_key(KN_OP_RECURRENCE), "recurrence") == 0 && strcmp(kn_op_name(KN_OP_COUNT), "?") == 0,
+          "kn_op names");
+    free(s1), free(s2);
+    kn_isa_set(kn_isa_default());
+}
+
 static void check_amx_chunks(void) {
     static const int wide[] = {11, 16, 17, 33, 40}, lm[] = {33, 100, 140};
     check_amx_chunks_of(17440, wide, 5);   /* 10 MB of weights: blocks of 16 tokens */
@@ -1293,6 +1340,8 @@ int main(void) {
     const int n_shapes = (int)(sizeof shapes / sizeof shapes[0]);
     check_isa_api();
     check_act_api();
+    check_prof(KN_ISA_GENERIC);
+    check_prof(kn_isa_default());
     check_f8_codes();
     for (size_t b = 0; b < sizeof f8_blocks / sizeof f8_blocks[0]; b++) {
         f8_brow = f8_blocks[b][0], f8_bcol = f8_blocks[b][1];
