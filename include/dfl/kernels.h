@@ -261,6 +261,12 @@ void kn_silu_inplace(float *x, int n);
  * K-1 inputs before token t (oldest first). win [K-1][16] enters with the inputs before token 0
  * and leaves with the last K-1 inputs; wt [K][16]; 1 <= K <= 16. */
 void kn_conv_silu(float *x, size_t ld, int n, int nc, int K, const float *wt, float *win);
+/* kn_conv_silu of n tokens of C channels (rows ld apart), each token with its own window: token t's
+ * K-1 inputs before it (oldest first) are the rows src[t (K-1) + j] (C floats each); wt
+ * [ceil(C / 16)][K][16] holds each 16 channels' weights as kn_conv_silu takes them. The same bits
+ * as kn_conv_silu of each token and 16 channels with that window (a tree's nodes, each over its
+ * ancestors). */
+void kn_conv_silu_rows(float *x, size_t ld, int n, int C, int K, const float *wt, const float *const *src);
 /* A linear layer's depthwise causal convolution and SiLU over n tokens of x [n][C] in place
  * (kn_conv_silu, 16 channels at a time, threaded over them): weights w [C][K], w[c][K-1] on the
  * current token. Chain (parent NULL): the window state [K-1][C] enters with the inputs before

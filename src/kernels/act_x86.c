@@ -80,6 +80,30 @@ TGT_AVX512 void kn_conv_silu_avx512(float *x, size_t ld, int n, int nc, int K, c
     else conv_silu_512(x, ld, n, m, wt, win, K);
 }
 
+/* conv_silu_512 of one token and 16 channels at a time, its window loaded from its own rows
+ * (masked: lanes past C read as zero, as a gathered window's would). */
+TGT_AVX512 INLINE void conv_silu_rows_512(float *x, size_t ld, int n, int C, const float *wt, const float *const *src,
+                                          const int KW) {
+    for (int t = 0; t < n; t++) {
+        float *row = x + (size_t)t * ld;
+        const float *const *s = src + (size_t)t * (KW - 1);
+        for (int c0 = 0; c0 < C; c0 += 16) {
+            const __mmask16 m = C - c0 >= 16 ? 0xffff : (__mmask16)((1u << (C - c0)) - 1);
+            const float *w = wt + (size_t)c0 * KW; /* this group's [KW][16] */
+            __m512 acc = _mm512_mul_ps(_mm512_loadu_ps(w + (KW - 1) * 16), _mm512_maskz_loadu_ps(m, row + c0));
+            for (int j = 0; j < KW - 1; j++)
+                acc = _mm512_fmadd_ps(_mm512_loadu_ps(w + j * 16), _mm512_maskz_loadu_ps(m, s[j] + c0), acc);
+            _mm512_mask_storeu_ps(row + c0, m, silu_512(acc));
+        }
+    }
+}
+
+TGT_AVX512 void kn_conv_silu_rows_avx512(float *x, size_t ld, int n, int C, int K, const float *wt,
+                                         const float *const *src) {
+    if (K == 4) conv_silu_rows_512(x, ld, n, C, wt, src, 4);
+    else conv_silu_rows_512(x, ld, n, C, wt, src, K);
+}
+
 /* AVX2: 2^k by the exponent bits, so k stays in [-126, 127]. */
 TGT_AVX2 INLINE __m256 exp_256(__m256 x) {
     x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(88.0f));

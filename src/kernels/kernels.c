@@ -171,6 +171,31 @@ void kn_silu_inplace(float *x, int n) {
     }
 }
 
+#if KN_X86
+/* The paths with AVX-512 F (row scans, the per-token convolution). */
+static int isa_avx512(void) {
+    const kn_isa isa = kn_isa_get();
+    return isa == KN_ISA_AVX512 || isa == KN_ISA_AVX512BF16 || isa == KN_ISA_AMX;
+}
+#endif
+
+void kn_conv_silu_rows(float *x, size_t ld, int n, int C, int K, const float *wt, const float *const *src) {
+#if KN_X86
+    if (isa_avx512()) {
+        kn_conv_silu_rows_avx512(x, ld, n, C, K, wt, src);
+        return;
+    }
+#endif
+    for (int t = 0; t < n; t++) /* each token's window gathered, then the one-token kernel */
+        for (int c0 = 0; c0 < C; c0 += 16) {
+            const int nc = C - c0 < 16 ? C - c0 : 16;
+            float win[15][16] = {{0}};
+            for (int j = 0; j < K - 1; j++)
+                memcpy(win[j], src[(size_t)t * (K - 1) + j] + c0, (size_t)nc * sizeof(float));
+            kn_conv_silu(x + (size_t)t * ld + c0, ld, 1, nc, K, wt + (size_t)c0 * K, win[0]);
+        }
+}
+
 void kn_conv_silu(float *x, size_t ld, int n, int nc, int K, const float *wt, float *win) {
     switch (kn_isa_get()) {
 #if KN_X86
@@ -182,14 +207,6 @@ void kn_conv_silu(float *x, size_t ld, int n, int nc, int K, const float *wt, fl
     default: kn_conv_silu_generic(x, ld, n, nc, K, wt, win);
     }
 }
-
-#if KN_X86
-/* The paths with AVX-512 F (the row scans' variants). */
-static int isa_avx512(void) {
-    const kn_isa isa = kn_isa_get();
-    return isa == KN_ISA_AVX512 || isa == KN_ISA_AVX512BF16 || isa == KN_ISA_AMX;
-}
-#endif
 
 void kn_softmax(float *x, int n) {
 #if KN_X86

@@ -103,6 +103,7 @@ void kn_silu_inplace_avx2(float *x, int n);
 void kn_silu_inplace_avx512(float *x, int n);
 void kn_conv_silu_avx2(float *x, size_t ld, int n, int nc, int K, const float *wt, float *win);
 void kn_conv_silu_avx512(float *x, size_t ld, int n, int nc, int K, const float *wt, float *win);
+void kn_conv_silu_rows_avx512(float *x, size_t ld, int n, int C, int K, const float *wt, const float *const *src);
 void kn_swiglu_avx2(float *a, const float *b, int n);
 void kn_swiglu_avx512(float *a, const float *b, int n);
 float kn_dot_avx2(const float *a, const float *b, int n);

@@ -4,8 +4,10 @@
  * changes no bit. */
 #include <math.h>
 #include <omp.h>
+#include <stdlib.h>
 #include <string.h>
 
+#include "dfl/common.h"
 #include "kn_internal.h"
 
 void kn_rmsnorm_rows(float *y, const float *x, const float *w, int rows, int dim, float eps) {
@@ -112,13 +114,13 @@ void kn_gdn_gates(float *gb, const float *ab, int Hv, int h, int t0, int nt, con
     }
 }
 
-/* A tree node's window (oldest first) of the nc channels at c0: its K-1 nearest ancestors' inputs
- * in xin, the newest of the committed state's before the root. */
-static void conv_node_window(float win[15][16], const float *state, const float *xin, const int *parent, int t, int C,
-                             int K, int c0, int nc) {
+/* Tree node t's window rows (oldest first) into w [K-1]: its K-1 nearest ancestors' inputs in
+ * xin, the newest of the committed state's before the root. */
+static void conv_node_rows(const float **w, const float *state, const float *xin, const int *parent, int t, int C,
+                           int K) {
     int j = K - 2, a = parent[t];
-    for (; j >= 0 && a >= 0; j--, a = parent[a]) memcpy(win[j], xin + (size_t)a * C + c0, (size_t)nc * sizeof(float));
-    for (int s = K - 2; j >= 0; j--, s--) memcpy(win[j], state + (size_t)s * C + c0, (size_t)nc * sizeof(float));
+    for (; j >= 0 && a >= 0; j--, a = parent[a]) w[j] = xin + (size_t)a * C;
+    for (int s = K - 2; j >= 0; j--, s--) w[j] = state + (size_t)s * C;
 }
 
 void kn_conv_window(float *win, const float *state, const float *xin, const int *path, int len, int C, int K) {
@@ -131,19 +133,56 @@ void kn_conv_window(float *win, const float *state, const float *xin, const int 
     KN_PROF_END(KN_OP_CONV, prof_t0, 0);
 }
 
+/* The weights of the 16 channels at c0 as kn_conv_silu takes them: wt [K][16], zero past nc. */
+static void conv_group_weights(float *wt, const float *w, int c0, int nc, int K) {
+    memset(wt, 0, (size_t)K * 16 * sizeof(float));
+    for (int j = 0; j < K; j++)
+        for (int i = 0; i < nc; i++) wt[j * 16 + i] = w[(size_t)(c0 + i) * K + j];
+}
+
+/* A tree: every node's inputs kept in xin first (nodes read their ancestors' inputs, and outputs
+ * overwrite x), then node by node over all channels, each window read in place from its rows
+ * (node-major: a node's rows are read and written once, in order). */
+static int conv_tree(float *x, int n, int C, int K, const float *w, const float *state, const int *parent, float *xin) {
+    const int groups = (C + 15) / 16;
+    const float **src = malloc((size_t)n * (K > 1 ? K - 1 : 1) * sizeof *src);
+    float *wt = malloc((size_t)groups * K * 16 * sizeof(float)); /* [group][K][16] */
+    if (!src || !wt) {
+        free(src), free(wt);
+        return DFL_ERR;
+    }
+    for (int t = 0; t < n; t++) conv_node_rows(src + (size_t)t * (K - 1), state, xin, parent, t, C, K);
+    for (int g = 0; g < groups; g++)
+        conv_group_weights(wt + (size_t)g * K * 16, w, 16 * g, C - 16 * g < 16 ? C - 16 * g : 16, K);
+    const size_t work = (size_t)n * C * (K + 8);
+#pragma omp parallel num_threads(kn_team(work)) if (work >= KN_PAR_MIN_WORK)
+    {
+#pragma omp for schedule(dynamic, kn_chunk(n))
+        for (int t = 0; t < n; t++) memcpy(xin + (size_t)t * C, x + (size_t)t * C, (size_t)C * sizeof(float));
+#pragma omp for schedule(dynamic, kn_chunk(n)) /* after every input is kept (the loop's barrier) */
+        for (int t = 0; t < n; t++)
+            kn_conv_silu_rows(x + (size_t)t * C, (size_t)C, 1, C, K, wt, src + (size_t)t * (K - 1));
+    }
+    free(src), free(wt);
+    return DFL_OK;
+}
+
 void kn_causal_conv_silu(float *x, int n, int C, int K, const float *w, float *state, const int *parent, float *xin) {
     const double prof_t0 = KN_PROF_BEGIN();
-    /* 16 channels at a time (the kn_conv_silu width), so that each token's row is read and
-     * written once */
+    if (parent && conv_tree(x, n, C, K, w, state, parent, xin) == DFL_OK) {
+        KN_PROF_END(KN_OP_CONV, prof_t0, 0);
+        return;
+    }
+    /* a chain (or a tree without memory for its row lists): 16 channels at a time (the
+     * kn_conv_silu width), the window in registers, each token's row read and written once */
     const size_t work = (size_t)n * C * (K + 8);
 #pragma omp parallel for num_threads(kn_team(work)) \
     schedule(dynamic, kn_chunk((C + 15) / 16)) if (work >= KN_PAR_MIN_WORK)
     for (int c0 = 0; c0 < C; c0 += 16) {
         const int nc = C - c0 < 16 ? C - c0 : 16;
         const size_t row_bytes = (size_t)nc * sizeof(float);
-        float win[15][16] = {{0}}, wt[16][16] = {{0}}; /* [tap][channel]: window (oldest first), weights */
-        for (int j = 0; j < K; j++)
-            for (int i = 0; i < nc; i++) wt[j][i] = w[(size_t)(c0 + i) * K + j];
+        float win[15][16] = {{0}}, wt[16][16]; /* [tap][channel]: window (oldest first), weights */
+        conv_group_weights(wt[0], w, c0, nc, K);
         if (!parent) {
             for (int j = 0; j < K - 1; j++) memcpy(win[j], state + (size_t)j * C + c0, row_bytes);
             kn_conv_silu(x + c0, (size_t)C, n, nc, K, wt[0], win[0]);
@@ -153,8 +192,10 @@ void kn_causal_conv_silu(float *x, int n, int C, int K, const float *w, float *s
         for (int t = 0; t < n; t++) /* the inputs, before the outputs overwrite them */
             memcpy(xin + (size_t)t * C + c0, x + (size_t)t * C + c0, row_bytes);
         for (int t = 0; t < n; t++) { /* each node continues its ancestors' inputs */
-            conv_node_window(win, state, xin, parent, t, C, K, c0, nc);
-            kn_conv_silu(x + (size_t)t * C + c0, (size_t)C, 1, nc, K, wt[0], win[0]);
+            const float *rows[15];
+            conv_node_rows(rows, state, xin, parent, t, C, K);
+            for (int j = 0; j < K - 1; j++) rows[j] += c0;
+            kn_conv_silu_rows(x + (size_t)t * C + c0, (size_t)C, 1, nc, K, wt[0], rows);
         }
     }
     KN_PROF_END(KN_OP_CONV, prof_t0, 0);
