@@ -316,6 +316,8 @@ typedef struct kn_gdn_io {
     size_t ldo;
     const float *S0; /* state [dk][dv] to start from, left unchanged (NULL: S itself); a tree
                       * node continues its parent's state without copying it first */
+    int no_state;    /* kn_gdn_recurrent of one token: S is not written, only out (a tree's leaf,
+                      * whose state nothing continues); the same out bit for bit */
 } kn_gdn_io;
 
 /* Gates of value head h for tokens t0..t0+nt-1 (nt <= KN_GDN_CHUNK) from ab [tokens][2*Hv] (raw

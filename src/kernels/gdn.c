@@ -162,6 +162,9 @@ void kn_gdn_heads(const kn_gdn_heads_io *a) {
         const int kh = h / ratio;
         for (int i = 0; i < n; i += step) {
             const int nt = n - i < step ? n - i : step, t0 = a->tree ? a->tree->order[i] : i;
+            /* a tree's leaf (the next node in depth-first order is no deeper): no node continues
+             * its state, so only its output is computed */
+            const int leaf = a->tree && (i + 1 == n || a->tree->depth[a->tree->order[i + 1]] <= a->tree->depth[t0]);
             const float *S0;
             float *Sh = gdn_head_state(a, h, t0, &S0);
             kn_gdn_gates(gb, a->ab, Hv, h, t0, nt, a->neg_exp_A, a->dt_bias);
@@ -177,7 +180,8 @@ void kn_gdn_heads(const kn_gdn_heads_io *a) {
                                   .beta = gb + KN_GDN_CHUNK,
                                   .out = a->out ? a->out + (size_t)t0 * Hv * dv + (size_t)h * dv : NULL,
                                   .ldo = (size_t)Hv * dv,
-                                  .S0 = S0};
+                                  .S0 = S0,
+                                  .no_state = leaf && a->out};
             if (a->chunked) kn_gdn_chunked(Sh, &io);
             else kn_gdn_recurrent(Sh, &io);
         }

@@ -38,9 +38,41 @@ GDN_TGT GDN_INLINE void GDN_NAME(rec_pass_)(float *S, const kn_gdn_io *io, int j
 /* Recurrence over all tokens for the nj vectors of columns starting at j0: the first token's
  * decay (from S0 when given) and u = S^T k, then per token one pass (rec_pass_) that updates S
  * and decays it for the next token. */
+/* One token's output without its state (io->no_state: a tree's leaf): the decayed state is
+ * recomputed from S0 in the second pass instead of stored and loaded, so out takes the same
+ * operations as rec_cols_ gives it, with no store to the state. */
+GDN_TGT GDN_INLINE void GDN_NAME(rec_out_only_)(const float *S, const kn_gdn_io *io, int j0, const int nj) {
+    const int dk = io->dk, dv = io->dv;
+    const float *Src = io->S0 ? io->S0 : S;
+    const VT decay = VSET1(expf(io->g[0])), beta = VSET1(io->beta[0]);
+    VT u[GDN_NJ], d[GDN_NJ], o[GDN_NJ];
+#pragma GCC unroll 8
+    for (int jj = 0; jj < nj; jj++) u[jj] = VZERO(), o[jj] = VZERO();
+    for (int i = 0; i < dk; i++) { /* u = (S decay)^T k */
+        const float *Ri = Src + (size_t)i * dv + j0;
+        const VT ki = VSET1(io->k[i]);
+#pragma GCC unroll 8
+        for (int jj = 0; jj < nj; jj++) u[jj] = VFMA(VMUL(VLOAD(Ri + jj * VW), decay), ki, u[jj]);
+    }
+#pragma GCC unroll 8
+    for (int jj = 0; jj < nj; jj++) d[jj] = VMUL(VSUB(VLOAD(io->v + j0 + jj * VW), u[jj]), beta);
+    for (int i = 0; i < dk; i++) { /* o = (S decay + k d^T)^T q */
+        const float *Ri = Src + (size_t)i * dv + j0;
+        const VT ki = VSET1(io->k[i]), qi = VSET1(io->q[i]);
+#pragma GCC unroll 8
+        for (int jj = 0; jj < nj; jj++) o[jj] = VFMA(VFMA(ki, d[jj], VMUL(VLOAD(Ri + jj * VW), decay)), qi, o[jj]);
+    }
+#pragma GCC unroll 8
+    for (int jj = 0; jj < nj; jj++) VSTORE(io->out + j0 + jj * VW, o[jj]);
+}
+
 GDN_TGT GDN_INLINE void GDN_NAME(rec_cols_)(float *S, const kn_gdn_io *io, int j0, const int nj) {
     const int dk = io->dk, dv = io->dv, n = io->n, has_out = io->out != NULL;
     if (n < 1) return;
+    if (io->no_state && n == 1 && has_out) {
+        GDN_NAME(rec_out_only_)(S, io, j0, nj);
+        return;
+    }
     VT u[GDN_NJ], d[GDN_NJ], o[GDN_NJ];
     const float *Src = io->S0 ? io->S0 : S; /* the first token reads S0 */
     const VT decay = VSET1(expf(io->g[0]));
