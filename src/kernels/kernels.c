@@ -225,6 +225,26 @@ int kn_first_above(const float *x, int n, float t) {
     return kn_first_above_generic(x, n, t);
 }
 
+size_t kn_count_nonfinite(const float *x, size_t n) {
+    const double prof_t0 = KN_PROF_BEGIN();
+    enum { CHUNK = 1 << 15 }; /* floats a work item */
+    const long chunks = (long)((n + CHUNK - 1) / CHUNK);
+    size_t bad = 0;
+    /* a 16-token verification's logits (16 x 248320): 1.4 ms on 2 threads in the compiler's SSE2
+     * loop, 0.94 ms in AVX-512 (AMX host, 2026-12-05) */
+#pragma omp parallel for num_threads(kn_team(n)) schedule(dynamic, kn_chunk(chunks)) reduction(+ : bad) if (n >= KN_PAR_MIN_WORK)
+    for (long c = 0; c < chunks; c++) {
+        const size_t i0 = (size_t)c * CHUNK, len = n - i0 < CHUNK ? n - i0 : CHUNK;
+#if KN_X86
+        bad += isa_avx512() ? kn_count_nonfinite_avx512(x + i0, len) : kn_count_nonfinite_generic(x + i0, len);
+#else
+        bad += kn_count_nonfinite_generic(x + i0, len);
+#endif
+    }
+    KN_PROF_END(KN_OP_LOGITS, prof_t0, 0);
+    return bad;
+}
+
 int kn_argmax(const float *x, int n) {
     const double t0 = KN_PROF_BEGIN();
 #if KN_X86

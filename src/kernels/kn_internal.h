@@ -52,6 +52,7 @@ int kn_team_step(kn_team_ctl *c, double now, double work, double dt, double run,
 
 void kn_matmul_generic(float *y, const float *x, const dfl_mat *w, int n);
 int kn_argmax_generic(const float *x, int n);
+size_t kn_count_nonfinite_generic(const float *x, size_t n);
 void kn_softmax_generic(float *x, int n);
 int kn_first_above_generic(const float *x, int n, float t);
 void kn_swiglu_generic(float *a, const float *b, int n);
@@ -117,6 +118,7 @@ void kn_expf_avx512(float *y, const float *x, int n);
 int kn_first_above_avx512(const float *x, int n, float t);
 /* kn_argmax_generic's index exactly (the first maximum; NaNs never win; x[0] NaN gives 0). */
 int kn_argmax_avx512(const float *x, int n);
+size_t kn_count_nonfinite_avx512(const float *x, size_t n);
 void kn_axpy_avx2(float *y, float a, const float *x, int n);
 void kn_axpy_avx512(float *y, float a, const float *x, int n);
 void kn_dot_rows_avx2(float *out, size_t ldo, const float *a, size_t lda, int G, const float *b, size_t ldb, int m,

@@ -482,6 +482,25 @@ TGT_AVX512 INLINE float dot_512(const float *a, const float *b, int n) {
 
 TGT_AVX512 float kn_dot_avx512(const float *a, const float *b, int n) { return dot_512(a, b, n); }
 
+/* Values whose exponent bits are all ones (NaN, +-Inf), four vectors a step. */
+TGT_AVX512 size_t kn_count_nonfinite_avx512(const float *x, size_t n) {
+    const __m512i e = _mm512_set1_epi32(0x7f800000);
+    size_t bad = 0, i = 0;
+    for (; i + 64 <= n; i += 64) {
+        __mmask16 k[4];
+        for (int j = 0; j < 4; j++)
+            k[j] = _mm512_cmpeq_epi32_mask(_mm512_and_si512(_mm512_loadu_si512(x + i + 16 * j), e), e);
+        bad += (size_t)__builtin_popcount(k[0]) + __builtin_popcount(k[1]) + __builtin_popcount(k[2]) +
+               __builtin_popcount(k[3]);
+    }
+    for (; i < n; i += 16) {
+        const __mmask16 m = n - i >= 16 ? 0xffff : (__mmask16)((1u << (n - i)) - 1);
+        bad += __builtin_popcount(
+            _mm512_mask_cmpeq_epi32_mask(m, _mm512_and_si512(_mm512_maskz_loadu_epi32(m, x + i), e), e));
+    }
+    return bad;
+}
+
 /* Two passes: the largest value (ordered comparisons, so NaNs are skipped as the generic loop's
  * x[i] > x[best] skips them), then the first index holding it (-0 == +0, as there). */
 TGT_AVX512 int kn_argmax_avx512(const float *x, int n) {

@@ -888,16 +888,29 @@ static void check_act_api(void) {
     kn_act_set(KN_ACT_F32);
 }
 
-/* kn_count_nonfinite: NaN and both infinities, not the largest finite or subnormal values. */
-static void check_nonfinite(void) {
+/* kn_count_nonfinite: NaN and both infinities, not the largest finite or subnormal values; over a
+ * range, and over 200003 values (threaded chunks, the vector loop's tails) with non-finite values
+ * at the ends and at chunk edges. */
+static void check_nonfinite(kn_isa isa) {
+    kn_isa_set(isa);
     float x[1000];
     for (int i = 0; i < 1000; i++) x[i] = (float)i - 500.0f;
     CHECK(kn_count_nonfinite(x, 1000) == 0, "finite values counted as non-finite");
     x[3] = 3.4028235e38f, x[4] = -3.4028235e38f, x[5] = 1e-45f;
     CHECK(kn_count_nonfinite(x, 1000) == 0, "extreme finite values counted as non-finite");
     x[0] = NAN, x[499] = INFINITY, x[999] = -INFINITY, x[7] = -NAN;
-    CHECK(kn_count_nonfinite(x, 1000) == 4, "NaN, -NaN, +Inf, -Inf: %zu counted", kn_count_nonfinite(x, 1000));
+    CHECK(kn_count_nonfinite(x, 1000) == 4, "%s: NaN, -NaN, +Inf, -Inf: %zu counted", kn_isa_name(isa),
+          kn_count_nonfinite(x, 1000));
     CHECK(kn_count_nonfinite(x, 999) == 3 && kn_count_nonfinite(x + 1, 6) == 0, "counts over a range");
+    enum { N = 200003 };
+    static const size_t at[] = {0, 63, 64, 32767, 32768, 65535, 131072, N - 17, N - 1};
+    float *y = malloc(N * sizeof(float));
+    for (size_t i = 0; i < N; i++) y[i] = (float)(i % 1000) - 500.0f;
+    for (size_t k = 0; k < sizeof at / sizeof at[0]; k++) y[at[k]] = k % 2 ? NAN : -INFINITY;
+    CHECK(kn_count_nonfinite(y, N) == sizeof at / sizeof at[0] && kn_count_nonfinite(y, N - 1) == 8 &&
+              kn_count_nonfinite(y + 1, N - 2) == 7,
+          "%s: %zu of 9 non-finite values counted in %d", kn_isa_name(isa), kn_count_nonfinite(y, N), N);
+    free(y);
 }
 
 /* ---- kn_attention against a plain double-precision reference ------------------------------ */
@@ -1331,7 +1344,8 @@ static void check_moe_route(void) {
 }
 
 int main(void) {
-    check_nonfinite();
+    check_nonfinite(KN_ISA_GENERIC);
+    check_nonfinite(kn_isa_default());
     static const int shapes[][2] = {{1, 1},   {3, 7},    {5, 16},    {17, 31},   {4, 32},
                                     {9, 33},  {67, 100}, {6, 257},   {13, 512},  {16, 32},
                                     {37, 64}, {70, 96},  {130, 256}, {20, 4096}, {40, 8192}};
