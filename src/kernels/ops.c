@@ -10,11 +10,54 @@
 #include "dfl/common.h"
 #include "kn_internal.h"
 
+#define SUMSQ_GROUP 8 /* vectors whose sums of squares run side by side */
+
+/* The sums of squares of R <= SUMSQ_GROUP vectors v[r][0..d-1], each one float sum in index order
+ * (the bits of a loop over one vector, as kn_rmsnorm's): a group's chains interleave, so that
+ * each add waits on its own vector's previous add only, not on every add before it. */
+static void sumsq(const float *const *v, int R, int d, float *ss) {
+    if (R == SUMSQ_GROUP) { /* eight named sums: they stay in registers */
+        const float *a = v[0], *b = v[1], *c = v[2], *e = v[3], *f = v[4], *g = v[5], *h = v[6], *k = v[7];
+        float s0 = 0, s1 = 0, s2 = 0, s3 = 0, s4 = 0, s5 = 0, s6 = 0, s7 = 0;
+        for (int i = 0; i < d; i++) {
+            s0 += a[i] * a[i], s1 += b[i] * b[i], s2 += c[i] * c[i], s3 += e[i] * e[i];
+            s4 += f[i] * f[i], s5 += g[i] * g[i], s6 += h[i] * h[i], s7 += k[i] * k[i];
+        }
+        ss[0] = s0, ss[1] = s1, ss[2] = s2, ss[3] = s3, ss[4] = s4, ss[5] = s5, ss[6] = s6, ss[7] = s7;
+        return;
+    }
+    for (int r = 0; r < R; r++) {
+        float s = 0;
+        for (int i = 0; i < d; i++) s += v[r][i] * v[r][i];
+        ss[r] = s;
+    }
+}
+
+/* kn_rmsnorm of R <= SUMSQ_GROUP vectors x[r] into y[r] (in place allowed), the same bits. */
+static void rmsnorm_group(float *const *y, const float *const *x, const float *w, int R, int dim, float eps) {
+    float ss[SUMSQ_GROUP];
+    sumsq(x, R, dim, ss);
+    for (int r = 0; r < R; r++) {
+        const float rs = 1.0f / sqrtf(ss[r] / (float)dim + eps);
+        float *yr = y[r];
+        const float *xr = x[r];
+#pragma omp simd /* elementwise (y may be x): no dependence between elements */
+        for (int i = 0; i < dim; i++) yr[i] = w[i] * (xr[i] * rs);
+    }
+}
+
 void kn_rmsnorm_rows(float *y, const float *x, const float *w, int rows, int dim, float eps) {
     const double prof_t0 = KN_PROF_BEGIN();
     const size_t work = (size_t)rows * dim * 4;
-#pragma omp parallel for num_threads(kn_team(work)) schedule(dynamic, kn_chunk(rows)) if (work >= KN_PAR_MIN_WORK)
-    for (int r = 0; r < rows; r++) kn_rmsnorm(y + (size_t)r * dim, x + (size_t)r * dim, w, dim, eps);
+    const int groups = (rows + SUMSQ_GROUP - 1) / SUMSQ_GROUP;
+#pragma omp parallel for num_threads(kn_team(work)) schedule(dynamic, kn_chunk(groups)) if (work >= KN_PAR_MIN_WORK)
+    for (int g = 0; g < groups; g++) {
+        const int r0 = g * SUMSQ_GROUP, R = rows - r0 < SUMSQ_GROUP ? rows - r0 : SUMSQ_GROUP;
+        float *yr[SUMSQ_GROUP];
+        const float *xr[SUMSQ_GROUP];
+        for (int r = 0; r < R; r++) yr[r] = y + (size_t)(r0 + r) * dim, xr[r] = x + (size_t)(r0 + r) * dim;
+        rmsnorm_group(yr, xr, w, R, dim, eps);
+    }
     KN_PROF_END(KN_OP_ELEMENT, prof_t0, 0);
 }
 
@@ -70,9 +113,12 @@ void kn_rope_table(float *cos, float *sin, const float *inv_freq, int half, floa
 void kn_head_norm_rope(float *x, int nh, size_t ldh, const float *w, int hd, float eps, const float *cos,
                        const float *sin, int rot) {
     const double prof_t0 = KN_PROF_BEGIN();
-    for (int h = 0; h < nh; h++) {
-        kn_rmsnorm(x + (size_t)h * ldh, x + (size_t)h * ldh, w, hd, eps);
-        kn_rope(x + (size_t)h * ldh, cos, sin, rot);
+    for (int h0 = 0; h0 < nh; h0 += SUMSQ_GROUP) {
+        const int R = nh - h0 < SUMSQ_GROUP ? nh - h0 : SUMSQ_GROUP;
+        float *v[SUMSQ_GROUP];
+        for (int r = 0; r < R; r++) v[r] = x + (size_t)(h0 + r) * ldh;
+        rmsnorm_group(v, (const float *const *)v, w, R, hd, eps);
+        for (int r = 0; r < R; r++) kn_rope(v[r], cos, sin, rot);
     }
     KN_PROF_END(KN_OP_ATTENTION, prof_t0, 0);
 }
@@ -82,13 +128,18 @@ void kn_l2norm_heads(float *x, size_t ld, int n, int nh, int d, float scale) {
     /* threaded from the size at which the forward's joint q and k loop was */
     const size_t work = (size_t)n * nh * d * 4;
 #pragma omp parallel for num_threads(kn_team(work)) \
-    schedule(dynamic, kn_chunk((long)n *nh)) if (work >= KN_PAR_MIN_WORK)
-    for (int th = 0; th < n * nh; th++) {
-        float *v = x + (size_t)(th / nh) * ld + (size_t)(th % nh) * d; /* [d] */
-        float ss = 0;
-        for (int i = 0; i < d; i++) ss += v[i] * v[i];
-        const float r = 1.0f / sqrtf(ss + 1e-6f);
-        for (int i = 0; i < d; i++) v[i] = v[i] * r * scale;
+    schedule(dynamic, kn_chunk(((long)n * nh + SUMSQ_GROUP - 1) / SUMSQ_GROUP)) if (work >= KN_PAR_MIN_WORK)
+    for (int th0 = 0; th0 < n * nh; th0 += SUMSQ_GROUP) { /* (token, head) vectors, a group at a time */
+        const int R = n * nh - th0 < SUMSQ_GROUP ? n * nh - th0 : SUMSQ_GROUP;
+        float *v[SUMSQ_GROUP], ss[SUMSQ_GROUP];
+        for (int r = 0; r < R; r++) v[r] = x + (size_t)((th0 + r) / nh) * ld + (size_t)((th0 + r) % nh) * d; /* [d] */
+        sumsq((const float *const *)v, R, d, ss);
+        for (int r = 0; r < R; r++) {
+            const float rs = 1.0f / sqrtf(ss[r] + 1e-6f);
+            float *vr = v[r];
+#pragma omp simd
+            for (int i = 0; i < d; i++) vr[i] = vr[i] * rs * scale;
+        }
     }
     KN_PROF_END(KN_OP_CONV, prof_t0, 0);
 }
