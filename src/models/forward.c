@@ -253,10 +253,9 @@ static void attention_layer(dfl_target_state *s, int li, int n) {
  * are kept so that the committed path's window and state can be recomputed. NULL = chain: each
  * token continues the previous one, in place in conv_state / S. */
 typedef struct lin_tree {
-    const int *parent;         /* [n] */
-    kn_gdn_tree gdn;           /* depth-first order, depths, per-thread state stacks */
-    float *xin;                /* [n, conv_dim] conv inputs */
-    float *node_qkv, *node_ab; /* [n, conv_dim] and [n, 2*Hv]: the recurrence's inputs */
+    const int *parent; /* [n] */
+    kn_gdn_tree gdn;   /* depth-first order, depths, per-thread state stacks */
+    float *xin;        /* [n, conv_dim] conv inputs */
 } lin_tree;
 
 /* Advance one linear layer's conv window and recurrent state over n tokens. S0: a chain's
@@ -274,10 +273,6 @@ static void gated_delta(const dfl_model *m, const dfl_layer_w *l, float *conv_st
     /* L2-normalise q and k per (token, key head); q also scaled by 1/sqrt(dk) */
     kn_l2norm_heads(qkv, (size_t)C, n, Hk, dk, 1.0f / sqrtf((float)dk));
     kn_l2norm_heads(qkv + (size_t)Hk * dk, (size_t)C, n, Hk, dk, 1.0f);
-    if (tree) { /* the committed path's state is recomputed from these (target_state_tree_commit) */
-        memcpy(tree->node_qkv, qkv, (size_t)n * C * sizeof(float));
-        memcpy(tree->node_ab, ab, (size_t)n * 2 * Hv * sizeof(float));
-    }
     const kn_gdn_heads_io io = {.n = n,
                                 .Hk = Hk,
                                 .Hv = Hv,
@@ -301,13 +296,17 @@ static void linear_layer(dfl_target_state *s, int li, int n) {
     const dfl_config *g = &m->cfg;
     const dfl_layer_w *l = &m->layers[li];
     const int H = g->hidden, Hv = g->lin_v_heads, dv = g->lin_v_dim, C = m->conv_dim;
+    /* a tree keeps each node's recurrence inputs (conv output, gates) for its commit
+     * (tree_path_state): they are computed in the layer's node tables, not copied there */
+    const int keep = s->tree_parent && s->tree_qkv;
+    float *qkv = keep ? s->tree_qkv[li] : s->q, *ab = keep ? s->tree_ab[li] : s->ab;
     kn_rmsnorm_rows(s->xn, s->x, l->input_norm, n, H, g->rms_eps);
-    kn_matmul_multi(4, (float *[]){s->q, s->z, s->att, s->att + (size_t)n * Hv}, s->xn,
+    kn_matmul_multi(4, (float *[]){qkv, s->z, s->att, s->att + (size_t)n * Hv}, s->xn,
                     (const dfl_mat *[]){&l->in_qkv, &l->in_z, &l->in_a, &l->in_b}, n);
     /* a and b side by side: ab[t] = [a_0..a_Hv-1 | b_0..b_Hv-1] */
     for (int t = 0; t < n; t++) {
-        memcpy(s->ab + (size_t)t * 2 * Hv, s->att + (size_t)t * Hv, (size_t)Hv * sizeof(float));
-        memcpy(s->ab + (size_t)t * 2 * Hv + Hv, s->att + (size_t)n * Hv + (size_t)t * Hv, (size_t)Hv * sizeof(float));
+        memcpy(ab + (size_t)t * 2 * Hv, s->att + (size_t)t * Hv, (size_t)Hv * sizeof(float));
+        memcpy(ab + (size_t)t * 2 * Hv + Hv, s->att + (size_t)n * Hv + (size_t)t * Hv, (size_t)Hv * sizeof(float));
     }
     const float *S0 = NULL;
     if (s->rec_n > 0) {
@@ -318,8 +317,8 @@ static void linear_layer(dfl_target_state *s, int li, int n) {
         float *t = s->rec_S0[li];
         s->rec_S0[li] = s->rec_state[li], s->rec_state[li] = t;
         S0 = s->rec_S0[li];
-        memcpy(s->rec_qkv[li], s->q, (size_t)n * C * sizeof(float));
-        memcpy(s->rec_ab[li], s->ab, (size_t)n * 2 * Hv * sizeof(float));
+        memcpy(s->rec_qkv[li], qkv, (size_t)n * C * sizeof(float));
+        memcpy(s->rec_ab[li], ab, (size_t)n * 2 * Hv * sizeof(float));
     }
     lin_tree tree = {.parent = s->tree_parent,
                      .gdn = {.order = s->tree_order,
@@ -327,10 +326,8 @@ static void linear_layer(dfl_target_state *s, int li, int n) {
                              .stack = s->tree_stack,
                              .levels = s->tree_levels,
                              .threads = s->tree_threads},
-                     .xin = s->tree_xin ? s->tree_xin[li] : NULL,
-                     .node_qkv = s->tree_qkv ? s->tree_qkv[li] : NULL,
-                     .node_ab = s->tree_ab ? s->tree_ab[li] : NULL};
-    gated_delta(m, l, s->conv_state[li], s->rec_state[li], S0, s->q, s->ab, n, s->att, s->tree_parent ? &tree : NULL);
+                     .xin = s->tree_xin ? s->tree_xin[li] : NULL};
+    gated_delta(m, l, s->conv_state[li], s->rec_state[li], S0, qkv, ab, n, s->att, s->tree_parent ? &tree : NULL);
     /* gated RMSNorm per (token, value head): w * norm(o) * silu(z), into z */
     kn_rmsnorm_rows(s->att, s->att, l->gnorm, n * Hv, dv, g->rms_eps);
     kn_swiglu_par(s->z, s->att, (size_t)n * Hv * dv);
