@@ -347,12 +347,15 @@ static size_t amx_cb_floats(int ldc, int cols) {
 /* y rows r0 .. r0 + 16 rg - 1 of tokens t0 .. t0 + nb - 1 from their C results cb [16 rg][ldc]:
  * y = (hi + mid) + lo, or the one part's sum with bf16 activations (S = 1). A planar block's
  * interleaved tail (amx_tail) combines as the interleaved layout does, after its full groups.
- * With one part, both layouts put token t at virtual column t: 16-token groups, transposed in
- * registers (a 16-token verification's lm_head wrote its 4M results one float at a time). */
+ * With one part, both layouts put token t at virtual column t: blocks of 8 tokens or more go by
+ * 16-token groups, transposed in registers (a 16-token verification's lm_head wrote its 4M
+ * results one float at a time), fewer one float at a time (a decode step's transpose cost more
+ * than it saved). */
 TGT_AMX static void amx_combine(float *y, int rows, int r0, int rg, int t0, int nb, const float *cb, int ldc,
                                 int planar, int stream, int S) {
-    if (S == 1) planar = 1;
-    const int tail = S == 1 ? 0 : planar ? amx_tail(nb, S) : nb, full = planar ? nb / 16 : 0; /* interleaved: all */
+    const int groups1 = S == 1 && nb >= 8; /* transposing pays from 8 tokens (decode: 55 -> 64 ms) */
+    if (groups1) planar = 1;
+    const int tail = groups1 ? 0 : planar ? amx_tail(nb, S) : nb, full = planar ? nb / 16 : 0; /* interleaved: all */
     for (int t = 0; t < tail; t++)
         for (int r = 0; r < 16 * rg; r++) {
             const float *cr = cb + (size_t)r * ldc + (size_t)16 * S * full + S * t;
