@@ -85,12 +85,15 @@ TGT_AMX INLINE void amx_block1(const uint16_t *w, size_t ldw, const uint16_t *b,
     } while (0)
 
 TGT_AMX INLINE void amx_block2(const uint16_t *w, size_t ldw, const uint16_t *b, size_t bstride, int ks_n, float *cb,
-                               int ldc) {
+                               int ldc, int pf) {
     const size_t ldcb = (size_t)ldc * sizeof(float);
     _tile_zero(0);
     _tile_zero(1);
     int ks = 0;
     for (; ks + 1 < ks_n; ks += 2) {
+        if (pf) /* the next row tile's two steps, into L2 (as amx_block3) */
+            for (int r = 0; r < 16; r++)
+                _mm_prefetch((const char *)(w + (size_t)(16 + r) * (ldw / 2) + (size_t)ks * 32), _MM_HINT_T1);
         AMX_STEP2(w + (size_t)ks * 32, ldw, b + (size_t)ks * TILE_ELEMS, bstride, 4, 2, 3);
         AMX_STEP2(w + (size_t)(ks + 1) * 32, ldw, b + (size_t)(ks + 1) * TILE_ELEMS, bstride, 5, 6, 7);
     }
@@ -386,9 +389,12 @@ TGT_AMX static void amx_combine(float *y, int rows, int r0, int rg, int t0, int 
 /* Token blocks (whole B tiles) whose packed activations stay in L2; each thread runs its row
  * groups over one block, then the next. One B tile (up to 5 tokens) or two (6 to 10): single
  * row tiles, the weights streaming with the hardware prefetchers alone (software prefetch
- * measured slower there); two B tiles instead of 16-token groups' three cut a 6-10 token
- * product of a 4096 x 4096 matrix from 0.90 to 0.69 ms on 2 threads (AMX, 2026-12-05). Up to 32 tokens: single row tiles running 16-token groups (1 x 3 tiles), prefetching
- * the next row tile into L2. More: groups of 2 row tiles x pairs of B tiles, the first pass
+ * measured slower there), except that two B tiles over weights of 32 MiB or more (an lm_head)
+ * prefetch the next row tile into L2: the bench target's 248K x 1024 lm_head over 6-10 tokens
+ * took 23.4-26.3 ms without, 21.6-22.0 with (its verify(6..10) 79-89 -> 74-82 ms); two B tiles
+ * instead of 16-token groups' three cut a 6-10 token product of a 4096 x 4096 matrix from 0.90
+ * to 0.69 ms on 2 threads (AMX, 2026-12-05). Up to 32 tokens: single row tiles running 16-token
+ * groups (1 x 3 tiles), prefetching the next row tile into L2. More: groups of 2 row tiles x pairs of B tiles, the first pass
  * prefetching the next group. Outputs larger than L2 are written with streaming stores, so
  * that they do not evict the packed activations. 16-token groups of wide matrices, whose packed
  * activations pass B_L2_MAX (3 x 544 KB for 17408 columns), run up to CHUNK_TILES row tiles
@@ -408,6 +414,9 @@ TGT_AMX static void amx_run(int count, float *const *ys, const dfl_mat *const *w
         aligned &= (uintptr_t)ys[i] % 64 == 0 && ws[i]->rows % 16 == 0;
     }
     const int stream = (planar || S == 1) && aligned && rows_all * n * sizeof(float) > STREAM_MIN_BYTES;
+    /* two B tiles a row tile over weights that stream from memory (an lm_head): prefetch the next
+     * row tile, as 16-token groups do (smaller weights, from L3, measured 5% slower with it) */
+    const int pf2 = amx_wbytes(count, ws) >= wide_min_bytes;
     const size_t work = rows16_all * cols * n;
 #pragma omp parallel num_threads(kn_team(work)) if (work >= KN_PAR_MIN_WORK)
     {
@@ -469,12 +478,12 @@ TGT_AMX static void amx_run(int count, float *const *ys, const dfl_mat *const *w
                     continue;
                 }
                 if (cn == 1) amx_block1(wg, ldw, bt, ks_n, cb, ldc);
-                else if (!planar) amx_block2(wg, ldw, bt, tile_step, ks_n, cb, ldc);
+                else if (!planar) amx_block2(wg, ldw, bt, tile_step, ks_n, cb, ldc, pf2);
                 else if (rg_max == 1) /* three B tiles at a time (a 16-token group's parts), one after the other */
                     for (int c = 0; c < cn; c += 3) {
                         const uint16_t *bc = bt + (size_t)c * tile_step;
                         if (cn - c >= 3) amx_block3(wg, ldw, bc, tile_step, ks_n, cb + c * 16, ldc, 0);
-                        else if (cn - c == 2) amx_block2(wg, ldw, bc, tile_step, ks_n, cb + c * 16, ldc);
+                        else if (cn - c == 2) amx_block2(wg, ldw, bc, tile_step, ks_n, cb + c * 16, ldc, pf2);
                         else amx_block1(wg, ldw, bc, ks_n, cb + c * 16, ldc);
                     }
                 else
