@@ -7,7 +7,7 @@
 #include "dfl/common.h"
 #include "dfl/ddtree.h"
 
-static const char *const fwd_names[BP_COUNT] = {"decode", "verify", "tree"};
+static const char *const fwd_names[BP_COUNT] = {"decode", "verify", "tree", "draft"};
 
 float *bench_tree_probs(int D, int V) {
     float *probs = malloc((size_t)D * V * sizeof(float));
@@ -23,24 +23,27 @@ float *bench_tree_probs(int D, int V) {
 }
 
 /* One forward of kind k with the profile counting; then back to the context (a decode step stays). */
-static int profile_one(dfl_target_state *s, int k, const int32_t *toks, int nv, const dfl_tree *t, float *logits,
-                       kn_prof *q, double *dt) {
+static int profile_one(dfl_target_state *s, const dfl_draft_if *dif, int k, const int32_t *toks, int nv, int B,
+                       const dfl_tree *t, float *logits, kn_prof *q, double *dt) {
     const int base = s->n_past, root[1] = {0};
     kn_prof_start();
     const double t0 = dfl_now();
     int rc;
     if (k == BP_TREE) rc = model_forward_tree(s, t->token, t->parent, t->n, logits, NULL);
+    else if (k == BP_DRAFT) rc = dif->draft(dif->ctx, toks[0], B, logits);
     else rc = model_forward(s, toks, k == BP_DECODE ? 1 : nv, logits, k == BP_DECODE, NULL);
     *dt = dfl_now() - t0;
     kn_prof_stop(q);
     if (rc != DFL_OK) return DFL_ERR;
     if (k == BP_TREE) return target_state_tree_commit(s, root, 1);
-    return k == BP_VERIFY ? target_state_rollback(s, base) : DFL_OK;
+    return k == BP_VERIFY ? target_state_rollback(s, base) : DFL_OK; /* a draft leaves no trace */
 }
 
-int bench_profile_run(dfl_target_state *s, const int32_t *toks, int nv, int B, int reps, bench_prof *p) {
+int bench_profile_run(dfl_target_state *s, const dfl_draft_if *dif, const int32_t *toks, int nv, int B, int reps,
+                      bench_prof *p) {
     const int V = s->m->cfg.vocab, trees = s->tree_cap > 0;
-    const int rows = nv > BP_TREE_BUDGET + 1 ? nv : BP_TREE_BUDGET + 1;
+    int rows = nv > BP_TREE_BUDGET + 1 ? nv : BP_TREE_BUDGET + 1;
+    rows = rows > B ? rows : B;
     float *logits = malloc((size_t)rows * V * sizeof(float)), *probs = trees ? bench_tree_probs(B - 1, V) : NULL;
     dfl_tree t = {0};
     int rc = DFL_ERR;
@@ -51,15 +54,15 @@ int bench_profile_run(dfl_target_state *s, const int32_t *toks, int nv, int B, i
     }
     if (trees && ddtree_build(&t, toks[0], probs, B - 1, V, BP_TREE_BUDGET) != DFL_OK) goto done;
     for (int k = 0; k < BP_COUNT; k++) {
-        if (k == BP_TREE && !trees) continue;
-        p->n[k] = k == BP_DECODE ? 1 : k == BP_VERIFY ? nv : t.n;
+        if ((k == BP_TREE && !trees) || (k == BP_DRAFT && !dif)) continue;
+        p->n[k] = k == BP_DECODE ? 1 : k == BP_VERIFY ? nv : k == BP_TREE ? t.n : B;
         s->no_record = k == BP_DECODE; /* plain decoding keeps no record */
         uint64_t bytes = 0;
         double mm_s = 0;
         for (int r = 0; r < reps + 1; r++) { /* the first run warms up */
             kn_prof q;
             double dt;
-            const int ok = profile_one(s, k, toks, nv, &t, logits, &q, &dt) == DFL_OK;
+            const int ok = profile_one(s, dif, k, toks, nv, B, &t, logits, &q, &dt) == DFL_OK;
             s->no_record = no_record;
             if (!ok) goto done;
             if (r == 0) continue;
@@ -85,7 +88,7 @@ static double other_ms(const bench_prof *p, int k) {
 }
 
 void bench_profile_print(const bench_prof *p) {
-    char head[3][32];
+    char head[BP_COUNT][32];
     for (int k = 0; k < BP_COUNT; k++)
         if (k == BP_DECODE) snprintf(head[k], sizeof head[k], "decode");
         else snprintf(head[k], sizeof head[k], "%s(%d)", fwd_names[k], p->n[k]);
@@ -110,7 +113,7 @@ void bench_profile_print(const bench_prof *p) {
     for (int k = 0; k < BP_COUNT; k++)
         if (p->n[k]) printf(" %12.2f", p->matmul_gbps[k]);
     printf("\n");
-    for (int k = BP_VERIFY; k < BP_COUNT; k++) { /* what the extra time over a decode step went to */
+    for (int k = BP_VERIFY; k <= BP_TREE; k++) { /* what the extra time over a decode step went to */
         if (!p->n[k]) continue;
         double d[KN_OP_COUNT + 1]; /* each kind's extra ms, then other's */
         for (int op = 0; op < KN_OP_COUNT; op++) d[op] = p->op_ms[k][op] - p->op_ms[BP_DECODE][op];

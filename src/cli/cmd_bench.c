@@ -58,8 +58,9 @@ static const char *usage_text =
     "  profile   where a forward's time goes: the mean time per forward in each kind of kernel\n"
     "            call (matrix products, lm_head, attention, delta-rule recurrence, conv, norms\n"
     "            and elementwise, logits check; other: the forward outside them) for a decode\n"
-    "            step, a verification of verify-max tokens and a tree of 64 draft nodes, and what\n"
-    "            the extra time over decode went to (CPU backend; on a GPU: DFL_CUDA_PROFILE=1)\n"
+    "            step, a verification of verify-max tokens, a tree of 64 draft nodes and the\n"
+    "            drafter's block of B, and what the extra time over decode went to (CPU backend;\n"
+    "            on a GPU: DFL_CUDA_PROFILE=1)\n"
     "Prints a table, or with --json one object (probe_gbps, decode_gbps, verify_cost, ...).\n"
     "Timings are the best of --reps runs. Nothing here is a test: results depend on the machine.\n"
     "\n"
@@ -753,8 +754,11 @@ static int run_bench(const bench_opts *o, const dfl_model *m, dfl_any_drafter *a
         if (bench_tree(&s, toks, B, o->reps, r) != DFL_OK) goto done;
     }
     if (o->parts & P_PROFILE) {
+        /* a drafter's block too, on the context (the draft part added it already) */
+        const dfl_feat fv = dfl_feat_view(feat, ctx, nf * H);
+        if (ad && !(o->parts & P_DRAFT) && dif.add_context(dif.ctx, &fv, ctx_toks, ctx) != DFL_OK) goto done;
         fill_tokens(toks, nv, V, 7);
-        if (bench_profile_run(&s, toks, nv, B, o->reps, &r->prof) != DFL_OK) goto done;
+        if (bench_profile_run(&s, ad ? &dif : NULL, toks, nv, B, o->reps, &r->prof) != DFL_OK) goto done;
     }
     if (o->parts & P_PREFILL) {
         fill_tokens(toks, o->prefill, V, 4);
@@ -890,7 +894,7 @@ int cmd_bench(int argc, char **argv) {
     }
     dfl_any_drafter ad;
     int rc = 0;
-    if (o.drafter && (o.parts & (P_DRAFT | P_E2E))) {
+    if (o.drafter && (o.parts & (P_DRAFT | P_E2E | P_PROFILE))) {
         char warning[1024];
         if (anydrafter_open(&ad, o.drafter, &m, o.model, o.block, 0, warning, sizeof warning) != DFL_OK) {
             model_close(&m);

@@ -146,8 +146,8 @@ def check_tree(t):
 
 
 def check_profile(t):
-    """--parts profile: for a decode step, a verification of verify-max tokens and a 64-node tree,
-    each kind of kernel call's mean ms per forward; the kinds and the rest ('other') add up to the
+    """--parts profile: for a decode step, a verification of verify-max tokens, a 64-node tree and a
+    drafter's block, each kind of kernel call's mean ms per forward; the kinds and the rest ('other') add up to the
     forward's time; the products and the lm_head take time on every forward, the delta rule and
     the convolution on a Qwen3.5 target, none on a Qwen3 one; the table says what the extra time
     over decode went to."""
@@ -168,6 +168,13 @@ def check_profile(t):
     out = dfl("bench", "--model", fixture("qwen35_vlm"), "--drafter", "none", "--parts", "profile", *SMALL).stdout
     t.check("delta-rule recurrence" in out and "verify(5) over decode" in out and "tree(65) over decode" in out,
             f"profile table: {out}")
+    # with a drafter: its block of B too (the drafter opened for the profile alone)
+    r = bench_json("--model", fixture("qwen35_vlm"), "--drafter", fixture("dflash_qwen35"), "--parts", "profile",
+                   "--block", "6")
+    d = r.get("profile", {}).get("draft", {})
+    t.check(d.get("tokens") == 6 and d.get("lm_head_ms", 0) > 0 and d.get("matmul_ms", 0) > 0 and
+            d.get("recurrence_ms") == 0 and abs(sum(d[x + "_ms"] for x in kinds) + d["other_ms"] - d["total_ms"]) < 1e-3,
+            f"profile of a DFlash block: {d}")
 
 
 def check_moe(t):
