@@ -56,12 +56,12 @@ int bench_profile_run(dfl_target_state *s, const dfl_draft_if *dif, const int32_
     for (int k = 0; k < BP_COUNT; k++) {
         if ((k == BP_TREE && !trees) || (k == BP_DRAFT && !dif)) continue;
         p->n[k] = k == BP_DECODE ? 1 : k == BP_VERIFY ? nv : k == BP_TREE ? t.n : B;
-        s->no_record = k == BP_DECODE; /* plain decoding keeps no record */
         uint64_t bytes = 0;
         double mm_s = 0;
         for (int r = 0; r < reps + 1; r++) { /* the first run warms up */
             kn_prof q;
             double dt;
+            s->no_record = k == BP_DECODE; /* plain decoding keeps no record */
             const int ok = profile_one(s, dif, k, toks, nv, B, &t, logits, &q, &dt) == DFL_OK;
             s->no_record = no_record;
             if (!ok) goto done;
