@@ -108,13 +108,6 @@ void kn_axpy_rows_generic(float *y, size_t ldy, const float *w, size_t ldw, int 
         }
 }
 
-void kn_rmsnorm(float *y, const float *x, const float *w, int n, float eps) {
-    float ss = 0;
-    for (int i = 0; i < n; i++) ss += x[i] * x[i];
-    float r = 1.0f / sqrtf(ss / (float)n + eps);
-    for (int i = 0; i < n; i++) y[i] = w[i] * (x[i] * r);
-}
-
 void kn_rope(float *x, const float *cos, const float *sin, int rot) {
     int half = rot / 2;
     for (int i = 0; i < half; i++) {

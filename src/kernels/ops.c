@@ -13,7 +13,7 @@
 #define SUMSQ_GROUP 8 /* vectors whose sums of squares run side by side */
 
 /* The sums of squares of R <= SUMSQ_GROUP vectors v[r][0..d-1], each one float sum in index order
- * (the bits of a loop over one vector, as kn_rmsnorm's): a group's chains interleave, so that
+ * (the bits of a plain loop over one vector): a group's chains interleave, so that
  * each add waits on its own vector's previous add only, not on every add before it. */
 static void sumsq(const float *const *v, int R, int d, float *ss) {
     if (R == SUMSQ_GROUP) { /* eight named sums: they stay in registers */
@@ -33,7 +33,8 @@ static void sumsq(const float *const *v, int R, int d, float *ss) {
     }
 }
 
-/* kn_rmsnorm of R <= SUMSQ_GROUP vectors x[r] into y[r] (in place allowed), the same bits. */
+/* RMS norm of R <= SUMSQ_GROUP vectors x[r] into y[r] (in place allowed): each row the same bits
+ * whatever R (kn_rmsnorm is one row). */
 static void rmsnorm_group(float *const *y, const float *const *x, const float *w, int R, int dim, float eps) {
     float ss[SUMSQ_GROUP];
     sumsq(x, R, dim, ss);
@@ -45,6 +46,8 @@ static void rmsnorm_group(float *const *y, const float *const *x, const float *w
         for (int i = 0; i < dim; i++) yr[i] = w[i] * (xr[i] * rs);
     }
 }
+
+void kn_rmsnorm(float *y, const float *x, const float *w, int n, float eps) { rmsnorm_group(&y, &x, w, 1, n, eps); }
 
 void kn_rmsnorm_rows(float *y, const float *x, const float *w, int rows, int dim, float eps) {
     const double prof_t0 = KN_PROF_BEGIN();
