@@ -846,11 +846,12 @@ int cmd_bench(int argc, char **argv) {
             if (kn_act_set(act) != DFL_OK) return cli_fail("bench", "--act: %s", dfl_errmsg());
         } else if (strcmp(argv[i], "--parts") == 0) {
             const char *p = cli_value(argc, argv, &i);
-            if (!(o.parts = parse_parts(p)))
-                return cli_usage_error("bench",
-                                       "--parts '%s': a comma-separated subset of probe, decode, verify, "
-                                       "draft, e2e, prefill, rollback, tree, peak",
-                                       p);
+            if (!(o.parts = parse_parts(p))) {
+                char names[160] = ""; /* the parts, from the table that parses them */
+                for (size_t k = 0; k < sizeof part_names / sizeof part_names[0]; k++)
+                    snprintf(names + strlen(names), sizeof names - strlen(names), "%s%s", k ? ", " : "", part_names[k]);
+                return cli_usage_error("bench", "--parts '%s': a comma-separated subset of %s", p, names);
+            }
         } else {
             static const struct {
                 const char *name;
