@@ -30,6 +30,7 @@
 #define TILE_ELEMS 512             /* bf16 elements of one A or B tile (16 x 64 bytes) */
 #define SPLIT 3                    /* bf16 parts of each activation: hi, mid, lo */
 #define XBLOCK_BYTES (1024 * 1024) /* packed activations of one token block */
+#define PF_ROW_BYTES 2048          /* block3 and block2 prefetch the next row tile for rows up to this */
 #define PACK_GROUPS_MIN 8          /* one-part activations of this many tokens pack by 16-token groups */
 #define ARCH_REQ_XCOMP_PERM 0x1023
 #define XFEATURE_XTILEDATA 18
@@ -53,7 +54,12 @@ typedef struct tile_config {
  *   amx_block3: 1 row tile x 3 B tiles (16 tokens), weight tiles alternating;
  *   amx_block22: RG (1-2) row tiles x CT (1-2) B tiles (long batches).
  * block3 and block22 (pf) prefetch the rows after theirs at the same step into L2: measured
- * 11% off a 16-token verification and 3% off a 512-token prefill. */
+ * 11% off a 16-token verification and 3% off a 512-token prefill. block3 does so only where a
+ * row is short (PF_ROW_BYTES): the hardware prefetchers learn each row's stream anew at every
+ * row tile, and 2 KB rows end before they have. Longer rows stream faster without it (16
+ * tokens, weights from memory, 2 threads, 2026-12-05): [4096, 4096] 1.58 -> 1.31 ms, the 27B
+ * shape's [17408, 5120] 7.6 -> 6.5 ms, its [5120, 17408] in column chunks 11.7 -> 7.4 ms; with
+ * 1024 columns it stays (a [3584, 1024] 0.36 ms, 0.42 without). */
 /* The tile intrinsics take their register numbers as literals, hence macros. */
 #define AMX_STEP1(a, ldw, bk, TA, TB)    \
     do {                                 \
@@ -117,7 +123,7 @@ TGT_AMX INLINE void amx_block2(const uint16_t *w, size_t ldw, const uint16_t *b,
 /* acc: continue the sums in cb (a previous chunk of the columns) instead of starting from zero;
  * a C tile stored and loaded again is exact, so a chunked chain equals the unchunked one. */
 TGT_AMX static void amx_block3(const uint16_t *w, size_t ldw, const uint16_t *b, size_t bstride, int ks_n, float *cb,
-                               int ldc, int acc) {
+                               int ldc, int pf, int acc) {
     const size_t ldcb = (size_t)ldc * sizeof(float);
     if (acc) {
         _tile_loadd(0, cb, (long)ldcb);
@@ -130,7 +136,7 @@ TGT_AMX static void amx_block3(const uint16_t *w, size_t ldw, const uint16_t *b,
     }
     int ks = 0;
     for (; ks + 1 < ks_n; ks += 2) {
-        for (int r = 0; r < 16; r++) /* the next row tile's two steps, into L2 */
+        for (int r = 0; r < 16 * pf; r++) /* the next row tile's two steps, into L2 */
             _mm_prefetch((const char *)(w + (size_t)(16 + r) * (ldw / 2) + (size_t)ks * 32), _MM_HINT_T1);
         AMX_STEP3(w + (size_t)ks * 32, ldw, b + (size_t)ks * TILE_ELEMS, bstride, 3);
         AMX_STEP3(w + (size_t)(ks + 1) * 32, ldw, b + (size_t)(ks + 1) * TILE_ELEMS, bstride, 4);
@@ -395,7 +401,7 @@ TGT_AMX static void amx_combine(float *y, int rows, int r0, int rg, int t0, int 
  * groups over one block, then the next. One B tile (up to 5 tokens) or two (6 to 10): single
  * row tiles, the weights streaming with the hardware prefetchers alone (software prefetch
  * measured slower there), except that two B tiles over weights of 32 MiB or more (an lm_head)
- * prefetch the next row tile into L2: the bench target's 248K x 1024 lm_head over 6-10 tokens
+ * with rows of up to PF_ROW_BYTES prefetch the next row tile into L2: the bench target's 248K x 1024 lm_head over 6-10 tokens
  * took 23.4-26.3 ms without, 21.6-22.0 with (its verify(6..10) 79-89 -> 74-82 ms); two B tiles
  * instead of 16-token groups' three cut a 6-10 token product of a 4096 x 4096 matrix from 0.90
  * to 0.69 ms on 2 threads (AMX, 2026-12-05). Up to 32 tokens: single row tiles running 16-token
@@ -420,8 +426,11 @@ TGT_AMX static void amx_run(int count, float *const *ys, const dfl_mat *const *w
     }
     const int stream = (planar || S == 1) && aligned && rows_all * n * sizeof(float) > STREAM_MIN_BYTES;
     /* two B tiles a row tile over weights that stream from memory (an lm_head): prefetch the next
-     * row tile, as 16-token groups do (smaller weights, from L3, measured 5% slower with it) */
-    const int pf2 = amx_wbytes(count, ws) >= wide_min_bytes;
+     * row tile, as 16-token groups do (smaller weights, from L3, measured 5% slower with it), where
+     * rows are short (PF_ROW_BYTES: 8 tokens of the 27B shape's [5120, 17408] 14.5 -> 6.4 ms
+     * without it) */
+    const int pf2 = amx_wbytes(count, ws) >= wide_min_bytes && ldw <= PF_ROW_BYTES;
+    const int pf3 = amx_wbytes(count, ws) < wide_min_bytes || ldw <= PF_ROW_BYTES; /* amx_block3's */
     const size_t work = rows16_all * cols * n;
 #pragma omp parallel num_threads(kn_team(work)) if (work >= KN_PAR_MIN_WORK)
     {
@@ -469,7 +478,7 @@ TGT_AMX static void amx_run(int count, float *const *ys, const dfl_mat *const *w
                             for (int c = 0; c < cn; c += 3)
                                 amx_block3(wg + (size_t)16 * j * cols + (size_t)k0 * 32, ldw,
                                            bt + (size_t)c * tile_step + (size_t)k0 * TILE_ELEMS, tile_step, kn,
-                                           cb + (size_t)16 * j * ldc + c * 16, ldc, k0 > 0);
+                                           cb + (size_t)16 * j * ldc + c * 16, ldc, pf3, k0 > 0);
                         for (int j = 0; j < nt && rg_max == 2; j += 2)
                             for (int c = 0; c < cn; c += 2)
                                 amx_pair(wg + (size_t)16 * j * cols + (size_t)k0 * 32, ldw,
@@ -487,7 +496,7 @@ TGT_AMX static void amx_run(int count, float *const *ys, const dfl_mat *const *w
                 else if (rg_max == 1) /* three B tiles at a time (a 16-token group's parts), one after the other */
                     for (int c = 0; c < cn; c += 3) {
                         const uint16_t *bc = bt + (size_t)c * tile_step;
-                        if (cn - c >= 3) amx_block3(wg, ldw, bc, tile_step, ks_n, cb + c * 16, ldc, 0);
+                        if (cn - c >= 3) amx_block3(wg, ldw, bc, tile_step, ks_n, cb + c * 16, ldc, pf3, 0);
                         else if (cn - c == 2) amx_block2(wg, ldw, bc, tile_step, ks_n, cb + c * 16, ldc, pf2);
                         else amx_block1(wg, ldw, bc, ks_n, cb + c * 16, ldc);
                     }
