@@ -6,7 +6,8 @@
  * float32 summation bound of both results, with e = 2^-26 on the AVX-512 BF16 and AMX paths
  * for BF16 weights (activations as three bf16 parts: |x - hi - mid - lo| <= 2^-27 |x|), else 0.
  * AMX column chunks (17440 columns): each token's row equals its single-token product bit for bit;
- * so do outputs over 4 MB (streaming stores), both activation modes.
+ * so do outputs over 4 MB (streaming stores), both activation modes, and 4 to 6 B tiles in one
+ * pass (17 to 32 tokens, 49 to 96 with bf16 activations).
  * Shapes include rows >= 16 with cols % 32 == 0 (AMX tiles, with tail rows), n past 16
  * (several token tiles) and, with 4096 and 8192 columns, past one AMX token block (32 and 16
  * tokens). Within a path, each (row, token) result must not depend on n: rows of an
@@ -399,6 +400,62 @@ static void check_prof(kn_isa isa) {
           "kn_op names");
     free(s1), free(s2);
     kn_isa_set(kn_isa_default());
+}
+
+/* AMX one-pass blocks: 4 to 6 B tiles per row tile in one pass over the weights (float32: 17,
+ * 26, 27 and 32 tokens; bf16 activations: 49, 65, 80 and 96), with the next row tile prefetched
+ * (2 KB rows) and not (4 KB rows of weights counted as streaming, kn_amx_wide_min): every token's
+ * row equals its single-token product bit for bit and stays within the float32 bound of the
+ * generic kernel's on the same (for bf16: rounded) activations. */
+static void check_amx_one_pass(void) {
+    enum { ROWS = 300, N = 96 }; /* 18 row tiles, 12 tail rows */
+    static const int ns[2][4] = {{17, 26, 27, 32}, {49, 65, 80, 96}};
+    float *x = malloc((size_t)N * 2048 * sizeof(float)), *xr = malloc((size_t)N * 2048 * sizeof(float));
+    float *ref = malloc((size_t)N * ROWS * sizeof(float)), *y = malloc((size_t)N * ROWS * sizeof(float));
+    float *one = malloc((size_t)ROWS * sizeof(float)), *wr = malloc((size_t)2048 * sizeof(float));
+    for (int v = 0; v < 2; v++) {
+        const int cols = v ? 2048 : 1024;
+        const size_t old = kn_amx_wide_min(1); /* as streaming weights: 4 KB rows prefetch nothing */
+        if (!v) kn_amx_wide_min(old);
+        void *store;
+        const dfl_mat w = make_mat(ST_BF16, ROWS, cols, &store);
+        for (int act = 0; act < (kn_isa_supported(KN_ISA_AVX512BF16) ? 2 : 1); act++) {
+            for (size_t i = 0; i < (size_t)N * cols; i++) {
+                x[i] = frand();
+                xr[i] = act ? st_bf16_to_f32(st_f32_to_bf16(x[i])) : x[i];
+            }
+            kn_act_set(KN_ACT_F32);
+            kn_isa_set(KN_ISA_GENERIC);
+            kn_matmul(ref, xr, &w, N);
+            kn_isa_set(KN_ISA_AMX);
+            kn_act_set(act ? KN_ACT_BF16 : KN_ACT_F32);
+            const double rel = 2.0 * cols * 0x1.0p-24 + (act ? 0 : 0x1.0p-26);
+            int dep = 0, bad = 0;
+            for (int k = 0; k < 4; k++) {
+                const int n = ns[act][k];
+                kn_matmul(y, x, &w, n);
+                for (int t = 0; t < n; t++) {
+                    kn_matmul(one, x + (size_t)t * cols, &w, 1);
+                    if (memcmp(one, y + (size_t)t * ROWS, ROWS * sizeof(float)) != 0) dep++;
+                    for (int r = 0; r < ROWS; r++) {
+                        kn_mat_row(&w, r, wr);
+                        double mag = 0;
+                        for (int c = 0; c < cols; c++) mag += fabs((double)wr[c] * xr[(size_t)t * cols + c]);
+                        if (fabs((double)y[(size_t)t * ROWS + r] - ref[(size_t)t * ROWS + r]) > rel * mag + 1e-30)
+                            bad++;
+                    }
+                }
+            }
+            CHECK(dep == 0, "amx one pass (%d columns, act %d): %d token rows differ from the single-token product",
+                  cols, act, dep);
+            CHECK(bad == 0, "amx one pass (%d columns, act %d): %d outputs beyond the float32 bound", cols, act, bad);
+        }
+        kn_act_set(KN_ACT_F32);
+        kn_amx_wide_min(old);
+        free(store);
+    }
+    kn_isa_set(kn_isa_default());
+    free(x), free(xr), free(ref), free(y), free(one), free(wr);
 }
 
 static void check_amx_chunks(void) {
@@ -1386,6 +1443,7 @@ int main(void) {
         check_matmul_jobs(isa);
         if (isa == KN_ISA_AMX) check_amx_chunks();
         if (isa == KN_ISA_AMX) check_amx_combine();
+        if (isa == KN_ISA_AMX) check_amx_one_pass();
         check_argmax(isa);
         check_softmax(isa);
         if (kn_isa_supported(KN_ISA_AVX512BF16)) {
