@@ -192,13 +192,23 @@ TGT_AMX INLINE void amx_block22(const uint16_t *w, size_t ldw, const uint16_t *b
  * activations, 17 to 32 tokens with float32 ones): a [17408, 5120] product of 5 B tiles 8.1-9.1
  * -> 6.5 ms, a [3584, 1024] one 0.40 -> 0.37 ms (weights from memory, 2 threads, AMX,
  * 2026-12-05). pf: prefetch the next row tile as amx_block3 does. */
-#define AMX_KSTEP(C, TB, k)                                \
+#define AMX_KSTEP(TA, C, TB, k)                            \
     do {                                                   \
         if ((k) < K) {                                     \
             _tile_loadd(TB, bk + (size_t)(k)*bstride, 64); \
-            if (K == 6) _tile_dpbf16ps(C, 6, TB);          \
-            else _tile_dpbf16ps(C, 5, TB);                 \
+            _tile_dpbf16ps(C, TA, TB);                     \
         }                                                  \
+    } while (0)
+/* One step: the weight tile into TA, B tiles alternating between TB0 and TB1. */
+#define AMX_KROW(TA, TB0, TB1)         \
+    do {                               \
+        _tile_loadd(TA, a, (long)ldw); \
+        AMX_KSTEP(TA, 0, TB0, 0);      \
+        AMX_KSTEP(TA, 1, TB1, 1);      \
+        AMX_KSTEP(TA, 2, TB0, 2);      \
+        AMX_KSTEP(TA, 3, TB1, 3);      \
+        AMX_KSTEP(TA, 4, TB0, 4);      \
+        AMX_KSTEP(TA, 5, TB1, 5);      \
     } while (0)
 
 TGT_AMX INLINE void amx_blockk(const uint16_t *w, size_t ldw, const uint16_t *b, size_t bstride, int ks_n, float *cb,
@@ -214,22 +224,8 @@ TGT_AMX INLINE void amx_blockk(const uint16_t *w, size_t ldw, const uint16_t *b,
         const uint16_t *a = w + (size_t)ks * 32, *bk = b + (size_t)ks * TILE_ELEMS;
         if (pf && ks % 2 == 0) /* the next row tile's two steps, into L2 */
             for (int r = 16; r < 32; r++) _mm_prefetch((const char *)(a + (size_t)r * (ldw / 2)), _MM_HINT_T1);
-        if (K == 6) {
-            _tile_loadd(6, a, (long)ldw);
-            AMX_KSTEP(0, 7, 0);
-            AMX_KSTEP(1, 7, 1);
-            AMX_KSTEP(2, 7, 2);
-            AMX_KSTEP(3, 7, 3);
-            AMX_KSTEP(4, 7, 4);
-            AMX_KSTEP(5, 7, 5);
-        } else {
-            _tile_loadd(5, a, (long)ldw);
-            AMX_KSTEP(0, 6, 0);
-            AMX_KSTEP(1, 7, 1);
-            AMX_KSTEP(2, 6, 2);
-            AMX_KSTEP(3, 7, 3);
-            AMX_KSTEP(4, 6, 4);
-        }
+        if (K == 6) AMX_KROW(6, 7, 7); /* no register left to alternate */
+        else AMX_KROW(5, 6, 7);
     }
     _tile_stored(0, cb, (long)ldcb);
     _tile_stored(1, cb + 16, (long)ldcb);
