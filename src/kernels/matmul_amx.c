@@ -46,14 +46,16 @@ typedef struct tile_config {
 
 /* Row tiles against B tiles of virtual columns: w = the first weight row (row stride ldw
  * bytes), b = the first B tile (bstride elements to the next, TILE_ELEMS per 32-column step,
- * ks_n steps), results to cb [rows][ldc]. Three shapes, each C element always accumulated
+ * ks_n steps), results to cb [rows][ldc]. Several shapes, each C element always accumulated
  * step by step over the columns, so that the shape never changes a result:
  *   amx_block1: 1 row tile x 1 B tile (decode: a few tokens, the weights streaming from
  *               memory); weight and B tiles alternate between two registers each, so that a
  *               load need not wait for the product that reads the previous one;
+ *   amx_block2: 1 row tile x 2 B tiles (6-10 tokens), likewise;
  *   amx_block3: 1 row tile x 3 B tiles (16 tokens), weight tiles alternating;
- *   amx_block22: RG (1-2) row tiles x CT (1-2) B tiles (long batches).
- * block3 and block22 (pf) prefetch the rows after theirs at the same step into L2: measured
+ *   amx_blockk: 1 row tile x 4-6 B tiles (amx_passes: any number, six a pass);
+ *   amx_block22: RG (1-2) row tiles x CT (1-2) B tiles (column chunks of wide matrices).
+ * block3, blockk and block22 (pf) prefetch the rows after theirs at the same step into L2: measured
  * 11% off a 16-token verification and 3% off a 512-token prefill. Over weights of 32 MiB or
  * more, block3 does so only where a row is short (PF_ROW_BYTES): the hardware prefetchers learn
  * each row's stream anew at every row tile, and 2 KB rows end before they have. Longer rows
@@ -241,6 +243,25 @@ TGT_AMX static void amx_blockn(const uint16_t *w, size_t ldw, const uint16_t *b,
     if (k == 4) amx_blockk(w, ldw, b, bstride, ks_n, cb, ldc, pf, 4);
     else if (k == 5) amx_blockk(w, ldw, b, bstride, ks_n, cb, ldc, pf, 5);
     else amx_blockk(w, ldw, b, bstride, ks_n, cb, ldc, pf, 6);
+}
+
+/* One row tile against cn (3 or more) B tiles: passes of up to six, the first streaming the
+ * weights (pf: prefetching the next row tile), the others reading them again from L2. Against
+ * row-tile pairs of two B tiles a pass (amx_block22, which read the weights from L2 once per
+ * pair of B tiles), weights from memory, 2 threads, AMX, 2026-12-05: 33 tokens (7 B tiles) of
+ * a [17408, 5120] 15.2 -> 9.3 ms, of the bench lm_head 35.3 -> 30.4 ms; 97 tokens with bf16
+ * activations (7 B tiles) of a [10240, 5120] 9.4 -> 5.7 ms; 65 float32 tokens (13 B tiles)
+ * 0-9% faster. */
+TGT_AMX static void amx_passes(const uint16_t *w, size_t ldw, const uint16_t *b, size_t bstride, int ks_n, float *cb,
+                               int ldc, int cn, int pf) {
+    for (int c = 0; c < cn; c += 6) {
+        const int k = cn - c < 6 ? cn - c : 6, p = c == 0 && pf;
+        const uint16_t *bc = b + (size_t)c * bstride;
+        if (k >= 4) amx_blockn(w, ldw, bc, bstride, ks_n, cb + c * 16, ldc, p, k);
+        else if (k == 3) amx_block3(w, ldw, bc, bstride, ks_n, cb + c * 16, ldc, p, 0);
+        else if (k == 2) amx_block2(w, ldw, bc, bstride, ks_n, cb + c * 16, ldc, p);
+        else amx_block1(w, ldw, bc, ks_n, cb + c * 16, ldc);
+    }
 }
 
 /* amx_block22 with its shape from variables (rg, ct in 1..2): each call site a constant shape. */
@@ -460,18 +481,19 @@ TGT_AMX static void amx_combine(float *y, int rows, int r0, int rg, int t0, int 
  * groups over one block, then the next. One B tile (up to 5 tokens) or two (6 to 10): single
  * row tiles, the weights streaming with the hardware prefetchers alone (software prefetch
  * measured slower there), except that two B tiles over weights of 32 MiB or more (an lm_head)
- * with rows of up to PF_ROW_BYTES prefetch the next row tile into L2: the bench target's 248K x 1024 lm_head over 6-10 tokens
- * took 23.4-26.3 ms without, 21.6-22.0 with (its verify(6..10) 79-89 -> 74-82 ms); two B tiles
- * instead of 16-token groups' three cut a 6-10 token product of a 4096 x 4096 matrix from 0.90
- * to 0.69 ms on 2 threads (AMX, 2026-12-05). Up to 32 tokens: single row tiles running 16-token
- * groups (1 x 3 tiles), prefetching the next row tile into L2. More: groups of 2 row tiles x pairs of B tiles, the first pass
- * prefetching the next group. Outputs larger than L2 are written with streaming stores, so
- * that they do not evict the packed activations. 16-token groups of wide matrices, whose packed
- * activations pass B_L2_MAX (3 x 544 KB for 17408 columns), run up to CHUNK_TILES row tiles
- * over one chunk of the columns after the other: each row tile had read all of them from L3;
- * a [5120, 17408] product of 12-16 tokens took 12.5-13.4 ms, 3.3x one token's, and now 6.1 ms
- * (2 threads, 2026-12-05). Longer blocks of wide matrices (amx_tok_block's 128 tokens) do the
- * same in 2 x 2 tile blocks over 12-step chunks, a row-tile pair's chunk of the weights in L1. */
+ * with rows of up to PF_ROW_BYTES prefetch the next row tile into L2: the bench target's
+ * 248K x 1024 lm_head over 6-10 tokens took 23.4-26.3 ms without, 21.6-22.0 with (its
+ * verify(6..10) 79-89 -> 74-82 ms); two B tiles instead of 16-token groups' three cut a 6-10
+ * token product of a 4096 x 4096 matrix from 0.90 to 0.69 ms on 2 threads (AMX, 2026-12-05).
+ * More tokens: each row tile against all the B tiles in passes of up to six (amx_passes), the
+ * first prefetching the next row tile into L2. Outputs larger than L2 are written with
+ * streaming stores, so that they do not evict the packed activations. 16-token groups of wide
+ * matrices, whose packed activations pass B_L2_MAX (3 x 544 KB for 17408 columns), run up to
+ * CHUNK_TILES row tiles over one chunk of the columns after the other: each row tile had read
+ * all of them from L3; a [5120, 17408] product of 12-16 tokens took 12.5-13.4 ms, 3.3x one
+ * token's, and now 6.1 ms (2 threads, 2026-12-05). Longer blocks of wide matrices
+ * (amx_tok_block's 128 tokens) do the same in 2 x 2 tile blocks over 12-step chunks, a row-tile
+ * pair's chunk of the weights in L1. */
 TGT_AMX static void amx_run(int count, float *const *ys, const dfl_mat *const *ws, int n, const uint16_t *const *xbs,
                             float *cball, int S) {
     const int cols = ws[0]->cols, ks_n = cols / 32, planar = amx_planar(n, S);
@@ -552,22 +574,10 @@ TGT_AMX static void amx_run(int count, float *const *ys, const dfl_mat *const *w
                 }
                 if (cn == 1) amx_block1(wg, ldw, bt, ks_n, cb, ldc);
                 else if (!planar) amx_block2(wg, ldw, bt, tile_step, ks_n, cb, ldc, pf2);
-                else if (rg_max == 1 && cn > 3) /* up to six B tiles in one pass */
-                    amx_blockn(wg, ldw, bt, tile_step, ks_n, cb, ldc, pf3, cn);
-                else if (rg_max == 1) /* three B tiles (a 16-token group's parts) */
-                    for (int c = 0; c < cn; c += 3) {
-                        const uint16_t *bc = bt + (size_t)c * tile_step;
-                        if (cn - c >= 3) amx_block3(wg, ldw, bc, tile_step, ks_n, cb + c * 16, ldc, pf3, 0);
-                        else if (cn - c == 2) amx_block2(wg, ldw, bc, tile_step, ks_n, cb + c * 16, ldc, pf2);
-                        else amx_block1(wg, ldw, bc, ks_n, cb + c * 16, ldc);
-                    }
                 else
-                    for (int c = 0; c < cn; c += 2) {
-                        const uint16_t *bc = bt + (size_t)c * tile_step;
-                        float *cbc = cb + c * 16;
-                        const int pf = c == 0; /* the first pass streams the weights */
-                        amx_pair(wg, ldw, bc, tile_step, ks_n, cbc, ldc, pf, 0, rg, cn - c < 2 ? 1 : 2);
-                    }
+                    for (int j = 0; j < rg; j++)
+                        amx_passes(wg + (size_t)16 * j * cols, ldw, bt, tile_step, ks_n, cb + (size_t)16 * j * ldc, ldc,
+                                   cn, pf3);
                 amx_combine(ys[i], rows, r0, rg, t0, nb, cb, ldc, planar, stream, S);
             }
         }

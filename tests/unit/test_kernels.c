@@ -6,8 +6,8 @@
  * float32 summation bound of both results, with e = 2^-26 on the AVX-512 BF16 and AMX paths
  * for BF16 weights (activations as three bf16 parts: |x - hi - mid - lo| <= 2^-27 |x|), else 0.
  * AMX column chunks (17440 columns): each token's row equals its single-token product bit for bit;
- * so do outputs over 4 MB (streaming stores), both activation modes, and 4 to 6 B tiles in one
- * pass (17 to 32 tokens, 49 to 96 with bf16 activations).
+ * so do outputs over 4 MB (streaming stores), both activation modes, and passes of up to six B
+ * tiles (17 to 65 tokens, 49 to 128 with bf16 activations).
  * Shapes include rows >= 16 with cols % 32 == 0 (AMX tiles, with tail rows), n past 16
  * (several token tiles) and, with 4096 and 8192 columns, past one AMX token block (32 and 16
  * tokens). Within a path, each (row, token) result must not depend on n: rows of an
@@ -402,14 +402,15 @@ static void check_prof(kn_isa isa) {
     kn_isa_set(kn_isa_default());
 }
 
-/* AMX one-pass blocks: 4 to 6 B tiles per row tile in one pass over the weights (float32: 17,
- * 26, 27 and 32 tokens; bf16 activations: 49, 65, 80 and 96), with the next row tile prefetched
+/* AMX passes of up to six B tiles per row tile (float32: 17, 26, 27 tokens in one pass of 4, 5,
+ * 6 tiles, 33, 46 and 65 in several; bf16 activations: 49, 65, 96 in one, 113 and 128 in two),
+ * with the next row tile prefetched
  * (2 KB rows) and not (4 KB rows of weights counted as streaming, kn_amx_wide_min): every token's
  * row equals its single-token product bit for bit and stays within the float32 bound of the
  * generic kernel's on the same (for bf16: rounded) activations. */
-static void check_amx_one_pass(void) {
-    enum { ROWS = 300, N = 96 }; /* 18 row tiles, 12 tail rows */
-    static const int ns[2][4] = {{17, 26, 27, 32}, {49, 65, 80, 96}};
+static void check_amx_passes(void) {
+    enum { ROWS = 300, N = 128, NN = 6 }; /* 18 row tiles, 12 tail rows */
+    static const int ns[2][NN] = {{17, 26, 27, 33, 46, 65}, {49, 65, 80, 96, 113, 128}};
     float *x = malloc((size_t)N * 2048 * sizeof(float)), *xr = malloc((size_t)N * 2048 * sizeof(float));
     float *ref = malloc((size_t)N * ROWS * sizeof(float)), *y = malloc((size_t)N * ROWS * sizeof(float));
     float *one = malloc((size_t)ROWS * sizeof(float)), *wr = malloc((size_t)2048 * sizeof(float));
@@ -431,7 +432,7 @@ static void check_amx_one_pass(void) {
             kn_act_set(act ? KN_ACT_BF16 : KN_ACT_F32);
             const double rel = 2.0 * cols * 0x1.0p-24 + (act ? 0 : 0x1.0p-26);
             int dep = 0, bad = 0;
-            for (int k = 0; k < 4; k++) {
+            for (int k = 0; k < NN; k++) {
                 const int n = ns[act][k];
                 kn_matmul(y, x, &w, n);
                 for (int t = 0; t < n; t++) {
@@ -446,9 +447,9 @@ static void check_amx_one_pass(void) {
                     }
                 }
             }
-            CHECK(dep == 0, "amx one pass (%d columns, act %d): %d token rows differ from the single-token product",
-                  cols, act, dep);
-            CHECK(bad == 0, "amx one pass (%d columns, act %d): %d outputs beyond the float32 bound", cols, act, bad);
+            CHECK(dep == 0, "amx passes (%d columns, act %d): %d token rows differ from the single-token product", cols,
+                  act, dep);
+            CHECK(bad == 0, "amx passes (%d columns, act %d): %d outputs beyond the float32 bound", cols, act, bad);
         }
         kn_act_set(KN_ACT_F32);
         kn_amx_wide_min(old);
@@ -1443,7 +1444,7 @@ int main(void) {
         check_matmul_jobs(isa);
         if (isa == KN_ISA_AMX) check_amx_chunks();
         if (isa == KN_ISA_AMX) check_amx_combine();
-        if (isa == KN_ISA_AMX) check_amx_one_pass();
+        if (isa == KN_ISA_AMX) check_amx_passes();
         check_argmax(isa);
         check_softmax(isa);
         if (kn_isa_supported(KN_ISA_AVX512BF16)) {
