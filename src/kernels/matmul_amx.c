@@ -55,9 +55,9 @@ typedef struct tile_config {
  *   amx_block3: 1 row tile x 3 B tiles (16 tokens), weight tiles alternating;
  *   amx_blockk: 1 row tile x 4-6 B tiles (amx_passes: any number, six a pass);
  *   amx_block22: RG (1-2) row tiles x CT (1-2) B tiles (column chunks of wide matrices).
- * block3, blockk and block22 (pf) prefetch the rows after theirs at the same step into L2: measured
- * 11% off a 16-token verification and 3% off a 512-token prefill. Over weights of 32 MiB or
- * more, block3 does so only where a row is short (PF_ROW_BYTES): the hardware prefetchers learn
+ * block3, blockk and block22 (pf) prefetch the rows after theirs at the same step into L2:
+ * measured 11% off a 16-token verification and 3% off a 512-token prefill. Over weights of 32 MiB
+ * or more, block3 and blockk do so only where a row is short (PF_ROW_BYTES): the prefetchers learn
  * each row's stream anew at every row tile, and 2 KB rows end before they have. Longer rows
  * stream faster without it (16 tokens, weights from memory, 2 threads, 2026-12-05):
  * [4096, 4096] 1.58 -> 1.31 ms, the 27B shape's [17408, 5120] 7.6 -> 6.5 ms, its [5120, 17408]
