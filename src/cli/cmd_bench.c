@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cli/bench_products.h"
 #include "cli/bench_profile.h"
 #include "cli/cli.h"
 #include "dfl/any_drafter.h"
@@ -61,6 +62,11 @@ static const char *usage_text =
     "            step, a verification of verify-max tokens, a tree of 64 draft nodes and the\n"
     "            drafter's block of B, and what the extra time over decode went to (CPU backend;\n"
     "            on a GPU: DFL_CUDA_PROFILE=1)\n"
+    "  products  each weight shape's matrix product over n = 1, 6, 16, 17, 33, 65 tokens (decode;\n"
+    "            6: two B tiles of float32 activations; a 16-token verification; trees of 16, 32,\n"
+    "            64 nodes), every matrix of the forward in its order so that the weights come\n"
+    "            from where a forward finds them (memory, for a model larger than the caches);\n"
+    "            routed experts left out (CPU)\n"
     "Prints a table, or with --json one object (probe_gbps, decode_gbps, verify_cost, ...).\n"
     "Timings are the best of --reps runs. Nothing here is a test: results depend on the machine.\n"
     "\n"
@@ -74,7 +80,7 @@ static const char *usage_text =
     "                    (opt-in, needs AVX-512 BF16: each activation rounded to bf16 once; faster\n"
     "                    when compute-bound, less accurate; default: DFL_ACT or f32)\n"
     "  --parts LIST      comma-separated subset of probe,decode,verify,draft,e2e,prefill,rollback,tree,\n"
-    "                    peak,profile (default: all but tree and profile)\n"
+    "                    peak,profile,products (default: all but tree, profile and products)\n"
     "  --context N       context before decode / verify / draft / rollback (default 256)\n"
     "  --decode N        decoded tokens (default 16)\n"
     "  --verify-max N    largest verified batch (default 32, at most 64)\n"
@@ -88,8 +94,8 @@ static const char *usage_text =
     "  --draft-batch N   blocks of the draft part's batched forward (default 8, as eval's\n"
     "                    --replay-batch; 1: none)\n"
     "  --device D        cpu (default) | cuda: where the target runs. On cuda the probe reads GPU\n"
-    "                    memory (a streaming read kernel, CUDA events), peak, rollback and profile\n"
-    "                    (CPU parts) are left out, and the drafter runs on the CPU\n" CLI_WEIGHTS_HELP
+    "                    memory (a streaming read kernel, CUDA events), peak, rollback, profile and\n"
+    "                    products (CPU parts) are left out, and the drafter runs on the CPU\n" CLI_WEIGHTS_HELP
     "e2e prompt (default: 64 random tokens; the tokenizer is the model's):\n" CLI_PROMPT_HELP;
 
 enum {
@@ -103,10 +109,12 @@ enum {
     P_TREE = 128,
     P_PEAK = 256,
     P_PROFILE = 512,
-    P_TARGET = P_DECODE | P_VERIFY | P_E2E | P_PREFILL | P_ROLLBACK | P_TREE | P_PROFILE /* parts that run the target */
+    P_PRODUCTS = 1024,
+    P_TARGET = P_DECODE | P_VERIFY | P_E2E | P_PREFILL | P_ROLLBACK | P_TREE | P_PROFILE |
+               P_PRODUCTS /* parts that read the target's layers */
 };
-static const char *const part_names[] = {"probe",   "decode",   "verify", "draft", "e2e",
-                                         "prefill", "rollback", "tree",   "peak",  "profile"};
+static const char *const part_names[] = {"probe",    "decode", "verify", "draft",   "e2e",     "prefill",
+                                         "rollback", "tree",   "peak",   "profile", "products"};
 static const int tree_budgets[] = {1, 2, 4, 8, 16, 32, 64};
 #define N_TREE ((int)(sizeof tree_budgets / sizeof tree_budgets[0]))
 
@@ -148,6 +156,7 @@ typedef struct bench_res {
     const char *peak_what; /* its instruction */
     uint64_t token_macs;   /* weight multiply-adds of one token's forward (dense targets) */
     bench_prof prof;       /* --parts profile */
+    bench_products prods;  /* --parts products */
 } bench_res;
 
 static unsigned parse_parts(const char *s) {
@@ -435,6 +444,7 @@ static void print_json(const bench_opts *o, const bench_res *r, const dfl_model 
         printf("]");
     }
     if (o->parts & P_PROFILE) bench_profile_json(&r->prof);
+    if (o->parts & P_PRODUCTS) bench_products_json(&r->prods);
     printf("}\n");
 }
 
@@ -545,6 +555,7 @@ static void print_table(const bench_opts *o, const bench_res *r, const dfl_model
                r->snap_restore_ms, r->snap_mb);
     }
     if (o->parts & P_PROFILE) bench_profile_print(&r->prof);
+    if (o->parts & P_PRODUCTS) bench_products_print(&r->prods);
     if (o->parts & P_TREE) {
         printf("tree       budget depth  tree ms  chain ms (same tokens)  tree/chain\n");
         for (int i = 0; i < N_TREE; i++)
@@ -640,6 +651,7 @@ static int run_bench(const bench_opts *o, const dfl_model *m, dfl_any_drafter *a
         r->peak_macs = peak_macs(&r->peak_what);
         r->token_macs = m->cfg.n_experts > 0 ? 0 : token_macs(m);
     }
+    if ((o->parts & P_PRODUCTS) && bench_products_run(m, o->reps, &r->prods) != DFL_OK) return DFL_ERR;
     dfl_target_state s;
     if (target_state_init(&s, m, max_ctx, max_batch, 1) != DFL_OK) return DFL_ERR;
     if (trees && target_state_enable_tree(&s, BP_TREE_BUDGET + 1) != DFL_OK) {
@@ -888,10 +900,10 @@ int cmd_bench(int argc, char **argv) {
         model_close(&m);
         return 1;
     }
-    if (o.device != DFL_DEVICE_CPU && (o.parts & (P_PEAK | P_ROLLBACK | P_PROFILE))) {
-        fprintf(stderr, "dfl bench: peak, rollback and profile measure the CPU backend: left out on %s%s\n",
+    if (o.device != DFL_DEVICE_CPU && (o.parts & (P_PEAK | P_ROLLBACK | P_PROFILE | P_PRODUCTS))) {
+        fprintf(stderr, "dfl bench: peak, rollback, profile and products measure the CPU backend: left out on %s%s\n",
                 dfl_device_name(o.device), o.parts & P_PROFILE ? " (DFL_CUDA_PROFILE=1 profiles the GPU's ops)" : "");
-        o.parts &= ~(unsigned)(P_PEAK | P_ROLLBACK | P_PROFILE);
+        o.parts &= ~(unsigned)(P_PEAK | P_ROLLBACK | P_PROFILE | P_PRODUCTS);
     }
     dfl_any_drafter ad;
     int rc = 0;

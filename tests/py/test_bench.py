@@ -177,6 +177,35 @@ def check_profile(t):
             f"profile of a DFlash block: {d}")
 
 
+def check_products(t):
+    """--parts products: per weight shape, the mean ms of one product of n = 1, 6, 16, 17, 33, 65 tokens
+    over every matrix of the forward in its order; the shapes' matrices add up to the sweep's bytes (at
+    most what a decoded token reads) and their products to at most the sweep's time; an MoE target's
+    routed experts are left out and counted (3 per expert and sparse layer), its router timed."""
+    sizes = {"BF16": 2, "F32": 4, "F16": 2, "F8_E4M3": 1}
+    for name, experts in (("qwen35_vlm", 0), ("qwen3_tiny", 0), ("qwen35_moe_vlm", 3 * 8 * 4)):
+        r = bench_json("--model", fixture(name), "--drafter", "none", "--parts", "products")
+        p = r.get("products", {})
+        shapes = p.get("shapes", [])
+        t.check(p.get("tokens") == [1, 6, 16, 17, 33, 65] and len(p.get("sweep_ms", [])) == 6 and shapes,
+                f"{name}: products {p}")
+        t.check(all(len(s["ms"]) == 6 and all(x > 0 for x in s["ms"]) and s["count"] > 0 for s in shapes),
+                f"{name}: each shape timed at each n: {shapes}")
+        mats = sum(s["count"] * s["rows"] * s["cols"] * sizes[s["dtype"]] for s in shapes)
+        t.check(mats == p["bytes"] and 0 < p["bytes"] <= r["token_bytes"],
+                f"{name}: shapes' bytes {mats}, sweep {p['bytes']}, per token {r['token_bytes']}")
+        for k in range(6):
+            parts = sum(s["count"] * s["ms"][k] for s in shapes)
+            t.check(parts <= p["sweep_ms"][k] + 1e-3 * sum(s["count"] for s in shapes),
+                    f"{name} n={p['tokens'][k]}: products {parts} ms within the sweep's {p['sweep_ms'][k]}")
+        t.check(p.get("experts_left_out") == experts, f"{name}: experts left out {p.get('experts_left_out')}")
+        if experts:
+            t.check(any(s["rows"] == 8 and s["count"] == 4 for s in shapes), f"{name}: router [8, H] x 4: {shapes}")
+    out = dfl("bench", "--model", fixture("qwen35_moe_vlm"), "--drafter", "none", "--parts", "products", *SMALL).stdout
+    t.check("all, in order" in out and "x1 at n=16" in out and "96 routed experts' matrices left out" in out,
+            f"products table: {out}")
+
+
 def check_moe(t):
     """MoE target: the verify curve names the distinct experts touched per sparse layer (k at n = 1,
     never fewer than the previous n, at most min(n k, E)) and the weight bytes read (the decode
@@ -298,6 +327,7 @@ def main():
     t.run(check_tree, t)
     t.run(check_moe, t)
     t.run(check_profile, t)
+    t.run(check_products, t)
     t.run(check_e2e_prompt, t)
     t.run(check_isas, t)
     t.run(check_errors, t)
