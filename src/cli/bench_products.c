@@ -112,7 +112,9 @@ void bench_products_print(const bench_products *p) {
         if (!all) snprintf(name, sizeof name, "[%d, %d] %s", b->rows, b->cols, st_dtype_name(b->dtype));
         const double *ms = all ? p->sweep_ms : b->ms;
         const double mb = all ? p->bytes / 1e6 : (double)b->rows * b->cols * st_dtype_size(b->dtype) / 1e6;
-        printf("           %-22s %5d %8.1f", name, all ? 0 : b->count, mb);
+        int count = b->count;
+        for (int t = 0; all && t < p->n_shapes; t++) count += t ? p->shape[t].count : 0;
+        printf("           %-22s %5d %8.1f", name, count, mb);
         for (int k = 0; k < BPR_NS; k++) printf("  %7.3f", ms[k]);
         printf("   %9.2f  %5.2f\n", ms[2] / ms[0], ms[BPR_NS - 1] / ms[0]);
     }
