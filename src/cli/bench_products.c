@@ -127,14 +127,14 @@ void bench_products_json(const bench_products *p) {
     printf(", \"products\": {\"tokens\": [");
     for (int k = 0; k < BPR_NS; k++) printf("%s%d", k ? ", " : "", bench_products_ns[k]);
     printf("], \"sweep_ms\": [");
-    for (int k = 0; k < BPR_NS; k++) printf("%s%.4f", k ? ", " : "", p->sweep_ms[k]);
+    for (int k = 0; k < BPR_NS; k++) printf("%s%.6f", k ? ", " : "", p->sweep_ms[k]);
     printf("], \"bytes\": %llu, \"experts_left_out\": %d, \"shapes\": [", (unsigned long long)p->bytes,
            p->experts_left_out);
     for (int s = 0; s < p->n_shapes; s++) {
         const bench_shape *b = &p->shape[s];
         printf("%s{\"rows\": %d, \"cols\": %d, \"dtype\": \"%s\", \"count\": %d, \"ms\": [", s ? ", " : "", b->rows,
                b->cols, st_dtype_name(b->dtype), b->count);
-        for (int k = 0; k < BPR_NS; k++) printf("%s%.4f", k ? ", " : "", b->ms[k]);
+        for (int k = 0; k < BPR_NS; k++) printf("%s%.6f", k ? ", " : "", b->ms[k]);
         printf("]}");
     }
     printf("]}");
