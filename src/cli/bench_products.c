@@ -30,7 +30,8 @@ static int collect_mats(const dfl_model *m, const dfl_mat **mats, int max, int *
             add_mats(mats, &n, max, (const dfl_mat *[]){&l->in_qkv, &l->in_z, &l->in_b, &l->in_a, &l->out_proj}, 5);
         else add_mats(mats, &n, max, (const dfl_mat *[]){&l->q_proj, &l->k_proj, &l->v_proj, &l->o_proj}, 4);
         if (l->moe) {
-            add_mats(mats, &n, max, (const dfl_mat *[]){&l->router, &l->sh_gate, &l->sh_up, &l->sh_down}, 4);
+            add_mats(mats, &n, max, (const dfl_mat *[]){&l->router, &l->sh_gate, &l->sh_up, &l->sh_down, &l->sh_score},
+                     5);
             *experts += 3 * m->cfg.n_experts;
         } else {
             add_mats(mats, &n, max, (const dfl_mat *[]){&l->gate, &l->up, &l->down}, 3);
