@@ -407,15 +407,20 @@ size_t kn_amx_wide_min(size_t bytes) {
 }
 
 /* Tokens per block: whole multiples of 16 whose packed activations fit XBLOCK_BYTES, or all n.
- * Long batches (over 32 tokens) of wide matrices whose weights (wbytes, all of the call's) pass
- * 32 MiB (kn_amx_wide_min) take WIDE_TOK tokens a block instead, run in chunks of the columns (amx_run):
- * each block streams the weights from memory once, so fewer, larger blocks read them fewer
- * times. 128 tokens x a 27B's [17408, 5120] gate: 45-55 -> 37 ms, its [5120, 17408] down: 60 ->
- * 37-40 ms. Smaller weights stay in L3 across blocks, so they keep the blocks above. */
+ * Batches of wide matrices whose weights (wbytes, all of the call's) pass 32 MiB
+ * (kn_amx_wide_min) and that would take more than one such block take WIDE_TOK tokens a block
+ * instead, run in chunks of the columns where their B tiles outgrow L2 (amx_run): each block
+ * streams the weights from memory once, so fewer, larger blocks read them fewer times. 128
+ * tokens x a 27B's [17408, 5120] gate: 45-55 -> 37 ms, its [5120, 17408] down: 60 -> 37-40 ms.
+ * This held only past 32 tokens at first, so that 17-32 tokens of rows over 10 KB (float32) or
+ * 32 KB (bf16) ran as a block of 16 and the rest, streaming the weights twice: the 27B's
+ * [5120, 17408] with 17-32 bf16 tokens 11.4-11.7 -> 6.2-6.4 ms, its [5120, 6144] with 17-32
+ * float32 ones 4.4-4.7 -> 2.4-2.8 ms (weights from memory, 2 threads, 2026-12-05). Smaller
+ * weights stay in L3 across blocks, so they keep the blocks above. */
 static int amx_tok_block(int cols, int n, int S, size_t wbytes) {
     int tb = (int)(XBLOCK_BYTES / ((size_t)cols * S * sizeof(uint16_t))) / 16 * 16;
     if (tb < 16) tb = 16;
-    if (n > 32 && n > tb && tb < WIDE_TOK && wbytes >= wide_min_bytes) tb = WIDE_TOK;
+    if (n > tb && tb < WIDE_TOK && wbytes >= wide_min_bytes) tb = WIDE_TOK;
     return tb < n ? tb : n;
 }
 
