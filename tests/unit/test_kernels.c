@@ -281,7 +281,8 @@ static void check_matmul_jobs(kn_isa isa) {
 }
 
 /* AMX column chunks: blocks whose packed activations outgrow L2 run in chunks of the columns,
- * continuing each C tile's chain: 16-token groups of 17440 columns (single row tiles), and
+ * continuing each C tile's chain: 16-token groups of 17440 columns (single row tiles), four and
+ * five B tiles in one pass (17 and 24 tokens in one block, as weights of 32 MiB or more take),
  * longer blocks (33 and more tokens: row-tile pairs; 140 tokens: a block of 128 and one of 12);
  * every token's row equals its single-token product (one unchunked tile) bit for bit, and stays
  * within the float32 bound of the generic kernel's. */
@@ -460,10 +461,10 @@ static void check_amx_passes(void) {
 }
 
 static void check_amx_chunks(void) {
-    static const int wide[] = {11, 16, 17, 33, 40}, lm[] = {33, 100, 140};
-    check_amx_chunks_of(17440, wide, 5);   /* 10 MB of weights: blocks of 16 tokens */
+    static const int wide[] = {11, 16, 17, 24, 33, 40}, lm[] = {33, 100, 140};
+    check_amx_chunks_of(17440, wide, 6);   /* 10 MB of weights: blocks of 16 tokens */
     const size_t old = kn_amx_wide_min(1); /* these small matrices as a 27B's: 128-token blocks */
-    check_amx_chunks_of(17440, wide, 5);
+    check_amx_chunks_of(17440, wide, 6);   /* 17 and 24 tokens: four and five B tiles in chunks */
     check_amx_chunks_of(5120, lm, 3);
     kn_amx_wide_min(old);
 }
