@@ -213,24 +213,26 @@ TGT_AMX INLINE void amx_block22(const uint16_t *w, size_t ldw, const uint16_t *b
         AMX_KSTEP(TA, 5, TB1, 5);      \
     } while (0)
 
+/* OP(tile, its place in cb) for each of blockk's K C tiles. */
+#define AMX_KC(OP)                 \
+    do {                           \
+        OP(0, cb);                 \
+        OP(1, cb + 16);            \
+        OP(2, cb + 32);            \
+        OP(3, cb + 48);            \
+        if (K > 4) OP(4, cb + 64); \
+        if (K > 5) OP(5, cb + 80); \
+    } while (0)
+#define AMX_C_LOAD(t, p) _tile_loadd(t, p, (long)ldcb)
+#define AMX_C_ZERO(t, p) _tile_zero(t)
+#define AMX_C_STORE(t, p) _tile_stored(t, p, (long)ldcb)
+
+/* acc: continue the sums in cb (a previous chunk of the columns), as amx_block3. */
 TGT_AMX INLINE void amx_blockk(const uint16_t *w, size_t ldw, const uint16_t *b, size_t bstride, int ks_n, float *cb,
                                int ldc, int pf, int acc, const int K) {
     const size_t ldcb = (size_t)ldc * sizeof(float);
-    if (acc) { /* continue the sums of a previous chunk of the columns (as amx_block3) */
-        _tile_loadd(0, cb, (long)ldcb);
-        _tile_loadd(1, cb + 16, (long)ldcb);
-        _tile_loadd(2, cb + 32, (long)ldcb);
-        _tile_loadd(3, cb + 48, (long)ldcb);
-        if (K > 4) _tile_loadd(4, cb + 64, (long)ldcb);
-        if (K > 5) _tile_loadd(5, cb + 80, (long)ldcb);
-    } else {
-        _tile_zero(0);
-        _tile_zero(1);
-        _tile_zero(2);
-        _tile_zero(3);
-        if (K > 4) _tile_zero(4);
-        if (K > 5) _tile_zero(5);
-    }
+    if (acc) AMX_KC(AMX_C_LOAD);
+    else AMX_KC(AMX_C_ZERO);
     for (int ks = 0; ks < ks_n; ks++) {
         const uint16_t *a = w + (size_t)ks * 32, *bk = b + (size_t)ks * TILE_ELEMS;
         if (pf && ks % 2 == 0) /* the next row tile's two steps, into L2 */
@@ -238,12 +240,7 @@ TGT_AMX INLINE void amx_blockk(const uint16_t *w, size_t ldw, const uint16_t *b,
         if (K == 6) AMX_KROW(6, 7, 7); /* no register left to alternate */
         else AMX_KROW(5, 6, 7);
     }
-    _tile_stored(0, cb, (long)ldcb);
-    _tile_stored(1, cb + 16, (long)ldcb);
-    _tile_stored(2, cb + 32, (long)ldcb);
-    _tile_stored(3, cb + 48, (long)ldcb);
-    if (K > 4) _tile_stored(4, cb + 64, (long)ldcb);
-    if (K > 5) _tile_stored(5, cb + 80, (long)ldcb);
+    AMX_KC(AMX_C_STORE);
 }
 
 /* amx_blockk with K from a variable (4 to 6). */
