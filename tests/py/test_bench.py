@@ -257,7 +257,7 @@ def check_isas(t):
 
 def check_errors(t):
     p = dfl("bench", "--parts", "decode,nothing", check=False)
-    t.check(p.returncode == 2 and "--parts" in p.stderr and "peak, profile" in p.stderr,
+    t.check(p.returncode == 2 and "--parts" in p.stderr and "peak, profile, products" in p.stderr,
             f"bad --parts names every part: {p.returncode} {p.stderr}")
     p = dfl("bench", "--isa", "sse9", check=False)
     t.check(p.returncode == 2 and "sse9" in p.stderr, f"bad --isa: {p.returncode} {p.stderr}")
