@@ -30,7 +30,7 @@
 #define TILE_ELEMS 512             /* bf16 elements of one A or B tile (16 x 64 bytes) */
 #define SPLIT 3                    /* bf16 parts of each activation: hi, mid, lo */
 #define XBLOCK_BYTES (1024 * 1024) /* packed activations of one token block */
-#define PF_ROW_BYTES 2048          /* block3 and block2 prefetch the next row tile for rows up to this */
+#define PF_ROW_BYTES 2048          /* blocks over large weights prefetch the next row tile for rows up to this */
 #define PACK_GROUPS_MIN 8          /* one-part activations of this many tokens pack by 16-token groups */
 #define ARCH_REQ_XCOMP_PERM 0x1023
 #define XFEATURE_XTILEDATA 18
