@@ -568,14 +568,16 @@ TGT_AMX static void amx_run(int count, float *const *ys, const dfl_mat *const *w
                     const int nt = (rows16 - r0) / 16 < per ? (rows16 - r0) / 16 : per;
                     for (int k0 = 0; k0 < ks_n; k0 += kc) {
                         const int kn = ks_n - k0 < kc ? ks_n - k0 : kc;
-                        for (int j = 0; j < nt && rg_max == 1 && cn % 3; j++) /* 4 or 5 B tiles in one pass */
-                            amx_blockn(wg + (size_t)16 * j * cols + (size_t)k0 * 32, ldw, bt + (size_t)k0 * TILE_ELEMS,
-                                       tile_step, kn, cb + (size_t)16 * j * ldc, ldc, pf3, k0 > 0, cn);
-                        for (int j = 0; j < nt && rg_max == 1 && cn % 3 == 0; j++)
-                            for (int c = 0; c < cn; c += 3)
-                                amx_block3(wg + (size_t)16 * j * cols + (size_t)k0 * 32, ldw,
-                                           bt + (size_t)c * tile_step + (size_t)k0 * TILE_ELEMS, tile_step, kn,
-                                           cb + (size_t)16 * j * ldc + c * 16, ldc, pf3, k0 > 0);
+                        for (int j = 0; j < nt && rg_max == 1; j++) { /* 16-token groups, or 4-5 B tiles in one pass */
+                            const uint16_t *wj = wg + (size_t)16 * j * cols + (size_t)k0 * 32,
+                                           *bk = bt + (size_t)k0 * TILE_ELEMS;
+                            float *cj = cb + (size_t)16 * j * ldc;
+                            if (cn % 3) amx_blockn(wj, ldw, bk, tile_step, kn, cj, ldc, pf3, k0 > 0, cn);
+                            else
+                                for (int c = 0; c < cn; c += 3)
+                                    amx_block3(wj, ldw, bk + (size_t)c * tile_step, tile_step, kn, cj + c * 16, ldc,
+                                               pf3, k0 > 0);
+                        }
                         for (int j = 0; j < nt && rg_max == 2; j += 2)
                             for (int c = 0; c < cn; c += 2)
                                 amx_pair(wg + (size_t)16 * j * cols + (size_t)k0 * 32, ldw,
