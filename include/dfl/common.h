@@ -31,6 +31,10 @@ uint64_t dfl_mem_available(void);
 /* Zeroed memory of at least `bytes`, aligned to a cache line (64 bytes), released with free();
  * NULL when out of memory. Kernels stream whole cache lines into such buffers. */
 void *dfl_zalloc(size_t bytes);
+/* The same, not zeroed: for logits and other large outputs of the matrix products, which write
+ * rows that start on cache lines with streaming stores (a malloc'd block of megabytes starts 16
+ * bytes into a page, and its stores then read every line first). */
+void *dfl_alloc(size_t bytes);
 
 /* Read a whole file into a NUL-terminated malloc'd buffer. NULL + error on failure. */
 char *dfl_read_file(const char *path, size_t *len_out);

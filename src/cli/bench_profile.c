@@ -44,7 +44,7 @@ int bench_profile_run(dfl_target_state *s, const dfl_draft_if *dif, const int32_
     const int V = s->m->cfg.vocab, trees = s->tree_cap > 0;
     int rows = nv > BP_TREE_BUDGET + 1 ? nv : BP_TREE_BUDGET + 1;
     rows = rows > B ? rows : B;
-    float *logits = malloc((size_t)rows * V * sizeof(float)), *probs = trees ? bench_tree_probs(B - 1, V) : NULL;
+    float *logits = dfl_alloc((size_t)rows * V * sizeof(float)), *probs = trees ? bench_tree_probs(B - 1, V) : NULL;
     dfl_tree t = {0};
     int rc = DFL_ERR;
     const int no_record = s->no_record;

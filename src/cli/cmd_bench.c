@@ -571,7 +571,7 @@ static void print_table(const bench_opts *o, const bench_res *r, const dfl_model
 static int bench_tree(dfl_target_state *s, int32_t *toks, int B, int reps, bench_res *r) {
     const int V = s->m->cfg.vocab, D = B - 1;
     float *probs = bench_tree_probs(D, V);
-    float *logits = malloc((size_t)(tree_budgets[N_TREE - 1] + 1) * V * sizeof(float));
+    float *logits = dfl_alloc((size_t)(tree_budgets[N_TREE - 1] + 1) * V * sizeof(float));
     dfl_tree t = {0};
     int rc = DFL_ERR;
     if (!probs || !logits || ddtree_alloc(&t, tree_budgets[N_TREE - 1]) != DFL_OK) goto done;
@@ -605,7 +605,7 @@ done:
 static int bench_draft_batch(const bench_opts *o, const dfl_draft_if *dif, int32_t anchor, int ctx, int V,
                              bench_res *r) {
     const int nb = o->draft_batch, B = o->block;
-    float *lg = malloc((size_t)nb * (B - 1) * V * sizeof(float));
+    float *lg = dfl_alloc((size_t)nb * (B - 1) * V * sizeof(float));
     void **ctxs = malloc((size_t)nb * sizeof *ctxs);
     int32_t *anchors = malloc((size_t)nb * sizeof *anchors);
     int *starts = malloc((size_t)nb * sizeof *starts), rc = DFL_OK;
@@ -668,7 +668,7 @@ static int run_bench(const bench_opts *o, const dfl_model *m, dfl_any_drafter *a
     const int nf = dif.n_feature_layers;
     int32_t *toks = malloc((size_t)max_batch * sizeof(int32_t));
     int32_t *ctx_toks = malloc((size_t)ctx * sizeof(int32_t)); /* the context's tokens (the MTP head reads them) */
-    float *logits = malloc((size_t)(nv > B ? nv : B) * V * sizeof(float));
+    float *logits = dfl_alloc((size_t)(nv > B ? nv : B) * V * sizeof(float));
     float *feat = ad ? malloc((size_t)ctx * nf * H * sizeof(float)) : NULL;
     int32_t *out = malloc((size_t)o->gen * sizeof(int32_t));
     const dfl_capture cap = {.n_layers = nf, .layers = dif.feature_layers, .out = feat};

@@ -86,7 +86,7 @@ static int forward_and_write(dfl_model *m, const int32_t *prompt, size_t T, cons
     if (target_state_init(&s, m, (int)T, (int)T, 0) != DFL_OK) return cli_fail("hidden", "%s", dfl_errmsg());
     const size_t H = (size_t)c->hidden;
     float *cap_out = malloc(T * n_layers * H * sizeof(float));
-    float *logits = want_logits ? malloc(T * (size_t)c->vocab * sizeof(float)) : NULL;
+    float *logits = want_logits ? dfl_alloc(T * (size_t)c->vocab * sizeof(float)) : NULL;
     dfl_capture cap = {.n_layers = n_layers, .layers = layers, .out = cap_out};
     int rc;
     if (model_forward(&s, prompt, (int)T, logits, 0, &cap) != DFL_OK) rc = cli_fail("hidden", "%s", dfl_errmsg());

@@ -67,8 +67,8 @@ int eval_costs_measure(eval_costs *c, const dfl_model *m, dfl_draft_if *dr, cons
     dfl_target_state s;
     if (target_state_init(&s, m, max_ctx, batch, 1) != DFL_OK) return dfl_preperr("measuring verification costs");
     const int vrows = maxb > max_nodes ? maxb : max_nodes;
-    float *logits = malloc((size_t)B * V * sizeof(float)), *feat = malloc((size_t)L * nf * H * sizeof(float));
-    float *vlog = malloc((size_t)vrows * V * sizeof(float)); /* verification logits, as online */
+    float *logits = dfl_alloc((size_t)B * V * sizeof(float)), *feat = malloc((size_t)L * nf * H * sizeof(float));
+    float *vlog = dfl_alloc((size_t)vrows * V * sizeof(float)); /* verification logits, as online */
     double *t = malloc((size_t)COST_MAX_REPS * sizeof(double));
     int32_t *toks = malloc((size_t)batch * sizeof(int32_t));
     dfl_tree tree = {0};

@@ -606,7 +606,7 @@ int eval_replay_many(const eval_replay_job *jobs, int nj, int V, const int *laye
     wave_block *wb = malloc((size_t)nj * sizeof *wb);
     dfl_tree tree = {0};
     eval_replay_ctx x = {.V = V, .B = B, .max_new = max_new, .layer_col = layer_col, .tree = &tree, .costs = costs};
-    x.logits = malloc((size_t)nj * (B - 1) * V * sizeof(float));
+    x.logits = dfl_alloc((size_t)nj * (B - 1) * V * sizeof(float));
     x.rows = malloc((size_t)B * nd * H * sizeof(float));
     x.toks = malloc((size_t)B * sizeof(int32_t));
     x.ctxs = malloc((size_t)nj * sizeof *x.ctxs);

@@ -44,7 +44,7 @@ int tm_target_from_truth(tm_target *tt, const eval_truth *t, int col, const dfl_
     tt->p = malloc((size_t)n * K * sizeof *tt->p);
     tt->left = malloc((size_t)n * sizeof *tt->left);
     const int chunk = 16;
-    float *xn = malloc((size_t)chunk * H * sizeof(float)), *lg = malloc((size_t)chunk * V * sizeof(float));
+    float *xn = malloc((size_t)chunk * H * sizeof(float)), *lg = dfl_alloc((size_t)chunk * V * sizeof(float));
     double *lp = malloc((size_t)K * sizeof(double));
     int rc = DFL_OK;
     if (!tt->ids || !tt->p || !tt->left || !xn || !lg || !lp)
@@ -178,7 +178,7 @@ static int score_all(const eval_truth *t, dfl_draft_if *dft, const int *col, int
                      anchor_res *res, int n_anchor) {
     const int np = t->n_prompt, nd = dft->n_feature_layers;
     const int32_t *lab = t->ids - np;
-    float *logits = malloc((size_t)nb * (B - 1) * V * sizeof(float));
+    float *logits = dfl_alloc((size_t)nb * (B - 1) * V * sizeof(float));
     float *rows = malloc((size_t)B * nd * t->H * sizeof(float));
     int32_t *toks = malloc((size_t)B * sizeof(int32_t)), anchors[32];
     int starts[32], rc = DFL_OK;

@@ -714,7 +714,7 @@ static int cpu_forward(dfl_target_state *s, const int32_t *tokens, const int *pa
     const int V = s->m->cfg.vocab, rows = parent || !o->last_only ? n : 1;
     float *logits = o->logits, *tmp = NULL;
     if (!logits && o->argmax) {
-        logits = tmp = malloc((size_t)rows * V * sizeof(float));
+        logits = tmp = dfl_alloc((size_t)rows * V * sizeof(float));
         if (!tmp) return dfl_seterr("out of memory for %d rows of logits", rows);
     }
     const int rc = parent ? cpu_forward_tree(s, tokens, parent, n, logits, o->cap)

@@ -488,7 +488,7 @@ static int gen_alloc(gen *g, int n_prompt) {
     const int V = g->V, B = g->B, N = g->N, chunk = g->s->max_batch;
     const int rows = chunk > B ? (chunk > N + 1 ? chunk : N + 1) : (B > N + 1 ? B : N + 1);
     const int want_plog = g->o->on_logits && g->o->prompt_logits;
-    g->logits = malloc((size_t)(B > N + 1 ? B : N + 1) * V * sizeof(float));
+    g->logits = dfl_alloc((size_t)(B > N + 1 ? B : N + 1) * V * sizeof(float));
     if (g->top_k) { /* a forward's rows: a block or a tree */
         g->topi = malloc((size_t)(B > N + 1 ? B : N + 1) * g->top_k * sizeof *g->topi);
         g->toplp = malloc((size_t)(B > N + 1 ? B : N + 1) * g->top_k * sizeof *g->toplp);
@@ -497,14 +497,14 @@ static int gen_alloc(gen *g, int n_prompt) {
     g->probs = malloc((size_t)V * sizeof(float));
     if (g->o->temperature > 0) g->rank = malloc((size_t)V * sizeof *g->rank);
     if (g->dr) {
-        g->dlogits = malloc((size_t)B * V * sizeof(float));
+        g->dlogits = dfl_alloc((size_t)B * V * sizeof(float));
         g->K = N < V ? N : V;
         g->dt = (dfl_draft_top){.K = N > 0 ? g->K : 0, .argmax = malloc((size_t)B * sizeof(int32_t))};
         if (N > 0) g->dt.top = malloc((size_t)B * g->K * sizeof(int32_t));
         if (N > 0) g->dt.toplp = malloc((size_t)B * g->K * sizeof(double));
         if (!g->dt.argmax || (N > 0 && (!g->dt.top || !g->dt.toplp))) return dfl_seterr("out of memory for drafts");
     }
-    if (want_plog) g->plog = malloc((size_t)(n_prompt < chunk ? n_prompt : chunk) * V * sizeof(float));
+    if (want_plog) g->plog = dfl_alloc((size_t)(n_prompt < chunk ? n_prompt : chunk) * V * sizeof(float));
     if (g->dr && dfl_feat_alloc(&g->feat, g->m->device, rows, g->cap.n_layers * g->H)) return DFL_ERR;
     if (!g->logits || !g->probs || (g->o->temperature > 0 && !g->rank) || (g->dr && !g->dlogits) ||
         (want_plog && !g->plog))

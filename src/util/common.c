@@ -41,9 +41,11 @@ int dfl_preperr(const char *fmt, ...) {
 const char *dfl_errmsg(void) { return errbuf; }
 void dfl_clearerr(void) { errbuf[0] = 0; }
 
+void *dfl_alloc(size_t bytes) { return aligned_alloc(64, bytes ? (bytes + 63) / 64 * 64 : 64); }
+
 void *dfl_zalloc(size_t bytes) {
     const size_t n = bytes ? (bytes + 63) / 64 * 64 : 64;
-    void *p = aligned_alloc(64, n);
+    void *p = dfl_alloc(n);
     if (p) memset(p, 0, n);
     return p;
 }

@@ -320,6 +320,20 @@ static void check_amx_chunks_of(int cols, const int *ns, int nn) {
     free(store), free(x), free(wr), free(ref), free(y), free(one);
 }
 
+/* dfl_alloc, which the logits' buffers come from: whole cache lines from the first byte (a
+ * malloc'd block of megabytes starts 16 bytes into a page, so its rows were stored line by line
+ * with a read of each line first, not streamed), any size, 0 included. */
+static void check_alloc(void) {
+    static const size_t sizes[] = {0, 1, 63, 65, 4096 + 16, (size_t)120 * 248320 * sizeof(float) + 4};
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+        unsigned char *p = dfl_alloc(sizes[i]);
+        CHECK(p && (uintptr_t)p % 64 == 0, "dfl_alloc(%zu): %p, expected a cache-line-aligned block", sizes[i],
+              (void *)p);
+        if (p && sizes[i]) p[0] = 1, p[sizes[i] - 1] = 2; /* the whole size is there */
+        free(p);
+    }
+}
+
 /* The C tiles of 16-token groups combine transposed in registers (with bf16 activations, one part
  * per activation, token t is virtual column t in either layout, so every block does), with
  * streaming stores once the output passes 4 MB (a verification's lm_head). Every token row equals
@@ -337,8 +351,8 @@ static void check_amx_combine(void) {
             const int rows = rows_of[v];
             void *store;
             const dfl_mat w = make_mat(ST_BF16, rows, COLS, &store);
-            float *y = aligned_alloc(64, (size_t)40 * rows * sizeof(float)),
-                  *one = malloc((size_t)rows * sizeof(float));
+            float *y = dfl_alloc((size_t)40 * rows * sizeof(float)), /* as the logits' buffers */
+                *one = malloc((size_t)rows * sizeof(float));
             int dep = 0;
             for (size_t k = 0; k < sizeof ns / sizeof ns[0]; k++) {
                 kn_matmul(y, x, &w, ns[k]);
@@ -1422,6 +1436,7 @@ int main(void) {
     }
     check_f8_nan(KN_ISA_GENERIC);
     int paths = 0;
+    check_alloc();
     for (int i = 1; i < KN_ISA_COUNT; i++) {
         const kn_isa isa = (kn_isa)i;
         if (!kn_isa_supported(isa)) {
