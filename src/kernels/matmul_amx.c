@@ -31,6 +31,7 @@
 #define SPLIT 3                    /* bf16 parts of each activation: hi, mid, lo */
 #define XBLOCK_BYTES (1024 * 1024) /* packed activations of one token block */
 #define PF_ROW_BYTES 2048          /* blocks over large weights prefetch the next row tile for rows up to this */
+#define PF_AHEAD_STEPS 4           /* steps ahead that a row tile's own weights are prefetched into L1 */
 #define PACK_GROUPS_MIN 8          /* one-part activations of this many tokens pack by 16-token groups */
 #define ARCH_REQ_XCOMP_PERM 0x1023
 #define XFEATURE_XTILEDATA 18
@@ -55,7 +56,9 @@ typedef struct tile_config {
  *   amx_block3: 1 row tile x 3 B tiles (16 tokens), weight tiles alternating;
  *   amx_blockk: 1 row tile x 4-6 B tiles (amx_passes: any number, six a pass);
  *   amx_block22: RG (1-2) row tiles x CT (1-2) B tiles (column chunks of wide matrices).
- * block3, blockk and block22 (pf) prefetch the rows after theirs at the same step into L2:
+ * block2 and block3 running a row tile's whole rows prefetch that tile's weights PF_AHEAD_STEPS
+ * steps ahead into L1 (amx_prefetch_ahead); block3 in column chunks, blockk and block22 (pf)
+ * prefetch the rows after theirs at the same step into L2:
  * measured 11% off a 16-token verification and 3% off a 512-token prefill. Over weights of 32 MiB
  * or more, block3 and blockk do so only where a row is short (PF_ROW_BYTES): the prefetchers learn
  * each row's stream anew at every row tile, and 2 KB rows end before they have. Longer rows
@@ -64,6 +67,23 @@ typedef struct tile_config {
  * in column chunks 11.7 -> 7.4 ms; with 1024 columns it stays (a [3584, 1024] 0.36 ms, 0.42
  * without). The bench target's smaller matrices with longer rows ([1024, 3584]) measured the
  * same alone, but its verify(16) 82 -> 89-102 ms without it, so they keep it. */
+/* The tile unit waits for a weight tile that is not in cache, so the more products a step has
+ * (two or three B tiles), the less of the memory's bandwidth the hardware prefetchers alone
+ * keep. Prefetching the row tile's own rows a few steps ahead into L1, then the next row tile's
+ * first steps, keeps it (weights from memory, 2 threads, AMX, 2026-12-06, four alternating
+ * runs): 6 float32 tokens of a [3584, 1024] 0.38-0.39 -> 0.34-0.36 ms, of a [17408, 5120]
+ * 6.8-7.2 -> 6.3-6.8 ms; 16 tokens of the latter 7.1-7.5 -> 6.5-6.9 ms, of the 27B's lm_head
+ * 103-106 -> 97-103 ms. In column chunks (16 tokens of a [5120, 17408]) it was 8% slower. */
+TGT_AMX INLINE void amx_prefetch_ahead(const uint16_t *w, size_t ldw, int ks, int ks_n) {
+    const int k = ks + PF_AHEAD_STEPS;
+    const size_t row = ldw / sizeof(uint16_t);
+    const uint16_t *p = k < ks_n ? w + (size_t)k * 32 : w + 16 * row + (size_t)(k - ks_n) * 32;
+    for (int r = 0; r < 16; r++) { /* steps k and k + 1 of each row (past a row's end: prefetch only) */
+        _mm_prefetch((const char *)(p + r * row), _MM_HINT_T0);
+        _mm_prefetch((const char *)(p + r * row + 32), _MM_HINT_T0);
+    }
+}
+
 /* The tile intrinsics take their register numbers as literals, hence macros. */
 #define AMX_STEP1(a, ldw, bk, TA, TB)    \
     do {                                 \
@@ -85,7 +105,8 @@ TGT_AMX INLINE void amx_block1(const uint16_t *w, size_t ldw, const uint16_t *b,
 
 /* 1 row tile x 2 B tiles (6-10 tokens): weight tiles and B tile pairs alternate between two
  * sets of registers, as in amx_block1, so that the next step's loads need not wait for the
- * products that read this step's tiles (tile registers are not renamed). */
+ * products that read this step's tiles (tile registers are not renamed). pf: prefetch ahead
+ * (amx_prefetch_ahead). */
 #define AMX_STEP2(a, ldw, bk, bstride, TA, TB0, TB1) \
     do {                                             \
         _tile_loadd(TB0, bk, 64);                    \
@@ -102,9 +123,7 @@ TGT_AMX INLINE void amx_block2(const uint16_t *w, size_t ldw, const uint16_t *b,
     _tile_zero(1);
     int ks = 0;
     for (; ks + 1 < ks_n; ks += 2) {
-        if (pf) /* the next row tile's two steps, into L2 (as amx_block3) */
-            for (int r = 0; r < 16; r++)
-                _mm_prefetch((const char *)(w + (size_t)(16 + r) * (ldw / 2) + (size_t)ks * 32), _MM_HINT_T1);
+        if (pf) amx_prefetch_ahead(w, ldw, ks, ks_n);
         AMX_STEP2(w + (size_t)ks * 32, ldw, b + (size_t)ks * TILE_ELEMS, bstride, 4, 2, 3);
         AMX_STEP2(w + (size_t)(ks + 1) * 32, ldw, b + (size_t)(ks + 1) * TILE_ELEMS, bstride, 5, 6, 7);
     }
@@ -125,7 +144,9 @@ TGT_AMX INLINE void amx_block2(const uint16_t *w, size_t ldw, const uint16_t *b,
     } while (0)
 
 /* acc: continue the sums in cb (a previous chunk of the columns) instead of starting from zero;
- * a C tile stored and loaded again is exact, so a chunked chain equals the unchunked one. */
+ * a C tile stored and loaded again is exact, so a chunked chain equals the unchunked one.
+ * pf: PF_NEXT the next row tile into L2, PF_AHEAD this one's rows ahead into L1. */
+enum { PF_NONE, PF_NEXT, PF_AHEAD };
 TGT_AMX static void amx_block3(const uint16_t *w, size_t ldw, const uint16_t *b, size_t bstride, int ks_n, float *cb,
                                int ldc, int pf, int acc) {
     const size_t ldcb = (size_t)ldc * sizeof(float);
@@ -140,8 +161,10 @@ TGT_AMX static void amx_block3(const uint16_t *w, size_t ldw, const uint16_t *b,
     }
     int ks = 0;
     for (; ks + 1 < ks_n; ks += 2) {
-        for (int r = 0; r < 16 * pf; r++) /* the next row tile's two steps, into L2 */
-            _mm_prefetch((const char *)(w + (size_t)(16 + r) * (ldw / 2) + (size_t)ks * 32), _MM_HINT_T1);
+        if (pf == PF_AHEAD) amx_prefetch_ahead(w, ldw, ks, ks_n);
+        else if (pf == PF_NEXT) /* the next row tile's two steps, into L2 */
+            for (int r = 0; r < 16; r++)
+                _mm_prefetch((const char *)(w + (size_t)(16 + r) * (ldw / 2) + (size_t)ks * 32), _MM_HINT_T1);
         AMX_STEP3(w + (size_t)ks * 32, ldw, b + (size_t)ks * TILE_ELEMS, bstride, 3);
         AMX_STEP3(w + (size_t)(ks + 1) * 32, ldw, b + (size_t)(ks + 1) * TILE_ELEMS, bstride, 4);
     }
@@ -252,7 +275,8 @@ TGT_AMX static void amx_blockn(const uint16_t *w, size_t ldw, const uint16_t *b,
 }
 
 /* One row tile against cn (3 or more) B tiles: passes of up to six, the first streaming the
- * weights (pf: prefetching the next row tile), the others reading them again from L2. Against
+ * weights (three B tiles prefetching ahead; four to six, pf: the next row tile), the others
+ * reading them again from L2. Against
  * row-tile pairs of two B tiles a pass (amx_block22, which read the weights from L2 once per
  * pair of B tiles), weights from memory, 2 threads, AMX, 2026-12-05: 33 tokens (7 B tiles) of
  * a [17408, 5120] 15.2 -> 9.3 ms, of the bench lm_head 35.3 -> 30.4 ms; 97 tokens with bf16
@@ -264,8 +288,8 @@ TGT_AMX static void amx_passes(const uint16_t *w, size_t ldw, const uint16_t *b,
         const int k = cn - c < 6 ? cn - c : 6, p = c == 0 && pf;
         const uint16_t *bc = b + (size_t)c * bstride;
         if (k >= 4) amx_blockn(w, ldw, bc, bstride, ks_n, cb + c * 16, ldc, p, 0, k);
-        else if (k == 3) amx_block3(w, ldw, bc, bstride, ks_n, cb + c * 16, ldc, p, 0);
-        else if (k == 2) amx_block2(w, ldw, bc, bstride, ks_n, cb + c * 16, ldc, p);
+        else if (k == 3) amx_block3(w, ldw, bc, bstride, ks_n, cb + c * 16, ldc, c == 0 ? PF_AHEAD : PF_NONE, 0);
+        else if (k == 2) amx_block2(w, ldw, bc, bstride, ks_n, cb + c * 16, ldc, c == 0);
         else amx_block1(w, ldw, bc, ks_n, cb + c * 16, ldc);
     }
 }
@@ -491,10 +515,10 @@ TGT_AMX static void amx_combine(float *y, int rows, int r0, int rg, int t0, int 
 /* Token blocks (whole B tiles) whose packed activations stay in L2; each thread runs its row
  * groups over one block, then the next. One B tile (up to 5 tokens) or two (6 to 10): single
  * row tiles, the weights streaming with the hardware prefetchers alone (software prefetch
- * measured slower there), except that two B tiles over weights of 32 MiB or more (an lm_head)
- * with rows of up to PF_ROW_BYTES prefetch the next row tile into L2: the bench target's
- * 248K x 1024 lm_head over 6-10 tokens took 23.4-26.3 ms without, 21.6-22.0 with (its
- * verify(6..10) 79-89 -> 74-82 ms); two B tiles instead of 16-token groups' three cut a 6-10
+ * measured slower there); two B tiles (and three) prefetch their own rows ahead into L1
+ * (amx_prefetch_ahead), which replaced the next row tile into L2 over an lm_head's weights
+ * (the bench target's 248K x 1024 over 6-10 tokens 23.4-26.3 ms without either, 21.6-22.0
+ * with that; its verify(6..10) 79-89 -> 74-82 ms); two B tiles instead of 16-token groups' three cut a 6-10
  * token product of a 4096 x 4096 matrix from 0.90 to 0.69 ms on 2 threads (AMX, 2026-12-05).
  * More tokens: each row tile against all the B tiles in passes of up to six (amx_passes), the
  * first prefetching the next row tile into L2. Outputs larger than L2 are written with
@@ -517,12 +541,7 @@ TGT_AMX static void amx_run(int count, float *const *ys, const dfl_mat *const *w
         aligned &= (uintptr_t)ys[i] % 64 == 0 && ws[i]->rows % 16 == 0;
     }
     const int stream = (planar || S == 1) && aligned && rows_all * n * sizeof(float) > STREAM_MIN_BYTES;
-    /* two B tiles a row tile over weights that stream from memory (an lm_head): prefetch the next
-     * row tile, as 16-token groups do (smaller weights, from L3, measured 5% slower with it), where
-     * rows are short (PF_ROW_BYTES: 8 tokens of the 27B shape's [5120, 17408] 14.5 -> 6.4 ms
-     * without it) */
-    const int pf2 = amx_wbytes(count, ws) >= wide_min_bytes && ldw <= PF_ROW_BYTES;
-    const int pf3 = amx_wbytes(count, ws) < wide_min_bytes || ldw <= PF_ROW_BYTES; /* amx_block3's */
+    const int pf3 = amx_wbytes(count, ws) < wide_min_bytes || ldw <= PF_ROW_BYTES; /* in column chunks */
     const size_t work = rows16_all * cols * n;
 #pragma omp parallel num_threads(kn_team(work)) if (work >= KN_PAR_MIN_WORK)
     {
@@ -591,7 +610,7 @@ TGT_AMX static void amx_run(int count, float *const *ys, const dfl_mat *const *w
                     continue;
                 }
                 if (cn == 1) amx_block1(wg, ldw, bt, ks_n, cb, ldc);
-                else if (!planar) amx_block2(wg, ldw, bt, tile_step, ks_n, cb, ldc, pf2);
+                else if (!planar) amx_block2(wg, ldw, bt, tile_step, ks_n, cb, ldc, 1);
                 else
                     for (int j = 0; j < rg; j++)
                         amx_passes(wg + (size_t)16 * j * cols, ldw, bt, tile_step, ks_n, cb + (size_t)16 * j * ldc, ldc,
