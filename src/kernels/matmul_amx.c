@@ -521,7 +521,7 @@ TGT_AMX static void amx_combine(float *y, int rows, int r0, int rg, int t0, int 
  * with that; its verify(6..10) 79-89 -> 74-82 ms); two B tiles instead of 16-token groups' three cut a 6-10
  * token product of a 4096 x 4096 matrix from 0.90 to 0.69 ms on 2 threads (AMX, 2026-12-05).
  * More tokens: each row tile against all the B tiles in passes of up to six (amx_passes), the
- * first prefetching the next row tile into L2. Outputs larger than L2 are written with
+ * first prefetching (amx_passes says how). Outputs larger than L2 are written with
  * streaming stores, so that they do not evict the packed activations. 16-token groups of wide
  * matrices, whose packed activations pass B_L2_MAX (3 x 544 KB for 17408 columns), run up to
  * CHUNK_TILES row tiles over one chunk of the columns after the other: each row tile had read
