@@ -276,9 +276,9 @@ TGT_AMX static void amx_blockn(const uint16_t *w, size_t ldw, const uint16_t *b,
 
 /* One row tile against cn (3 or more) B tiles: passes of up to six, the first streaming the
  * weights (three B tiles prefetching ahead; four to six, pf: the next row tile), the others
- * reading them again from L2. Against
- * row-tile pairs of two B tiles a pass (amx_block22, which read the weights from L2 once per
- * pair of B tiles), weights from memory, 2 threads, AMX, 2026-12-05: 33 tokens (7 B tiles) of
+ * reading them again from L2. Against row-tile pairs of two B tiles a pass (amx_block22,
+ * which read the weights from L2 once per pair of B tiles), weights from memory, 2 threads,
+ * AMX, 2026-12-05: 33 tokens (7 B tiles) of
  * a [17408, 5120] 15.2 -> 9.3 ms, of the bench lm_head 35.3 -> 30.4 ms; 97 tokens with bf16
  * activations (7 B tiles) of a [10240, 5120] 9.4 -> 5.7 ms; 65 float32 tokens (13 B tiles)
  * 0-9% faster. */
@@ -514,12 +514,13 @@ TGT_AMX static void amx_combine(float *y, int rows, int r0, int rg, int t0, int 
 
 /* Token blocks (whole B tiles) whose packed activations stay in L2; each thread runs its row
  * groups over one block, then the next. One B tile (up to 5 tokens) or two (6 to 10): single
- * row tiles, the weights streaming with the hardware prefetchers alone (software prefetch
- * measured slower there); two B tiles (and three) prefetch their own rows ahead into L1
- * (amx_prefetch_ahead), which replaced the next row tile into L2 over an lm_head's weights
- * (the bench target's 248K x 1024 over 6-10 tokens 23.4-26.3 ms without either, 21.6-22.0
- * with that; its verify(6..10) 79-89 -> 74-82 ms); two B tiles instead of 16-token groups' three cut a 6-10
- * token product of a 4096 x 4096 matrix from 0.90 to 0.69 ms on 2 threads (AMX, 2026-12-05).
+ * row tiles. One B tile streams the weights with the hardware prefetchers alone (software
+ * prefetch measured slower there); two prefetch their own rows ahead into L1
+ * (amx_prefetch_ahead), which replaced prefetching the next row tile into L2 over an lm_head's
+ * weights (the bench target's 248K x 1024 over 6-10 tokens: 23.4-26.3 ms with neither,
+ * 21.6-22.0 with that; its verify(6..10) 79-89 -> 74-82 ms). Two B tiles instead of 16-token
+ * groups' three cut a 6-10 token product of a 4096 x 4096 matrix from 0.90 to 0.69 ms on 2
+ * threads (AMX, 2026-12-05).
  * More tokens: each row tile against all the B tiles in passes of up to six (amx_passes), the
  * first prefetching (amx_passes says how). Outputs larger than L2 are written with
  * streaming stores, so that they do not evict the packed activations. 16-token groups of wide
