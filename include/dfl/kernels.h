@@ -299,6 +299,11 @@ size_t kn_count_nonfinite(const float *x, size_t n);
  * multiply-adds per second; *what names the instruction. A ceiling for the matmul tiles, which
  * also load, convert and reduce (dfl bench --parts peak). */
 double kn_peak_macs(long iters, const char **what);
+/* The rate of the same instruction as the products of many tokens run it, where that differs
+ * from the peak above: on AMX, TDPBF16PS with a weight tile and six B tiles loaded each step
+ * from the caches (amx_passes over weights in cache; about 12 x iters instructions). 0 and
+ * *what NULL on the other paths (not measured there). */
+double kn_peak_macs_loaded(long iters, const char **what);
 
 /* ---- Gated DeltaNet core, one value head (docs/design.md §3) -------------------------- */
 

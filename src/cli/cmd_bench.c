@@ -52,7 +52,10 @@ static const char *usage_text =
     "  peak      the multiply-add rate of the matmul tiles' core instruction (float32 FMA,\n"
     "            VDPBF16PS, or AMX's TDPBF16PS where the matmul uses tiles; with --act bf16 the\n"
     "            same with one part per activation), independent chains on every thread: with verify,\n"
-    "            each verification's share of it and the compute floor of verify(n) / verify(1)\n"
+    "            each verification's share of it and the compute floor of verify(n) / verify(1);\n"
+    "            with tree, the floor of a 64-node tree. With AMX also the rate as the products of\n"
+    "            many tokens run it (a weight tile and six B tiles loaded a step, the B tiles from\n"
+    "            L2), and the floors at that rate (\"loaded\")\n"
     "  tree      DDTree verification: one tree forward of budget N = 1..64 draft nodes (trees of\n"
     "            the N most probable prefixes of random block-1 distributions) next to a chain\n"
     "            verification of the same number of tokens (N + 1)\n"
@@ -152,11 +155,13 @@ typedef struct bench_res {
     /* DDTree: tree forward of tree_budgets[i] nodes vs a chain of as many tokens */
     double tree_ms[N_TREE], tree_chain_ms[N_TREE];
     int tree_depth[N_TREE];
-    double peak_macs;      /* multiply-adds per second, all threads (kn_peak_macs) */
-    const char *peak_what; /* its instruction */
-    uint64_t token_macs;   /* weight multiply-adds of one token's forward (dense targets) */
-    bench_prof prof;       /* --parts profile */
-    bench_products prods;  /* --parts products */
+    double peak_macs;             /* multiply-adds per second, all threads (kn_peak_macs) */
+    const char *peak_what;        /* its instruction */
+    double peak_loaded_macs;      /* as the products of many tokens run it (kn_peak_macs_loaded); 0: not measured */
+    const char *peak_loaded_what; /* how */
+    uint64_t token_macs;          /* weight multiply-adds of one token's forward (dense targets) */
+    bench_prof prof;              /* --parts profile */
+    bench_products prods;         /* --parts products */
 } bench_res;
 
 static unsigned parse_parts(const char *s) {
@@ -273,13 +278,15 @@ static int probe_bandwidth(uint64_t nbytes, double *median, double *best) {
     return DFL_OK;
 }
 
-/* kn_peak_macs on every thread at once, summed; the median of 3 runs of about 0.2 s. */
-static double peak_macs(const char **what) {
+/* fn (kn_peak_macs or kn_peak_macs_loaded) on every thread at once, summed; the median of 3 runs
+ * of about 0.2 s; 0 where fn measures nothing. */
+static double peak_macs(double (*fn)(long, const char **), const char **what) {
     long iters = 1 << 20;
     double rate[3];
+    if (fn(1, what) <= 0) return 0;
     for (;;) { /* size the run: about 0.2 s */
         const double t0 = dfl_now();
-        kn_peak_macs(iters, what);
+        fn(iters, what);
         const double dt = dfl_now() - t0;
         if (dt > 0.05 || iters > (1L << 40)) {
             iters = (long)(iters * (0.2 / (dt > 1e-6 ? dt : 1e-6)));
@@ -290,7 +297,7 @@ static double peak_macs(const char **what) {
     for (int r = 0; r < 3; r++) {
         double sum = 0;
 #pragma omp parallel reduction(+ : sum)
-        sum += kn_peak_macs(iters, what);
+        sum += fn(iters, what);
         rate[r] = sum;
     }
     qsort(rate, 3, sizeof(double), cmp_double);
@@ -379,6 +386,9 @@ static void print_json(const bench_opts *o, const bench_res *r, const dfl_model 
     }
     if (o->parts & P_PEAK) {
         printf(", \"peak_macs_per_s\": %.4g, \"peak_instruction\": \"%s\"", r->peak_macs, r->peak_what);
+        if (r->peak_loaded_macs > 0)
+            printf(", \"peak_loaded_macs_per_s\": %.4g, \"peak_loaded_instruction\": \"%s\"", r->peak_loaded_macs,
+                   r->peak_loaded_what);
         if (r->token_macs) printf(", \"token_macs\": %llu", (unsigned long long)r->token_macs);
     }
     if ((o->parts & P_PEAK) && (o->parts & P_VERIFY) && r->token_macs) {
@@ -488,9 +498,13 @@ static void print_table(const bench_opts *o, const bench_res *r, const dfl_model
                    1e3 * r->token_bytes / 1e9 / r->probe_gbps);
         printf("\n");
     }
-    if (o->parts & P_PEAK)
+    if (o->parts & P_PEAK) {
         printf("peak       %.1f G multiply-adds/s (%s, independent chains, %d threads)\n", r->peak_macs / 1e9,
                r->peak_what, omp_get_max_threads());
+        if (r->peak_loaded_macs > 0) /* what products of many tokens can reach: their tiles come from the caches */
+            printf("           %.1f G as the products of many tokens run it (%s): %.0f%% of the peak\n",
+                   r->peak_loaded_macs / 1e9, r->peak_loaded_what, 100 * r->peak_loaded_macs / r->peak_macs);
+    }
     if (o->parts & P_VERIFY && m->cfg.n_experts > 0) {
         /* the numbers behind MoE speedups: n tokens touch up to n*k experts per layer, and a
          * verification reads each touched expert once */
@@ -513,6 +527,7 @@ static void print_table(const bench_opts *o, const bench_res *r, const dfl_model
             const double floor_ms = 1e3 * n * r->token_macs / r->peak_macs;
             printf("roofline   verify(%d): %.2f G multiply-adds = %.1f ms at the peak", n, n * r->token_macs / 1e9,
                    floor_ms);
+            if (r->peak_loaded_macs > 0) printf(", %.1f ms loaded", 1e3 * n * r->token_macs / r->peak_loaded_macs);
             if (o->parts & P_PROBE)
                 printf("; reading the weights at the probe's rate: %.1f ms",
                        1e3 * r->token_bytes / 1e9 / r->probe_gbps);
@@ -561,6 +576,13 @@ static void print_table(const bench_opts *o, const bench_res *r, const dfl_model
         for (int i = 0; i < N_TREE; i++)
             printf("           %-6d %-6d %-8.1f %-22.1f %.3f\n", tree_budgets[i], r->tree_depth[i], r->tree_ms[i],
                    r->tree_chain_ms[i], r->tree_ms[i] / r->tree_chain_ms[i]);
+        if ((o->parts & P_PEAK) && r->token_macs) { /* its nodes' multiply-adds: a floor for the products alone */
+            const int nodes = tree_budgets[N_TREE - 1] + 1;
+            printf("roofline   tree-%d (%d nodes): %.2f G multiply-adds = %.1f ms at the peak", nodes - 1, nodes,
+                   nodes * r->token_macs / 1e9, 1e3 * nodes * r->token_macs / r->peak_macs);
+            if (r->peak_loaded_macs > 0) printf(", %.1f ms loaded", 1e3 * nodes * r->token_macs / r->peak_loaded_macs);
+            printf("\n");
+        }
     }
 }
 
@@ -648,7 +670,8 @@ static int run_bench(const bench_opts *o, const dfl_model *m, dfl_any_drafter *a
         }
     }
     if (o->parts & P_PEAK) {
-        r->peak_macs = peak_macs(&r->peak_what);
+        r->peak_macs = peak_macs(kn_peak_macs, &r->peak_what);
+        r->peak_loaded_macs = peak_macs(kn_peak_macs_loaded, &r->peak_loaded_what);
         r->token_macs = m->cfg.n_experts > 0 ? 0 : token_macs(m);
     }
     if ((o->parts & P_PRODUCTS) && bench_products_run(m, o->reps, &r->prods) != DFL_OK) return DFL_ERR;

@@ -256,6 +256,22 @@ int kn_argmax(const float *x, int n) {
     return i;
 }
 
+double kn_peak_macs_loaded(long iters, const char **what) {
+    *what = NULL;
+#if KN_X86 && defined(__linux__)
+    if (kn_isa_get() == KN_ISA_AMX) {
+        const long calls = iters / 16 > 0 ? iters / 16 : 1; /* 192 instructions a call: about 12 x iters */
+        const double per = 16 * 16 * 32 / (kn_act_get() == KN_ACT_BF16 ? 1.0 : 3.0), t0 = dfl_now();
+        volatile float sink = kn_peak_amx_loaded(calls);
+        (void)sink;
+        *what = "TDPBF16PS tiles, a weight tile and six B tiles loaded a step, the B tiles from L2";
+        return 192.0 * per * (double)calls / (dfl_now() - t0);
+    }
+#endif
+    (void)iters;
+    return 0;
+}
+
 double kn_peak_macs(long iters, const char **what) {
     volatile float sink = 0;
     double per = 1; /* multiply-adds of the matmul per instruction */

@@ -91,6 +91,9 @@ int kn_amx_request(void);
 /* kn_peak_macs's AMX loop: 12 x iters TDPBF16PS (16 x 16 x 32 multiply-adds each) on 4
  * independent C tiles, the instruction kn_matmul_amx_multi's tiles run; a C element. */
 float kn_peak_amx(long iters);
+/* kn_peak_macs_loaded's loop: calls x 192 TDPBF16PS as amx_passes runs them (a weight tile and
+ * six B tiles loaded a step, the B tiles from L2); 0 without memory for its tiles. */
+float kn_peak_amx_loaded(long calls);
 /* The weight bytes of a call from which long batches of wide matrices run in WIDE_TOK-token
  * blocks (default 32 MiB; tests lower it to reach that path on small matrices); returns the
  * previous value. */

@@ -653,6 +653,33 @@ TGT_AMX float kn_peak_amx(long iters) {
     return c[0];
 }
 
+/* The tile products as amx_passes runs them over weights in cache: amx_blockk's passes of a row
+ * tile (1024 columns, 32 steps) against six B tiles, each step loading the weight tile and every
+ * B tile (192 KB of them: from L2), calls x 192 TDPBF16PS. */
+#define PEAK_LOADED_STEPS 32
+TGT_AMX float kn_peak_amx_loaded(long calls) {
+    tile_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette = 1;
+    for (int i = 0; i < 8; i++) cfg.colsb[i] = 64, cfg.rows[i] = 16;
+    const size_t w_elems = (size_t)16 * PEAK_LOADED_STEPS * 32, b_elems = (size_t)6 * PEAK_LOADED_STEPS * TILE_ELEMS;
+    uint16_t *w = aligned_alloc(64, (w_elems + b_elems) * sizeof(uint16_t)), *b = w + w_elems;
+    float *cb = aligned_alloc(64, (size_t)16 * 96 * sizeof(float));
+    if (!w || !cb) {
+        free(w), free(cb);
+        return 0;
+    }
+    for (size_t i = 0; i < w_elems + b_elems; i++) w[i] = 0x3a83; /* bf16 1e-3: the sums stay finite */
+    _tile_loadconfig(&cfg);
+    for (long c = 0; c < calls; c++)
+        amx_blockk(w, (size_t)PEAK_LOADED_STEPS * 32 * sizeof(uint16_t), b, (size_t)PEAK_LOADED_STEPS * TILE_ELEMS,
+                   PEAK_LOADED_STEPS, cb, 96, 0, 0, 6);
+    _tile_release();
+    const float r = cb[0];
+    free(w), free(cb);
+    return r;
+}
+
 /* One product outside the tiles, as the activation mode computes it there: BF16 weights with bf16
  * activations through VDPBF16PS, the rest through the AVX-512 kernel. */
 static void amx_other(float *y, const float *x, const dfl_mat *w, int n, int S) {

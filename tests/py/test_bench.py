@@ -27,8 +27,18 @@ def check_full(t):
     t.check(r["peak_macs_per_s"] > 1e8 and r["peak_instruction"] and r["token_macs"] > 0 and
             len(r["verify_peak_share"]) == len(r["verify_ms"]) and all(0 < x < 1.5 for x in r["verify_peak_share"]),
             f"peak part: {r.get('peak_macs_per_s')} {r.get('peak_instruction')} {r.get('verify_peak_share')}")
-    p = dfl("bench", "--parts", "peak,verify", "--model", fixture("qwen35_vlm"), *SMALL)
+    # on AMX also the rate with the tiles loaded as products of many tokens load them; elsewhere not measured
+    amx = r["isa"] == "amx"
+    t.check((r.get("peak_loaded_macs_per_s", 0) > 1e8 and "B tiles from L2" in r["peak_loaded_instruction"]) if amx
+            else "peak_loaded_macs_per_s" not in r, f"loaded peak on {r['isa']}: {r.get('peak_loaded_macs_per_s')}")
+    p = dfl("bench", "--parts", "peak,verify,tree", "--model", fixture("qwen35_vlm"), *SMALL)
     t.check("roofline   verify(" in p.stdout and "share of the peak" in p.stdout, f"roofline line: {p.stdout}")
+    t.check("roofline   tree-64 (65 nodes)" in p.stdout and (" ms loaded" in p.stdout) == amx,
+            f"tree roofline, loaded rate where amx: {p.stdout}")
+    p = dfl("bench", "--json", "--isa", "avx512", "--parts", "peak", "--model", fixture("qwen35_vlm"), *SMALL,
+            check=False)
+    if p.returncode == 0:  # not measured off AMX
+        t.check("peak_loaded_macs_per_s" not in json.loads(p.stdout), f"avx512 peak: {p.stdout}")
     t.check(len(r["verify_cost"]) == 5 and r["verify_cost"][0] == 1.0, f"verify_cost {r['verify_cost']}")
     t.check(all(v > 0 for v in r["verify_ms"]), "verify times are positive")
     rb = r["rollback"]
