@@ -262,8 +262,8 @@ double kn_peak_macs_loaded(long iters, const char **what) {
     if (kn_isa_get() == KN_ISA_AMX) {
         const long calls = iters / 16 > 0 ? iters / 16 : 1; /* 192 instructions a call: about 12 x iters */
         const double per = 16 * 16 * 32 / (kn_act_get() == KN_ACT_BF16 ? 1.0 : 3.0), t0 = dfl_now();
-        volatile float sink = kn_peak_amx_loaded(calls);
-        (void)sink;
+        const float sink = kn_peak_amx_loaded(calls); /* a positive sum; 0: no memory for the tiles */
+        if (!(sink > 0)) return 0;
         *what = "TDPBF16PS tiles, a weight tile and six B tiles loaded a step, the B tiles from L2";
         return 192.0 * per * (double)calls / (dfl_now() - t0);
     }
