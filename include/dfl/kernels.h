@@ -141,6 +141,28 @@ const char *kn_op_key(kn_op op);
 /* y[n][rows] = x[n][cols] . W^T — OpenMP-threaded over rows; each weight row is read once
  * for all n inputs (register tiles of rows x tokens, x blocked to stay in cache). */
 void kn_matmul(float *y, const float *x, const dfl_mat *w, int n);
+/* Each row's Euclidean norm of a matrix, computed on first use and kept (kn_matmul_argmax's
+ * bound); one cache per matrix. */
+typedef struct kn_row_norms kn_row_norms;
+kn_row_norms *kn_row_norms_new(void);
+void kn_row_norms_free(kn_row_norms *c);
+/* Compute them now where kn_matmul_argmax over n tokens of W would (kn_argmax_estimates). */
+void kn_row_norms_prepare(kn_row_norms *c, const dfl_mat *w, int n);
+/* ids[t] = kn_argmax of row t of x . W^T (n tokens), the same id as the full product gives. y
+ * [n][rows] is scratch; returns 1 where it holds the full product (then its values may be read,
+ * non-finite ones included), 0 where the argmax was found without it. That happens where
+ * kn_argmax_estimates says so: with float32 activations on the AMX path, from
+ * KN_ARGMAX_MIN_TOKENS tokens on, every row is estimated with the activations rounded to bf16
+ * once (a third of the tile products), and only the rows whose proven error bound reaches the
+ * best are computed in float32 (src/kernels/head_argmax.c). norms: the cache for W (NULL: the
+ * full product). */
+#define KN_ARGMAX_MIN_TOKENS 6
+/* How the current path estimates (float32 activations): AMX tiles with one part an activation,
+ * VDPBF16PS (AVX-512 BF16, also under the float32 FMA path), or not at all. */
+typedef enum kn_estimate { KN_EST_NONE, KN_EST_TILES, KN_EST_DP } kn_estimate;
+kn_estimate kn_argmax_estimate_kind(void);
+int kn_argmax_estimates(const dfl_mat *w, int n);
+int kn_matmul_argmax(int32_t *ids, float *y, const float *x, const dfl_mat *w, int n, kn_row_norms *norms);
 /* y[i] [n][w[i]->rows] = x [n][cols] . W_i^T for count matrices that share the input x (same
  * cols; q/k/v, gate/up): on the AMX path x is packed once and one parallel region covers every
  * matrix's rows. Each y[i] equals kn_matmul(y[i], x, w[i], n) bit for bit. */
@@ -304,6 +326,10 @@ double kn_peak_macs(long iters, const char **what);
  * from the caches (amx_passes over weights in cache; about 12 x iters instructions). 0 and
  * *what NULL on the other paths (not measured there). */
 double kn_peak_macs_loaded(long iters, const char **what);
+/* The rate of kn_matmul_argmax's estimate where the path has one (kn_argmax_estimate_kind): the
+ * instruction of kn_peak_macs with every activation one bf16 part (AMX: TDPBF16PS, 16 x 16 x 32;
+ * else VDPBF16PS on zmm, 32). 0 and *what NULL elsewhere. */
+double kn_peak_macs_estimate(long iters, const char **what);
 
 /* ---- Gated DeltaNet core, one value head (docs/design.md §3) -------------------------- */
 

@@ -72,12 +72,13 @@ typedef struct dfl_model {
     st_checkpoint st;
     char *dir;
     dfl_layout layout;
-    const char *prefix;  /* text tensor prefix that matched, e.g. "model.language_model." */
-    dfl_mat embed;       /* [V, H] */
-    dfl_mat lm_head;     /* [V, H]; shares embed's data when tied */
-    float *final_norm;   /* [H] */
-    dfl_layer_w *layers; /* [L] */
-    unsigned char *used; /* [n_tensors] 1 if the forward reads the tensor */
+    const char *prefix;       /* text tensor prefix that matched, e.g. "model.language_model." */
+    dfl_mat embed;            /* [V, H] */
+    dfl_mat lm_head;          /* [V, H]; shares embed's data when tied */
+    kn_row_norms *head_norms; /* lm_head's row norms (greedy verification, kn_matmul_argmax) */
+    float *final_norm;        /* [H] */
+    dfl_layer_w *layers;      /* [L] */
+    unsigned char *used;      /* [n_tensors] 1 if the forward reads the tensor */
     int comp_count[DFL_COMP_COUNT];
     uint64_t comp_bytes[DFL_COMP_COUNT];
     uint64_t weight_bytes;    /* bytes of tensors the forward reads */

@@ -26,12 +26,15 @@ float *bench_tree_probs(int D, int V) {
 static int profile_one(dfl_target_state *s, const dfl_draft_if *dif, int k, const int32_t *toks, int nv, int B,
                        const dfl_tree *t, float *logits, kn_prof *q, double *dt) {
     const int base = s->n_past, root[1] = {0};
+    int32_t ids[BP_TREE_BUDGET + 1 > DFL_MAX_BLOCK ? BP_TREE_BUDGET + 1 : DFL_MAX_BLOCK];
+    /* the target's forwards as greedy decoding runs them: each row's argmax, the logits scratch */
+    const dfl_fwd_out fo = {.logits = logits, .argmax = ids, .last_only = k == BP_DECODE, .logits_scratch = 1};
     kn_prof_start();
     const double t0 = dfl_now();
     int rc;
-    if (k == BP_TREE) rc = model_forward_tree(s, t->token, t->parent, t->n, logits, NULL);
+    if (k == BP_TREE) rc = model_forward_ex(s, t->token, t->parent, t->n, &fo);
     else if (k == BP_DRAFT) rc = dif->draft(dif->ctx, toks[0], B, logits);
-    else rc = model_forward(s, toks, k == BP_DECODE ? 1 : nv, logits, k == BP_DECODE, NULL);
+    else rc = model_forward_ex(s, toks, NULL, k == BP_DECODE ? 1 : nv, &fo);
     *dt = dfl_now() - t0;
     kn_prof_stop(q);
     if (rc != DFL_OK) return DFL_ERR;

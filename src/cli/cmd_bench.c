@@ -36,8 +36,10 @@ static const char *usage_text =
     "            less sensitive to the bandwidth drifting between the two measurements\n"
     "  decode    single-token forwards after a context: tokens/s (median token time) and\n"
     "            effective GB/s (weight bytes read per token x tokens/s)\n"
-    "  verify    one forward over n = 1..verify-max new tokens on top of the context (logits for\n"
-    "            every row, as a verification does; rolled back after), time relative to n = 1\n"
+    "  verify    one forward over n = 1..verify-max new tokens on top of the context, as greedy\n"
+    "            decoding verifies (each row's argmax: with float32 activations on AVX-512 BF16 or\n"
+    "            AMX the lm_head computes in full only the rows that may be largest); rolled back\n"
+    "            after; time relative to n = 1; then verify(verify-max) with every row's logits\n"
     "  draft     the drafter's context update per token and one block of B (through the same\n"
     "            interface the speculative loop drives); a DFlash drafter also drafts\n"
     "            --draft-batch blocks in one forward (a replay's wave) and, with probe, prints\n"
@@ -55,10 +57,13 @@ static const char *usage_text =
     "            each verification's share of it and the compute floor of verify(n) / verify(1);\n"
     "            with tree, the floor of a 64-node tree. With AMX also the rate as the products of\n"
     "            many tokens run it (a weight tile and six B tiles loaded a step, the B tiles from\n"
-    "            L2), and the floors at that rate (\"loaded\")\n"
+    "            L2), and the floors at that rate (\"loaded\"). Where greedy verification estimates\n"
+    "            the lm_head (float32 activations on AMX or AVX-512 BF16) also the estimate's rate\n"
+    "            (one bf16 part an activation): the floors take the lm_head at that rate\n"
     "  tree      DDTree verification: one tree forward of budget N = 1..64 draft nodes (trees of\n"
     "            the N most probable prefixes of random block-1 distributions) next to a chain\n"
-    "            verification of the same number of tokens (N + 1)\n"
+    "            verification of the same number of tokens (N + 1), both greedy as verify; then\n"
+    "            the 64-node tree with every node's logits\n"
     "  profile   where a forward's time goes: the mean time per forward in each kind of kernel\n"
     "            call (matrix products, lm_head, attention, delta-rule recurrence, conv, norms\n"
     "            and elementwise, logits check; other: the forward outside them) for a decode\n"
@@ -154,14 +159,19 @@ typedef struct bench_res {
     double snap_save_ms, snap_restore_ms, snap_mb;
     /* DDTree: tree forward of tree_budgets[i] nodes vs a chain of as many tokens */
     double tree_ms[N_TREE], tree_chain_ms[N_TREE];
+    double verify_logits_ms, tree_logits_ms; /* verify-max and the largest tree with every row's logits */
     int tree_depth[N_TREE];
     double peak_macs;             /* multiply-adds per second, all threads (kn_peak_macs) */
     const char *peak_what;        /* its instruction */
     double peak_loaded_macs;      /* as the products of many tokens run it (kn_peak_macs_loaded); 0: not measured */
     const char *peak_loaded_what; /* how */
-    uint64_t token_macs;          /* weight multiply-adds of one token's forward (dense targets) */
-    bench_prof prof;              /* --parts profile */
-    bench_products prods;         /* --parts products */
+    double peak_est_macs;         /* the lm_head's estimate in greedy verification (kn_peak_macs_estimate); 0: none */
+    const char *peak_est_what;
+    uint64_t head_macs;   /* the lm_head's multiply-adds per token */
+    int head_est;         /* 1: greedy verification estimates the lm_head (kn_argmax_estimates) */
+    uint64_t token_macs;  /* weight multiply-adds of one token's forward (dense targets) */
+    bench_prof prof;      /* --parts profile */
+    bench_products prods; /* --parts products */
 } bench_res;
 
 static unsigned parse_parts(const char *s) {
@@ -278,6 +288,16 @@ static int probe_bandwidth(uint64_t nbytes, double *median, double *best) {
     return DFL_OK;
 }
 
+/* The compute floor in ms of a greedy forward over n tokens at a rate of `peak` multiply-adds/s
+ * (the peak or the loaded rate): the layers' multiply-adds at that rate, the lm_head's at the
+ * estimate's where greedy verification estimates it (kn_matmul_argmax; the same ratio to the
+ * peak), since it computes only a few rows in full. */
+static double floor_ms(const bench_res *r, int n, double peak) {
+    const double head = (double)r->head_macs * n, rest = ((double)r->token_macs - (double)r->head_macs) * n;
+    const int est = r->head_est && r->peak_est_macs > 0 && n >= KN_ARGMAX_MIN_TOKENS;
+    return 1e3 * (rest / peak + head / (est ? peak * r->peak_est_macs / r->peak_macs : peak));
+}
+
 /* fn (kn_peak_macs or kn_peak_macs_loaded) on every thread at once, summed; the median of 3 runs
  * of about 0.2 s; 0 where fn measures nothing. */
 static double peak_macs(double (*fn)(long, const char **), const char **what) {
@@ -304,13 +324,23 @@ static double peak_macs(double (*fn)(long, const char **), const char **what) {
     return rate[1];
 }
 
-/* Best-of-reps time of one forward over n tokens at the current position, rolled back after. */
-static double time_verify(dfl_target_state *s, const int32_t *toks, int n, float *logits, int reps) {
+/* A verification forward (a tree's where parent is given) as greedy decoding runs it: each row's
+ * argmax, the logits scratch (the lm_head may skip most rows: kn_matmul_argmax); with ids NULL,
+ * every row's logits. */
+static int verify_forward(dfl_target_state *s, const int32_t *toks, const int *parent, int n, float *logits,
+                          int32_t *ids) {
+    const dfl_fwd_out fo = {.logits = logits, .argmax = ids, .logits_scratch = ids != NULL};
+    return model_forward_ex(s, toks, parent, n, &fo);
+}
+
+/* Best-of-reps time of one verification forward over n tokens at the current position (greedy,
+ * or with ids NULL every row's logits), rolled back after. */
+static double time_verify(dfl_target_state *s, const int32_t *toks, int n, float *logits, int32_t *ids, int reps) {
     const int base = s->n_past;
     double best = 1e30;
     for (int r = 0; r < reps; r++) {
         const double t0 = dfl_now();
-        if (model_forward(s, toks, n, logits, 0, NULL) != DFL_OK) return -1;
+        if (verify_forward(s, toks, NULL, n, logits, ids) != DFL_OK) return -1;
         const double dt = dfl_now() - t0;
         if (target_state_rollback(s, base) != DFL_OK) return -1;
         if (dt < best) best = dt;
@@ -389,12 +419,16 @@ static void print_json(const bench_opts *o, const bench_res *r, const dfl_model 
         if (r->peak_loaded_macs > 0)
             printf(", \"peak_loaded_macs_per_s\": %.4g, \"peak_loaded_instruction\": \"%s\"", r->peak_loaded_macs,
                    r->peak_loaded_what);
+        if (r->peak_est_macs > 0)
+            printf(", \"peak_estimate_macs_per_s\": %.4g, \"peak_estimate_instruction\": \"%s\"", r->peak_est_macs,
+                   r->peak_est_what);
+        printf(", \"lm_head_estimated\": %s", r->head_est ? "true" : "false");
         if (r->token_macs) printf(", \"token_macs\": %llu", (unsigned long long)r->token_macs);
     }
     if ((o->parts & P_PEAK) && (o->parts & P_VERIFY) && r->token_macs) {
         printf(", \"verify_peak_share\": [");
         for (int i = 0; i < r->n_verify; i++)
-            printf("%s%.4f", i ? ", " : "", (double)(i + 1) * r->token_macs / r->peak_macs / (r->verify_ms[i] / 1e3));
+            printf("%s%.4f", i ? ", " : "", floor_ms(r, i + 1, r->peak_macs) / r->verify_ms[i]);
         printf("]");
     }
     if (o->parts & P_VERIFY) {
@@ -402,7 +436,7 @@ static void print_json(const bench_opts *o, const bench_res *r, const dfl_model 
         for (int i = 0; i < r->n_verify; i++) printf("%s%.3f", i ? ", " : "", r->verify_ms[i]);
         printf("], \"verify_cost\": [");
         for (int i = 0; i < r->n_verify; i++) printf("%s%.4f", i ? ", " : "", r->verify_ms[i] / r->verify_ms[0]);
-        printf("]");
+        printf("], \"verify_logits_ms\": %.3f", r->verify_logits_ms);
         if (m->cfg.n_experts > 0) {
             printf(
                 ", \"moe\": {\"experts\": %d, \"experts_per_tok\": %d, \"sparse_layers\": %d, \"expert_bytes\": %llu}",
@@ -451,7 +485,7 @@ static void print_json(const bench_opts *o, const bench_res *r, const dfl_model 
         for (int i = 0; i < N_TREE; i++)
             printf("%s{\"budget\": %d, \"depth\": %d, \"tree_ms\": %.3f, \"chain_ms\": %.3f}", i ? ", " : "",
                    tree_budgets[i], r->tree_depth[i], r->tree_ms[i], r->tree_chain_ms[i]);
-        printf("]");
+        printf("], \"tree_logits_ms\": %.3f", r->tree_logits_ms);
     }
     if (o->parts & P_PROFILE) bench_profile_json(&r->prof);
     if (o->parts & P_PRODUCTS) bench_products_json(&r->prods);
@@ -504,6 +538,9 @@ static void print_table(const bench_opts *o, const bench_res *r, const dfl_model
         if (r->peak_loaded_macs > 0) /* what products of many tokens can reach: their tiles come from the caches */
             printf("           %.1f G as the products of many tokens run it (%s): %.0f%% of the peak\n",
                    r->peak_loaded_macs / 1e9, r->peak_loaded_what, 100 * r->peak_loaded_macs / r->peak_macs);
+        if (r->peak_est_macs > 0)
+            printf("           %.1f G as greedy verification estimates the lm_head (%s)%s\n", r->peak_est_macs / 1e9,
+                   r->peak_est_what, r->head_est ? "" : "; this lm_head is not estimated (not BF16 or too small)");
     }
     if (o->parts & P_VERIFY && m->cfg.n_experts > 0) {
         /* the numbers behind MoE speedups: n tokens touch up to n*k experts per layer, and a
@@ -519,19 +556,21 @@ static void print_table(const bench_opts *o, const bench_res *r, const dfl_model
         printf("verify     n   ms      x n=1%s\n", peak ? "   share of the peak" : "");
         for (int i = 0; i < r->n_verify; i++) {
             printf("           %-3d %-7.1f %-7.3f", i + 1, r->verify_ms[i], r->verify_ms[i] / r->verify_ms[0]);
-            if (peak) printf(" %.0f%%", 100.0 * (i + 1) * r->token_macs / r->peak_macs / (r->verify_ms[i] / 1e3));
+            if (peak) printf(" %.0f%%", 100.0 * floor_ms(r, i + 1, r->peak_macs) / r->verify_ms[i]);
             printf("\n");
         }
+        printf("           verify(%d) with every row's logits (not only each row's argmax): %.1f ms\n", r->n_verify,
+               r->verify_logits_ms);
         if (peak) { /* the floor of verify(n) / verify(1): n tokens' multiply-adds at the peak over one token */
             const int n = r->n_verify;
-            const double floor_ms = 1e3 * n * r->token_macs / r->peak_macs;
-            printf("roofline   verify(%d): %.2f G multiply-adds = %.1f ms at the peak", n, n * r->token_macs / 1e9,
-                   floor_ms);
-            if (r->peak_loaded_macs > 0) printf(", %.1f ms loaded", 1e3 * n * r->token_macs / r->peak_loaded_macs);
+            const double fl = floor_ms(r, n, r->peak_macs);
+            printf("roofline   verify(%d): %.2f G multiply-adds%s = %.1f ms at the peak", n, n * r->token_macs / 1e9,
+                   r->head_est && n >= KN_ARGMAX_MIN_TOKENS ? " (the lm_head's at the estimate's rate)" : "", fl);
+            if (r->peak_loaded_macs > 0) printf(", %.1f ms loaded", floor_ms(r, n, r->peak_loaded_macs));
             if (o->parts & P_PROBE)
                 printf("; reading the weights at the probe's rate: %.1f ms",
                        1e3 * r->token_bytes / 1e9 / r->probe_gbps);
-            printf("; so verify(%d) / verify(1) >= %.2f with verify(1) as measured\n", n, floor_ms / r->verify_ms[0]);
+            printf("; so verify(%d) / verify(1) >= %.2f with verify(1) as measured\n", n, fl / r->verify_ms[0]);
         }
     }
     if (o->ad) {
@@ -576,11 +615,14 @@ static void print_table(const bench_opts *o, const bench_res *r, const dfl_model
         for (int i = 0; i < N_TREE; i++)
             printf("           %-6d %-6d %-8.1f %-22.1f %.3f\n", tree_budgets[i], r->tree_depth[i], r->tree_ms[i],
                    r->tree_chain_ms[i], r->tree_ms[i] / r->tree_chain_ms[i]);
+        printf("           budget %d with every node's logits (not only each node's argmax): %.1f ms\n",
+               tree_budgets[N_TREE - 1], r->tree_logits_ms);
         if ((o->parts & P_PEAK) && r->token_macs) { /* its nodes' multiply-adds: a floor for the products alone */
             const int nodes = tree_budgets[N_TREE - 1] + 1;
-            printf("roofline   tree-%d (%d nodes): %.2f G multiply-adds = %.1f ms at the peak", nodes - 1, nodes,
-                   nodes * r->token_macs / 1e9, 1e3 * nodes * r->token_macs / r->peak_macs);
-            if (r->peak_loaded_macs > 0) printf(", %.1f ms loaded", 1e3 * nodes * r->token_macs / r->peak_loaded_macs);
+            printf("roofline   tree-%d (%d nodes): %.2f G multiply-adds%s = %.1f ms at the peak", nodes - 1, nodes,
+                   nodes * r->token_macs / 1e9, r->head_est ? " (the lm_head's at the estimate's rate)" : "",
+                   floor_ms(r, nodes, r->peak_macs));
+            if (r->peak_loaded_macs > 0) printf(", %.1f ms loaded", floor_ms(r, nodes, r->peak_loaded_macs));
             printf("\n");
         }
     }
@@ -594,6 +636,7 @@ static int bench_tree(dfl_target_state *s, int32_t *toks, int B, int reps, bench
     const int V = s->m->cfg.vocab, D = B - 1;
     float *probs = bench_tree_probs(D, V);
     float *logits = dfl_alloc((size_t)(tree_budgets[N_TREE - 1] + 1) * V * sizeof(float));
+    int32_t ids[65];
     dfl_tree t = {0};
     int rc = DFL_ERR;
     if (!probs || !logits || ddtree_alloc(&t, tree_budgets[N_TREE - 1]) != DFL_OK) goto done;
@@ -602,15 +645,20 @@ static int bench_tree(dfl_target_state *s, int32_t *toks, int B, int reps, bench
         r->tree_depth[i] = t.max_depth;
         double best = 1e30;
         const int root[1] = {0};
-        for (int k = 0; k < reps; k++) {
+        const int last = i == N_TREE - 1; /* the largest tree also with every node's logits */
+        double best_logits = 1e30;
+        for (int k = 0; k < reps * (last ? 2 : 1); k++) {
+            const int greedy = k < reps;
             const double t0 = dfl_now();
-            if (model_forward_tree(s, t.token, t.parent, t.n, logits, NULL) != DFL_OK) goto done;
+            if (verify_forward(s, t.token, t.parent, t.n, logits, greedy ? ids : NULL) != DFL_OK) goto done;
             const double dt = dfl_now() - t0;
             if (target_state_tree_commit(s, root, 1) != DFL_OK) goto done;
-            best = dt < best ? dt : best;
+            if (greedy) best = dt < best ? dt : best;
+            else best_logits = dt < best_logits ? dt : best_logits;
         }
         r->tree_ms[i] = 1e3 * best;
-        const double c = time_verify(s, toks, t.n, logits, reps);
+        if (last) r->tree_logits_ms = 1e3 * best_logits;
+        const double c = time_verify(s, toks, t.n, logits, ids, reps);
         if (c < 0) goto done;
         r->tree_chain_ms[i] = 1e3 * c;
     }
@@ -672,6 +720,9 @@ static int run_bench(const bench_opts *o, const dfl_model *m, dfl_any_drafter *a
     if (o->parts & P_PEAK) {
         r->peak_macs = peak_macs(kn_peak_macs, &r->peak_what);
         r->peak_loaded_macs = peak_macs(kn_peak_macs_loaded, &r->peak_loaded_what);
+        r->peak_est_macs = peak_macs(kn_peak_macs_estimate, &r->peak_est_what);
+        r->head_macs = (uint64_t)m->lm_head.rows * m->lm_head.cols;
+        r->head_est = kn_argmax_estimates(&m->lm_head, KN_ARGMAX_MIN_TOKENS);
         r->token_macs = m->cfg.n_experts > 0 ? 0 : token_macs(m);
     }
     if ((o->parts & P_PRODUCTS) && bench_products_run(m, o->reps, &r->prods) != DFL_OK) return DFL_ERR;
@@ -756,14 +807,17 @@ static int run_bench(const bench_opts *o, const dfl_model *m, dfl_any_drafter *a
     if (o->parts & P_VERIFY) {
         fill_tokens(toks, nv, V, 2);
         r->n_verify = nv;
+        int32_t ids[MAX_VERIFY];
         for (int n = 1; n <= nv; n++) {
-            const double t = time_verify(&s, toks, n, logits, o->reps);
+            const double t = time_verify(&s, toks, n, logits, ids, o->reps);
             if (t < 0) goto done;
             r->verify_ms[n - 1] = 1e3 * t;
             const int n_sparse = config_n_moe_layers(g);
             r->verify_experts[n - 1] = n_sparse ? (double)s.moe_touched / n_sparse : 0;
             r->verify_bytes[n - 1] = forward_bytes(m, s.moe_touched);
         }
+        r->verify_logits_ms = 1e3 * time_verify(&s, toks, nv, logits, NULL, o->reps); /* every row's logits */
+        if (r->verify_logits_ms < 0) goto done;
     }
     if ((o->parts & P_DRAFT) && ad) {
         double t0 = dfl_now();

@@ -272,6 +272,26 @@ double kn_peak_macs_loaded(long iters, const char **what) {
     return 0;
 }
 
+double kn_peak_macs_estimate(long iters, const char **what) {
+    volatile float sink = 0;
+    double per = 0;
+    *what = NULL;
+    const double t0 = dfl_now();
+    switch (kn_argmax_estimate_kind()) {
+#if KN_X86 && defined(__linux__)
+    case KN_EST_TILES:
+        *what = "TDPBF16PS tiles, activations as one bf16 part", per = 16 * 16 * 32, sink = kn_peak_amx(iters);
+        break;
+#endif
+#if KN_X86
+    case KN_EST_DP: *what = "VDPBF16PS zmm, activations as one bf16 part", per = 32, sink = kn_peak_dp512(iters); break;
+#endif
+    default: return 0;
+    }
+    (void)sink;
+    return 12.0 * per * (double)iters / (dfl_now() - t0);
+}
+
 double kn_peak_macs(long iters, const char **what) {
     volatile float sink = 0;
     double per = 1; /* multiply-adds of the matmul per instruction */

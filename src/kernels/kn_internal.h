@@ -86,6 +86,9 @@ void kn_matmul_bf16act(int count, const kn_mm_job *j);
  * dtypes and shapes: kn_matmul_avx512, or the VDPBF16PS kernel with bf16 activations). */
 #define KN_AMX_JOBS_MAX 32
 void kn_matmul_amx_multi(int count, float *const *y, const float *const *x, const dfl_mat *const *w, int n);
+/* One product on the AMX path with every activation rounded to bf16 once, whatever kn_act_get()
+ * says (kn_matmul_argmax's estimate). */
+void kn_matmul_amx_bf16(float *y, const float *x, const dfl_mat *w, int n);
 /* Ask Linux for the AMX tile state for this process; 1 when granted. */
 int kn_amx_request(void);
 /* kn_peak_macs's AMX loop: 12 x iters TDPBF16PS (16 x 16 x 32 multiply-adds each) on 4

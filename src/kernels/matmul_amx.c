@@ -688,9 +688,10 @@ static void amx_other(float *y, const float *x, const dfl_mat *w, int n, int S) 
     else kn_matmul_avx512(1, &j);
 }
 
-void kn_matmul_amx_multi(int count, float *const *y, const float *const *x, const dfl_mat *const *w, int n) {
+/* kn_matmul_amx_multi with S parts an activation (1: rounded to bf16 once; SPLIT: float32). */
+static void amx_multi(int count, float *const *y, const float *const *x, const dfl_mat *const *w, int n, int S) {
     if (n < 1 || count < 1) return;
-    const int cols = w[0]->cols, S = kn_act_get() == KN_ACT_BF16 ? 1 : SPLIT;
+    const int cols = w[0]->cols;
     int ok = count <= AMX_MULTI_MAX && cols % 32 == 0, distinct = 0, slot[AMX_MULTI_MAX];
     size_t tails = 0; /* floats of the rows past each matrix's last multiple of 16 */
     for (int i = 0; i < count && ok; i++) {
@@ -701,7 +702,7 @@ void kn_matmul_amx_multi(int count, float *const *y, const float *const *x, cons
     if (!ok) { /* one matrix at a time (other dtypes and shapes: amx_other) */
         for (int i = 0; i < count; i++)
             if (count == 1) amx_other(y[i], x[i], w[i], n, S);
-            else kn_matmul_amx_multi(1, &y[i], &x[i], &w[i], n);
+            else amx_multi(1, &y[i], &x[i], &w[i], n, S);
         return;
     }
     const size_t xb_elems = (size_t)amx_tiles(n, S) * (cols / 32) * TILE_ELEMS;
@@ -733,5 +734,11 @@ void kn_matmul_amx_multi(int count, float *const *y, const float *const *x, cons
     }
     free(xb), free(cball), free(ytail);
 }
+
+void kn_matmul_amx_multi(int count, float *const *y, const float *const *x, const dfl_mat *const *w, int n) {
+    amx_multi(count, y, x, w, n, kn_act_get() == KN_ACT_BF16 ? 1 : SPLIT);
+}
+
+void kn_matmul_amx_bf16(float *y, const float *x, const dfl_mat *w, int n) { amx_multi(1, &y, &x, &w, n, 1); }
 
 #endif

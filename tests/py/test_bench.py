@@ -40,7 +40,26 @@ def check_full(t):
     if p.returncode == 0:  # not measured off AMX
         t.check("peak_loaded_macs_per_s" not in json.loads(p.stdout), f"avx512 peak: {p.stdout}")
     t.check(len(r["verify_cost"]) == 5 and r["verify_cost"][0] == 1.0, f"verify_cost {r['verify_cost']}")
-    t.check(all(v > 0 for v in r["verify_ms"]), "verify times are positive")
+    t.check(all(v > 0 for v in r["verify_ms"]) and r["verify_logits_ms"] > 0, "verify times are positive")
+    check_estimate(t, r)
+
+
+def check_estimate(t, r):
+    """Where greedy verification estimates a BF16 lm_head (float32 activations on AMX, or AVX-512 BF16
+    under the avx512 and avx512bf16 paths), the bench measures the estimate's rate and takes the
+    lm_head at it in its floors; a float32 lm_head (qwen35_vlm) is never estimated."""
+    flags = open("/proc/cpuinfo").read().split() if os.path.exists("/proc/cpuinfo") else []
+    kind = r["isa"] == "amx" or (r["isa"] in ("avx512", "avx512bf16") and "avx512_bf16" in flags)
+    t.check(("peak_estimate_macs_per_s" in r) == kind and r.get("peak_estimate_macs_per_s", 1e9) > 1e8,
+            f"estimate rate on {r['isa']}: {r.get('peak_estimate_macs_per_s')} {r.get('peak_estimate_instruction')}")
+    t.check(r["lm_head_estimated"] is False, "qwen35_vlm's float32 lm_head is not estimated")
+    sizes = SIZES + ["--verify-max", "8"]  # from 6 tokens on
+    b = dfl("bench", "--json", "--parts", "peak,verify", "--model", fixture("qwen3_bf16"), *sizes)
+    rb = json.loads(b.stdout)
+    t.check(rb["lm_head_estimated"] == kind, f"qwen3_bf16's BF16 lm_head estimated: {rb['lm_head_estimated']}")
+    b = dfl("bench", "--parts", "peak,verify", "--model", fixture("qwen3_bf16"), *sizes)
+    t.check(("(the lm_head's at the estimate's rate)" in b.stdout) == kind and "with every row's logits" in b.stdout,
+            f"verify roofline with the estimate: {b.stdout}")
     rb = r["rollback"]
     t.check(rb["snapshot_mb"] > rb["replay_mb"] > 0, f"rollback memory {rb}")
     t.check(r["spec_tau"] >= 1.0, f"tau {r['spec_tau']}")
@@ -153,6 +172,7 @@ def check_tree(t):
     t.check([x["budget"] for x in tree] == [1, 2, 4, 8, 16, 32, 64], f"tree budgets {tree}")
     t.check(all(x["tree_ms"] > 0 and x["chain_ms"] > 0 and 1 <= x["depth"] <= 15 for x in tree), f"tree rows {tree}")
     t.check(tree and tree[-1]["depth"] > 1, "the benchmark trees are deeper than one level")
+    t.check(r["tree_logits_ms"] > 0, f"the largest tree with every node's logits: {r.get('tree_logits_ms')}")
 
 
 def check_profile(t):

@@ -2,7 +2,8 @@
  * prefill(T-k) followed by k single-token decodes, and by one k-token forward, and a forward
  * rolled back to any position then continued equals the straight run — bit for bit, on the
  * dense, hybrid and mixture-of-experts fixtures, BF16 and fine-grained FP8 among them (every
- * kernel computes each token's row with the same operations whatever the batch). */
+ * kernel computes each token's row with the same operations whatever the batch). A greedy
+ * verification's ids (chain and tree) are the argmax of the full logits' rows. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -14,6 +15,37 @@
 #define K 10
 
 static int same(const float *a, const float *b, size_t n) { return memcmp(a, b, n * sizeof(float)) == 0; }
+
+/* A greedy verification (each row's argmax, the logits scratch) gives the argmax of the full
+ * rows, also where the lm_head finds it without them (kn_matmul_argmax: BF16 heads on AVX-512
+ * BF16 and AMX), for a chain and a branching tree of G nodes after T - G tokens. */
+#define G 16
+static void greedy_ids(dfl_target_state *s, const char *name, const int32_t *tok, const float *full, float *scratch) {
+    const int V = s->m->cfg.vocab;
+    int32_t ids[G];
+    const dfl_fwd_out fo = {.logits = scratch, .argmax = ids, .logits_scratch = 1};
+    target_state_reset(s);
+    model_forward(s, tok, T - G, NULL, 0, NULL);
+    CHECK(model_forward_ex(s, tok + T - G, NULL, G, &fo) == DFL_OK, "%s: greedy chain: %s", name, dfl_errmsg());
+    int bad = 0;
+    for (int i = 0; i < G; i++) bad += ids[i] != kn_argmax(full + (size_t)(T - G + i) * V, V);
+    CHECK(bad == 0, "%s: greedy chain of %d: %d ids differ from the logits' argmax (estimated: %d)", name, G, bad,
+          kn_argmax_estimates(&s->m->lm_head, G));
+    int parent[G];
+    for (int i = 0; i < G; i++) parent[i] = i == 0 ? -1 : i < 4 ? 0 : i - 3; /* three branches from the root */
+    float *tree = malloc((size_t)G * V * sizeof(float));
+    CHECK(target_state_enable_tree(s, G) == DFL_OK, "%s: trees: %s", name, dfl_errmsg());
+    target_state_reset(s);
+    model_forward(s, tok, T - G, NULL, 0, NULL);
+    CHECK(model_forward_tree(s, tok + T - G, parent, G, tree, NULL) == DFL_OK, "%s: tree: %s", name, dfl_errmsg());
+    target_state_reset(s);
+    model_forward(s, tok, T - G, NULL, 0, NULL);
+    CHECK(model_forward_ex(s, tok + T - G, parent, G, &fo) == DFL_OK, "%s: greedy tree: %s", name, dfl_errmsg());
+    bad = 0;
+    for (int i = 0; i < G; i++) bad += ids[i] != kn_argmax(tree + (size_t)i * V, V);
+    CHECK(bad == 0, "%s: greedy tree of %d: %d ids differ from the logits' argmax", name, G, bad);
+    free(tree);
+}
 
 static void run(const char *name) {
     dfl_model m;
@@ -74,6 +106,8 @@ static void run(const char *name) {
           "%s: rollback into an unrecorded forward: %s", name, dfl_errmsg());
     CHECK(target_state_rollback(&s, T) == DFL_OK, "%s: rollback to n_past is a no-op", name);
 
+    greedy_ids(&s, name, tok, full, part);
+
     /* bad input: context overflow, token outside the vocabulary */
     target_state_reset(&s);
     CHECK(model_forward(&s, tok, T, NULL, 0, NULL) == DFL_OK, "refill");
@@ -99,5 +133,6 @@ int main(void) {
     run("qwen35_moe_vlm");
     run("qwen3_fp8");
     run("qwen35_fp8");
+    run("qwen3_bf16");
     return test_done("test_forward_consistency");
 }

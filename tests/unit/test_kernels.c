@@ -894,6 +894,132 @@ static void check_argmax(kn_isa isa) {
     free(x);
 }
 
+/* One case of check_matmul_argmax: ids of kn_matmul_argmax against kn_argmax of kn_matmul's
+ * rows; *estimated counts the calls that took the estimate route. */
+static int argmax_case(const dfl_mat *w, const float *x, int n, kn_row_norms *rn, int *estimated) {
+    const int V = w->rows;
+    float *y = malloc((size_t)n * V * sizeof(float)), *full = malloc((size_t)n * V * sizeof(float));
+    int32_t ids[65];
+    kn_matmul(full, x, w, n);
+    const int got_full = kn_matmul_argmax(ids, y, x, w, n, rn);
+    int bad = 0;
+    for (int t = 0; t < n; t++) bad += ids[t] != kn_argmax(full + (size_t)t * V, V);
+    if (got_full) bad += memcmp(y, full, (size_t)n * V * sizeof(float)) != 0;
+    *estimated += !got_full;
+    free(y), free(full);
+    return bad;
+}
+
+/* Rows whose order the bf16 estimate gets wrong: A (every weight 1.25) and B (A one bf16 step
+ * up at 400 columns, one down at 399). Every activation rounds to one bf16 value b, so B's
+ * estimate is A's + one step x b exactly; with the float32 remainders pulling the other way,
+ * A is the larger. The estimate must only narrow the rows, never decide. */
+static void check_argmax_inversion(kn_isa isa) {
+    enum { V = 64, K = 2048, N = 16, A = 10, B = 20 };
+    void *store;
+    dfl_mat w = make_mat(ST_BF16, V, K, &store);
+    uint16_t *wd = store;
+    for (int i = 0; i < V * K; i++) wd[i] = st_f32_to_bf16(0.1f * st_bf16_to_f32(wd[i]));
+    for (int c = 0, up = 0, down = 0; c < K; c++) {
+        wd[A * K + c] = wd[B * K + c] = 0x3fa0; /* 1.25 */
+        if (c % 3 == 0 && up < 400) wd[B * K + c]++, up++;
+        if (c % 3 == 1 && down < 399) wd[B * K + c]--, down++;
+    }
+    float *x = malloc((size_t)N * K * sizeof(float)), *est = malloc((size_t)N * V * sizeof(float));
+    float *full = malloc((size_t)N * V * sizeof(float)), *y = malloc((size_t)N * V * sizeof(float));
+    for (int t = 0; t < N; t++) { /* b (1 + d): d = -+0.0024 by column, its sign by token; all round to b */
+        const float b = t % 4 < 2 ? 0.75f : 0.703125f, s = t % 2 ? -0.0024f : 0.0024f;
+        for (int c = 0; c < K; c++) x[(size_t)t * K + c] = b * (1.0f + (c % 3 == 0 ? -s : c % 3 == 1 ? s : 0.0f));
+    }
+    kn_isa_set(isa);
+    kn_matmul(full, x, &w, N);
+    kn_isa_set(KN_ISA_AVX512BF16);
+    kn_matmul_bf16act(1, &(kn_mm_job){est, x, &w, N});
+    kn_isa_set(isa);
+    kn_row_norms *rn = kn_row_norms_new();
+    int32_t ids[N];
+    const int got_full = kn_matmul_argmax(ids, y, x, &w, N, rn);
+    int inverted = 0, bad = 0;
+    for (int t = 0; t < N; t++) {
+        const int exact = kn_argmax(full + (size_t)t * V, V);
+        inverted += exact == A && kn_argmax(est + (size_t)t * V, V) == B;
+        bad += ids[t] != exact;
+    }
+    CHECK(inverted == N / 2, "argmax inversion case: the estimate misorders %d of %d tokens, expected %d", inverted, N,
+          N / 2);
+    CHECK(bad == 0 && !got_full, "%s kn_matmul_argmax on misordered estimates: %d of %d ids wrong (full product: %d)",
+          kn_isa_name(isa), bad, N, got_full);
+    kn_row_norms_free(rn);
+    free(store), free(x), free(est), free(full), free(y);
+}
+
+/* kn_matmul_argmax: the same ids as the full product's rows, on random shapes (tail rows past the
+ * last multiple of 16, 1..65 tokens) and on rows built to be close: exact ties (copies of a row:
+ * the first wins), rows one bf16 step apart in one weight, and activations whose float32 parts
+ * decide between rows the bf16 estimate cannot tell apart. On the AMX path with float32
+ * activations the estimate route must run from KN_ARGMAX_MIN_TOKENS tokens (else the test would
+ * pass without it); NaN weights send it to the full product. */
+static void check_matmul_argmax(kn_isa isa) {
+    static const int shapes[][2] = {{16, 32}, {300, 64}, {1000, 1024}, {4099, 256}};
+    static const int ns[] = {1, 5, 6, 7, 16, 17, 33, 65};
+    enum { NN = sizeof ns / sizeof ns[0] };
+    kn_isa_set(isa);
+    const int route = (isa == KN_ISA_AMX ||
+                       ((isa == KN_ISA_AVX512BF16 || isa == KN_ISA_AVX512) && kn_isa_supported(KN_ISA_AVX512BF16))) &&
+                      kn_act_get() == KN_ACT_F32;
+    int bad = 0, estimated = 0, want = 0;
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        const int V = shapes[s][0], K = shapes[s][1];
+        void *store;
+        dfl_mat w = make_mat(ST_BF16, V, K, &store);
+        uint16_t *wd = store;
+        float *x = malloc((size_t)65 * K * sizeof(float));
+        for (int i = 0; i < 65 * K; i++) x[i] = frand();
+        kn_row_norms *rn = kn_row_norms_new();
+        for (int k = 0; k < NN; k++) {
+            bad += argmax_case(&w, x, ns[k], rn, &estimated);
+            want += route && ns[k] >= KN_ARGMAX_MIN_TOKENS;
+        }
+        kn_row_norms_free(rn);
+        /* close rows: random rows shrunk, then 40 rearrangements of one row on top. Every token's
+         * activations round to one bf16 value, so the estimates of the family tie (up to their
+         * sums' rounding) and only the float32 remainders order it; every fourth is an exact
+         * copy of the first (a tie the lowest row wins). */
+        for (int r = 0; r < V; r++)
+            for (int c = 0; c < K; c++)
+                wd[(size_t)r * K + c] = st_f32_to_bf16(0.25f * st_bf16_to_f32(wd[(size_t)r * K + c]));
+        const int fam = V < 40 ? V : 40;
+        for (int r = 0; r < fam; r++) {
+            uint16_t *row = wd + (size_t)r * 7919 % V * K;
+            const int shift = r % 4 == 3 ? 0 : r;
+            for (int c = 0; c < K; c++) row[c] = (uint16_t)(0x3f80 + ((c + shift) * 37 % 64)); /* 1.0 .. 1.5 */
+        }
+        for (int t = 0; t < 65; t++) { /* x = b (1 + d), d in {-1, 0, 1} 1.5 2^-10: all round to b */
+            const float b = 0.75f + 0.0625f * (float)(t % 3);
+            for (int c = 0; c < K; c++) x[(size_t)t * K + c] = b * (1.0f + 0x1.8p-10f * (float)(int)(1.5f * frand()));
+        }
+        rn = kn_row_norms_new();
+        for (int k = 0; k < NN; k++) {
+            bad += argmax_case(&w, x, ns[k], rn, &estimated);
+            want += route && ns[k] >= KN_ARGMAX_MIN_TOKENS;
+        }
+        kn_row_norms_free(rn);
+        /* a NaN weight: the full product (its values, NaN included), the same ids */
+        rn = kn_row_norms_new();
+        wd[(size_t)(V / 2) * K + K / 3] = 0x7fc0;
+        int est_nan = 0;
+        bad += argmax_case(&w, x, 16, rn, &est_nan);
+        CHECK(est_nan == 0, "%s argmax over a matrix with a NaN weight took the estimate route", kn_isa_name(isa));
+        kn_row_norms_free(rn);
+        bad += argmax_case(&w, x, 16, NULL, &est_nan); /* no cache: the full product */
+        CHECK(est_nan == 0, "%s argmax without a norms cache took the estimate route", kn_isa_name(isa));
+        free(store), free(x);
+    }
+    CHECK(bad == 0, "%s kn_matmul_argmax: %d cases differ from the full product's argmax", kn_isa_name(isa), bad);
+    CHECK(estimated == want, "%s kn_matmul_argmax: the estimate route ran %d times, expected %d", kn_isa_name(isa),
+          estimated, want);
+}
+
 /* kn_softmax on every path equals the generic loop bit for bit (rows of logits of every spread,
  * values past glibc's fast range, -Inf, ties, NaN in the first place), and on AVX-512 its expf
  * equals libm's over a sweep of (-88, 88); kn_first_above against a plain scan. */
@@ -1462,6 +1588,9 @@ int main(void) {
         if (isa == KN_ISA_AMX) check_amx_combine();
         if (isa == KN_ISA_AMX) check_amx_passes();
         check_argmax(isa);
+        check_matmul_argmax(isa);
+        if (isa >= KN_ISA_AVX512 && kn_isa_supported(KN_ISA_AVX512BF16) && kn_act_get() == KN_ACT_F32)
+            check_argmax_inversion(isa);
         check_softmax(isa);
         if (kn_isa_supported(KN_ISA_AVX512BF16)) {
             static const int act_shapes[][2] = {{1, 1}, {17, 31}, {67, 100}, {130, 256}, {40, 8192}, {521, 4127}};
