@@ -151,11 +151,11 @@ void kn_row_norms_prepare(kn_row_norms *c, const dfl_mat *w, int n);
 /* ids[t] = kn_argmax of row t of x . W^T (n tokens), the same id as the full product gives. y
  * [n][rows] is scratch; returns 1 where it holds the full product (then its values may be read,
  * non-finite ones included), 0 where the argmax was found without it. That happens where
- * kn_argmax_estimates says so: with float32 activations on the AMX path, from
- * KN_ARGMAX_MIN_TOKENS tokens on, every row is estimated with the activations rounded to bf16
- * once (a third of the tile products), and only the rows whose proven error bound reaches the
- * best are computed in float32 (src/kernels/head_argmax.c). norms: the cache for W (NULL: the
- * full product). */
+ * kn_argmax_estimates says so: with float32 activations on the AMX path or where the CPU has
+ * AVX-512 BF16, from KN_ARGMAX_MIN_TOKENS tokens on, every row is estimated with the
+ * activations rounded to bf16 once (one dot product where float32 takes two FMAs or three
+ * parts), and only the rows whose proven error bound reaches the best are computed in float32
+ * (src/kernels/head_argmax.c). norms: the cache for W (NULL: the full product). */
 #define KN_ARGMAX_MIN_TOKENS 6
 /* How the current path estimates (float32 activations): AMX tiles with one part an activation,
  * VDPBF16PS (AVX-512 BF16, also under the float32 FMA path), or not at all. */
