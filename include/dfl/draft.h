@@ -38,6 +38,10 @@ typedef struct dfl_draft_if {
      * summarized where the drafter runs, so a drafter on a device sends back K ids a row, not V
      * logits; logits [B-1, V] are filled too when not NULL (on request: a sampled draft needs q). */
     int (*draft_top)(void *ctx, int32_t anchor, int B, const dfl_draft_top *out, float *logits);
+    /* Optional (NULL: argmax of draft()'s logits): each row's argmax alone, ids [B-1], the same
+     * ids; scratch [B-1, V] (a chain's greedy draft, where the drafter's lm_head finds the
+     * argmax without every row: drafter_draft_ids). */
+    int (*draft_ids)(void *ctx, int32_t anchor, int B, int32_t *ids, float *scratch);
     /* Optional (NULL: one block at a time): n blocks in one forward, block b drafted as draft()
      * would on a context of starts[b] <= context_len positions: logits [n * (B-1), V]. */
     int (*draft_many)(void *ctx, const int32_t *anchors, const int *starts, int n, int B, float *logits);
@@ -45,6 +49,10 @@ typedef struct dfl_draft_if {
      * block b on ctxs[b] (the ctx of another dfl_draft_if of the drafter) at starts[b] <= its
      * length: one forward for blocks of many prompts. logits [n * (B-1), V]. */
     int (*draft_across)(void *const *ctxs, const int32_t *anchors, const int *starts, int n, int B, float *logits);
+    /* Optional: draft_across's rows' argmaxes alone, ids [n * (B-1)], as draft_ids (scratch
+     * [n * (B-1), V]). */
+    int (*draft_across_ids)(void *const *ctxs, const int32_t *anchors, const int *starts, int n, int B, int32_t *ids,
+                            float *scratch);
     /* Positions whose features the drafter holds (must equal the committed length). */
     int (*context_len)(void *ctx);
     /* Optional (NULL: always draft): asked before each round; nonzero makes the round a plain
@@ -62,7 +70,8 @@ typedef struct dfl_draft_if {
 int dfl_draft_summarize(const float *logits, int D, int V, float *probs, const dfl_draft_top *out);
 
 /* Drafter d's block of B tokens from anchor, summarized into out: by d->draft_top where the
- * drafter has it, else by draft() into logits [B-1, V] and dfl_draft_summarize (probs as there).
+ * drafter has it, for a chain (K 0) without want_logits by d->draft_ids where it has it (logits
+ * scratch), else by draft() into logits [B-1, V] and dfl_draft_summarize (probs as there).
  * want_logits: logits must hold the draft's logits afterwards (with K > 0 then probs != logits). */
 int dfl_draft_topk(const dfl_draft_if *d, int32_t anchor, int B, int V, const dfl_draft_top *out, float *logits,
                    int want_logits, float *probs);

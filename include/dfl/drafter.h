@@ -148,6 +148,10 @@ int drafter_add_features(dfl_drafter_state *s, const dfl_feat *f, int n);
  * walk chose before it (the anchor for row 0), so each row's argmax is the selector's block
  * (s->walk) and a sampler draws among the candidates. */
 int drafter_draft(dfl_drafter_state *s, int32_t anchor, int B, float *logits);
+/* drafter_draft's rows' argmaxes alone, ids [B-1] (a chain's greedy draft): the same ids as
+ * kn_argmax of its logits, bit for bit. scratch [B-1, V] (not all of it filled: a plain DFlash
+ * head finds the argmax without every row in float32, kn_matmul_argmax). */
+int drafter_draft_ids(dfl_drafter_state *s, int32_t anchor, int B, int32_t *ids, float *scratch);
 /* nb independent blocks in one forward (the weights stream once): block b is [anchors[b], MASK x
  * (B-1)] at positions starts[b].., on the context positions < starts[b] (each starts[b] <= n_ctx).
  * logits [nb * (B-1), V], block after block; each block's rows equal drafter_draft's on a context
@@ -159,5 +163,8 @@ int drafter_draft_many(dfl_drafter_state *s, const int32_t *anchors, const int *
  * the batch. Each block's rows equal drafter_draft's on that context, bit for bit. DFlash only. */
 int drafter_draft_across(dfl_drafter_state *const *ctx, const int32_t *anchors, const int *starts, int nb, int B,
                          float *logits);
+/* drafter_draft_across's rows' argmaxes alone, ids [nb * (B-1)], as drafter_draft_ids. */
+int drafter_draft_across_ids(dfl_drafter_state *const *ctx, const int32_t *anchors, const int *starts, int nb, int B,
+                             int32_t *ids, float *scratch);
 
 #endif

@@ -524,6 +524,29 @@ static int wave_plan(const eval_replay_job *jobs, int nj, mode_run *const *mr, i
     return live ? n : -1;
 }
 
+/* wave_draft where every cache keeps chains (K 0): each block's argmaxes alone, logits scratch. */
+static int wave_draft_ids(const eval_replay_job *jobs, const wave_block *wb, int n, float *logits, void **ctxs,
+                          const int32_t *anchors, const int *starts, int across) {
+    const int bs = wb[0].bs;
+    int32_t *ids = malloc((size_t)n * (bs - 1) * sizeof *ids);
+    if (!ids) return dfl_seterr("out of memory for %d drafts", n);
+    const double t0 = dfl_now();
+    const dfl_draft_if *d0 = jobs[wb[0].job].dft;
+    int rc = across ? d0->draft_across_ids(ctxs, anchors, starts, n, bs, ids, logits) : DFL_OK;
+    for (int k = 0; !across && k < n && rc == DFL_OK; k++) {
+        const dfl_draft_if *d = jobs[wb[k].job].dft;
+        rc = d->draft_ids(d->ctx, wb[k].anchor, bs, ids + (size_t)k * (bs - 1), logits);
+    }
+    const double share = (dfl_now() - t0) / n;
+    for (int k = 0; k < n && rc == DFL_OK; k++) {
+        eval_draft_cache *c = jobs[wb[k].job].cache;
+        c->draft_s += share, c->drafts++;
+        rc = eval_draft_cache_put_top(c, wb[k].start, bs, &(dfl_draft_top){.argmax = ids + (size_t)k * (bs - 1)});
+    }
+    free(ids);
+    return rc;
+}
+
 /* Draft the n blocks wb (one per job, one size) in one forward where the drafter drafts across
  * contexts, else one by one; each into its job's cache (summarized in place: the logits are not
  * read again), the forward's time shared among them. */
@@ -537,6 +560,9 @@ static int wave_draft(const eval_replay_job *jobs, const wave_block *wb, int n, 
         across &= d->draft_across == d0->draft_across;
         ctxs[k] = d->ctx, anchors[k] = wb[k].anchor, starts[k] = wb[k].start;
     }
+    int chains = !across || d0->draft_across_ids; /* caches of argmaxes alone: the drafter may find them */
+    for (int k = 0; k < n; k++) chains &= jobs[wb[k].job].cache->K == 0 && jobs[wb[k].job].dft->draft_ids;
+    if (chains) return wave_draft_ids(jobs, wb, n, logits, ctxs, anchors, starts, across);
     const double t0 = dfl_now();
     if (across && d0->draft_across(ctxs, anchors, starts, n, bs, logits)) return DFL_ERR;
     for (int k = 0; !across && k < n; k++) {

@@ -136,9 +136,11 @@ typedef struct dscratch {
 /* The DFlash layers over nb independent blocks [anchors[b], MASK x (B-1)] at positions
  * starts[b].. (block b attends to context positions < starts[b] and to itself), then the final
  * norm and lm_head of rows 1..B-1 of each: logits [nb * (B-1), V]. The contexts are s's, or
- * with ctx [nb] block b's is ctx[b]'s (the same drafter's states). */
+ * with ctx [nb] block b's is ctx[b]'s (the same drafter's states). With ids [nb * (B-1)] each
+ * row's argmax too; logits are then scratch, which a plain DFlash head (no output multiplier or
+ * softcap) may not fill: its lm_head finds the argmax itself (kn_matmul_argmax). */
 static int draft_rows(dfl_drafter_state *s, dfl_drafter_state *const *ctx, const dscratch *w, const int32_t *anchors,
-                      const int *starts, int nb, int B, float *logits) {
+                      const int *starts, int nb, int B, float *logits, int32_t *ids) {
     const dfl_drafter *d = s->d;
     const dfl_config *g = &d->cfg;
     const dfl_model *t = s->t;
@@ -224,8 +226,15 @@ static int draft_rows(dfl_drafter_state *s, dfl_drafter_state *const *ctx, const
     /* rows 1..B-1 of each block predict the tokens at start+1..start+B-1 */
     for (int b = 0; b < nb; b++)
         kn_rmsnorm_rows(w->xn + (size_t)b * (B - 1) * H, w->x + ((size_t)b * B + 1) * H, d->norm, B - 1, H, g->rms_eps);
-    model_lm_head(t, w->xn, logits, nb * (B - 1));
-    const size_t nl = (size_t)nb * (B - 1) * t->cfg.vocab;
+    const int rows = nb * (B - 1), V = t->cfg.vocab;
+    const int plain = !dflash2 && g->output_multiplier == 1.0f && !(g->final_logit_softcap > 0);
+    if (ids && plain) {
+        const kn_op kind = kn_prof_matmul_as(KN_OP_LM_HEAD);
+        const int full = kn_matmul_argmax(ids, logits, w->xn, &t->lm_head, rows, t->head_norms);
+        kn_prof_matmul_as(kind);
+        if (!full) return DFL_OK; /* its bound vouched for finite logits */
+    } else model_lm_head(t, w->xn, logits, rows);
+    const size_t nl = (size_t)rows * V;
     if (g->output_multiplier != 1.0f) kn_scale(logits, g->output_multiplier, nl);
     if (g->final_logit_softcap > 0) kn_softcap(logits, g->final_logit_softcap, nl);
     /* as for the target: NaN/Inf weights are not scanned at load, they are caught here */
@@ -242,15 +251,25 @@ static int draft_rows(dfl_drafter_state *s, dfl_drafter_state *const *ctx, const
                               k + 1, starts[b] + k + 1, bad, t->cfg.vocab, d->dir ? d->dir : "DRAFTER");
         }
     if (dflash2) dflash2_select(s, s->xn, anchors[0], B - 1, logits);
+    if (ids && !plain)
+        for (int r = 0; r < rows; r++) ids[r] = kn_argmax(logits + (size_t)r * V, V);
     return DFL_OK;
 }
 
-int drafter_draft(dfl_drafter_state *s, int32_t anchor, int B, float *logits) {
+static int draft_one(dfl_drafter_state *s, int32_t anchor, int B, float *logits, int32_t *ids) {
     if (B < 2 || B > s->max_block) return dfl_seterr("draft block of %d: must be in [2, %d]", B, s->max_block);
     if (anchor < 0 || anchor >= s->t->cfg.vocab) return dfl_seterr("anchor token %d outside the vocabulary", anchor);
     const dscratch w = {s->x, s->xn, s->q, s->kb, s->vb, s->att, s->mlp1, s->mlp2};
     const int start = s->n_ctx;
-    return draft_rows(s, NULL, &w, &anchor, &start, 1, B, logits);
+    return draft_rows(s, NULL, &w, &anchor, &start, 1, B, logits, ids);
+}
+
+int drafter_draft(dfl_drafter_state *s, int32_t anchor, int B, float *logits) {
+    return draft_one(s, anchor, B, logits, NULL);
+}
+
+int drafter_draft_ids(dfl_drafter_state *s, int32_t anchor, int B, int32_t *ids, float *scratch) {
+    return draft_one(s, anchor, B, scratch, ids);
 }
 
 /* The batch scratch for rows rows (grown on demand). */
@@ -271,7 +290,7 @@ static int batch_reserve(dfl_drafter_state *s, int rows) {
 /* Blocks on the contexts of s (ctx NULL) or of ctx [nb]: drafted one by one as drafter_draft
  * where that is what they are, else in one forward on s's batch scratch. */
 static int draft_blocks(dfl_drafter_state *s, dfl_drafter_state *const *ctx, const int32_t *anchors, const int *starts,
-                        int nb, int B, float *logits) {
+                        int nb, int B, float *logits, int32_t *ids) {
     const dfl_config *g = &s->d->cfg;
     if (g->dflash2 && nb > 1) return dfl_seterr("a DFlash2 drafter drafts one block at a time");
     if (B < 2 || B > s->max_block) return dfl_seterr("draft block of %d: must be in [2, %d]", B, s->max_block);
@@ -286,7 +305,7 @@ static int draft_blocks(dfl_drafter_state *s, dfl_drafter_state *const *ctx, con
             return dfl_seterr("block %d starts at position %d, but the context holds %d", b, starts[b], c->n_ctx);
     }
     if (nb == 1 && starts[0] == (ctx ? ctx[0] : s)->n_ctx)
-        return drafter_draft(ctx ? ctx[0] : s, anchors[0], B, logits);
+        return draft_one(ctx ? ctx[0] : s, anchors[0], B, logits, ids);
     if (batch_reserve(s, nb * B)) return DFL_ERR;
     const size_t R = (size_t)nb * B, H = g->hidden, qd = (size_t)g->n_heads * g->head_dim;
     const size_t kv = (size_t)g->n_kv_heads * g->head_dim, I = g->intermediate;
@@ -300,15 +319,21 @@ static int draft_blocks(dfl_drafter_state *s, dfl_drafter_state *const *ctx, con
     w.vb = p, p += R * kv;
     w.mlp1 = p, p += R * I;
     w.mlp2 = p;
-    return draft_rows(s, ctx, &w, anchors, starts, nb, B, logits);
+    return draft_rows(s, ctx, &w, anchors, starts, nb, B, logits, ids);
 }
 
 int drafter_draft_many(dfl_drafter_state *s, const int32_t *anchors, const int *starts, int nb, int B, float *logits) {
-    return draft_blocks(s, NULL, anchors, starts, nb, B, logits);
+    return draft_blocks(s, NULL, anchors, starts, nb, B, logits, NULL);
 }
 
 int drafter_draft_across(dfl_drafter_state *const *ctx, const int32_t *anchors, const int *starts, int nb, int B,
                          float *logits) {
     if (nb < 1) return dfl_seterr("no blocks to draft");
-    return draft_blocks(ctx[0], ctx, anchors, starts, nb, B, logits);
+    return draft_blocks(ctx[0], ctx, anchors, starts, nb, B, logits, NULL);
+}
+
+int drafter_draft_across_ids(dfl_drafter_state *const *ctx, const int32_t *anchors, const int *starts, int nb, int B,
+                             int32_t *ids, float *scratch) {
+    if (nb < 1) return dfl_seterr("no blocks to draft");
+    return draft_blocks(ctx[0], ctx, anchors, starts, nb, B, scratch, ids);
 }

@@ -28,6 +28,7 @@ int dfl_draft_topk(const dfl_draft_if *d, int32_t anchor, int B, int V, const df
                    int want_logits, float *probs) {
     if (out->K < 0 || out->K > V) return dfl_seterr("draft: %d candidates a row, must be in [0, %d]", out->K, V);
     if (d->draft_top) return d->draft_top(d->ctx, anchor, B, out, want_logits ? logits : NULL);
+    if (out->K == 0 && !want_logits && d->draft_ids) return d->draft_ids(d->ctx, anchor, B, out->argmax, logits);
     if (d->draft(d->ctx, anchor, B, logits)) return DFL_ERR;
     return dfl_draft_summarize(logits, B - 1, V, probs, out);
 }

@@ -148,12 +148,19 @@ static int dflash_add(void *ctx, const dfl_feat *feat, const int32_t *tokens, in
 static int dflash_draft(void *ctx, int32_t anchor, int B, float *logits) {
     return drafter_draft(ctx, anchor, B, logits);
 }
+static int dflash_draft_ids(void *ctx, int32_t anchor, int B, int32_t *ids, float *scratch) {
+    return drafter_draft_ids(ctx, anchor, B, ids, scratch);
+}
 static int dflash_draft_many(void *ctx, const int32_t *anchors, const int *starts, int n, int B, float *logits) {
     return drafter_draft_many(ctx, anchors, starts, n, B, logits);
 }
 static int dflash_draft_across(void *const *ctxs, const int32_t *anchors, const int *starts, int n, int B,
                                float *logits) {
     return drafter_draft_across((dfl_drafter_state *const *)ctxs, anchors, starts, n, B, logits);
+}
+static int dflash_draft_across_ids(void *const *ctxs, const int32_t *anchors, const int *starts, int n, int B,
+                                   int32_t *ids, float *scratch) {
+    return drafter_draft_across_ids((dfl_drafter_state *const *)ctxs, anchors, starts, n, B, ids, scratch);
 }
 static int dflash_len(void *ctx) { return ((dfl_drafter_state *)ctx)->n_ctx; }
 static void dflash_reset(void *ctx) { drafter_state_reset(ctx); }
@@ -162,9 +169,11 @@ dfl_draft_if spec_dflash_drafter(dfl_drafter_state *ds) {
     return (dfl_draft_if){.ctx = ds,
                           .add_context = dflash_add,
                           .draft = dflash_draft,
+                          .draft_ids = dflash_draft_ids,
                           .context_len = dflash_len,
                           .draft_many = ds->d->cfg.dflash2 ? NULL : dflash_draft_many,
                           .draft_across = ds->d->cfg.dflash2 ? NULL : dflash_draft_across,
+                          .draft_across_ids = ds->d->cfg.dflash2 ? NULL : dflash_draft_across_ids,
                           .reset = dflash_reset,
                           .feature_layers = ds->d->cfg.target_layer_ids,
                           .n_feature_layers = ds->d->cfg.n_target_ids};

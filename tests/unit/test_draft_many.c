@@ -2,12 +2,15 @@
  * drafter_draft gives for each block on a context that ends at its start (training metrics and
  * replays rely on it), on a Qwen3-target and a Qwen3.5-target DFlash fixture, for blocks of 2 and
  * of the drafter's size; starts beyond the context and DFlash2 batches are refused. Likewise
- * drafter_draft_across over the contexts of several states (batched replay). */
+ * drafter_draft_across over the contexts of several states (batched replay). The ids-only drafts
+ * equal the logits' argmax. */
 #include <stdlib.h>
 #include <string.h>
 
 #include "dfl/common.h"
+#include "dfl/draft.h"
 #include "dfl/drafter.h"
+#include "dfl/kernels.h"
 #include "dfl/model.h"
 #include "testutil.h"
 
@@ -55,6 +58,55 @@ static void across(const dfl_drafter *d, const dfl_model *m) {
     free(feat), free(one_l), free(many);
 }
 
+/* drafter_draft_ids and drafter_draft_across_ids: the argmax of drafter_draft's rows, bit for bit;
+ * run on the target's own lm_head and on a BF16 copy of it (where the CPU estimates a BF16 head,
+ * kn_matmul_argmax, the ids come without every row in float32). */
+static void ids(const dfl_drafter *d, dfl_model *m) {
+    enum { NB = 3, CTX = 20 };
+    const int V = m->cfg.vocab, H = m->cfg.hidden, nf = d->cfg.n_target_ids * H, B = d->cfg.block_size;
+    float *feat = malloc((size_t)CTX * nf * sizeof *feat), *lg = malloc((size_t)NB * (B - 1) * V * sizeof(float));
+    uint16_t *head = malloc((size_t)V * H * sizeof *head);
+    unsigned seed = 5;
+    for (size_t i = 0; i < (size_t)CTX * nf; i++) feat[i] = frand(&seed);
+    float *row = malloc((size_t)H * sizeof *row);
+    for (int r = 0; r < V; r++) {
+        kn_mat_row(&m->lm_head, r, row);
+        for (int c = 0; c < H; c++) head[(size_t)r * H + c] = st_f32_to_bf16(row[c]);
+    }
+    free(row);
+    const dfl_mat own = m->lm_head;
+    kn_row_norms *own_norms = m->head_norms;
+    dfl_drafter_state st;
+    CHECK(drafter_state_init(&st, d, m, CTX + 8, B) == DFL_OK, "%s", dfl_errmsg());
+    CHECK(drafter_add_context(&st, feat, CTX) == DFL_OK, "%s", dfl_errmsg());
+    dfl_drafter_state *ctx[NB] = {&st, &st, &st};
+    const int starts[NB] = {CTX, 7, 15};
+    const int32_t anchors[NB] = {4, 11, 30};
+    for (int bf16 = 0; bf16 < 2; bf16++) {
+        if (bf16)
+            m->lm_head = (dfl_mat){.dtype = ST_BF16, .data = head, .rows = V, .cols = H},
+            m->head_norms = kn_row_norms_new();
+        CHECK(kn_argmax_estimates(&m->lm_head, B - 1) == (bf16 && kn_argmax_estimate_kind() != KN_EST_NONE),
+              "the BF16 head, and it alone, is estimated where the path estimates");
+        int32_t got[NB * DFL_MAX_BLOCK];
+        int bad = 0;
+        CHECK(drafter_draft(&st, anchors[0], B, lg) == DFL_OK, "%s", dfl_errmsg());
+        CHECK(drafter_draft_ids(&st, anchors[0], B, got, lg + (size_t)(B - 1) * V) == DFL_OK, "%s", dfl_errmsg());
+        for (int k = 0; k < B - 1; k++) bad += got[k] != kn_argmax(lg + (size_t)k * V, V);
+        CHECK(drafter_draft_across(ctx, anchors, starts, NB, B, lg) == DFL_OK, "%s", dfl_errmsg());
+        float *scratch = malloc((size_t)NB * (B - 1) * V * sizeof(float));
+        CHECK(drafter_draft_across_ids(ctx, anchors, starts, NB, B, got, scratch) == DFL_OK, "%s", dfl_errmsg());
+        for (int k = 0; k < NB * (B - 1); k++) bad += got[k] != kn_argmax(lg + (size_t)k * V, V);
+        CHECK(bad == 0, "%s lm_head (estimated: %d): %d draft ids differ from the logits' argmax",
+              bf16 ? "a BF16" : "the target's", kn_argmax_estimates(&m->lm_head, B - 1), bad);
+        free(scratch);
+        if (bf16) kn_row_norms_free(m->head_norms);
+    }
+    m->lm_head = own, m->head_norms = own_norms;
+    drafter_state_free(&st);
+    free(feat), free(lg), free(head);
+}
+
 static void one(const char *target, const char *drafter_dir) {
     char tdir[4096], ddir[4096];
     snprintf(tdir, sizeof tdir, "%s", test_fixture(target));
@@ -100,6 +152,7 @@ static void one(const char *target, const char *drafter_dir) {
     free(feat);
     drafter_state_free(&s);
     across(&d, &m);
+    ids(&d, &m);
     drafter_close(&d);
     model_close(&m);
 }
