@@ -55,6 +55,9 @@ typedef struct dfl_gen_opts {
      * decode step) and the accepted draft count. */
     void (*on_round)(void *ud, int start, const int32_t *block, int bs, const float *draft, int V, int accepted);
     void *on_round_ud;
+    /* 1: on_round reads no draft (it gets NULL), so a greedy chain may draft its argmaxes alone
+     * (dfl_draft_if.draft_ids) */
+    int on_round_no_draft;
     /* Optional (NULL: no cost): the target's raw logits row [V] (temperature 1, before any
      * sampling transform) that predicted a token. Called with prompt = 0 for each committed
      * output token i (out[i] = token), before the token callback sees it; with prompt_logits

@@ -587,7 +587,7 @@ static int generate(FILE *f, gen_args *a) {
                            .accept_rule = (dfl_accept_rule)a->accept_rule,
                            .top_p = (float)a->top_p,
                            .top_k = a->top_k};
-        if (have_ds) go.on_round = on_round, go.on_round_ud = &rl;
+        if (have_ds) go.on_round = on_round, go.on_round_ud = &rl, go.on_round_no_draft = 1;
         dfl_gen_stats st;
         rc = spec_generate(&s, have_ds ? &dif : NULL, prompt, (int)n_prompt, &go, out, &st, NULL, NULL);
         if (rc == DFL_OK) {

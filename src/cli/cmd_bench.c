@@ -41,12 +41,13 @@ static const char *usage_text =
     "            AMX the lm_head computes in full only the rows that may be largest); rolled back\n"
     "            after; time relative to n = 1; then verify(verify-max) with every row's logits\n"
     "  draft     the drafter's context update per token and one block of B (through the same\n"
-    "            interface the speculative loop drives); a DFlash drafter also drafts\n"
-    "            --draft-batch blocks in one forward (a replay's wave) and, with probe, prints\n"
-    "            what a replay costs per output token against the target's decode floor. With\n"
-    "            no part that runs the target (--parts probe,draft), the target is opened for\n"
-    "            its embedding and lm_head alone and the context features are synthetic: a\n"
-    "            target larger than this machine's memory can be measured so\n"
+    "            interface the speculative loop drives: with every row's logits, and where the\n"
+    "            drafter has it the argmaxes alone, as a greedy chain drafts); a DFlash drafter\n"
+    "            also drafts --draft-batch blocks in one forward (a replay's wave) and, with probe,\n"
+    "            prints what a replay costs per output token against the target's decode\n"
+    "            floor. With no part that runs the target (--parts probe,draft), the target is\n"
+    "            opened for its embedding and lm_head alone and the context features are\n"
+    "            synthetic: a target larger than this machine's memory can be measured so\n"
     "  e2e       autoregressive vs speculative generation (chain, block B, greedy), tokens/s\n"
     "  prefill   one forward over N prompt tokens (chunked Gated DeltaNet), tokens/s\n"
     "  rollback  per verification round of B tokens: replaying the recorded recurrence inputs\n"
@@ -149,6 +150,7 @@ typedef struct bench_res {
     double verify_experts[MAX_VERIFY];
     uint64_t verify_bytes[MAX_VERIFY];
     double draft_block_ms, draft_ctx_ms;
+    double draft_ids_ms;   /* the block as a greedy chain drafts it (draft_ids: argmaxes alone); 0: no such path */
     double draft_batch_ms; /* --draft-batch blocks in one forward (0: not measured) */
     double ar_tps, spec_tps, spec_tau;
     int e2e_generated;
@@ -460,6 +462,7 @@ static void print_json(const bench_opts *o, const bench_res *r, const dfl_model 
     if ((o->parts & P_DRAFT) && o->ad)
         printf(", \"block\": %d, \"draft_block_ms\": %.3f, \"draft_context_ms_per_token\": %.4f", o->block,
                r->draft_block_ms, r->draft_ctx_ms);
+    if (r->draft_ids_ms > 0) printf(", \"draft_block_ids_ms\": %.3f", r->draft_ids_ms);
     if (r->draft_batch_ms > 0) {
         printf(", \"draft_batch\": %d, \"draft_batch_ms\": %.3f", o->draft_batch, r->draft_batch_ms);
         if (o->parts & P_PROBE)
@@ -579,8 +582,9 @@ static void print_table(const bench_opts *o, const bench_res *r, const dfl_model
                o->ad->block, o->ad->weight_bytes / 1e6, attn ? "; block attention: " : "", attn ? attn : "");
     }
     if ((o->parts & P_DRAFT) && o->ad) {
-        printf("draft      block of %d: %.1f ms; context update %.2f ms/token", o->block, r->draft_block_ms,
-               r->draft_ctx_ms);
+        printf("draft      block of %d: %.1f ms", o->block, r->draft_block_ms);
+        if (r->draft_ids_ms > 0) printf(" (%.1f ms for its argmaxes alone, as a greedy chain drafts)", r->draft_ids_ms);
+        printf("; context update %.2f ms/token", r->draft_ctx_ms);
         if (r->draft_batch_ms > 0)
             printf("; %d blocks in one forward: %.1f ms (%.1f ms a block)", o->draft_batch, r->draft_batch_ms,
                    r->draft_batch_ms / o->draft_batch);
@@ -830,6 +834,14 @@ static int run_bench(const bench_opts *o, const dfl_model *m, dfl_any_drafter *a
             if (dif.draft(dif.ctx, toks[0], B, logits) != DFL_OK) goto done;
             const double dt = 1e3 * (dfl_now() - t0);
             if (i > 0 && dt < r->draft_block_ms) r->draft_block_ms = dt;
+        }
+        r->draft_ids_ms = dif.draft_ids ? 1e30 : 0;
+        for (int i = 0; dif.draft_ids && i < o->reps + 1; i++) {
+            int32_t ids[DFL_MAX_BLOCK];
+            t0 = dfl_now();
+            if (dif.draft_ids(dif.ctx, toks[0], B, ids, logits) != DFL_OK) goto done;
+            const double dt = 1e3 * (dfl_now() - t0);
+            if (i > 0 && dt < r->draft_ids_ms) r->draft_ids_ms = dt;
         }
         if (o->draft_batch > 1 && dif.draft_across && bench_draft_batch(o, &dif, toks[0], ctx, V, r) != DFL_OK)
             goto done;

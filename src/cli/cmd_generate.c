@@ -190,7 +190,7 @@ static int generate_decode(dfl_model *m, dfl_any_drafter *ad, dfl_draft_if *dif,
                       .top_p = (float)a->top_p,
                       .top_k = (int)a->top_k};
     rounds_log rl = {.keep_drafts = a->dump_path != NULL, .tree_budget = (int)a->budget};
-    if (have_ds) o.on_round = on_round, o.on_round_ud = &rl;
+    if (have_ds) o.on_round = on_round, o.on_round_ud = &rl, o.on_round_no_draft = !rl.keep_drafts;
     int32_t *out = malloc((size_t)a->max_new * sizeof(int32_t));
     stream sm = {.tok = tok, .ids = malloc((size_t)a->max_new * sizeof(int32_t))};
     dfl_gen_stats st;

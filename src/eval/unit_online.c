@@ -40,7 +40,7 @@ static int run_spec(run *r, const char *pid, int turn, int rep, int d, int mi, c
     dfl_gen_opts so = *go;
     so.block = r->block[d];
     so.tree_budget = o->budgets[mi];
-    so.on_round = er_on_round, so.on_round_ud = r;
+    so.on_round = er_on_round, so.on_round_ud = r, so.on_round_no_draft = 1;
     r->n_acc = 0;
     dfl_gen_stats gs;
     if (spec_generate(&r->st, &dif, pids, np, &so, out, &gs, NULL, NULL) != DFL_OK)

@@ -264,7 +264,8 @@ static int record(run *r, const char *pid, int turn, const turn_plan *tp, const 
                        .tree_budget = r->rec_budget,
                        .extend = r->max_block - 1,
                        .on_round = er_on_round,
-                       .on_round_ud = r};
+                       .on_round_ud = r,
+                       .on_round_no_draft = 1};
     dfl_gen_stats gs;
     r->n_acc = 0;
     rec.n_prompt = np;

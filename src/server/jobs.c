@@ -224,7 +224,8 @@ static void run_job(dfl_server *srv, job *j, job *owner) {
                       .seed = j->seed,
                       .ignore_eos = j->ignore_eos,
                       .on_round = on_round,
-                      .on_round_ud = j};
+                      .on_round_ud = j,
+                      .on_round_no_draft = 1};
     if (j->logprobs >= 0) {
         const size_t n = (size_t)j->n_prompt + (size_t)j->max_new, k = (size_t)(j->logprobs ? j->logprobs : 1);
         j->lp = malloc(n * sizeof *j->lp);

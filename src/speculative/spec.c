@@ -329,7 +329,7 @@ static int accept(gen *g, const dfl_proposal *p, const int32_t *ids, int start, 
     }
     if (g->dr && extend_context(g, p, path, a + 1)) return DFL_ERR;
     round_score(st, p, a);
-    const float *draft = p->n > 1 && !p->parent ? g->dlogits : NULL; /* a chain's drafter output */
+    const float *draft = p->n > 1 && !p->parent && !g->o->on_round_no_draft ? g->dlogits : NULL; /* a chain's */
     if (g->o->on_round) g->o->on_round(g->o->on_round_ud, start, p->token, p->n, draft, V, a);
     int32_t acc[DFL_MAX_BLOCK];
     for (int k = 0; k < a; k++) acc[k] = p->token[path[k + 1]];
@@ -402,7 +402,9 @@ static int spec_round(gen *g, int32_t anchor, int start, int bs) {
      * its logits for on_round), a tree's top candidates */
     int rc;
     if (g->pq) rc = dr->draft(dr->ctx, anchor, bs, g->dlogits);
-    else rc = dfl_draft_topk(dr, anchor, bs, g->V, &g->dt, g->dlogits, g->N == 0 && g->o->on_round != NULL, g->dlogits);
+    else
+        rc = dfl_draft_topk(dr, anchor, bs, g->V, &g->dt, g->dlogits,
+                            g->N == 0 && g->o->on_round && !g->o->on_round_no_draft, g->dlogits);
     if (rc) return DFL_ERR;
     g->st->t_draft += dfl_now() - td;
     return g->N > 0 ? tree_round(g, anchor, start, bs) : chain_round(g, anchor, start, bs);
