@@ -110,6 +110,17 @@ static int leaky_add(void *ctx, const dfl_feat *feat, const int32_t *tokens, int
 static int32_t prompt[] = {11, 200, 37, 512, 99, 3, 641, 77, 12};
 #define NP ((int)(sizeof prompt / sizeof prompt[0]))
 
+/* on_round: rounds seen, and chain rounds whose draft was (not) handed over. */
+typedef struct round_log {
+    int rounds, with_draft;
+} round_log;
+static void log_round(void *ud, int start, const int32_t *block, int bs, const float *draft, int V, int accepted) {
+    (void)start, (void)block, (void)V, (void)accepted;
+    round_log *l = ud;
+    l->rounds++;
+    l->with_draft += bs > 1 && draft != NULL;
+}
+
 static void lossless(const char *target, const char *drafter) {
     dfl_model m;
     if (model_open(&m, test_fixture(target), 0) != DFL_OK) {
@@ -142,6 +153,19 @@ static void lossless(const char *target, const char *drafter) {
         CHECK(st.generated == N_GEN && memcmp(out, truth, sizeof truth) == 0,
               "%s + %s, B=%d: speculative output differs from greedy", target, drafter, blocks[bi]);
         CHECK(ds.n_ctx == s.n_past, "%s: drafter context %d != committed %d", target, ds.n_ctx, s.n_past);
+        /* on_round with and without the draft's logits (without: the drafter's argmaxes alone) */
+        for (int no_draft = 0; no_draft < 2; no_draft++) {
+            round_log rl = {0};
+            o.on_round = log_round, o.on_round_ud = &rl, o.on_round_no_draft = no_draft;
+            target_state_reset(&s);
+            drafter_state_reset(&ds);
+            CHECK(spec_generate(&s, &dif, prompt, NP, &o, out, &st, NULL, NULL) == DFL_OK, "%s", dfl_errmsg());
+            CHECK(memcmp(out, truth, sizeof truth) == 0 && rl.rounds == st.rounds &&
+                      rl.with_draft == (no_draft ? 0 : st.rounds - 1),
+                  "%s + %s, B=%d, on_round_no_draft %d: output %s, %d of %d rounds with a draft", target, drafter,
+                  blocks[bi], no_draft, memcmp(out, truth, sizeof truth) ? "differs" : "same", rl.with_draft,
+                  rl.rounds);
+        }
         drafter_state_free(&ds);
     }
     /* (b) the oracle: every acceptance length, and whole blocks accepted */
