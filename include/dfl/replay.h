@@ -140,7 +140,8 @@ typedef struct eval_costs {
 } eval_costs;
 
 /* Measure them on a context of the first prompt (up to 512 tokens): a decode step, a chain
- * verification of each block size (forward + rollback), a tree verification of each budget
+ * verification of each block size (forward + rollback), a tree verification of each budget,
+ * each forward as the greedy online loop runs it (argmax ids, the logits scratch)
  * (forward + commit) on a tree built from a real draft of dr (block blocks[0]; reset afterwards); after a warm-up,
  * the fastest of at least reps repetitions (more, up to 64, until 25 ms are timed). Budgets above DDTREE_MAX_BUDGET, or whose tree state does not fit, get no cost (note). */
 int eval_costs_measure(eval_costs *c, const dfl_model *m, dfl_draft_if *dr, const int32_t *prompt, int n_prompt,

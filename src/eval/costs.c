@@ -68,7 +68,11 @@ int eval_costs_measure(eval_costs *c, const dfl_model *m, dfl_draft_if *dr, cons
     if (target_state_init(&s, m, max_ctx, batch, 1) != DFL_OK) return dfl_preperr("measuring verification costs");
     const int vrows = maxb > max_nodes ? maxb : max_nodes;
     float *logits = dfl_alloc((size_t)B * V * sizeof(float)), *feat = malloc((size_t)L * nf * H * sizeof(float));
-    float *vlog = dfl_alloc((size_t)vrows * V * sizeof(float)); /* verification logits, as online */
+    float *vlog = dfl_alloc((size_t)vrows * V * sizeof(float)); /* verification logits (scratch) */
+    int32_t *vids = malloc((size_t)vrows * sizeof *vids);
+    /* verifications as the greedy online loop runs them (replay is greedy): each row's argmax, the
+     * logits scratch (kn_matmul_argmax may skip most lm_head rows) */
+    const dfl_fwd_out vo = {.logits = vlog, .argmax = vids, .logits_scratch = 1};
     double *t = malloc((size_t)COST_MAX_REPS * sizeof(double));
     int32_t *toks = malloc((size_t)batch * sizeof(int32_t));
     dfl_tree tree = {0};
@@ -77,7 +81,7 @@ int eval_costs_measure(eval_costs *c, const dfl_model *m, dfl_draft_if *dr, cons
     const dfl_feat fv = dfl_feat_view(feat, L, nf * H);
     int32_t anchor = 0;
     int rc = DFL_ERR;
-    if (!logits || !feat || !vlog || !t || !toks) {
+    if (!logits || !feat || !vlog || !vids || !t || !toks) {
         dfl_seterr("out of memory measuring verification costs");
         goto done;
     }
@@ -100,7 +104,7 @@ int eval_costs_measure(eval_costs *c, const dfl_model *m, dfl_draft_if *dr, cons
             const int start = s.n_past;
             const double t0 = dfl_now();
             s.no_record = n == 1; /* a decode step keeps no record; a verification is rolled back */
-            if (model_forward(&s, toks, n, vlog, 0, NULL)) goto done;
+            if (model_forward_ex(&s, toks, NULL, n, &vo)) goto done;
             if (n > 1 && target_state_rollback(&s, start + 1)) goto done;
             if (r >= 0) total += t[r] = dfl_now() - t0;
         }
@@ -127,8 +131,7 @@ int eval_costs_measure(eval_costs *c, const dfl_model *m, dfl_draft_if *dr, cons
         int r = -1;
         for (; r < reps || (total < COST_MIN_S && r < COST_MAX_REPS); r++) {
             const double t0 = dfl_now();
-            if (model_forward_tree(&s, tree.token, tree.parent, tree.n, vlog, NULL) ||
-                target_state_tree_commit(&s, root, 1))
+            if (model_forward_ex(&s, tree.token, tree.parent, tree.n, &vo) || target_state_tree_commit(&s, root, 1))
                 goto done;
             if (r >= 0) total += t[r] = dfl_now() - t0;
         }
@@ -141,7 +144,7 @@ int eval_costs_measure(eval_costs *c, const dfl_model *m, dfl_draft_if *dr, cons
     rc = DFL_OK;
 done:
     ddtree_free(&tree);
-    free(logits), free(feat), free(vlog), free(t), free(toks);
+    free(logits), free(feat), free(vlog), free(vids), free(t), free(toks);
     target_state_free(&s);
     return rc;
 }
