@@ -260,6 +260,9 @@ int target_state_tree_commit(dfl_target_state *s, const int *path, int len);
 void model_embed(const dfl_model *m, int32_t token, float *out);
 /* logits[V] = lm_head . x (x already final-normed). */
 void model_lm_head(const dfl_model *m, const float *x, float *logits, int n);
+/* ids[n] = each row's argmax of model_lm_head, logits [n, V] then scratch; returns 1 where the
+ * logits hold every row (check them), 0 where kn_matmul_argmax found the ids without them. */
+int model_lm_head_argmax(const dfl_model *m, const float *x, float *logits, int32_t *ids, int n);
 
 /* Sparse MoE blocks (docs/moe.md), shared by the target's layers and the MTP head's layer.
  * moe_buf_init: scratch for up to rows tokens of config g (adds its bytes to *bytes, or NULL). */

@@ -262,13 +262,12 @@ static int argmax_estimated(int32_t *ids, float *y, const float *x, const dfl_ma
 
 int kn_matmul_argmax(int32_t *ids, float *y, const float *x, const dfl_mat *w, int n, kn_row_norms *rn) {
     if (n < 1) return 1;
-    if (rn && kn_argmax_estimates(w, n)) {
-        const double t0 = KN_PROF_BEGIN();
-        const int rc = argmax_estimated(ids, y, x, w, n, rn);
-        KN_PROF_END(KN_OP_MATMUL, t0, (uint64_t)w->rows * w->cols * 2);
-        if (rc == DFL_OK) return 0;
+    const double t0 = KN_PROF_BEGIN(); /* one call in the profile, whichever route answers */
+    const int full = !(rn && kn_argmax_estimates(w, n) && argmax_estimated(ids, y, x, w, n, rn) == DFL_OK);
+    if (full) {
+        kn_matmul(y, x, w, n);
+        for (int t = 0; t < n; t++) ids[t] = kn_argmax(y + (size_t)t * w->rows, w->rows);
     }
-    kn_matmul(y, x, w, n);
-    for (int t = 0; t < n; t++) ids[t] = kn_argmax(y + (size_t)t * w->rows, w->rows);
-    return 1;
+    KN_PROF_END(KN_OP_MATMUL, t0, (uint64_t)w->rows * w->cols * st_dtype_size(w->dtype));
+    return full;
 }

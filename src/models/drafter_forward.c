@@ -228,12 +228,8 @@ static int draft_rows(dfl_drafter_state *s, dfl_drafter_state *const *ctx, const
         kn_rmsnorm_rows(w->xn + (size_t)b * (B - 1) * H, w->x + ((size_t)b * B + 1) * H, d->norm, B - 1, H, g->rms_eps);
     const int rows = nb * (B - 1), V = t->cfg.vocab;
     const int plain = !dflash2 && g->output_multiplier == 1.0f && !(g->final_logit_softcap > 0);
-    if (ids && plain) {
-        const kn_op kind = kn_prof_matmul_as(KN_OP_LM_HEAD);
-        const int full = kn_matmul_argmax(ids, logits, w->xn, &t->lm_head, rows, t->head_norms);
-        kn_prof_matmul_as(kind);
-        if (!full) return DFL_OK; /* its bound vouched for finite logits */
-    } else model_lm_head(t, w->xn, logits, rows);
+    if (!(ids && plain)) model_lm_head(t, w->xn, logits, rows);
+    else if (!model_lm_head_argmax(t, w->xn, logits, ids, rows)) return DFL_OK; /* the bound vouched: finite */
     const size_t nl = (size_t)rows * V;
     if (g->output_multiplier != 1.0f) kn_scale(logits, g->output_multiplier, nl);
     if (g->final_logit_softcap > 0) kn_softcap(logits, g->final_logit_softcap, nl);

@@ -199,6 +199,13 @@ void model_lm_head(const dfl_model *m, const float *x, float *logits, int n) {
     kn_prof_matmul_as(kind);
 }
 
+int model_lm_head_argmax(const dfl_model *m, const float *x, float *logits, int32_t *ids, int n) {
+    const kn_op kind = kn_prof_matmul_as(KN_OP_LM_HEAD);
+    const int full = kn_matmul_argmax(ids, logits, x, &m->lm_head, n, m->head_norms);
+    kn_prof_matmul_as(kind);
+    return full;
+}
+
 /* ---- full attention layer ---------------------------------------------------------- */
 
 static void attention_layer(dfl_target_state *s, int li, int n) {
@@ -452,12 +459,8 @@ static int head_rows(dfl_target_state *s, const int32_t *tokens, int n, const in
     const dfl_config *g = &m->cfg;
     const int H = g->hidden, rows = n - first;
     kn_rmsnorm_rows(s->xn, s->x + (size_t)first * H, m->final_norm, rows, H, g->rms_eps);
-    if (ids) {
-        const kn_op kind = kn_prof_matmul_as(KN_OP_LM_HEAD);
-        const int full = kn_matmul_argmax(ids, logits, s->xn, &m->lm_head, rows, m->head_norms);
-        kn_prof_matmul_as(kind);
-        if (!full) return DFL_OK; /* its bound vouched for finite logits */
-    } else model_lm_head(m, s->xn, logits, rows);
+    if (!ids) model_lm_head(m, s->xn, logits, rows);
+    else if (!model_lm_head_argmax(m, s->xn, logits, ids, rows)) return DFL_OK; /* the bound vouched: finite */
     /* NaN/Inf weights are not scanned at load (too costly on a large model) but they reach
      * the logits: stop there rather than decode garbage */
     if (!kn_count_nonfinite(logits, (size_t)rows * g->vocab)) return DFL_OK; /* fast path: none */
